@@ -1,0 +1,24 @@
+// `moh bench <what>`: the benchmarks of bench/ from the main binary (`moh bench attention [--json]`).
+#include <cstring>
+#include <iostream>
+
+#include "apps/commands.h"
+#include "bench/attention_bench.h"
+#include "core/error.h"
+
+namespace moh::apps {
+
+int cmd_bench(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    std::cout << "usage: moh bench attention [--json] [--seqs ...] [--runs N]   (moh bench attention --help)\n";
+    return argc < 2 ? kExitUserError : kExitOk;
+  }
+  std::string what = argv[1];
+  std::string prog = std::string(argv[0]) + " " + what;
+  std::vector<char*> args(argv + 1, argv + argc);
+  args[0] = prog.data();
+  if (what == "attention") return bench::attention_bench_main(static_cast<int>(args.size()), args.data());
+  throw UserError("moh bench", "unknown benchmark '" + what + "'", "available: attention");
+}
+
+}  // namespace moh::apps

@@ -1,0 +1,24 @@
+#pragma once
+// The `moh` subcommands: each is a thin layer over the libraries (parse flags, build objects, call, report).
+// Each takes the arguments after the subcommand name (argv[0] = "moh <cmd>") and returns the exit code; user
+// mistakes are thrown as moh::UserError and turned into exit code 2 by main().
+#include <string>
+#include <vector>
+
+namespace moh::apps {
+
+/// One registered subcommand.
+struct Command {
+  const char* name;
+  const char* summary;
+  int (*run)(int argc, char** argv);
+};
+
+/// Every subcommand, in help order.
+const std::vector<Command>& commands();
+
+int cmd_info(int argc, char** argv);
+int cmd_config(int argc, char** argv);
+int cmd_bench(int argc, char** argv);
+
+}  // namespace moh::apps

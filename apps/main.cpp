@@ -1,0 +1,86 @@
+// `moh`: the command line of the MoH vision toolkit. Dispatches to one subcommand per file in apps/ and is the
+// single place that turns exceptions into the documented exit codes.
+#include <c10/util/Exception.h>
+
+#include <cstring>
+#include <iostream>
+
+#include "apps/cli.h"
+#include "apps/commands.h"
+#include "core/error.h"
+#include "core/run_context.h"
+
+namespace moh::apps {
+
+const std::vector<Command>& commands() {
+  static const std::vector<Command> all{
+      {"info", "list model variants; parameters, MoH layers and active-head ratio of one (--model)", cmd_info},
+      {"config", "validate an experiment YAML and print it resolved (--schema lists every key)", cmd_config},
+      {"bench", "benchmarks: `moh bench attention [--json]`", cmd_bench},
+  };
+  return all;
+}
+
+cxxopts::ParseResult parse_or_throw(cxxopts::Options& options, int argc, char** argv) {
+  try {
+    return options.parse(argc, argv);
+  } catch (const cxxopts::exceptions::exception& e) {
+    throw UserError(options.program(), e.what(), "see `" + options.program() + " --help`");
+  }
+}
+
+static void print_usage() {
+  std::cout << "moh " << toolkit_version() << " — Mixture-of-Head attention toolkit (MoH-ViT, MoH-DiT, FID tools)\n\n"
+            << "usage: moh <command> [options]    (moh <command> --help for its options)\n\ncommands:\n";
+  for (const auto& c : commands()) std::cout << "  " << c.name << std::string(10 - std::strlen(c.name), ' ') << c.summary << "\n";
+  std::cout << "\nglobal: --help, --version\n";
+}
+
+static void print_version() {
+  BlasInfo blas = detect_blas();
+  std::cout << "moh " << toolkit_version() << "\n"
+            << "LibTorch " << libtorch_version() << " (CUDA: " << (cuda_available() ? "yes" : "no") << ")\n"
+            << "BLAS: " << blas.name << (blas.path.empty() ? "" : " (" + blas.path + ")") << "\n";
+}
+
+static int run(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
+    print_usage();
+    return argc < 2 ? kExitUserError : kExitOk;
+  }
+  if (!std::strcmp(argv[1], "--version")) {
+    print_version();
+    return kExitOk;
+  }
+  std::vector<std::string> names;
+  for (const auto& c : commands()) {
+    names.emplace_back(c.name);
+    if (c.name == std::string(argv[1])) {
+      warn_if_reference_blas();
+      std::string prog = std::string("moh ") + c.name;
+      std::vector<char*> args(argv + 1, argv + argc);
+      args[0] = prog.data();
+      return c.run(static_cast<int>(args.size()), args.data());
+    }
+  }
+  std::string near = nearest_name(argv[1], names);
+  throw UserError("moh", std::string("unknown command '") + argv[1] + "'",
+                  near.empty() ? "commands: " + join(names) : "did you mean '" + near + "'?");
+}
+
+}  // namespace moh::apps
+
+int main(int argc, char** argv) {
+  try {
+    return moh::apps::run(argc, argv);
+  } catch (const moh::UserError& e) {
+    std::cerr << e.what() << std::endl;
+    return moh::kExitUserError;
+  } catch (const c10::Error& e) {
+    std::cerr << "error: " << e.what_without_backtrace() << std::endl;
+    return moh::kExitRuntime;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << std::endl;
+    return moh::kExitRuntime;
+  }
+}

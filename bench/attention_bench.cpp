@@ -1,0 +1,218 @@
+#include "bench/attention_bench.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cxxopts.hpp>
+#include <iomanip>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+#include "vision/attention_core.h"
+#include "vision/moh_attention.h"
+
+namespace moh::bench {
+
+using vision::MoHAttention;
+using vision::MoHAttentionOptions;
+
+std::pair<int64_t, int64_t> moh_split(int64_t heads, double active) {
+  int64_t a = std::clamp<int64_t>(static_cast<int64_t>(std::floor(active * heads + 0.5)), 1, heads);
+  int64_t hs = std::max<int64_t>(1, a / 2);
+  return {hs, a - hs};
+}
+
+int64_t batch_for_seq(int64_t base, int64_t seq) {
+  int64_t b = base;
+  for (int64_t s = 256; s < seq; s *= 4) b /= 2;
+  return std::max<int64_t>(1, b);
+}
+
+namespace {
+
+template <class F>
+double median_ms(F&& f, int warmup, int runs) {
+  for (int i = 0; i < warmup; ++i) f();
+  std::vector<double> ms;
+  for (int i = 0; i < runs; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    f();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return runs % 2 ? ms[runs / 2] : 0.5 * (ms[runs / 2 - 1] + ms[runs / 2]);
+}
+
+struct Case {
+  std::string mode;  // mha | dense | sparse
+  double active = 1.0;
+  int64_t hs = 0, k = 0;
+};
+
+// Times one case at one scope: (fwd ms, fwd+bwd ms).
+std::pair<double, double> time_case(const std::string& scope, const Case& c, int64_t B, int64_t N, int64_t C,
+                                    int64_t h, const AttentionBenchOptions& o) {
+  torch::manual_seed(o.seed);
+  MoHAttentionOptions ao(C, h);
+  if (c.mode != "mha") ao.moh(c.hs, c.k);
+  ao.path = c.mode == "sparse" ? AttentionPath::sparse : AttentionPath::dense;
+  MoHAttention attn(ao);
+  const int64_t d = C / h;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  torch::Tensor x = torch::randn({B, N, C});
+  if (scope == "module") {
+    torch::Tensor gy = torch::randn({B, N, C});
+    attn->eval();
+    double fwd = median_ms([&] { torch::NoGradGuard ng; (void)attn->forward(x); }, o.warmup, o.runs);
+    attn->train();
+    torch::Tensor xg = x.clone().requires_grad_(true);
+    double fb = median_ms([&] {
+      auto out = attn->forward(xg);
+      torch::Tensor loss = (out.out * gy).sum();
+      if (out.aux_loss.defined()) loss = loss + out.aux_loss;
+      loss.backward();
+    }, o.warmup, o.runs);
+    return {fwd, fb};
+  }
+  // core: q, k, v and the routing are inputs; only attention + gating/gather/scatter is timed.
+  vision::HeadRouting routing;
+  if (c.mode != "mha") {
+    torch::NoGradGuard ng;
+    routing = attn->router.route(x.reshape({B * N, C}), false);
+  }
+  auto make = [&] { return torch::randn({B, h, N, d}).requires_grad_(true); };
+  torch::Tensor q = make(), k = make(), v = make(), gy = torch::randn({B, N, h * d});
+  torch::Tensor gates = routing.gates.defined() ? routing.gates.detach().requires_grad_(true) : torch::Tensor();
+  auto run = [&]() -> torch::Tensor {
+    if (c.mode == "mha") return vision::attend(q, k, v, scale).transpose(1, 2).reshape({B, N, h * d});
+    if (c.mode == "dense") return vision::mix_heads_dense(q, k, v, gates, scale);
+    vision::QuerySource qs;
+    qs.q = q;
+    return vision::mix_heads_sparse(qs, k, v, gates, routing.routed, h, c.hs, scale);
+  };
+  double fwd = median_ms([&] { torch::NoGradGuard ng; (void)run(); }, o.warmup, o.runs);
+  double fb = median_ms([&] { (run() * gy).sum().backward(); }, o.warmup, o.runs);
+  return {fwd, fb};
+}
+
+}  // namespace
+
+std::vector<AttentionBenchRow> run_attention_bench(const AttentionBenchOptions& o, bool log) {
+  std::vector<AttentionBenchRow> rows;
+  for (const auto& scope : o.scopes)
+    for (int64_t seq : o.seqs)
+      for (auto [dim, heads] : o.dims) {
+        const int64_t B = batch_for_seq(o.batch, seq);
+        std::vector<Case> cases{{"mha", 1.0, 0, 0}};
+        for (double a : o.actives) {
+          auto [hs, k] = moh_split(heads, a);
+          cases.push_back({"dense", a, hs, k});
+          cases.push_back({"sparse", a, hs, k});
+        }
+        double mha_f = 0, mha_fb = 0;
+        for (const auto& c : cases) {
+          auto [f, fb] = time_case(scope, c, B, seq, dim, heads, o);
+          if (c.mode == "mha") mha_f = f, mha_fb = fb;
+          AttentionBenchRow r;
+          r.scope = scope, r.mode = c.mode, r.seq = seq, r.dim = dim, r.heads = heads, r.batch = B;
+          r.shared = c.hs, r.topk = c.k, r.active = c.active;
+          r.active_actual = c.mode == "mha" ? 1.0 : static_cast<double>(c.hs + c.k) / heads;
+          r.fwd_ms = f, r.fwdbwd_ms = fb, r.fwd_ratio = f / mha_f, r.fwdbwd_ratio = fb / mha_fb;
+          rows.push_back(r);
+          if (log) {
+            std::ostringstream s;
+            s << std::fixed << std::setprecision(3) << scope << " seq=" << seq << " dim=" << dim << " h=" << heads
+              << " B=" << B << " " << c.mode;
+            if (c.mode != "mha") s << " active=" << r.active_actual << " (h_s=" << c.hs << ", K=" << c.k << ")";
+            s << " fwd " << f << " ms (x" << r.fwd_ratio << ")  fwd+bwd " << fb << " ms (x" << r.fwdbwd_ratio << ")";
+            std::cerr << s.str() << std::endl;
+          }
+        }
+      }
+  return rows;
+}
+
+template <class T>
+static std::vector<T> parse_list(const std::string& s, const std::string& flag) {
+  std::vector<T> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      if constexpr (std::is_integral_v<T>) out.push_back(static_cast<T>(std::stoll(item)));
+      else out.push_back(static_cast<T>(std::stod(item)));
+    } catch (...) {
+      throw UserError("--" + flag, "expected a comma-separated list of numbers, got \"" + s + "\"", "");
+    }
+  }
+  return out;
+}
+
+int attention_bench_main(int argc, char** argv) {
+  cxxopts::Options opts(argv[0], "MHA vs MoH dense vs MoH sparse attention timings (median of --runs after --warmup)");
+  opts.add_options()("json", "print rows as a JSON list")("seqs", "sequence lengths", cxxopts::value<std::string>()->default_value("196,256,1024,4096"))(
+      "dims", "dim:heads pairs", cxxopts::value<std::string>()->default_value("384:6,768:12"))(
+      "actives", "active-head fractions", cxxopts::value<std::string>()->default_value("0.5,0.75,0.9"))(
+      "scopes", "core,module", cxxopts::value<std::string>()->default_value("core,module"))(
+      "runs", "timed runs (median)", cxxopts::value<int>()->default_value("10"))(
+      "warmup", "untimed runs", cxxopts::value<int>()->default_value("2"))(
+      "batch", "batch at seq <= 256 (halved per 4x longer sequence)", cxxopts::value<int64_t>()->default_value("8"))(
+      "threads", "intra-op threads (0 = LibTorch default)", cxxopts::value<int>()->default_value("0"))(
+      "h,help", "show this help");
+  cxxopts::ParseResult args;
+  try {
+    args = opts.parse(argc, argv);
+  } catch (const cxxopts::exceptions::exception& e) {
+    throw UserError(argv[0], e.what(), "see --help");
+  }
+  if (args.count("help")) {
+    std::cout << opts.help() << std::endl;
+    return 0;
+  }
+  AttentionBenchOptions o;
+  o.seqs = parse_list<int64_t>(args["seqs"].as<std::string>(), "seqs");
+  o.actives = parse_list<double>(args["actives"].as<std::string>(), "actives");
+  o.dims.clear();
+  for (const auto& p : [&] { std::vector<std::string> v; std::stringstream ss(args["dims"].as<std::string>()); std::string i; while (std::getline(ss, i, ',')) v.push_back(i); return v; }()) {
+    auto colon = p.find(':');
+    if (colon == std::string::npos) throw UserError("--dims", "expected dim:heads pairs, got \"" + p + "\"", "e.g. 384:6,768:12");
+    o.dims.push_back({std::stoll(p.substr(0, colon)), std::stoll(p.substr(colon + 1))});
+  }
+  o.scopes.clear();
+  std::stringstream ss(args["scopes"].as<std::string>());
+  for (std::string s; std::getline(ss, s, ',');) {
+    if (s != "core" && s != "module") throw UserError("--scopes", "unknown scope \"" + s + "\"", "core or module");
+    o.scopes.push_back(s);
+  }
+  o.runs = args["runs"].as<int>();
+  o.warmup = args["warmup"].as<int>();
+  o.batch = args["batch"].as<int64_t>();
+  if (o.runs < 1 || o.warmup < 0 || o.batch < 1) throw UserError(argv[0], "--runs and --batch must be >= 1", "");
+  if (int t = args["threads"].as<int>(); t > 0) torch::set_num_threads(t);
+  auto rows = run_attention_bench(o, true);
+  if (args.count("json")) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& r : rows)
+      out.push_back({{"scope", r.scope}, {"seq", r.seq}, {"dim", r.dim}, {"heads", r.heads}, {"batch", r.batch},
+                     {"active", r.active}, {"active_actual", r.active_actual}, {"shared", r.shared},
+                     {"topk", r.topk}, {"mode", r.mode}, {"fwd_ms", r.fwd_ms}, {"fwdbwd_ms", r.fwdbwd_ms},
+                     {"fwd_ratio", r.fwd_ratio}, {"fwdbwd_ratio", r.fwdbwd_ratio}});
+    std::cout << out.dump(1) << std::endl;
+  } else {
+    std::cout << "| scope | seq | dim/heads | batch | mode | active (h_s+K)/h | fwd ms | fwd ratio | fwd+bwd ms | fwd+bwd ratio |\n"
+              << "|---|---|---|---|---|---|---|---|---|---|\n";
+    for (const auto& r : rows)
+      std::cout << std::fixed << std::setprecision(2) << "| " << r.scope << " | " << r.seq << " | " << r.dim << "/"
+                << r.heads << " | " << r.batch << " | " << r.mode << " | " << r.active_actual << " ("
+                << r.shared << "+" << r.topk << ") | " << r.fwd_ms << " | " << std::setprecision(3) << r.fwd_ratio
+                << " | " << std::setprecision(2) << r.fwdbwd_ms << " | " << std::setprecision(3) << r.fwdbwd_ratio
+                << " |\n";
+  }
+  return 0;
+}
+
+}  // namespace moh::bench

@@ -1,0 +1,106 @@
+#include "core/atomic_io.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace moh {
+
+namespace fs = std::filesystem;
+
+static std::string unique_suffix() {
+  static std::atomic<int> counter{0};
+  return ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+}
+
+std::string read_file(const std::string& path, const std::string& what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UserError(what + " " + path, std::strerror(errno), "check the path");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void fsync_path(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+static std::string parent_of(const std::string& path) {
+  fs::path p = fs::path(path).parent_path();
+  return p.empty() ? "." : p.string();
+}
+
+void write_file_atomic(const std::string& path, const std::string& bytes) {
+  std::string tmp = path + unique_suffix();
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) throw std::runtime_error("cannot create " + tmp + ": " + std::strerror(errno));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int e = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw std::runtime_error("cannot write " + tmp + ": " + std::strerror(e));
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::fsync(fd);
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int e = errno;
+    ::unlink(tmp.c_str());
+    throw std::runtime_error("cannot rename " + tmp + " to " + path + ": " + std::strerror(e));
+  }
+  fsync_path(parent_of(path));
+}
+
+AtomicDir::AtomicDir(std::string final_path, bool replace) : final_(std::move(final_path)), replace_(replace) {
+  while (!final_.empty() && final_.back() == '/') final_.pop_back();
+  tmp_ = final_ + unique_suffix();
+  fs::create_directories(tmp_);
+}
+
+AtomicDir::~AtomicDir() {
+  if (!committed_) {
+    std::error_code ec;
+    fs::remove_all(tmp_, ec);
+  }
+}
+
+void AtomicDir::commit() {
+  for (const auto& e : fs::recursive_directory_iterator(tmp_))
+    if (e.is_regular_file()) fsync_path(e.path().string());
+  fsync_path(tmp_);
+  std::string old;
+  if (fs::exists(final_)) {
+    if (!replace_) throw std::runtime_error("refusing to overwrite existing " + final_);
+    old = final_ + ".old" + unique_suffix();
+    fs::rename(final_, old);
+  }
+  fs::rename(tmp_, final_);
+  committed_ = true;
+  fsync_path(parent_of(final_));
+  if (!old.empty()) fs::remove_all(old);
+}
+
+void remove_stale_temporaries(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().filename().string().find(".tmp-") != std::string::npos) fs::remove_all(e.path(), ec);
+}
+
+}  // namespace moh

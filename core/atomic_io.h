@@ -1,0 +1,41 @@
+#pragma once
+// Crash-safe writes: files and directories appear under their final name only when complete
+// (temporary name in the same directory, fsync, rename, fsync of the parent). A process killed mid-way leaves the
+// previous content untouched.
+#include <string>
+
+namespace moh {
+
+/// Reads a whole file; throws UserError if it cannot be opened.
+std::string read_file(const std::string& path, const std::string& what = "file");
+
+/// Writes `bytes` to `path` atomically, replacing any previous file only once the new one is on disk.
+void write_file_atomic(const std::string& path, const std::string& bytes);
+
+/// fsync of a file or directory (best effort on filesystems that do not support it for directories).
+void fsync_path(const std::string& path);
+
+/// A directory built under a temporary name and renamed into place by commit(). If destroyed before commit() the
+/// temporary directory is removed. With replace=true an existing final directory is swapped out after the new one
+/// is complete.
+class AtomicDir {
+ public:
+  explicit AtomicDir(std::string final_path, bool replace = false);
+  ~AtomicDir();
+  AtomicDir(const AtomicDir&) = delete;
+  AtomicDir& operator=(const AtomicDir&) = delete;
+
+  /// The temporary directory to write into.
+  const std::string& path() const { return tmp_; }
+  /// fsyncs every file, renames into place, fsyncs the parent.
+  void commit();
+
+ private:
+  std::string final_, tmp_;
+  bool replace_, committed_ = false;
+};
+
+/// Removes leftovers of killed writers (`*.tmp-*` entries) in a directory.
+void remove_stale_temporaries(const std::string& dir);
+
+}  // namespace moh

@@ -1,0 +1,140 @@
+#include "core/config_schema.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+namespace moh::config {
+
+namespace fs = std::filesystem;
+
+std::string describe_node(const YAML::Node& n) {
+  if (!n.IsDefined() || n.IsNull()) return "null";
+  if (n.IsSequence()) return "a list";
+  if (n.IsMap()) return "a map";
+  return "\"" + n.Scalar() + "\"";
+}
+
+Reader::Reader(YAML::Node node, std::string origin, std::string prefix)
+    : node_(std::move(node)), origin_(std::move(origin)), prefix_(std::move(prefix)),
+      known_(&own_known_), present_(&own_present_) {
+  if (node_.IsDefined() && !node_.IsNull() && !node_.IsMap())
+    throw UserError("config " + origin_, "expected a map of keys at the top level, got " + describe_node(node_));
+  if (node_.IsMap())
+    for (const auto& kv : node_) present_->push_back(prefix_ + kv.first.as<std::string>());
+}
+
+Reader::Reader(YAML::Node node, std::string origin, std::string prefix, std::vector<std::string>* known,
+               std::vector<std::string>* present)
+    : node_(std::move(node)), origin_(std::move(origin)), prefix_(std::move(prefix)), known_(known),
+      present_(present) {
+  if (node_.IsMap())
+    for (const auto& kv : node_) present_->push_back(prefix_ + kv.first.as<std::string>());
+}
+
+void Reader::finish() const {
+  std::set<std::string> known(known_->begin(), known_->end());
+  for (const auto& key : *present_) {
+    if (known.count(key)) continue;
+    std::string near = nearest_name(key, *known_);
+    if (near.empty()) {
+      // Suggest among the siblings of the same section by the last component, else list them.
+      auto dot = key.rfind('.');
+      std::string parent = dot == std::string::npos ? "" : key.substr(0, dot + 1);
+      std::vector<std::string> siblings;
+      for (const auto& k : *known_)
+        if (k.rfind(parent, 0) == 0 && k.find('.', parent.size()) == std::string::npos) siblings.push_back(k);
+      throw UserError("config " + origin_, "unknown key '" + key + "'",
+                      "valid keys here: " + join(siblings) + "; see `moh config --schema`");
+    }
+    throw UserError("config " + origin_, "unknown key '" + key + "'", "did you mean '" + near + "'?");
+  }
+}
+
+YAML::Node merge(const YAML::Node& base, const YAML::Node& over) {
+  if (!base.IsMap() || !over.IsMap()) return YAML::Clone(over);
+  YAML::Node out = YAML::Clone(base);
+  for (const auto& kv : over) {
+    const std::string key = kv.first.as<std::string>();
+    if (out[key].IsMap() && kv.second.IsMap())
+      out[key] = merge(out[key], kv.second);
+    else
+      out[key] = YAML::Clone(kv.second);
+  }
+  return out;
+}
+
+static YAML::Node load_tree_rec(const fs::path& path, std::vector<fs::path>& chain) {
+  std::error_code ec;
+  fs::path canon = fs::weakly_canonical(path, ec);
+  if (std::find(chain.begin(), chain.end(), canon) != chain.end())
+    throw UserError("config " + path.string(), "`base:` inheritance forms a cycle", "check the base: chain");
+  if (!fs::is_regular_file(path))
+    throw UserError("config " + path.string(), "file not found",
+                    chain.empty() ? "give a path to a YAML file, e.g. configs/fashion_mnist/moh_vit_nano.yaml"
+                                  : "base: paths are relative to the including file " + chain.back().string());
+  YAML::Node node;
+  try {
+    node = YAML::LoadFile(path.string());
+  } catch (const YAML::ParserException& e) {
+    throw UserError("config " + path.string(),
+                    "YAML syntax error at line " + std::to_string(e.mark.line + 1) + ", column " +
+                        std::to_string(e.mark.column + 1) + ": " + e.msg,
+                    "fix the YAML syntax");
+  } catch (const YAML::Exception& e) {
+    throw UserError("config " + path.string(), std::string("cannot read: ") + e.what());
+  }
+  if (node.IsNull()) node = YAML::Node(YAML::NodeType::Map);
+  if (!node.IsMap()) throw UserError("config " + path.string(), "expected a map of keys at the top level");
+  YAML::Node base_key = node["base"];
+  if (!base_key.IsDefined()) return node;
+  if (!base_key.IsScalar())
+    throw UserError("config " + path.string() + ": base", "expected a relative path string, got " +
+                                                               describe_node(base_key));
+  fs::path base_path = path.parent_path() / base_key.Scalar();
+  node.remove("base");
+  chain.push_back(canon);
+  YAML::Node base = load_tree_rec(base_path, chain);
+  chain.pop_back();
+  return merge(base, node);
+}
+
+YAML::Node load_tree(const std::string& path) {
+  std::vector<fs::path> chain;
+  return load_tree_rec(fs::path(path), chain);
+}
+
+void apply_override(YAML::Node& root, const std::string& assignment) {
+  auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw UserError("--set " + assignment, "expected KEY=VALUE with a dotted key", "e.g. --set optim.lr=5e-4");
+  std::string key = assignment.substr(0, eq), text = assignment.substr(eq + 1);
+  YAML::Node value;
+  try {
+    value = text.empty() ? YAML::Node(YAML::NodeType::Null) : YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    throw UserError("--set " + assignment, "value is not valid YAML: " + e.msg, "quote strings, lists as [a,b]");
+  }
+  std::vector<std::string> parts;
+  size_t start = 0;
+  for (size_t dot; (dot = key.find('.', start)) != std::string::npos; start = dot + 1)
+    parts.push_back(key.substr(start, dot - start));
+  parts.push_back(key.substr(start));
+  for (const auto& p : parts)
+    if (p.empty()) throw UserError("--set " + assignment, "empty key component", "e.g. --set optim.lr=5e-4");
+  // Walk with copies of the handles (yaml-cpp nodes are references; operator= on a handle would rebind).
+  std::vector<YAML::Node> path{root};
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    YAML::Node next = path.back()[parts[i]];
+    if (!next.IsDefined() || next.IsNull()) {
+      path.back()[parts[i]] = YAML::Node(YAML::NodeType::Map);
+      next = path.back()[parts[i]];
+    } else if (!next.IsMap()) {
+      throw UserError("--set " + assignment, "'" + parts[i] + "' is not a section", "");
+    }
+    path.push_back(next);
+  }
+  path.back()[parts.back()] = value;
+}
+
+}  // namespace moh::config

@@ -1,0 +1,260 @@
+#pragma once
+// Strict, typed YAML <-> struct mapping. Every config struct declares its keys once in
+//   template <class V> void visit(V& v) { v.field("lr", lr, "peak learning rate"); v.section("ema", ema, "..."); }
+// and three visitors walk it: Reader (YAML -> struct; unknown keys, wrong types and missing required keys are
+// UserErrors naming the dotted path), Writer (struct -> YAML, the resolved config) and SchemaLister (key, type,
+// default, meaning: `moh config --schema`). Enums are parsed once here and never compared as strings afterwards.
+#include <yaml-cpp/yaml.h>
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+
+namespace moh::config {
+
+/// The names of an enum's values. Specialise by declaring `const EnumTable<E>& enum_table(E)` next to the enum.
+template <class E>
+using EnumTable = std::vector<std::pair<E, const char*>>;
+
+template <class T, class = void>
+struct HasEnumTable : std::false_type {};
+template <class T>
+struct HasEnumTable<T, std::void_t<decltype(enum_table(std::declval<T>()))>> : std::true_type {};
+
+/// Name of an enum value.
+template <class E>
+std::string to_string(E e) {
+  for (const auto& [v, n] : enum_table(e))
+    if (v == e) return n;
+  return "?";
+}
+
+/// "mha|moh|moa"
+template <class E>
+std::string enum_choices() {
+  std::string s;
+  for (const auto& [v, n] : enum_table(E{})) s += (s.empty() ? "" : "|") + std::string(n);
+  return s;
+}
+
+/// Parses an enum name; throws UserError(`what`, ...) listing the choices.
+template <class E>
+E enum_from_string(const std::string& name, const std::string& what) {
+  std::vector<std::string> names;
+  for (const auto& [v, n] : enum_table(E{})) {
+    if (name == n) return v;
+    names.emplace_back(n);
+  }
+  std::string near = nearest_name(name, names);
+  throw UserError(what, "expected one of " + enum_choices<E>() + ", got \"" + name + "\"",
+                  near.empty() ? "valid: " + join(names) : "did you mean '" + near + "'?");
+}
+
+/// Human type name used in messages and the schema.
+template <class T>
+std::string type_name() {
+  if constexpr (std::is_same_v<T, bool>) return "bool";
+  else if constexpr (std::is_integral_v<T>) return "integer";
+  else if constexpr (std::is_floating_point_v<T>) return "number";
+  else if constexpr (std::is_same_v<T, std::string>) return "string";
+  else if constexpr (std::is_enum_v<T>) return enum_choices<T>();
+  else return "list of " + type_name<typename T::value_type>();
+}
+
+/// Short text of a YAML node for "got ..." messages.
+std::string describe_node(const YAML::Node& n);
+
+/// Converts one YAML node to T (strict), throwing UserError(`what`) on a type mismatch.
+template <class T>
+T decode(const YAML::Node& n, const std::string& what) {
+  auto fail = [&]() -> T { throw UserError(what, "expected " + [] {
+                                     if constexpr (std::is_same_v<T, bool>) return std::string("true or false");
+                                     else if constexpr (std::is_integral_v<T>) return std::string("an integer");
+                                     else if constexpr (std::is_floating_point_v<T>) return std::string("a number");
+                                     else if constexpr (std::is_same_v<T, std::string>) return std::string("a string");
+                                     else return "a " + type_name<T>();
+                                   }() + ", got " + describe_node(n)); };
+  if constexpr (std::is_enum_v<T>) {
+    if (!n.IsScalar()) return fail();
+    return enum_from_string<T>(n.Scalar(), what);
+  } else if constexpr (std::is_same_v<T, bool> || std::is_arithmetic_v<T> || std::is_same_v<T, std::string>) {
+    if (!n.IsScalar()) {
+      if constexpr (std::is_same_v<T, std::string>)
+        if (n.IsNull()) return std::string();
+      return fail();
+    }
+    if constexpr (std::is_same_v<T, bool>) {
+      const std::string& s = n.Scalar();
+      if (s == "true" || s == "True") return true;
+      if (s == "false" || s == "False") return false;
+      return fail();
+    } else {
+      try {
+        return n.as<T>();
+      } catch (const YAML::Exception&) {
+        return fail();
+      }
+    }
+  } else {
+    using E = typename T::value_type;
+    if (!n.IsSequence()) return fail();
+    T out;
+    for (size_t i = 0; i < n.size(); ++i) out.push_back(decode<E>(n[i], what + "[" + std::to_string(i) + "]"));
+    return out;
+  }
+}
+
+/// Converts T to a YAML node (inverse of decode).
+template <class T>
+YAML::Node encode(const T& v) {
+  if constexpr (std::is_enum_v<T>) {
+    return YAML::Node(to_string(v));
+  } else if constexpr (std::is_same_v<T, bool> || std::is_arithmetic_v<T> || std::is_same_v<T, std::string>) {
+    return YAML::Node(v);
+  } else {
+    YAML::Node seq(YAML::NodeType::Sequence);
+    for (const auto& e : v) seq.push_back(encode(e));
+    seq.SetStyle(YAML::EmitterStyle::Flow);
+    return seq;
+  }
+}
+
+/// Whether a field must be given (after `base:` inheritance and `--set`).
+enum class Need { optional, required };
+
+/// YAML -> struct. Collects every known dotted key; `finish()` rejects unknown ones with a suggestion.
+class Reader {
+ public:
+  Reader(YAML::Node node, std::string origin, std::string prefix = "");
+  template <class T>
+  void field(const char* key, T& value, const char* help, Need need = Need::optional) {
+    std::string path = prefix_ + key;
+    known_->push_back(path);
+    YAML::Node n = node_.IsMap() ? node_[key] : YAML::Node();
+    if (!n.IsDefined() || (n.IsNull() && !std::is_same_v<T, std::string>)) {
+      if (need == Need::required)
+        throw UserError("config " + origin_, "missing required key '" + path + "'", help);
+      return;
+    }
+    value = decode<T>(n, "config " + origin_ + ": " + path);
+  }
+  template <class S>
+  void section(const char* key, S& sub, const char* help) {
+    std::string path = prefix_ + key;
+    known_->push_back(path);
+    YAML::Node n = node_.IsMap() ? node_[key] : YAML::Node();
+    if (n.IsDefined() && !n.IsNull() && !n.IsMap())
+      throw UserError("config " + origin_ + ": " + path, "expected a map of keys, got " + describe_node(n), help);
+    Reader child(n.IsDefined() ? n : YAML::Node(YAML::NodeType::Map), origin_, path + ".", known_, present_);
+    sub.visit(child);
+  }
+  /// Throws on the first key present in the YAML that no visit() declared.
+  void finish() const;
+
+ private:
+  Reader(YAML::Node node, std::string origin, std::string prefix, std::vector<std::string>* known,
+         std::vector<std::string>* present);
+  YAML::Node node_;
+  std::string origin_, prefix_;
+  std::vector<std::string> own_known_, own_present_;
+  std::vector<std::string>* known_;
+  std::vector<std::string>* present_;
+};
+
+/// struct -> YAML (the resolved config).
+class Writer {
+ public:
+  explicit Writer(YAML::Node node) : node_(std::move(node)) {}
+  template <class T>
+  void field(const char* key, const T& value, const char*, Need = Need::optional) {
+    node_[key] = encode(value);
+  }
+  template <class S>
+  void section(const char* key, S& sub, const char*) {
+    YAML::Node child(YAML::NodeType::Map);
+    Writer w(child);
+    sub.visit(w);
+    node_[key] = child;
+  }
+
+ private:
+  YAML::Node node_;
+};
+
+/// One documented key of the schema.
+struct SchemaRow {
+  std::string key, type, default_value, help;
+  bool required = false;
+};
+
+/// struct -> list of documented keys (run on a default-constructed struct, so values are the defaults).
+class SchemaLister {
+ public:
+  explicit SchemaLister(std::vector<SchemaRow>* rows, std::string prefix = "") : rows_(rows), prefix_(std::move(prefix)) {}
+  template <class T>
+  void field(const char* key, const T& value, const char* help, Need need = Need::optional) {
+    YAML::Emitter e;
+    e << YAML::Flow << encode(value);
+    rows_->push_back({prefix_ + key, type_name<T>(), e.c_str(), help, need == Need::required});
+  }
+  template <class S>
+  void section(const char* key, S& sub, const char* help) {
+    rows_->push_back({prefix_ + key, "section", "", help, false});
+    SchemaLister child(rows_, prefix_ + key + ".");
+    sub.visit(child);
+  }
+
+ private:
+  std::vector<SchemaRow>* rows_;
+  std::string prefix_;
+};
+
+/// Reads a whole struct from a YAML tree (strict).
+template <class S>
+S read_struct(const YAML::Node& root, const std::string& origin) {
+  S s;
+  Reader r(root, origin);
+  s.visit(r);
+  r.finish();
+  return s;
+}
+
+/// Writes a whole struct to YAML text.
+template <class S>
+std::string write_struct(S s) {
+  YAML::Node root(YAML::NodeType::Map);
+  Writer w(root);
+  s.visit(w);
+  YAML::Emitter e;
+  e << root;
+  return std::string(e.c_str()) + "\n";
+}
+
+/// Lists all keys of a struct with defaults.
+template <class S>
+std::vector<SchemaRow> list_schema() {
+  S s;
+  std::vector<SchemaRow> rows;
+  SchemaLister l(&rows);
+  s.visit(l);
+  return rows;
+}
+
+// ---- YAML trees: files with `base:` inheritance and `--set` overrides -------------------------------------------
+
+/// Loads a YAML file, resolving `base: <relative path>` recursively (child keys override base keys, maps merge
+/// deeply, lists replace). Missing files, parse errors and cycles are UserErrors.
+YAML::Node load_tree(const std::string& path);
+
+/// Applies one `a.b.c=value` override; the value is parsed as YAML (so `1e-3`, `[2,2,6,2]`, `moh` all work).
+void apply_override(YAML::Node& root, const std::string& assignment);
+
+/// Deep-merges `over` into a copy of `base`.
+YAML::Node merge(const YAML::Node& base, const YAML::Node& over);
+
+}  // namespace moh::config

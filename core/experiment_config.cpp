@@ -1,0 +1,86 @@
+#include "core/experiment_config.h"
+
+#include <filesystem>
+
+namespace moh {
+
+const config::EnumTable<AttentionMode>& enum_table(AttentionMode) {
+  static const config::EnumTable<AttentionMode> t{
+      {AttentionMode::mha, "mha"}, {AttentionMode::moh, "moh"}, {AttentionMode::moa, "moa"}};
+  return t;
+}
+const config::EnumTable<AttentionPath>& enum_table(AttentionPath) {
+  static const config::EnumTable<AttentionPath> t{{AttentionPath::dense, "dense"}, {AttentionPath::sparse, "sparse"}};
+  return t;
+}
+const config::EnumTable<Precision>& enum_table(Precision) {
+  static const config::EnumTable<Precision> t{
+      {Precision::fp32, "fp32"}, {Precision::bf16, "bf16"}, {Precision::fp16, "fp16"}};
+  return t;
+}
+const config::EnumTable<DatasetKind>& enum_table(DatasetKind) {
+  static const config::EnumTable<DatasetKind> t{{DatasetKind::fashion_mnist, "fashion_mnist"},
+                                                {DatasetKind::image_folder, "image_folder"}};
+  return t;
+}
+const config::EnumTable<LrSchedule>& enum_table(LrSchedule) {
+  static const config::EnumTable<LrSchedule> t{{LrSchedule::cosine, "cosine"}, {LrSchedule::constant, "constant"}};
+  return t;
+}
+const config::EnumTable<ScheduleUnit>& enum_table(ScheduleUnit) {
+  static const config::EnumTable<ScheduleUnit> t{{ScheduleUnit::epoch, "epoch"}, {ScheduleUnit::step, "step"}};
+  return t;
+}
+
+void ExperimentConfig::validate(const std::string& origin) const {
+  auto bad = [&](const std::string& key, const std::string& why, const std::string& hint) {
+    throw UserError("config " + origin + ": " + key, why, hint);
+  };
+  if (version != kConfigVersion)
+    bad("version", "unsupported version " + std::to_string(version), "this toolkit reads version 1");
+  if (train.epochs <= 0) bad("train.epochs", "must be > 0", "");
+  if (!(optim.lr > 0)) bad("optim.lr", "must be > 0, got " + std::to_string(optim.lr), "e.g. 1e-3");
+  if (optim.weight_decay < 0) bad("optim.weight_decay", "must be >= 0", "e.g. 0.05");
+  if (optim.betas.size() != 2 || !(optim.betas[0] >= 0 && optim.betas[0] < 1) ||
+      !(optim.betas[1] >= 0 && optim.betas[1] < 1))
+    bad("optim.betas", "expected two numbers in [0, 1)", "e.g. [0.9, 0.999]");
+  if (!(optim.eps > 0)) bad("optim.eps", "must be > 0", "e.g. 1e-8");
+  if (optim.clip_grad < 0) bad("optim.clip_grad", "must be >= 0 (0 = off)", "e.g. 1.0");
+  if (schedule.warmup_epochs < 0) bad("schedule.warmup_epochs", "must be >= 0", "");
+  if (schedule.min_lr < 0 || schedule.min_lr > optim.lr)
+    bad("schedule.min_lr", "must be in [0, optim.lr]", "e.g. 1e-5");
+  if (schedule.warmup_lr < 0) bad("schedule.warmup_lr", "must be >= 0", "");
+  if (schedule.warmup_epochs > static_cast<double>(train.epochs))
+    bad("schedule.warmup_epochs", "longer than train.epochs", "shorten the warm-up");
+  if (data.batch_size <= 0) bad("data.batch_size", "must be > 0", "e.g. 128");
+  if (train.accum_steps <= 0) bad("train.accum_steps", "must be >= 1", "");
+  if (data.batch_size % train.accum_steps != 0)
+    bad("train.accum_steps", "must divide data.batch_size", "pick a divisor of the global batch");
+  if (data.num_workers < 0) bad("data.num_workers", "must be >= 0", "");
+  if (!(data.max_bad_fraction >= 0 && data.max_bad_fraction <= 1))
+    bad("data.max_bad_fraction", "must be in [0, 1]", "");
+  if (data.limit_train < 0 || data.limit_val < 0) bad("data.limit_train", "must be >= 0 (0 = all)", "");
+  if (train.moh_loss_coeff < 0) bad("train.moh_loss_coeff", "must be >= 0", "the paper uses 0.01");
+  if (!(train.ema_decay >= 0 && train.ema_decay < 1)) bad("train.ema_decay", "must be in [0, 1)", "e.g. 0.9999");
+  if (train.ckpt_every_epochs <= 0) bad("train.ckpt_every_epochs", "must be >= 1", "");
+  if (train.log_every_steps <= 0) bad("train.log_every_steps", "must be >= 1", "");
+  if (model.num_classes < 0) bad("model.num_classes", "must be >= 0 (0 = variant default)", "");
+  if (model.img_size < 0) bad("model.img_size", "must be >= 0 (0 = variant default)", "");
+  if (model.drop_path >= 1) bad("model.drop_path", "must be < 1", "e.g. 0.1");
+  const std::string& d = train.device;
+  if (!(d == "auto" || d == "cpu" || d == "cuda" || d.rfind("cuda:", 0) == 0))
+    bad("train.device", "expected auto, cpu, cuda or cuda:N, got \"" + d + "\"", "");
+}
+
+ExperimentConfig load_experiment(const std::string& path, const std::vector<std::string>& overrides) {
+  YAML::Node tree = config::load_tree(path);
+  for (const auto& o : overrides) config::apply_override(tree, o);
+  auto cfg = config::read_struct<ExperimentConfig>(tree, path);
+  if (cfg.name.empty()) cfg.name = std::filesystem::path(path).stem().string();
+  cfg.validate(path);
+  return cfg;
+}
+
+std::string to_yaml(const ExperimentConfig& cfg) { return config::write_struct(cfg); }
+
+}  // namespace moh

@@ -1,0 +1,180 @@
+#pragma once
+// The typed, versioned experiment configuration: the only place YAML becomes values. Models and trainers take the
+// structs below (or options derived from them), never YAML. Keys, types, defaults and meanings are declared once in
+// each struct's visit(); `moh config --schema` prints them.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/config_schema.h"
+
+namespace moh {
+
+/// Current config format version (`version:` in every experiment file).
+constexpr int64_t kConfigVersion = 1;
+
+/// How heads are mixed in an attention layer.
+enum class AttentionMode { mha, moh, moa };
+const config::EnumTable<AttentionMode>& enum_table(AttentionMode);
+
+/// Execution path of MoH attention: `dense` computes every head then gates (the official code, the reference);
+/// `sparse` computes only the selected (token, head) pairs.
+enum class AttentionPath { dense, sparse };
+const config::EnumTable<AttentionPath>& enum_table(AttentionPath);
+
+/// Numeric precision of forward + loss (master weights, optimizer and EMA stay fp32).
+enum class Precision { fp32, bf16, fp16 };
+const config::EnumTable<Precision>& enum_table(Precision);
+
+/// Built-in dataset readers.
+enum class DatasetKind { fashion_mnist, image_folder };
+const config::EnumTable<DatasetKind>& enum_table(DatasetKind);
+
+/// Learning-rate schedule shape.
+enum class LrSchedule { cosine, constant };
+const config::EnumTable<LrSchedule>& enum_table(LrSchedule);
+
+/// Whether the schedule advances once per epoch (official DeiT/TransNeXt recipe) or every optimizer step.
+enum class ScheduleUnit { epoch, step };
+const config::EnumTable<ScheduleUnit>& enum_table(ScheduleUnit);
+
+/// `model:` — which network and how its attention runs.
+struct ModelConfig {
+  std::string name;                        ///< registry name, e.g. "MoH-ViT-S-75" (`moh info --list`)
+  std::vector<AttentionMode> attention;    ///< per-stage override of the head mixing; empty = variant default
+  AttentionPath attention_path = AttentionPath::dense;
+  int64_t num_classes = 0;                 ///< 0 = variant default
+  int64_t img_size = 0;                    ///< 0 = variant default
+  double drop_path = -1.0;                 ///< < 0 = variant default
+  std::string weights;                     ///< initialise from this file (safetensors or torch.save)
+  std::string weights_key;                 ///< key inside a nested checkpoint (ema|model|state_dict)
+
+  template <class V>
+  void visit(V& v) {
+    v.field("name", name, "model variant from the registry (`moh info --list`)", config::Need::required);
+    v.field("attention", attention, "per-stage head mixing override (mha|moh|moa); empty = the variant's own");
+    v.field("attention_path", attention_path, "MoH execution path: dense (official, gates all heads) or sparse (selected pairs only)");
+    v.field("num_classes", num_classes, "classifier outputs / DiT label classes; 0 = variant default");
+    v.field("img_size", img_size, "input resolution in pixels; 0 = variant default");
+    v.field("drop_path", drop_path, "stochastic-depth rate at the last block; negative = variant default");
+    v.field("weights", weights, "initialise from this weights file (.safetensors or torch.save .pt/.pth)");
+    v.field("weights_key", weights_key, "entry inside a nested checkpoint to load (ema, model, state_dict)");
+  }
+};
+
+/// `data:` — where images come from and how many per step.
+struct DataConfig {
+  DatasetKind dataset = DatasetKind::fashion_mnist;
+  std::string root;               ///< "" = dataset default (/usr/share/datasets/fashion-mnist)
+  int64_t batch_size = 128;       ///< global batch (summed over ranks and accumulation steps)
+  int64_t num_workers = 2;
+  double max_bad_fraction = 0.01;
+  int64_t limit_train = 0;        ///< use only the first N training images (0 = all)
+  int64_t limit_val = 0;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("dataset", dataset, "reader: fashion_mnist (IDX gz) or image_folder (<root>/{train,val}/<class>/*)");
+    v.field("root", root, "dataset directory; empty = the reader's default");
+    v.field("batch_size", batch_size, "global batch size per optimizer step");
+    v.field("num_workers", num_workers, "decoding/augmentation threads");
+    v.field("max_bad_fraction", max_bad_fraction, "fraction of unreadable images tolerated before it is an error");
+    v.field("limit_train", limit_train, "use only the first N training images (0 = all)");
+    v.field("limit_val", limit_val, "use only the first N validation images (0 = all)");
+  }
+};
+
+/// `optim:` — AdamW settings.
+struct OptimConfig {
+  double lr = 1e-3;
+  double weight_decay = 0.05;
+  std::vector<double> betas{0.9, 0.999};
+  double eps = 1e-8;
+  double clip_grad = 1.0;  ///< global grad-norm clip; 0 = off
+
+  template <class V>
+  void visit(V& v) {
+    v.field("lr", lr, "peak learning rate (absolute, no batch scaling)");
+    v.field("weight_decay", weight_decay, "AdamW decoupled weight decay");
+    v.field("betas", betas, "AdamW (beta1, beta2)");
+    v.field("eps", eps, "AdamW epsilon");
+    v.field("clip_grad", clip_grad, "clip the global gradient norm to this value; 0 = off");
+  }
+};
+
+/// `schedule:` — learning-rate schedule.
+struct ScheduleConfig {
+  LrSchedule kind = LrSchedule::cosine;
+  ScheduleUnit unit = ScheduleUnit::epoch;
+  double warmup_epochs = 5;
+  double warmup_lr = 1e-6;
+  double min_lr = 1e-5;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("kind", kind, "cosine (with linear warm-up) or constant");
+    v.field("unit", unit, "advance the schedule per epoch (official recipe) or per step");
+    v.field("warmup_epochs", warmup_epochs, "linear warm-up length in epochs");
+    v.field("warmup_lr", warmup_lr, "learning rate at the start of warm-up");
+    v.field("min_lr", min_lr, "final learning rate of the cosine");
+  }
+};
+
+/// `train:` — the loop.
+struct TrainConfig {
+  int64_t epochs = 300;
+  int64_t accum_steps = 1;
+  double moh_loss_coeff = 0.01;   ///< beta of the MoH load-balance loss (paper Eq. 8)
+  int64_t seed = 0;
+  Precision precision = Precision::fp32;
+  std::string device = "auto";
+  double ema_decay = 0.0;         ///< 0 = no EMA
+  int64_t ckpt_every_epochs = 1;
+  int64_t log_every_steps = 50;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("epochs", epochs, "number of training epochs");
+    v.field("accum_steps", accum_steps, "gradient accumulation steps per optimizer step");
+    v.field("moh_loss_coeff", moh_loss_coeff, "beta: weight of the MoH load-balance loss (mean over routed layers)");
+    v.field("seed", seed, "global random seed");
+    v.field("precision", precision, "forward/loss precision: fp32, bf16 or fp16 (autocast; CUDA only)");
+    v.field("device", device, "auto, cpu, cuda or cuda:N");
+    v.field("ema_decay", ema_decay, "EMA decay of the weights; 0 = no EMA");
+    v.field("ckpt_every_epochs", ckpt_every_epochs, "write a checkpoint every N epochs");
+    v.field("log_every_steps", log_every_steps, "write a metrics line every N optimizer steps");
+  }
+};
+
+/// The whole experiment file.
+struct ExperimentConfig {
+  int64_t version = kConfigVersion;
+  std::string name;  ///< run name; "" = the config file's stem
+  ModelConfig model;
+  DataConfig data;
+  OptimConfig optim;
+  ScheduleConfig schedule;
+  TrainConfig train;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("version", version, "config format version (this toolkit reads 1)");
+    v.field("name", name, "run name; empty = the config file's stem");
+    v.section("model", model, "network variant and attention options");
+    v.section("data", data, "dataset, batch size and loading");
+    v.section("optim", optim, "optimizer (AdamW)");
+    v.section("schedule", schedule, "learning-rate schedule");
+    v.section("train", train, "training loop");
+  }
+
+  /// Cross-field rules; throws UserError naming the key (origin = the config file).
+  void validate(const std::string& origin) const;
+};
+
+/// Loads a config file with `base:` inheritance and `--set` overrides, parses it strictly and validates it.
+ExperimentConfig load_experiment(const std::string& path, const std::vector<std::string>& overrides = {});
+
+/// The resolved config as YAML text (printed at start, saved in run dirs and checkpoints).
+std::string to_yaml(const ExperimentConfig& cfg);
+
+}  // namespace moh

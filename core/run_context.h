@@ -1,0 +1,44 @@
+#pragma once
+// Where and how a run executes: device, precision, seed, and the data-parallel rank/world (read once from the
+// torchrun or Slurm environment). Decided once in the app and passed down; modules never look at globals.
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <string>
+
+#include "core/experiment_config.h"
+
+namespace moh {
+
+/// Execution context of one process.
+struct RunContext {
+  c10::Device device{c10::kCPU};
+  Precision precision = Precision::fp32;
+  uint64_t seed = 0;
+  int rank = 0, world = 1, local_rank = 0;
+
+  bool is_main() const { return rank == 0; }
+  /// Builds the context: `device` is auto|cpu|cuda|cuda:N; rank/world from RANK/WORLD_SIZE/LOCAL_RANK or
+  /// SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID. Errors (no CUDA, fp16 on CPU) are UserErrors.
+  static RunContext create(const std::string& device, Precision precision, uint64_t seed);
+};
+
+/// Toolkit version string ("0.1.0").
+std::string toolkit_version();
+/// LibTorch version string ("1.13.1").
+std::string libtorch_version();
+/// Whether this LibTorch has CUDA and a device is visible.
+bool cuda_available();
+
+/// Which BLAS LibTorch's matrix products run on.
+struct BlasInfo {
+  std::string name;  ///< "OpenBLAS", "reference BLAS (slow)", "MKL", "unknown"
+  std::string path;  ///< the mapped library, if any
+  bool reference = false;
+};
+/// Detects the BLAS by the libraries mapped into this process (/proc/self/maps).
+BlasInfo detect_blas();
+/// Prints one warning to stderr (once per process) if LibTorch runs on the reference BLAS.
+void warn_if_reference_blas();
+
+}  // namespace moh

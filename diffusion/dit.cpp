@@ -1,0 +1,274 @@
+#include "diffusion/dit.h"
+
+#include <torch/nn/init.h>
+#include <torch/nn/modules/activation.h>
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace moh::diffusion {
+
+namespace nn = torch::nn;
+
+namespace {
+constexpr double kNormEps = 1e-6;         // DiT LayerNorm(elementwise_affine=False, eps=1e-6)
+constexpr double kEmbedInitStd = 0.02;    // label table and timestep MLP init
+constexpr int64_t kFrequencyDim = 256;    // timestep sinusoid features
+
+at::Tensor modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale) {
+  return x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1);
+}
+at::Tensor layer_norm(const at::Tensor& x) { return at::layer_norm(x, {x.size(-1)}, {}, {}, kNormEps); }
+}  // namespace
+
+std::vector<int64_t> expand_runs(const LayerRuns& runs) {
+  std::vector<int64_t> out;
+  for (auto [value, count] : runs) out.insert(out.end(), static_cast<size_t>(count), value);
+  return out;
+}
+
+vision::MoHAttentionOptions DiTOptions::layer(int64_t i) const {
+  auto at_layer = [&](const LayerRuns& runs, int64_t fallback) {
+    if (runs.empty()) return fallback;
+    return expand_runs(runs).at(static_cast<size_t>(i));
+  };
+  vision::MoHAttentionOptions o(hidden_size, at_layer(heads, num_heads));
+  o.head_dim = head_dim > 0 ? head_dim : hidden_size / num_heads;
+  o.qkv_bias = true;
+  o.path = path;
+  if (attention == AttentionMode::moh) o.moh(at_layer(shared, 0), at_layer(topk, 0));
+  else if (attention == AttentionMode::moa) o.moa(at_layer(topk, 0));
+  return o;
+}
+
+double DiTOptions::active_ratio() const {
+  double active = 0, total = 0;
+  for (int64_t i = 0; i < depth; ++i) {
+    auto o = layer(i);
+    active += static_cast<double>(o.active_heads());
+    total += static_cast<double>(o.num_heads);
+  }
+  return active / total;
+}
+
+int64_t DiTOptions::routed_layers() const {
+  int64_t n = 0;
+  for (int64_t i = 0; i < depth; ++i) n += (attention != AttentionMode::mha && layer(i).topk > 0) ? 1 : 0;
+  return n;
+}
+
+void DiTOptions::validate() const {
+  const std::string what = "DiT options";
+  if (input_size <= 0 || patch_size <= 0 || input_size % patch_size != 0)
+    throw UserError(what, "input_size " + std::to_string(input_size) + " is not a multiple of patch_size " +
+                              std::to_string(patch_size), "");
+  if (hidden_size % 4 != 0) throw UserError(what, "hidden_size must be a multiple of 4 (2-D sin-cos embedding)", "");
+  if (depth <= 0 || num_heads <= 0) throw UserError(what, "depth and num_heads must be positive", "");
+  if (head_dim == 0 && hidden_size % num_heads != 0)
+    throw UserError(what, "hidden_size is not divisible by num_heads", "set head_dim");
+  for (const auto* runs : {&heads, &shared, &topk})
+    if (!runs->empty() && static_cast<int64_t>(expand_runs(*runs).size()) != depth)
+      throw UserError(what, "a per-layer schedule has " + std::to_string(expand_runs(*runs).size()) +
+                                " entries for depth " + std::to_string(depth), "");
+  if (num_classes <= 0) throw UserError(what, "num_classes must be positive", "");
+  if (class_dropout_prob < 0 || class_dropout_prob >= 1) throw UserError(what, "class_dropout_prob must be in [0,1)", "");
+  for (int64_t i = 0; i < depth; ++i) layer(i).validate();
+}
+
+MlpImpl::MlpImpl(int64_t dim, int64_t hidden) {
+  fc1 = register_module("fc1", nn::Linear(dim, hidden));
+  fc2 = register_module("fc2", nn::Linear(hidden, dim));
+}
+at::Tensor MlpImpl::forward(const at::Tensor& x) { return fc2->forward(at::gelu(fc1->forward(x), "tanh")); }
+
+PatchEmbedImpl::PatchEmbedImpl(int64_t in_channels, int64_t dim, int64_t patch) {
+  proj = register_module("proj", nn::Conv2d(nn::Conv2dOptions(in_channels, dim, patch).stride(patch)));
+}
+at::Tensor PatchEmbedImpl::forward(const at::Tensor& x) {
+  return proj->forward(x).flatten(2).transpose(1, 2);  // (N, T, D)
+}
+
+TimestepEmbedderImpl::TimestepEmbedderImpl(int64_t dim, int64_t fdim) : frequency_dim(fdim) {
+  mlp = register_module("mlp", nn::Sequential(nn::Linear(fdim, dim), nn::SiLU(), nn::Linear(dim, dim)));
+}
+
+at::Tensor TimestepEmbedderImpl::timestep_embedding(const at::Tensor& t, int64_t dim, double max_period) {
+  const int64_t half = dim / 2;
+  at::Tensor freqs = at::exp(-std::log(max_period) * at::arange(half, t.options().dtype(at::kFloat)) /
+                             static_cast<double>(half));                      // (half)
+  at::Tensor args = t.to(at::kFloat).unsqueeze(1) * freqs.unsqueeze(0);     // (N, half)
+  at::Tensor emb = at::cat({at::cos(args), at::sin(args)}, -1);             // cos first, then sin
+  if (dim % 2) emb = at::cat({emb, at::zeros_like(emb.narrow(1, 0, 1))}, -1);
+  return emb;
+}
+
+at::Tensor TimestepEmbedderImpl::forward(const at::Tensor& t) {
+  return mlp->forward(timestep_embedding(t, frequency_dim));  // (N, D)
+}
+
+LabelEmbedderImpl::LabelEmbedderImpl(int64_t classes, int64_t dim, double p) : num_classes(classes), dropout_prob(p) {
+  embedding_table = register_module("embedding_table", nn::Embedding(classes + (p > 0 ? 1 : 0), dim));
+}
+
+at::Tensor LabelEmbedderImpl::forward(const at::Tensor& labels, const at::Tensor& force_drop) {
+  at::Tensor y = labels;
+  if (force_drop.defined()) {
+    y = at::where(force_drop.to(at::kBool), at::full_like(y, num_classes), y);
+  } else if (is_training() && dropout_prob > 0) {
+    at::Tensor drop = at::rand({y.size(0)}, y.options().dtype(at::kFloat)) < dropout_prob;
+    y = at::where(drop, at::full_like(y, num_classes), y);
+  }
+  return embedding_table->forward(y);  // (N, D)
+}
+
+DiTBlockImpl::DiTBlockImpl(int64_t d, const vision::MoHAttentionOptions& attn_options, double mlp_ratio) : dim(d) {
+  attn = register_module("attn", vision::MoHAttention(attn_options));
+  mlp = register_module("mlp", Mlp(d, static_cast<int64_t>(d * mlp_ratio)));
+  adaLN_modulation = register_module("adaLN_modulation", nn::Sequential(nn::SiLU(), nn::Linear(d, 6 * d)));
+}
+
+DiTOutput DiTBlockImpl::forward(const at::Tensor& x, const at::Tensor& c) {
+  auto mod = adaLN_modulation->forward(c).chunk(6, 1);  // shift/scale/gate for msa, then mlp; each (N, D)
+  auto a = attn->forward(modulate(layer_norm(x), mod[0], mod[1]));  // router sees the modulated tokens
+  at::Tensor h = x + mod[2].unsqueeze(1) * a.out;
+  h = h + mod[5].unsqueeze(1) * mlp->forward(modulate(layer_norm(h), mod[3], mod[4]));
+  return {h, a.aux_loss};  // (N, T, D)
+}
+
+FinalLayerImpl::FinalLayerImpl(int64_t d, int64_t patch, int64_t out_channels) : dim(d) {
+  linear = register_module("linear", nn::Linear(d, patch * patch * out_channels));
+  adaLN_modulation = register_module("adaLN_modulation", nn::Sequential(nn::SiLU(), nn::Linear(d, 2 * d)));
+}
+
+at::Tensor FinalLayerImpl::forward(const at::Tensor& x, const at::Tensor& c) {
+  auto mod = adaLN_modulation->forward(c).chunk(2, 1);  // shift first, then scale
+  return linear->forward(modulate(layer_norm(x), mod[0], mod[1]));
+}
+
+at::Tensor sincos_pos_embed_2d(int64_t dim, int64_t grid) {
+  const int64_t quarter = dim / 4;
+  at::Tensor omega = 1.0 / at::pow(10000.0, at::arange(quarter, at::kDouble) / static_cast<double>(quarter));
+  at::Tensor pos = at::arange(grid, at::kDouble);
+  at::Tensor rows = pos.repeat_interleave(grid), cols = pos.repeat({grid});  // token k = r·G + c
+  auto emb1d = [&](const at::Tensor& p) {
+    at::Tensor out = p.unsqueeze(1) * omega.unsqueeze(0);
+    return at::cat({at::sin(out), at::cos(out)}, 1);
+  };
+  return at::cat({emb1d(cols), emb1d(rows)}, 1);  // first half encodes the column (MAE's meshgrid order)
+}
+
+DiTImpl::DiTImpl(const DiTOptions& o) : options(o) {
+  options.validate();
+  const int64_t D = o.hidden_size;
+  x_embedder = register_module("x_embedder", PatchEmbed(o.in_channels, D, o.patch_size));
+  t_embedder = register_module("t_embedder", TimestepEmbedder(D, kFrequencyDim));
+  y_embedder = register_module("y_embedder", LabelEmbedder(o.num_classes, D, o.class_dropout_prob));
+  pos_embed = register_parameter("pos_embed", at::zeros({1, o.num_patches(), D}), /*requires_grad=*/false);
+  blocks = register_module("blocks", nn::ModuleList());
+  for (int64_t i = 0; i < o.depth; ++i) blocks->push_back(DiTBlock(D, o.layer(i), o.mlp_ratio));
+  final_layer = register_module("final_layer", FinalLayer(D, o.patch_size, o.out_channels()));
+  initialize_weights();
+}
+
+void DiTImpl::initialize_weights() {
+  torch::NoGradGuard ng;
+  for (auto& m : modules(/*include_self=*/false)) {
+    if (auto* lin = m->as<nn::Linear>()) {
+      nn::init::xavier_uniform_(lin->weight);
+      if (lin->bias.defined()) nn::init::zeros_(lin->bias);
+    }
+  }
+  pos_embed.copy_(sincos_pos_embed_2d(options.hidden_size, options.grid_size()).to(at::kFloat).unsqueeze(0));
+  auto& w = x_embedder->proj->weight;
+  nn::init::xavier_uniform_(w.view({w.size(0), -1}));
+  nn::init::zeros_(x_embedder->proj->bias);
+  nn::init::normal_(y_embedder->embedding_table->weight, 0.0, kEmbedInitStd);
+  nn::init::normal_(t_embedder->mlp[0]->as<nn::Linear>()->weight, 0.0, kEmbedInitStd);
+  nn::init::normal_(t_embedder->mlp[2]->as<nn::Linear>()->weight, 0.0, kEmbedInitStd);
+  auto zero_linear = [](const std::shared_ptr<nn::Module>& m) {
+    auto* l = m->as<nn::Linear>();
+    nn::init::zeros_(l->weight);
+    nn::init::zeros_(l->bias);
+  };
+  for (auto& b : *blocks) zero_linear(b->as<DiTBlockImpl>()->adaLN_modulation[1]);
+  zero_linear(final_layer->adaLN_modulation[1]);
+  zero_linear(final_layer->linear.ptr());
+}
+
+at::Tensor DiTImpl::unpatchify(const at::Tensor& x) const {
+  const int64_t N = x.size(0), p = options.patch_size, c = options.out_channels(), g = options.grid_size();
+  return x.reshape({N, g, g, p, p, c}).permute({0, 5, 1, 3, 2, 4}).reshape({N, c, g * p, g * p});  // nhwpqc->nchpwq
+}
+
+DiTOutput DiTImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& y, const at::Tensor& force_drop) {
+  at::Tensor h = x_embedder->forward(x) + pos_embed;                            // (N, T, D)
+  at::Tensor c = t_embedder->forward(t) + y_embedder->forward(y, force_drop);   // (N, D)
+  at::Tensor aux_sum;
+  int64_t routed = 0;
+  for (auto& b : *blocks) {
+    DiTOutput o = b->as<DiTBlockImpl>()->forward(h, c);
+    h = o.out;
+    if (o.aux_loss.defined()) aux_sum = aux_sum.defined() ? aux_sum + o.aux_loss : o.aux_loss, ++routed;
+  }
+  DiTOutput out;
+  out.out = unpatchify(final_layer->forward(h, c));                            // (N, C_out, H, W)
+  if (routed > 0) out.aux_loss = aux_sum / static_cast<double>(routed);        // mean over routed layers
+  return out;
+}
+
+// ---- variant table -------------------------------------------------------------------------------------------
+
+namespace {
+
+DiTOptions base(int64_t depth, int64_t hidden, int64_t heads, int64_t patch) {
+  DiTOptions o;
+  o.depth = depth, o.hidden_size = hidden, o.num_heads = heads, o.patch_size = patch;
+  return o;
+}
+
+DiTOptions moh_variant(DiTOptions o, int64_t head_dim, LayerRuns heads, LayerRuns shared, LayerRuns topk) {
+  o.attention = AttentionMode::moh;
+  o.head_dim = head_dim;
+  o.heads = std::move(heads), o.shared = std::move(shared), o.topk = std::move(topk);
+  return o;
+}
+
+}  // namespace
+
+const std::vector<std::pair<std::string, DiTOptions>>& dit_variants() {
+  static const std::vector<std::pair<std::string, DiTOptions>> table = [] {
+    std::vector<std::pair<std::string, DiTOptions>> t;
+    struct Size { const char* name; int64_t depth, hidden, heads; };
+    for (const Size& s : {Size{"S", 12, 384, 6}, Size{"B", 12, 768, 12}, Size{"L", 24, 1024, 16}, Size{"XL", 28, 1152, 16}})
+      for (int64_t p : {2, 4, 8})
+        t.push_back({std::string("DiT-") + s.name + "/" + std::to_string(p), base(s.depth, s.hidden, s.heads, p)});
+    // MoH-DiT schedules (MoH-DiT/models.py), as runs of (value, layers).
+    const DiTOptions S = base(12, 384, 6, 2), B = base(12, 768, 12, 2), L = base(24, 1024, 16, 2),
+                     XL = base(28, 1152, 16, 2);
+    t.push_back({"MoH-DiT-S/2-90", moh_variant(S, 64, {{6, 12}}, {{3, 8}, {6, 4}}, {{2, 8}, {0, 4}})});
+    t.push_back({"MoH-DiT-S/2-75", moh_variant(S, 64, {{6, 12}}, {{2, 2}, {3, 8}, {6, 2}}, {{1, 6}, {2, 4}, {0, 2}})});
+    t.push_back({"MoH-DiT-B/2-90", moh_variant(B, 64, {{12, 12}}, {{6, 5}, {7, 5}, {12, 2}}, {{4, 10}, {0, 2}})});
+    t.push_back({"MoH-DiT-B/2-75", moh_variant(B, 64, {{12, 12}}, {{4, 2}, {6, 8}, {12, 2}}, {{2, 2}, {3, 8}, {0, 2}})});
+    const LayerRuns l_heads{{8, 8}, {16, 8}, {24, 8}}, xl_heads{{8, 9}, {16, 10}, {24, 9}};
+    t.push_back({"MoH-DiT-L/2-90", moh_variant(L, 64, l_heads, {{8, 8}, {16, 16}}, {{0, 16}, {3, 8}})});
+    t.push_back({"MoH-DiT-L/2-75", moh_variant(L, 64, l_heads, {{8, 16}, {12, 8}}, {{0, 8}, {4, 16}})});
+    t.push_back({"MoH-DiT-XL/2-90", moh_variant(XL, 72, xl_heads, {{8, 9}, {16, 19}}, {{0, 19}, {3, 9}})});
+    t.push_back({"MoH-DiT-XL/2-75", moh_variant(XL, 72, xl_heads, {{8, 9}, {10, 10}, {14, 9}}, {{0, 9}, {2, 19}})});
+    return t;
+  }();
+  return table;
+}
+
+DiTOptions dit_options(const std::string& name) {
+  std::vector<std::string> names;
+  for (const auto& [n, o] : dit_variants()) {
+    if (n == name) return o;
+    names.push_back(n);
+  }
+  std::string near = nearest_name(name, names);
+  throw UserError("model '" + name + "'", "unknown DiT variant",
+                  near.empty() ? "valid: " + join(names) : "did you mean '" + near + "'?");
+}
+
+}  // namespace moh::diffusion

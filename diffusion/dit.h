@@ -1,0 +1,151 @@
+#pragma once
+// DiT (Peebles & Xie 2023) and MoH-DiT (SkyworkAI/MoH MoH-DiT/models.py): latent diffusion transformers with
+// adaLN-Zero blocks. Port of facebookresearch/DiT@ed81ce2 models.py; registered module names equal the official
+// state_dict keys (x_embedder.proj, t_embedder.mlp.0, y_embedder.embedding_table, blocks.3.attn.qkv,
+// blocks.3.attn.wg, blocks.3.adaLN_modulation.1, final_layer.linear, ...), so official checkpoints load by name.
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "vision/moh_attention.h"
+
+namespace moh::diffusion {
+
+/// A per-layer schedule written as runs of (value, count): {{3, 8}, {6, 4}} = 3 for 8 layers, then 6 for 4.
+using LayerRuns = std::vector<std::pair<int64_t, int64_t>>;
+
+/// Expands runs to one value per layer.
+std::vector<int64_t> expand_runs(const LayerRuns& runs);
+
+/// Options of the DiT family. MoH variants give per-layer heads/shared/top-K schedules (head_dim fixed).
+struct DiTOptions {
+  int64_t input_size = 32;   ///< latent (or pixel) side length
+  int64_t patch_size = 2;
+  int64_t in_channels = 4;
+  int64_t hidden_size = 1152;
+  int64_t depth = 28;
+  int64_t num_heads = 16;    ///< heads of every layer unless `heads` is given
+  int64_t head_dim = 0;      ///< 0 = hidden_size / num_heads
+  double mlp_ratio = 4.0;
+  double class_dropout_prob = 0.1;
+  int64_t num_classes = 1000;
+  bool learn_sigma = true;
+  AttentionMode attention = AttentionMode::mha;
+  LayerRuns heads, shared, topk;  ///< per-layer schedules (MoH); empty heads = num_heads everywhere
+  AttentionPath path = AttentionPath::dense;
+
+  int64_t out_channels() const { return learn_sigma ? 2 * in_channels : in_channels; }
+  int64_t grid_size() const { return input_size / patch_size; }
+  int64_t num_patches() const { return grid_size() * grid_size(); }
+  /// Attention options of layer i (heads, head_dim, MoH split).
+  vision::MoHAttentionOptions layer(int64_t i) const;
+  /// Σ active heads / Σ heads over layers (how the paper counts "activated heads").
+  double active_ratio() const;
+  /// Number of layers whose attention routes heads (MoH with K > 0).
+  int64_t routed_layers() const;
+  /// Throws UserError on inconsistent options (schedule lengths, divisibility, ...).
+  void validate() const;
+};
+
+/// Mlp of a DiT block (timm Mlp): fc1 → GELU(tanh) → fc2.
+struct MlpImpl : torch::nn::Module {
+  MlpImpl(int64_t dim, int64_t hidden);
+  at::Tensor forward(const at::Tensor& x);
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+/// Patch embedding: Conv2d(C_in, D, p, stride p) → (N, T, D), tokens row-major over the patch grid.
+struct PatchEmbedImpl : torch::nn::Module {
+  PatchEmbedImpl(int64_t in_channels, int64_t dim, int64_t patch);
+  at::Tensor forward(const at::Tensor& x);
+  torch::nn::Conv2d proj{nullptr};
+};
+TORCH_MODULE(PatchEmbed);
+
+/// Sinusoidal timestep features (GLIDE: cos first, then sin; 256 dims, max period 10000) → MLP.
+struct TimestepEmbedderImpl : torch::nn::Module {
+  explicit TimestepEmbedderImpl(int64_t dim, int64_t frequency_dim = 256);
+  static at::Tensor timestep_embedding(const at::Tensor& t, int64_t dim, double max_period = 10000.0);
+  at::Tensor forward(const at::Tensor& t);
+  torch::nn::Sequential mlp{nullptr};
+  int64_t frequency_dim;
+};
+TORCH_MODULE(TimestepEmbedder);
+
+/// Class embedding with an extra "null" row (index num_classes) used for classifier-free guidance; labels are
+/// dropped to null with probability p in training mode.
+struct LabelEmbedderImpl : torch::nn::Module {
+  LabelEmbedderImpl(int64_t num_classes, int64_t dim, double dropout_prob);
+  /// `force_drop` (N) bool/int: 1 = use the null class regardless of mode (CFG's unconditional half).
+  at::Tensor forward(const at::Tensor& labels, const at::Tensor& force_drop = {});
+  torch::nn::Embedding embedding_table{nullptr};
+  int64_t num_classes;
+  double dropout_prob;
+};
+TORCH_MODULE(LabelEmbedder);
+
+/// Output of a DiT block or model: the tensor plus this layer's / the mean MoH load-balance loss.
+struct DiTOutput {
+  at::Tensor out;
+  at::Tensor aux_loss;  ///< undefined when no routed layer ran in training mode
+};
+
+/// adaLN-Zero transformer block.
+struct DiTBlockImpl : torch::nn::Module {
+  DiTBlockImpl(int64_t dim, const vision::MoHAttentionOptions& attn, double mlp_ratio);
+  DiTOutput forward(const at::Tensor& x, const at::Tensor& c);
+  vision::MoHAttention attn{nullptr};
+  Mlp mlp{nullptr};
+  torch::nn::Sequential adaLN_modulation{nullptr};
+  int64_t dim;
+};
+TORCH_MODULE(DiTBlock);
+
+/// Final adaLN layer: (N, T, D) → (N, T, p·p·C_out).
+struct FinalLayerImpl : torch::nn::Module {
+  FinalLayerImpl(int64_t dim, int64_t patch, int64_t out_channels);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& c);
+  torch::nn::Linear linear{nullptr};
+  torch::nn::Sequential adaLN_modulation{nullptr};
+  int64_t dim;
+};
+TORCH_MODULE(FinalLayer);
+
+/// The DiT / MoH-DiT network.
+struct DiTImpl : torch::nn::Module {
+  explicit DiTImpl(const DiTOptions& options);
+  /// x (N, C, H, W), t (N) original timesteps, y (N) labels → (N, C_out, H, W) and the mean aux loss over routed
+  /// layers (training only).
+  DiTOutput forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& y, const at::Tensor& force_drop = {});
+  /// (N, T, p·p·C) → (N, C, H, W)
+  at::Tensor unpatchify(const at::Tensor& x) const;
+  /// DiT's initialize_weights(): xavier Linear, sin-cos pos_embed, N(0, .02) label/timestep, zero adaLN + final.
+  void initialize_weights();
+
+  DiTOptions options;
+  PatchEmbed x_embedder{nullptr};
+  TimestepEmbedder t_embedder{nullptr};
+  LabelEmbedder y_embedder{nullptr};
+  at::Tensor pos_embed;  ///< (1, T, D), fixed (requires_grad false) but a parameter, as in the official code
+  torch::nn::ModuleList blocks{nullptr};
+  FinalLayer final_layer{nullptr};
+};
+TORCH_MODULE(DiT);
+
+/// 2-D sin-cos position embedding (MAE): row k = r·G + c → [sin(c·ω), cos(c·ω), sin(r·ω), cos(r·ω)], float64.
+at::Tensor sincos_pos_embed_2d(int64_t dim, int64_t grid);
+
+/// The variant table: "DiT-S/2" ... "DiT-XL/8", "MoH-DiT-S/2-90" ... "MoH-DiT-XL/2-75".
+const std::vector<std::pair<std::string, DiTOptions>>& dit_variants();
+/// Looks a variant up; an unknown name is a UserError listing the valid ones.
+DiTOptions dit_options(const std::string& name);
+
+}  // namespace moh::diffusion

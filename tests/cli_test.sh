@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Command-line contract of `moh`: exit codes (0 ok, 2 user error), one-line `error: ...` messages, no stack traces.
+# usage: cli_test.sh path/to/moh repo_root
+set -u
+MOH=$1
+ROOT=$2
+cd "$ROOT" || exit 1
+fails=0
+pass=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# expect CODE PATTERN -- args...   (PATTERN is grepped in stdout+stderr)
+expect() {
+  local code=$1 pattern=$2
+  shift 3
+  "$MOH" "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  if [ "$rc" != "$code" ] || ! cat "$tmp/out" "$tmp/err" | grep -q -- "$pattern"; then
+    echo "FAIL: moh $* -> exit $rc (want $code), pattern '$pattern'"; sed 's/^/  | /' "$tmp/out" "$tmp/err" | head -20
+    fails=$((fails + 1))
+    return
+  fi
+  if [ "$code" = 2 ]; then  # user errors: exactly one line on stderr, starting with "error: ", no backtrace
+    if [ "$(grep -c . "$tmp/err")" != 1 ] || ! head -1 "$tmp/err" | grep -q '^error: '; then
+      echo "FAIL: moh $* -> stderr is not one 'error:' line"; sed 's/^/  | /' "$tmp/err" | head -20
+      fails=$((fails + 1))
+      return
+    fi
+  fi
+  pass=$((pass + 1))
+}
+
+expect 0 "LibTorch [0-9]" -- --version
+expect 0 "BLAS: " -- --version
+expect 0 "usage: moh" -- --help
+expect 2 "unknown command 'confg'" -- confg
+expect 2 "did you mean 'config'" -- confg
+expect 0 "name: MoH-ViT-Nano" -- config configs/fashion_mnist/moh_vit_nano.yaml
+expect 0 "lr: 0.0005" -- config configs/fashion_mnist/moh_vit_nano.yaml --set optim.lr=5e-4
+expect 2 "unknown key 'optim.lrr' (did you mean 'optim.lr'?)" -- config configs/fashion_mnist/moh_vit_nano.yaml --set optim.lrr=1
+expect 2 "error: config configs/imagenet/moh_vit_s_75.yaml: unknown key 'optim.lrr'" -- config configs/imagenet/moh_vit_s_75.yaml --set optim.lrr=1
+expect 2 "optim.lr: must be > 0" -- config configs/imagenet/moh_vit_s_75.yaml --set optim.lr=-1
+expect 2 "optim.lr: expected a number, got \"fast\"" -- config configs/imagenet/moh_vit_s_75.yaml --set optim.lr=fast
+expect 2 "file not found" -- config configs/does_not_exist.yaml
+expect 2 "missing CONFIG.yaml" -- config
+expect 2 "error: moh config" -- config --no-such-flag
+expect 0 "optim.lr (number) = 0.001" -- config --schema
+expect 0 '"params": 675666464' -- info --model MoH-DiT-XL/2-90 --json
+expect 0 '"params": 32963360' -- info --model DiT-S/2 --json
+expect 0 "MoH-DiT-S/2-75" -- info --list
+expect 2 "unknown DiT variant" -- info --model DiT-XXL/2
+expect 0 '"mode": "sparse"' -- bench attention --seqs 32 --dims 32:4 --actives 0.5 --runs 1 --warmup 0 --json
+expect 2 "unknown benchmark" -- bench nothing
+expect 2 "expected a comma-separated list" -- bench attention --seqs abc
+
+# Nothing on disk is touched by a failing command.
+cp configs/fashion_mnist/moh_vit_nano.yaml "$tmp/c.yaml"
+before=$(sha256sum "$tmp/c.yaml")
+"$MOH" config "$tmp/c.yaml" --set optim.lrr=1 >/dev/null 2>&1
+[ "$before" = "$(sha256sum "$tmp/c.yaml")" ] && pass=$((pass + 1)) || { echo "FAIL: config file modified"; fails=$((fails + 1)); }
+
+echo "$pass passed, $fails failed"
+[ "$fails" = 0 ]

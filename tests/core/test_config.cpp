@@ -1,0 +1,147 @@
+// Config system: base inheritance, overrides, and one failing example per error kind / validation rule.
+#include "core/experiment_config.h"
+#include "tests/test_util.h"
+
+namespace moh {
+namespace {
+
+using test::TempDir;
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+TEST(Config, BaseInheritanceMultiLevelAndOverrides) {
+  TempDir d;
+  d.write("base/root.yaml", "version: 1\noptim:\n  lr: 0.002\n  weight_decay: 0.1\ndata:\n  batch_size: 64\n");
+  d.write("base/mid.yaml", "base: root.yaml\noptim:\n  lr: 0.003\ntrain:\n  epochs: 7\n");
+  std::string leaf = d.write("exp/leaf.yaml", "base: ../base/mid.yaml\nmodel:\n  name: DiT-S/2\n  attention: [moh, mha]\n");
+  ExperimentConfig c = load_experiment(leaf, {"train.epochs=9", "optim.betas=[0.8, 0.95]", "model.attention_path=sparse"});
+  EXPECT_EQ(c.model.name, "DiT-S/2");
+  EXPECT_DOUBLE_EQ(c.optim.lr, 0.003);            // mid overrides root
+  EXPECT_DOUBLE_EQ(c.optim.weight_decay, 0.1);    // from root
+  EXPECT_EQ(c.data.batch_size, 64);
+  EXPECT_EQ(c.train.epochs, 9);                   // --set wins
+  EXPECT_EQ(c.optim.betas, (std::vector<double>{0.8, 0.95}));
+  EXPECT_EQ(c.model.attention_path, AttentionPath::sparse);
+  ASSERT_EQ(c.model.attention.size(), 2u);
+  EXPECT_EQ(c.model.attention[0], AttentionMode::moh);
+  EXPECT_EQ(c.name, "leaf");
+  // The resolved YAML parses back to the same values.
+  std::string again = d.write("resolved.yaml", to_yaml(c));
+  ExperimentConfig c2 = load_experiment(again);
+  EXPECT_EQ(to_yaml(c2), to_yaml(c));
+}
+
+TEST(Config, UnknownKeySuggestsNearest) {
+  TempDir d;
+  std::string f = d.write("a.yaml", "model:\n  name: DiT-S/2\n");
+  std::string e = error_of([&] { load_experiment(f, {"optim.lrr=1"}); });
+  EXPECT_NE(e.find("unknown key 'optim.lrr'"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean 'optim.lr'?"), std::string::npos) << e;
+  EXPECT_EQ(e.rfind("error: config " + f, 0), 0u) << e;
+  std::string e2 = error_of([&] { load_experiment(d.write("b.yaml", "model:\n  name: x\nzzz_totally_new: 1\n")); });
+  EXPECT_NE(e2.find("unknown key 'zzz_totally_new'"), std::string::npos) << e2;
+}
+
+TEST(Config, WrongTypeNamesPathAndExpectedType) {
+  TempDir d;
+  std::string f = d.write("a.yaml", "model:\n  name: DiT-S/2\noptim:\n  lr: fast\n");
+  std::string e = error_of([&] { load_experiment(f); });
+  EXPECT_NE(e.find("optim.lr: expected a number, got \"fast\""), std::string::npos) << e;
+  e = error_of([&] { load_experiment(f, {"optim.lr=1e-3", "data.batch_size=1.5"}); });
+  EXPECT_NE(e.find("data.batch_size: expected an integer"), std::string::npos) << e;
+  e = error_of([&] { load_experiment(f, {"optim.lr=1e-3", "model.attention_path=sparce"}); });
+  EXPECT_NE(e.find("expected one of dense|sparse"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean 'sparse'"), std::string::npos) << e;
+  e = error_of([&] { load_experiment(f, {"optim.lr=1e-3", "optim=3"}); });
+  EXPECT_NE(e.find("optim: expected a map"), std::string::npos) << e;
+  e = error_of([&] { load_experiment(f, {"optim.lr=1e-3", "train.ema_decay=[1]"}); });
+  EXPECT_NE(e.find("train.ema_decay: expected a number, got a list"), std::string::npos) << e;
+}
+
+TEST(Config, MissingRequiredKey) {
+  TempDir d;
+  std::string e = error_of([&] { load_experiment(d.write("a.yaml", "optim:\n  lr: 0.1\n")); });
+  EXPECT_NE(e.find("missing required key 'model.name'"), std::string::npos) << e;
+}
+
+TEST(Config, FileErrors) {
+  TempDir d;
+  EXPECT_NE(error_of([&] { load_experiment(d.file("nope.yaml")); }).find("file not found"), std::string::npos);
+  std::string bad = d.write("bad.yaml", "model: [unclosed\n");
+  EXPECT_NE(error_of([&] { load_experiment(bad); }).find("YAML syntax error"), std::string::npos);
+  d.write("c1.yaml", "base: c2.yaml\n");
+  std::string c2 = d.write("c2.yaml", "base: c1.yaml\n");
+  EXPECT_NE(error_of([&] { load_experiment(c2); }).find("cycle"), std::string::npos);
+  std::string ok = d.write("ok.yaml", "model:\n  name: x\n");
+  EXPECT_NE(error_of([&] { load_experiment(ok, {"noequals"}); }).find("expected KEY=VALUE"), std::string::npos);
+}
+
+// Every validate() rule has a failing example.
+TEST(Config, ValidationRules) {
+  TempDir d;
+  std::string f = d.write("a.yaml", "model:\n  name: DiT-S/2\n");
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"version=2", "version"},
+      {"optim.lr=-1", "optim.lr"},
+      {"optim.lr=0", "optim.lr"},
+      {"optim.weight_decay=-0.1", "optim.weight_decay"},
+      {"optim.betas=[0.9]", "optim.betas"},
+      {"optim.betas=[0.9, 1.0]", "optim.betas"},
+      {"optim.eps=0", "optim.eps"},
+      {"optim.clip_grad=-1", "optim.clip_grad"},
+      {"schedule.warmup_epochs=-1", "schedule.warmup_epochs"},
+      {"schedule.min_lr=1", "schedule.min_lr"},
+      {"schedule.warmup_lr=-1", "schedule.warmup_lr"},
+      {"schedule.warmup_epochs=400", "schedule.warmup_epochs"},
+      {"data.batch_size=0", "data.batch_size"},
+      {"train.accum_steps=0", "train.accum_steps"},
+      {"train.accum_steps=3", "train.accum_steps"},
+      {"data.num_workers=-1", "data.num_workers"},
+      {"data.max_bad_fraction=2", "data.max_bad_fraction"},
+      {"data.limit_train=-5", "data.limit_train"},
+      {"train.epochs=0", "train.epochs"},
+      {"train.moh_loss_coeff=-0.01", "train.moh_loss_coeff"},
+      {"train.ema_decay=1", "train.ema_decay"},
+      {"train.ckpt_every_epochs=0", "train.ckpt_every_epochs"},
+      {"train.log_every_steps=0", "train.log_every_steps"},
+      {"model.num_classes=-1", "model.num_classes"},
+      {"model.img_size=-1", "model.img_size"},
+      {"model.drop_path=1.5", "model.drop_path"},
+      {"train.device=tpu", "train.device"},
+  };
+  for (const auto& [set, key] : cases) {
+    std::string e = error_of([&] { load_experiment(f, {set}); });
+    EXPECT_NE(e.find(": " + key + ":"), std::string::npos) << set << " -> " << e;
+  }
+  EXPECT_NO_THROW(load_experiment(f));
+}
+
+TEST(Config, SchemaListsEveryKeyWithDefaults) {
+  auto rows = config::list_schema<ExperimentConfig>();
+  bool found_lr = false;
+  for (const auto& r : rows) {
+    EXPECT_FALSE(r.help.empty()) << r.key;
+    if (r.key == "optim.lr") {
+      found_lr = true;
+      EXPECT_EQ(r.default_value, "0.001");
+      EXPECT_EQ(r.type, "number");
+    }
+  }
+  EXPECT_TRUE(found_lr);
+}
+
+TEST(Config, EditDistanceAndNearest) {
+  EXPECT_EQ(edit_distance("kitten", "sitting"), 3u);
+  EXPECT_EQ(nearest_name("optim.lrr", {"optim.lr", "optim.eps"}), "optim.lr");
+  EXPECT_EQ(nearest_name("completely_else", {"optim.lr"}), "");
+}
+
+}  // namespace
+}  // namespace moh

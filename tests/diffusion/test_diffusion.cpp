@@ -1,0 +1,193 @@
+// DiT / MoH-DiT registry (exact parameter counts, tiny forward/backward, zero output at init, official key names)
+// and the diffusion schedule/respacing against the numbers in shared/specs/dit.md.
+#include <cmath>
+
+#include "core/error.h"
+#include "diffusion/dit.h"
+#include "diffusion/gaussian_diffusion.h"
+#include "tests/test_util.h"
+
+namespace moh::diffusion {
+namespace {
+
+int64_t count_params(DiT& m) {
+  int64_t n = 0;
+  for (const auto& p : m->parameters()) n += p.numel();
+  return n;
+}
+
+// Exact counts from the spec tables (model.parameters(), pos_embed included), 256 px / 32×32×4 latents.
+const std::map<std::string, int64_t>& expected_counts() {
+  static const std::map<std::string, int64_t> m{
+      {"DiT-S/2", 32963360},          {"DiT-S/4", 32945024},          {"DiT-S/8", 33148160},
+      {"DiT-B/2", 130512416},         {"DiT-B/4", 130475648},         {"DiT-B/8", 130881536},
+      {"DiT-L/2", 458102816},         {"DiT-L/4", 458053760},         {"DiT-L/8", 458594816},
+      {"DiT-XL/2", 675129632},        {"DiT-XL/4", 675074432},        {"DiT-XL/8", 675683072},
+      {"MoH-DiT-S/2-90", 32997152},   {"MoH-DiT-S/2-75", 32998688},   {"MoH-DiT-B/2-90", 130638368},
+      {"MoH-DiT-B/2-75", 130638368},  {"MoH-DiT-L/2-90", 458512416},  {"MoH-DiT-L/2-75", 458528800},
+      {"MoH-DiT-XL/2-90", 675666464}, {"MoH-DiT-XL/2-75", 675689504}};
+  return m;
+}
+
+// pos_embed (1, T, D) is the only parameter whose size depends on the input; checked directly on one model here so
+// the registry test below can build every variant small.
+TEST(DiTRegistry, ExactParameterCountAtFullSize) {
+  DiT m(dit_options("MoH-DiT-S/2-75"));
+  EXPECT_EQ(count_params(m), expected_counts().at("MoH-DiT-S/2-75"));
+  DiTOptions small = dit_options("MoH-DiT-S/2-75");
+  small.input_size = 8;
+  DiT s(small);
+  EXPECT_EQ(count_params(m) - count_params(s), (256 - 16) * 384);
+}
+
+TEST(DiTRegistry, PaperActiveHeadRatios) {
+  EXPECT_NEAR(dit_options("MoH-DiT-S/2-90").active_ratio(), 64.0 / 72, 1e-12);
+  EXPECT_NEAR(dit_options("MoH-DiT-S/2-75").active_ratio(), 54.0 / 72, 1e-12);
+  EXPECT_NEAR(dit_options("MoH-DiT-B/2-90").active_ratio(), 129.0 / 144, 1e-12);
+  EXPECT_NEAR(dit_options("MoH-DiT-B/2-75").active_ratio(), 108.0 / 144, 1e-12);
+  EXPECT_NEAR(dit_options("MoH-DiT-L/2-90").active_ratio(), 344.0 / 384, 1e-12);
+  EXPECT_NEAR(dit_options("MoH-DiT-L/2-75").active_ratio(), 288.0 / 384, 1e-12);
+  EXPECT_NEAR(dit_options("MoH-DiT-XL/2-90").active_ratio(), 403.0 / 448, 1e-12);
+  EXPECT_NEAR(dit_options("MoH-DiT-XL/2-75").active_ratio(), 336.0 / 448, 1e-12);
+  EXPECT_EQ(dit_options("MoH-DiT-XL/2-90").routed_layers(), 9);
+}
+
+// Every registered variant, built at an 8×8 input to stay small: exact parameter count (spec table, with pos_embed
+// at 32×32), zero output at init (adaLN-Zero), finite gradients everywhere.
+TEST(DiTRegistry, EveryVariantCountsForwardBackward) {
+  ASSERT_EQ(dit_variants().size(), expected_counts().size());
+  for (const auto& [name, base] : dit_variants()) {
+    DiTOptions o = base;
+    o.input_size = 8;
+    torch::manual_seed(0);
+    DiT m(o);
+    EXPECT_EQ(count_params(m) + (base.num_patches() - o.num_patches()) * o.hidden_size, expected_counts().at(name))
+        << name;
+    m->train();
+    torch::Tensor x = torch::randn({2, o.in_channels, 8, 8});
+    auto out = m->forward(x, torch::tensor({3, 999}), torch::tensor({1, 7}));
+    ASSERT_EQ(out.out.sizes(), (std::vector<int64_t>{2, o.out_channels(), 8, 8})) << name;
+    EXPECT_EQ(out.out.abs().max().item<double>(), 0.0) << name << ": adaLN-Zero output must be 0 at init";
+    EXPECT_EQ(out.aux_loss.defined(), o.routed_layers() > 0) << name;
+    torch::Tensor loss = (out.out - x.repeat({1, o.out_channels() / o.in_channels, 1, 1})).pow(2).mean();
+    if (out.aux_loss.defined()) loss = loss + 0.01 * out.aux_loss;
+    loss.backward();
+    for (const auto& p : m->named_parameters()) {
+      if (!p.value().requires_grad()) continue;
+      ASSERT_TRUE(p.value().grad().defined() && torch::isfinite(p.value().grad()).all().item<bool>())
+          << name << " " << p.key();
+    }
+  }
+}
+
+TEST(DiTRegistry, OfficialKeyNamesAndErrors) {
+  DiT m(dit_options("MoH-DiT-S/2-90"));
+  auto params = m->named_parameters();
+  for (const char* k : {"pos_embed", "x_embedder.proj.weight", "t_embedder.mlp.0.weight", "t_embedder.mlp.2.bias",
+                        "y_embedder.embedding_table.weight", "blocks.0.attn.qkv.weight", "blocks.0.attn.wg.weight",
+                        "blocks.0.attn.wg_0.weight", "blocks.0.attn.wg_1.weight", "blocks.11.attn.wg_1.weight",
+                        "blocks.0.mlp.fc1.weight", "blocks.0.adaLN_modulation.1.weight", "final_layer.linear.weight",
+                        "final_layer.adaLN_modulation.1.bias"})
+    EXPECT_TRUE(params.contains(k)) << k;
+  EXPECT_FALSE(params.contains("blocks.11.attn.wg.weight"));  // K = 0 layer: no routed router
+  EXPECT_EQ(params["y_embedder.embedding_table.weight"].size(0), 1001);  // null class row
+  EXPECT_FALSE(params["pos_embed"].requires_grad());
+  try {
+    dit_options("DiT-XXL/2");
+    FAIL();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("DiT-XL/2"), std::string::npos) << e.what();
+  }
+}
+
+TEST(DiTLayers, PosEmbedAndTimestepEmbeddingFormulas) {
+  torch::Tensor pe = sincos_pos_embed_2d(8, 3);  // D/4 = 2 frequencies: ω = [1, 1/100]
+  ASSERT_EQ(pe.sizes(), (std::vector<int64_t>{9, 8}));
+  const int64_t k = 1 * 3 + 2;  // row 1, col 2
+  EXPECT_NEAR(pe[k][0].item<double>(), std::sin(2.0), 1e-12);          // sin(col·ω0)
+  EXPECT_NEAR(pe[k][3].item<double>(), std::cos(2.0 / 100), 1e-12);    // cos(col·ω1)
+  EXPECT_NEAR(pe[k][4].item<double>(), std::sin(1.0), 1e-12);          // sin(row·ω0)
+  torch::Tensor te = TimestepEmbedderImpl::timestep_embedding(torch::tensor({5}), 4);  // half = 2
+  EXPECT_NEAR(te[0][0].item<double>(), std::cos(5.0), 1e-6);                          // cos first
+  EXPECT_NEAR(te[0][3].item<double>(), std::sin(5.0 * std::exp(-std::log(1e4) / 2)), 1e-6);
+}
+
+// shared/specs/dit.md §3.8 test vectors (float64), relative tolerance 1e-9 (the spec prints 10 digits).
+TEST(Diffusion, ScheduleMatchesSpecVectors) {
+  auto near = [](double a, double b) { EXPECT_NEAR(a, b, 1e-9 * std::max(1.0, std::abs(b))) << a << " vs " << b; };
+  DiffusionSchedule s = make_schedule(linear_betas(1000));
+  near(s.betas[0], 1e-4);
+  near(s.alphas_cumprod[0], 0.9999);
+  near(s.posterior_variance[0], 0.0);
+  near(s.posterior_log_variance_clipped[0], -9.816725135);
+  near(s.posterior_mean_coef1[0], 1.0);
+  near(s.posterior_mean_coef2[0], 0.0);
+  near(s.betas[1], 1.199199199e-4);
+  near(s.alphas_cumprod[1], 0.9997800921);
+  near(s.posterior_variance[1], 5.453187661e-5);
+  near(s.posterior_log_variance_clipped[1], -9.816725135);
+  near(s.posterior_mean_coef1[1], 0.5452914995);
+  near(s.posterior_mean_coef2[1], 0.454708499);
+  near(s.betas[499], 0.01004004004);
+  near(s.alphas_cumprod[499], 0.07858724288);
+  near(s.posterior_log_variance_clipped[499], -4.60203955);
+  near(s.betas[999], 0.02);
+  near(s.alphas_cumprod[999], 4.035829765e-5);
+  near(s.posterior_log_variance_clipped[999], -3.912023829);
+
+  DiffusionSchedule r = respace(linear_betas(1000), space_timesteps(1000, "250"));
+  ASSERT_EQ(r.num_steps(), 250);
+  near(r.betas[0], 1e-4);
+  near(r.alphas_cumprod[0], 0.9999);
+  near(r.posterior_log_variance_clipped[0], -9.36462816);
+  near(std::log(r.betas[0]), -9.210340372);
+  near(r.betas[1], 5.990655645e-4);
+  near(r.alphas_cumprod[1], 0.9993009943);
+  EXPECT_EQ(r.timestep_map[124], 497);
+  near(r.betas[124], 0.03928879314);
+  near(r.alphas_cumprod[124], 0.08018775501);
+  near(r.posterior_log_variance_clipped[124], -3.24038754);
+  near(std::log(r.betas[124]), -3.236815963);
+  near(r.betas[249], 0.07751934499);
+  near(r.alphas_cumprod[249], 4.035829765e-5);
+  near(r.posterior_log_variance_clipped[249], -2.557231153);
+  near(std::log(r.betas[249]), -2.557227761);
+}
+
+// shared/specs/dit.md Appendix A and §3.5 (Python round-half-to-even at 166.5, 499.5, 832.5 for "25").
+TEST(Diffusion, RespacingMapsMatchSpec) {
+  const std::string appendix_a =
+      "0 4 8 12 16 20 24 28 32 36 40 44 48 52 56 60 64 68 72 76 80 84 88 92 96 100 104 108 112 116 120 124 128 132 "
+      "136 140 144 148 152 156 160 164 169 173 177 181 185 189 193 197 201 205 209 213 217 221 225 229 233 237 241 "
+      "245 249 253 257 261 265 269 273 277 281 285 289 293 297 301 305 309 313 317 321 325 329 333 337 341 345 349 "
+      "353 357 361 365 369 373 377 381 385 389 393 397 401 405 409 413 417 421 425 429 433 437 441 445 449 453 457 "
+      "461 465 469 473 477 481 485 489 493 497 502 506 510 514 518 522 526 530 534 538 542 546 550 554 558 562 566 "
+      "570 574 578 582 586 590 594 598 602 606 610 614 618 622 626 630 634 638 642 646 650 654 658 662 666 670 674 "
+      "678 682 686 690 694 698 702 706 710 714 718 722 726 730 734 738 742 746 750 754 758 762 766 770 774 778 782 "
+      "786 790 794 798 802 806 810 814 818 822 826 830 835 839 843 847 851 855 859 863 867 871 875 879 883 887 891 "
+      "895 899 903 907 911 915 919 923 927 931 935 939 943 947 951 955 959 963 967 971 975 979 983 987 991 995 999";
+  std::vector<int64_t> expect;
+  std::istringstream in(appendix_a);
+  for (int64_t v; in >> v;) expect.push_back(v);
+  EXPECT_EQ(space_timesteps(1000, "250"), expect);
+  auto s25 = space_timesteps(1000, "25");
+  EXPECT_EQ(std::vector<int64_t>(s25.begin(), s25.begin() + 6), (std::vector<int64_t>{0, 42, 83, 125, 166, 208}));
+  EXPECT_NE(std::find(s25.begin(), s25.end(), 500), s25.end());
+  EXPECT_NE(std::find(s25.begin(), s25.end(), 832), s25.end());
+  auto s50 = space_timesteps(1000, "50");
+  EXPECT_EQ(std::vector<int64_t>(s50.begin(), s50.begin() + 6), (std::vector<int64_t>{0, 20, 41, 61, 82, 102}));
+  EXPECT_EQ(std::vector<int64_t>(s50.end() - 4, s50.end()), (std::vector<int64_t>{938, 958, 979, 999}));
+  auto s100 = space_timesteps(1000, "100");
+  EXPECT_EQ(std::vector<int64_t>(s100.end() - 4, s100.end()), (std::vector<int64_t>{969, 979, 989, 999}));
+  auto d50 = space_timesteps(1000, "ddim50");
+  EXPECT_EQ(d50.size(), 50u);
+  EXPECT_EQ(d50.back(), 980);
+  EXPECT_EQ(space_timesteps(1000, "ddim250").back(), 996);
+  EXPECT_EQ(space_timesteps(1000, "").size(), 1000u);
+  EXPECT_THROW(space_timesteps(1000, "ddim999"), UserError);
+  EXPECT_THROW(space_timesteps(1000, "2000"), UserError);
+  EXPECT_THROW(space_timesteps(1000, "fast"), UserError);
+}
+
+}  // namespace
+}  // namespace moh::diffusion

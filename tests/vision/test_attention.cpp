@@ -1,0 +1,216 @@
+// MoH attention: the official gate math on a hand-computed example, corner cases, dense == sparse (forward and
+// backward, aux loss included), reduction to MHA, MoA, and option errors.
+#include <cmath>
+
+#include "core/error.h"
+#include "tests/test_util.h"
+#include "vision/attention_core.h"
+#include "vision/moh_attention.h"
+
+namespace moh::vision {
+namespace {
+
+using test::rel_err;
+
+// h = 4, h_s = 1, K = 2, dim 8. Token 0 = e0, token 1 = e1; router columns chosen so every number is by hand:
+//   token 0: p = softmax([0, ln2, ln3]) = [1/6, 1/3, 1/2] -> top-2 {1, 2} -> renorm [0.4, 0.6] -> ×K [0.8, 1.2];
+//            α = softmax([0, ln3])·2 = [0.5, 1.5]; shared gate (h_s = 1) = 1 -> gates [0.5, 0, 1.2, 1.8].
+//   token 1: p = [1/2, 1/3, 1/6] -> top-2 {0, 1} -> [0.6, 0.4]·2 = [1.2, 0.8]; α = [1, 1] -> gates [1, 1.2, 0.8, 0].
+//   aux (both tokens): P = [1/3, 1/3, 1/3], f = [1/2, 1, 1/2] -> E·Σ P f = 3·(2/3) = 2 (the balanced minimum K).
+//   aux (token 0 only): P = p, f = [0, 1, 1] -> 3·(1/3 + 1/2) = 2.5.
+MoHAttention hand_example() {
+  MoHAttention a(MoHAttentionOptions(8, 4).moh(1, 2));
+  torch::NoGradGuard ng;
+  a->router.wg->weight.zero_();
+  a->router.wg->weight.index_put_({torch::indexing::Slice(), 0}, torch::tensor({0.0, std::log(2.0), std::log(3.0)}));
+  a->router.wg->weight.index_put_({torch::indexing::Slice(), 1}, torch::tensor({std::log(3.0), std::log(2.0), 0.0}));
+  a->router.wg_0->weight.zero_();
+  a->router.wg_0->weight.index_put_({1, 0}, std::log(3.0));
+  return a;
+}
+
+TEST(MoHRouting, HandComputedExample) {
+  MoHAttention a = hand_example();
+  EXPECT_FALSE(a->router.wg_1);  // h_s = 1: no shared router (official: created only if h_s > 1)
+  torch::Tensor x = torch::eye(8).narrow(0, 0, 2);  // tokens e0, e1
+  HeadRouting r = a->router.route(x, /*training=*/true);
+  torch::Tensor expect = torch::tensor({{0.5, 0.0, 1.2, 1.8}, {1.0, 1.2, 0.8, 0.0}}, torch::kFloat);
+  EXPECT_LT((r.gates - expect).abs().max().item<double>(), 1e-6) << r.gates;
+  auto sorted = std::get<0>(r.routed.sort(1));
+  EXPECT_TRUE(torch::equal(sorted, torch::tensor({{1, 2}, {0, 1}}, torch::kLong)));
+  EXPECT_NEAR(r.aux_loss.item<double>(), 2.0, 1e-6);
+  HeadRouting r0 = a->router.route(x.narrow(0, 0, 1), true);
+  EXPECT_NEAR(r0.aux_loss.item<double>(), 2.5, 1e-6);
+  EXPECT_FALSE(a->router.route(x, /*training=*/false).aux_loss.defined());  // only in training mode
+}
+
+// Per token: Σ gates = α1·h_s + α2·K (h_s > 1: shared softmax×h_s sums to h_s; routed renorm×K sums to K).
+TEST(MoHRouting, GateSumsAndTopKCounts) {
+  torch::manual_seed(1);
+  MoHAttention a(MoHAttentionOptions(16, 8).moh(3, 2));
+  for (auto& p : a->parameters()) p.data().normal_(0, 1);
+  torch::Tensor x = torch::randn({50, 16});
+  HeadRouting r = a->router.route(x, false);
+  torch::Tensor alpha = torch::softmax(torch::linear(x, a->router.wg_0->weight), -1) * 2;
+  torch::Tensor expect = alpha.select(1, 0) * 3 + alpha.select(1, 1) * 2;
+  EXPECT_LT((r.gates.sum(1) - expect).abs().max().item<double>(), 1e-5);
+  torch::Tensor routed_nonzero = (r.gates.narrow(1, 3, 5) > 0).sum(1);
+  EXPECT_TRUE((routed_nonzero == 2).all().item<bool>());
+  EXPECT_TRUE((r.gates.narrow(1, 0, 3) > 0).all().item<bool>());
+}
+
+TEST(MoHRouting, CornerCases) {
+  torch::manual_seed(2);
+  torch::Tensor x = torch::randn({20, 12});
+  {  // K = 0, h_s = h: every head, weighted softmax(wg_1 x)·h; no wg, wg_0, no aux
+    MoHAttention a(MoHAttentionOptions(12, 4).moh(4, 0));
+    EXPECT_FALSE(a->router.wg);
+    EXPECT_FALSE(a->router.wg_0);
+    ASSERT_TRUE(a->router.wg_1);
+    HeadRouting r = a->router.route(x, true);
+    EXPECT_LT((r.gates.sum(1) - 4).abs().max().item<double>(), 1e-5);
+    EXPECT_FALSE(r.routed.defined());
+    EXPECT_FALSE(r.aux_loss.defined());
+  }
+  {  // h_s = 0: routed only, no two-stage weights
+    MoHAttention a(MoHAttentionOptions(12, 4).moh(0, 2));
+    EXPECT_FALSE(a->router.wg_0);
+    EXPECT_FALSE(a->router.wg_1);
+    HeadRouting r = a->router.route(x, true);
+    EXPECT_LT((r.gates.sum(1) - 2).abs().max().item<double>(), 1e-5);
+    EXPECT_TRUE(((r.gates > 0).sum(1) == 2).all().item<bool>());
+  }
+  {  // h_s = 1, K > 0: shared gate is α1 (constant 1 before the two-stage weight)
+    MoHAttention a(MoHAttentionOptions(12, 4).moh(1, 1));
+    HeadRouting r = a->router.route(x, false);
+    torch::Tensor alpha = torch::softmax(torch::linear(x, a->router.wg_0->weight), -1) * 2;
+    EXPECT_LT((r.gates.select(1, 0) - alpha.select(1, 0)).abs().max().item<double>(), 1e-6);
+  }
+}
+
+TEST(MoHAttention, OfficialParameterNames) {
+  MoHAttention a(MoHAttentionOptions(48, 6).moh(2, 2));
+  std::set<std::string> names;
+  for (const auto& p : a->named_parameters()) names.insert(p.key());
+  EXPECT_EQ(names, (std::set<std::string>{"qkv.weight", "qkv.bias", "proj.weight", "proj.bias", "wg.weight",
+                                          "wg_0.weight", "wg_1.weight"}));
+  EXPECT_EQ(a->router.wg->weight.sizes(), (std::vector<int64_t>{4, 48}));
+  EXPECT_EQ(a->router.wg_0->weight.sizes(), (std::vector<int64_t>{2, 48}));
+  EXPECT_EQ(a->router.wg_1->weight.sizes(), (std::vector<int64_t>{2, 48}));
+}
+
+// Runs forward (training mode, aux loss included) + backward and returns output and every gradient.
+std::vector<torch::Tensor> run_fwd_bwd(MoHAttention& a, const torch::Tensor& x0, AttentionPath path) {
+  a->train();
+  for (auto& p : a->parameters()) p.mutable_grad() = torch::Tensor();
+  torch::Tensor x = x0.clone().requires_grad_(true);
+  auto out = a->forward_with_path(x, path);
+  torch::Tensor w = torch::sin(torch::arange(out.out.numel(), torch::kFloat)).view_as(out.out);
+  torch::Tensor loss = (out.out * w).sum();
+  if (out.aux_loss.defined()) loss = loss + 3.0 * out.aux_loss;
+  loss.backward();
+  std::vector<torch::Tensor> res{out.out.detach(), x.grad()};
+  if (out.aux_loss.defined()) res.push_back(out.aux_loss.detach().view({1}));
+  for (auto& p : a->parameters()) res.push_back(p.grad());
+  return res;
+}
+
+void expect_dense_equals_sparse(MoHAttentionOptions o, int64_t B, int64_t N, uint64_t seed) {
+  torch::manual_seed(seed);
+  MoHAttention a(o);
+  {
+    torch::NoGradGuard ng;
+    if (a->router.wg) a->router.wg->weight.normal_(0, 1.0);  // decisive, uneven routing
+  }
+  torch::Tensor x = torch::randn({B, N, o.dim});
+  auto dense = run_fwd_bwd(a, x, AttentionPath::dense);
+  auto sparse = run_fwd_bwd(a, x, AttentionPath::sparse);
+  ASSERT_EQ(dense.size(), sparse.size());
+  for (size_t i = 0; i < dense.size(); ++i) {
+    ASSERT_TRUE(dense[i].defined() && sparse[i].defined()) << "tensor " << i;
+    EXPECT_LE(rel_err(sparse[i], dense[i]), 1e-5) << "tensor " << i << " (0 = output, 1 = dx, then aux, params)";
+  }
+}
+
+TEST(MoHAttention, DenseEqualsSparseForwardBackward) {
+  expect_dense_equals_sparse(MoHAttentionOptions(32, 4).moh(1, 2), 2, 13, 3);
+  expect_dense_equals_sparse(MoHAttentionOptions(48, 8).moh(3, 3), 3, 17, 4);
+  expect_dense_equals_sparse(MoHAttentionOptions(24, 6).moh(0, 2), 2, 9, 5);    // no shared heads
+  expect_dense_equals_sparse(MoHAttentionOptions(24, 6).moh(2, 4), 1, 31, 6);   // every routed head selected
+  MoHAttentionOptions decoupled = MoHAttentionOptions(20, 4).moh(2, 1);
+  decoupled.head_dim = 7;                                                       // DiT-L/XL style head_dim
+  expect_dense_equals_sparse(decoupled, 2, 11, 7);
+  expect_dense_equals_sparse(MoHAttentionOptions(32, 4).moa(2), 2, 12, 8);      // MoA: shared K/V
+}
+
+// Core-scope sparse mixing (precomputed q) equals dense mixing.
+TEST(MoHAttention, CoreSparseEqualsDense) {
+  torch::manual_seed(9);
+  const int64_t B = 2, h = 6, N = 20, d = 8, hs = 2;
+  MoHAttention a(MoHAttentionOptions(h * d, h).moh(hs, 2));
+  { torch::NoGradGuard ng; a->router.wg->weight.normal_(0, 1); }
+  HeadRouting r = a->router.route(torch::randn({B * N, h * d}), false);
+  torch::Tensor q = torch::randn({B, h, N, d}), k = torch::randn({B, h, N, d}), v = torch::randn({B, h, N, d});
+  QuerySource qs;
+  qs.q = q;
+  torch::Tensor s = mix_heads_sparse(qs, k, v, r.gates, r.routed, h, hs, 0.3);
+  torch::Tensor dn = mix_heads_dense(q, k, v, r.gates, 0.3);
+  EXPECT_LE(rel_err(s, dn), 1e-5);
+}
+
+// With every routed head selected and a zero router, all gates are exactly 1: MoH == MHA with the same weights
+// (scale 1; in general shared heads are scaled by α1·h_s·softmax and routed ones by α2·K·renormalised p).
+TEST(MoHAttention, AllSelectedUniformGatesIsMHA) {
+  torch::manual_seed(10);
+  MoHAttention moh(MoHAttentionOptions(32, 4).moh(1, 3));
+  MoHAttention mha(MoHAttentionOptions(32, 4));
+  {
+    torch::NoGradGuard ng;
+    for (auto& p : moh->named_parameters()) {
+      if (p.key().rfind("wg", 0) == 0) p.value().zero_();
+      else mha->named_parameters()[p.key()].copy_(p.value());
+    }
+  }
+  torch::Tensor x = torch::randn({2, 7, 32});
+  for (auto path : {AttentionPath::dense, AttentionPath::sparse}) {
+    auto y = moh->forward_with_path(x, path).out;
+    EXPECT_LE(rel_err(y, mha->forward(x).out), 1e-6);
+  }
+}
+
+TEST(MoHAttention, MoAForwardBackward) {
+  torch::manual_seed(11);
+  MoHAttention a(MoHAttentionOptions(32, 4).moa(2));
+  std::set<std::string> names;
+  for (const auto& p : a->named_parameters()) names.insert(p.key());
+  EXPECT_EQ(names, (std::set<std::string>{"q.weight", "q.bias", "kv.weight", "kv.bias", "proj.weight", "proj.bias",
+                                          "wg.weight"}));
+  a->train();
+  torch::Tensor x = torch::randn({2, 9, 32}, torch::requires_grad());
+  auto out = a->forward(x);
+  ASSERT_TRUE(out.aux_loss.defined());
+  HeadRouting r = a->router.route(x.detach().reshape({18, 32}), false);
+  EXPECT_LT((r.gates.sum(1) - 1).abs().max().item<double>(), 1e-5);  // MoA gates sum to 1 (no ×K)
+  (out.out.sum() + out.aux_loss).backward();
+  EXPECT_TRUE(torch::isfinite(x.grad()).all().item<bool>());
+  for (const auto& p : a->parameters()) EXPECT_TRUE(p.grad().defined() && torch::isfinite(p.grad()).all().item<bool>());
+}
+
+TEST(MoHAttention, BadOptionsAreClearErrors) {
+  auto msg = [](MoHAttentionOptions o) {
+    try {
+      MoHAttention a(o);
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("<no error>");
+  };
+  EXPECT_NE(msg(MoHAttentionOptions(32, 4).moh(1, 4)).find("exceeds the routed pool"), std::string::npos);
+  EXPECT_NE(msg(MoHAttentionOptions(32, 4).moh(5, 0)).find("shared_heads 5 outside"), std::string::npos);
+  EXPECT_NE(msg(MoHAttentionOptions(30, 4)).find("not divisible"), std::string::npos);
+  EXPECT_NE(msg(MoHAttentionOptions(32, 4).moh(2, 0)).find("shared_heads must equal num_heads"), std::string::npos);
+  EXPECT_NE(msg(MoHAttentionOptions(32, 4).moa(0)).find("moa needs"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace moh::vision

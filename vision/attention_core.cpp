@@ -1,0 +1,159 @@
+#include "vision/attention_core.h"
+
+#include <torch/version.h>
+
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+namespace moh::vision {
+
+namespace {
+
+// Sparse path: groups whose counts are within this factor of the bucket's largest share one padded batch.
+constexpr double kBucketFill = 0.9;
+// At most this many padded batches per call (bounds per-op overhead when routing is very skewed).
+constexpr int kMaxBuckets = 8;
+
+}  // namespace
+
+at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, const at::Tensor& bias,
+                  bool fused) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+  if (fused) {
+    c10::optional<at::Tensor> mask;
+    if (bias.defined()) mask = bias.to(q.scalar_type());
+    return at::scaled_dot_product_attention(q, k, v, mask, 0.0, false, scale);
+  }
+#else
+  (void)fused;
+#endif
+  at::Tensor s = at::matmul(q * scale, k.transpose(-2, -1));  // (..., Nq, Nk)
+  if (bias.defined()) s = s + bias;
+  return at::matmul(at::softmax(s, -1), v);  // (..., Nq, d)
+}
+
+at::Tensor mix_heads_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gates,
+                           double scale, bool fused) {
+  const int64_t B = q.size(0), h = q.size(1), N = q.size(2), d = q.size(3);
+  at::Tensor kk = k.size(1) == h ? k : k.expand({B, h, k.size(2), d});
+  at::Tensor vv = v.size(1) == h ? v : v.expand({B, h, v.size(2), d});
+  at::Tensor o = attend(q, kk, vv, scale, {}, fused).transpose(1, 2);  // (B, N, h, d)
+  if (gates.defined()) o = o * gates.view({B, N, h, 1});               // official: einsum("bne,bned->bned")
+  return o.reshape({B, N, h * d});
+}
+
+at::Tensor mix_heads_sparse(const QuerySource& queries, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& gates, const at::Tensor& routed, int64_t h, int64_t hs, double scale,
+                            bool fused) {
+  const int64_t B = k.size(0), hkv = k.size(1), N = k.size(2), d = k.size(3);
+  const int64_t T = B * N, E = h - hs;
+  TORCH_CHECK(hkv == h || hkv == 1, "mix_heads_sparse: k/v must have h or 1 heads");
+  TORCH_CHECK(gates.defined() && gates.size(0) == T && gates.size(1) == h, "mix_heads_sparse: gates must be (B·N, h)");
+  const auto opts = k.options();
+  const auto iopts = opts.dtype(at::kLong);
+  const at::Tensor gates_flat = gates.reshape({T * h});
+  at::Tensor k_rows = k.reshape({B * hkv, N, d}), v_rows = v.reshape({B * hkv, N, d});
+
+  std::vector<at::Tensor> pieces;  // rows of the final (T·h, d) output, gathered by `map` below
+  std::vector<int64_t> map(T * h, -1);
+  int64_t next_row = 0;
+
+  // ---- shared heads: every token ------------------------------------------------------------------------------
+  if (hs > 0) {
+    at::Tensor q_s;
+    if (queries.q.defined()) {
+      q_s = queries.q.narrow(1, 0, hs);  // (B, hs, N, d)
+    } else {
+      at::Tensor w = queries.wq.narrow(0, 0, hs * d);
+      at::Tensor b = queries.bq.defined() ? queries.bq.narrow(0, 0, hs * d) : at::Tensor();
+      q_s = at::linear(queries.x, w, b).view({B, N, hs, d}).transpose(1, 2);
+    }
+    at::Tensor k_s = hkv == h ? k.narrow(1, 0, hs) : k.expand({B, hs, N, d});
+    at::Tensor v_s = hkv == h ? v.narrow(1, 0, hs) : v.expand({B, hs, N, d});
+    at::Tensor o = attend(q_s, k_s, v_s, scale, {}, fused).transpose(1, 2);  // (B, N, hs, d)
+    o = o * gates.narrow(1, 0, hs).reshape({B, N, hs, 1});
+    pieces.push_back(o.reshape({T * hs, d}));
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < hs; ++i) map[t * h + i] = t * hs + i;
+    next_row = T * hs;
+  }
+
+  // ---- routed heads: only the selected (token, head) pairs -----------------------------------------------------
+  if (routed.defined() && routed.numel() > 0) {
+    const int64_t K = routed.size(1);
+    at::Tensor sel = routed.to(at::kCPU, at::kLong).contiguous();
+    const int64_t* sel_p = sel.data_ptr<int64_t>();
+    // Group pairs by (batch, routed head): group g = b·E + j holds the tokens n that selected head hs + j.
+    const int64_t G = B * E;
+    std::vector<int64_t> count(G, 0);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t s = 0; s < K; ++s) ++count[(t / N) * E + sel_p[t * K + s]];
+    std::vector<int64_t> start(G + 1, 0);
+    for (int64_t g = 0; g < G; ++g) start[g + 1] = start[g] + count[g];
+    std::vector<int64_t> tokens(start[G]);  // token positions n, grouped by g, ascending n within a group
+    {
+      std::vector<int64_t> fill(start.begin(), start.end() - 1);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t s = 0; s < K; ++s) tokens[fill[(t / N) * E + sel_p[t * K + s]]++] = t % N;
+    }
+    // Buckets of groups with similar counts, each padded to its largest count.
+    std::vector<int64_t> order(G);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return count[a] > count[b]; });
+    size_t pos = 0;
+    int buckets = 0;
+    while (pos < order.size() && count[order[pos]] > 0) {
+      const int64_t M = count[order[pos]];
+      size_t end = pos;
+      const bool last = ++buckets == kMaxBuckets;
+      while (end < order.size() && count[order[end]] > 0 && (last || count[order[end]] >= kBucketFill * M)) ++end;
+      const int64_t Gb = static_cast<int64_t>(end - pos);
+      // Indices for this bucket (built on the host, then moved to the device once).
+      std::vector<int64_t> q_index(Gb * M), kv_index(Gb), gate_index(Gb * M), head_of(Gb);
+      for (int64_t i = 0; i < Gb; ++i) {
+        const int64_t g = order[pos + i], b = g / E, j = g % E, head = hs + j, c = count[g];
+        kv_index[i] = b * hkv + (hkv == h ? head : 0);
+        head_of[i] = head;
+        for (int64_t m = 0; m < M; ++m) {
+          const int64_t n = tokens[start[g] + std::min(m, c - 1)];  // padding repeats a valid row, never read back
+          const int64_t t = b * N + n;
+          q_index[i * M + m] = queries.q.defined() ? (b * h + head) * N + n : t;
+          gate_index[i * M + m] = t * h + head;
+          if (m < c) map[t * h + head] = next_row + i * M + m;
+        }
+      }
+      auto to_dev = [&](const std::vector<int64_t>& v) { return at::tensor(v, iopts.device(at::kCPU)).to(k.device()); };
+      at::Tensor qi = to_dev(q_index);
+      at::Tensor q;  // (Gb, M, d)
+      if (queries.q.defined()) {
+        q = queries.q.reshape({B * h * N, d}).index_select(0, qi).view({Gb, M, d});
+      } else {
+        const int64_t C = queries.x.size(1);
+        at::Tensor hidx = to_dev(head_of);
+        at::Tensor x_rows = queries.x.index_select(0, qi).view({Gb, M, C});                   // (Gb, M, C)
+        at::Tensor w = queries.wq.view({h, d, C}).index_select(0, hidx).transpose(1, 2);      // (Gb, C, d)
+        if (queries.bq.defined())
+          q = at::baddbmm(queries.bq.view({h, 1, d}).index_select(0, hidx), x_rows, w);       // (Gb, M, d)
+        else
+          q = at::bmm(x_rows, w);
+      }
+      at::Tensor ki = to_dev(kv_index);
+      at::Tensor o = attend(q, k_rows.index_select(0, ki), v_rows.index_select(0, ki), scale, {}, fused);  // (Gb,M,d)
+      o = o * gates_flat.index_select(0, to_dev(gate_index)).view({Gb, M, 1});
+      pieces.push_back(o.reshape({Gb * M, d}));
+      next_row += Gb * M;
+      pos = end;
+    }
+  }
+
+  // ---- scatter back: one gather from [pieces..., zero row] ------------------------------------------------------
+  pieces.push_back(at::zeros({1, d}, opts));
+  for (auto& m : map)
+    if (m < 0) m = next_row;  // unselected routed head -> the zero row
+  at::Tensor rows = at::cat(pieces, 0);
+  at::Tensor idx = at::tensor(map, iopts.device(at::kCPU)).to(k.device());
+  return rows.index_select(0, idx).view({B, N, h * d});
+}
+
+}  // namespace moh::vision

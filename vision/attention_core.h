@@ -1,0 +1,41 @@
+#pragma once
+// The attention core shared by every attention layer: softmax(q kᵀ · scale + bias) v, and the two ways of mixing
+// gated heads that MoH needs:
+//   dense  — attend with every head, then multiply each head's output by its gate (the official MoH code; reference);
+//   sparse — attend only for the (token, head) pairs whose gate is non-zero: the selected queries of each
+//            (batch, head) group are gathered, attend to all keys/values of that head, and are scattered back.
+// Both produce (B, N, h·d) ready for the output projection, with identical values and gradients up to float
+// rounding (tests/vision/test_attention.cpp checks ≤1e-5).
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace moh::vision {
+
+/// softmax(q kᵀ · scale + bias) v over the last two dims: q (..., Nq, d), k/v (..., Nk, d), bias broadcastable to
+/// (..., Nq, Nk). With `fused` and LibTorch ≥ 2.1 this calls scaled_dot_product_attention (flash/mem-efficient on
+/// CUDA); otherwise the plain matmul-softmax-matmul path.
+at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                  const at::Tensor& bias = {}, bool fused = false);
+
+/// Dense head mixing: q (B, h, N, d), k/v (B, h_kv, N, d) with h_kv ∈ {1, h} (1 = keys/values shared by all heads,
+/// MoA), gates (B·N, h) or undefined (plain MHA) → (B, N, h·d).
+at::Tensor mix_heads_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gates,
+                           double scale, bool fused = false);
+
+/// Where the sparse path gets its queries: either all heads' queries precomputed (`q`, (B, h, N, d)), or the layer
+/// input and the query projection (`x` (B·N, C), `wq` (h·d, C), `bq` (h·d) or undefined) so that queries are
+/// projected only for the selected (token, head) pairs.
+struct QuerySource {
+  at::Tensor q;
+  at::Tensor x, wq, bq;
+};
+
+/// Sparse head mixing. Heads [0, shared) are computed for every token; for heads [shared, h) only the pairs listed
+/// in `routed` (B·N, K) (indices into the routed pool, head = shared + index) are computed. `gates` (B·N, h) as in
+/// mix_heads_dense; unselected routed heads contribute exactly zero. k/v (B, h_kv, N, d). Returns (B, N, h·d).
+at::Tensor mix_heads_sparse(const QuerySource& queries, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& gates, const at::Tensor& routed, int64_t num_heads, int64_t shared,
+                            double scale, bool fused = false);
+
+}  // namespace moh::vision

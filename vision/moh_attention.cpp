@@ -1,0 +1,152 @@
+#include "vision/moh_attention.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/functional/linear.h>
+
+#include <cmath>
+
+#include "vision/attention_core.h"
+
+namespace moh::vision {
+
+namespace {
+// Floor of the top-K renormalisation denominator (official code clamps the sum; it never binds since the K
+// largest of E probabilities sum to at least K/E).
+constexpr double kRenormEps = 1e-12;
+}  // namespace
+
+int64_t MoHAttentionOptions::active_heads() const {
+  switch (mode) {
+    case AttentionMode::mha: return num_heads;
+    case AttentionMode::moa: return topk;
+    case AttentionMode::moh: return topk == 0 ? num_heads : shared_heads + topk;
+  }
+  return num_heads;
+}
+
+void MoHAttentionOptions::validate() const {
+  const std::string what = "attention options";
+  if (dim <= 0 || num_heads <= 0) throw UserError(what, "dim and num_heads must be positive", "");
+  if (head_dim == 0 && dim % num_heads != 0)
+    throw UserError(what, "dim " + std::to_string(dim) + " is not divisible by num_heads " + std::to_string(num_heads),
+                    "choose heads dividing dim, or set head_dim explicitly");
+  if (head_dim < 0) throw UserError(what, "head_dim must be >= 0 (0 = dim / num_heads)", "");
+  if (mode == AttentionMode::moh) {
+    if (shared_heads < 0 || shared_heads > num_heads)
+      throw UserError(what, "shared_heads " + std::to_string(shared_heads) + " outside [0, num_heads=" +
+                                std::to_string(num_heads) + "]", "");
+    if (topk < 0 || topk > num_heads - shared_heads)
+      throw UserError(what, "topk " + std::to_string(topk) + " exceeds the routed pool h - h_s = " +
+                                std::to_string(num_heads - shared_heads), "lower topk or shared_heads");
+    if (topk == 0 && shared_heads != num_heads)
+      throw UserError(what, "topk = 0 layers weight all heads, so shared_heads must equal num_heads",
+                      "set shared_heads = " + std::to_string(num_heads) + " or topk > 0");
+  } else if (mode == AttentionMode::moa) {
+    if (topk <= 0 || topk > num_heads)
+      throw UserError(what, "moa needs 1 <= topk <= num_heads, got " + std::to_string(topk), "");
+  }
+}
+
+HeadRouter::HeadRouter(torch::nn::Module& owner, const MoHAttentionOptions& o)
+    : heads(o.num_heads), shared(o.mode == AttentionMode::moh ? o.shared_heads : 0), topk(o.topk),
+      scale_by_k(o.mode == AttentionMode::moh) {
+  if (o.mode == AttentionMode::mha) {
+    topk = 0;
+    return;
+  }
+  auto lin = [&](int64_t out) { return torch::nn::Linear(torch::nn::LinearOptions(o.dim, out).bias(false)); };
+  if (topk > 0) wg = owner.register_module("wg", lin(heads - shared));
+  if (topk > 0 && shared > 0) wg_0 = owner.register_module("wg_0", lin(2));
+  if (shared > 1) wg_1 = owner.register_module("wg_1", lin(shared));
+}
+
+HeadRouting HeadRouter::route(const at::Tensor& x, bool training) const {
+  HeadRouting r;
+  const int64_t T = x.size(0);
+  at::Tensor shared_g, routed_g;
+  if (topk > 0) {
+    const int64_t E = heads - shared;
+    at::Tensor p = at::softmax(at::linear(x, wg->weight), -1);  // (T, E): softmax before top-K (official order)
+    r.routed = std::get<1>(p.topk(topk, -1));         // (T, K)
+    at::Tensor mask = at::zeros_like(p).scatter_(1, r.routed, 1.0);
+    routed_g = p * mask;
+    routed_g = routed_g / routed_g.sum(-1, true).clamp_min(kRenormEps);  // renormalise the kept weights
+    if (scale_by_k) routed_g = routed_g * static_cast<double>(topk);    // average 1 per active routed head
+    if (training) r.aux_loss = (p.mean(0) * mask.mean(0)).sum() * static_cast<double>(E);  // E·Σ P_i f_i
+  }
+  if (shared > 1)
+    shared_g = at::softmax(at::linear(x, wg_1->weight), -1) * static_cast<double>(shared);  // (T, h_s)
+  else if (shared == 1)
+    shared_g = at::ones({T, 1}, x.options());
+  if (topk > 0 && shared > 0) {
+    at::Tensor a = at::softmax(at::linear(x, wg_0->weight), -1) * 2.0;  // (T, 2): α1, α2 ∈ (0, 2)
+    shared_g = shared_g * a.narrow(1, 0, 1);
+    routed_g = routed_g * a.narrow(1, 1, 1);
+  }
+  if (shared_g.defined() && routed_g.defined())
+    r.gates = at::cat({shared_g, routed_g}, -1);  // [shared | routed]: router index j is head h_s + j
+  else
+    r.gates = shared_g.defined() ? shared_g : routed_g;
+  return r;
+}
+
+MoHAttentionImpl::MoHAttentionImpl(const MoHAttentionOptions& o) : options(o) {
+  options.validate();
+  const int64_t C = o.dim, inner = o.inner_dim(), d = o.head_dim_resolved();
+  using torch::nn::Linear, torch::nn::LinearOptions;
+  if (o.mode == AttentionMode::moa) {
+    q = register_module("q", Linear(LinearOptions(C, inner).bias(o.qkv_bias)));
+    kv = register_module("kv", Linear(LinearOptions(C, 2 * d).bias(o.qkv_bias)));
+  } else {
+    qkv = register_module("qkv", Linear(LinearOptions(C, 3 * inner).bias(o.qkv_bias)));
+  }
+  proj = register_module("proj", Linear(LinearOptions(inner, C)));
+  router = HeadRouter(*this, o);
+}
+
+AttentionOutput MoHAttentionImpl::forward(const at::Tensor& x) { return forward_with_path(x, options.path); }
+
+AttentionOutput MoHAttentionImpl::forward_with_path(const at::Tensor& x, AttentionPath path) {
+  const int64_t B = x.size(0), N = x.size(1), C = x.size(2);
+  const int64_t h = options.num_heads, d = options.head_dim_resolved(), inner = h * d;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const at::Tensor x_flat = x.reshape({B * N, C});  // (T, C): router input = the tensor feeding QKV
+
+  AttentionOutput out;
+  HeadRouting routing;
+  if (options.mode != AttentionMode::mha) routing = router.route(x_flat, is_training());
+  out.aux_loss = routing.aux_loss;
+  out.routed = routing.routed;
+
+  // Keys/values of every head (they cannot shrink: any selected query attends to all of them).
+  at::Tensor k, v;          // (B, h_kv, N, d)
+  at::Tensor wq, bq;        // query projection (inner, C) / (inner)
+  if (options.mode == AttentionMode::moa) {
+    at::Tensor kvx = kv->forward(x).view({B, N, 2, 1, d}).permute({2, 0, 3, 1, 4});  // (2, B, 1, N, d)
+    k = kvx[0], v = kvx[1];
+    wq = q->weight, bq = options.qkv_bias ? q->bias : at::Tensor();
+  } else {
+    const at::Tensor& w = qkv->weight;  // rows [0, inner) = Q, [inner, 2·inner) = K, [2·inner, 3·inner) = V
+    at::Tensor b = options.qkv_bias ? qkv->bias : at::Tensor();
+    at::Tensor kvx = at::linear(x, w.narrow(0, inner, 2 * inner), b.defined() ? b.narrow(0, inner, 2 * inner) : b)
+                         .view({B, N, 2, h, d})
+                         .permute({2, 0, 3, 1, 4});  // (2, B, h, N, d)
+    k = kvx[0], v = kvx[1];
+    wq = w.narrow(0, 0, inner), bq = b.defined() ? b.narrow(0, 0, inner) : b;
+  }
+
+  at::Tensor mixed;  // (B, N, h·d)
+  const bool sparse = path == AttentionPath::sparse && routing.routed.defined();
+  if (sparse) {
+    QuerySource qs;
+    qs.x = x_flat, qs.wq = wq, qs.bq = bq;  // queries projected only for selected pairs
+    mixed = mix_heads_sparse(qs, k, v, routing.gates, routing.routed, h, router.shared, scale, options.fused);
+  } else {
+    at::Tensor qh = at::linear(x, wq, bq).view({B, N, h, d}).transpose(1, 2);  // (B, h, N, d)
+    mixed = mix_heads_dense(qh, k, v, routing.gates, scale, options.fused);
+  }
+  out.out = proj->forward(mixed);  // (B, N, C)
+  return out;
+}
+
+}  // namespace moh::vision

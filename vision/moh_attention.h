@@ -1,0 +1,87 @@
+#pragma once
+// The one attention class of the toolkit (used by the classifier and by DiT): plain multi-head attention (mha),
+// Mixture-of-Head attention (moh, Jin et al. 2024, arXiv 2410.11842; math as in SkyworkAI/MoH@2cefd57) and Mixture of
+// Attention heads (moa, Zhang et al. 2022) are options of it. The MoH router (`wg`, `wg_0`, `wg_1`) is a small helper
+// that registers its layers on the owning module, so official checkpoints load by name, and is reused by the
+// TransNeXt aggregated attention.
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+
+#include <cstdint>
+
+#include "core/experiment_config.h"
+
+namespace moh::vision {
+
+/// Options of MoHAttention. Example: MoHAttentionOptions{384, 6}.moh(2, 2) — 6 heads, 2 shared, top-2 of 4 routed.
+struct MoHAttentionOptions {
+  int64_t dim = 0;        ///< C, token width
+  int64_t num_heads = 0;  ///< h
+  int64_t head_dim = 0;   ///< d; 0 = dim / num_heads (DiT-L/XL MoH layers decouple it)
+  bool qkv_bias = true;
+  AttentionMode mode = AttentionMode::mha;
+  int64_t shared_heads = 0;  ///< h_s: heads [0, h_s) always on (moh)
+  int64_t topk = 0;          ///< K: routed heads chosen per token from the pool of h − h_s (moh); experts (moa)
+  AttentionPath path = AttentionPath::dense;
+  bool fused = false;        ///< use scaled_dot_product_attention (LibTorch ≥ 2.1)
+
+  MoHAttentionOptions() = default;
+  MoHAttentionOptions(int64_t dim_, int64_t heads_) : dim(dim_), num_heads(heads_) {}
+  MoHAttentionOptions& moh(int64_t shared, int64_t k) { return mode = AttentionMode::moh, shared_heads = shared, topk = k, *this; }
+  MoHAttentionOptions& moa(int64_t k) { return mode = AttentionMode::moa, shared_heads = 0, topk = k, *this; }
+
+  int64_t head_dim_resolved() const { return head_dim > 0 ? head_dim : dim / num_heads; }
+  int64_t inner_dim() const { return num_heads * head_dim_resolved(); }
+  /// Size of the routed pool E (moh: h − h_s; moa: h).
+  int64_t routed_pool() const { return mode == AttentionMode::mha ? 0 : num_heads - shared_heads; }
+  /// Heads active per token (h for mha, h_s + K for moh with K > 0, h for all-shared K = 0 layers, K for moa).
+  int64_t active_heads() const;
+  /// Throws UserError on inconsistent options (K > h − h_s, h_s > h, dim % heads, ...).
+  void validate() const;
+};
+
+/// Per-token head weights produced by the router.
+struct HeadRouting {
+  at::Tensor gates;     ///< (T, h): weight of each head; exactly 0 for unselected routed heads. Undefined for mha.
+  at::Tensor routed;    ///< (T, K) int64: selected heads as indices into the routed pool. Undefined if K == 0.
+  at::Tensor aux_loss;  ///< scalar load-balance loss E·Σ P_i f_i (training, K > 0), else undefined.
+};
+
+/// The MoH/MoA router layers, registered on the owning module under the official names:
+/// `wg` (C → h − h_s, created iff K > 0), `wg_0` (C → 2, iff K > 0 and h_s > 0), `wg_1` (C → h_s, iff h_s > 1).
+struct HeadRouter {
+  torch::nn::Linear wg{nullptr}, wg_0{nullptr}, wg_1{nullptr};
+  int64_t heads = 0, shared = 0, topk = 0;
+  bool scale_by_k = true;  ///< MoH multiplies renormalised routed gates by K; MoA keeps them summing to 1
+
+  HeadRouter() = default;
+  /// Creates and registers the layers needed by (options.mode, h_s, K) on `owner`.
+  HeadRouter(torch::nn::Module& owner, const MoHAttentionOptions& options);
+  /// Gates for tokens x (T, C). MoH (official code): routed p = softmax(wg x); top-K; renormalise; × K.
+  /// Shared softmax(wg_1 x) × h_s (1 if h_s == 1). Two-stage α = softmax(wg_0 x) × 2 scales shared by α1 and routed
+  /// by α2. K = 0 layers: softmax(wg_1 x) × h over all heads.
+  HeadRouting route(const at::Tensor& x, bool training) const;
+};
+
+/// Output of an attention layer.
+struct AttentionOutput {
+  at::Tensor out;       ///< (B, N, C)
+  at::Tensor aux_loss;  ///< load-balance loss of this layer (training, routed layers only), else undefined
+  at::Tensor routed;    ///< (B·N, K) selected routed heads (for head-load statistics), else undefined
+};
+
+/// Multi-head self-attention with optional head routing. State-dict names follow DiT/timm (`qkv`, `proj`) plus the
+/// MoH router names; MoA uses `q`, `kv` (keys/values shared by all heads), `proj`, `wg`.
+struct MoHAttentionImpl : torch::nn::Module {
+  explicit MoHAttentionImpl(const MoHAttentionOptions& options);
+  /// x (B, N, C) → out (B, N, C). `path` overrides options.path when given.
+  AttentionOutput forward(const at::Tensor& x);
+  AttentionOutput forward_with_path(const at::Tensor& x, AttentionPath path);
+
+  MoHAttentionOptions options;
+  torch::nn::Linear qkv{nullptr}, q{nullptr}, kv{nullptr}, proj{nullptr};
+  HeadRouter router;
+};
+TORCH_MODULE(MoHAttention);
+
+}  // namespace moh::vision
