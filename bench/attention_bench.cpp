@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cxxopts.hpp>
+#include <functional>
 #include <iomanip>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -28,23 +29,16 @@ std::pair<int64_t, int64_t> moh_split(int64_t heads, double active) {
 
 int64_t batch_for_seq(int64_t base, int64_t seq) {
   int64_t b = base;
-  for (int64_t s = 256; s < seq; s *= 4) b /= 2;
+  for (int64_t s = 256; s < seq; s *= 4) b /= 4;
   return std::max<int64_t>(1, b);
 }
 
 namespace {
 
-template <class F>
-double median_ms(F&& f, int warmup, int runs) {
-  for (int i = 0; i < warmup; ++i) f();
-  std::vector<double> ms;
-  for (int i = 0; i < runs; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
-    f();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(ms.begin(), ms.end());
-  return runs % 2 ? ms[runs / 2] : 0.5 * (ms[runs / 2 - 1] + ms[runs / 2]);
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 struct Case {
@@ -53,9 +47,13 @@ struct Case {
   int64_t hs = 0, k = 0;
 };
 
-// Times one case at one scope: (fwd ms, fwd+bwd ms).
-std::pair<double, double> time_case(const std::string& scope, const Case& c, int64_t B, int64_t N, int64_t C,
-                                    int64_t h, const AttentionBenchOptions& o) {
+// One case ready to run: closures for the forward (no grad) and forward+backward passes.
+struct Prepared {
+  std::function<void()> fwd, fwdbwd;
+};
+
+Prepared prepare(const std::string& scope, const Case& c, int64_t B, int64_t N, int64_t C, int64_t h,
+                 const AttentionBenchOptions& o) {
   torch::manual_seed(o.seed);
   MoHAttentionOptions ao(C, h);
   if (c.mode != "mha") ao.moh(c.hs, c.k);
@@ -64,19 +62,23 @@ std::pair<double, double> time_case(const std::string& scope, const Case& c, int
   const int64_t d = C / h;
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   torch::Tensor x = torch::randn({B, N, C});
+  Prepared p;
   if (scope == "module") {
     torch::Tensor gy = torch::randn({B, N, C});
-    attn->eval();
-    double fwd = median_ms([&] { torch::NoGradGuard ng; (void)attn->forward(x); }, o.warmup, o.runs);
-    attn->train();
     torch::Tensor xg = x.clone().requires_grad_(true);
-    double fb = median_ms([&] {
+    p.fwd = [attn, x]() mutable {  // inference: eval mode, no autograd
+      torch::NoGradGuard ng;
+      attn->eval();
+      (void)attn->forward(x);
+    };
+    p.fwdbwd = [attn, xg, gy]() mutable {  // training step: aux loss included
+      attn->train();
       auto out = attn->forward(xg);
       torch::Tensor loss = (out.out * gy).sum();
       if (out.aux_loss.defined()) loss = loss + out.aux_loss;
       loss.backward();
-    }, o.warmup, o.runs);
-    return {fwd, fb};
+    };
+    return p;
   }
   // core: q, k, v and the routing are inputs; only attention + gating/gather/scatter is timed.
   vision::HeadRouting routing;
@@ -87,16 +89,38 @@ std::pair<double, double> time_case(const std::string& scope, const Case& c, int
   auto make = [&] { return torch::randn({B, h, N, d}).requires_grad_(true); };
   torch::Tensor q = make(), k = make(), v = make(), gy = torch::randn({B, N, h * d});
   torch::Tensor gates = routing.gates.defined() ? routing.gates.detach().requires_grad_(true) : torch::Tensor();
-  auto run = [&]() -> torch::Tensor {
-    if (c.mode == "mha") return vision::attend(q, k, v, scale).transpose(1, 2).reshape({B, N, h * d});
-    if (c.mode == "dense") return vision::mix_heads_dense(q, k, v, gates, scale);
+  torch::Tensor routed = routing.routed;
+  std::string mode = c.mode;
+  int64_t hs = c.hs;
+  auto run = [=]() -> torch::Tensor {
+    if (mode == "mha") return vision::attend(q, k, v, scale).transpose(1, 2).reshape({B, N, h * d});
+    if (mode == "dense") return vision::mix_heads_dense(q, k, v, gates, scale);
     vision::QuerySource qs;
     qs.q = q;
-    return vision::mix_heads_sparse(qs, k, v, gates, routing.routed, h, c.hs, scale);
+    return vision::mix_heads_sparse(qs, k, v, gates, routed, h, hs, scale);
   };
-  double fwd = median_ms([&] { torch::NoGradGuard ng; (void)run(); }, o.warmup, o.runs);
-  double fb = median_ms([&] { (run() * gy).sum().backward(); }, o.warmup, o.runs);
-  return {fwd, fb};
+  p.fwd = [run] {
+    torch::NoGradGuard ng;
+    (void)run();
+  };
+  p.fwdbwd = [run, gy] { (run() * gy).sum().backward(); };
+  return p;
+}
+
+// Times every prepared case round-robin (each repetition runs every case once), so slow drifts of the machine
+// affect all cases alike; returns the median per case.
+std::vector<double> interleaved_medians(const std::vector<std::function<void()>>& fns, int warmup, int runs) {
+  std::vector<std::vector<double>> ms(fns.size());
+  for (int r = 0; r < warmup + runs; ++r)
+    for (size_t i = 0; i < fns.size(); ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      fns[i]();
+      double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (r >= warmup) ms[i].push_back(dt);
+    }
+  std::vector<double> out;
+  for (auto& v : ms) out.push_back(median(v));
+  return out;
 }
 
 }  // namespace
@@ -107,31 +131,48 @@ std::vector<AttentionBenchRow> run_attention_bench(const AttentionBenchOptions& 
     for (int64_t seq : o.seqs)
       for (auto [dim, heads] : o.dims) {
         const int64_t B = batch_for_seq(o.batch, seq);
+        // Distinct cases to time; requested fractions that map to the same (h_s, K) share one measurement.
         std::vector<Case> cases{{"mha", 1.0, 0, 0}};
+        std::vector<std::pair<double, size_t>> requested;  // (active, index of its dense case)
         for (double a : o.actives) {
           auto [hs, k] = moh_split(heads, a);
-          cases.push_back({"dense", a, hs, k});
-          cases.push_back({"sparse", a, hs, k});
+          size_t found = 0;
+          for (size_t i = 1; i < cases.size(); i += 2)
+            if (cases[i].hs == hs && cases[i].k == k) found = i;
+          if (!found) {
+            found = cases.size();
+            cases.push_back({"dense", a, hs, k});
+            cases.push_back({"sparse", a, hs, k});
+          }
+          requested.push_back({a, found});
         }
-        double mha_f = 0, mha_fb = 0;
-        for (const auto& c : cases) {
-          auto [f, fb] = time_case(scope, c, B, seq, dim, heads, o);
-          if (c.mode == "mha") mha_f = f, mha_fb = fb;
+        std::vector<Prepared> prepared;
+        for (const auto& c : cases) prepared.push_back(prepare(scope, c, B, seq, dim, heads, o));
+        std::vector<std::function<void()>> f, fb;
+        for (const auto& p : prepared) f.push_back(p.fwd), fb.push_back(p.fwdbwd);
+        std::vector<double> fwd = interleaved_medians(f, o.warmup, o.runs);
+        std::vector<double> fwdbwd = interleaved_medians(fb, o.warmup, o.runs);
+        auto emit = [&](size_t i, double active) {
+          const Case& c = cases[i];
           AttentionBenchRow r;
           r.scope = scope, r.mode = c.mode, r.seq = seq, r.dim = dim, r.heads = heads, r.batch = B;
-          r.shared = c.hs, r.topk = c.k, r.active = c.active;
+          r.shared = c.hs, r.topk = c.k, r.active = active;
           r.active_actual = c.mode == "mha" ? 1.0 : static_cast<double>(c.hs + c.k) / heads;
-          r.fwd_ms = f, r.fwdbwd_ms = fb, r.fwd_ratio = f / mha_f, r.fwdbwd_ratio = fb / mha_fb;
+          r.fwd_ms = fwd[i], r.fwdbwd_ms = fwdbwd[i];
+          r.fwd_ratio = fwd[i] / fwd[0], r.fwdbwd_ratio = fwdbwd[i] / fwdbwd[0];
           rows.push_back(r);
           if (log) {
             std::ostringstream s;
             s << std::fixed << std::setprecision(3) << scope << " seq=" << seq << " dim=" << dim << " h=" << heads
               << " B=" << B << " " << c.mode;
             if (c.mode != "mha") s << " active=" << r.active_actual << " (h_s=" << c.hs << ", K=" << c.k << ")";
-            s << " fwd " << f << " ms (x" << r.fwd_ratio << ")  fwd+bwd " << fb << " ms (x" << r.fwdbwd_ratio << ")";
+            s << " fwd " << r.fwd_ms << " ms (x" << r.fwd_ratio << ")  fwd+bwd " << r.fwdbwd_ms << " ms (x"
+              << r.fwdbwd_ratio << ")";
             std::cerr << s.str() << std::endl;
           }
-        }
+        };
+        emit(0, 1.0);
+        for (auto [a, i] : requested) emit(i, a), emit(i + 1, a);
       }
   return rows;
 }
@@ -159,8 +200,8 @@ int attention_bench_main(int argc, char** argv) {
       "actives", "active-head fractions", cxxopts::value<std::string>()->default_value("0.5,0.75,0.9"))(
       "scopes", "core,module", cxxopts::value<std::string>()->default_value("core,module"))(
       "runs", "timed runs (median)", cxxopts::value<int>()->default_value("10"))(
-      "warmup", "untimed runs", cxxopts::value<int>()->default_value("2"))(
-      "batch", "batch at seq <= 256 (halved per 4x longer sequence)", cxxopts::value<int64_t>()->default_value("8"))(
+      "warmup", "untimed runs", cxxopts::value<int>()->default_value("1"))(
+      "batch", "batch at seq <= 256 (divided by 4 per 4x longer sequence, at least 1)", cxxopts::value<int64_t>()->default_value("8"))(
       "threads", "intra-op threads (0 = LibTorch default)", cxxopts::value<int>()->default_value("0"))(
       "h,help", "show this help");
   cxxopts::ParseResult args;

@@ -2,8 +2,9 @@
 // Benchmark of MHA vs MoH dense vs MoH sparse attention (issue: "real compute savings, measured"). Two scopes:
 //   core   — given q, k, v (and the router's gates/selection): QKᵀ, softmax, AV plus MoH's gating/gather/scatter;
 //   module — the whole layer: router, projections, core, output projection.
-// Each time is the median of `runs` timed repetitions after `warmup` untimed ones; every MoH time is also given as a
-// ratio to MHA measured in the same run.
+// All cases of one (scope, seq, dim) are timed round-robin (each repetition runs every case once) so machine drift
+// hits them alike; each time is the median of `runs` repetitions after `warmup` untimed ones, and every MoH time is
+// also given as a ratio to MHA measured in the same run.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -25,8 +26,8 @@ struct AttentionBenchOptions {
   std::vector<std::pair<int64_t, int64_t>> dims{{384, 6}, {768, 12}};  ///< (dim, heads)
   std::vector<double> actives{0.5, 0.75, 0.9};
   std::vector<std::string> scopes{"core", "module"};
-  int warmup = 2, runs = 10;
-  int64_t batch = 8;        ///< batch at seq ≤ 256; halved per 4x longer sequence (memory and time), at least 1
+  int warmup = 1, runs = 10;
+  int64_t batch = 8;        ///< batch at seq ≤ 256; divided by 4 per 4x longer sequence (8, 2, 1), at least 1
   uint64_t seed = 0;
 };
 

@@ -143,6 +143,21 @@ TEST(MoHAttention, DenseEqualsSparseForwardBackward) {
   expect_dense_equals_sparse(MoHAttentionOptions(32, 4).moa(2), 2, 12, 8);      // MoA: shared K/V
 }
 
+// Large score blocks are computed in query chunks; values and gradients equal the one-shot formula.
+TEST(Attend, ChunkedEqualsOneShot) {
+  torch::manual_seed(12);
+  torch::Tensor q = torch::randn({1, 2, 700, 8}, torch::requires_grad());
+  torch::Tensor k = torch::randn({1, 2, 6000, 8}, torch::requires_grad());  // 2·700·6000 = 8.4M scores > chunk
+  torch::Tensor v = torch::randn({1, 2, 6000, 8}, torch::requires_grad());
+  torch::Tensor bias = torch::randn({700, 6000});
+  torch::Tensor chunked = attend(q, k, v, 0.35, bias);
+  torch::Tensor ref = torch::matmul(torch::softmax(torch::matmul(q, k.transpose(-2, -1)) * 0.35 + bias, -1), v);
+  EXPECT_LE(rel_err(chunked, ref), 1e-5);
+  auto g1 = torch::autograd::grad({chunked.sum()}, {q, k, v});
+  auto g2 = torch::autograd::grad({ref.sum()}, {q, k, v});
+  for (int i = 0; i < 3; ++i) EXPECT_LE(rel_err(g1[i], g2[i]), 1e-5) << i;
+}
+
 // Core-scope sparse mixing (precomputed q) equals dense mixing.
 TEST(MoHAttention, CoreSparseEqualsDense) {
   torch::manual_seed(9);
