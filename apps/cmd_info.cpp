@@ -8,6 +8,7 @@
 #include "apps/commands.h"
 #include "core/run_context.h"
 #include "diffusion/dit.h"
+#include "vision/transnext.h"
 
 namespace moh::apps {
 
@@ -19,16 +20,47 @@ struct ModelSummary {
   double active_ratio = 1.0;
 };
 
-ModelSummary summarize(const std::string& name) {
-  ModelSummary s;
-  s.name = name;
-  s.family = "dit";
-  diffusion::DiTOptions o = diffusion::dit_options(name);  // UserError listing valid names if unknown
-  diffusion::DiT model(o);
+template <class M>
+void count_params(M& model, ModelSummary& s) {
   for (const auto& p : model->parameters()) {
     s.params += p.numel();
     if (p.requires_grad()) s.trainable += p.numel();
   }
+}
+
+bool is_classifier(const std::string& name) {
+  for (const auto& [n, o] : vision::classifier_variants())
+    if (n == name) return true;
+  return false;
+}
+
+ModelSummary summarize(const std::string& name) {
+  ModelSummary s;
+  s.name = name;
+  if (is_classifier(name)) {
+    s.family = "classifier";
+    vision::TransNeXtOptions o = vision::classifier_options(name);
+    vision::TransNeXt model(o);
+    count_params(model, s);
+    s.layers = o.total_layers();
+    for (int64_t i = 0; i < 4; ++i) s.moh_layers += o.attention[i] == AttentionMode::mha ? 0 : o.depths[i];
+    s.routed_layers = o.routed_layers();
+    s.active_ratio = o.active_ratio();
+    return s;
+  }
+  std::vector<std::string> all;
+  for (const auto& [n, o] : vision::classifier_variants()) all.push_back(n);
+  bool dit = false;
+  for (const auto& [n, o] : diffusion::dit_variants()) all.push_back(n), dit = dit || n == name;
+  if (!dit) {
+    std::string near = nearest_name(name, all);
+    throw UserError("model '" + name + "'", "unknown model variant",
+                    near.empty() ? "see `moh info --list`" : "did you mean '" + near + "'?");
+  }
+  s.family = "dit";
+  diffusion::DiTOptions o = diffusion::dit_options(name);
+  diffusion::DiT model(o);
+  count_params(model, s);
   s.layers = o.depth;
   s.moh_layers = o.attention == AttentionMode::mha ? 0 : o.depth;
   s.routed_layers = o.routed_layers();
@@ -40,7 +72,7 @@ ModelSummary summarize(const std::string& name) {
 
 int cmd_info(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "Model variants: list them, or build one and report its size and MoH layout");
-  opts.add_options()("list", "list every registered variant")("model", "variant name, e.g. MoH-DiT-XL/2-90",
+  opts.add_options()("list", "list every registered variant")("model", "variant name, e.g. MoH-ViT-B-75 or MoH-DiT-XL/2-90",
                                                                cxxopts::value<std::string>())(
       "json", "machine-readable output")("h,help", "show this help");
   auto args = parse_or_throw(opts, argc, argv);
@@ -66,13 +98,16 @@ int cmd_info(int argc, char** argv) {
     return 0;
   }
   if (args.count("list") || argc == 1) {
-    std::vector<std::string> names;
-    for (const auto& [n, o] : diffusion::dit_variants()) names.push_back(n);
+    std::vector<std::string> dit, cls;
+    for (const auto& [n, o] : diffusion::dit_variants()) dit.push_back(n);
+    for (const auto& [n, o] : vision::classifier_variants()) cls.push_back(n);
     if (json) {
-      std::cout << nlohmann::json{{"dit", names}}.dump(1) << std::endl;
+      std::cout << nlohmann::json{{"classifier", cls}, {"dit", dit}}.dump(1) << std::endl;
     } else {
+      std::cout << "TransNeXt / MoH-ViT (classification):\n";
+      for (const auto& n : cls) std::cout << "  " << n << "\n";
       std::cout << "DiT / MoH-DiT (diffusion):\n";
-      for (const auto& n : names) std::cout << "  " << n << "\n";
+      for (const auto& n : dit) std::cout << "  " << n << "\n";
     }
     return 0;
   }

@@ -131,17 +131,19 @@ std::vector<AttentionBenchRow> run_attention_bench(const AttentionBenchOptions& 
     for (int64_t seq : o.seqs)
       for (auto [dim, heads] : o.dims) {
         const int64_t B = batch_for_seq(o.batch, seq);
-        // Distinct cases to time; requested fractions that map to the same (h_s, K) share one measurement.
+        // Distinct cases to time. The dense path computes every head whatever the split (only gate values differ),
+        // so it is timed once per configuration and shared by the requested fractions; sparse is timed per distinct
+        // (h_s, K); fractions that map to the same split share its measurement.
         std::vector<Case> cases{{"mha", 1.0, 0, 0}};
-        std::vector<std::pair<double, size_t>> requested;  // (active, index of its dense case)
+        std::vector<std::pair<double, size_t>> requested;  // (active, index of its sparse case)
         for (double a : o.actives) {
           auto [hs, k] = moh_split(heads, a);
+          if (cases.size() == 1) cases.push_back({"dense", a, hs, k});
           size_t found = 0;
-          for (size_t i = 1; i < cases.size(); i += 2)
+          for (size_t i = 2; i < cases.size(); ++i)
             if (cases[i].hs == hs && cases[i].k == k) found = i;
           if (!found) {
             found = cases.size();
-            cases.push_back({"dense", a, hs, k});
             cases.push_back({"sparse", a, hs, k});
           }
           requested.push_back({a, found});
@@ -152,8 +154,7 @@ std::vector<AttentionBenchRow> run_attention_bench(const AttentionBenchOptions& 
         for (const auto& p : prepared) f.push_back(p.fwd), fb.push_back(p.fwdbwd);
         std::vector<double> fwd = interleaved_medians(f, o.warmup, o.runs);
         std::vector<double> fwdbwd = interleaved_medians(fb, o.warmup, o.runs);
-        auto emit = [&](size_t i, double active) {
-          const Case& c = cases[i];
+        auto emit = [&](size_t i, double active, const Case& c) {
           AttentionBenchRow r;
           r.scope = scope, r.mode = c.mode, r.seq = seq, r.dim = dim, r.heads = heads, r.batch = B;
           r.shared = c.hs, r.topk = c.k, r.active = active;
@@ -171,8 +172,11 @@ std::vector<AttentionBenchRow> run_attention_bench(const AttentionBenchOptions& 
             std::cerr << s.str() << std::endl;
           }
         };
-        emit(0, 1.0);
-        for (auto [a, i] : requested) emit(i, a), emit(i + 1, a);
+        emit(0, 1.0, cases[0]);
+        for (auto [a, i] : requested) {
+          emit(1, a, {"dense", a, cases[i].hs, cases[i].k});
+          emit(i, a, cases[i]);
+        }
       }
   return rows;
 }
@@ -200,7 +204,7 @@ int attention_bench_main(int argc, char** argv) {
       "actives", "active-head fractions", cxxopts::value<std::string>()->default_value("0.5,0.75,0.9"))(
       "scopes", "core,module", cxxopts::value<std::string>()->default_value("core,module"))(
       "runs", "timed runs (median)", cxxopts::value<int>()->default_value("10"))(
-      "warmup", "untimed runs", cxxopts::value<int>()->default_value("1"))(
+      "warmup", "untimed runs before timing", cxxopts::value<int>()->default_value("0"))(
       "batch", "batch at seq <= 256 (divided by 4 per 4x longer sequence, at least 1)", cxxopts::value<int64_t>()->default_value("8"))(
       "threads", "intra-op threads (0 = LibTorch default)", cxxopts::value<int>()->default_value("0"))(
       "h,help", "show this help");

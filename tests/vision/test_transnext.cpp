@@ -1,0 +1,139 @@
+// TransNeXt / MoH-ViT: exact parameter counts (shared/specs/transnext.md §1.2, moh.md §2.1), every variant's tiny
+// forward/backward, aggregated attention against a neighbour-by-neighbour reference, CPB tables and length scales.
+#include <cmath>
+
+#include "core/error.h"
+#include "tests/test_util.h"
+#include "vision/transnext.h"
+
+namespace moh::vision {
+namespace {
+
+using test::rel_err;
+
+int64_t count_params(TransNeXt& m) {
+  int64_t n = 0;
+  for (const auto& p : m->parameters()) n += p.numel();
+  return n;
+}
+
+// Paper variants; MoH = TransNeXt + router weights (per block dim·h + 2·dim where h_s > 1 and K > 0, dim·h_s for
+// K = 0 layers, etc.): S-80/S-75 +168,984, B-75 +299,136, B-50 +302,016.
+const std::map<std::string, int64_t>& expected_counts() {
+  static const std::map<std::string, int64_t> m{
+      {"TransNeXt-Micro", 12809304}, {"TransNeXt-Tiny", 28258960}, {"TransNeXt-Small", 49741564},
+      {"TransNeXt-Base", 89721496},  {"MoH-ViT-S-80", 49741564 + 168984}, {"MoH-ViT-S-75", 49741564 + 168984},
+      {"MoH-ViT-B-75", 89721496 + 299136}, {"MoH-ViT-B-50", 89721496 + 302016}};
+  return m;
+}
+
+// Every variant: exact count (parameters do not depend on resolution, so paper variants are built at 64 px with the
+// CPB coordinates of a 224-px pretraining), finite forward/backward, aux loss iff routed layers exist.
+TEST(ClassifierRegistry, EveryVariantCountsForwardBackward) {
+  for (const auto& [name, base] : classifier_variants()) {
+    TransNeXtOptions o = base;
+    if (o.img_size == 224) o.img_size = 64, o.pretrain_size = 224;
+    torch::manual_seed(0);
+    TransNeXt m(o);
+    if (expected_counts().count(name)) {
+      EXPECT_EQ(count_params(m), expected_counts().at(name)) << name;
+    }
+    m->train();
+    auto out = m->forward(torch::randn({2, o.in_chans, o.img_size, o.img_size}));
+    ASSERT_EQ(out.logits.sizes(), (std::vector<int64_t>{2, o.num_classes})) << name;
+    EXPECT_EQ(out.aux_loss.defined(), o.routed_layers() > 0) << name;
+    torch::Tensor loss = torch::cross_entropy_loss(out.logits, torch::tensor({1, 3}));
+    if (out.aux_loss.defined()) loss = loss + 0.01 * out.aux_loss;
+    loss.backward();
+    EXPECT_TRUE(torch::isfinite(out.logits).all().item<bool>()) << name;
+    for (const auto& p : m->named_parameters()) {
+      ASSERT_TRUE(p.value().grad().defined() && torch::isfinite(p.value().grad()).all().item<bool>())
+          << name << " " << p.key();
+    }
+  }
+}
+
+TEST(ClassifierRegistry, PaperActiveHeadRatiosAndNames) {
+  EXPECT_NEAR(classifier_options("MoH-ViT-S-80").active_ratio(), 343.0 / 429, 1e-12);
+  EXPECT_NEAR(classifier_options("MoH-ViT-S-75").active_ratio(), 323.0 / 429, 1e-12);
+  EXPECT_NEAR(classifier_options("MoH-ViT-B-75").active_ratio(), 441.0 / 588, 1e-12);
+  EXPECT_NEAR(classifier_options("MoH-ViT-B-50").active_ratio(), 294.0 / 588, 1e-12);
+  TransNeXtOptions o = classifier_options("MoH-ViT-S-80");
+  o.img_size = 64, o.pretrain_size = 224;
+  TransNeXt m(o);
+  auto params = m->named_parameters();
+  for (const char* k :
+       {"patch_embed1.proj.weight", "patch_embed1.norm.bias", "block1.0.norm1.weight", "block1.0.attn.q.weight",
+        "block1.0.attn.kv.bias", "block1.0.attn.sr.weight", "block1.0.attn.norm.weight", "block1.0.attn.temperature",
+        "block1.0.attn.query_embedding", "block1.0.attn.relative_pos_bias_local", "block1.0.attn.learnable_tokens",
+        "block1.0.attn.learnable_bias", "block1.0.attn.cpb_fc1.weight", "block1.0.attn.cpb_fc2.bias",
+        "block1.0.attn.wg_1.weight", "block3.21.attn.wg.weight", "block3.0.attn.wg_0.weight",
+        "block4.4.attn.qkv.weight", "block4.0.attn.proj.bias", "block1.0.mlp.fc1.weight",
+        "block1.0.mlp.dwconv.dwconv.weight", "block2.4.mlp.fc2.weight", "norm1.weight", "norm4.bias", "head.weight"})
+    EXPECT_TRUE(params.contains(k)) << k;
+  EXPECT_FALSE(params.contains("block1.0.attn.wg.weight"));  // K = 0 stage: weighted, not routed
+  EXPECT_EQ(m->named_buffers().size(), 0u);                  // resolution-dependent tensors are not state
+  EXPECT_THROW(classifier_options("MoH-ViT-X"), UserError);
+}
+
+TEST(TransNeXtAttention, AggregatedMatchesNeighbourReference) {
+  for (auto mode : {AttentionMode::mha, AttentionMode::moh}) {
+    torch::manual_seed(3);
+    MoHAttentionOptions o(48, 4);
+    if (mode == AttentionMode::moh) o.moh(1, 2);
+    TransNeXtAttention a(o, 8, 6, 2);  // 8×6 map, pool 4×3
+    {
+      torch::NoGradGuard ng;
+      a->relative_pos_bias_local.normal_(0, 0.5);
+      a->learnable_bias.normal_(0, 0.5);
+      if (a->router.wg) a->router.wg->weight.normal_(0, 1);
+    }
+    auto [table, index] = relative_position_cpb(8, 6, 4, 3, 8, 6);
+    torch::Tensor x = torch::randn({2, 48, 48}, torch::requires_grad());
+    auto fast = a->forward(x, table, index).out;
+    auto ref = a->forward_reference(x, table, index).out;
+    EXPECT_LE(rel_err(fast, ref), 1e-5);
+    auto g1 = torch::autograd::grad({fast.sum()}, {x})[0];
+    auto g2 = torch::autograd::grad({ref.sum()}, {x})[0];
+    EXPECT_LE(rel_err(g1, g2), 1e-5);
+  }
+}
+
+TEST(TransNeXtAttention, LengthScaleAndPaddingAtStage1) {
+  TransNeXtAttention a(MoHAttentionOptions(48, 2), 56, 56, 8);  // 224-px stage 1: 56×56, pool 7×7 (P = 49)
+  EXPECT_NEAR(a->seq_length_scale[57][0].item<double>(), std::log(58.0), 1e-6);  // interior: 9 + 49
+  EXPECT_NEAR(a->seq_length_scale[1][0].item<double>(), std::log(55.0), 1e-6);   // top edge: 6 + 49
+  EXPECT_NEAR(a->seq_length_scale[0][0].item<double>(), std::log(53.0), 1e-6);   // corner: 4 + 49
+  EXPECT_EQ(a->padding_mask[0].sum().item<int64_t>(), 5);                         // corner: 5 of 9 outside
+}
+
+TEST(TransNeXtCPB, TableSizesAndCoordinates) {
+  EXPECT_EQ(relative_position_cpb(56, 56, 7, 7, 56, 56).first.size(0), 10816);
+  EXPECT_EQ(relative_position_cpb(28, 28, 7, 7, 28, 28).first.size(0), 2704);
+  EXPECT_EQ(relative_position_cpb(14, 14, 7, 7, 14, 14).first.size(0), 676);
+  EXPECT_EQ(relative_position_cpb(7, 7, 7, 7, 7, 7).first.size(0), 169);
+  auto [table, index] = relative_position_cpb(56, 56, 7, 7, 56, 56);
+  EXPECT_EQ(index.numel(), 3136 * 49);
+  EXPECT_LE(table.abs().max().item<double>(), 1.07);  // log-spaced, roughly within ±1.06
+  // query (0, 0) vs the first pooled bin centre (3.5, 3.5): rel = −3.5/55·8 -> sign·log2(|r|+1)/3
+  const double r = -3.5 / 55.0 * 8.0, expect = -std::log2(std::abs(r) + 1.0) / 3.0;
+  torch::Tensor first = table.index_select(0, index.narrow(0, 0, 1));
+  EXPECT_NEAR(first[0][0].item<double>(), expect, 1e-6);
+  EXPECT_NEAR(first[0][1].item<double>(), expect, 1e-6);
+}
+
+TEST(ClassifierRegistry, SmallInputPitfallIsAClearError) {
+  TransNeXtOptions o = classifier_options("TransNeXt-Micro");
+  o.img_size = 32;  // stage 4 would be 1×1: CPB coordinates divide by zero in the official code
+  try {
+    TransNeXt m(o);
+    FAIL();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("1×1"), std::string::npos) << e.what();
+  }
+  o.img_size = 100;
+  EXPECT_THROW(TransNeXt{o}, UserError);
+}
+
+}  // namespace
+}  // namespace moh::vision

@@ -1,0 +1,427 @@
+#include "vision/transnext.h"
+
+#include <torch/nn/functional/normalization.h>
+#include <torch/nn/init.h>
+
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+
+namespace moh::vision {
+
+namespace nn = torch::nn;
+
+namespace {
+constexpr double kBlockNormEps = 1e-6;     // block and stage LayerNorms
+constexpr double kEmbedNormEps = 1e-5;     // patch-embed and pool LayerNorms (PyTorch default)
+constexpr double kNormalizeEps = 1e-12;    // F.normalize
+constexpr double kInitTemperature = 0.24;  // softplus(τ) = 1 / 0.24 at init
+constexpr double kTruncStd = 0.02;
+constexpr double kLocalBiasStd = 0.0004;
+constexpr int64_t kCpbHidden = 512;
+constexpr int64_t kWindow = 3, kWindowArea = kWindow * kWindow;
+constexpr double kCpbLogBase = 8.0;
+
+at::Tensor l2n(const at::Tensor& x) { return x / x.norm(2, -1, true).clamp_min(kNormalizeEps); }
+
+// timm/torch trunc_normal_(std) truncates at absolute ±2, i.e. effectively a plain normal for small std.
+void trunc_normal_(at::Tensor t, double std) {
+  torch::NoGradGuard ng;
+  t.normal_(0.0, std).clamp_(-2.0, 2.0);
+}
+
+at::Tensor drop_path(const at::Tensor& x, double p, bool training) {
+  if (!training || p <= 0) return x;
+  const double keep = 1.0 - p;
+  std::vector<int64_t> shape(x.dim(), 1);
+  shape[0] = x.size(0);
+  return x * at::empty(shape, x.options()).bernoulli_(keep) / keep;  // timm DropPath: per-sample, scaled
+}
+
+at::Tensor cpb_bias(nn::Linear fc1, nn::Linear fc2, const at::Tensor& table, const at::Tensor& index,
+                    int64_t heads, int64_t nq, int64_t nk) {
+  at::Tensor b = fc2->forward(at::relu(fc1->forward(table)));  // (T, h)
+  return b.t().index_select(1, index).view({heads, nq, nk});  // (h, Nq, Nk)
+}
+}  // namespace
+
+// ---- options ---------------------------------------------------------------------------------------------------
+
+int64_t TransNeXtOptions::stage_size(int64_t i) const { return img_size / (patch_size << i); }
+int64_t TransNeXtOptions::pretrain_stage_size(int64_t i) const {
+  return (pretrain_size > 0 ? pretrain_size : img_size) / (patch_size << i);
+}
+
+MoHAttentionOptions TransNeXtOptions::stage_attention(int64_t i) const {
+  MoHAttentionOptions o(embed_dims[i], num_heads[i]);
+  o.qkv_bias = qkv_bias;
+  if (attention[i] == AttentionMode::moh) o.moh(shared_heads[i], topk[i]);
+  else if (attention[i] == AttentionMode::moa) o.moa(topk[i]);
+  return o;
+}
+
+double TransNeXtOptions::active_ratio() const {
+  double active = 0, total = 0;
+  for (int64_t i = 0; i < 4; ++i) {
+    active += static_cast<double>(depths[i] * stage_attention(i).active_heads());
+    total += static_cast<double>(depths[i] * num_heads[i]);
+  }
+  return active / total;
+}
+
+int64_t TransNeXtOptions::routed_layers() const {
+  int64_t n = 0;
+  for (int64_t i = 0; i < 4; ++i) n += (attention[i] != AttentionMode::mha && topk[i] > 0) ? depths[i] : 0;
+  return n;
+}
+
+void TransNeXtOptions::validate() const {
+  const std::string what = "TransNeXt options";
+  const int64_t unit = patch_size * 8;
+  if (img_size <= 0 || img_size % unit != 0)
+    throw UserError(what, "img_size " + std::to_string(img_size) + " must be a positive multiple of " +
+                              std::to_string(unit) + " (patch_size · 8)", "resize or pad the input");
+  for (int64_t i = 0; i < 4; ++i) {
+    if (pretrain_stage_size(i) < 2)
+      throw UserError(what, "stage " + std::to_string(i + 1) + " map is 1×1 at the (pretraining) size, which makes the "
+                            "CPB coordinates divide by zero (NaN)", "use a larger img_size or a smaller patch_size");
+    if (sr_ratios[i] > 1 && stage_size(i) / sr_ratios[i] < 1)
+      throw UserError(what, "stage " + std::to_string(i + 1) + " pool would be empty", "lower sr_ratios");
+    if (depths[i] < 0) throw UserError(what, "depths must be >= 0", "");
+    stage_attention(i).validate();
+  }
+  if (drop_path_rate < 0 || drop_path_rate >= 1) throw UserError(what, "drop_path_rate must be in [0, 1)", "");
+  if (num_classes <= 0 || in_chans <= 0) throw UserError(what, "num_classes and in_chans must be positive", "");
+}
+
+std::pair<at::Tensor, at::Tensor> relative_position_cpb(int64_t qh, int64_t qw, int64_t kh, int64_t kw, int64_t ph,
+                                                        int64_t pw) {
+  auto axis = [](int64_t q, int64_t k) {
+    at::Tensor aq = at::arange(q, at::kFloat);
+    at::Tensor ak = at::adaptive_avg_pool1d(aq.unsqueeze(0), {k}).squeeze(0);  // pool-bin centres
+    return std::make_pair(aq, ak);
+  };
+  auto [aqh, akh] = axis(qh, kh);
+  auto [aqw, akw] = axis(qw, kw);
+  auto kg = at::meshgrid({akh, akw}, "ij");
+  auto qg = at::meshgrid({aqh, aqw}, "ij");
+  at::Tensor rh = (qg[0].reshape({-1, 1}) - kg[0].reshape({1, -1})) / static_cast<double>(ph - 1) * 8.0;
+  at::Tensor rw = (qg[1].reshape({-1, 1}) - kg[1].reshape({1, -1})) / static_cast<double>(pw - 1) * 8.0;
+  at::Tensor pairs = at::stack({rh, rw}, -1).view({-1, 2});  // (Nq·Nk, 2)
+  auto [table, inverse, counts] = at::unique_dim(pairs, 0, true, true);
+  table = at::sign(table) * at::log2(table.abs() + 1.0) / std::log2(kCpbLogBase);  // log-spaced
+  return {table, inverse};
+}
+
+// ---- attention ---------------------------------------------------------------------------------------------------
+
+TransNeXtAttentionImpl::TransNeXtAttentionImpl(const MoHAttentionOptions& o, int64_t height, int64_t width, int64_t sr_)
+    : options(o), H(height), W(width), sr_ratio(sr_), aggregated(sr_ > 1) {
+  options.validate();
+  const int64_t C = o.dim, h = o.num_heads, d = o.head_dim_resolved(), N = H * W;
+  TORCH_CHECK(h * d == C, "TransNeXt attention needs head_dim · heads == dim");
+  if (aggregated) {
+    q = register_module("q", nn::Linear(nn::LinearOptions(C, C).bias(o.qkv_bias)));
+    kv = register_module("kv", nn::Linear(nn::LinearOptions(C, 2 * C).bias(o.qkv_bias)));
+  } else {
+    qkv = register_module("qkv", nn::Linear(nn::LinearOptions(C, 3 * C).bias(o.qkv_bias)));
+  }
+  proj = register_module("proj", nn::Linear(C, C));
+  temperature = register_parameter("temperature", at::full({h, 1, 1}, std::log(std::exp(1.0 / kInitTemperature) - 1.0)));
+  query_embedding = register_parameter("query_embedding", at::empty({h, 1, d}));
+  trunc_normal_(query_embedding, kTruncStd);
+  cpb_fc1 = register_module("cpb_fc1", nn::Linear(2, kCpbHidden));
+  cpb_fc2 = register_module("cpb_fc2", nn::Linear(kCpbHidden, h));
+  if (aggregated) {
+    pool_h = H / sr_ratio, pool_w = W / sr_ratio;
+    sr = register_module("sr", nn::Conv2d(nn::Conv2dOptions(C, C, 1)));
+    norm = register_module("norm", nn::LayerNorm(nn::LayerNormOptions({C}).eps(kEmbedNormEps)));
+    relative_pos_bias_local = register_parameter("relative_pos_bias_local", at::empty({h, kWindowArea}));
+    trunc_normal_(relative_pos_bias_local, kLocalBiasStd);
+    learnable_tokens = register_parameter("learnable_tokens", at::empty({h, d, kWindowArea}));
+    trunc_normal_(learnable_tokens, kTruncStd);
+    learnable_bias = register_parameter("learnable_bias", at::zeros({h, 1, kWindowArea}));
+    // Valid neighbours per position (unfold of ones) -> padding mask and log(valid + P) length scale.
+    at::Tensor ones = at::ones({1, 1, H, W});
+    at::Tensor valid = at::im2col(ones, {kWindow, kWindow}, {1, 1}, {1, 1}, {1, 1}).view({kWindowArea, N}).t();  // (N, 9)
+    padding_mask = valid.eq(0);
+    seq_length_scale = at::log(valid.sum(1, true) + static_cast<double>(pool_h * pool_w));  // (N, 1)
+  } else {
+    seq_length_scale = at::full({1}, std::log(static_cast<double>(N)));
+  }
+  router = HeadRouter(*this, o);
+}
+
+AttentionOutput TransNeXtAttentionImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& i) {
+  return run(x, t, i, false);
+}
+AttentionOutput TransNeXtAttentionImpl::forward_reference(const at::Tensor& x, const at::Tensor& t, const at::Tensor& i) {
+  return run(x, t, i, true);
+}
+
+AttentionOutput TransNeXtAttentionImpl::run(const at::Tensor& x, const at::Tensor& table, const at::Tensor& index,
+                                            bool reference) {
+  const int64_t B = x.size(0), N = x.size(1), C = x.size(2);
+  const int64_t h = options.num_heads, d = C / h;
+  TORCH_CHECK(N == H * W, "TransNeXt attention built for ", H, "x", W, " tokens, got ", N,
+              " (the model's img_size must equal the input size)");
+  const at::Tensor len_scale = seq_length_scale.to(x.device(), x.scalar_type());
+  const at::Tensor tau = at::softplus(temperature);  // (h, 1, 1)
+  AttentionOutput out;
+  HeadRouting routing;
+  if (options.mode != AttentionMode::mha) routing = router.route(x.reshape({B * N, C}), is_training());
+  out.aux_loss = routing.aux_loss;
+  out.routed = routing.routed;
+
+  at::Tensor o;  // (B, h, N, d) per-head outputs before gating
+  if (!aggregated) {
+    auto parts = qkv->forward(x).reshape({B, N, 3, h, d}).permute({2, 0, 3, 1, 4});  // (3, B, h, N, d)
+    at::Tensor qs = (l2n(parts[0]) + query_embedding) * tau * len_scale;           // length-scaled cosine query
+    at::Tensor bias = cpb_bias(cpb_fc1, cpb_fc2, table, index, h, N, N);           // (h, N, N)
+    at::Tensor attn = at::softmax(at::matmul(qs, l2n(parts[1]).transpose(-2, -1)) + bias, -1);
+    o = at::matmul(attn, parts[2]);
+  } else {
+    const int64_t P = pool_h * pool_w;
+    at::Tensor qn = l2n(q->forward(x).reshape({B, N, h, d}).permute({0, 2, 1, 3}));  // (B, h, N, d)
+    at::Tensor qs = (qn + query_embedding) * tau * len_scale;                         // (B, h, N, d)
+    auto kvl = kv->forward(x).chunk(2, -1);                                           // K | V, each (B, N, C)
+    at::Tensor k_loc = l2n(kvl[0].reshape({B, N, h, d}));                             // (B, N, h, d)
+    at::Tensor v_loc = kvl[1].reshape({B, N, h, d});
+    const at::Tensor mask = padding_mask.to(x.device());
+    at::Tensor attn_local;  // (B, h, N, 9)
+    at::Tensor k_nb, v_nb;  // (B, h, N, d, 9)
+    std::vector<at::Tensor> k_shift, v_shift;  // reference: per neighbour (B, h, N, d)
+    if (!reference) {
+      at::Tensor maps = at::cat({k_loc.reshape({B, N, C}), kvl[1]}, -1).permute({0, 2, 1}).reshape({B, 2 * C, H, W});
+      at::Tensor nb = at::im2col(maps, {kWindow, kWindow}, {1, 1}, {1, 1}, {1, 1})  // (B, 2C·9, N), channel-major
+                          .reshape({B, 2 * h, d, kWindowArea, N})
+                          .permute({0, 1, 4, 2, 3});                                // (B, 2h, N, d, 9)
+      auto kvnb = nb.chunk(2, 1);
+      k_nb = kvnb[0], v_nb = kvnb[1];
+      attn_local = at::matmul(qs.unsqueeze(-2), k_nb).squeeze(-2);  // (B, h, N, 9)
+    } else {
+      // Neighbour by neighbour: shift the zero-padded K/V maps by each offset of the 3×3 window (z = row·3 + col).
+      auto grid = [&](const at::Tensor& t) {  // (B, N, h, d) -> padded (B, h, H+2, W+2, d)
+        return at::constant_pad_nd(t.permute({0, 2, 1, 3}).reshape({B, h, H, W, d}), {0, 0, 1, 1, 1, 1});
+      };
+      at::Tensor kp = grid(k_loc), vp = grid(v_loc);
+      std::vector<at::Tensor> logits;
+      for (int64_t di = 0; di < kWindow; ++di)
+        for (int64_t dj = 0; dj < kWindow; ++dj) {
+          k_shift.push_back(kp.narrow(2, di, H).narrow(3, dj, W).reshape({B, h, N, d}));
+          v_shift.push_back(vp.narrow(2, di, H).narrow(3, dj, W).reshape({B, h, N, d}));
+          logits.push_back((qs * k_shift.back()).sum(-1));
+        }
+      attn_local = at::stack(logits, -1);
+    }
+    attn_local = (attn_local + relative_pos_bias_local.unsqueeze(1))
+                     .masked_fill(mask, -std::numeric_limits<double>::infinity());  // bias, then mask (official order)
+    // Pooled branch: 1×1 conv -> GELU -> adaptive avg pool -> LN; keys/values from the same kv projection.
+    at::Tensor xs = x.permute({0, 2, 1}).reshape({B, C, H, W});
+    xs = at::adaptive_avg_pool2d(at::gelu(sr->forward(xs)), {pool_h, pool_w}).reshape({B, C, P}).permute({0, 2, 1});
+    auto kvp = kv->forward(norm->forward(xs)).reshape({B, P, 2, h, d}).permute({2, 0, 3, 1, 4});  // (2, B, h, P, d)
+    at::Tensor pool_bias = cpb_bias(cpb_fc1, cpb_fc2, table, index, h, N, P);                      // (h, N, P)
+    at::Tensor attn_pool = at::matmul(qs, l2n(kvp[0]).transpose(-2, -1)) + pool_bias;              // (B, h, N, P)
+    at::Tensor attn = at::softmax(at::cat({attn_local, attn_pool}, -1), -1);                       // one softmax
+    attn_local = attn.narrow(-1, 0, kWindowArea);
+    attn_pool = attn.narrow(-1, kWindowArea, P);
+    // Learnable tokens and bias, added after the softmax with the plain normalised query.
+    attn_local = at::matmul(qn, learnable_tokens) + learnable_bias + attn_local;  // (B, h, N, 9)
+    at::Tensor x_local;
+    if (!reference) {
+      x_local = at::matmul(attn_local.unsqueeze(-2), v_nb.transpose(-2, -1)).squeeze(-2);  // (B, h, N, d)
+    } else {
+      x_local = at::zeros_like(qs);
+      for (int64_t z = 0; z < kWindowArea; ++z) x_local = x_local + attn_local.select(-1, z).unsqueeze(-1) * v_shift[z];
+    }
+    o = x_local + at::matmul(attn_pool, kvp[1]);  // (B, h, N, d)
+  }
+  at::Tensor mixed = o.transpose(1, 2);  // (B, N, h, d)
+  if (routing.gates.defined()) mixed = mixed * routing.gates.view({B, N, h, 1});
+  out.out = proj->forward(mixed.reshape({B, N, C}));
+  return out;
+}
+
+// ---- MLP, block, embed ---------------------------------------------------------------------------------------------
+
+DWConvImpl::DWConvImpl(int64_t dim) {
+  dwconv = register_module("dwconv", nn::Conv2d(nn::Conv2dOptions(dim, dim, 3).padding(1).groups(dim)));
+}
+at::Tensor DWConvImpl::forward(const at::Tensor& x, int64_t H, int64_t W) {
+  const int64_t B = x.size(0), N = x.size(1), C = x.size(2);
+  (void)N;
+  return dwconv->forward(x.transpose(1, 2).reshape({B, C, H, W})).flatten(2).transpose(1, 2);
+}
+
+ConvolutionalGLUImpl::ConvolutionalGLUImpl(int64_t dim, int64_t hidden) {
+  const int64_t hf = static_cast<int64_t>(2 * hidden / 3);
+  fc1 = register_module("fc1", nn::Linear(dim, 2 * hf));
+  dwconv = register_module("dwconv", DWConv(hf));
+  fc2 = register_module("fc2", nn::Linear(hf, dim));
+}
+at::Tensor ConvolutionalGLUImpl::forward(const at::Tensor& x, int64_t H, int64_t W) {
+  auto gv = fc1->forward(x).chunk(2, -1);  // first half gates
+  return fc2->forward(at::gelu(dwconv->forward(gv[0], H, W)) * gv[1]);
+}
+
+TransNeXtBlockImpl::TransNeXtBlockImpl(const MoHAttentionOptions& heads, int64_t height, int64_t width, int64_t sr_ratio,
+                                       int64_t mlp_ratio, double dp)
+    : drop_path(dp), H(height), W(width) {
+  const int64_t C = heads.dim;
+  norm1 = register_module("norm1", nn::LayerNorm(nn::LayerNormOptions({C}).eps(kBlockNormEps)));
+  attn = register_module("attn", TransNeXtAttention(heads, height, width, sr_ratio));
+  norm2 = register_module("norm2", nn::LayerNorm(nn::LayerNormOptions({C}).eps(kBlockNormEps)));
+  mlp = register_module("mlp", ConvolutionalGLU(C, C * mlp_ratio));
+}
+
+AttentionOutput TransNeXtBlockImpl::forward(const at::Tensor& x, const at::Tensor& table, const at::Tensor& index) {
+  AttentionOutput a = attn->forward(norm1->forward(x), table, index);
+  at::Tensor y = x + ::moh::vision::drop_path(a.out, drop_path, is_training());
+  a.out = y + ::moh::vision::drop_path(mlp->forward(norm2->forward(y), H, W), drop_path, is_training());
+  return a;
+}
+
+OverlapPatchEmbedImpl::OverlapPatchEmbedImpl(int64_t in_chans, int64_t dim, int64_t kernel, int64_t stride) {
+  proj = register_module("proj", nn::Conv2d(nn::Conv2dOptions(in_chans, dim, kernel).stride(stride).padding(kernel / 2)));
+  norm = register_module("norm", nn::LayerNorm(nn::LayerNormOptions({dim}).eps(kEmbedNormEps)));
+}
+at::Tensor OverlapPatchEmbedImpl::forward(const at::Tensor& x) {
+  return norm->forward(proj->forward(x).flatten(2).transpose(1, 2));  // (B, N, D)
+}
+
+// ---- model ---------------------------------------------------------------------------------------------------------
+
+TransNeXtImpl::TransNeXtImpl(const TransNeXtOptions& o) : options(o) {
+  options.validate();
+  std::vector<double> dpr(o.total_layers());
+  for (size_t j = 0; j < dpr.size(); ++j)  // linspace(0, rate, total), indexed over all blocks
+    dpr[j] = dpr.size() > 1 ? o.drop_path_rate * static_cast<double>(j) / static_cast<double>(dpr.size() - 1) : 0.0;
+  int64_t cur = 0;
+  for (int64_t i = 0; i < 4; ++i) {
+    const std::string s = std::to_string(i + 1);
+    const int64_t in = i == 0 ? o.in_chans : o.embed_dims[i - 1];
+    const int64_t kernel = i == 0 ? 2 * o.patch_size - 1 : 3, stride = i == 0 ? o.patch_size : 2;
+    patch_embed[i] = register_module("patch_embed" + s, OverlapPatchEmbed(in, o.embed_dims[i], kernel, stride));
+    const int64_t side = o.stage_size(i);
+    block[i] = register_module("block" + s, nn::ModuleList());
+    for (int64_t j = 0; j < o.depths[i]; ++j)
+      block[i]->push_back(TransNeXtBlock(o.stage_attention(i), side, side, o.sr_ratios[i], o.mlp_ratios[i], dpr[cur++]));
+    norm[i] = register_module("norm" + s, nn::LayerNorm(nn::LayerNormOptions({o.embed_dims[i]}).eps(kBlockNormEps)));
+    const int64_t pool = o.sr_ratios[i] > 1 ? side / o.sr_ratios[i] : side;
+    const int64_t pre = o.pretrain_stage_size(i);
+    std::tie(cpb_table[i], cpb_index[i]) = relative_position_cpb(side, side, pool, pool, pre, pre);
+  }
+  head = register_module("head", nn::Linear(o.embed_dims[3], o.num_classes));
+  initialize_weights();
+}
+
+void TransNeXtImpl::initialize_weights() {
+  torch::NoGradGuard ng;
+  for (auto& m : modules(/*include_self=*/false)) {
+    if (auto* lin = m->as<nn::Linear>()) {
+      trunc_normal_(lin->weight, kTruncStd);
+      if (lin->bias.defined()) lin->bias.zero_();
+    } else if (auto* conv = m->as<nn::Conv2d>()) {
+      const auto& co = conv->options;
+      const double fan_out = static_cast<double>(co.kernel_size()->at(0) * co.kernel_size()->at(1) * co.out_channels()) /
+                             static_cast<double>(co.groups());
+      conv->weight.normal_(0.0, std::sqrt(2.0 / fan_out));
+      if (conv->bias.defined()) conv->bias.zero_();
+    } else if (auto* ln = m->as<nn::LayerNorm>()) {
+      ln->weight.fill_(1.0);
+      ln->bias.zero_();
+    }
+  }
+}
+
+ClassifierOutput TransNeXtImpl::forward(const at::Tensor& input) {
+  ClassifierOutput out;
+  at::Tensor x = input, aux_sum;
+  int64_t routed = 0;
+  const int64_t B = input.size(0);
+  for (int64_t i = 0; i < 4; ++i) {
+    x = patch_embed[i]->forward(x);  // (B, N, C)
+    const at::Tensor table = cpb_table[i].to(x.device(), x.scalar_type()), index = cpb_index[i].to(x.device());
+    for (auto& m : *block[i]) {
+      AttentionOutput a = m->as<TransNeXtBlockImpl>()->forward(x, table, index);
+      x = a.out;
+      out.routed.push_back(a.routed);
+      if (a.aux_loss.defined()) aux_sum = aux_sum.defined() ? aux_sum + a.aux_loss : a.aux_loss, ++routed;
+    }
+    x = norm[i]->forward(x);
+    if (i < 3) {
+      const int64_t side = options.stage_size(i);
+      x = x.reshape({B, side, side, -1}).permute({0, 3, 1, 2});  // (B, C, H, W) for the next patch embedding
+    }
+  }
+  out.features = x.mean(1);  // (B, C4): global average over the final tokens
+  out.logits = head->forward(out.features);
+  if (routed > 0) out.aux_loss = aux_sum / static_cast<double>(routed);  // mean over routed layers
+  return out;
+}
+
+// ---- variant table ------------------------------------------------------------------------------------------------
+
+namespace {
+
+TransNeXtOptions transnext(std::array<int64_t, 4> dims, std::array<int64_t, 4> heads, std::array<int64_t, 4> depths,
+                           double drop_path) {
+  TransNeXtOptions o;
+  o.embed_dims = dims, o.num_heads = heads, o.depths = depths, o.drop_path_rate = drop_path;
+  return o;
+}
+
+TransNeXtOptions with_moh(TransNeXtOptions o, std::array<int64_t, 4> shared, std::array<int64_t, 4> topk) {
+  o.attention = {AttentionMode::moh, AttentionMode::moh, AttentionMode::moh, AttentionMode::moh};
+  o.shared_heads = shared, o.topk = topk;
+  return o;
+}
+
+// Small-input backbone for 28–64 px data (Fashion-MNIST padded to 32): stem stride 2, so the stage maps are
+// 16/8/4/2 at 32 px and no stage is 1×1 (the NaN pitfall of the 224-px variants at small inputs).
+TransNeXtOptions nano() {
+  TransNeXtOptions o = transnext({32, 64, 128, 256}, {2, 4, 8, 8}, {1, 2, 3, 1}, 0.05);
+  o.img_size = 32, o.patch_size = 2, o.in_chans = 1, o.num_classes = 10;
+  o.mlp_ratios = {4, 4, 4, 4};
+  o.sr_ratios = {4, 2, 2, 1};
+  return o;
+}
+
+}  // namespace
+
+const std::vector<std::pair<std::string, TransNeXtOptions>>& classifier_variants() {
+  static const std::vector<std::pair<std::string, TransNeXtOptions>> table = [] {
+    const auto micro = transnext({48, 96, 192, 384}, {2, 4, 8, 16}, {2, 2, 15, 2}, 0.15);
+    const auto tiny = transnext({72, 144, 288, 576}, {3, 6, 12, 24}, {2, 2, 15, 2}, 0.25);
+    const auto small = transnext({72, 144, 288, 576}, {3, 6, 12, 24}, {5, 5, 22, 5}, 0.45);
+    const auto base = transnext({96, 192, 384, 768}, {4, 8, 16, 32}, {5, 5, 23, 5}, 0.6);
+    return std::vector<std::pair<std::string, TransNeXtOptions>>{
+        {"TransNeXt-Micro", micro},
+        {"TransNeXt-Tiny", tiny},
+        {"TransNeXt-Small", small},
+        {"TransNeXt-Base", base},
+        // MoH-ViT (MoH-ViT/transnext.py): per-stage shared heads h_s and top-K.
+        {"MoH-ViT-S-80", with_moh(small, {3, 6, 3, 8}, {0, 0, 6, 12})},
+        {"MoH-ViT-S-75", with_moh(small, {3, 6, 3, 4}, {0, 0, 6, 12})},
+        {"MoH-ViT-B-75", with_moh(base, {4, 8, 4, 5}, {0, 0, 8, 16})},
+        {"MoH-ViT-B-50", with_moh(base, {2, 2, 2, 4}, {2, 4, 6, 8})},
+        {"ViT-Nano", nano()},
+        {"MoH-ViT-Nano", with_moh(nano(), {2, 4, 2, 4}, {0, 0, 4, 2})},
+    };
+  }();
+  return table;
+}
+
+TransNeXtOptions classifier_options(const std::string& name) {
+  std::vector<std::string> names;
+  for (const auto& [n, o] : classifier_variants()) {
+    if (n == name) return o;
+    names.push_back(n);
+  }
+  std::string near = nearest_name(name, names);
+  throw UserError("model '" + name + "'", "unknown classifier variant",
+                  near.empty() ? "valid: " + join(names) : "did you mean '" + near + "'?");
+}
+
+}  // namespace moh::vision

@@ -1,0 +1,152 @@
+#pragma once
+// TransNeXt (Shi, CVPR 2024; DaiShiResearch/TransNeXt@c8a9974 classification/transnext.py + attention_native.py) and
+// MoH-ViT (SkyworkAI/MoH MoH-ViT, the same backbone with MoH head routing). Stages 1–3 use aggregated attention (a 3×3
+// sliding window plus pooled keys under one softmax, length-scaled cosine attention with a learnable temperature,
+// query embedding, learnable tokens/bias, log-spaced CPB bias); stage 4 uses full attention with the same machinery.
+// The head routing is the shared HeadRouter of vision/moh_attention.h. Registered names equal the official keys
+// (patch_embed1.proj, block1.0.attn.q, block3.2.attn.wg, block4.0.attn.qkv, block1.0.mlp.dwconv.dwconv, norm4, head).
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+
+#include <array>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "vision/moh_attention.h"
+
+namespace moh::vision {
+
+/// Options of the TransNeXt / MoH-ViT family (4 stages).
+struct TransNeXtOptions {
+  int64_t img_size = 224;       ///< input side; feature maps are fixed at construction (as in the official model)
+  int64_t pretrain_size = 0;    ///< 0 = img_size; rescales the CPB coordinates when fine-tuning at another size
+  int64_t in_chans = 3;
+  int64_t num_classes = 1000;
+  int64_t patch_size = 4;       ///< stem stride (kernel 2·p − 1); 2 for the small-input variants
+  std::array<int64_t, 4> embed_dims{72, 144, 288, 576};
+  std::array<int64_t, 4> num_heads{3, 6, 12, 24};
+  std::array<int64_t, 4> mlp_ratios{8, 8, 4, 4};
+  std::array<int64_t, 4> depths{2, 2, 15, 2};
+  std::array<int64_t, 4> sr_ratios{8, 4, 2, 1};  ///< 1 = full attention (stage 4)
+  std::array<AttentionMode, 4> attention{AttentionMode::mha, AttentionMode::mha, AttentionMode::mha, AttentionMode::mha};
+  std::array<int64_t, 4> shared_heads{0, 0, 0, 0};  ///< MoH h_s per stage
+  std::array<int64_t, 4> topk{0, 0, 0, 0};          ///< MoH K (MoA: experts) per stage
+  double drop_path_rate = 0.0;
+  bool qkv_bias = true;
+
+  /// Feature-map side of stage i at the input size (and at the pretraining size).
+  int64_t stage_size(int64_t i) const;
+  int64_t pretrain_stage_size(int64_t i) const;
+  /// Attention options of one block of stage i (dims, heads, MoH split).
+  MoHAttentionOptions stage_attention(int64_t i) const;
+  /// Σ active heads / Σ heads over all blocks (the paper's "activated heads").
+  double active_ratio() const;
+  int64_t routed_layers() const;
+  int64_t total_layers() const { return depths[0] + depths[1] + depths[2] + depths[3]; }
+  /// Throws UserError (sizes not divisible, 1×1 maps that would make the CPB coordinates NaN, bad MoH splits).
+  void validate() const;
+};
+
+/// Log-spaced continuous relative position coordinates between a query grid and the pooled key grid
+/// (`get_relative_position_cpb`): returns (table (T, 2) of unique coordinates, index (Nq·Nk) into it).
+std::pair<at::Tensor, at::Tensor> relative_position_cpb(int64_t q_h, int64_t q_w, int64_t k_h, int64_t k_w,
+                                                        int64_t pretrain_h, int64_t pretrain_w);
+
+/// Aggregated attention (stages with sr_ratio > 1) or full TransNeXt attention (sr_ratio == 1), with optional MoH/MoA
+/// head routing applied to each head's output before `proj`.
+struct TransNeXtAttentionImpl : torch::nn::Module {
+  TransNeXtAttentionImpl(const MoHAttentionOptions& heads, int64_t height, int64_t width, int64_t sr_ratio);
+  /// x (B, N, C) normalised tokens; the stage's CPB table/index (shared by its blocks).
+  AttentionOutput forward(const at::Tensor& x, const at::Tensor& cpb_table, const at::Tensor& cpb_index);
+  /// Neighbour-by-neighbour reference of the local branch, for tests (slow, same math as forward's unfold).
+  AttentionOutput forward_reference(const at::Tensor& x, const at::Tensor& cpb_table, const at::Tensor& cpb_index);
+
+  MoHAttentionOptions options;
+  int64_t H, W, sr_ratio, pool_h = 0, pool_w = 0;
+  bool aggregated;
+  torch::nn::Linear q{nullptr}, kv{nullptr}, qkv{nullptr}, proj{nullptr}, cpb_fc1{nullptr}, cpb_fc2{nullptr};
+  torch::nn::Conv2d sr{nullptr};
+  torch::nn::LayerNorm norm{nullptr};
+  at::Tensor temperature, query_embedding, relative_pos_bias_local, learnable_tokens, learnable_bias;
+  at::Tensor seq_length_scale, padding_mask;  // non-persistent buffers: (N, 1), (N, 9)
+  HeadRouter router;
+
+ private:
+  AttentionOutput run(const at::Tensor& x, const at::Tensor& cpb_table, const at::Tensor& cpb_index, bool reference);
+};
+TORCH_MODULE(TransNeXtAttention);
+
+/// Depthwise 3×3 convolution on tokens (name `dwconv` inside, as in the official DWConv).
+struct DWConvImpl : torch::nn::Module {
+  explicit DWConvImpl(int64_t dim);
+  at::Tensor forward(const at::Tensor& x, int64_t H, int64_t W);
+  torch::nn::Conv2d dwconv{nullptr};
+};
+TORCH_MODULE(DWConv);
+
+/// Convolutional GLU: fc1 → (gate, value); GELU(DWConv(gate)) · value → fc2. Hidden = int(2·hidden/3).
+struct ConvolutionalGLUImpl : torch::nn::Module {
+  ConvolutionalGLUImpl(int64_t dim, int64_t hidden);
+  at::Tensor forward(const at::Tensor& x, int64_t H, int64_t W);
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  DWConv dwconv{nullptr};
+};
+TORCH_MODULE(ConvolutionalGLU);
+
+/// Pre-norm block: x + DropPath(attn(norm1 x)), then x + DropPath(mlp(norm2 x)).
+struct TransNeXtBlockImpl : torch::nn::Module {
+  TransNeXtBlockImpl(const MoHAttentionOptions& heads, int64_t height, int64_t width, int64_t sr_ratio,
+                     int64_t mlp_ratio, double drop_path);
+  AttentionOutput forward(const at::Tensor& x, const at::Tensor& cpb_table, const at::Tensor& cpb_index);
+  torch::nn::LayerNorm norm1{nullptr}, norm2{nullptr};
+  TransNeXtAttention attn{nullptr};
+  ConvolutionalGLU mlp{nullptr};
+  double drop_path;
+  int64_t H, W;
+};
+TORCH_MODULE(TransNeXtBlock);
+
+/// Overlapping patch embedding: Conv2d(k, stride, pad k/2) → tokens → LayerNorm (eps 1e-5).
+struct OverlapPatchEmbedImpl : torch::nn::Module {
+  OverlapPatchEmbedImpl(int64_t in_chans, int64_t dim, int64_t kernel, int64_t stride);
+  at::Tensor forward(const at::Tensor& x);  // (B, C, H, W) → (B, N, D)
+  torch::nn::Conv2d proj{nullptr};
+  torch::nn::LayerNorm norm{nullptr};
+};
+TORCH_MODULE(OverlapPatchEmbed);
+
+/// Output of the classifier.
+struct ClassifierOutput {
+  at::Tensor logits;    ///< (B, classes)
+  at::Tensor features;  ///< (B, C4): pooled penultimate features (for FID-style metrics)
+  at::Tensor aux_loss;  ///< mean MoH load-balance loss over routed layers (training), else undefined
+  std::vector<at::Tensor> routed;  ///< per block (stage order): (B·N, K) selected heads, undefined if not routed
+};
+
+/// The TransNeXt / MoH-ViT classifier.
+struct TransNeXtImpl : torch::nn::Module {
+  explicit TransNeXtImpl(const TransNeXtOptions& options);
+  ClassifierOutput forward(const at::Tensor& x);
+  /// The official _init_weights: trunc-normal(0.02) Linear, He-normal(fan_out) conv, LN = (1, 0).
+  void initialize_weights();
+
+  TransNeXtOptions options;
+  std::array<OverlapPatchEmbed, 4> patch_embed{nullptr, nullptr, nullptr, nullptr};
+  std::array<torch::nn::ModuleList, 4> block{nullptr, nullptr, nullptr, nullptr};
+  std::array<torch::nn::LayerNorm, 4> norm{nullptr, nullptr, nullptr, nullptr};
+  std::array<at::Tensor, 4> cpb_table, cpb_index;  // per stage, non-persistent
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(TransNeXt);
+
+/// The classifier variant table: TransNeXt-Micro/Tiny/Small/Base, MoH-ViT-S-80/S-75/B-75/B-50 and the small-input
+/// MoH-ViT-Nano / ViT-Nano.
+const std::vector<std::pair<std::string, TransNeXtOptions>>& classifier_variants();
+/// Looks a variant up; an unknown name is a UserError listing the valid ones.
+TransNeXtOptions classifier_options(const std::string& name);
+
+}  // namespace moh::vision
