@@ -50,7 +50,7 @@ expect 0 '"params": 675666464' -- info --model MoH-DiT-XL/2-90 --json
 expect 0 '"params": 32963360' -- info --model DiT-S/2 --json
 expect 0 "MoH-DiT-S/2-75" -- info --list
 expect 2 "unknown model variant" -- info --model DiT-XXL/2
-expect 2 "did you mean 'MoH-ViT-S-75'" -- info --model MoH-ViT-S-57
+expect 2 "did you mean 'MoH-ViT-S-75'" -- info --model MoH-ViT-S-7
 expect 0 '"params": 90020632' -- info --model MoH-ViT-B-75 --json
 expect 0 '"params": 12809304' -- info --model TransNeXt-Micro --json
 expect 0 '"mode": "sparse"' -- bench attention --seqs 32 --dims 32:4 --actives 0.5 --runs 1 --warmup 0 --json
