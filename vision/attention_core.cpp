@@ -11,7 +11,7 @@ namespace moh::vision {
 namespace {
 
 // Sparse path: groups whose counts are within this factor of the bucket's largest share one padded batch.
-constexpr double kBucketFill = 0.9;
+constexpr double kBucketFill = 0.95;
 // At most this many padded batches per call (bounds per-op overhead when routing is very skewed).
 constexpr int kMaxBuckets = 8;
 // Plain path: score blocks larger than this many elements are computed in query chunks. Blocks stay below glibc's
@@ -31,7 +31,7 @@ at::Tensor attend_plain(const at::Tensor& q, const at::Tensor& k, const at::Tens
 at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, const at::Tensor& bias,
                   bool fused) {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
-  if (fused) {
+  if (fused) {  // kFusedAttentionAvailable
     c10::optional<at::Tensor> mask;
     if (bias.defined()) mask = bias.to(q.scalar_type());
     return at::scaled_dot_product_attention(q, k, v, mask, 0.0, false, scale);
@@ -74,9 +74,10 @@ at::Tensor mix_heads_sparse(const QuerySource& queries, const at::Tensor& k, con
   const at::Tensor gates_flat = gates.reshape({T * h});
   at::Tensor k_rows = k.reshape({B * hkv, N, d}), v_rows = v.reshape({B * hkv, N, d});
 
-  std::vector<at::Tensor> pieces;  // rows of the final (T·h, d) output, gathered by `map` below
-  std::vector<int64_t> map(T * h, -1);
-  int64_t next_row = 0;
+  // Output rows (T·h, d) plus one scratch row that absorbs the padding slots of the routed buckets (its values and
+  // gradients are discarded, so padded duplicates never contribute). Unselected routed heads stay exactly zero.
+  at::Tensor out = at::zeros({T * h + 1, d}, opts);
+  const int64_t scratch_row = T * h;
 
   // ---- shared heads: every token ------------------------------------------------------------------------------
   if (hs > 0) {
@@ -91,11 +92,7 @@ at::Tensor mix_heads_sparse(const QuerySource& queries, const at::Tensor& k, con
     at::Tensor k_s = hkv == h ? k.narrow(1, 0, hs) : k.expand({B, hs, N, d});
     at::Tensor v_s = hkv == h ? v.narrow(1, 0, hs) : v.expand({B, hs, N, d});
     at::Tensor o = attend(q_s, k_s, v_s, scale, {}, fused).transpose(1, 2);  // (B, N, hs, d)
-    o = o * gates.narrow(1, 0, hs).reshape({B, N, hs, 1});
-    pieces.push_back(o.reshape({T * hs, d}));
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t i = 0; i < hs; ++i) map[t * h + i] = t * hs + i;
-    next_row = T * hs;
+    out.narrow(0, 0, T * h).view({B, N, h, d}).narrow(2, 0, hs).copy_(o * gates.narrow(1, 0, hs).reshape({B, N, hs, 1}));
   }
 
   // ---- routed heads: only the selected (token, head) pairs -----------------------------------------------------
@@ -129,7 +126,7 @@ at::Tensor mix_heads_sparse(const QuerySource& queries, const at::Tensor& k, con
       while (end < order.size() && count[order[end]] > 0 && (last || count[order[end]] >= kBucketFill * M)) ++end;
       const int64_t Gb = static_cast<int64_t>(end - pos);
       // Indices for this bucket (built on the host, then moved to the device once).
-      std::vector<int64_t> q_index(Gb * M), kv_index(Gb), gate_index(Gb * M), head_of(Gb);
+      std::vector<int64_t> q_index(Gb * M), kv_index(Gb), gate_index(Gb * M), head_of(Gb), dest(Gb * M);
       for (int64_t i = 0; i < Gb; ++i) {
         const int64_t g = order[pos + i], b = g / E, j = g % E, head = hs + j, c = count[g];
         kv_index[i] = b * hkv + (hkv == h ? head : 0);
@@ -139,7 +136,7 @@ at::Tensor mix_heads_sparse(const QuerySource& queries, const at::Tensor& k, con
           const int64_t t = b * N + n;
           q_index[i * M + m] = queries.q.defined() ? (b * h + head) * N + n : t;
           gate_index[i * M + m] = t * h + head;
-          if (m < c) map[t * h + head] = next_row + i * M + m;
+          dest[i * M + m] = m < c ? t * h + head : scratch_row;
         }
       }
       auto to_dev = [&](const std::vector<int64_t>& v) { return at::tensor(v, iopts.device(at::kCPU)).to(k.device()); };
@@ -160,19 +157,12 @@ at::Tensor mix_heads_sparse(const QuerySource& queries, const at::Tensor& k, con
       at::Tensor ki = to_dev(kv_index);
       at::Tensor o = attend(q, k_rows.index_select(0, ki), v_rows.index_select(0, ki), scale, {}, fused);  // (Gb,M,d)
       o = o * gates_flat.index_select(0, to_dev(gate_index)).view({Gb, M, 1});
-      pieces.push_back(o.reshape({Gb * M, d}));
-      next_row += Gb * M;
+      out.index_copy_(0, to_dev(dest), o.reshape({Gb * M, d}));  // scatter back (padding -> scratch row)
       pos = end;
     }
   }
 
-  // ---- scatter back: one gather from [pieces..., zero row] ------------------------------------------------------
-  pieces.push_back(at::zeros({1, d}, opts));
-  for (auto& m : map)
-    if (m < 0) m = next_row;  // unselected routed head -> the zero row
-  at::Tensor rows = at::cat(pieces, 0);
-  at::Tensor idx = at::tensor(map, iopts.device(at::kCPU)).to(k.device());
-  return rows.index_select(0, idx).view({B, N, h * d});
+  return out.narrow(0, 0, T * h).view({B, N, h * d});
 }
 
 }  // namespace moh::vision

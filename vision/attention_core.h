@@ -7,10 +7,15 @@
 // Both produce (B, N, h·d) ready for the output projection, with identical values and gradients up to float
 // rounding (tests/vision/test_attention.cpp checks ≤1e-5).
 #include <ATen/ATen.h>
+#include <torch/version.h>
 
 #include <cstdint>
 
 namespace moh::vision {
+
+/// Whether this LibTorch has scaled_dot_product_attention with an explicit scale (≥ 2.1): the fused/flash path.
+constexpr bool kFusedAttentionAvailable =
+    TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1);
 
 /// softmax(q kᵀ · scale + bias) v over the last two dims: q (..., Nq, d), k/v (..., Nk, d), bias broadcastable to
 /// (..., Nq, Nk). With `fused` and LibTorch ≥ 2.1 this calls scaled_dot_product_attention (flash/mem-efficient on

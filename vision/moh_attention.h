@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "core/experiment_config.h"
+#include "vision/attention_core.h"
 
 namespace moh::vision {
 
@@ -23,7 +24,7 @@ struct MoHAttentionOptions {
   int64_t shared_heads = 0;  ///< h_s: heads [0, h_s) always on (moh)
   int64_t topk = 0;          ///< K: routed heads chosen per token from the pool of h − h_s (moh); experts (moa)
   AttentionPath path = AttentionPath::dense;
-  bool fused = false;        ///< use scaled_dot_product_attention (LibTorch ≥ 2.1)
+  bool fused = kFusedAttentionAvailable;  ///< scaled_dot_product_attention (LibTorch ≥ 2.1); false = plain path
 
   MoHAttentionOptions() = default;
   MoHAttentionOptions(int64_t dim_, int64_t heads_) : dim(dim_), num_heads(heads_) {}

@@ -158,6 +158,27 @@ TEST(Attend, ChunkedEqualsOneShot) {
   for (int i = 0; i < 3; ++i) EXPECT_LE(rel_err(g1[i], g2[i]), 1e-5) << i;
 }
 
+// The fused path (scaled_dot_product_attention, LibTorch >= 2.1) equals the plain reference path.
+TEST(Attend, FusedEqualsPlain) {
+  if (!kFusedAttentionAvailable) GTEST_SKIP() << "LibTorch < 2.1: no scaled_dot_product_attention with scale";
+  torch::manual_seed(13);
+  torch::Tensor q = torch::randn({2, 3, 17, 8}), k = torch::randn({2, 3, 19, 8}), v = torch::randn({2, 3, 19, 8});
+  EXPECT_LE(rel_err(attend(q, k, v, 0.3, {}, true), attend(q, k, v, 0.3, {}, false)), 1e-5);
+  for (auto path : {AttentionPath::dense, AttentionPath::sparse}) {
+    MoHAttentionOptions o = MoHAttentionOptions(32, 4).moh(1, 2);
+    o.path = path;
+    MoHAttention fused(o);
+    o.fused = false;
+    MoHAttention plain(o);
+    {
+      torch::NoGradGuard ng;
+      for (auto& p : fused->named_parameters()) plain->named_parameters()[p.key()].copy_(p.value());
+    }
+    torch::Tensor x = torch::randn({2, 9, 32});
+    EXPECT_LE(rel_err(fused->forward(x).out, plain->forward(x).out), 1e-5);
+  }
+}
+
 // Core-scope sparse mixing (precomputed q) equals dense mixing.
 TEST(MoHAttention, CoreSparseEqualsDense) {
   torch::manual_seed(9);
