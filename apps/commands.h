@@ -20,5 +20,7 @@ const std::vector<Command>& commands();
 int cmd_info(int argc, char** argv);
 int cmd_config(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
+int cmd_train(int argc, char** argv);
+int cmd_eval(int argc, char** argv);
 
 }  // namespace moh::apps

@@ -16,6 +16,8 @@ const std::vector<Command>& commands() {
   static const std::vector<Command> all{
       {"info", "list model variants; parameters, MoH layers and active-head ratio of one (--model)", cmd_info},
       {"config", "validate an experiment YAML and print it resolved (--schema lists every key)", cmd_config},
+      {"train", "train a classifier from an experiment YAML (--resume auto continues exactly)", cmd_train},
+      {"eval", "top-1 / top-5 of a classifier checkpoint", cmd_eval},
       {"bench", "benchmarks: `moh bench attention [--json]`", cmd_bench},
   };
   return all;

@@ -64,6 +64,11 @@ void ExperimentConfig::validate(const std::string& origin) const {
   if (!(train.ema_decay >= 0 && train.ema_decay < 1)) bad("train.ema_decay", "must be in [0, 1)", "e.g. 0.9999");
   if (train.ckpt_every_epochs <= 0) bad("train.ckpt_every_epochs", "must be >= 1", "");
   if (train.log_every_steps <= 0) bad("train.log_every_steps", "must be >= 1", "");
+  if (!(train.label_smoothing >= 0 && train.label_smoothing < 1)) bad("train.label_smoothing", "must be in [0, 1)", "");
+  if (train.eval_every_epochs <= 0) bad("train.eval_every_epochs", "must be >= 1", "");
+  if (train.max_steps < 0) bad("train.max_steps", "must be >= 0 (0 = no limit)", "");
+  if (data.eval_batch_size <= 0) bad("data.eval_batch_size", "must be > 0", "");
+  if (data.shift < 0) bad("data.shift", "must be >= 0", "");
   if (model.num_classes < 0) bad("model.num_classes", "must be >= 0 (0 = variant default)", "");
   if (model.img_size < 0) bad("model.img_size", "must be >= 0 (0 = variant default)", "");
   if (model.drop_path >= 1) bad("model.drop_path", "must be < 1", "e.g. 0.1");

@@ -71,6 +71,9 @@ struct DataConfig {
   double max_bad_fraction = 0.01;
   int64_t limit_train = 0;        ///< use only the first N training images (0 = all)
   int64_t limit_val = 0;
+  int64_t eval_batch_size = 256;
+  int64_t shift = 0;              ///< small-image augmentation: random translation of up to ±shift pixels
+  bool hflip = false;             ///< small-image augmentation: random horizontal flip
 
   template <class V>
   void visit(V& v) {
@@ -81,6 +84,9 @@ struct DataConfig {
     v.field("max_bad_fraction", max_bad_fraction, "fraction of unreadable images tolerated before it is an error");
     v.field("limit_train", limit_train, "use only the first N training images (0 = all)");
     v.field("limit_val", limit_val, "use only the first N validation images (0 = all)");
+    v.field("eval_batch_size", eval_batch_size, "batch size for evaluation");
+    v.field("shift", shift, "training augmentation for small images: random translation of up to ±N pixels");
+    v.field("hflip", hflip, "training augmentation for small images: random horizontal flip (p = 0.5)");
   }
 };
 
@@ -131,6 +137,9 @@ struct TrainConfig {
   double ema_decay = 0.0;         ///< 0 = no EMA
   int64_t ckpt_every_epochs = 1;
   int64_t log_every_steps = 50;
+  double label_smoothing = 0.1;
+  int64_t eval_every_epochs = 1;
+  int64_t max_steps = 0;          ///< stop after this many optimizer steps (0 = run all epochs)
 
   template <class V>
   void visit(V& v) {
@@ -143,6 +152,9 @@ struct TrainConfig {
     v.field("ema_decay", ema_decay, "EMA decay of the weights; 0 = no EMA");
     v.field("ckpt_every_epochs", ckpt_every_epochs, "write a checkpoint every N epochs");
     v.field("log_every_steps", log_every_steps, "write a metrics line every N optimizer steps");
+    v.field("label_smoothing", label_smoothing, "label smoothing of the classification loss");
+    v.field("eval_every_epochs", eval_every_epochs, "evaluate every N epochs (and after the last)");
+    v.field("max_steps", max_steps, "stop after N optimizer steps (0 = run all epochs; for smoke tests)");
   }
 };
 

@@ -57,6 +57,26 @@ expect 0 '"mode": "sparse"' -- bench attention --seqs 32 --dims 32:4 --actives 0
 expect 2 "unknown benchmark" -- bench nothing
 expect 2 "expected a comma-separated list" -- bench attention --seqs abc
 
+# Training: a tiny real run, then bad inputs that must exit 2 with one line and leave the run's files untouched.
+if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
+  NANO=configs/fashion_mnist/moh_vit_nano.yaml
+  TINY=(--set data.limit_train=128 --set data.limit_val=64 --set data.batch_size=32 --set train.epochs=1 --set train.max_steps=2)
+  expect 0 '"steps":2' -- train $NANO "${TINY[@]}" --run-dir "$tmp/run"
+  sums=$(cd "$tmp/run" && find . -type f | sort | xargs sha256sum)
+  expect 2 "already holds a run" -- train $NANO "${TINY[@]}" --run-dir "$tmp/run"
+  expect 2 "unknown classifier variant" -- train $NANO "${TINY[@]}" --set model.name=MoH-ViT-X --run-dir "$tmp/run"
+  expect 2 "optim.lr: must be > 0" -- train $NANO "${TINY[@]}" --set optim.lr=-1 --run-dir "$tmp/run"
+  expect 2 "apt-get install dataset-fashion-mnist" -- train $NANO "${TINY[@]}" --set data.root=/nonexistent --run-dir "$tmp/run2"
+  expect 0 "top-1" -- eval $NANO --set data.limit_val=64 --checkpoint "$tmp/run"
+  ck=$(cat "$tmp/run/checkpoints/latest")
+  mkdir -p "$tmp/bad" && cp -r "$tmp/run/checkpoints/$ck" "$tmp/bad/ck"
+  truncate -s 100 "$tmp/bad/ck/model.safetensors"
+  expect 2 "safetensors" -- eval $NANO --checkpoint "$tmp/bad/ck"
+  expect 2 "not a checkpoint or run directory" -- train $NANO "${TINY[@]}" --run-dir "$tmp/run3" --resume "$tmp/bad/nothing"
+  [ "$sums" = "$(cd "$tmp/run" && find . -type f | sort | xargs sha256sum)" ] && pass=$((pass + 1)) ||
+    { echo "FAIL: run files changed by failing commands"; fails=$((fails + 1)); }
+fi
+
 # Nothing on disk is touched by a failing command.
 cp configs/fashion_mnist/moh_vit_nano.yaml "$tmp/c.yaml"
 before=$(sha256sum "$tmp/c.yaml")

@@ -115,6 +115,11 @@ TEST(Config, ValidationRules) {
       {"model.img_size=-1", "model.img_size"},
       {"model.drop_path=1.5", "model.drop_path"},
       {"train.device=tpu", "train.device"},
+      {"train.label_smoothing=1", "train.label_smoothing"},
+      {"train.eval_every_epochs=0", "train.eval_every_epochs"},
+      {"train.max_steps=-1", "train.max_steps"},
+      {"data.eval_batch_size=0", "data.eval_batch_size"},
+      {"data.shift=-2", "data.shift"},
   };
   for (const auto& [set, key] : cases) {
     std::string e = error_of([&] { load_experiment(f, {set}); });

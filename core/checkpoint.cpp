@@ -1,0 +1,177 @@
+#include "core/checkpoint.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Generator.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <set>
+#include <type_traits>
+
+#include "core/atomic_io.h"
+#include "core/error.h"
+
+namespace moh {
+
+namespace fs = std::filesystem;
+
+TensorMap module_tensors(const torch::nn::Module& module) {
+  TensorMap out;
+  for (const auto& p : module.named_parameters()) out[p.key()] = p.value().detach().to(at::kCPU).clone();
+  for (const auto& b : module.named_buffers()) out[b.key()] = b.value().detach().to(at::kCPU).clone();
+  return out;
+}
+
+void load_module_tensors(torch::nn::Module& module, const TensorMap& tensors, const std::string& origin,
+                         bool allow_missing) {
+  torch::NoGradGuard ng;
+  std::set<std::string> seen;
+  auto assign = [&](const std::string& name, at::Tensor& dst) {
+    auto it = tensors.find(name);
+    if (it == tensors.end()) {
+      if (allow_missing) return;
+      throw UserError("weights " + origin, "missing tensor '" + name + "'",
+                      "the file does not match this model (or pass --allow-missing)");
+    }
+    if (it->second.sizes() != dst.sizes())
+      throw UserError("weights " + origin, "tensor '" + name + "' has shape " + c10::str(it->second.sizes()) +
+                                               ", the model expects " + c10::str(dst.sizes()), "wrong model variant?");
+    dst.copy_(it->second);
+    seen.insert(name);
+  };
+  for (auto& p : module.named_parameters()) assign(p.key(), p.value());
+  for (auto& b : module.named_buffers()) assign(b.key(), b.value());
+  for (const auto& [name, t] : tensors)
+    if (!seen.count(name))
+      throw UserError("weights " + origin, "unexpected tensor '" + name + "'", "the file does not match this model");
+}
+
+namespace {
+
+// LibTorch keys optimizer state by the parameter's TensorImpl: a string in 1.x, a pointer in 2.x.
+template <class Map>
+typename Map::key_type state_key(Map&, const at::Tensor& p) {
+  using Key = typename Map::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) return c10::guts::to_string(p.unsafeGetTensorImpl());
+  else return p.unsafeGetTensorImpl();
+}
+
+template <class State>
+bool save_state(torch::optim::OptimizerParamState* s, const std::string& name, TensorMap& out) {
+  auto* st = dynamic_cast<State*>(s);
+  if (!st) return false;
+  out[name + ".exp_avg"] = st->exp_avg().to(at::kCPU).clone();
+  out[name + ".exp_avg_sq"] = st->exp_avg_sq().to(at::kCPU).clone();
+  out[name + ".step"] = at::tensor(static_cast<int64_t>(st->step()), at::kLong);
+  return true;
+}
+
+}  // namespace
+
+TensorMap optimizer_tensors(torch::optim::Optimizer& optimizer, const torch::nn::Module& module) {
+  TensorMap out;
+  auto& state = optimizer.state();
+  for (const auto& p : module.named_parameters()) {
+    auto it = state.find(state_key(state, p.value()));
+    if (it == state.end()) continue;  // not stepped yet (or frozen)
+    if (!save_state<torch::optim::AdamWParamState>(it->second.get(), p.key(), out) &&
+        !save_state<torch::optim::AdamParamState>(it->second.get(), p.key(), out))
+      throw std::runtime_error("optimizer_tensors: only Adam/AdamW state is supported");
+  }
+  return out;
+}
+
+void load_optimizer_tensors(torch::optim::Optimizer& optimizer, const torch::nn::Module& module, const TensorMap& t,
+                            const std::string& origin) {
+  auto& state = optimizer.state();
+  state.clear();
+  for (const auto& p : module.named_parameters()) {
+    auto a = t.find(p.key() + ".exp_avg"), b = t.find(p.key() + ".exp_avg_sq"), s = t.find(p.key() + ".step");
+    if (a == t.end() && b == t.end() && s == t.end()) continue;
+    if (a == t.end() || b == t.end() || s == t.end() || a->second.sizes() != p.value().sizes())
+      throw UserError("checkpoint " + origin, "optimizer state of '" + p.key() + "' is incomplete or mis-shaped",
+                      "the checkpoint is damaged or from another model");
+    auto st = std::make_unique<torch::optim::AdamWParamState>();
+    st->exp_avg(a->second.to(p.value().device()).clone());
+    st->exp_avg_sq(b->second.to(p.value().device()).clone());
+    st->step(s->second.item<int64_t>());
+    state[state_key(state, p.value())] = std::move(st);
+  }
+}
+
+at::Tensor cpu_rng_state() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void set_cpu_rng_state(const at::Tensor& state) {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+std::string save_checkpoint(const std::string& run_dir, const TrainerState& state, const TensorMap& model,
+                            const TensorMap& optimizer, const std::string& config_yaml, const TensorMap& rng) {
+  const std::string root = run_dir + "/checkpoints";
+  fs::create_directories(root);
+  remove_stale_temporaries(root);
+  char name[32];
+  std::snprintf(name, sizeof name, "%07lld", static_cast<long long>(state.step));
+  const std::string final_dir = root + "/" + name;
+  {
+    AtomicDir dir(final_dir, /*replace=*/true);
+    save_safetensors(dir.path() + "/model.safetensors", model, {{"format", "pt"}});
+    save_safetensors(dir.path() + "/optimizer.safetensors", optimizer);
+    save_safetensors(dir.path() + "/rng.safetensors", rng);
+    nlohmann::json j{{"format_version", kCheckpointFormat}, {"step", state.step}, {"epoch", state.epoch},
+                     {"best_metric", state.best_metric}, {"extra", state.extra}};
+    write_file_atomic(dir.path() + "/trainer_state.json", j.dump(1) + "\n");
+    write_file_atomic(dir.path() + "/config.resolved.yaml", config_yaml);
+    dir.commit();
+  }
+  write_file_atomic(root + "/latest", std::string(name) + "\n");
+  return final_dir;
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
+  const std::string latest = run_dir + "/checkpoints/latest";
+  if (!fs::is_regular_file(latest)) return std::nullopt;
+  std::string name = read_file(latest);
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  const std::string dir = run_dir + "/checkpoints/" + name;
+  if (name.empty() || !fs::is_directory(dir)) return std::nullopt;
+  return dir;
+}
+
+Checkpoint load_checkpoint(const std::string& path) {
+  std::string dir = path;
+  if (!fs::exists(dir + "/trainer_state.json")) {
+    auto latest = latest_checkpoint(path);
+    if (!latest) throw UserError("checkpoint " + path, "not a checkpoint or run directory", "no trainer_state.json or checkpoints/latest");
+    dir = *latest;
+  }
+  Checkpoint c;
+  c.dir = dir;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(dir + "/trainer_state.json", "checkpoint"));
+    if (j.at("format_version").get<int>() != kCheckpointFormat)
+      throw UserError("checkpoint " + dir, "unsupported format_version " + j.at("format_version").dump(), "");
+    c.state.step = j.at("step").get<int64_t>();
+    c.state.epoch = j.at("epoch").get<int64_t>();
+    c.state.best_metric = j.value("best_metric", 0.0);
+    c.state.extra = j.value("extra", nlohmann::json::object());
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError("checkpoint " + dir + "/trainer_state.json", std::string("malformed: ") + e.what(), "");
+  }
+  c.model = load_safetensors(dir + "/model.safetensors").tensors;
+  c.optimizer = load_safetensors(dir + "/optimizer.safetensors").tensors;
+  c.rng = load_safetensors(dir + "/rng.safetensors").tensors;
+  c.config_yaml = read_file(dir + "/config.resolved.yaml", "checkpoint");
+  return c;
+}
+
+}  // namespace moh

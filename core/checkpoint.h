@@ -1,0 +1,63 @@
+#pragma once
+// Run directories and checkpoints. A run directory holds config.resolved.yaml, metrics.jsonl and
+// checkpoints/<step:07d>/ with model.safetensors (official key names), optimizer.safetensors (AdamW moments by
+// parameter name), trainer_state.json (step, epoch, RNG, format version) and config.resolved.yaml. Each checkpoint
+// directory is written atomically and `checkpoints/latest` (a file naming it) is replaced last, so a run killed at
+// any moment resumes from the last complete checkpoint.
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "core/safetensors.h"
+
+namespace moh {
+
+/// Version of the checkpoint layout written by this toolkit.
+constexpr int kCheckpointFormat = 1;
+
+/// Named parameters and buffers of a module as a TensorMap (CPU copies, official names).
+TensorMap module_tensors(const torch::nn::Module& module);
+
+/// Loads tensors into a module by name. Missing/unexpected names and shape mismatches are UserErrors naming them
+/// (unless allow_missing, which tolerates missing entries).
+void load_module_tensors(torch::nn::Module& module, const TensorMap& tensors, const std::string& origin,
+                         bool allow_missing = false);
+
+/// AdamW/Adam state by parameter name: "<name>.exp_avg", "<name>.exp_avg_sq", "<name>.step".
+TensorMap optimizer_tensors(torch::optim::Optimizer& optimizer, const torch::nn::Module& module);
+/// Restores optimizer_tensors() output into an optimizer built over the same module.
+void load_optimizer_tensors(torch::optim::Optimizer& optimizer, const torch::nn::Module& module, const TensorMap& t,
+                            const std::string& origin);
+
+/// The CPU random generator state as a tensor (uint8), and its inverse.
+at::Tensor cpu_rng_state();
+void set_cpu_rng_state(const at::Tensor& state);
+
+/// Everything a checkpoint holds besides tensors.
+struct TrainerState {
+  int64_t step = 0, epoch = 0;  ///< optimizer steps done; epoch to run next
+  double best_metric = 0;
+  nlohmann::json extra;         ///< trainer-specific fields
+};
+
+/// Writes checkpoints/<step>/ atomically and then updates checkpoints/latest.
+std::string save_checkpoint(const std::string& run_dir, const TrainerState& state, const TensorMap& model,
+                            const TensorMap& optimizer, const std::string& config_yaml, const TensorMap& rng);
+
+/// A loaded checkpoint.
+struct Checkpoint {
+  std::string dir;
+  TrainerState state;
+  TensorMap model, optimizer, rng;
+  std::string config_yaml;
+};
+
+/// The directory named by <run_dir>/checkpoints/latest, if any.
+std::optional<std::string> latest_checkpoint(const std::string& run_dir);
+/// Loads a checkpoint directory (or a run directory: its latest checkpoint). Truncated/corrupt files are UserErrors.
+Checkpoint load_checkpoint(const std::string& path);
+
+}  // namespace moh
