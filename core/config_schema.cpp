@@ -1,12 +1,26 @@
 #include "core/config_schema.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
 namespace moh::config {
 
 namespace fs = std::filesystem;
+
+std::string shortest_double(double v) {
+  char buf[40];
+  for (int precision = 1; precision <= 17; ++precision) {
+    std::snprintf(buf, sizeof buf, "%.*g", precision, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  std::string s = buf;
+  // Keep it a float for YAML readers: "1" -> "1.0" (but leave exponents and inf/nan alone).
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+  return s;
+}
 
 std::string describe_node(const YAML::Node& n) {
   if (!n.IsDefined() || n.IsNull()) return "null";

@@ -109,10 +109,15 @@ T decode(const YAML::Node& n, const std::string& what) {
   }
 }
 
+/// Shortest decimal text of a double that parses back to the same value ("0.1", not "0.10000000000000001").
+std::string shortest_double(double v);
+
 /// Converts T to a YAML node (inverse of decode).
 template <class T>
 YAML::Node encode(const T& v) {
-  if constexpr (std::is_enum_v<T>) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return YAML::Node(shortest_double(static_cast<double>(v)));
+  } else if constexpr (std::is_enum_v<T>) {
     return YAML::Node(to_string(v));
   } else if constexpr (std::is_same_v<T, bool> || std::is_arithmetic_v<T> || std::is_same_v<T, std::string>) {
     return YAML::Node(v);

@@ -142,6 +142,14 @@ TEST(Config, SchemaListsEveryKeyWithDefaults) {
   EXPECT_TRUE(found_lr);
 }
 
+TEST(Config, DoublesPrintShortestRoundTrip) {
+  EXPECT_EQ(config::shortest_double(0.1), "0.1");
+  EXPECT_EQ(config::shortest_double(1e-3), "0.001");
+  EXPECT_EQ(config::shortest_double(2.0), "2.0");
+  EXPECT_EQ(config::shortest_double(1e-8), "1e-08");
+  EXPECT_EQ(std::strtod(config::shortest_double(1.0 / 3).c_str(), nullptr), 1.0 / 3);
+}
+
 TEST(Config, EditDistanceAndNearest) {
   EXPECT_EQ(edit_distance("kitten", "sitting"), 3u);
   EXPECT_EQ(nearest_name("optim.lrr", {"optim.lr", "optim.eps"}), "optim.lr");
