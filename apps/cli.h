@@ -4,9 +4,20 @@
 
 #include <string>
 
+#include "core/experiment_config.h"
+
 namespace moh::apps {
 
 /// Parses argv with cxxopts; unknown flags and bad values become UserError (exit 2) naming the flag.
 cxxopts::ParseResult parse_or_throw(cxxopts::Options& options, int argc, char** argv);
+
+/// Adds the positional CONFIG.yaml and the repeatable `--set key=value` shared by the experiment subcommands.
+void add_config_args(cxxopts::Options& options);
+
+/// Prints the help and returns true when --help was given.
+bool print_help_if_asked(const cxxopts::Options& options, const cxxopts::ParseResult& args);
+
+/// Loads, overrides and validates the experiment named on the command line (UserError if it is missing).
+ExperimentConfig config_from_args(const cxxopts::ParseResult& args, const std::string& program);
 
 }  // namespace moh::apps

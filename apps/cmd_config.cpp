@@ -34,25 +34,16 @@ static void print_schema(bool markdown) {
 
 int cmd_config(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "Validate an experiment YAML (base: inheritance, --set overrides) and print it resolved");
-  opts.add_options()("config", "experiment YAML file", cxxopts::value<std::string>())(
-      "set", "override a key: --set optim.lr=5e-4 (repeatable)", cxxopts::value<std::vector<std::string>>())(
-      "schema", "print every key with type, default and meaning")("markdown", "with --schema: a Markdown table")(
-      "h,help", "show this help");
-  opts.parse_positional({"config"});
-  opts.positional_help("CONFIG.yaml");
+  add_config_args(opts);
+  opts.add_options()("schema", "print every key with type, default and meaning")(
+      "markdown", "with --schema: a Markdown table")("h,help", "show this help");
   auto args = parse_or_throw(opts, argc, argv);
-  if (args.count("help")) {
-    std::cout << opts.help() << std::endl;
-    return 0;
-  }
+  if (print_help_if_asked(opts, args)) return 0;
   if (args.count("schema")) {
     print_schema(args.count("markdown") > 0);
     return 0;
   }
-  if (!args.count("config")) throw UserError(argv[0], "missing CONFIG.yaml", "e.g. moh config configs/fashion_mnist/moh_vit_nano.yaml");
-  std::vector<std::string> sets;
-  if (args.count("set")) sets = args["set"].as<std::vector<std::string>>();
-  ExperimentConfig cfg = load_experiment(args["config"].as<std::string>(), sets);
+  ExperimentConfig cfg = config_from_args(args, argv[0]);
   std::cout << to_yaml(cfg);
   return 0;
 }

@@ -12,22 +12,13 @@ namespace moh::apps {
 
 int cmd_eval(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "Evaluate a classifier checkpoint on the configured validation split");
-  opts.add_options()("config", "experiment YAML", cxxopts::value<std::string>())(
-      "set", "override a key (repeatable)", cxxopts::value<std::vector<std::string>>())(
-      "checkpoint", "checkpoint directory or run directory", cxxopts::value<std::string>())(
+  add_config_args(opts);
+  opts.add_options()("checkpoint", "checkpoint directory or run directory", cxxopts::value<std::string>())(
       "json", "print JSON")("h,help", "show this help");
-  opts.parse_positional({"config"});
-  opts.positional_help("CONFIG.yaml");
   auto args = parse_or_throw(opts, argc, argv);
-  if (args.count("help")) {
-    std::cout << opts.help() << std::endl;
-    return 0;
-  }
-  if (!args.count("config") || !args.count("checkpoint"))
-    throw UserError(argv[0], "needs CONFIG.yaml and --checkpoint PATH", "see --help");
-  std::vector<std::string> sets;
-  if (args.count("set")) sets = args["set"].as<std::vector<std::string>>();
-  ExperimentConfig cfg = load_experiment(args["config"].as<std::string>(), sets);
+  if (print_help_if_asked(opts, args)) return 0;
+  if (!args.count("checkpoint")) throw UserError(argv[0], "missing --checkpoint PATH", "a checkpoint or run directory");
+  ExperimentConfig cfg = config_from_args(args, argv[0]);
   Checkpoint ckpt = load_checkpoint(args["checkpoint"].as<std::string>());
   RunContext ctx = RunContext::create(cfg.train.device, Precision::fp32, 0);
   vision::TransNeXtOptions mo = vision::classifier_options_for(cfg);

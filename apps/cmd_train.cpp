@@ -10,22 +10,14 @@ namespace moh::apps {
 
 int cmd_train(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "Train a model from an experiment YAML");
-  opts.add_options()("config", "experiment YAML", cxxopts::value<std::string>())(
-      "set", "override a key: --set optim.lr=5e-4 (repeatable)", cxxopts::value<std::vector<std::string>>())(
-      "run-dir", "run directory (default runs/<config name>)", cxxopts::value<std::string>()->default_value(""))(
+  add_config_args(opts);
+  opts.add_options()("run-dir", "run directory (default runs/<config name>)",
+                     cxxopts::value<std::string>()->default_value(""))(
       "resume", "auto (latest checkpoint of the run dir, if any) or a checkpoint/run directory",
       cxxopts::value<std::string>()->default_value(""))("h,help", "show this help");
-  opts.parse_positional({"config"});
-  opts.positional_help("CONFIG.yaml");
   auto args = parse_or_throw(opts, argc, argv);
-  if (args.count("help")) {
-    std::cout << opts.help() << std::endl;
-    return 0;
-  }
-  if (!args.count("config")) throw UserError(argv[0], "missing CONFIG.yaml", "e.g. moh train configs/fashion_mnist/moh_vit_nano.yaml");
-  std::vector<std::string> sets;
-  if (args.count("set")) sets = args["set"].as<std::vector<std::string>>();
-  ExperimentConfig cfg = load_experiment(args["config"].as<std::string>(), sets);
+  if (print_help_if_asked(opts, args)) return 0;
+  ExperimentConfig cfg = config_from_args(args, argv[0]);
   vision::TrainArgs ta{args["run-dir"].as<std::string>(), args["resume"].as<std::string>()};
   vision::TrainResult r = vision::train_classifier(cfg, ta);
   std::cout << nlohmann::json{{"run_dir", r.run_dir}, {"steps", r.steps}, {"top1", r.final_eval.top1},

@@ -31,6 +31,27 @@ cxxopts::ParseResult parse_or_throw(cxxopts::Options& options, int argc, char** 
   }
 }
 
+void add_config_args(cxxopts::Options& options) {
+  options.add_options()("config", "experiment YAML file", cxxopts::value<std::string>())(
+      "set", "override a key: --set optim.lr=5e-4 (repeatable)", cxxopts::value<std::vector<std::string>>());
+  options.parse_positional({"config"});
+  options.positional_help("CONFIG.yaml");
+}
+
+bool print_help_if_asked(const cxxopts::Options& options, const cxxopts::ParseResult& args) {
+  if (!args.count("help")) return false;
+  std::cout << options.help() << std::endl;
+  return true;
+}
+
+ExperimentConfig config_from_args(const cxxopts::ParseResult& args, const std::string& program) {
+  if (!args.count("config"))
+    throw UserError(program, "missing CONFIG.yaml", "e.g. " + program + " configs/fashion_mnist/moh_vit_nano.yaml");
+  std::vector<std::string> sets;
+  if (args.count("set")) sets = args["set"].as<std::vector<std::string>>();
+  return load_experiment(args["config"].as<std::string>(), sets);
+}
+
 static void print_usage() {
   std::cout << "moh " << toolkit_version() << " — Mixture-of-Head attention toolkit (MoH-ViT, MoH-DiT, FID tools)\n\n"
             << "usage: moh <command> [options]    (moh <command> --help for its options)\n\ncommands:\n";

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/registry.h"
 
 namespace moh::diffusion {
 
@@ -260,15 +261,6 @@ const std::vector<std::pair<std::string, DiTOptions>>& dit_variants() {
   return table;
 }
 
-DiTOptions dit_options(const std::string& name) {
-  std::vector<std::string> names;
-  for (const auto& [n, o] : dit_variants()) {
-    if (n == name) return o;
-    names.push_back(n);
-  }
-  std::string near = nearest_name(name, names);
-  throw UserError("model '" + name + "'", "unknown DiT variant",
-                  near.empty() ? "valid: " + join(names) : "did you mean '" + near + "'?");
-}
+DiTOptions dit_options(const std::string& name) { return find_variant(dit_variants(), name, "DiT variant"); }
 
 }  // namespace moh::diffusion

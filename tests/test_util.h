@@ -34,6 +34,14 @@ struct TempDir {
   }
 };
 
+/// Total number of parameter elements of a module holder (what `sum(p.numel() for p in model.parameters())` gives).
+template <class M>
+int64_t count_params(M& model) {
+  int64_t n = 0;
+  for (const auto& p : model->parameters()) n += p.numel();
+  return n;
+}
+
 /// max |a − b| / max(|b|_∞, tiny): relative error in the ∞-norm.
 inline double rel_err(const torch::Tensor& a, const torch::Tensor& b) {
   double denom = std::max(b.abs().max().item<double>(), 1e-30);

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "core/registry.h"
 
 namespace moh::vision {
 
@@ -414,14 +415,7 @@ const std::vector<std::pair<std::string, TransNeXtOptions>>& classifier_variants
 }
 
 TransNeXtOptions classifier_options(const std::string& name) {
-  std::vector<std::string> names;
-  for (const auto& [n, o] : classifier_variants()) {
-    if (n == name) return o;
-    names.push_back(n);
-  }
-  std::string near = nearest_name(name, names);
-  throw UserError("model '" + name + "'", "unknown classifier variant",
-                  near.empty() ? "valid: " + join(names) : "did you mean '" + near + "'?");
+  return find_variant(classifier_variants(), name, "classifier variant");
 }
 
 }  // namespace moh::vision

@@ -10,11 +10,7 @@
 namespace moh::diffusion {
 namespace {
 
-int64_t count_params(DiT& m) {
-  int64_t n = 0;
-  for (const auto& p : m->parameters()) n += p.numel();
-  return n;
-}
+using test::count_params;
 
 // Exact counts from the spec tables (model.parameters(), pos_embed included), 256 px / 32×32×4 latents.
 const std::map<std::string, int64_t>& expected_counts() {

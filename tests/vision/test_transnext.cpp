@@ -9,13 +9,8 @@
 namespace moh::vision {
 namespace {
 
+using test::count_params;
 using test::rel_err;
-
-int64_t count_params(TransNeXt& m) {
-  int64_t n = 0;
-  for (const auto& p : m->parameters()) n += p.numel();
-  return n;
-}
 
 // Paper variants; MoH = TransNeXt + router weights (per block dim·h + 2·dim where h_s > 1 and K > 0, dim·h_s for
 // K = 0 layers, etc.): S-80/S-75 +168,984, B-75 +299,136, B-50 +302,016.
