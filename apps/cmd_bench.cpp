@@ -4,13 +4,14 @@
 
 #include "apps/commands.h"
 #include "bench/attention_bench.h"
+#include "bench/eval_bench.h"
 #include "core/error.h"
 
 namespace moh::apps {
 
 int cmd_bench(int argc, char** argv) {
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
-    std::cout << "usage: moh bench attention [--json] [--seqs ...] [--runs N]   (moh bench attention --help)\n";
+    std::cout << "usage: moh bench attention|eval [--json] ...   (moh bench attention --help, moh bench eval --help)\n";
     return argc < 2 ? kExitUserError : kExitOk;
   }
   std::string what = argv[1];
@@ -18,7 +19,8 @@ int cmd_bench(int argc, char** argv) {
   std::vector<char*> args(argv + 1, argv + argc);
   args[0] = prog.data();
   if (what == "attention") return bench::attention_bench_main(static_cast<int>(args.size()), args.data());
-  throw UserError("moh bench", "unknown benchmark '" + what + "'", "available: attention");
+  if (what == "eval") return bench::eval_bench_main(static_cast<int>(args.size()), args.data());
+  throw UserError("moh bench", "unknown benchmark '" + what + "'", "available: attention, eval");
 }
 
 }  // namespace moh::apps

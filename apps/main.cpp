@@ -1,5 +1,6 @@
 // `moh`: the command line of the MoH vision toolkit. Dispatches to one subcommand per file in apps/ and is the
 // single place that turns exceptions into the documented exit codes.
+#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
 #include <cstring>
@@ -18,6 +19,8 @@ const std::vector<Command>& commands() {
       {"config", "validate an experiment YAML and print it resolved (--schema lists every key)", cmd_config},
       {"train", "train a classifier from an experiment YAML (--resume auto continues exactly)", cmd_train},
       {"eval", "top-1 / top-5 of a classifier checkpoint", cmd_eval},
+      {"fid", "FID / sFID / IS / precision / recall of samples vs a reference (ADM evaluator)", cmd_fid},
+      {"ref-stats", "precompute reference statistics for moh fid", cmd_ref_stats},
       {"bench", "benchmarks: `moh bench attention [--json]`", cmd_bench},
   };
   return all;
@@ -63,7 +66,8 @@ static void print_version() {
   BlasInfo blas = detect_blas();
   std::cout << "moh " << toolkit_version() << "\n"
             << "LibTorch " << libtorch_version() << " (CUDA: " << (cuda_available() ? "yes" : "no") << ")\n"
-            << "BLAS: " << blas.name << (blas.path.empty() ? "" : " (" + blas.path + ")") << "\n";
+            << "BLAS: " << blas.name << (blas.path.empty() ? "" : " (" + blas.path + ")") << "\n"
+            << "CPU threads: " << at::get_num_threads() << " (OMP_NUM_THREADS overrides)\n";
 }
 
 static int run(int argc, char** argv) {
@@ -95,6 +99,7 @@ static int run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   try {
+    moh::configure_cpu_threads();
     return moh::apps::run(argc, argv);
   } catch (const moh::UserError& e) {
     std::cerr << e.what() << std::endl;

@@ -3,9 +3,11 @@
 
 #include "bench/attention_bench.h"
 #include "core/error.h"
+#include "core/run_context.h"
 
 int main(int argc, char** argv) {
   try {
+    moh::configure_cpu_threads();
     return moh::bench::attention_bench_main(argc, argv);
   } catch (const moh::UserError& e) {
     std::cerr << e.what() << std::endl;

@@ -31,7 +31,8 @@ void load_module_tensors(torch::nn::Module& module, const TensorMap& tensors, co
   auto assign = [&](const std::string& name, at::Tensor& dst) {
     auto it = tensors.find(name);
     if (it == tensors.end()) {
-      if (allow_missing) return;
+      // BatchNorm's step counter is absent from many official files (PyTorch fills it in the same way).
+      if (allow_missing || (name.size() >= 20 && name.compare(name.size() - 20, 20, ".num_batches_tracked") == 0)) return;
       throw UserError("weights " + origin, "missing tensor '" + name + "'",
                       "the file does not match this model (or pass --allow-missing)");
     }

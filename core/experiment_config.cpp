@@ -86,6 +86,18 @@ ExperimentConfig load_experiment(const std::string& path, const std::vector<std:
   return cfg;
 }
 
+ExperimentConfig parse_experiment(const std::string& yaml_text, const std::string& origin) {
+  YAML::Node tree;
+  try {
+    tree = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    throw UserError(origin, "invalid YAML: " + std::string(e.what()), "the stored config is corrupt");
+  }
+  auto cfg = config::read_struct<ExperimentConfig>(tree, origin);
+  cfg.validate(origin);
+  return cfg;
+}
+
 std::string to_yaml(const ExperimentConfig& cfg) { return config::write_struct(cfg); }
 
 }  // namespace moh

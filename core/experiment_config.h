@@ -186,6 +186,9 @@ struct ExperimentConfig {
 /// Loads a config file with `base:` inheritance and `--set` overrides, parses it strictly and validates it.
 ExperimentConfig load_experiment(const std::string& path, const std::vector<std::string>& overrides = {});
 
+/// Parses and validates resolved YAML text (e.g. the config.resolved.yaml stored in a checkpoint).
+ExperimentConfig parse_experiment(const std::string& yaml_text, const std::string& origin);
+
 /// The resolved config as YAML text (printed at start, saved in run dirs and checkpoints).
 std::string to_yaml(const ExperimentConfig& cfg);
 

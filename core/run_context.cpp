@@ -1,6 +1,9 @@
 #include "core/run_context.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <thread>
 #include <torch/cuda.h>
 #include <torch/version.h>
 
@@ -84,6 +87,12 @@ BlasInfo detect_blas() {
     if (file.rfind("libblis", 0) == 0) info = {"BLIS", path, false};
   }
   return info;
+}
+
+int configure_cpu_threads() {
+  const bool user_set = std::getenv("OMP_NUM_THREADS") || std::getenv("TORCH_NUM_THREADS");
+  if (!user_set) at::set_num_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  return at::get_num_threads();
 }
 
 void warn_if_reference_blas() {

@@ -30,6 +30,11 @@ std::string libtorch_version();
 /// Whether this LibTorch has CUDA and a device is visible.
 bool cuda_available();
 
+/// Intra-op CPU threads: LibTorch's default here is 1 (omp_get_max_threads() reports 1 inside Debian's LibTorch
+/// although the machine has 2 cores), so use every core unless OMP_NUM_THREADS / TORCH_NUM_THREADS say otherwise.
+/// Returns the thread count in effect.
+int configure_cpu_threads();
+
 /// Which BLAS LibTorch's matrix products run on.
 struct BlasInfo {
   std::string name;  ///< "OpenBLAS", "reference BLAS (slow)", "MKL", "unknown"

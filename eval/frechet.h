@@ -18,6 +18,11 @@ GaussianStats compute_stats(const at::Tensor& features);
 /// Offset added to both covariances when the first attempt is not finite (ADM / pytorch-fid).
 constexpr double kFrechetEps = 1e-6;
 
+/// tr √(Σ1 Σ2) (fast Cholesky route, falling back to the general route when Σ1 is not positive definite).
+double trace_sqrt_product(const at::Tensor& s1, const at::Tensor& s2);
+/// The general eigh route, kept as the reference for the fast one.
+double trace_sqrt_product_reference(const at::Tensor& s1, const at::Tensor& s2);
+
 /// Fréchet distance between two Gaussians (may be slightly negative for identical inputs, ~1e-12).
 double frechet_distance(const GaussianStats& a, const GaussianStats& b);
 

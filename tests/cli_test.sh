@@ -73,6 +73,18 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   truncate -s 100 "$tmp/bad/ck/model.safetensors"
   expect 2 "safetensors" -- eval $NANO --checkpoint "$tmp/bad/ck"
   expect 2 "not a checkpoint or run directory" -- train $NANO "${TINY[@]}" --run-dir "$tmp/run3" --resume "$tmp/bad/nothing"
+  # Generative metrics with the tiny classifier as feature net: report files, stored reference stats, bad inputs.
+  FEAT=(--features "classifier:$tmp/run")
+  expect 0 "FID " -- fid --samples fashion_mnist:test:64 --ref fashion_mnist:train:64 "${FEAT[@]}" --out "$tmp/rep"
+  [ -s "$tmp/rep/report.json" ] && [ -s "$tmp/rep/report.md" ] && pass=$((pass + 1)) || { echo "FAIL: no report files"; fails=$((fails + 1)); }
+  expect 0 "wrote $tmp/ref.npz" -- ref-stats --images fashion_mnist:train:64 --out "$tmp/ref.npz" "${FEAT[@]}"
+  expect 0 '"statistics": "stored"' -- fid --samples fashion_mnist:test:64 --ref "$tmp/ref.npz" "${FEAT[@]}" --json
+  expect 2 "error: npz" -- fid --samples tests/fixtures/npz/truncated.npz --ref "$tmp/ref.npz" "${FEAT[@]}"
+  expect 2 "expected uint8" -- fid --samples tests/fixtures/npz/wrong_dtype.npz --ref "$tmp/ref.npz" "${FEAT[@]}"
+  expect 2 "is not (N, H, W, 3)" -- fid --samples tests/fixtures/npz/wrong_rank.npz --ref "$tmp/ref.npz" "${FEAT[@]}"
+  expect 2 "missing --features" -- fid --samples fashion_mnist:test:64 --ref "$tmp/ref.npz"
+  expect 2 "unknown metric 'fdi' (did you mean 'fid'?)" -- fid --samples a.npz --ref b.npz "${FEAT[@]}" --metrics fdi
+  expect 2 "convert_inception_weights.py" -- fid --samples fashion_mnist:test:64 --ref "$tmp/ref.npz" --features inception:/nonexistent.safetensors
   [ "$sums" = "$(cd "$tmp/run" && find . -type f | sort | xargs sha256sum)" ] && pass=$((pass + 1)) ||
     { echo "FAIL: run files changed by failing commands"; fails=$((fails + 1)); }
 fi

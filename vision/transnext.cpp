@@ -353,7 +353,9 @@ ClassifierOutput TransNeXtImpl::forward(const at::Tensor& input) {
     x = norm[i]->forward(x);
     if (i < 3) {
       const int64_t side = options.stage_size(i);
-      x = x.reshape({B, side, side, -1}).permute({0, 3, 1, 2});  // (B, C, H, W) for the next patch embedding
+      x = x.reshape({B, side, side, -1});  // (B, H, W, C)
+      if (i == 2) out.stage3 = x;
+      x = x.permute({0, 3, 1, 2});  // (B, C, H, W) for the next patch embedding
     }
   }
   out.features = x.mean(1);  // (B, C4): global average over the final tokens

@@ -35,5 +35,15 @@ TEST(Frechet, IdenticalSetsNearZeroAndSingularHandled) {
   EXPECT_DOUBLE_EQ(c.sigma[0][1].item<double>(), 4.0);
 }
 
+TEST(Frechet, CholeskyRouteEqualsEighRoute) {
+  torch::manual_seed(3);
+  GaussianStats a = compute_stats(at::relu(torch::randn({400, 64}))), b = compute_stats(torch::randn({400, 64}) * 2);
+  const double fast = trace_sqrt_product(a.sigma, b.sigma), ref = trace_sqrt_product_reference(a.sigma, b.sigma);
+  EXPECT_NEAR(fast, ref, 1e-9 * ref);
+  // Singular Σ1 (N < D): the fast route falls back and still agrees with the reference.
+  GaussianStats c = compute_stats(torch::randn({20, 64}));
+  EXPECT_NEAR(trace_sqrt_product(c.sigma, b.sigma), trace_sqrt_product_reference(c.sigma, b.sigma), 1e-8);
+}
+
 }  // namespace
 }  // namespace moh::eval

@@ -1,0 +1,107 @@
+// `moh fid --samples S --ref R --features KIND:PATH [--metrics fid,sfid,is,pr] [--json] [--out DIR] ...`: FID, sFID,
+// IS, precision and recall of a sample batch against a reference batch or reference statistics (ADM evaluator).
+#include <iostream>
+
+#include "apps/cli.h"
+#include "apps/commands.h"
+#include "core/config_schema.h"
+#include "core/error.h"
+#include "eval/generative.h"
+#include "eval/report.h"
+
+namespace moh::apps {
+
+namespace {
+
+std::string fmt(const nlohmann::json& m, const char* key) {
+  return m.contains(key) ? config::shortest_double(m[key].get<double>()) : std::string("–");
+}
+
+}  // namespace
+
+int cmd_fid(int argc, char** argv) {
+  cxxopts::Options opts(argv[0], "FID / sFID / IS / precision / recall of samples against a reference (ADM evaluator)");
+  opts.add_options()("samples", "samples: PATH.npz (arr_0 uint8 NHWC, optional arr_1 labels), an image folder, or "
+                                "fashion_mnist:train|test[:N]", cxxopts::value<std::string>())(
+      "ref", "reference: same kinds, or an .npz with mu/sigma[/mu_s/sigma_s] statistics (moh ref-stats, ADM batches)",
+      cxxopts::value<std::string>())(
+      "features", "feature network: inception:WEIGHTS.safetensors or classifier:CHECKPOINT_OR_RUN_DIR",
+      cxxopts::value<std::string>())("metrics", "comma list of fid,sfid,is,pr (or all)",
+                                     cxxopts::value<std::string>()->default_value("all"))(
+      "is-mode", "adm (splits of 5000 in order) or fidelity (torch-fidelity: 10 shuffled splits, mean ± std)",
+      cxxopts::value<std::string>()->default_value("adm"))(
+      "resize", "Inception resize: tf1 (ADM / torch-fidelity) or pytorch (pytorch-fid)",
+      cxxopts::value<std::string>()->default_value("tf1"))(
+      "batch", "images per forward pass", cxxopts::value<int64_t>()->default_value("64"))(
+      "device", "auto, cpu, cuda or cuda:N", cxxopts::value<std::string>()->default_value("auto"))(
+      "out", "write report.json and report.md into this directory", cxxopts::value<std::string>()->default_value(""))(
+      "save-features", "store the raw feature arrays in this .npz", cxxopts::value<std::string>()->default_value(""))(
+      "json", "print the report as JSON")("h,help", "show this help");
+  auto args = parse_or_throw(opts, argc, argv);
+  if (print_help_if_asked(opts, args)) return 0;
+  for (const char* required : {"samples", "ref", "features"})
+    if (!args.count(required))
+      throw UserError(argv[0], std::string("missing --") + required, "see moh fid --help");
+  eval::GenerativeEvalOptions o;
+  o.samples = args["samples"].as<std::string>();
+  o.reference = args["ref"].as<std::string>();
+  o.features = args["features"].as<std::string>();
+  o.save_features = args["save-features"].as<std::string>();
+  o.metrics = eval::parse_metric_set(args["metrics"].as<std::string>());
+  const std::string is_mode = args["is-mode"].as<std::string>(), resize = args["resize"].as<std::string>();
+  if (is_mode != "adm" && is_mode != "fidelity") throw UserError("--is-mode " + is_mode, "unknown mode", "adm or fidelity");
+  if (resize != "tf1" && resize != "pytorch") throw UserError("--resize " + resize, "unknown mode", "tf1 or pytorch");
+  o.is_mode = is_mode == "adm" ? eval::ISMode::adm : eval::ISMode::fidelity;
+  o.resize = resize == "tf1" ? eval::InceptionResize::tf1 : eval::InceptionResize::pytorch;
+  o.batch_size = args["batch"].as<int64_t>();
+  if (o.batch_size < 1) throw UserError("--batch", "must be at least 1", "");
+  RunContext ctx = RunContext::create(args["device"].as<std::string>(), Precision::fp32, 0);
+
+  nlohmann::json report = eval::evaluate_generative(o, ctx);
+  const std::string out = args["out"].as<std::string>();
+  if (!out.empty()) eval::write_report(out, report, "Generative evaluation: " + o.samples);
+  if (args.count("json")) {
+    std::cout << report.dump(2) << std::endl;
+  } else {
+    const auto& m = report["metrics"];
+    std::cout << "FID " << fmt(m, "fid") << "  sFID " << fmt(m, "sfid") << "  IS " << fmt(m, "inception_score")
+              << "  precision " << fmt(m, "precision") << "  recall " << fmt(m, "recall") << "  ("
+              << report["samples"]["count"] << " samples, " << report["feature_net"]["feature_net"].get<std::string>()
+              << ")\n";
+    if (report.contains("sample_accuracy"))
+      std::cout << "sample accuracy " << report["sample_accuracy"]["top1"].get<double>() << " %\n";
+    if (!out.empty()) std::cout << "report: " << out << "/report.md\n";
+  }
+  return 0;
+}
+
+int cmd_ref_stats(int argc, char** argv) {
+  cxxopts::Options opts(argv[0], "Precompute reference statistics (mu, sigma, mu_s, sigma_s, P/R features) for moh fid");
+  opts.add_options()("images", "PATH.npz, an image folder, or fashion_mnist:train|test[:N]", cxxopts::value<std::string>())(
+      "out", "output .npz", cxxopts::value<std::string>())(
+      "features", "inception:WEIGHTS.safetensors or classifier:CHECKPOINT_OR_RUN_DIR", cxxopts::value<std::string>())(
+      "resize", "Inception resize: tf1 or pytorch", cxxopts::value<std::string>()->default_value("tf1"))(
+      "batch", "images per forward pass", cxxopts::value<int64_t>()->default_value("64"))(
+      "device", "auto, cpu, cuda or cuda:N", cxxopts::value<std::string>()->default_value("auto"))("h,help", "show this help");
+  auto args = parse_or_throw(opts, argc, argv);
+  if (print_help_if_asked(opts, args)) return 0;
+  for (const char* required : {"images", "out", "features"})
+    if (!args.count(required)) throw UserError(argv[0], std::string("missing --") + required, "see moh ref-stats --help");
+  const std::string resize = args["resize"].as<std::string>(), out = args["out"].as<std::string>();
+  if (resize != "tf1" && resize != "pytorch") throw UserError("--resize " + resize, "unknown mode", "tf1 or pytorch");
+  if (out.size() < 5 || out.compare(out.size() - 4, 4, ".npz") != 0) throw UserError("--out " + out, "must end in .npz", "");
+  const int64_t batch = args["batch"].as<int64_t>();
+  if (batch < 1) throw UserError("--batch", "must be at least 1", "");
+  RunContext ctx = RunContext::create(args["device"].as<std::string>(), Precision::fp32, 0);
+  auto net = eval::make_feature_net(args["features"].as<std::string>(), ctx,
+                                    resize == "tf1" ? eval::InceptionResize::tf1 : eval::InceptionResize::pytorch);
+  auto images = datasets::open_image_source(args["images"].as<std::string>());
+  const eval::FeatureSet f = eval::extract_features(*net, *images, batch, "reference");
+  eval::ReferenceStats stats = eval::reference_stats_from(f, *net);
+  stats.meta["images"] = args["images"].as<std::string>();
+  eval::save_reference_stats(out, stats);
+  std::cout << "wrote " << out << " (" << stats.count << " images, " << net->name() << ")\n";
+  return 0;
+}
+
+}  // namespace moh::apps

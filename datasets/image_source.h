@@ -1,0 +1,43 @@
+#pragma once
+// Streams of uint8 images for evaluation and sampling tools, whatever they are stored in:
+//   PATH.npz              an ADM sample / reference batch: `arr_0` (N, H, W, C) or (N, H, W) uint8, optional `arr_1` labels
+//   DIR/                  a folder of PNG/JPEG files (sorted by name, decoded with OpenCV to RGB; all the same size)
+//   fashion_mnist:SPLIT   the embedded dataset (SPLIT = train|test, optionally `:N` for the first N images)
+// Every source yields (n, H, W, C) uint8 blocks in a fixed order, so features and reports are reproducible.
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <string>
+
+namespace moh::datasets {
+
+/// A block of images (n, H, W, C) uint8 and their labels (n) int64 when the source has them.
+struct ImageBlock {
+  at::Tensor images;
+  at::Tensor labels;
+};
+
+/// A sequential reader of images.
+class ImageSource {
+ public:
+  virtual ~ImageSource() = default;
+  /// Number of images.
+  virtual int64_t size() const = 0;
+  /// Whether blocks carry class labels.
+  virtual bool has_labels() const = 0;
+  /// The next up to `n` images; false once exhausted.
+  virtual bool next(int64_t n, ImageBlock& block) = 0;
+  /// The spec it was opened from.
+  const std::string& spec() const { return spec_; }
+
+ protected:
+  std::string spec_;
+};
+
+/// Opens a source from its spec (see the file comment). Unknown specs, missing files and bad arrays are UserErrors.
+std::unique_ptr<ImageSource> open_image_source(const std::string& spec);
+
+/// Whether a spec names an .npz file.
+bool is_npz_spec(const std::string& spec);
+
+}  // namespace moh::datasets

@@ -1,0 +1,154 @@
+#include "eval/features.h"
+
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <future>
+#include <numeric>
+
+#include "core/checkpoint.h"
+#include "core/error.h"
+#include "core/progress.h"
+#include "core/sha256.h"
+#include "datasets/loader.h"
+#include "vision/classification_trainer.h"
+
+namespace moh::eval {
+
+namespace {
+
+constexpr const char* kFeaturesHint = "use inception:WEIGHTS.safetensors or classifier:CHECKPOINT_OR_RUN_DIR";
+
+class InceptionNet : public FeatureNet {
+ public:
+  InceptionNet(const std::string& weights, const RunContext& ctx, InceptionResize resize)
+      : device_(ctx.device), resize_(resize) {
+    load_inception_weights(net_, weights);
+    sha_ = sha256_file(weights);
+    net_->eval();
+    net_->to(device_);
+    // TF32 convolutions change Inception features at the 1e-3 level (spec §5): keep exact fp32.
+    at::globalContext().setAllowTF32CuDNN(false);
+  }
+  InceptionFeatures extract(const at::Tensor& images_u8) override {
+    torch::NoGradGuard ng;
+    const at::Tensor x = inception_preprocess(images_u8.to(device_), resize_);  // (B, 3, 299, 299)
+    InceptionFeatures f = net_->forward(x);
+    return {f.pool.to(at::kCPU), f.spatial.to(at::kCPU), f.logits.to(at::kCPU)};
+  }
+  std::string name() const override { return "inception"; }
+  std::string weights_sha256() const override { return sha_; }
+  std::string preprocessing() const override {
+    return resize_ == InceptionResize::tf1 ? "tf1-bilinear-299, (x-128)/128" : "pytorch-bilinear-299, 2x/255-1";
+  }
+  bool predicts_dataset_classes() const override { return false; }
+
+ private:
+  FIDInceptionV3 net_;
+  at::Device device_;
+  InceptionResize resize_;
+  std::string sha_;
+};
+
+class ClassifierNet : public FeatureNet {
+ public:
+  ClassifierNet(const std::string& path, const RunContext& ctx) : device_(ctx.device), model_(nullptr) {
+    Checkpoint ckpt = load_checkpoint(path);
+    const ExperimentConfig cfg = parse_experiment(ckpt.config_yaml, ckpt.dir + "/config.resolved.yaml");
+    options_ = vision::classifier_options_for(cfg);
+    tf_ = vision::transform_for(cfg, options_);
+    model_ = vision::TransNeXt(options_);
+    load_module_tensors(*model_, ckpt.model, ckpt.dir);
+    model_->eval();
+    model_->to(device_);
+    name_ = "classifier:" + cfg.model.name;
+    sha_ = sha256_file(ckpt.dir + "/model.safetensors");
+  }
+  InceptionFeatures extract(const at::Tensor& images_u8) override {
+    torch::NoGradGuard ng;
+    at::Tensor x = images_u8;  // (B, H, W, C)
+    const int64_t want_c = options_.in_chans;
+    if (want_c == 1 && x.size(3) == 3) x = x.to(at::kFloat).mean(3, true).round().to(at::kByte);
+    if (want_c == 3 && x.size(3) == 1) x = x.expand({-1, -1, -1, 3}).contiguous();
+    if (x.size(1) > tf_.size || x.size(2) > tf_.size) {  // larger than the model input: area downsampling
+      at::Tensor f = x.permute({0, 3, 1, 2}).to(at::kFloat);
+      f = at::adaptive_avg_pool2d(f, {tf_.size, tf_.size});
+      x = f.round().clamp(0, 255).to(at::kByte).permute({0, 2, 3, 1});
+    }
+    datasets::ImageSet set;
+    set.images = (x.size(3) == 1 ? x.squeeze(3) : x).contiguous();
+    set.labels = at::zeros({x.size(0)}, at::kLong);
+    std::vector<int64_t> idx(static_cast<size_t>(x.size(0)));
+    std::iota(idx.begin(), idx.end(), 0);
+    const at::Tensor input = datasets::make_batch(set, idx, tf_, false, 0, 0).first.to(device_);  // (B, C, S, S)
+    vision::ClassifierOutput out = model_->forward(input);
+    const int64_t c = std::min<int64_t>(kSpatialChannels, out.stage3.size(3));
+    at::Tensor spatial = out.stage3.narrow(3, 0, c).reshape({x.size(0), -1});  // NHWC flatten, like ADM's mixed_6
+    return {out.features.to(at::kCPU, at::kFloat), spatial.to(at::kCPU, at::kFloat), out.logits.to(at::kCPU, at::kFloat)};
+  }
+  std::string name() const override { return name_; }
+  std::string weights_sha256() const override { return sha_; }
+  std::string preprocessing() const override {
+    return "grey/RGB to " + std::to_string(options_.in_chans) + " channels, pad or area-resize to " +
+           std::to_string(tf_.size) + ", normalise (x/255 - " + c10::str(tf_.mean) + ") / " + c10::str(tf_.std);
+  }
+  bool predicts_dataset_classes() const override { return true; }
+
+ private:
+  at::Device device_;
+  vision::TransNeXtOptions options_;
+  datasets::ClassifierTransform tf_;
+  vision::TransNeXt model_;
+  std::string name_, sha_;
+};
+
+}  // namespace
+
+std::unique_ptr<FeatureNet> make_feature_net(const std::string& spec, const RunContext& ctx, InceptionResize resize) {
+  const size_t colon = spec.find(':');
+  const std::string kind = spec.substr(0, colon), arg = colon == std::string::npos ? "" : spec.substr(colon + 1);
+  if (colon == std::string::npos || arg.empty())
+    throw UserError("--features " + spec, "expected KIND:PATH", kFeaturesHint);
+  if (kind == "inception") return std::make_unique<InceptionNet>(arg, ctx, resize);
+  if (kind == "classifier") {
+    if (!std::filesystem::exists(arg)) throw UserError("--features " + spec, "no such checkpoint or run directory", kFeaturesHint);
+    return std::make_unique<ClassifierNet>(arg, ctx);
+  }
+  throw UserError("--features " + spec, "unknown feature network '" + kind + "'", kFeaturesHint);
+}
+
+FeatureSet extract_features(FeatureNet& net, datasets::ImageSource& source, int64_t batch_size, const std::string& label) {
+  std::vector<at::Tensor> pool, spatial, logits, labels;
+  Progress progress("features " + label, source.size(), "img");
+  datasets::ImageBlock cur;
+  bool have = source.next(batch_size, cur);
+  while (have) {
+    // Read/decode the next block while the network runs on this one.
+    auto ahead = std::async(std::launch::async, [&source, batch_size] {
+      datasets::ImageBlock b;
+      const bool ok = source.next(batch_size, b);
+      return std::make_pair(ok, b);
+    });
+    InceptionFeatures f;
+    try {
+      f = net.extract(cur.images);
+    } catch (...) {
+      ahead.wait();
+      throw;
+    }
+    pool.push_back(f.pool), spatial.push_back(f.spatial), logits.push_back(f.logits);
+    if (cur.labels.defined()) labels.push_back(cur.labels);
+    progress.advance(cur.images.size(0));
+    auto next = ahead.get();
+    have = next.first;
+    cur = next.second;
+  }
+  progress.finish();
+  if (pool.empty()) throw UserError("images " + source.spec(), "contains no images", "");
+  FeatureSet out;
+  out.pool = at::cat(pool), out.spatial = at::cat(spatial), out.logits = at::cat(logits);
+  if (source.has_labels() && !labels.empty()) out.labels = at::cat(labels);
+  return out;
+}
+
+}  // namespace moh::eval

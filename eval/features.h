@@ -1,0 +1,51 @@
+#pragma once
+// Pluggable feature networks for the generative metrics and their batched extraction:
+//   inception:WEIGHTS.safetensors  the FID Inception (standard; ADM / pytorch-fid numbers)
+//   classifier:CHECKPOINT          a classifier trained with this toolkit (checkpoint or run directory): pooled
+//                                  penultimate features for FID/P/R, its logits for IS and sample accuracy, and
+//                                  the first 7 channels of stage 3 (NHWC) as the spatial features for sFID — for
+//                                  data where Inception is meaningless (Fashion-MNIST).
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <string>
+
+#include "core/run_context.h"
+#include "datasets/image_source.h"
+#include "eval/inception.h"
+
+namespace moh::eval {
+
+/// Features of a set of images, CPU float32, rows in source order.
+struct FeatureSet {
+  at::Tensor pool;     ///< (N, D) FID / precision / recall features
+  at::Tensor spatial;  ///< (N, Ds) sFID features
+  at::Tensor logits;   ///< (N, K) IS input (and class predictions for classifier nets)
+  at::Tensor labels;   ///< (N) int64 labels of the source, undefined if it has none
+};
+
+/// A network mapping uint8 images to the three feature kinds.
+class FeatureNet {
+ public:
+  virtual ~FeatureNet() = default;
+  /// (B, H, W, C) uint8 → features on the CPU (float32).
+  virtual InceptionFeatures extract(const at::Tensor& images_u8) = 0;
+  /// Identifier written into reports and reference stats ("inception", "classifier:MoH-ViT-Nano").
+  virtual std::string name() const = 0;
+  /// SHA-256 of the weights file.
+  virtual std::string weights_sha256() const = 0;
+  /// Preprocessing description ("tf1-bilinear-299", "pad-to-32, normalise mean/std").
+  virtual std::string preprocessing() const = 0;
+  /// Whether logits are class predictions of the dataset's labels (so sample accuracy can be reported).
+  virtual bool predicts_dataset_classes() const = 0;
+};
+
+/// Builds a feature net from its spec (see the file comment). Bad specs and missing files are UserErrors.
+std::unique_ptr<FeatureNet> make_feature_net(const std::string& spec, const RunContext& ctx,
+                                             InceptionResize resize = InceptionResize::tf1);
+
+/// Runs the net over a whole source in batches (the next block is read/decoded on a second thread while the
+/// network runs), with a progress bar labelled `label`.
+FeatureSet extract_features(FeatureNet& net, datasets::ImageSource& source, int64_t batch_size, const std::string& label);
+
+}  // namespace moh::eval
