@@ -1,9 +1,11 @@
-// `moh train CONFIG.yaml [--set k=v]... [--run-dir DIR] [--resume auto|DIR]`: trains the configured classifier.
+// `moh train CONFIG.yaml [--set k=v]... [--run-dir DIR] [--resume auto|DIR]`: trains the configured classifier or
+// diffusion model (the family follows from model.name).
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "apps/cli.h"
 #include "apps/commands.h"
+#include "diffusion/diffusion_trainer.h"
 #include "vision/classification_trainer.h"
 
 namespace moh::apps {
@@ -19,6 +21,12 @@ int cmd_train(int argc, char** argv) {
   if (print_help_if_asked(opts, args)) return 0;
   ExperimentConfig cfg = config_from_args(args, argv[0]);
   vision::TrainArgs ta{args["run-dir"].as<std::string>(), args["resume"].as<std::string>()};
+  if (diffusion::is_diffusion_model(cfg.model.name) || cfg.model.name.find("DiT") != std::string::npos) {
+    diffusion::DiffusionTrainResult r = diffusion::train_diffusion(cfg, ta);
+    std::cout << nlohmann::json{{"run_dir", r.run_dir}, {"steps", r.steps}, {"loss", r.loss}, {"seconds", r.seconds}}.dump()
+              << std::endl;
+    return 0;
+  }
   vision::TrainResult r = vision::train_classifier(cfg, ta);
   std::cout << nlohmann::json{{"run_dir", r.run_dir}, {"steps", r.steps}, {"top1", r.final_eval.top1},
                               {"top5", r.final_eval.top5}, {"val_loss", r.final_eval.loss},

@@ -23,6 +23,7 @@ int cmd_bench(int argc, char** argv);
 int cmd_train(int argc, char** argv);
 int cmd_eval(int argc, char** argv);
 int cmd_fid(int argc, char** argv);
+int cmd_sample(int argc, char** argv);
 int cmd_ref_stats(int argc, char** argv);
 
 }  // namespace moh::apps

@@ -17,8 +17,9 @@ const std::vector<Command>& commands() {
   static const std::vector<Command> all{
       {"info", "list model variants; parameters, MoH layers and active-head ratio of one (--model)", cmd_info},
       {"config", "validate an experiment YAML and print it resolved (--schema lists every key)", cmd_config},
-      {"train", "train a classifier from an experiment YAML (--resume auto continues exactly)", cmd_train},
+      {"train", "train a classifier or DiT from an experiment YAML (--resume auto continues exactly)", cmd_train},
       {"eval", "top-1 / top-5 of a classifier checkpoint", cmd_eval},
+      {"sample", "class-conditional samples of a DiT / MoH-DiT (CFG) as ADM .npz + grid.png", cmd_sample},
       {"fid", "FID / sFID / IS / precision / recall of samples vs a reference (ADM evaluator)", cmd_fid},
       {"ref-stats", "precompute reference statistics for moh fid", cmd_ref_stats},
       {"bench", "benchmarks: `moh bench attention [--json]`", cmd_bench},

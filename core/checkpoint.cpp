@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <set>
+#include <sstream>
 #include <type_traits>
 
 #include "core/atomic_io.h"
@@ -115,7 +116,8 @@ void set_cpu_rng_state(const at::Tensor& state) {
 }
 
 std::string save_checkpoint(const std::string& run_dir, const TrainerState& state, const TensorMap& model,
-                            const TensorMap& optimizer, const std::string& config_yaml, const TensorMap& rng) {
+                            const TensorMap& optimizer, const std::string& config_yaml, const TensorMap& rng,
+                            const TensorMap& ema) {
   const std::string root = run_dir + "/checkpoints";
   fs::create_directories(root);
   remove_stale_temporaries(root);
@@ -127,6 +129,7 @@ std::string save_checkpoint(const std::string& run_dir, const TrainerState& stat
     save_safetensors(dir.path() + "/model.safetensors", model, {{"format", "pt"}});
     save_safetensors(dir.path() + "/optimizer.safetensors", optimizer);
     save_safetensors(dir.path() + "/rng.safetensors", rng);
+    if (!ema.empty()) save_safetensors(dir.path() + "/ema.safetensors", ema, {{"format", "pt"}});
     nlohmann::json j{{"format_version", kCheckpointFormat}, {"step", state.step}, {"epoch", state.epoch},
                      {"best_metric", state.best_metric}, {"extra", state.extra}};
     write_file_atomic(dir.path() + "/trainer_state.json", j.dump(1) + "\n");
@@ -171,8 +174,32 @@ Checkpoint load_checkpoint(const std::string& path) {
   c.model = load_safetensors(dir + "/model.safetensors").tensors;
   c.optimizer = load_safetensors(dir + "/optimizer.safetensors").tensors;
   c.rng = load_safetensors(dir + "/rng.safetensors").tensors;
+  if (fs::exists(dir + "/ema.safetensors")) c.ema = load_safetensors(dir + "/ema.safetensors").tensors;
   c.config_yaml = read_file(dir + "/config.resolved.yaml", "checkpoint");
   return c;
+}
+
+// Keeps only metrics lines of steps already covered by the checkpoint being resumed, so the log of a resumed run
+// equals that of an uninterrupted one.
+void truncate_metrics(const std::string& path, int64_t step) {
+  if (!fs::exists(path)) return;
+  std::istringstream in(read_file(path));
+  std::string line, kept;
+  while (std::getline(in, line)) {
+    try {
+      if (nlohmann::json::parse(line).value("step", int64_t{0}) <= step) kept += line + "\n";
+    } catch (...) {  // a line cut by a kill: drop it
+    }
+  }
+  write_file_atomic(path, kept);
+}
+
+std::optional<Checkpoint> resolve_resume(const std::string& run_dir, const std::string& resume) {
+  if (resume == "auto") return latest_checkpoint(run_dir) ? std::optional<Checkpoint>(load_checkpoint(run_dir)) : std::nullopt;
+  if (!resume.empty()) return load_checkpoint(resume);
+  if (fs::exists(run_dir + "/checkpoints") || fs::exists(run_dir + "/metrics.jsonl"))
+    throw UserError("run directory " + run_dir, "already holds a run", "continue it with --resume auto, or choose --run-dir");
+  return std::nullopt;
 }
 
 }  // namespace moh

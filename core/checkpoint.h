@@ -43,15 +43,18 @@ struct TrainerState {
   nlohmann::json extra;         ///< trainer-specific fields
 };
 
-/// Writes checkpoints/<step>/ atomically and then updates checkpoints/latest.
+/// Writes checkpoints/<step>/ atomically (model, optimizer, rng and, if given, ema .safetensors) and then updates
+/// checkpoints/latest.
 std::string save_checkpoint(const std::string& run_dir, const TrainerState& state, const TensorMap& model,
-                            const TensorMap& optimizer, const std::string& config_yaml, const TensorMap& rng);
+                            const TensorMap& optimizer, const std::string& config_yaml, const TensorMap& rng,
+                            const TensorMap& ema = {});
 
 /// A loaded checkpoint.
 struct Checkpoint {
   std::string dir;
   TrainerState state;
   TensorMap model, optimizer, rng;
+  TensorMap ema;  ///< EMA weights (official names), empty if the run keeps none
   std::string config_yaml;
 };
 
@@ -59,5 +62,13 @@ struct Checkpoint {
 std::optional<std::string> latest_checkpoint(const std::string& run_dir);
 /// Loads a checkpoint directory (or a run directory: its latest checkpoint). Truncated/corrupt files are UserErrors.
 Checkpoint load_checkpoint(const std::string& path);
+
+/// The resume decision of a trainer, taken before anything touches the run directory: "auto" = its latest checkpoint
+/// if any, a path = that checkpoint (or run), "" = a fresh run (UserError if the directory already holds one).
+std::optional<Checkpoint> resolve_resume(const std::string& run_dir, const std::string& resume);
+
+/// Keeps only the metrics lines of steps ≤ `step` (and drops a line cut by a kill), so the log of a resumed run equals
+/// that of an uninterrupted one.
+void truncate_metrics(const std::string& path, int64_t step);
 
 }  // namespace moh

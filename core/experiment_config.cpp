@@ -32,6 +32,21 @@ const config::EnumTable<ScheduleUnit>& enum_table(ScheduleUnit) {
   return t;
 }
 
+const config::EnumTable<VaeKind>& enum_table(VaeKind) {
+  static const config::EnumTable<VaeKind> t{{VaeKind::none, "none"}};
+  return t;
+}
+
+const config::EnumTable<SamplerKind>& enum_table(SamplerKind) {
+  static const config::EnumTable<SamplerKind> t{{SamplerKind::ddpm, "ddpm"}, {SamplerKind::ddim, "ddim"}};
+  return t;
+}
+
+const config::EnumTable<CfgChannels>& enum_table(CfgChannels) {
+  static const config::EnumTable<CfgChannels> t{{CfgChannels::three, "three"}, {CfgChannels::all, "all"}};
+  return t;
+}
+
 void ExperimentConfig::validate(const std::string& origin) const {
   auto bad = [&](const std::string& key, const std::string& why, const std::string& hint) {
     throw UserError("config " + origin + ": " + key, why, hint);
@@ -72,6 +87,12 @@ void ExperimentConfig::validate(const std::string& origin) const {
   if (model.num_classes < 0) bad("model.num_classes", "must be >= 0 (0 = variant default)", "");
   if (model.img_size < 0) bad("model.img_size", "must be >= 0 (0 = variant default)", "");
   if (model.drop_path >= 1) bad("model.drop_path", "must be < 1", "e.g. 0.1");
+  if (diffusion.steps < 2) bad("diffusion.steps", "must be >= 2", "DiT uses 1000");
+  if (sampling.steps.empty()) bad("sampling.steps", "must not be empty", "e.g. \"250\" or \"ddim50\"");
+  if (!(sampling.eta >= 0)) bad("sampling.eta", "must be >= 0", "0 = deterministic DDIM");
+  if (!(sampling.cfg_scale >= 1)) bad("sampling.cfg_scale", "must be >= 1 (1 = no guidance)", "DiT's FID setting is 1.5");
+  if (sampling.per_class <= 0) bad("sampling.per_class", "must be > 0", "");
+  if (sampling.batch_size <= 0) bad("sampling.batch_size", "must be > 0", "");
   const std::string& d = train.device;
   if (!(d == "auto" || d == "cpu" || d == "cuda" || d.rfind("cuda:", 0) == 0))
     bad("train.device", "expected auto, cpu, cuda or cuda:N, got \"" + d + "\"", "");

@@ -38,6 +38,19 @@ const config::EnumTable<LrSchedule>& enum_table(LrSchedule);
 enum class ScheduleUnit { epoch, step };
 const config::EnumTable<ScheduleUnit>& enum_table(ScheduleUnit);
 
+/// Latent space of a diffusion model: `none` = pixel-space diffusion.
+enum class VaeKind { none };
+const config::EnumTable<VaeKind>& enum_table(VaeKind);
+
+/// Reverse-process sampler.
+enum class SamplerKind { ddpm, ddim };
+const config::EnumTable<SamplerKind>& enum_table(SamplerKind);
+
+/// Output channels classifier-free guidance is applied to: `three` = the first 3 (DiT's code, needed for parity with
+/// published FIDs), `all` = every ε channel (the standard formulation, diffusers).
+enum class CfgChannels { three, all };
+const config::EnumTable<CfgChannels>& enum_table(CfgChannels);
+
 /// `model:` — which network and how its attention runs.
 struct ModelConfig {
   std::string name;                        ///< registry name, e.g. "MoH-ViT-S-75" (`moh info --list`)
@@ -158,6 +171,42 @@ struct TrainConfig {
   }
 };
 
+/// `diffusion:` — the Gaussian diffusion process of a DiT experiment (DiT: linear β, T = 1000, learned σ, hybrid loss).
+struct DiffusionConfig {
+  int64_t steps = 1000;    ///< T of the training chain
+  VaeKind vae = VaeKind::none;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("steps", steps, "diffusion steps T of the training chain (linear beta schedule scaled by 1000/T)");
+    v.field("vae", vae, "latent space: none = pixel-space diffusion");
+  }
+};
+
+/// `sampling:` — how `moh sample` (and the end-of-training samples) run the reverse process.
+struct SamplingConfig {
+  SamplerKind sampler = SamplerKind::ddpm;
+  std::string steps = "250";  ///< respacing spec: "250", "ddim50", "10,15,20"
+  double eta = 0.0;
+  double cfg_scale = 1.5;     ///< 1 = no guidance (no batch doubling)
+  CfgChannels cfg_channels = CfgChannels::three;
+  int64_t per_class = 10;
+  int64_t batch_size = 64;
+  int64_t seed = 0;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("sampler", sampler, "ddpm (ancestral, what DiT uses) or ddim");
+    v.field("steps", steps, "timestep respacing: \"250\", \"ddim50\" or per-section counts \"10,15,20\"");
+    v.field("eta", eta, "DDIM noise (0 = deterministic)");
+    v.field("cfg_scale", cfg_scale, "classifier-free guidance scale; 1 = off");
+    v.field("cfg_channels", cfg_channels, "guide the first 3 output channels (three, DiT-exact) or all eps channels (all)");
+    v.field("per_class", per_class, "images per class written by moh sample");
+    v.field("batch_size", batch_size, "images per sampling batch (before CFG doubling)");
+    v.field("seed", seed, "sampling seed");
+  }
+};
+
 /// The whole experiment file.
 struct ExperimentConfig {
   int64_t version = kConfigVersion;
@@ -167,6 +216,8 @@ struct ExperimentConfig {
   OptimConfig optim;
   ScheduleConfig schedule;
   TrainConfig train;
+  DiffusionConfig diffusion;
+  SamplingConfig sampling;
 
   template <class V>
   void visit(V& v) {
@@ -177,6 +228,8 @@ struct ExperimentConfig {
     v.section("optim", optim, "optimizer (AdamW)");
     v.section("schedule", schedule, "learning-rate schedule");
     v.section("train", train, "training loop");
+    v.section("diffusion", diffusion, "Gaussian diffusion process (DiT experiments)");
+    v.section("sampling", sampling, "reverse-process sampling and classifier-free guidance (DiT experiments)");
   }
 
   /// Cross-field rules; throws UserError naming the key (origin = the config file).

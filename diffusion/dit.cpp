@@ -256,6 +256,12 @@ const std::vector<std::pair<std::string, DiTOptions>>& dit_variants() {
     t.push_back({"MoH-DiT-L/2-75", moh_variant(L, 64, l_heads, {{8, 16}, {12, 8}}, {{0, 8}, {4, 16}})});
     t.push_back({"MoH-DiT-XL/2-90", moh_variant(XL, 72, xl_heads, {{8, 9}, {16, 19}}, {{0, 19}, {3, 9}})});
     t.push_back({"MoH-DiT-XL/2-75", moh_variant(XL, 72, xl_heads, {{8, 9}, {10, 10}, {14, 9}}, {{0, 9}, {2, 19}})});
+    // Small pixel-space models for the embedded dataset (Fashion-MNIST 28×28 grey, 10 classes): 7×7 tokens of 4×4
+    // pixels, 8 heads of 16 dims; MoH-75 keeps 4 shared + top-2 of 4 routed heads in every layer (6/8 active).
+    DiTOptions px = base(6, 128, 8, 4);
+    px.input_size = 28, px.in_channels = 1, px.num_classes = 10;
+    t.push_back({"DiT-Pixel/4", px});
+    t.push_back({"MoH-DiT-Pixel/4-75", moh_variant(px, 16, {{8, 6}}, {{4, 6}}, {{2, 6}})});
     return t;
   }();
   return table;

@@ -85,6 +85,19 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   expect 2 "missing --features" -- fid --samples fashion_mnist:test:64 --ref "$tmp/ref.npz"
   expect 2 "unknown metric 'fdi' (did you mean 'fid'?)" -- fid --samples a.npz --ref b.npz "${FEAT[@]}" --metrics fdi
   expect 2 "convert_inception_weights.py" -- fid --samples fashion_mnist:test:64 --ref "$tmp/ref.npz" --features inception:/nonexistent.safetensors
+  # Diffusion: a tiny pixel MoH-DiT run, CFG samples as an ADM .npz + grid, sample accuracy through moh fid.
+  DIT=configs/fashion_mnist/moh_dit_pixel.yaml
+  expect 0 '"steps":2' -- train $DIT --set data.limit_train=32 --set data.batch_size=16 --set train.max_steps=2 --run-dir "$tmp/dit"
+  FAST=(--set sampling.per_class=2 --set sampling.steps=ddim3)
+  expect 0 "wrote $tmp/s/samples.npz (20 images)" -- sample --checkpoint "$tmp/dit" "${FAST[@]}" --out "$tmp/s"
+  [ -s "$tmp/s/grid.png" ] && [ -s "$tmp/s/sampling.json" ] && pass=$((pass + 1)) || { echo "FAIL: no grid/sampling.json"; fails=$((fails + 1)); }
+  expect 0 "sample accuracy" -- fid --samples "$tmp/s/samples.npz" --ref "$tmp/ref.npz" "${FEAT[@]}" --metrics fid,is
+  expect 0 "wrote $tmp/u/samples.npz" -- sample $DIT --untrained "${FAST[@]}" --set sampling.sampler=ddpm --out "$tmp/u"
+  expect 2 "not a DiT" -- sample --checkpoint "$tmp/run" --out "$tmp/s2"
+  expect 2 "only sampling.\\* can be changed" -- sample --checkpoint "$tmp/dit" --set model.name=DiT-Pixel/4 --out "$tmp/s2"
+  expect 2 "needs at least 3 channels" -- sample --checkpoint "$tmp/dit" --set sampling.cfg_channels=three --out "$tmp/s2"
+  expect 2 "missing --checkpoint" -- sample --out "$tmp/s2"
+  [ ! -e "$tmp/s2" ] && pass=$((pass + 1)) || { echo "FAIL: failing sample commands wrote output"; fails=$((fails + 1)); }
   [ "$sums" = "$(cd "$tmp/run" && find . -type f | sort | xargs sha256sum)" ] && pass=$((pass + 1)) ||
     { echo "FAIL: run files changed by failing commands"; fails=$((fails + 1)); }
 fi

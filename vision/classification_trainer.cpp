@@ -115,21 +115,6 @@ EvalResult evaluate_classifier(TransNeXt& model, const datasets::ImageSet& set, 
   return r;
 }
 
-// Keeps only metrics lines of steps already covered by the checkpoint being resumed, so the log of a resumed run
-// equals that of an uninterrupted one.
-static void truncate_metrics(const std::string& path, int64_t step) {
-  if (!fs::exists(path)) return;
-  std::istringstream in(read_file(path));
-  std::string line, kept;
-  while (std::getline(in, line)) {
-    try {
-      if (nlohmann::json::parse(line).value("step", int64_t{0}) <= step) kept += line + "\n";
-    } catch (...) {  // a line cut by a kill: drop it
-    }
-  }
-  write_file_atomic(path, kept);
-}
-
 TrainResult train_classifier(const ExperimentConfig& cfg, const TrainArgs& args) {
   const auto t_start = std::chrono::steady_clock::now();
   RunContext ctx = RunContext::create(cfg.train.device, cfg.train.precision, static_cast<uint64_t>(cfg.train.seed));
@@ -139,14 +124,7 @@ TrainResult train_classifier(const ExperimentConfig& cfg, const TrainArgs& args)
   const std::string run_dir = args.run_dir.empty() ? "runs/" + cfg.name : args.run_dir;
 
   // Resume decision before anything touches the run directory.
-  std::optional<Checkpoint> resume;
-  if (args.resume == "auto") {
-    if (latest_checkpoint(run_dir)) resume = load_checkpoint(run_dir);
-  } else if (!args.resume.empty()) {
-    resume = load_checkpoint(args.resume);
-  } else if (fs::exists(run_dir + "/checkpoints") || fs::exists(run_dir + "/metrics.jsonl")) {
-    throw UserError("run directory " + run_dir, "already holds a run", "continue it with --resume auto, or choose --run-dir");
-  }
+  std::optional<Checkpoint> resume = resolve_resume(run_dir, args.resume);
 
   datasets::ImageSet train_set = load_split(cfg, true), val_set = load_split(cfg, false);
   const datasets::ClassifierTransform tf = transform_for(cfg, mo);

@@ -21,7 +21,11 @@ const std::map<std::string, int64_t>& expected_counts() {
       {"DiT-XL/2", 675129632},        {"DiT-XL/4", 675074432},        {"DiT-XL/8", 675683072},
       {"MoH-DiT-S/2-90", 32997152},   {"MoH-DiT-S/2-75", 32998688},   {"MoH-DiT-B/2-90", 130638368},
       {"MoH-DiT-B/2-75", 130638368},  {"MoH-DiT-L/2-90", 458512416},  {"MoH-DiT-L/2-75", 458528800},
-      {"MoH-DiT-XL/2-90", 675666464}, {"MoH-DiT-XL/2-75", 675689504}};
+      {"MoH-DiT-XL/2-90", 675666464}, {"MoH-DiT-XL/2-75", 675689504},
+      // This toolkit's pixel-space variants (no official count): D = 128, 6 layers, 49 tokens of 4×4×1, 10 classes.
+      // MHA by hand: patch 2,176 + t-embedder 49,408 + label table 11·128 + pos 49·128 + 6 × 296,832 per block +
+      // final layer 37,152 = 1,877,408; MoH adds a bias-free router of 4 + 2 + 4 outputs per layer (6 × 1,280).
+      {"DiT-Pixel/4", 1877408},       {"MoH-DiT-Pixel/4-75", 1877408 + 6 * 1280}};
   return m;
 }
 

@@ -1,0 +1,196 @@
+#include "diffusion/diffusion_trainer.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+
+#include "core/atomic_io.h"
+#include "core/checkpoint.h"
+#include "core/error.h"
+#include "core/progress.h"
+#include "core/run_context.h"
+#include "datasets/loader.h"
+#include "diffusion/diffusion_process.h"
+
+namespace moh::diffusion {
+
+namespace fs = std::filesystem;
+
+bool is_diffusion_model(const std::string& name) {
+  for (const auto& [n, o] : dit_variants())
+    if (n == name) return true;
+  return false;
+}
+
+DiTOptions dit_options_for(const ExperimentConfig& cfg) {
+  DiTOptions o = dit_options(cfg.model.name);
+  if (cfg.model.num_classes > 0) o.num_classes = cfg.model.num_classes;
+  if (cfg.model.img_size > 0) o.input_size = cfg.model.img_size;  // pixel space (vae: none): image side = input side
+  if (!cfg.model.attention.empty())
+    throw UserError("config: model.attention", "per-stage overrides are for classifiers", "pick a DiT or MoH-DiT variant");
+  o.path = cfg.model.attention_path;
+  o.validate();
+  return o;
+}
+
+namespace {
+
+// Pixels → [−1, 1] (DiT: ToTensor + Normalize(0.5, 0.5)), optional horizontal flip; no padding (side = input size).
+datasets::ClassifierTransform pixel_transform(const ExperimentConfig& cfg, const DiTOptions& mo) {
+  datasets::ClassifierTransform tf;
+  tf.size = mo.input_size;
+  tf.hflip = cfg.data.hflip;
+  tf.shift = 0;
+  tf.mean = 0.5, tf.std = 0.5;
+  return tf;
+}
+
+// ema ← decay·ema + (1 − decay)·model over every named parameter (DiT update_ema, pos_embed included).
+void update_ema(DiT& ema, DiT& model, double decay) {
+  torch::NoGradGuard ng;
+  auto src = model->named_parameters();
+  for (auto& p : ema->named_parameters()) p.value().mul_(decay).add_(src[p.key()], 1.0 - decay);
+}
+
+}  // namespace
+
+DiffusionTrainResult train_diffusion(const ExperimentConfig& cfg, const vision::TrainArgs& args) {
+  const auto t_start = std::chrono::steady_clock::now();
+  RunContext ctx = RunContext::create(cfg.train.device, cfg.train.precision, static_cast<uint64_t>(cfg.train.seed));
+  if (ctx.world > 1) throw UserError("train", "data-parallel training is not available in this build yet", "run one process");
+  if (cfg.train.accum_steps != 1) throw UserError("config: train.accum_steps", "must be 1 for diffusion training", "");
+  const DiTOptions mo = dit_options_for(cfg);
+  const std::string run_dir = args.run_dir.empty() ? "runs/" + cfg.name : args.run_dir;
+  std::optional<Checkpoint> resume = resolve_resume(run_dir, args.resume);
+
+  datasets::ImageSet train_set = vision::load_split(cfg, true);
+  const datasets::ClassifierTransform tf = pixel_transform(cfg, mo);
+  if (train_set.images.size(1) != mo.input_size || train_set.images.size(2) != mo.input_size)
+    throw UserError("config: model", cfg.model.name + " takes " + std::to_string(mo.input_size) + " px images, the data is " +
+                                         std::to_string(train_set.images.size(1)) + " px", "choose a matching variant");
+  const int64_t channels = train_set.images.dim() == 4 ? train_set.images.size(3) : 1;
+  if (channels != mo.in_channels)
+    throw UserError("config: model", cfg.model.name + " takes " + std::to_string(mo.in_channels) + " channels, the data has " +
+                                         std::to_string(channels), "choose a matching variant");
+  const int64_t labels_max = train_set.labels.max().item<int64_t>();
+  if (labels_max >= mo.num_classes)
+    throw UserError("config: model.num_classes", std::to_string(mo.num_classes) + " classes, the data has labels up to " +
+                                                     std::to_string(labels_max), "");
+
+  torch::manual_seed(cfg.train.seed);
+  DiT model(mo), ema(mo);
+  const GaussianDiffusion diffusion = GaussianDiffusion::base(cfg.diffusion.steps);
+  model->to(ctx.device);
+  ema->to(ctx.device);
+  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(cfg.optim.lr)
+                                                         .betas({cfg.optim.betas[0], cfg.optim.betas[1]})
+                                                         .eps(cfg.optim.eps)
+                                                         .weight_decay(cfg.optim.weight_decay));
+  TrainerState state;
+  if (resume) {
+    load_module_tensors(*model, resume->model, resume->dir);
+    load_optimizer_tensors(optimizer, *model, resume->optimizer, resume->dir);
+    if (!resume->ema.empty()) load_module_tensors(*ema, resume->ema, resume->dir + "/ema.safetensors");
+    if (resume->rng.count("cpu")) set_cpu_rng_state(resume->rng.at("cpu"));
+    state = resume->state;
+    std::cerr << "resuming " << resume->dir << " at epoch " << state.epoch << ", step " << state.step << "\n";
+  } else {
+    update_ema(ema, model, 0.0);  // DiT: the EMA starts as a copy
+  }
+  ema->eval();
+  for (auto& p : ema->parameters()) p.set_requires_grad(false);
+
+  fs::create_directories(run_dir);
+  const std::string config_yaml = to_yaml(cfg);
+  std::cerr << "resolved config:\n" << config_yaml;
+  write_file_atomic(run_dir + "/config.resolved.yaml", config_yaml);
+  if (resume) truncate_metrics(run_dir + "/metrics.jsonl", state.step);
+  MetricsWriter metrics(run_dir + "/metrics.jsonl", /*truncate=*/!resume);
+  std::cerr << "model " << cfg.model.name << ": " << mo.active_ratio() * 100 << " % active heads, run dir " << run_dir << "\n";
+
+  const double beta = cfg.train.moh_loss_coeff, decay = cfg.train.ema_decay;
+  auto checkpoint = [&] {
+    return save_checkpoint(run_dir, state, module_tensors(*model), optimizer_tensors(optimizer, *model), config_yaml,
+                           {{"cpu", cpu_rng_state()}}, module_tensors(*ema));
+  };
+  DiffusionTrainResult result;
+  result.run_dir = run_dir;
+  bool stop = false;
+  for (int64_t epoch = state.epoch; epoch < cfg.train.epochs && !stop; ++epoch) {
+    datasets::EpochLoader loader(train_set, tf, cfg.data.batch_size, /*train=*/true, static_cast<uint64_t>(cfg.train.seed),
+                                 epoch);
+    if (loader.num_batches() == 0) throw UserError("config: data.batch_size", "larger than the training set", "");
+    Progress progress("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(cfg.train.epochs), loader.num_batches(),
+                      "step");
+    model->train();
+    double loss_acc = 0, mse_acc = 0, vb_acc = 0, aux_acc = 0;
+    int64_t logged = 0, images = 0;
+    auto t_log = std::chrono::steady_clock::now();
+    at::Tensor x0, y;
+    for (int64_t b = 0; loader.next(x0, y); ++b) {
+      const double lr = vision::learning_rate_at(
+          cfg, cfg.schedule.unit == ScheduleUnit::epoch ? epoch : epoch + static_cast<double>(b) / loader.num_batches());
+      for (auto& g : optimizer.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
+      x0 = x0.to(ctx.device), y = y.to(ctx.device);
+      const at::Tensor t = at::randint(0, diffusion.num_steps(), {x0.size(0)}, at::kLong).to(ctx.device);  // (B)
+      const at::Tensor noise = at::randn_like(x0);
+      const at::Tensor xt = diffusion.q_sample(x0, t, noise);
+      DiTOutput out = model->forward(xt, t, y);  // label dropout active in train mode
+      const GaussianDiffusion::Losses l = diffusion.training_losses(out.out, x0, xt, t, noise);
+      at::Tensor loss = l.loss.mean();
+      const double step_loss = loss.item<double>();
+      if (out.aux_loss.defined()) {
+        aux_acc += out.aux_loss.item<double>();
+        loss = loss + beta * out.aux_loss;
+      }
+      optimizer.zero_grad();
+      loss.backward();
+      if (cfg.optim.clip_grad > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), cfg.optim.clip_grad);
+      optimizer.step();
+      if (decay > 0) update_ema(ema, model, decay);
+      ++state.step;
+      loss_acc += step_loss, mse_acc += l.mse.mean().item<double>(), vb_acc += l.vb.mean().item<double>();
+      ++logged, images += x0.size(0);
+      char status[64];
+      std::snprintf(status, sizeof status, "loss=%.4f", step_loss);
+      progress.advance(1, status);
+      if (state.step % cfg.train.log_every_steps == 0) {
+        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_log).count();
+        result.loss = loss_acc / logged;
+        metrics.write({{"step", state.step}, {"epoch", epoch}, {"loss", result.loss}, {"mse", mse_acc / logged},
+                       {"vb", vb_acc / logged}, {"aux", aux_acc / logged}, {"lr", lr},
+                       {"img_per_s", images / std::max(secs, 1e-9)}});
+        loss_acc = mse_acc = vb_acc = aux_acc = 0, logged = images = 0;
+        t_log = std::chrono::steady_clock::now();
+      }
+      if (cfg.train.max_steps > 0 && state.step >= cfg.train.max_steps) stop = true;
+      if (stop) break;
+    }
+    progress.finish();
+    state.epoch = epoch + 1;
+    if (stop || epoch + 1 == cfg.train.epochs || (epoch + 1) % cfg.train.ckpt_every_epochs == 0) checkpoint();
+  }
+  result.steps = state.step;
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  return result;
+}
+
+std::pair<DiT, ExperimentConfig> load_dit_checkpoint(const std::string& path, bool prefer_ema) {
+  Checkpoint ckpt = load_checkpoint(path);
+  ExperimentConfig cfg = parse_experiment(ckpt.config_yaml, ckpt.dir + "/config.resolved.yaml");
+  if (!is_diffusion_model(cfg.model.name))
+    throw UserError("checkpoint " + ckpt.dir, "holds a " + cfg.model.name + " classifier, not a DiT", "pass a DiT run");
+  DiT model(dit_options_for(cfg));
+  const bool use_ema = prefer_ema && !ckpt.ema.empty();
+  if (use_ema) {
+    load_module_tensors(*model, ckpt.ema, ckpt.dir + "/ema.safetensors", /*allow_missing=*/false);
+  } else {
+    load_module_tensors(*model, ckpt.model, ckpt.dir);
+  }
+  model->eval();
+  return {model, cfg};
+}
+
+}  // namespace moh::diffusion

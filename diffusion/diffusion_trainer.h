@@ -1,0 +1,35 @@
+#pragma once
+// The DiT / MoH-DiT trainer (DiT train.py recipe): uniform t ~ U{0..T−1}, the hybrid loss (MSE + VLB) plus β·MoH
+// load-balance loss, AdamW (DiT: lr 1e-4, no weight decay, constant), EMA of every parameter (DiT: 0.9999,
+// initialised as a copy), metrics JSONL, progress bar, atomic checkpoints with model + ema + optimizer + RNG, exact
+// resume. Pixel-space data in [−1, 1] (vae: none).
+#include <string>
+
+#include "core/experiment_config.h"
+#include "diffusion/dit.h"
+#include "vision/classification_trainer.h"
+
+namespace moh::diffusion {
+
+/// Whether a registry name is a diffusion model (DiT family) rather than a classifier.
+bool is_diffusion_model(const std::string& name);
+
+/// The model of a diffusion experiment: the variant with model.num_classes / model.img_size / attention_path applied.
+DiTOptions dit_options_for(const ExperimentConfig& cfg);
+
+/// Result of a diffusion training run.
+struct DiffusionTrainResult {
+  std::string run_dir;
+  int64_t steps = 0;
+  double loss = 0;  ///< mean loss over the last logging window
+  double seconds = 0;
+};
+
+/// Runs (or resumes) DiT training as configured.
+DiffusionTrainResult train_diffusion(const ExperimentConfig& cfg, const vision::TrainArgs& args);
+
+/// Loads a DiT checkpoint (checkpoint or run directory) for sampling: the EMA weights when the checkpoint has them
+/// (what DiT samples from), else the raw model; returns the experiment it was trained with.
+std::pair<DiT, ExperimentConfig> load_dit_checkpoint(const std::string& path, bool prefer_ema = true);
+
+}  // namespace moh::diffusion

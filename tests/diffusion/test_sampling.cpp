@@ -1,0 +1,160 @@
+// Gaussian diffusion tensor math (losses, posterior, learned-range variance), classifier-free guidance as DiT's
+// forward_with_cfg, DDPM/DDIM sampling determinism, and the diffusion trainer's exact resume.
+#include <nlohmann/json.hpp>
+
+#include "core/atomic_io.h"
+#include "core/checkpoint.h"
+#include "core/error.h"
+#include "datasets/fashion_mnist.h"
+#include "diffusion/diffusion_process.h"
+#include "diffusion/diffusion_trainer.h"
+#include "diffusion/sampler.h"
+#include "tests/test_util.h"
+
+namespace moh::diffusion {
+namespace {
+
+DiT tiny_dit(int64_t channels, bool moh) {
+  DiTOptions o = dit_options(moh ? "MoH-DiT-Pixel/4-75" : "DiT-Pixel/4");
+  o.input_size = 8, o.in_channels = channels, o.depth = 2;
+  if (moh) o.heads = {{8, 2}}, o.shared = {{4, 2}}, o.topk = {{2, 2}};
+  torch::manual_seed(0);
+  DiT m(o);
+  // adaLN-Zero makes the output 0 at init; perturb every parameter so the tests see a non-trivial network.
+  torch::NoGradGuard ng;
+  for (auto& p : m->parameters()) p.add_(torch::randn_like(p) * 0.05);
+  m->eval();
+  return m;
+}
+
+TEST(DiffusionMath, DiscretisedLikelihoodSumsToOneOverBins) {
+  // The 256 bin probabilities of one pixel telescope to exactly 1 (edge bins take the tails).
+  at::Tensor centres = (at::arange(256, at::kDouble) / 127.5 - 1.0);
+  for (double mean : {-0.3, 0.0, 0.9})
+    for (double log_scale : {-3.0, -1.0}) {
+      at::Tensor lp = discretized_gaussian_log_likelihood(centres, at::full_like(centres, mean), at::full_like(centres, log_scale));
+      EXPECT_NEAR(lp.exp().sum().item<double>(), 1.0, 1e-9) << mean << " " << log_scale;
+    }
+  at::Tensor m = torch::randn({5}), lv = torch::randn({5});
+  EXPECT_LT(normal_kl(m, lv, m, lv).abs().max().item<double>(), 1e-7);
+  EXPECT_NEAR(normal_kl(at::zeros({1}), at::zeros({1}), at::ones({1}), at::zeros({1})).item<double>(), 0.5, 1e-7);
+}
+
+TEST(DiffusionMath, OracleEpsRecoversX0AndPosteriorIsConsistent) {
+  const GaussianDiffusion d = GaussianDiffusion::base(1000);
+  torch::manual_seed(1);
+  at::Tensor x0 = torch::rand({4, 1, 6, 6}) * 2 - 1, noise = torch::randn({4, 1, 6, 6});
+  at::Tensor t = torch::tensor({0, 10, 499, 999});
+  at::Tensor xt = d.q_sample(x0.to(at::kDouble), t, noise.to(at::kDouble));
+  // Model output = [true ε, v = 1] → pred_xstart = x0 and log σ² = log β_t (top of the learned range).
+  at::Tensor out = at::cat({noise.to(at::kDouble), at::ones_like(xt)}, 1);
+  auto p = d.p_mean_variance(out, xt, t);
+  EXPECT_LT((p.pred_xstart - x0.to(at::kDouble)).abs().max().item<double>(), 1e-8);
+  EXPECT_NEAR(p.log_variance[2][0][0][0].item<double>(), std::log(d.schedule().betas[499]), 1e-12);
+  auto q = d.q_posterior(x0.to(at::kDouble), xt, t);
+  EXPECT_LT((p.mean - q.mean).abs().max().item<double>(), 1e-8);
+}
+
+TEST(DiffusionMath, HybridLossTermsAndDetachedMean) {
+  const GaussianDiffusion d = GaussianDiffusion::base(1000);
+  torch::manual_seed(2);
+  at::Tensor x0 = torch::rand({3, 1, 4, 4}) * 2 - 1, noise = torch::randn({3, 1, 4, 4});
+  at::Tensor t = torch::tensor({0, 5, 700});
+  at::Tensor xt = d.q_sample(x0, t, noise);
+  at::Tensor out = torch::zeros({3, 2, 4, 4}, torch::requires_grad());
+  auto l = d.training_losses(out, x0, xt, t, noise);
+  // Zero output: mse = mean(ε²) per sample; loss = mse + vb; vb at t = 0 is the decoder NLL (in bits, > 0).
+  EXPECT_TRUE(l.mse.allclose(noise.pow(2).mean({1, 2, 3})));
+  EXPECT_TRUE(l.loss.allclose(l.mse + l.vb));
+  EXPECT_GT(l.vb[0].item<double>(), 0.0);
+  // The VLB reaches only the variance channels: its gradient w.r.t. the ε channels is zero.
+  l.vb.sum().backward();
+  EXPECT_EQ(out.grad().narrow(1, 0, 1).abs().max().item<double>(), 0.0);
+  EXPECT_GT(out.grad().narrow(1, 1, 1).abs().max().item<double>(), 0.0);
+}
+
+TEST(Guidance, ThreeChannelQuirkAndAllChannels) {
+  DiT m = tiny_dit(4, false);
+  torch::manual_seed(3);
+  at::Tensor half = torch::randn({2, 4, 8, 8});
+  at::Tensor x = at::cat({half, torch::randn({2, 4, 8, 8})});  // the second half is never read
+  at::Tensor t = torch::tensor({500, 500, 500, 500}), y = torch::tensor({1, 2, 10, 10});
+  torch::NoGradGuard ng;
+  at::Tensor both = m->forward(at::cat({half, half}), t, y).out;  // [cond; uncond]
+  at::Tensor cond = both.narrow(0, 0, 2), uncond = both.narrow(0, 2, 2);
+  at::Tensor g3 = forward_with_cfg(m, x, t, y, 4.0, CfgChannels::three);
+  at::Tensor expect = uncond.narrow(1, 0, 3) + 4.0 * (cond.narrow(1, 0, 3) - uncond.narrow(1, 0, 3));
+  EXPECT_TRUE(g3.narrow(0, 0, 2).narrow(1, 0, 3).allclose(expect, 1e-5, 1e-6));
+  EXPECT_TRUE(g3.narrow(0, 2, 2).narrow(1, 0, 3).allclose(expect, 1e-5, 1e-6));  // guided ε copied to both halves
+  EXPECT_TRUE(g3.narrow(1, 3, 5).equal(both.narrow(1, 3, 5)));  // ε channel 3 and variances: not guided
+  at::Tensor ga = forward_with_cfg(m, x, t, y, 4.0, CfgChannels::all);
+  EXPECT_FALSE(ga.narrow(0, 0, 2).narrow(1, 3, 1).allclose(cond.narrow(1, 3, 1)));
+  EXPECT_TRUE(ga.narrow(1, 4, 4).equal(both.narrow(1, 4, 4)));
+  // Scale 1 equals the conditional output.
+  EXPECT_TRUE(forward_with_cfg(m, x, t, y, 1.0, CfgChannels::all).narrow(0, 0, 2).allclose(cond, 1e-5, 1e-6));
+}
+
+TEST(Sampling, DdimEtaZeroIsDeterministicAndDdpmFollowsTheSeed) {
+  DiT m = tiny_dit(1, true);
+  const GaussianDiffusion chain = GaussianDiffusion::respaced(1000, "ddim10");
+  at::Tensor noise = torch::randn({3, 1, 8, 8}), labels = torch::tensor({0, 4, 9});
+  SampleOptions ddim;
+  ddim.sampler = SamplerKind::ddim, ddim.cfg_scale = 2.0, ddim.cfg_channels = CfgChannels::all;
+  torch::manual_seed(5);
+  at::Tensor a = sample_loop(m, chain, noise, labels, ddim);
+  torch::manual_seed(6);  // η = 0: the per-step noise is drawn but unused
+  at::Tensor b = sample_loop(m, chain, noise, labels, ddim);
+  EXPECT_TRUE(a.equal(b));
+  EXPECT_EQ(a.sizes(), noise.sizes());
+  EXPECT_TRUE(a.isfinite().all().item<bool>());
+  SampleOptions ddpm;
+  ddpm.cfg_scale = 1.0;
+  int steps = 0;
+  torch::manual_seed(7);
+  at::Tensor c = sample_loop(m, GaussianDiffusion::respaced(1000, "5"), noise, labels, ddpm, [&] { ++steps; });
+  torch::manual_seed(7);
+  at::Tensor d = sample_loop(m, GaussianDiffusion::respaced(1000, "5"), noise, labels, ddpm);
+  EXPECT_EQ(steps, 5);
+  EXPECT_TRUE(c.equal(d));
+  EXPECT_FALSE(c.equal(a));
+  // DiT's three-channel guidance is refused on 1-channel data rather than guiding a variance channel.
+  ddim.cfg_channels = CfgChannels::three;
+  EXPECT_THROW(sample_loop(m, chain, noise, labels, ddim), UserError);
+  // uint8 conversion as sample_ddp: clamp(127.5·x + 128) truncated.
+  at::Tensor u = to_uint8_nhwc(torch::tensor({-1.0f, 0.0f, 0.999f, 2.0f}).view({1, 1, 1, 4}));
+  EXPECT_TRUE(u.flatten().equal(torch::tensor({0, 128, 255, 255}, torch::kByte)));
+}
+
+TEST(DiffusionTrainer, ResumeIsExactWithEma) {
+  if (!std::filesystem::exists(std::string(datasets::kFashionMnistDir) + "/train-labels-idx1-ubyte.gz"))
+    GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  test::TempDir d;
+  ExperimentConfig cfg = load_experiment(d.write("tiny.yaml", R"(
+model: {name: MoH-DiT-Pixel/4-75, num_classes: 10}
+data: {batch_size: 16, limit_train: 48, hflip: true}
+optim: {lr: 1.0e-3, weight_decay: 0.0, clip_grad: 0.0}
+schedule: {kind: constant, warmup_epochs: 0}
+train: {epochs: 2, ema_decay: 0.9, log_every_steps: 1, seed: 4}
+)"));
+  DiffusionTrainResult full = train_diffusion(cfg, {d.file("full"), ""});
+  EXPECT_EQ(full.steps, 6);
+  ExperimentConfig first = cfg;
+  first.train.max_steps = 3;  // 48 / 16 = 3 steps: stop at the end of epoch 1
+  train_diffusion(first, {d.file("split"), ""});
+  DiffusionTrainResult resumed = train_diffusion(cfg, {d.file("split"), "auto"});
+  EXPECT_EQ(resumed.steps, full.steps);
+  EXPECT_EQ(resumed.loss, full.loss);
+  Checkpoint a = load_checkpoint(d.file("full")), b = load_checkpoint(d.file("split"));
+  ASSERT_FALSE(a.ema.empty());
+  for (const auto& [k, v] : a.model) EXPECT_TRUE(torch::equal(v, b.model.at(k))) << k;
+  for (const auto& [k, v] : a.ema) EXPECT_TRUE(torch::equal(v, b.ema.at(k))) << k;
+  EXPECT_FALSE(torch::equal(a.ema.at("final_layer.linear.weight"), a.model.at("final_layer.linear.weight")));
+  EXPECT_EQ(read_file(d.file("full") + "/metrics.jsonl").size() > 0, true);
+  // The EMA weights load for sampling.
+  auto [model, loaded_cfg] = load_dit_checkpoint(d.file("full"));
+  EXPECT_EQ(loaded_cfg.model.name, "MoH-DiT-Pixel/4-75");
+  EXPECT_FALSE(model->is_training());
+}
+
+}  // namespace
+}  // namespace moh::diffusion
