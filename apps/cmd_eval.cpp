@@ -1,4 +1,4 @@
-// `moh eval CONFIG.yaml --checkpoint PATH [--json]`: top-1 / top-5 / loss of a trained classifier on the
+// `moh eval CONFIG.yaml --checkpoint PATH [--json] [--out DIR]`: top-1 / top-5 / loss of a trained classifier on the
 // configured validation split.
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -6,6 +6,7 @@
 #include "apps/cli.h"
 #include "apps/commands.h"
 #include "core/checkpoint.h"
+#include "eval/report.h"
 #include "vision/classification_trainer.h"
 
 namespace moh::apps {
@@ -14,7 +15,8 @@ int cmd_eval(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "Evaluate a classifier checkpoint on the configured validation split");
   add_config_args(opts);
   opts.add_options()("checkpoint", "checkpoint directory or run directory", cxxopts::value<std::string>())(
-      "json", "print JSON")("h,help", "show this help");
+      "json", "print JSON")("out", "write report.json and report.md into this directory",
+                            cxxopts::value<std::string>()->default_value(""))("h,help", "show this help");
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
   if (!args.count("checkpoint")) throw UserError(argv[0], "missing --checkpoint PATH", "a checkpoint or run directory");
@@ -27,6 +29,12 @@ int cmd_eval(int argc, char** argv) {
   model->to(ctx.device);
   vision::EvalResult r = vision::evaluate_classifier(model, vision::load_split(cfg, false),
                                                      vision::transform_for(cfg, mo), cfg.data.eval_batch_size, ctx);
+  const nlohmann::json report{{"metrics", {{"top1", r.top1}, {"top5", r.top5}, {"loss", r.loss}}},
+                              {"checkpoint", ckpt.dir},
+                              {"model", cfg.model.name},
+                              {"count", r.count}};
+  const std::string out = args["out"].as<std::string>();
+  if (!out.empty()) eval::write_report(out, report, "Classifier evaluation: " + cfg.model.name);
   if (args.count("json")) {
     std::cout << nlohmann::json{{"checkpoint", ckpt.dir}, {"top1", r.top1}, {"top5", r.top5}, {"loss", r.loss},
                                 {"count", r.count}}.dump(1)

@@ -1,4 +1,5 @@
-// `moh sample --checkpoint RUN_OR_CKPT [--set sampling.k=v]... [--out DIR]`: class-conditional samples of a trained
+// `moh sample [CONFIG.yaml] --checkpoint RUN_OR_CKPT [--cfg-scale S] [--steps 250|ddim50] [--num-samples N]
+// [--labels balanced|random|1,2,3] [--seed S] [--batch B] [--set sampling.k=v]... [--out DIR]`: class-conditional samples of a trained
 // DiT / MoH-DiT (EMA weights), per_class images of every class, with classifier-free guidance; writes DIR/samples.npz
 // (ADM layout: arr_0 uint8 (N, H, W, 3), arr_1 int64 labels), DIR/grid.png (one row per class) and DIR/sampling.json.
 // `moh sample CONFIG.yaml --untrained` samples a freshly initialised model instead (a baseline for FID reports).
@@ -7,6 +8,7 @@
 #include <chrono>
 #include <filesystem>
 #include <iostream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "apps/cli.h"
@@ -15,6 +17,7 @@
 #include "core/error.h"
 #include "core/progress.h"
 #include "core/run_context.h"
+#include "datasets/fashion_mnist.h"
 #include "datasets/npz.h"
 #include "diffusion/diffusion_trainer.h"
 #include "diffusion/sampler.h"
@@ -28,12 +31,15 @@ namespace moh::apps {
 
 namespace {
 
-// Grid of (rows × cols) uint8 NHWC images, scaled up by an integer factor (nearest), written as PNG.
-bool write_grid(const std::string& path, const at::Tensor& images, int64_t rows, int64_t cols, int scale) {
+// Grid of (rows × cols) uint8 NHWC images, scaled up by an integer factor (nearest), with an optional text label
+// left of each row, written as PNG.
+bool write_grid(const std::string& path, const at::Tensor& images, int64_t cols, int scale,
+                const std::vector<std::string>& row_labels) {
 #ifdef MOH_WITH_OPENCV
   const int64_t H = images.size(1), W = images.size(2), C = images.size(3), pad = 2;
+  const int64_t rows = (images.size(0) + cols - 1) / cols;
   at::Tensor canvas = at::full({rows * (H + pad) + pad, cols * (W + pad) + pad, C}, 255, at::kByte);
-  for (int64_t i = 0; i < std::min(rows * cols, images.size(0)); ++i) {
+  for (int64_t i = 0; i < images.size(0); ++i) {
     const int64_t r = i / cols, c = i % cols;
     canvas.narrow(0, pad + r * (H + pad), H).narrow(1, pad + c * (W + pad), W).copy_(images[i]);
   }
@@ -42,12 +48,20 @@ bool write_grid(const std::string& path, const at::Tensor& images, int64_t rows,
   cv::Mat out;
   cv::resize(m, out, cv::Size(), scale, scale, cv::INTER_NEAREST);
   if (C == 3) cv::cvtColor(out, out, cv::COLOR_RGB2BGR);
+  if (!row_labels.empty()) {
+    constexpr int kMargin = 110;
+    cv::copyMakeBorder(out, out, 0, 0, kMargin, 0, cv::BORDER_CONSTANT, cv::Scalar(255, 255, 255));
+    const double row_h = static_cast<double>(H + pad) * scale;
+    for (size_t r = 0; r < row_labels.size() && static_cast<int64_t>(r) < rows; ++r)
+      cv::putText(out, row_labels[r], cv::Point(4, static_cast<int>((r + 0.5) * row_h + pad * scale + 4)),
+                  cv::FONT_HERSHEY_SIMPLEX, 0.45, cv::Scalar(0, 0, 0), 1, cv::LINE_AA);
+  }
   std::vector<uchar> png;
   cv::imencode(".png", out, png);
   write_file_atomic(path, std::string(png.begin(), png.end()));
   return true;
 #else
-  (void)path, (void)images, (void)rows, (void)cols, (void)scale;
+  (void)path, (void)images, (void)cols, (void)scale, (void)row_labels;
   return false;
 #endif
 }
@@ -57,24 +71,47 @@ bool write_grid(const std::string& path, const at::Tensor& images, int64_t rows,
 int cmd_sample(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "Class-conditional samples of a DiT / MoH-DiT with classifier-free guidance");
   add_config_args(opts);
-  opts.add_options()("checkpoint", "DiT checkpoint or run directory (its config is used; --set sampling.* applies)",
-                     cxxopts::value<std::string>())("untrained", "sample a freshly initialised model of CONFIG.yaml")(
-      "raw", "use the raw weights instead of the EMA")("out", "output directory",
-                                                        cxxopts::value<std::string>()->default_value("samples"))(
+  opts.add_options()("checkpoint", "DiT checkpoint or run directory (its config is used; CONFIG.yaml, if given, must "
+                                   "name the same model)", cxxopts::value<std::string>())(
+      "untrained", "sample a freshly initialised model of CONFIG.yaml (a baseline)")(
+      "raw", "use the raw weights instead of the EMA")(
+      "num-samples", "images to generate (default: every class × sampling.per_class)", cxxopts::value<int64_t>())(
+      "labels", "class labels: balanced (default: rows of per_class), random, or a list 1,2,3 (cycled)",
+      cxxopts::value<std::string>()->default_value("balanced"))(
+      "cfg-scale", "= sampling.cfg_scale", cxxopts::value<std::string>())(
+      "cfg-channels", "= sampling.cfg_channels (three|all)", cxxopts::value<std::string>())(
+      "sampler", "= sampling.sampler (ddpm|ddim)", cxxopts::value<std::string>())(
+      "steps", "= sampling.steps (250, ddim50, ...)", cxxopts::value<std::string>())(
+      "seed", "= sampling.seed", cxxopts::value<std::string>())(
+      "batch", "= sampling.batch_size", cxxopts::value<std::string>())(
+      "out", "output directory", cxxopts::value<std::string>()->default_value("samples"))(
       "device", "auto, cpu, cuda or cuda:N", cxxopts::value<std::string>()->default_value("auto"))("h,help", "show this help");
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
   const std::string out_dir = args["out"].as<std::string>();
+  std::vector<std::string> sets = args.count("set") ? args["set"].as<std::vector<std::string>>() : std::vector<std::string>{};
+  for (const auto& [flag, key] : std::vector<std::pair<std::string, std::string>>{
+           {"cfg-scale", "cfg_scale"}, {"cfg-channels", "cfg_channels"}, {"sampler", "sampler"}, {"steps", "steps"},
+           {"seed", "seed"}, {"batch", "batch_size"}})
+    if (args.count(flag)) sets.push_back("sampling." + key + "=" + args[flag].as<std::string>());
   ExperimentConfig cfg;
   diffusion::DiT model{nullptr};
   if (args.count("checkpoint")) {
-    auto loaded = diffusion::load_dit_checkpoint(args["checkpoint"].as<std::string>(), !args.count("raw"));
+    const std::string ckpt = args["checkpoint"].as<std::string>();
+    auto loaded = diffusion::load_dit_checkpoint(ckpt, !args.count("raw"));
     model = loaded.first;
     cfg = loaded.second;
-    std::vector<std::string> sets = args.count("set") ? args["set"].as<std::vector<std::string>>() : std::vector<std::string>{};
     for (const auto& s : sets)
       if (s.rfind("sampling.", 0) != 0)
         throw UserError("--set " + s, "only sampling.* can be changed when sampling a checkpoint", "e.g. sampling.cfg_scale=4");
+    if (args.count("config")) {
+      const ExperimentConfig named = load_experiment(args["config"].as<std::string>(), sets);
+      if (named.model.name != cfg.model.name)
+        throw UserError("checkpoint " + ckpt, "was trained as " + cfg.model.name + ", the config describes " +
+                                                  named.model.name, "pass the matching config, or only --checkpoint");
+      cfg.sampling = named.sampling;
+      sets.clear();
+    }
     if (!sets.empty()) {
       YAML::Node tree = YAML::Load(to_yaml(cfg));
       for (const auto& s : sets) config::apply_override(tree, s);
@@ -82,7 +119,8 @@ int cmd_sample(int argc, char** argv) {
       cfg.validate("--set");
     }
   } else if (args.count("untrained")) {
-    cfg = config_from_args(args, argv[0]);
+    if (!args.count("config")) throw UserError(argv[0], "--untrained needs CONFIG.yaml", "moh sample CONFIG.yaml --untrained");
+    cfg = load_experiment(args["config"].as<std::string>(), sets);
     if (!diffusion::is_diffusion_model(cfg.model.name))
       throw UserError("config: model.name", cfg.model.name + " is not a DiT variant", "moh info --list");
     torch::manual_seed(cfg.train.seed);
@@ -103,9 +141,31 @@ int cmd_sample(int argc, char** argv) {
   model->to(ctx.device);
 
   // Labels 0,0,..,1,1,.. (per_class each); noise per batch drawn first, then the chain's per-step noise (DiT order).
-  const int64_t n = mo.num_classes * sc.per_class;
-  const at::Tensor labels = at::arange(mo.num_classes, at::kLong).repeat_interleave(sc.per_class);
   torch::manual_seed(static_cast<uint64_t>(sc.seed));
+  const std::string label_mode = args["labels"].as<std::string>();
+  std::vector<int64_t> list;
+  if (label_mode != "balanced" && label_mode != "random") {
+    std::stringstream ss(label_mode);
+    for (std::string item; std::getline(ss, item, ',');) {
+      if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos || item.size() > 9 ||
+          std::stoll(item) >= mo.num_classes)
+        throw UserError("--labels " + label_mode, "'" + item + "' is not a class index below " + std::to_string(mo.num_classes),
+                        "balanced, random or a list like 1,2,3");
+      list.push_back(std::stoll(item));
+    }
+  }
+  int64_t n = mo.num_classes * sc.per_class;
+  if (!list.empty()) n = static_cast<int64_t>(list.size());
+  if (args.count("num-samples")) n = args["num-samples"].as<int64_t>();
+  if (n <= 0) throw UserError("--num-samples", "must be > 0", "");
+  at::Tensor labels;
+  if (label_mode == "random") {
+    labels = at::randint(0, mo.num_classes, {n}, at::kLong);  // sample_ddp: random classes
+  } else if (!list.empty()) {
+    labels = at::tensor(list, at::kLong).repeat({(n + static_cast<int64_t>(list.size()) - 1) / static_cast<int64_t>(list.size())}).narrow(0, 0, n);
+  } else {
+    labels = at::arange(n, at::kLong).div(sc.per_class, "floor").remainder(mo.num_classes);  // rows of per_class
+  }
   std::vector<at::Tensor> images;
   Progress progress("sampling", n * chain.num_steps() / std::max<int64_t>(1, sc.batch_size), "step");
   const auto start = std::chrono::steady_clock::now();
@@ -121,14 +181,21 @@ int cmd_sample(int argc, char** argv) {
   if (all.size(3) == 1) all = all.expand({-1, -1, -1, 3}).contiguous();  // ADM batches are RGB
   std::filesystem::create_directories(out_dir);
   datasets::save_npz(out_dir + "/samples.npz", {{"arr_0", all}, {"arr_1", labels}});
-  const bool grid = write_grid(out_dir + "/grid.png", all, mo.num_classes, sc.per_class, mo.input_size < 64 ? 3 : 1);
+  std::vector<std::string> row_labels;  // balanced rows hold one class each
+  if (label_mode == "balanced")
+    for (int64_t r = 0; r * sc.per_class < n; ++r) {
+      const int64_t k = r % mo.num_classes;
+      const bool fm = cfg.data.dataset == DatasetKind::fashion_mnist && mo.num_classes == 10;
+      row_labels.push_back(fm ? datasets::fashion_mnist_classes()[static_cast<size_t>(k)] : "class " + std::to_string(k));
+    }
+  const bool grid = write_grid(out_dir + "/grid.png", all, sc.per_class, mo.input_size < 64 ? 3 : 1, row_labels);
   nlohmann::json info{{"model", cfg.model.name},
                       {"checkpoint", args.count("checkpoint") ? args["checkpoint"].as<std::string>() : "untrained"},
                       {"weights", args.count("raw") || !args.count("checkpoint") ? "raw" : "ema (if present)"},
                       {"sampler", sc.sampler == SamplerKind::ddpm ? "ddpm" : "ddim"}, {"steps", sc.steps},
                       {"chain_steps", chain.num_steps()}, {"eta", sc.eta}, {"cfg_scale", sc.cfg_scale},
                       {"cfg_channels", sc.cfg_channels == CfgChannels::three ? "three" : "all"}, {"seed", sc.seed},
-                      {"count", n}, {"seconds", seconds}};
+                      {"labels", label_mode}, {"count", n}, {"seconds", seconds}};
   write_file_atomic(out_dir + "/sampling.json", info.dump(1) + "\n");
   std::cout << "wrote " << out_dir << "/samples.npz (" << n << " images)"
             << (grid ? ", " + out_dir + "/grid.png" : std::string(" (no grid: built without OpenCV)")) << " in "

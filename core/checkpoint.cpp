@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <iostream>
 #include <set>
 #include <sstream>
 #include <type_traits>
@@ -192,6 +193,15 @@ void truncate_metrics(const std::string& path, int64_t step) {
     }
   }
   write_file_atomic(path, kept);
+}
+
+MetricsWriter start_run_dir(const std::string& run_dir, const std::string& config_yaml,
+                            std::optional<int64_t> resumed_step) {
+  fs::create_directories(run_dir);
+  std::cerr << "resolved config:\n" << config_yaml;
+  write_file_atomic(run_dir + "/config.resolved.yaml", config_yaml);
+  if (resumed_step) truncate_metrics(run_dir + "/metrics.jsonl", *resumed_step);
+  return MetricsWriter(run_dir + "/metrics.jsonl", /*truncate=*/!resumed_step);
 }
 
 std::optional<Checkpoint> resolve_resume(const std::string& run_dir, const std::string& resume) {

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 
+#include "core/progress.h"
 #include "core/safetensors.h"
 
 namespace moh {
@@ -66,6 +67,11 @@ Checkpoint load_checkpoint(const std::string& path);
 /// The resume decision of a trainer, taken before anything touches the run directory: "auto" = its latest checkpoint
 /// if any, a path = that checkpoint (or run), "" = a fresh run (UserError if the directory already holds one).
 std::optional<Checkpoint> resolve_resume(const std::string& run_dir, const std::string& resume);
+
+/// Starts writing into a run directory once every input has been checked: creates it, prints and saves
+/// config.resolved.yaml, and opens metrics.jsonl (a fresh file, or cut back to `resumed_step` when resuming).
+MetricsWriter start_run_dir(const std::string& run_dir, const std::string& config_yaml,
+                            std::optional<int64_t> resumed_step);
 
 /// Keeps only the metrics lines of steps ≤ `step` (and drops a line cut by a kill), so the log of a resumed run equals
 /// that of an uninterrupted one.

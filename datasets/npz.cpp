@@ -18,6 +18,7 @@ constexpr char kNpyMagic[] = "\x93NUMPY";
 constexpr size_t kNpyMagicLen = 6;
 constexpr size_t kNpyAlign = 64;  // numpy pads the header so the data starts on a 64-byte boundary
 constexpr size_t kMaxHeaderLen = 1 << 20;
+constexpr time_t kNpzMemberTime = 1577836800;  // 2020-01-01T00:00:00Z
 
 struct DtypeName {
   const char* descr;
@@ -180,6 +181,8 @@ void save_npz(const std::string& path, const std::map<std::string, at::Tensor>& 
       zip_discard(z);
       throw std::runtime_error("npz " + path + ": cannot add " + name);
     }
+    // A fixed timestamp makes archives of equal arrays byte-identical (reproducible sampling outputs).
+    zip_file_set_mtime(z, static_cast<zip_uint64_t>(idx), kNpzMemberTime, 0);
     zip_set_file_compression(z, static_cast<zip_uint64_t>(idx),
                              compression == NpzCompression::stored ? ZIP_CM_STORE : ZIP_CM_DEFLATE, 0);
   }

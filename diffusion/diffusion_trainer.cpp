@@ -102,12 +102,8 @@ DiffusionTrainResult train_diffusion(const ExperimentConfig& cfg, const vision::
   ema->eval();
   for (auto& p : ema->parameters()) p.set_requires_grad(false);
 
-  fs::create_directories(run_dir);
   const std::string config_yaml = to_yaml(cfg);
-  std::cerr << "resolved config:\n" << config_yaml;
-  write_file_atomic(run_dir + "/config.resolved.yaml", config_yaml);
-  if (resume) truncate_metrics(run_dir + "/metrics.jsonl", state.step);
-  MetricsWriter metrics(run_dir + "/metrics.jsonl", /*truncate=*/!resume);
+  MetricsWriter metrics = start_run_dir(run_dir, config_yaml, resume ? std::optional<int64_t>(state.step) : std::nullopt);
   std::cerr << "model " << cfg.model.name << ": " << mo.active_ratio() * 100 << " % active heads, run dir " << run_dir << "\n";
 
   const double beta = cfg.train.moh_loss_coeff, decay = cfg.train.ema_decay;

@@ -67,7 +67,8 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   expect 2 "unknown classifier variant" -- train $NANO "${TINY[@]}" --set model.name=MoH-ViT-X --run-dir "$tmp/run"
   expect 2 "optim.lr: must be > 0" -- train $NANO "${TINY[@]}" --set optim.lr=-1 --run-dir "$tmp/run"
   expect 2 "apt-get install dataset-fashion-mnist" -- train $NANO "${TINY[@]}" --set data.root=/nonexistent --run-dir "$tmp/run2"
-  expect 0 "top-1" -- eval $NANO --set data.limit_val=64 --checkpoint "$tmp/run"
+  expect 0 "top-1" -- eval $NANO --set data.limit_val=64 --checkpoint "$tmp/run" --out "$tmp/evrep"
+  grep -q "| top1 |" "$tmp/evrep/report.md" && pass=$((pass + 1)) || { echo "FAIL: eval report"; fails=$((fails + 1)); }
   ck=$(cat "$tmp/run/checkpoints/latest")
   mkdir -p "$tmp/bad" && cp -r "$tmp/run/checkpoints/$ck" "$tmp/bad/ck"
   truncate -s 100 "$tmp/bad/ck/model.safetensors"
@@ -90,6 +91,12 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   expect 0 '"steps":2' -- train $DIT --set data.limit_train=32 --set data.batch_size=16 --set train.max_steps=2 --run-dir "$tmp/dit"
   FAST=(--set sampling.per_class=2 --set sampling.steps=ddim3)
   expect 0 "wrote $tmp/s/samples.npz (20 images)" -- sample --checkpoint "$tmp/dit" "${FAST[@]}" --out "$tmp/s"
+  expect 0 "wrote" -- sample configs/fashion_mnist/moh_dit_pixel.yaml --checkpoint "$tmp/dit" --cfg-scale 3 --steps ddim3 --num-samples 4 --labels 1,7 --seed 5 --out "$tmp/s3"
+  expect 0 "wrote" -- sample configs/fashion_mnist/moh_dit_pixel.yaml --checkpoint "$tmp/dit" --cfg-scale 3 --steps ddim3 --num-samples 4 --labels 1,7 --seed 5 --out "$tmp/s4"
+  cmp -s "$tmp/s3/samples.npz" "$tmp/s4/samples.npz" && cmp -s "$tmp/s3/grid.png" "$tmp/s4/grid.png" && pass=$((pass + 1)) || { echo "FAIL: same seed, different samples"; fails=$((fails + 1)); }
+  expect 2 "was trained as MoH-DiT-Pixel/4-75, the config describes DiT-Pixel/4" -- sample configs/fashion_mnist/dit_pixel.yaml --checkpoint "$tmp/dit" --out "$tmp/s2"
+  expect 2 "sampling.cfg_scale: must be >= 1" -- sample --checkpoint "$tmp/dit" --cfg-scale -1 --out "$tmp/s2"
+  expect 2 "unknown DiT variant" -- train $DIT --set model.name=MoH-DiT-Pixel/4-7 --run-dir "$tmp/dit2"
   [ -s "$tmp/s/grid.png" ] && [ -s "$tmp/s/sampling.json" ] && pass=$((pass + 1)) || { echo "FAIL: no grid/sampling.json"; fails=$((fails + 1)); }
   expect 0 "sample accuracy" -- fid --samples "$tmp/s/samples.npz" --ref "$tmp/ref.npz" "${FEAT[@]}" --metrics fid,is
   expect 0 "wrote $tmp/u/samples.npz" -- sample $DIT --untrained "${FAST[@]}" --set sampling.sampler=ddpm --out "$tmp/u"
