@@ -9,6 +9,7 @@
 #include "diffusion/diffusion_process.h"
 #include "diffusion/diffusion_trainer.h"
 #include "diffusion/sampler.h"
+#include "diffusion/sd_vae.h"
 #include "tests/test_util.h"
 
 namespace moh::diffusion {
@@ -154,6 +155,65 @@ train: {epochs: 2, ema_decay: 0.9, log_every_steps: 1, seed: 4}
   auto [model, loaded_cfg] = load_dit_checkpoint(d.file("full"));
   EXPECT_EQ(loaded_cfg.model.name, "MoH-DiT-Pixel/4-75");
   EXPECT_FALSE(model->is_training());
+}
+
+TEST(SdVae, ParameterCountKeysAndShapes) {
+  AutoencoderKL vae;
+  EXPECT_EQ(test::count_params(vae), kSdVaeParams);  // 83,653,863 (spec §5.3)
+  const auto params = vae->named_parameters();
+  EXPECT_EQ(params.size(), 248u);
+  for (const char* key : {"encoder.down_blocks.1.resnets.0.conv_shortcut.weight", "encoder.down_blocks.2.downsamplers.0.conv.bias",
+                          "decoder.up_blocks.3.resnets.2.norm2.weight", "decoder.mid_block.attentions.0.to_out.0.weight",
+                          "quant_conv.weight", "post_quant_conv.bias"})
+    EXPECT_TRUE(params.contains(key)) << key;
+  EXPECT_FALSE(params.contains("decoder.up_blocks.3.upsamplers.0.conv.weight"));
+}
+
+TEST(SdVae, SmallRoundTripShapesAndBothNamingSchemes) {
+  SdVaeOptions o;
+  o.block_out_channels = {32, 32, 64, 64};  // GroupNorm(32) needs multiples of 32
+  torch::manual_seed(0);
+  AutoencoderKL vae(o);
+  vae->eval();
+  torch::NoGradGuard ng;
+  at::Tensor img = torch::rand({2, 3, 16, 24}) * 2 - 1;
+  LatentPosterior p = vae->encode(img);
+  EXPECT_EQ(p.mean.sizes(), (at::IntArrayRef{2, 4, 2, 3}));
+  EXPECT_EQ(vae->decode(p.mean).sizes(), img.sizes());
+  EXPECT_THROW(vae->encode(torch::rand({1, 3, 12, 16})), UserError);
+  // Downsample2D pads right/bottom only: with a summing kernel on ones, the top-left window is all inside (9) and the
+  // bottom-right one reaches 2×2 real pixels (4); symmetric padding (padding = 1) would give 4 at the top-left.
+  Downsample2D down(1);
+  down->conv->weight.fill_(1.0), down->conv->bias.zero_();
+  at::Tensor y = down->forward(torch::ones({1, 1, 4, 4}));
+  EXPECT_EQ(y.sizes(), (at::IntArrayRef{1, 1, 2, 2}));
+  EXPECT_FLOAT_EQ(y[0][0][0][0].item<float>(), 9.0f);
+  EXPECT_FLOAT_EQ(y[0][0][1][1].item<float>(), 4.0f);
+  // Saving with legacy attention names (query/key/value/proj_attn) and loading gives the same network.
+  test::TempDir d;
+  TensorMap legacy;
+  for (auto& [k, v] : module_tensors(*vae)) {
+    std::string n = k;
+    for (auto [from, to] : {std::pair<std::string, std::string>{".to_q.", ".query."}, {".to_k.", ".key."},
+                            {".to_v.", ".value."}, {".to_out.0.", ".proj_attn."}})
+      if (auto pos = n.find(from); pos != std::string::npos) n.replace(pos, from.size(), to);
+    legacy[n] = v;
+  }
+  ASSERT_TRUE(legacy.count("encoder.mid_block.attentions.0.query.weight"));
+  save_safetensors(d.file("legacy.safetensors"), legacy);
+  save_safetensors(d.file("current.safetensors"), module_tensors(*vae));
+  for (const char* f : {"legacy.safetensors", "current.safetensors"}) {
+    torch::manual_seed(1);
+    AutoencoderKL other(o);
+    other->eval();
+    load_sd_vae(other, d.file(f));
+    EXPECT_TRUE(other->decode(p.mean).equal(vae->decode(p.mean))) << f;
+  }
+  legacy.erase("decoder.conv_out.bias");
+  save_safetensors(d.file("missing.safetensors"), legacy);
+  AutoencoderKL third(o);
+  EXPECT_THROW(load_sd_vae(third, d.file("missing.safetensors")), UserError);
+  EXPECT_THROW(load_sd_vae(third, d.file("absent.safetensors")), UserError);
 }
 
 }  // namespace

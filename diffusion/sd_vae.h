@@ -1,0 +1,139 @@
+#pragma once
+// The Stable Diffusion kl-f8 VAE (diffusers AutoencoderKL with the sd-vae-ft-ema / -mse config) that maps
+// 256×256×3 images to the 32×32×4 latents DiT is trained on: encoder (4 down blocks of 2 ResNets, mid block with one
+// single-head attention), quant convs, a diagonal Gaussian posterior and the decoder (4 up blocks of 3 ResNets).
+// Module names equal the diffusers state_dict keys (encoder.down_blocks.1.resnets.0.conv_shortcut.weight,
+// decoder.mid_block.attentions.0.to_q.weight, ...); the legacy attention names (query/key/value/proj_attn) that the
+// published .safetensors files use are mapped on load. 248 tensors, 83,653,863 parameters.
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+
+#include <string>
+
+#include "core/safetensors.h"
+
+namespace moh::diffusion {
+
+/// DiT's latent scale: z = 0.18215 · posterior sample; images are decoded from z / 0.18215.
+constexpr double kSdVaeLatentScale = 0.18215;
+/// Parameter count of the SD kl-f8 VAE (spec §5.3).
+constexpr int64_t kSdVaeParams = 83653863;
+/// GroupNorm settings of every norm in the VAE.
+constexpr int64_t kSdVaeGroups = 32;
+constexpr double kSdVaeNormEps = 1e-6;
+
+/// Shape of the autoencoder (the SD config by default).
+struct SdVaeOptions {
+  int64_t in_channels = 3, out_channels = 3, latent_channels = 4;
+  std::vector<int64_t> block_out_channels{128, 256, 512, 512};
+  int64_t layers_per_block = 2;
+  /// Spatial downsampling factor (2^(blocks − 1) = 8).
+  int64_t factor() const { return int64_t{1} << (block_out_channels.size() - 1); }
+};
+
+/// GN → SiLU → conv3×3 → GN → SiLU → conv3×3, plus a 1×1 conv shortcut when the width changes.
+struct ResnetBlock2DImpl : torch::nn::Module {
+  ResnetBlock2DImpl(int64_t in, int64_t out);
+  at::Tensor forward(const at::Tensor& x);
+  torch::nn::GroupNorm norm1{nullptr}, norm2{nullptr};
+  torch::nn::Conv2d conv1{nullptr}, conv2{nullptr}, conv_shortcut{nullptr};
+};
+TORCH_MODULE(ResnetBlock2D);
+
+/// Single-head self-attention over the H·W positions with a residual (diffusers Attention in the mid block).
+struct VaeAttentionImpl : torch::nn::Module {
+  explicit VaeAttentionImpl(int64_t channels);
+  at::Tensor forward(const at::Tensor& x);
+  torch::nn::GroupNorm group_norm{nullptr};
+  torch::nn::Linear to_q{nullptr}, to_k{nullptr}, to_v{nullptr};
+  torch::nn::ModuleList to_out{nullptr};  ///< [Linear] (diffusers keeps a dropout at index 1)
+};
+TORCH_MODULE(VaeAttention);
+
+/// Downsample2D: zero-pad right/bottom by 1, then conv 3×3 stride 2 (asymmetric, as diffusers).
+struct Downsample2DImpl : torch::nn::Module {
+  explicit Downsample2DImpl(int64_t channels);
+  at::Tensor forward(const at::Tensor& x);
+  torch::nn::Conv2d conv{nullptr};
+};
+TORCH_MODULE(Downsample2D);
+
+/// Upsample2D: nearest ×2, then conv 3×3.
+struct Upsample2DImpl : torch::nn::Module {
+  explicit Upsample2DImpl(int64_t channels);
+  at::Tensor forward(const at::Tensor& x);
+  torch::nn::Conv2d conv{nullptr};
+};
+TORCH_MODULE(Upsample2D);
+
+/// A down or up block: `resnets` then an optional resampler (`downsamplers.0` / `upsamplers.0`).
+struct VaeBlockImpl : torch::nn::Module {
+  VaeBlockImpl(int64_t in, int64_t out, int64_t layers, bool up, bool resample);
+  at::Tensor forward(const at::Tensor& x);
+  torch::nn::ModuleList resnets{nullptr}, downsamplers{nullptr}, upsamplers{nullptr};
+};
+TORCH_MODULE(VaeBlock);
+
+/// ResNet → attention → ResNet at the lowest resolution.
+struct VaeMidBlockImpl : torch::nn::Module {
+  explicit VaeMidBlockImpl(int64_t channels);
+  at::Tensor forward(const at::Tensor& x);
+  torch::nn::ModuleList resnets{nullptr}, attentions{nullptr};
+};
+TORCH_MODULE(VaeMidBlock);
+
+/// Image (B, 3, H, W) → moments (B, 2·latent, H/8, W/8) before quant_conv.
+struct VaeEncoderImpl : torch::nn::Module {
+  explicit VaeEncoderImpl(const SdVaeOptions& o);
+  at::Tensor forward(const at::Tensor& x);
+  torch::nn::Conv2d conv_in{nullptr}, conv_out{nullptr};
+  torch::nn::ModuleList down_blocks{nullptr};
+  VaeMidBlock mid_block{nullptr};
+  torch::nn::GroupNorm conv_norm_out{nullptr};
+};
+TORCH_MODULE(VaeEncoder);
+
+/// Latent (B, latent, h, w) after post_quant_conv → image (B, 3, 8h, 8w).
+struct VaeDecoderImpl : torch::nn::Module {
+  explicit VaeDecoderImpl(const SdVaeOptions& o);
+  at::Tensor forward(const at::Tensor& z);
+  torch::nn::Conv2d conv_in{nullptr}, conv_out{nullptr};
+  VaeMidBlock mid_block{nullptr};
+  torch::nn::ModuleList up_blocks{nullptr};
+  torch::nn::GroupNorm conv_norm_out{nullptr};
+};
+TORCH_MODULE(VaeDecoder);
+
+/// Posterior N(mean, exp(logvar)) of an encoded batch (logvar clamped to [−30, 20]).
+struct LatentPosterior {
+  at::Tensor mean, logvar;
+  /// mean + exp(½·logvar)·ε with ε from the global generator.
+  at::Tensor sample() const;
+};
+
+/// AutoencoderKL.
+struct AutoencoderKLImpl : torch::nn::Module {
+  explicit AutoencoderKLImpl(const SdVaeOptions& options = {});
+  /// Images in [−1, 1] (B, 3, H, W), H and W multiples of 8 → posterior over unscaled latents.
+  LatentPosterior encode(const at::Tensor& images);
+  /// Unscaled latents → images in ~[−1, 1] (not clamped).
+  at::Tensor decode(const at::Tensor& latents);
+
+  SdVaeOptions options;
+  VaeEncoder encoder{nullptr};
+  VaeDecoder decoder{nullptr};
+  torch::nn::Conv2d quant_conv{nullptr}, post_quant_conv{nullptr};
+};
+TORCH_MODULE(AutoencoderKL);
+
+/// Renames legacy diffusers attention keys (query/key/value/proj_attn → to_q/to_k/to_v/to_out.0).
+TensorMap normalize_vae_keys(const TensorMap& tensors);
+
+/// Loads diffusers AutoencoderKL weights (.safetensors, either attention naming). A missing file is a UserError
+/// saying where the weights come from; missing/unexpected tensors are named.
+void load_sd_vae(AutoencoderKL& vae, const std::string& path);
+
+}  // namespace moh::diffusion
