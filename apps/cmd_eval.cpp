@@ -27,7 +27,7 @@ int cmd_eval(int argc, char** argv) {
   vision::TransNeXt model(mo);
   load_module_tensors(*model, ckpt.model, ckpt.dir);
   model->to(ctx.device);
-  vision::EvalResult r = vision::evaluate_classifier(model, vision::load_split(cfg, false),
+  vision::EvalResult r = vision::evaluate_classifier(model, vision::load_split(cfg, false, mo.in_chans),
                                                      vision::transform_for(cfg, mo), cfg.data.eval_batch_size, ctx);
   const nlohmann::json report{{"metrics", {{"top1", r.top1}, {"top5", r.top5}, {"loss", r.loss}}},
                               {"checkpoint", ckpt.dir},

@@ -24,6 +24,7 @@ int cmd_train(int argc, char** argv);
 int cmd_eval(int argc, char** argv);
 int cmd_fid(int argc, char** argv);
 int cmd_sample(int argc, char** argv);
+int cmd_export_images(int argc, char** argv);
 int cmd_ref_stats(int argc, char** argv);
 
 }  // namespace moh::apps

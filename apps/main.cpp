@@ -22,6 +22,7 @@ const std::vector<Command>& commands() {
       {"sample", "class-conditional samples of a DiT / MoH-DiT (CFG) as ADM .npz + grid.png", cmd_sample},
       {"fid", "FID / sFID / IS / precision / recall of samples vs a reference (ADM evaluator)", cmd_fid},
       {"ref-stats", "precompute reference statistics for moh fid", cmd_ref_stats},
+      {"export-images", "write a labelled image source as an ImageFolder split of PNGs", cmd_export_images},
       {"bench", "benchmarks: `moh bench attention [--json]`", cmd_bench},
   };
   return all;

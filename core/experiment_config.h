@@ -148,6 +148,7 @@ struct TrainConfig {
   Precision precision = Precision::fp32;
   std::string device = "auto";
   double ema_decay = 0.0;         ///< 0 = no EMA
+  bool ema_warmup = false;        ///< decay_t = min(decay, (1 + t) / (10 + t)) instead of a constant decay
   int64_t ckpt_every_epochs = 1;
   int64_t log_every_steps = 50;
   double label_smoothing = 0.1;
@@ -163,6 +164,7 @@ struct TrainConfig {
     v.field("precision", precision, "forward/loss precision: fp32, bf16 or fp16 (autocast; CUDA only)");
     v.field("device", device, "auto, cpu, cuda or cuda:N");
     v.field("ema_decay", ema_decay, "EMA decay of the weights; 0 = no EMA");
+    v.field("ema_warmup", ema_warmup, "EMA decay min(ema_decay, (1+step)/(10+step)) for short runs; off = constant (DiT)");
     v.field("ckpt_every_epochs", ckpt_every_epochs, "write a checkpoint every N epochs");
     v.field("log_every_steps", log_every_steps, "write a metrics line every N optimizer steps");
     v.field("label_smoothing", label_smoothing, "label smoothing of the classification loss");

@@ -65,7 +65,7 @@ DiffusionTrainResult train_diffusion(const ExperimentConfig& cfg, const vision::
   const std::string run_dir = args.run_dir.empty() ? "runs/" + cfg.name : args.run_dir;
   std::optional<Checkpoint> resume = resolve_resume(run_dir, args.resume);
 
-  datasets::ImageSet train_set = vision::load_split(cfg, true);
+  datasets::ImageSet train_set = vision::load_split(cfg, true, mo.in_channels);
   const datasets::ClassifierTransform tf = pixel_transform(cfg, mo);
   if (train_set.images.size(1) != mo.input_size || train_set.images.size(2) != mo.input_size)
     throw UserError("config: model", cfg.model.name + " takes " + std::to_string(mo.input_size) + " px images, the data is " +
@@ -145,7 +145,12 @@ DiffusionTrainResult train_diffusion(const ExperimentConfig& cfg, const vision::
       loss.backward();
       if (cfg.optim.clip_grad > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), cfg.optim.clip_grad);
       optimizer.step();
-      if (decay > 0) update_ema(ema, model, decay);
+      if (decay > 0) {
+        // A constant decay keeps (decay)^t of the random initialisation in the average, which ruins short runs
+        // (0.999^937 = 39 %); the optional warm-up ramps the decay up with the step.
+        const double s = static_cast<double>(state.step);
+        update_ema(ema, model, cfg.train.ema_warmup ? std::min(decay, (1.0 + s) / (10.0 + s)) : decay);
+      }
       ++state.step;
       loss_acc += step_loss, mse_acc += l.mse.mean().item<double>(), vb_acc += l.vb.mean().item<double>();
       ++logged, images += x0.size(0);

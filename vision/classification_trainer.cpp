@@ -1,5 +1,7 @@
 #include "vision/classification_trainer.h"
 
+#include "datasets/image_folder.h"
+
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
 
@@ -64,14 +66,16 @@ double learning_rate_at(const ExperimentConfig& cfg, double t) {
   return cfg.schedule.min_lr + 0.5 * (base - cfg.schedule.min_lr) * (1.0 + std::cos(kPi * std::min(t, T) / T));
 }
 
-datasets::ImageSet load_split(const ExperimentConfig& cfg, bool train) {
+datasets::ImageSet load_split(const ExperimentConfig& cfg, bool train, int64_t channels) {
   datasets::ImageSet set;
   if (cfg.data.dataset == DatasetKind::fashion_mnist) {
     set = datasets::load_fashion_mnist(train ? "train" : "test",
                                        cfg.data.root.empty() ? datasets::kFashionMnistDir : cfg.data.root);
   } else {
-    throw UserError("config: data.dataset", "image_folder training is not available in this build yet",
-                    "use data.dataset: fashion_mnist");
+    if (cfg.data.root.empty()) throw UserError("config: data.root", "image_folder needs a root", "<root>/{train,val}/<class>/*");
+    const int64_t limit = train ? cfg.data.limit_train : cfg.data.limit_val;
+    return datasets::load_image_folder(cfg.data.root, train ? "train" : "val", channels, 0,
+                                       cfg.data.max_bad_fraction, nullptr, limit);
   }
   const int64_t limit = train ? cfg.data.limit_train : cfg.data.limit_val;
   if (limit > 0 && limit < set.size()) {
@@ -126,7 +130,7 @@ TrainResult train_classifier(const ExperimentConfig& cfg, const TrainArgs& args)
   // Resume decision before anything touches the run directory.
   std::optional<Checkpoint> resume = resolve_resume(run_dir, args.resume);
 
-  datasets::ImageSet train_set = load_split(cfg, true), val_set = load_split(cfg, false);
+  datasets::ImageSet train_set = load_split(cfg, true, mo.in_chans), val_set = load_split(cfg, false, mo.in_chans);
   const datasets::ClassifierTransform tf = transform_for(cfg, mo);
   if (train_set.images.size(1) > mo.img_size || train_set.images.size(2) > mo.img_size)
     throw UserError("config: model.img_size", "images are " + std::to_string(train_set.images.size(1)) +

@@ -19,8 +19,9 @@ TransNeXtOptions classifier_options_for(const ExperimentConfig& cfg);
 /// (t_initial = epochs, warm-up from warmup_lr over warmup_epochs, cosine to min_lr over t / epochs).
 double learning_rate_at(const ExperimentConfig& cfg, double t);
 
-/// Train or validation split of the experiment's dataset (limits applied).
-datasets::ImageSet load_split(const ExperimentConfig& cfg, bool train);
+/// Train or validation split of the experiment's dataset (limits applied); image folders are decoded to `channels`
+/// (1 = grey, 3 = RGB).
+datasets::ImageSet load_split(const ExperimentConfig& cfg, bool train, int64_t channels);
 
 /// Input pipeline of the experiment (training adds the configured augmentation).
 datasets::ClassifierTransform transform_for(const ExperimentConfig& cfg, const TransNeXtOptions& model);

@@ -1,0 +1,139 @@
+#include "datasets/image_folder.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <iostream>
+
+#include "core/atomic_io.h"
+#include "core/error.h"
+
+#ifdef MOH_WITH_OPENCV
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+#endif
+
+namespace moh::datasets {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr size_t kBadFilesListed = 5;
+
+bool is_image_file(const fs::path& p) {
+  std::string ext = p.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+  return ext == ".jpg" || ext == ".jpeg" || ext == ".png" || ext == ".bmp" || ext == ".webp" || ext == ".tif" ||
+         ext == ".tiff";
+}
+
+}  // namespace
+
+ImageFolderIndex scan_image_folder(const std::string& root, const std::string& split) {
+  const fs::path dir = fs::path(root) / split;
+  if (!fs::is_directory(dir))
+    throw UserError("data.root " + root, "has no '" + split + "' folder", "expected <root>/{train,val}/<class>/<image>");
+  ImageFolderIndex idx;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_directory()) idx.classes.push_back(e.path().filename().string());
+  std::sort(idx.classes.begin(), idx.classes.end());
+  for (size_t c = 0; c < idx.classes.size(); ++c) {
+    std::vector<std::string> files;
+    for (const auto& e : fs::directory_iterator(dir / idx.classes[c]))
+      if (e.is_regular_file() && is_image_file(e.path())) files.push_back(e.path().string());
+    std::sort(files.begin(), files.end());
+    if (files.empty()) idx.empty_classes.push_back(idx.classes[c]);
+    for (auto& f : files) idx.files.push_back(std::move(f)), idx.labels.push_back(static_cast<int64_t>(c));
+  }
+  if (idx.files.empty())
+    throw UserError("data.root " + root, "no images under " + dir.string(), "expected <root>/" + split + "/<class>/<image>");
+  return idx;
+}
+
+ImageSet load_image_folder(const std::string& root, const std::string& split, int64_t channels, int64_t size,
+                           double max_bad_fraction, DecodeReport* report, int64_t limit) {
+#ifndef MOH_WITH_OPENCV
+  (void)root, (void)split, (void)channels, (void)size, (void)max_bad_fraction, (void)report, (void)limit;
+  throw UserError("data.dataset image_folder", "needs OpenCV, which this build was configured without",
+                  "rebuild with -DMOH_WITH_OPENCV=ON");
+#else
+  ImageFolderIndex idx = scan_image_folder(root, split);
+  if (!idx.empty_classes.empty())
+    std::cerr << "warning: " << root << "/" << split << ": " << idx.empty_classes.size()
+              << " class folder(s) without images (kept as labels): " << join(idx.empty_classes) << "\n";
+  int64_t n = static_cast<int64_t>(idx.files.size());
+  if (limit > 0 && limit < n) n = limit;
+  std::vector<cv::Mat> mats(static_cast<size_t>(n));
+  std::vector<char> ok(static_cast<size_t>(n), 0);
+  at::parallel_for(0, n, 16, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      cv::Mat m = cv::imread(idx.files[static_cast<size_t>(i)], channels == 1 ? cv::IMREAD_GRAYSCALE : cv::IMREAD_COLOR);
+      if (m.empty()) continue;
+      if (channels != 1) cv::cvtColor(m, m, cv::COLOR_BGR2RGB);
+      mats[static_cast<size_t>(i)] = m, ok[static_cast<size_t>(i)] = 1;
+    }
+  });
+  DecodeReport r;
+  for (int64_t i = 0; i < n; ++i) {
+    if (ok[static_cast<size_t>(i)]) {
+      ++r.decoded;
+      if (size == 0) size = mats[static_cast<size_t>(i)].rows;
+    } else {
+      ++r.bad;
+      if (r.bad_files.size() < kBadFilesListed) r.bad_files.push_back(idx.files[static_cast<size_t>(i)]);
+    }
+  }
+  std::cerr << root << "/" << split << ": " << r.decoded << " images decoded, " << r.bad << " unreadable skipped"
+            << (r.bad ? " (first: " + r.bad_files.front() + ")" : std::string()) << "\n";
+  if (report) *report = r;
+  const double frac = n ? static_cast<double>(r.bad) / static_cast<double>(n) : 0.0;
+  if (frac > max_bad_fraction || r.decoded == 0)
+    throw UserError("data.root " + root, std::to_string(r.bad) + " of " + std::to_string(n) + " images are unreadable (" +
+                                             join(r.bad_files) + ")", "above data.max_bad_fraction; fix or remove them");
+  ImageSet set;
+  std::vector<int64_t> shape{r.decoded, size, size};
+  if (channels != 1) shape.push_back(3);
+  set.images = at::empty(shape, at::kByte);
+  set.labels = at::empty({r.decoded}, at::kLong);
+  int64_t j = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!ok[static_cast<size_t>(i)]) continue;
+    cv::Mat m = mats[static_cast<size_t>(i)];
+    if (m.rows != size || m.cols != size) cv::resize(m, m, cv::Size(static_cast<int>(size), static_cast<int>(size)), 0, 0, cv::INTER_AREA);
+    if (!m.isContinuous()) m = m.clone();
+    std::memcpy(set.images[j].data_ptr(), m.data, m.total() * m.elemSize());
+    set.labels[j] = idx.labels[static_cast<size_t>(i)];
+    ++j;
+  }
+  return set;
+#endif
+}
+
+void write_image_folder(const std::string& dir, const ImageSet& set, const std::vector<std::string>& class_names) {
+#ifndef MOH_WITH_OPENCV
+  (void)dir, (void)set, (void)class_names;
+  throw UserError("export", "writing PNG needs OpenCV, which this build was configured without", "");
+#else
+  const at::Tensor images = set.images.contiguous(), labels = set.labels.to(at::kLong).contiguous();
+  const int64_t* lab = labels.data_ptr<int64_t>();
+  const int64_t n = set.size();
+  for (const auto& c : class_names) fs::create_directories(fs::path(dir) / c);
+  at::parallel_for(0, n, 64, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const at::Tensor img = images[i].contiguous();
+      const int type = img.dim() == 3 && img.size(2) == 3 ? CV_8UC3 : CV_8UC1;
+      cv::Mat m(static_cast<int>(img.size(0)), static_cast<int>(img.size(1)), type, img.data_ptr());
+      if (type == CV_8UC3) cv::cvtColor(m, m, cv::COLOR_RGB2BGR);
+      std::vector<uchar> png;
+      cv::imencode(".png", m, png);
+      char name[32];
+      std::snprintf(name, sizeof name, "%06lld.png", static_cast<long long>(i));
+      const int64_t label = lab[i];
+      write_file_atomic((fs::path(dir) / class_names.at(static_cast<size_t>(label)) / name).string(),
+                        std::string(png.begin(), png.end()));
+    }
+  });
+#endif
+}
+
+}  // namespace moh::datasets

@@ -1,0 +1,42 @@
+#pragma once
+// ImageFolder datasets (torchvision layout, as ImageNet is distributed): <root>/<split>/<class>/<image>, classes in
+// sorted folder-name order (the label of a class = its index in that order, empty class folders included so labels
+// stay aligned with the folder list). Images are decoded with OpenCV; unreadable files are skipped and counted, with
+// a summary line, and more than `max_bad_fraction` of them is an error. This reader holds the decoded split in
+// memory (small datasets: Fashion-MNIST-sized trees, tests); streaming ImageNet-scale decoding is not in it.
+#include <string>
+#include <vector>
+
+#include "datasets/fashion_mnist.h"
+
+namespace moh::datasets {
+
+/// The files of one split.
+struct ImageFolderIndex {
+  std::vector<std::string> classes;  ///< sorted class folder names
+  std::vector<std::string> files;    ///< every image file, class by class, sorted by name within a class
+  std::vector<int64_t> labels;       ///< class index of each file
+  std::vector<std::string> empty_classes;
+};
+
+/// Lists <root>/<split>/<class>/*.{jpg,jpeg,png,bmp,JPEG,...}. A missing split folder or a split without any image is a
+/// UserError.
+ImageFolderIndex scan_image_folder(const std::string& root, const std::string& split);
+
+/// What happened while decoding.
+struct DecodeReport {
+  int64_t decoded = 0, bad = 0;
+  std::vector<std::string> bad_files;  ///< the first few unreadable files
+};
+
+/// Decodes a split into memory: grey (N, S, S) when channels == 1, else RGB (N, S, S, 3). Images whose size differs
+/// from `size` are resized with area interpolation (size = 0: the first image's size, which all must share).
+/// Throws UserError when the unreadable fraction exceeds max_bad_fraction.
+ImageSet load_image_folder(const std::string& root, const std::string& split, int64_t channels, int64_t size,
+                           double max_bad_fraction, DecodeReport* report = nullptr, int64_t limit = 0);
+
+/// Writes a labelled image set as an ImageFolder split: <dir>/<class name>/<index:06d>.png (class names given per
+/// label). Used to turn the embedded dataset into a tree (`moh export-images`).
+void write_image_folder(const std::string& dir, const ImageSet& set, const std::vector<std::string>& class_names);
+
+}  // namespace moh::datasets
