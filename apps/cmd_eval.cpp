@@ -6,6 +6,7 @@
 #include "apps/cli.h"
 #include "apps/commands.h"
 #include "core/checkpoint.h"
+#include "core/atomic_io.h"
 #include "eval/report.h"
 #include "vision/classification_trainer.h"
 
@@ -27,14 +28,24 @@ int cmd_eval(int argc, char** argv) {
   vision::TransNeXt model(mo);
   load_module_tensors(*model, ckpt.model, ckpt.dir);
   model->to(ctx.device);
+  vision::HeadLoadStats head_load(mo, mo.num_classes);
   vision::EvalResult r = vision::evaluate_classifier(model, vision::load_split(cfg, false, mo.in_chans),
-                                                     vision::transform_for(cfg, mo), cfg.data.eval_batch_size, ctx);
+                                                     vision::transform_for(cfg, mo), cfg.data.eval_batch_size, ctx,
+                                                     &head_load);
   const nlohmann::json report{{"metrics", {{"top1", r.top1}, {"top5", r.top5}, {"loss", r.loss}}},
                               {"checkpoint", ckpt.dir},
                               {"model", cfg.model.name},
                               {"count", r.count}};
   const std::string out = args["out"].as<std::string>();
-  if (!out.empty()) eval::write_report(out, report, "Classifier evaluation: " + cfg.model.name);
+  if (!out.empty()) {
+    eval::write_report(out, report, "Classifier evaluation: " + cfg.model.name);
+    if (mo.routed_layers() > 0) {  // MoH head load per layer and class (paper Figure 3)
+      write_file_atomic(out + "/head_load.json", head_load.to_json().dump(1) + "\n");
+      std::vector<std::string> names;
+      if (cfg.data.dataset == DatasetKind::fashion_mnist) names = datasets::fashion_mnist_classes();
+      if (head_load.write_png(out + "/head_load.png", names)) std::cout << "head load: " << out << "/head_load.png\n";
+    }
+  }
   if (args.count("json")) {
     std::cout << nlohmann::json{{"checkpoint", ckpt.dir}, {"top1", r.top1}, {"top5", r.top5}, {"loss", r.loss},
                                 {"count", r.count}}.dump(1)

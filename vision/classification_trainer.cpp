@@ -94,7 +94,7 @@ datasets::ClassifierTransform transform_for(const ExperimentConfig& cfg, const T
 }
 
 EvalResult evaluate_classifier(TransNeXt& model, const datasets::ImageSet& set, const datasets::ClassifierTransform& tf,
-                               int64_t batch_size, const RunContext& ctx) {
+                               int64_t batch_size, const RunContext& ctx, HeadLoadStats* head_load) {
   torch::NoGradGuard ng;
   const bool was_training = model->is_training();
   model->eval();
@@ -105,7 +105,9 @@ EvalResult evaluate_classifier(TransNeXt& model, const datasets::ImageSet& set, 
   at::Tensor x, y;
   while (loader.next(x, y)) {
     x = x.to(ctx.device), y = y.to(ctx.device);
-    at::Tensor logits = model->forward(x).logits;
+    ClassifierOutput out = model->forward(x);
+    if (head_load) head_load->add(out.routed, y);
+    const at::Tensor& logits = out.logits;
     loss_sum += at::cross_entropy_loss(logits, y, {}, at::Reduction::Sum).item<double>();
     const int64_t k = std::min<int64_t>(5, logits.size(1));
     at::Tensor pred = std::get<1>(logits.topk(k, 1));  // (B, k)

@@ -8,6 +8,7 @@
 #include "core/experiment_config.h"
 #include "core/run_context.h"
 #include "datasets/loader.h"
+#include "vision/head_load.h"
 #include "vision/transnext.h"
 
 namespace moh::vision {
@@ -31,8 +32,9 @@ struct EvalResult {
   double top1 = 0, top5 = 0, loss = 0;
   int64_t count = 0;
 };
+/// With `head_load`, also accumulates the MoH head selections of every batch.
 EvalResult evaluate_classifier(TransNeXt& model, const datasets::ImageSet& set, const datasets::ClassifierTransform& tf,
-                               int64_t batch_size, const RunContext& ctx);
+                               int64_t batch_size, const RunContext& ctx, HeadLoadStats* head_load = nullptr);
 
 /// Where a training run lives and whether to continue one.
 struct TrainArgs {

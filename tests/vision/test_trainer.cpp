@@ -57,6 +57,25 @@ TEST(ClassificationTrainer, ResumeIsExact) {
   EXPECT_EQ(metric_lines(d.file("full")), metric_lines(d.file("split")));
 }
 
+TEST(HeadLoad, CountsPerLayerAndClass) {
+  TransNeXtOptions o = classifier_options("MoH-ViT-Nano");  // routed stages 3 (top-4 of 6) and 4 (top-2 of 4)
+  HeadLoadStats stats(o, 3);
+  std::vector<at::Tensor> routed(static_cast<size_t>(o.total_layers()));
+  const size_t first = static_cast<size_t>(o.depths[0] + o.depths[1]);  // first stage-3 block
+  // 2 images × 2 tokens, top-4: image 0 (class 2) always picks heads 0-3, image 1 (class 0) heads 2-5.
+  routed[first] = torch::tensor({{0, 1, 2, 3}, {0, 1, 2, 3}, {2, 3, 4, 5}, {2, 3, 4, 5}});
+  stats.add(routed, torch::tensor({2, 0}));
+  nlohmann::json j = stats.to_json();
+  const auto& layer = j["layers"][0];
+  EXPECT_EQ(layer["name"], "stage3.block0");
+  EXPECT_EQ(layer["selections"].get<double>(), 16.0);
+  EXPECT_EQ(layer["per_class"][2], (std::vector<double>{0.25, 0.25, 0.25, 0.25, 0, 0}));
+  EXPECT_EQ(layer["per_class"][0], (std::vector<double>{0, 0, 0.25, 0.25, 0.25, 0.25}));
+  EXPECT_EQ(layer["per_class"][1], (std::vector<double>(6, 0.0)));
+  EXPECT_EQ(layer["overall"], (std::vector<double>{0.125, 0.125, 0.25, 0.25, 0.125, 0.125}));
+  EXPECT_EQ(j["layers"].size(), static_cast<size_t>(o.routed_layers()));
+}
+
 TEST(ClassificationTrainer, CosineScheduleWithWarmup) {
   test::TempDir d;
   ExperimentConfig cfg = load_experiment(d.write("c.yaml", "model: {name: MoH-ViT-Nano}\n"));  // 300 ep, 5 warm-up
