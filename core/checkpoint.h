@@ -73,6 +73,10 @@ std::optional<Checkpoint> resolve_resume(const std::string& run_dir, const std::
 MetricsWriter start_run_dir(const std::string& run_dir, const std::string& config_yaml,
                             std::optional<int64_t> resumed_step);
 
+/// Initialises a module from `model.weights`: a .safetensors file (official key names), or one of this toolkit's
+/// checkpoint/run directories (`key` = model (default) or ema). Other formats are a UserError with a conversion hint.
+void load_initial_weights(torch::nn::Module& module, const std::string& path, const std::string& key);
+
 /// Keeps only the metrics lines of steps ≤ `step` (and drops a line cut by a kill), so the log of a resumed run equals
 /// that of an uninterrupted one.
 void truncate_metrics(const std::string& path, int64_t step);

@@ -64,6 +64,9 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   expect 0 '"steps":2' -- train $NANO "${TINY[@]}" --run-dir "$tmp/run"
   sums=$(cd "$tmp/run" && find . -type f | sort | xargs sha256sum)
   expect 2 "already holds a run" -- train $NANO "${TINY[@]}" --run-dir "$tmp/run"
+  expect 0 '"steps":2' -- train $NANO "${TINY[@]}" --set model.weights="$tmp/run" --run-dir "$tmp/run_init"
+  expect 2 "only .safetensors files and checkpoint directories" -- train $NANO "${TINY[@]}" --set model.weights=configs/base/imagenet_classification.yaml --run-dir "$tmp/run5"
+  expect 2 "no such file or directory" -- train $NANO "${TINY[@]}" --set model.weights=/nonexistent.pth --run-dir "$tmp/run5"
   expect 2 "unknown classifier variant" -- train $NANO "${TINY[@]}" --set model.name=MoH-ViT-X --run-dir "$tmp/run"
   expect 2 "optim.lr: must be > 0" -- train $NANO "${TINY[@]}" --set optim.lr=-1 --run-dir "$tmp/run"
   expect 2 "apt-get install dataset-fashion-mnist" -- train $NANO "${TINY[@]}" --set data.root=/nonexistent --run-dir "$tmp/run2"
@@ -108,6 +111,10 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   [ "$sums" = "$(cd "$tmp/run" && find . -type f | sort | xargs sha256sum)" ] && pass=$((pass + 1)) ||
     { echo "FAIL: run files changed by failing commands"; fails=$((fails + 1)); }
 fi
+
+# docs/CONFIG.md is generated from the schema: fail when they drift apart.
+if diff <(tail -n +7 docs/CONFIG.md) <("$MOH" config --schema --markdown) >/dev/null; then pass=$((pass + 1)); else
+  echo "FAIL: docs/CONFIG.md differs from moh config --schema --markdown (run scripts/gen_config_md.sh)"; fails=$((fails + 1)); fi
 
 # Nothing on disk is touched by a failing command.
 cp configs/fashion_mnist/moh_vit_nano.yaml "$tmp/c.yaml"
