@@ -135,6 +135,7 @@ int cmd_sample(int argc, char** argv) {
   const diffusion::GaussianDiffusion chain = diffusion::GaussianDiffusion::respaced(cfg.diffusion.steps, sc.steps);
   diffusion::SampleOptions so;
   so.sampler = sc.sampler, so.eta = sc.eta, so.cfg_scale = sc.cfg_scale, so.cfg_channels = sc.cfg_channels;
+  so.clip_denoised = sc.clip_denoised;
   if (so.cfg_scale > 1.0 && so.cfg_channels == CfgChannels::three && mo.in_channels < 3)
     throw UserError("sampling.cfg_channels", "three (DiT's latent quirk) needs at least 3 channels, the model has " +
                                                  std::to_string(mo.in_channels), "set sampling.cfg_channels=all");
@@ -194,7 +195,8 @@ int cmd_sample(int argc, char** argv) {
                       {"weights", args.count("raw") || !args.count("checkpoint") ? "raw" : "ema (if present)"},
                       {"sampler", sc.sampler == SamplerKind::ddpm ? "ddpm" : "ddim"}, {"steps", sc.steps},
                       {"chain_steps", chain.num_steps()}, {"eta", sc.eta}, {"cfg_scale", sc.cfg_scale},
-                      {"cfg_channels", sc.cfg_channels == CfgChannels::three ? "three" : "all"}, {"seed", sc.seed},
+                      {"cfg_channels", sc.cfg_channels == CfgChannels::three ? "three" : "all"},
+                      {"clip_denoised", sc.clip_denoised}, {"seed", sc.seed},
                       {"labels", label_mode}, {"count", n}, {"seconds", seconds}};
   write_file_atomic(out_dir + "/sampling.json", info.dump(1) + "\n");
   std::cout << "wrote " << out_dir << "/samples.npz (" << n << " images)"

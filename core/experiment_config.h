@@ -192,6 +192,7 @@ struct SamplingConfig {
   double eta = 0.0;
   double cfg_scale = 1.5;     ///< 1 = no guidance (no batch doubling)
   CfgChannels cfg_channels = CfgChannels::three;
+  bool clip_denoised = false; ///< clamp predicted x0 to [−1, 1] each step (pixel models; DiT's latents: never)
   int64_t per_class = 10;
   int64_t batch_size = 64;
   int64_t seed = 0;
@@ -203,6 +204,7 @@ struct SamplingConfig {
     v.field("eta", eta, "DDIM noise (0 = deterministic)");
     v.field("cfg_scale", cfg_scale, "classifier-free guidance scale; 1 = off");
     v.field("cfg_channels", cfg_channels, "guide the first 3 output channels (three, DiT-exact) or all eps channels (all)");
+    v.field("clip_denoised", clip_denoised, "clamp the predicted x0 to [-1, 1] at every step (pixel space; DiT: false)");
     v.field("per_class", per_class, "images per class written by moh sample");
     v.field("batch_size", batch_size, "images per sampling batch (before CFG doubling)");
     v.field("seed", seed, "sampling seed");
