@@ -36,12 +36,15 @@ namespace {
 bool write_grid(const std::string& path, const at::Tensor& images, int64_t cols, int scale,
                 const std::vector<std::string>& row_labels) {
 #ifdef MOH_WITH_OPENCV
-  const int64_t H = images.size(1), W = images.size(2), C = images.size(3), pad = 2;
-  const int64_t rows = (images.size(0) + cols - 1) / cols;
+  at::Tensor imgs = images;
+  if (imgs.size(3) == 3 && imgs.select(3, 0).equal(imgs.select(3, 1)) && imgs.select(3, 0).equal(imgs.select(3, 2)))
+    imgs = imgs.narrow(3, 0, 1).contiguous();  // grey replicated to RGB: a 1-channel PNG is a third of the size
+  const int64_t H = imgs.size(1), W = imgs.size(2), C = imgs.size(3), pad = 2;
+  const int64_t rows = (imgs.size(0) + cols - 1) / cols;
   at::Tensor canvas = at::full({rows * (H + pad) + pad, cols * (W + pad) + pad, C}, 255, at::kByte);
-  for (int64_t i = 0; i < images.size(0); ++i) {
+  for (int64_t i = 0; i < imgs.size(0); ++i) {
     const int64_t r = i / cols, c = i % cols;
-    canvas.narrow(0, pad + r * (H + pad), H).narrow(1, pad + c * (W + pad), W).copy_(images[i]);
+    canvas.narrow(0, pad + r * (H + pad), H).narrow(1, pad + c * (W + pad), W).copy_(imgs[i]);
   }
   cv::Mat m(static_cast<int>(canvas.size(0)), static_cast<int>(canvas.size(1)), C == 3 ? CV_8UC3 : CV_8UC1,
             canvas.data_ptr());
@@ -182,14 +185,20 @@ int cmd_sample(int argc, char** argv) {
   if (all.size(3) == 1) all = all.expand({-1, -1, -1, 3}).contiguous();  // ADM batches are RGB
   std::filesystem::create_directories(out_dir);
   datasets::save_npz(out_dir + "/samples.npz", {{"arr_0", all}, {"arr_1", labels}});
+  // The grid shows at most kGridCols images of each row and kGridRows rows (10k-sample batches stay a small PNG).
+  constexpr int64_t kGridCols = 16, kGridRows = 32;
   std::vector<std::string> row_labels;  // balanced rows hold one class each
-  if (label_mode == "balanced")
-    for (int64_t r = 0; r * sc.per_class < n; ++r) {
-      const int64_t k = r % mo.num_classes;
-      const bool fm = cfg.data.dataset == DatasetKind::fashion_mnist && mo.num_classes == 10;
-      row_labels.push_back(fm ? datasets::fashion_mnist_classes()[static_cast<size_t>(k)] : "class " + std::to_string(k));
-    }
-  const bool grid = write_grid(out_dir + "/grid.png", all, sc.per_class, mo.input_size < 64 ? 3 : 1, row_labels);
+  std::vector<int64_t> shown;
+  const int64_t row_len = label_mode == "balanced" ? sc.per_class : kGridCols, cols = std::min(row_len, kGridCols);
+  for (int64_t r = 0; r * row_len < n && r < kGridRows; ++r) {
+    for (int64_t c = 0; c < cols && r * row_len + c < n; ++c) shown.push_back(r * row_len + c);
+    if (label_mode != "balanced") continue;
+    const int64_t k = r % mo.num_classes;
+    const bool fm = cfg.data.dataset == DatasetKind::fashion_mnist && mo.num_classes == 10;
+    row_labels.push_back(fm ? datasets::fashion_mnist_classes()[static_cast<size_t>(k)] : "class " + std::to_string(k));
+  }
+  const at::Tensor grid_images = all.index_select(0, at::tensor(shown, at::kLong));
+  const bool grid = write_grid(out_dir + "/grid.png", grid_images, cols, mo.input_size < 64 ? 3 : 1, row_labels);
   nlohmann::json info{{"model", cfg.model.name},
                       {"checkpoint", args.count("checkpoint") ? args["checkpoint"].as<std::string>() : "untrained"},
                       {"weights", args.count("raw") || !args.count("checkpoint") ? "raw" : "ema (if present)"},

@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstring>
 #include <iostream>
 
@@ -23,7 +24,7 @@ const std::vector<Command>& commands() {
       {"fid", "FID / sFID / IS / precision / recall of samples vs a reference (ADM evaluator)", cmd_fid},
       {"ref-stats", "precompute reference statistics for moh fid", cmd_ref_stats},
       {"export-images", "write a labelled image source as an ImageFolder split of PNGs", cmd_export_images},
-      {"bench", "benchmarks: `moh bench attention [--json]`", cmd_bench},
+      {"bench", "benchmarks: `moh bench attention|eval [--json]`", cmd_bench},
   };
   return all;
 }
@@ -60,7 +61,10 @@ ExperimentConfig config_from_args(const cxxopts::ParseResult& args, const std::s
 static void print_usage() {
   std::cout << "moh " << toolkit_version() << " — Mixture-of-Head attention toolkit (MoH-ViT, MoH-DiT, FID tools)\n\n"
             << "usage: moh <command> [options]    (moh <command> --help for its options)\n\ncommands:\n";
-  for (const auto& c : commands()) std::cout << "  " << c.name << std::string(10 - std::strlen(c.name), ' ') << c.summary << "\n";
+  size_t width = 0;
+  for (const auto& c : commands()) width = std::max(width, std::strlen(c.name));
+  for (const auto& c : commands())
+    std::cout << "  " << c.name << std::string(width + 2 - std::strlen(c.name), ' ') << c.summary << "\n";
   std::cout << "\nglobal: --help, --version\n";
 }
 

@@ -13,7 +13,7 @@ OUT=${DEMO_OUT:-runs/demo}
 if [ "${DEMO_QUICK:-0}" = 1 ]; then
   CLS_STEPS=40 VAL=1000 DIT_STEPS=120 PER_CLASS=2 STEPS=ddim10 REF=fashion_mnist:test:1000
 else
-  CLS_STEPS=300 VAL=0 DIT_STEPS=1400 PER_CLASS=10 STEPS=ddim50 REF=fashion_mnist:test
+  CLS_STEPS=200 VAL=0 DIT_STEPS=2400 PER_CLASS=10 STEPS=ddim50 REF=fashion_mnist:test
 fi
 start=$(date +%s)
 if [ -e "$OUT" ]; then echo "== removing the previous demo output $OUT"; rm -rf "$OUT"; fi

@@ -92,6 +92,21 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   # Diffusion: a tiny pixel MoH-DiT run, CFG samples as an ADM .npz + grid, sample accuracy through moh fid.
   DIT=configs/fashion_mnist/moh_dit_pixel.yaml
   expect 0 '"steps":2' -- train $DIT --set data.limit_train=32 --set data.batch_size=16 --set train.max_steps=2 --run-dir "$tmp/dit"
+  # kill -9 in the middle of a run, then --resume auto: the final EMA weights equal an uninterrupted run's, byte for byte.
+  KILL=(--set data.limit_train=64 --set data.batch_size=16 --set train.epochs=6 --set train.log_every_steps=1)
+  "$MOH" train $DIT "${KILL[@]}" --run-dir "$tmp/dit_full" >/dev/null 2>&1
+  "$MOH" train $DIT "${KILL[@]}" --run-dir "$tmp/dit_kill" >/dev/null 2>&1 &
+  victim=$!
+  for _ in $(seq 1 600); do [ -e "$tmp/dit_kill/checkpoints/latest" ] && break; sleep 0.05; done
+  kill -9 $victim 2>/dev/null; wait $victim 2>/dev/null
+  expect 0 '"steps":24' -- train $DIT "${KILL[@]}" --run-dir "$tmp/dit_kill" --resume auto
+  losses() { grep -o '"loss":[^,]*' "$1/metrics.jsonl"; }
+  if cmp -s "$tmp/dit_full/checkpoints/0000024/ema.safetensors" "$tmp/dit_kill/checkpoints/0000024/ema.safetensors" &&
+     [ "$(losses "$tmp/dit_full")" = "$(losses "$tmp/dit_kill")" ]; then
+    pass=$((pass + 1))
+  else
+    echo "FAIL: kill -9 + --resume auto: final EMA or losses differ from the uninterrupted run"; fails=$((fails + 1))
+  fi
   FAST=(--set sampling.per_class=2 --set sampling.steps=ddim3)
   expect 0 "wrote $tmp/s/samples.npz (20 images)" -- sample --checkpoint "$tmp/dit" "${FAST[@]}" --out "$tmp/s"
   expect 0 "wrote" -- sample configs/fashion_mnist/moh_dit_pixel.yaml --checkpoint "$tmp/dit" --cfg-scale 3 --steps ddim3 --num-samples 4 --labels 1,7 --seed 5 --out "$tmp/s3"
