@@ -61,6 +61,8 @@ DiffusionTrainResult train_diffusion(const ExperimentConfig& cfg, const vision::
   RunContext ctx = RunContext::create(cfg.train.device, cfg.train.precision, static_cast<uint64_t>(cfg.train.seed));
   if (ctx.world > 1) throw UserError("train", "data-parallel training is not available in this build yet", "run one process");
   if (cfg.train.accum_steps != 1) throw UserError("config: train.accum_steps", "must be 1 for diffusion training", "");
+  if (cfg.train.precision != Precision::fp32)
+    throw UserError("config: train.precision", "autocast (bf16/fp16) is not implemented in the trainers yet", "use fp32");
   const DiTOptions mo = dit_options_for(cfg);
   const std::string run_dir = args.run_dir.empty() ? "runs/" + cfg.name : args.run_dir;
   std::optional<Checkpoint> resume = resolve_resume(run_dir, args.resume);

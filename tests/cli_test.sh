@@ -67,6 +67,7 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   expect 0 '"steps":2' -- train $NANO "${TINY[@]}" --set model.weights="$tmp/run" --run-dir "$tmp/run_init"
   expect 2 "only .safetensors files and checkpoint directories" -- train $NANO "${TINY[@]}" --set model.weights=configs/base/imagenet_classification.yaml --run-dir "$tmp/run5"
   expect 2 "no such file or directory" -- train $NANO "${TINY[@]}" --set model.weights=/nonexistent.pth --run-dir "$tmp/run5"
+  expect 2 "train.ema_decay: weight EMA is implemented for DiT training only" -- train $NANO "${TINY[@]}" --set train.ema_decay=0.99 --run-dir "$tmp/run5"
   expect 2 "unknown classifier variant" -- train $NANO "${TINY[@]}" --set model.name=MoH-ViT-X --run-dir "$tmp/run"
   expect 2 "optim.lr: must be > 0" -- train $NANO "${TINY[@]}" --set optim.lr=-1 --run-dir "$tmp/run"
   expect 2 "apt-get install dataset-fashion-mnist" -- train $NANO "${TINY[@]}" --set data.root=/nonexistent --run-dir "$tmp/run2"
@@ -126,6 +127,12 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   [ "$sums" = "$(cd "$tmp/run" && find . -type f | sort | xargs sha256sum)" ] && pass=$((pass + 1)) ||
     { echo "FAIL: run files changed by failing commands"; fails=$((fails + 1)); }
 fi
+
+# Every shipped experiment file (bases excepted) validates.
+for f in configs/*/*.yaml; do
+  case $f in configs/base/*) continue ;; esac
+  if "$MOH" config "$f" >/dev/null 2>"$tmp/cfgerr"; then pass=$((pass + 1)); else echo "FAIL: $f: $(cat "$tmp/cfgerr")"; fails=$((fails + 1)); fi
+done
 
 # docs/CONFIG.md is generated from the schema: fail when they drift apart.
 if diff <(tail -n +7 docs/CONFIG.md) <("$MOH" config --schema --markdown) >/dev/null; then pass=$((pass + 1)); else

@@ -124,6 +124,11 @@ EvalResult evaluate_classifier(TransNeXt& model, const datasets::ImageSet& set, 
 TrainResult train_classifier(const ExperimentConfig& cfg, const TrainArgs& args) {
   const auto t_start = std::chrono::steady_clock::now();
   RunContext ctx = RunContext::create(cfg.train.device, cfg.train.precision, static_cast<uint64_t>(cfg.train.seed));
+  // Refuse settings this trainer does not implement yet rather than silently training without them.
+  if (cfg.train.ema_decay > 0)
+    throw UserError("config: train.ema_decay", "weight EMA is implemented for DiT training only so far", "set it to 0");
+  if (cfg.train.precision != Precision::fp32)
+    throw UserError("config: train.precision", "autocast (bf16/fp16) is not implemented in the trainers yet", "use fp32");
   if (ctx.world > 1)
     throw UserError("train", "data-parallel training is not available in this build yet", "run one process");
   const TransNeXtOptions mo = classifier_options_for(cfg);
