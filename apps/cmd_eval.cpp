@@ -15,18 +15,25 @@ namespace moh::apps {
 int cmd_eval(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "Evaluate a classifier checkpoint on the configured validation split");
   add_config_args(opts);
-  opts.add_options()("checkpoint", "checkpoint directory or run directory", cxxopts::value<std::string>())(
+  opts.add_options()("checkpoint", "checkpoint directory or run directory (or give --weights FILE)", cxxopts::value<std::string>())(
       "json", "print JSON")("out", "write report.json and report.md into this directory",
                             cxxopts::value<std::string>()->default_value(""))("h,help", "show this help");
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
-  if (!args.count("checkpoint")) throw UserError(argv[0], "missing --checkpoint PATH", "a checkpoint or run directory");
   ExperimentConfig cfg = config_from_args(args, argv[0]);
-  Checkpoint ckpt = load_checkpoint(args["checkpoint"].as<std::string>());
+  if (!args.count("checkpoint") && cfg.model.weights.empty())
+    throw UserError(argv[0], "missing --checkpoint PATH", "a checkpoint or run directory, or --weights FILE (e.g. an official .pth)");
   RunContext ctx = RunContext::create(cfg.train.device, Precision::fp32, 0);
   vision::TransNeXtOptions mo = vision::classifier_options_for(cfg);
   vision::TransNeXt model(mo);
-  load_module_tensors(*model, ckpt.model, ckpt.dir);
+  Checkpoint ckpt;
+  if (args.count("checkpoint")) {
+    ckpt = load_checkpoint(args["checkpoint"].as<std::string>());
+    load_module_tensors(*model, ckpt.model, ckpt.dir);
+  } else {  // official or converted weights, e.g. a TransNeXt / MoH-ViT .pth with --weights-key model
+    load_initial_weights(*model, cfg.model.weights, cfg.model.weights_key, cfg.model.weights_allow_missing);
+    ckpt.dir = cfg.model.weights;
+  }
   model->to(ctx.device);
   vision::HeadLoadStats head_load(mo, mo.num_classes);
   vision::EvalResult r = vision::evaluate_classifier(model, vision::load_split(cfg, false, mo.in_chans),

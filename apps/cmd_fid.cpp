@@ -25,7 +25,7 @@ int cmd_fid(int argc, char** argv) {
                                 "fashion_mnist:train|test[:N]", cxxopts::value<std::string>())(
       "ref", "reference: same kinds, or an .npz with mu/sigma[/mu_s/sigma_s] statistics (moh ref-stats, ADM batches)",
       cxxopts::value<std::string>())(
-      "features", "feature network: inception:WEIGHTS.safetensors or classifier:CHECKPOINT_OR_RUN_DIR",
+      "features", "feature network: inception:WEIGHTS(.pth|.safetensors) or classifier:CHECKPOINT_OR_RUN_DIR",
       cxxopts::value<std::string>())("metrics", "comma list of fid,sfid,is,pr (or all)",
                                      cxxopts::value<std::string>()->default_value("all"))(
       "is-mode", "adm (splits of 5000 in order) or fidelity (torch-fidelity: 10 shuffled splits, mean ± std)",
@@ -79,7 +79,7 @@ int cmd_ref_stats(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "Precompute reference statistics (mu, sigma, mu_s, sigma_s, P/R features) for moh fid");
   opts.add_options()("images", "PATH.npz, an image folder, or fashion_mnist:train|test[:N]", cxxopts::value<std::string>())(
       "out", "output .npz", cxxopts::value<std::string>())(
-      "features", "inception:WEIGHTS.safetensors or classifier:CHECKPOINT_OR_RUN_DIR", cxxopts::value<std::string>())(
+      "features", "inception:WEIGHTS(.pth|.safetensors) or classifier:CHECKPOINT_OR_RUN_DIR", cxxopts::value<std::string>())(
       "resize", "Inception resize: tf1 or pytorch", cxxopts::value<std::string>()->default_value("tf1"))(
       "batch", "images per forward pass", cxxopts::value<int64_t>()->default_value("64"))(
       "device", "auto, cpu, cuda or cuda:N", cxxopts::value<std::string>()->default_value("auto"))("h,help", "show this help");

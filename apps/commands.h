@@ -26,5 +26,7 @@ int cmd_fid(int argc, char** argv);
 int cmd_sample(int argc, char** argv);
 int cmd_export_images(int argc, char** argv);
 int cmd_ref_stats(int argc, char** argv);
+int cmd_convert(int argc, char** argv);
+int cmd_forward(int argc, char** argv);
 
 }  // namespace moh::apps

@@ -24,6 +24,8 @@ const std::vector<Command>& commands() {
       {"fid", "FID / sFID / IS / precision / recall of samples vs a reference (ADM evaluator)", cmd_fid},
       {"ref-stats", "precompute reference statistics for moh fid", cmd_ref_stats},
       {"export-images", "write a labelled image source as an ImageFolder split of PNGs", cmd_export_images},
+      {"convert", "weights (torch.save .pt/.pth, checkpoint dir) -> safetensors with official names", cmd_convert},
+      {"forward", "one forward pass of a network on safetensors inputs (parity checks against PyTorch)", cmd_forward},
       {"bench", "benchmarks: `moh bench attention|eval [--json]`", cmd_bench},
   };
   return all;
@@ -39,7 +41,11 @@ cxxopts::ParseResult parse_or_throw(cxxopts::Options& options, int argc, char** 
 
 void add_config_args(cxxopts::Options& options) {
   options.add_options()("config", "experiment YAML file", cxxopts::value<std::string>())(
-      "set", "override a key: --set optim.lr=5e-4 (repeatable)", cxxopts::value<std::vector<std::string>>());
+      "set", "override a key: --set optim.lr=5e-4 (repeatable)", cxxopts::value<std::vector<std::string>>())(
+      "weights", "initialise the model from this file (= --set model.weights=...): torch.save .pt/.pth/.bin, "
+                 ".safetensors or a checkpoint dir", cxxopts::value<std::string>())(
+      "weights-key", "entry of a nested checkpoint: ema, model, state_dict (= model.weights_key)",
+      cxxopts::value<std::string>())("allow-missing", "tolerate tensors the weights lack (= model.weights_allow_missing)");
   options.parse_positional({"config"});
   options.positional_help("CONFIG.yaml");
 }
@@ -55,6 +61,9 @@ ExperimentConfig config_from_args(const cxxopts::ParseResult& args, const std::s
     throw UserError(program, "missing CONFIG.yaml", "e.g. " + program + " configs/fashion_mnist/moh_vit_nano.yaml");
   std::vector<std::string> sets;
   if (args.count("set")) sets = args["set"].as<std::vector<std::string>>();
+  if (args.count("weights")) sets.push_back("model.weights=" + args["weights"].as<std::string>());
+  if (args.count("weights-key")) sets.push_back("model.weights_key=" + args["weights-key"].as<std::string>());
+  if (args.count("allow-missing")) sets.push_back("model.weights_allow_missing=true");
   return load_experiment(args["config"].as<std::string>(), sets);
 }
 

@@ -14,6 +14,7 @@
 
 #include "core/atomic_io.h"
 #include "core/error.h"
+#include "core/torch_file.h"
 
 namespace moh {
 
@@ -195,22 +196,20 @@ void truncate_metrics(const std::string& path, int64_t step) {
   write_file_atomic(path, kept);
 }
 
-void load_initial_weights(torch::nn::Module& module, const std::string& path, const std::string& key) {
-  const std::string what = "model.weights " + path;
+TensorMap load_weights_tensors(const std::string& path, const std::string& key) {
   if (fs::is_directory(path)) {
     Checkpoint c = load_checkpoint(path);
-    if (key.empty() || key == "model") return load_module_tensors(module, c.model, c.dir);
-    if (key == "ema" && !c.ema.empty()) return load_module_tensors(module, c.ema, c.dir + "/ema.safetensors");
-    throw UserError(what, "checkpoint has no '" + key + "' weights", key == "ema" ? "this run kept no EMA" : "use model or ema");
+    if (key.empty() || key == "model") return c.model;
+    if (key == "ema" && !c.ema.empty()) return c.ema;
+    throw UserError("weights " + path, "checkpoint has no '" + key + "' weights", key == "ema" ? "this run kept no EMA" : "use model or ema");
   }
-  if (path.size() > 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0) {
-    if (!key.empty()) throw UserError(what, "model.weights_key applies to nested checkpoints", "remove model.weights_key");
-    return load_module_tensors(module, load_safetensors(path).tensors, path);
-  }
-  if (!fs::exists(path)) throw UserError(what, "no such file or directory", "check the path");
-  throw UserError(what, "only .safetensors files and checkpoint directories are read in this build",
-                  "convert in Python: safetensors.torch.save_file(torch.load(f)['" + (key.empty() ? std::string("model") : key) +
-                      "'], out) (or the plain state_dict)");
+  // .safetensors, or any torch.save file (zip or legacy): official checkpoints load as they are.
+  return load_weights_file(path, key);
+}
+
+void load_initial_weights(torch::nn::Module& module, const std::string& path, const std::string& key,
+                          bool allow_missing) {
+  load_module_tensors(module, load_weights_tensors(path, key), path + (key.empty() ? "" : " [" + key + "]"), allow_missing);
 }
 
 MetricsWriter start_run_dir(const std::string& run_dir, const std::string& config_yaml,

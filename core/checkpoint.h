@@ -73,9 +73,16 @@ std::optional<Checkpoint> resolve_resume(const std::string& run_dir, const std::
 MetricsWriter start_run_dir(const std::string& run_dir, const std::string& config_yaml,
                             std::optional<int64_t> resumed_step);
 
-/// Initialises a module from `model.weights`: a .safetensors file (official key names), or one of this toolkit's
-/// checkpoint/run directories (`key` = model (default) or ema). Other formats are a UserError with a conversion hint.
-void load_initial_weights(torch::nn::Module& module, const std::string& path, const std::string& key);
+/// The named tensors of a weights source: a .safetensors or torch.save file (`key` selects an entry of a nested
+/// torch.save checkpoint), or one of this toolkit's checkpoint/run directories (`key` = model (default) or ema).
+TensorMap load_weights_tensors(const std::string& path, const std::string& key);
+
+/// Initialises a module from `model.weights`: a .safetensors file or a torch.save file (.pt/.pth/.bin, zip or legacy;
+/// `key` picks the entry of a nested checkpoint, e.g. ema, model, state_dict), both with official key names; or one
+/// of this toolkit's checkpoint/run directories (`key` = model (default) or ema). Missing, unexpected and
+/// wrongly-shaped tensors are UserErrors naming the tensor; `allow_missing` tolerates missing ones (e.g. pos_embed).
+void load_initial_weights(torch::nn::Module& module, const std::string& path, const std::string& key,
+                          bool allow_missing = false);
 
 /// Keeps only the metrics lines of steps ≤ `step` (and drops a line cut by a kill), so the log of a resumed run equals
 /// that of an uninterrupted one.

@@ -61,6 +61,7 @@ struct ModelConfig {
   double drop_path = -1.0;                 ///< < 0 = variant default
   std::string weights;                     ///< initialise from this file (safetensors or torch.save)
   std::string weights_key;                 ///< key inside a nested checkpoint (ema|model|state_dict)
+  bool weights_allow_missing = false;      ///< tolerate tensors the weights file lacks (e.g. pos_embed)
 
   template <class V>
   void visit(V& v) {
@@ -72,6 +73,7 @@ struct ModelConfig {
     v.field("drop_path", drop_path, "stochastic-depth rate at the last block; negative = variant default");
     v.field("weights", weights, "initialise from this weights file (.safetensors or torch.save .pt/.pth)");
     v.field("weights_key", weights_key, "entry inside a nested checkpoint to load (ema, model, state_dict)");
+    v.field("weights_allow_missing", weights_allow_missing, "keep initialised values for tensors the weights file lacks");
   }
 };
 

@@ -91,7 +91,7 @@ DiffusionTrainResult train_diffusion(const ExperimentConfig& cfg, const vision::
                                                          .eps(cfg.optim.eps)
                                                          .weight_decay(cfg.optim.weight_decay));
   TrainerState state;
-  if (!resume && !cfg.model.weights.empty()) load_initial_weights(*model, cfg.model.weights, cfg.model.weights_key);
+  if (!resume && !cfg.model.weights.empty()) load_initial_weights(*model, cfg.model.weights, cfg.model.weights_key, cfg.model.weights_allow_missing);
   if (resume) {
     load_module_tensors(*model, resume->model, resume->dir);
     load_optimizer_tensors(optimizer, *model, resume->optimizer, resume->dir);

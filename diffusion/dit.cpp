@@ -269,4 +269,27 @@ const std::vector<std::pair<std::string, DiTOptions>>& dit_variants() {
 
 DiTOptions dit_options(const std::string& name) { return find_variant(dit_variants(), name, "DiT variant"); }
 
+DiTOptions dit_options_for_weights(DiTOptions o, const TensorMap& w) {
+  auto shape = [&](const char* name) -> std::vector<int64_t> {
+    auto it = w.find(name);
+    return it == w.end() ? std::vector<int64_t>{} : it->second.sizes().vec();
+  };
+  const auto patch = shape("x_embedder.proj.weight");  // (D, C_in, p, p)
+  if (patch.size() == 4 && patch[2] == o.patch_size) o.in_channels = patch[1];
+  const auto pos = shape("pos_embed");  // (1, T, D), T = (input/p)²
+  if (pos.size() == 3) {
+    const auto g = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(pos[1]))));
+    if (g * g == pos[1]) o.input_size = g * o.patch_size;
+  }
+  const auto table = shape("y_embedder.embedding_table.weight");  // (classes + null row, D)
+  if (table.size() == 2 && table[0] > 1) {
+    // A table with a null row can only be told apart from one without by the official default (dropout 0.1).
+    o.num_classes = o.class_dropout_prob > 0 ? table[0] - 1 : table[0];
+  }
+  const auto last = shape("final_layer.linear.weight");  // (p²·C_out, D)
+  if (last.size() == 2 && last[0] == o.patch_size * o.patch_size * o.in_channels) o.learn_sigma = false;
+  if (last.size() == 2 && last[0] == 2 * o.patch_size * o.patch_size * o.in_channels) o.learn_sigma = true;
+  return o;
+}
+
 }  // namespace moh::diffusion

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/safetensors.h"
 #include "vision/moh_attention.h"
 
 namespace moh::diffusion {
@@ -147,5 +148,9 @@ at::Tensor sincos_pos_embed_2d(int64_t dim, int64_t grid);
 const std::vector<std::pair<std::string, DiTOptions>>& dit_variants();
 /// Looks a variant up; an unknown name is a UserError listing the valid ones.
 DiTOptions dit_options(const std::string& name);
+/// `o` with input_size, in_channels, num_classes, class dropout and learn_sigma read off an official state_dict
+/// (pos_embed, x_embedder.proj.weight, y_embedder.embedding_table.weight, final_layer.linear.weight), so that e.g. the
+/// 512 px DiT-XL/2 file loads under the name DiT-XL/2. Tensors it cannot interpret are left to the strict loader.
+DiTOptions dit_options_for_weights(DiTOptions o, const TensorMap& w);
 
 }  // namespace moh::diffusion

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "core/checkpoint.h"
+#include "core/torch_file.h"
 #include "core/error.h"
 
 namespace moh::diffusion {
@@ -169,7 +170,7 @@ void load_sd_vae(AutoencoderKL& vae, const std::string& path) {
     throw UserError("vae weights " + path, "no such file",
                     "download stabilityai/sd-vae-ft-ema (diffusion_pytorch_model.safetensors) from Hugging Face and set "
                     "diffusion.vae_weights");
-  load_module_tensors(*vae, normalize_vae_keys(load_safetensors(path).tensors), path);
+  load_module_tensors(*vae, normalize_vae_keys(load_weights_file(path, "")), path);
 }
 
 }  // namespace moh::diffusion

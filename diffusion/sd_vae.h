@@ -132,7 +132,7 @@ TORCH_MODULE(AutoencoderKL);
 /// Renames legacy diffusers attention keys (query/key/value/proj_attn → to_q/to_k/to_v/to_out.0).
 TensorMap normalize_vae_keys(const TensorMap& tensors);
 
-/// Loads diffusers AutoencoderKL weights (.safetensors, either attention naming). A missing file is a UserError
+/// Loads diffusers AutoencoderKL weights (.safetensors or torch.save .bin/.pt, either attention naming). A missing file is a UserError
 /// saying where the weights come from; missing/unexpected tensors are named.
 void load_sd_vae(AutoencoderKL& vae, const std::string& path);
 

@@ -17,7 +17,7 @@ namespace moh::eval {
 
 namespace {
 
-constexpr const char* kFeaturesHint = "use inception:WEIGHTS.safetensors or classifier:CHECKPOINT_OR_RUN_DIR";
+constexpr const char* kFeaturesHint = "use inception:WEIGHTS(.pth|.safetensors) or classifier:CHECKPOINT_OR_RUN_DIR";
 
 class InceptionNet : public FeatureNet {
  public:

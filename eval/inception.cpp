@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "core/checkpoint.h"
+#include "core/torch_file.h"
 #include "core/error.h"
 #include "core/safetensors.h"
 
@@ -205,10 +206,9 @@ at::Tensor inception_preprocess(const at::Tensor& images_u8, InceptionResize mod
 void load_inception_weights(FIDInceptionV3& net, const std::string& path) {
   if (!std::filesystem::is_regular_file(path))
     throw UserError("inception weights " + path, "no such file",
-                    "convert pytorch-fid's pt_inception-2015-12-05-6726825d.pth with "
-                    "scripts/convert_inception_weights.py; see docs/EVALUATION.md");
-  SafetensorsFile f = load_safetensors(path);
-  load_module_tensors(*net, f.tensors, path);
+                    "use pytorch-fid's pt_inception-2015-12-05-6726825d.pth (read as it is) or a safetensors "
+                    "conversion of it; see docs/EVALUATION.md");
+  load_module_tensors(*net, load_weights_file(path, ""), path);
 }
 
 }  // namespace moh::eval

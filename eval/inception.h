@@ -121,7 +121,7 @@ at::Tensor resize_bilinear_tf1(const at::Tensor& x, int64_t out_h, int64_t out_w
 /// uint8 (B, H, W, C) images (C = 1 or 3; grey is replicated) → the network's normalised (B, 3, 299, 299) input.
 at::Tensor inception_preprocess(const at::Tensor& images_u8, InceptionResize mode);
 
-/// Loads pytorch-fid / torch-fidelity weights converted to safetensors (num_batches_tracked optional). A missing file
+/// Loads pytorch-fid / torch-fidelity weights: the .pth as published, or safetensors (num_batches_tracked optional). A missing file
 /// is a UserError saying how to obtain and convert it.
 void load_inception_weights(FIDInceptionV3& net, const std::string& path);
 

@@ -55,6 +55,25 @@ expect 0 '"params": 90020632' -- info --model MoH-ViT-B-75 --json
 expect 0 '"params": 12809304' -- info --model TransNeXt-Micro --json
 expect 0 '"mode": "sparse"' -- bench attention --seqs 32 --dims 32:4 --actives 0.5 --runs 1 --warmup 0 --json
 expect 2 "unknown benchmark" -- bench nothing
+
+# Interop: torch.save files in (zip and legacy), safetensors out, one forward pass against PyTorch's outputs.
+FX=tests/fixtures/torch
+expect 0 "out \[4, 2, 28, 28\]" -- forward --model MoH-DiT-Pixel/4-75 --weights $FX/moh_dit_pixel_fp16.pt --input $FX/moh_dit_pixel_io.safetensors --output "$tmp/fwd/out.safetensors"
+expect 0 "wrote $tmp/conv.safetensors: 9 tensors" -- convert --in $FX/nested_legacy.pt --key ema --out "$tmp/conv.safetensors"
+expect 0 "wrote $tmp/conv2.safetensors: 90 tensors, 1885088 values" -- convert --in $FX/moh_dit_pixel_fp16.pt --out "$tmp/conv2.safetensors"
+expect 0 "out \[4, 2, 28, 28\]" -- forward --model MoH-DiT-Pixel/4-75 --weights "$tmp/conv2.safetensors" --input $FX/moh_dit_pixel_io.safetensors --output "$tmp/fwd/out2.safetensors"
+cmp -s "$tmp/fwd/out.safetensors" "$tmp/fwd/out2.safetensors" && pass=$((pass + 1)) || { echo "FAIL: converted weights give other outputs"; fails=$((fails + 1)); }
+expect 2 "holds a nested checkpoint, not a state_dict (choose an entry with --weights-key" -- convert --in $FX/nested_zip.pt --out "$tmp/c3.safetensors"
+expect 2 "no entry 'emma'" -- convert --in $FX/nested_zip.pt --key emma --out "$tmp/c3.safetensors"
+expect 2 "must end in .safetensors" -- convert --in $FX/nested_zip.pt --key ema --out "$tmp/c3.pt"
+expect 2 "truncated.pt" -- convert --in $FX/truncated.pt --key ema --out "$tmp/c3.safetensors"
+expect 2 "unsupported pickle opcode 0x82" -- convert --in $FX/unsupported_opcode.pt --out "$tmp/c3.safetensors"
+[ ! -e "$tmp/c3.safetensors" ] && pass=$((pass + 1)) || { echo "FAIL: a failed convert left a file"; fails=$((fails + 1)); }
+expect 2 "unknown network" -- forward --model MoH-DiT-Pixel/9 --weights $FX/moh_dit_pixel_fp16.pt --input $FX/moh_dit_pixel_io.safetensors --output "$tmp/f.safetensors"
+expect 2 "unexpected tensor 'blocks.0.attn.wg.weight'" -- forward --model DiT-Pixel/4 --weights $FX/moh_dit_pixel_fp16.pt --input $FX/moh_dit_pixel_io.safetensors --output "$tmp/f.safetensors"
+expect 2 "unexpected tensor 'ema.0.bias'" -- forward --model MoH-DiT-Pixel/4-75 --weights $FX/moh_dit_pixel_fp16.pt --input $FX/nested_expected.safetensors --output "$tmp/f.safetensors"
+expect 2 "unexpected tensor 'out'" -- forward --model fid-inception --weights $FX/ddp_prefix.pt --input $FX/moh_dit_pixel_io.safetensors --output "$tmp/f.safetensors"
+expect 2 "ddp_prefix.pt: missing tensor '" -- forward --model DiT-Pixel/4 --weights $FX/ddp_prefix.pt --input $FX/moh_dit_pixel_io.safetensors --output "$tmp/f.safetensors"
 expect 2 "expected a comma-separated list" -- bench attention --seqs abc
 
 # Training: a tiny real run, then bad inputs that must exit 2 with one line and leave the run's files untouched.
@@ -65,14 +84,20 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   sums=$(cd "$tmp/run" && find . -type f | sort | xargs sha256sum)
   expect 2 "already holds a run" -- train $NANO "${TINY[@]}" --run-dir "$tmp/run"
   expect 0 '"steps":2' -- train $NANO "${TINY[@]}" --set model.weights="$tmp/run" --run-dir "$tmp/run_init"
-  expect 2 "only .safetensors files and checkpoint directories" -- train $NANO "${TINY[@]}" --set model.weights=configs/base/imagenet_classification.yaml --run-dir "$tmp/run5"
-  expect 2 "no such file or directory" -- train $NANO "${TINY[@]}" --set model.weights=/nonexistent.pth --run-dir "$tmp/run5"
+  expect 2 "not a torch.save file" -- train $NANO "${TINY[@]}" --set model.weights=configs/base/imagenet_classification.yaml --run-dir "$tmp/run5"
+  expect 2 "nonexistent.pth: no such file" -- train $NANO "${TINY[@]}" --set model.weights=/nonexistent.pth --run-dir "$tmp/run5"
   expect 2 "train.ema_decay: weight EMA is implemented for DiT training only" -- train $NANO "${TINY[@]}" --set train.ema_decay=0.99 --run-dir "$tmp/run5"
   expect 2 "unknown classifier variant" -- train $NANO "${TINY[@]}" --set model.name=MoH-ViT-X --run-dir "$tmp/run"
   expect 2 "optim.lr: must be > 0" -- train $NANO "${TINY[@]}" --set optim.lr=-1 --run-dir "$tmp/run"
   expect 2 "apt-get install dataset-fashion-mnist" -- train $NANO "${TINY[@]}" --set data.root=/nonexistent --run-dir "$tmp/run2"
   expect 0 "top-1" -- eval $NANO --set data.limit_val=64 --checkpoint "$tmp/run" --out "$tmp/evrep"
   grep -q "| top1 |" "$tmp/evrep/report.md" && pass=$((pass + 1)) || { echo "FAIL: eval report"; fails=$((fails + 1)); }
+  # The same weights through moh convert and --weights give the same top-1.
+  expect 0 "wrote $tmp/nano.safetensors" -- convert --in "$tmp/run" --out "$tmp/nano.safetensors"
+  top_ck=$("$MOH" eval $NANO --set data.limit_val=64 --checkpoint "$tmp/run" --json | grep '"top1"')
+  top_w=$("$MOH" eval $NANO --set data.limit_val=64 --weights "$tmp/nano.safetensors" --json | grep '"top1"')
+  [ -n "$top_ck" ] && [ "$top_ck" = "$top_w" ] && pass=$((pass + 1)) || { echo "FAIL: eval --weights '$top_w' != '$top_ck'"; fails=$((fails + 1)); }
+  expect 2 "missing --checkpoint PATH" -- eval $NANO
   ck=$(cat "$tmp/run/checkpoints/latest")
   mkdir -p "$tmp/bad" && cp -r "$tmp/run/checkpoints/$ck" "$tmp/bad/ck"
   truncate -s 100 "$tmp/bad/ck/model.safetensors"
@@ -89,10 +114,13 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   expect 2 "is not (N, H, W, 3)" -- fid --samples tests/fixtures/npz/wrong_rank.npz --ref "$tmp/ref.npz" "${FEAT[@]}"
   expect 2 "missing --features" -- fid --samples fashion_mnist:test:64 --ref "$tmp/ref.npz"
   expect 2 "unknown metric 'fdi' (did you mean 'fid'?)" -- fid --samples a.npz --ref b.npz "${FEAT[@]}" --metrics fdi
-  expect 2 "convert_inception_weights.py" -- fid --samples fashion_mnist:test:64 --ref "$tmp/ref.npz" --features inception:/nonexistent.safetensors
+  expect 2 "pt_inception-2015-12-05" -- fid --samples fashion_mnist:test:64 --ref "$tmp/ref.npz" --features inception:/nonexistent.safetensors
   # Diffusion: a tiny pixel MoH-DiT run, CFG samples as an ADM .npz + grid, sample accuracy through moh fid.
   DIT=configs/fashion_mnist/moh_dit_pixel.yaml
   expect 0 '"steps":2' -- train $DIT --set data.limit_train=32 --set data.batch_size=16 --set train.max_steps=2 --run-dir "$tmp/dit"
+  # Initialised from a state_dict written by PyTorch's torch.save (fp16, zip), official key names.
+  expect 0 '"steps":2' -- train $DIT --set data.limit_train=32 --set data.batch_size=16 --set train.max_steps=2 --weights tests/fixtures/torch/moh_dit_pixel_fp16.pt --run-dir "$tmp/dit_init"
+  expect 2 "unexpected tensor 'blocks.0.attn.wg.weight'" -- train configs/fashion_mnist/dit_pixel.yaml --set train.max_steps=2 --set model.weights=tests/fixtures/torch/moh_dit_pixel_fp16.pt --run-dir "$tmp/dit_init2"
   # kill -9 in the middle of a run, then --resume auto: the final EMA weights equal an uninterrupted run's, byte for byte.
   KILL=(--set data.limit_train=64 --set data.batch_size=16 --set train.epochs=6 --set train.log_every_steps=1)
   "$MOH" train $DIT "${KILL[@]}" --run-dir "$tmp/dit_full" >/dev/null 2>&1

@@ -158,7 +158,7 @@ TrainResult train_classifier(const ExperimentConfig& cfg, const TrainArgs& args)
   torch::optim::AdamW optimizer(std::move(groups), base_opts);
 
   TrainerState state;
-  if (!resume && !cfg.model.weights.empty()) load_initial_weights(*model, cfg.model.weights, cfg.model.weights_key);
+  if (!resume && !cfg.model.weights.empty()) load_initial_weights(*model, cfg.model.weights, cfg.model.weights_key, cfg.model.weights_allow_missing);
   if (resume) {
     load_module_tensors(*model, resume->model, resume->dir);
     load_optimizer_tensors(optimizer, *model, resume->optimizer, resume->dir);
