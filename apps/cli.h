@@ -3,6 +3,7 @@
 #include <cxxopts.hpp>
 
 #include <string>
+#include <vector>
 
 #include "core/experiment_config.h"
 
@@ -16,6 +17,9 @@ void add_config_args(cxxopts::Options& options);
 
 /// Prints the help and returns true when --help was given.
 bool print_help_if_asked(const cxxopts::Options& options, const cxxopts::ParseResult& args);
+
+/// The --set overrides plus those implied by --weights / --weights-key / --allow-missing.
+std::vector<std::string> config_overrides(const cxxopts::ParseResult& args);
 
 /// Loads, overrides and validates the experiment named on the command line (UserError if it is missing).
 ExperimentConfig config_from_args(const cxxopts::ParseResult& args, const std::string& program);

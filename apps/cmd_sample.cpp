@@ -13,6 +13,7 @@
 
 #include "apps/cli.h"
 #include "apps/commands.h"
+#include "core/checkpoint.h"
 #include "core/atomic_io.h"
 #include "core/error.h"
 #include "core/progress.h"
@@ -21,6 +22,7 @@
 #include "datasets/npz.h"
 #include "diffusion/diffusion_trainer.h"
 #include "diffusion/sampler.h"
+#include "diffusion/sd_vae.h"
 
 #ifdef MOH_WITH_OPENCV
 #include <opencv2/imgcodecs.hpp>
@@ -92,7 +94,7 @@ int cmd_sample(int argc, char** argv) {
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
   const std::string out_dir = args["out"].as<std::string>();
-  std::vector<std::string> sets = args.count("set") ? args["set"].as<std::vector<std::string>>() : std::vector<std::string>{};
+  std::vector<std::string> sets = config_overrides(args);
   for (const auto& [flag, key] : std::vector<std::pair<std::string, std::string>>{
            {"cfg-scale", "cfg_scale"}, {"cfg-channels", "cfg_channels"}, {"sampler", "sampler"}, {"steps", "steps"},
            {"seed", "seed"}, {"batch", "batch_size"}})
@@ -121,13 +123,16 @@ int cmd_sample(int argc, char** argv) {
       cfg = config::read_struct<ExperimentConfig>(tree, "--set");
       cfg.validate("--set");
     }
-  } else if (args.count("untrained")) {
-    if (!args.count("config")) throw UserError(argv[0], "--untrained needs CONFIG.yaml", "moh sample CONFIG.yaml --untrained");
+  } else if (args.count("untrained") || args.count("weights")) {
+    if (!args.count("config"))
+      throw UserError(argv[0], "--untrained / --weights need CONFIG.yaml", "moh sample CONFIG.yaml --weights DiT-XL-2-256x256.pt");
     cfg = load_experiment(args["config"].as<std::string>(), sets);
     if (!diffusion::is_diffusion_model(cfg.model.name))
       throw UserError("config: model.name", cfg.model.name + " is not a DiT variant", "moh info --list");
     torch::manual_seed(cfg.train.seed);
     model = diffusion::DiT(diffusion::dit_options_for(cfg));
+    if (args.count("weights"))  // e.g. the official DiT-XL-2-256x256.pt (an EMA state_dict)
+      load_initial_weights(*model, cfg.model.weights, cfg.model.weights_key, cfg.model.weights_allow_missing);
     model->eval();
   } else {
     throw UserError(argv[0], "missing --checkpoint", "pass a DiT run, or CONFIG.yaml --untrained for a baseline");
@@ -143,6 +148,16 @@ int cmd_sample(int argc, char** argv) {
     throw UserError("sampling.cfg_channels", "three (DiT's latent quirk) needs at least 3 channels, the model has " +
                                                  std::to_string(mo.in_channels), "set sampling.cfg_channels=all");
   model->to(ctx.device);
+  diffusion::AutoencoderKL vae{nullptr};  // latent models: samples are decoded from z / 0.18215 (DiT's sample.py)
+  if (cfg.diffusion.vae == VaeKind::sd) {
+    if (cfg.diffusion.vae_weights.empty())
+      throw UserError("config: diffusion.vae_weights", "is empty, but vae: sd samples must be decoded",
+                      "set it to sd-vae-ft-ema's diffusion_pytorch_model.safetensors");
+    vae = diffusion::AutoencoderKL();
+    diffusion::load_sd_vae(vae, cfg.diffusion.vae_weights);
+    vae->eval();
+    vae->to(ctx.device);
+  }
 
   // Labels 0,0,..,1,1,.. (per_class each); noise per batch drawn first, then the chain's per-step noise (DiT order).
   torch::manual_seed(static_cast<uint64_t>(sc.seed));
@@ -176,7 +191,11 @@ int cmd_sample(int argc, char** argv) {
   for (int64_t i = 0; i < n; i += sc.batch_size) {
     const int64_t b = std::min(sc.batch_size, n - i);
     const at::Tensor noise = at::randn({b, mo.in_channels, mo.input_size, mo.input_size}).to(ctx.device);
-    const at::Tensor x = diffusion::sample_loop(model, chain, noise, labels.narrow(0, i, b), so, [&] { progress.advance(); });
+    at::Tensor x = diffusion::sample_loop(model, chain, noise, labels.narrow(0, i, b), so, [&] { progress.advance(); });
+    if (vae) {
+      torch::NoGradGuard ng;
+      x = vae->decode(x / diffusion::kSdVaeLatentScale);  // (b, 3, 8·I, 8·I) in ~[−1, 1]
+    }
     images.push_back(diffusion::to_uint8_nhwc(x));
   }
   progress.finish();

@@ -28,5 +28,6 @@ int cmd_export_images(int argc, char** argv);
 int cmd_ref_stats(int argc, char** argv);
 int cmd_convert(int argc, char** argv);
 int cmd_forward(int argc, char** argv);
+int cmd_extract_latents(int argc, char** argv);
 
 }  // namespace moh::apps

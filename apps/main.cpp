@@ -22,6 +22,7 @@ const std::vector<Command>& commands() {
       {"eval", "top-1 / top-5 of a classifier checkpoint", cmd_eval},
       {"sample", "class-conditional samples of a DiT / MoH-DiT (CFG) as ADM .npz + grid.png", cmd_sample},
       {"fid", "FID / sFID / IS / precision / recall of samples vs a reference (ADM evaluator)", cmd_fid},
+      {"extract-latents", "encode a dataset once with the SD-VAE into latent shards for DiT training", cmd_extract_latents},
       {"ref-stats", "precompute reference statistics for moh fid", cmd_ref_stats},
       {"export-images", "write a labelled image source as an ImageFolder split of PNGs", cmd_export_images},
       {"convert", "weights (torch.save .pt/.pth, checkpoint dir) -> safetensors with official names", cmd_convert},
@@ -56,15 +57,19 @@ bool print_help_if_asked(const cxxopts::Options& options, const cxxopts::ParseRe
   return true;
 }
 
-ExperimentConfig config_from_args(const cxxopts::ParseResult& args, const std::string& program) {
-  if (!args.count("config"))
-    throw UserError(program, "missing CONFIG.yaml", "e.g. " + program + " configs/fashion_mnist/moh_vit_nano.yaml");
+std::vector<std::string> config_overrides(const cxxopts::ParseResult& args) {
   std::vector<std::string> sets;
   if (args.count("set")) sets = args["set"].as<std::vector<std::string>>();
   if (args.count("weights")) sets.push_back("model.weights=" + args["weights"].as<std::string>());
   if (args.count("weights-key")) sets.push_back("model.weights_key=" + args["weights-key"].as<std::string>());
   if (args.count("allow-missing")) sets.push_back("model.weights_allow_missing=true");
-  return load_experiment(args["config"].as<std::string>(), sets);
+  return sets;
+}
+
+ExperimentConfig config_from_args(const cxxopts::ParseResult& args, const std::string& program) {
+  if (!args.count("config"))
+    throw UserError(program, "missing CONFIG.yaml", "e.g. " + program + " configs/fashion_mnist/moh_vit_nano.yaml");
+  return load_experiment(args["config"].as<std::string>(), config_overrides(args));
 }
 
 static void print_usage() {

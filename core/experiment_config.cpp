@@ -20,7 +20,8 @@ const config::EnumTable<Precision>& enum_table(Precision) {
 }
 const config::EnumTable<DatasetKind>& enum_table(DatasetKind) {
   static const config::EnumTable<DatasetKind> t{{DatasetKind::fashion_mnist, "fashion_mnist"},
-                                                {DatasetKind::image_folder, "image_folder"}};
+                                                {DatasetKind::image_folder, "image_folder"},
+                                                {DatasetKind::latents, "latents"}};
   return t;
 }
 const config::EnumTable<LrSchedule>& enum_table(LrSchedule) {
@@ -33,7 +34,7 @@ const config::EnumTable<ScheduleUnit>& enum_table(ScheduleUnit) {
 }
 
 const config::EnumTable<VaeKind>& enum_table(VaeKind) {
-  static const config::EnumTable<VaeKind> t{{VaeKind::none, "none"}};
+  static const config::EnumTable<VaeKind> t{{VaeKind::none, "none"}, {VaeKind::sd, "sd"}};
   return t;
 }
 

@@ -27,7 +27,7 @@ enum class Precision { fp32, bf16, fp16 };
 const config::EnumTable<Precision>& enum_table(Precision);
 
 /// Built-in dataset readers.
-enum class DatasetKind { fashion_mnist, image_folder };
+enum class DatasetKind { fashion_mnist, image_folder, latents };
 const config::EnumTable<DatasetKind>& enum_table(DatasetKind);
 
 /// Learning-rate schedule shape.
@@ -39,7 +39,7 @@ enum class ScheduleUnit { epoch, step };
 const config::EnumTable<ScheduleUnit>& enum_table(ScheduleUnit);
 
 /// Latent space of a diffusion model: `none` = pixel-space diffusion.
-enum class VaeKind { none };
+enum class VaeKind { none, sd };
 const config::EnumTable<VaeKind>& enum_table(VaeKind);
 
 /// Reverse-process sampler.
@@ -92,7 +92,8 @@ struct DataConfig {
 
   template <class V>
   void visit(V& v) {
-    v.field("dataset", dataset, "reader: fashion_mnist (IDX gz) or image_folder (<root>/{train,val}/<class>/*)");
+    v.field("dataset", dataset, "reader: fashion_mnist (IDX gz), image_folder (<root>/{train,val}/<class>/*) or latents "
+                                 "(shards of moh extract-latents in <root>, DiT training)");
     v.field("root", root, "dataset directory; empty = the reader's default");
     v.field("batch_size", batch_size, "global batch size per optimizer step");
     v.field("num_workers", num_workers, "decoding/augmentation threads");
@@ -179,11 +180,13 @@ struct TrainConfig {
 struct DiffusionConfig {
   int64_t steps = 1000;    ///< T of the training chain
   VaeKind vae = VaeKind::none;
+  std::string vae_weights;  ///< diffusers AutoencoderKL file (vae: sd)
 
   template <class V>
   void visit(V& v) {
     v.field("steps", steps, "diffusion steps T of the training chain (linear beta schedule scaled by 1000/T)");
-    v.field("vae", vae, "latent space: none = pixel-space diffusion");
+    v.field("vae", vae, "latent space: none = pixel-space diffusion, sd = SD kl-f8 latents (scale 0.18215)");
+    v.field("vae_weights", vae_weights, "vae: sd weights, e.g. sd-vae-ft-ema/diffusion_pytorch_model.safetensors (or .bin)");
   }
 };
 

@@ -136,4 +136,22 @@ void write_image_folder(const std::string& dir, const ImageSet& set, const std::
 #endif
 }
 
+at::Tensor decode_center_crop(const std::string& path, int64_t size) {
+#ifndef MOH_WITH_OPENCV
+  (void)path, (void)size;
+  throw UserError("image decoding", "needs OpenCV, which this build was configured without", "rebuild with -DMOH_WITH_OPENCV=ON");
+#else
+  cv::Mat m = cv::imread(path, cv::IMREAD_COLOR);
+  if (m.empty()) return {};
+  cv::cvtColor(m, m, cv::COLOR_BGR2RGB);
+  while (std::min(m.rows, m.cols) >= 2 * size) cv::resize(m, m, cv::Size(m.cols / 2, m.rows / 2), 0, 0, cv::INTER_AREA);
+  const double scale = static_cast<double>(size) / std::min(m.rows, m.cols);
+  cv::resize(m, m, cv::Size(static_cast<int>(std::lround(m.cols * scale)), static_cast<int>(std::lround(m.rows * scale))), 0, 0,
+             cv::INTER_CUBIC);
+  const int top = (m.rows - static_cast<int>(size)) / 2, left = (m.cols - static_cast<int>(size)) / 2;
+  cv::Mat crop = m(cv::Rect(left, top, static_cast<int>(size), static_cast<int>(size))).clone();
+  return at::from_blob(crop.data, {size, size, 3}, at::kByte).clone();
+#endif
+}
+
 }  // namespace moh::datasets

@@ -35,6 +35,12 @@ struct DecodeReport {
 ImageSet load_image_folder(const std::string& root, const std::string& split, int64_t channels, int64_t size,
                            double max_bad_fraction, DecodeReport* report = nullptr, int64_t limit = 0);
 
+/// Decodes one image to RGB and applies ADM's center_crop_arr (DiT's training transform): halve with a box filter
+/// while the short side is ≥ 2·size, resize bicubically so the short side equals size, crop the centre. Returns
+/// (size, size, 3) uint8, or an undefined tensor when the file cannot be decoded. OpenCV's bicubic (a = −0.75) stands
+/// in for PIL's (a = −0.5), so pixels differ slightly from the official pipeline.
+at::Tensor decode_center_crop(const std::string& path, int64_t size);
+
 /// Writes a labelled image set as an ImageFolder split: <dir>/<class name>/<index:06d>.png (class names given per
 /// label). Used to turn the embedded dataset into a tree (`moh export-images`).
 void write_image_folder(const std::string& dir, const ImageSet& set, const std::vector<std::string>& class_names);

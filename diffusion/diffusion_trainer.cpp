@@ -6,11 +6,14 @@
 #include <filesystem>
 #include <iostream>
 
+#include <optional>
+
 #include "core/atomic_io.h"
 #include "core/checkpoint.h"
 #include "core/error.h"
 #include "core/progress.h"
 #include "core/run_context.h"
+#include "datasets/latents.h"
 #include "datasets/loader.h"
 #include "diffusion/diffusion_process.h"
 
@@ -27,7 +30,12 @@ bool is_diffusion_model(const std::string& name) {
 DiTOptions dit_options_for(const ExperimentConfig& cfg) {
   DiTOptions o = dit_options(cfg.model.name);
   if (cfg.model.num_classes > 0) o.num_classes = cfg.model.num_classes;
-  if (cfg.model.img_size > 0) o.input_size = cfg.model.img_size;  // pixel space (vae: none): image side = input side
+  if (cfg.model.img_size > 0) {  // pixel space: image side = input side; SD latents: image side / 8
+    const bool latent = cfg.diffusion.vae == VaeKind::sd;
+    if (latent && cfg.model.img_size % 8 != 0)
+      throw UserError("config: model.img_size", "must be a multiple of 8 with vae: sd", "e.g. 256 (32×32 latents)");
+    o.input_size = latent ? cfg.model.img_size / 8 : cfg.model.img_size;
+  }
   if (!cfg.model.attention.empty())
     throw UserError("config: model.attention", "per-stage overrides are for classifiers", "pick a DiT or MoH-DiT variant");
   o.path = cfg.model.attention_path;
@@ -67,16 +75,36 @@ DiffusionTrainResult train_diffusion(const ExperimentConfig& cfg, const vision::
   const std::string run_dir = args.run_dir.empty() ? "runs/" + cfg.name : args.run_dir;
   std::optional<Checkpoint> resume = resolve_resume(run_dir, args.resume);
 
-  datasets::ImageSet train_set = vision::load_split(cfg, true, mo.in_channels);
+  const bool latent = cfg.data.dataset == DatasetKind::latents;
+  if (cfg.diffusion.vae == VaeKind::sd && !latent)
+    throw UserError("config: data.dataset", "vae: sd trains from pre-extracted latents",
+                    "run `moh extract-latents CONFIG.yaml --out DIR`, then set data.dataset: latents and data.root: DIR");
+  if (latent && cfg.diffusion.vae != VaeKind::sd)
+    throw UserError("config: diffusion.vae", "data.dataset: latents needs vae: sd", "set diffusion.vae: sd");
+  datasets::LatentMeta latent_meta;
+  datasets::ImageSet train_set;
+  if (latent) {
+    latent_meta = datasets::read_latent_meta(cfg.data.root);
+    if (latent_meta.channels != mo.in_channels || latent_meta.size != mo.input_size)
+      throw UserError("config: model", cfg.model.name + " takes " + std::to_string(mo.in_channels) + "×" +
+                                           std::to_string(mo.input_size) + "² latents, " + cfg.data.root + " holds " +
+                                           std::to_string(latent_meta.channels) + "×" + std::to_string(latent_meta.size) + "²",
+                      "set model.img_size to " + std::to_string(latent_meta.image_size));
+    if (static_cast<int64_t>(latent_meta.classes.size()) > mo.num_classes)
+      throw UserError("config: model.num_classes", std::to_string(mo.num_classes) + " classes, the latents have " +
+                                                       std::to_string(latent_meta.classes.size()), "");
+  } else {
+    train_set = vision::load_split(cfg, true, mo.in_channels);
+  }
   const datasets::ClassifierTransform tf = pixel_transform(cfg, mo);
-  if (train_set.images.size(1) != mo.input_size || train_set.images.size(2) != mo.input_size)
+  if (!latent && (train_set.images.size(1) != mo.input_size || train_set.images.size(2) != mo.input_size))
     throw UserError("config: model", cfg.model.name + " takes " + std::to_string(mo.input_size) + " px images, the data is " +
                                          std::to_string(train_set.images.size(1)) + " px", "choose a matching variant");
-  const int64_t channels = train_set.images.dim() == 4 ? train_set.images.size(3) : 1;
+  const int64_t channels = latent ? mo.in_channels : train_set.images.dim() == 4 ? train_set.images.size(3) : 1;
   if (channels != mo.in_channels)
     throw UserError("config: model", cfg.model.name + " takes " + std::to_string(mo.in_channels) + " channels, the data has " +
                                          std::to_string(channels), "choose a matching variant");
-  const int64_t labels_max = train_set.labels.max().item<int64_t>();
+  const int64_t labels_max = latent ? 0 : train_set.labels.max().item<int64_t>();
   if (labels_max >= mo.num_classes)
     throw UserError("config: model.num_classes", std::to_string(mo.num_classes) + " classes, the data has labels up to " +
                                                      std::to_string(labels_max), "");
@@ -118,19 +146,26 @@ DiffusionTrainResult train_diffusion(const ExperimentConfig& cfg, const vision::
   result.run_dir = run_dir;
   bool stop = false;
   for (int64_t epoch = state.epoch; epoch < cfg.train.epochs && !stop; ++epoch) {
-    datasets::EpochLoader loader(train_set, tf, cfg.data.batch_size, /*train=*/true, static_cast<uint64_t>(cfg.train.seed),
-                                 epoch);
-    if (loader.num_batches() == 0) throw UserError("config: data.batch_size", "larger than the training set", "");
-    Progress progress("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(cfg.train.epochs), loader.num_batches(),
-                      "step");
+    // Pixels (in memory) or pre-extracted latents (streamed shard by shard).
+    std::optional<datasets::EpochLoader> pixels;
+    std::optional<datasets::LatentLoader> latents;
+    if (latent) {
+      latents.emplace(cfg.data.root, latent_meta, cfg.data.batch_size, static_cast<uint64_t>(cfg.train.seed), epoch,
+                      cfg.data.limit_train);
+    } else {
+      pixels.emplace(train_set, tf, cfg.data.batch_size, /*train=*/true, static_cast<uint64_t>(cfg.train.seed), epoch);
+    }
+    const int64_t num_batches = latent ? latents->num_batches() : pixels->num_batches();
+    if (num_batches == 0) throw UserError("config: data.batch_size", "larger than the training set", "");
+    Progress progress("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(cfg.train.epochs), num_batches, "step");
     model->train();
     double loss_acc = 0, mse_acc = 0, vb_acc = 0, aux_acc = 0;
     int64_t logged = 0, images = 0;
     auto t_log = std::chrono::steady_clock::now();
     at::Tensor x0, y;
-    for (int64_t b = 0; loader.next(x0, y); ++b) {
+    for (int64_t b = 0; latent ? latents->next(x0, y) : pixels->next(x0, y); ++b) {
       const double lr = vision::learning_rate_at(
-          cfg, cfg.schedule.unit == ScheduleUnit::epoch ? epoch : epoch + static_cast<double>(b) / loader.num_batches());
+          cfg, cfg.schedule.unit == ScheduleUnit::epoch ? epoch : epoch + static_cast<double>(b) / num_batches);
       for (auto& g : optimizer.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
       x0 = x0.to(ctx.device), y = y.to(ctx.device);
       const at::Tensor t = at::randint(0, diffusion.num_steps(), {x0.size(0)}, at::kLong).to(ctx.device);  // (B)

@@ -74,6 +74,12 @@ expect 2 "unexpected tensor 'blocks.0.attn.wg.weight'" -- forward --model DiT-Pi
 expect 2 "unexpected tensor 'ema.0.bias'" -- forward --model MoH-DiT-Pixel/4-75 --weights $FX/moh_dit_pixel_fp16.pt --input $FX/nested_expected.safetensors --output "$tmp/f.safetensors"
 expect 2 "unexpected tensor 'out'" -- forward --model fid-inception --weights $FX/ddp_prefix.pt --input $FX/moh_dit_pixel_io.safetensors --output "$tmp/f.safetensors"
 expect 2 "ddp_prefix.pt: missing tensor '" -- forward --model DiT-Pixel/4 --weights $FX/ddp_prefix.pt --input $FX/moh_dit_pixel_io.safetensors --output "$tmp/f.safetensors"
+
+# Latent DiT (SD-VAE): bad inputs of extract-latents and of training from latents.
+expect 2 "vae weights weights/sd-vae-ft-ema/diffusion_pytorch_model.safetensors: no such file" -- extract-latents configs/imagenet/dit_s_2.yaml --out "$tmp/lat"
+expect 2 "missing tensor 'encoder.conv_in.weight'" -- extract-latents configs/imagenet/dit_s_2.yaml --set diffusion.vae_weights=$FX/nested_expected.safetensors --out "$tmp/lat"
+expect 2 "latents data/imagenet256_latents: no meta.json (create it with \`moh extract-latents" -- train configs/imagenet/moh_dit_s_2_75.yaml --run-dir "$tmp/lat_run"
+expect 2 "vae: sd trains from pre-extracted latents" -- train configs/imagenet/dit_s_2.yaml --set data.dataset=image_folder --run-dir "$tmp/lat_run"
 expect 2 "expected a comma-separated list" -- bench attention --seqs abc
 
 # Training: a tiny real run, then bad inputs that must exit 2 with one line and leave the run's files untouched.

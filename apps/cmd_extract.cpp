@@ -1,0 +1,44 @@
+// `moh extract-latents CONFIG.yaml --out DIR [--split train] [--shard-size 4096] [--batch 16]`: encodes the configured
+// dataset once with the SD-VAE (diffusion.vae_weights) into latent shards; train on them with
+// `--set data.dataset=latents --set data.root=DIR` (format: datasets/latents.h, docs/FORMATS.md).
+#include <iostream>
+
+#include "apps/cli.h"
+#include "apps/commands.h"
+#include "core/error.h"
+#include "core/run_context.h"
+#include "diffusion/latent_extract.h"
+
+namespace moh::apps {
+
+int cmd_extract_latents(int argc, char** argv) {
+  cxxopts::Options opts(argv[0], "Encode a dataset split with the SD-VAE into latent shards for DiT training");
+  add_config_args(opts);
+  opts.add_options()("out", "directory to write (shards already there from an interrupted run are kept)",
+                     cxxopts::value<std::string>())("split", "train or val", cxxopts::value<std::string>()->default_value("train"))(
+      "shard-size", "images per shard", cxxopts::value<int64_t>()->default_value("4096"))(
+      "batch", "images per VAE forward", cxxopts::value<int64_t>()->default_value("16"))(
+      "device", "cpu, cuda or cuda:N", cxxopts::value<std::string>()->default_value("cpu"))("h,help", "show this help");
+  auto args = parse_or_throw(opts, argc, argv);
+  if (print_help_if_asked(opts, args)) return 0;
+  if (!args.count("out")) throw UserError(argv[0], "missing --out DIR", "the latent directory to create");
+  ExperimentConfig cfg = config_from_args(args, argv[0]);
+  if (cfg.diffusion.vae != VaeKind::sd) throw UserError("config: diffusion.vae", "is none", "latents need vae: sd");
+  if (cfg.diffusion.vae_weights.empty())
+    throw UserError("config: diffusion.vae_weights", "is empty", "sd-vae-ft-ema's diffusion_pytorch_model.safetensors");
+  diffusion::ExtractOptions o;
+  o.out = args["out"].as<std::string>();
+  o.split = args["split"].as<std::string>();
+  if (o.split != "train" && o.split != "val") throw UserError("--split " + o.split, "must be train or val", "");
+  o.shard_size = args["shard-size"].as<int64_t>();
+  o.batch_size = args["batch"].as<int64_t>();
+  RunContext ctx = RunContext::create(args["device"].as<std::string>(), Precision::fp32, 0);
+  diffusion::AutoencoderKL vae;
+  diffusion::load_sd_vae(vae, cfg.diffusion.vae_weights);
+  const datasets::LatentMeta meta = diffusion::extract_latents(cfg, vae, cfg.diffusion.vae_weights, o, ctx);
+  std::cout << "wrote " << o.out << ": " << meta.count << " images in " << meta.num_shards() << " shards, latents "
+            << meta.channels << "x" << meta.size << "x" << meta.size << std::endl;
+  return kExitOk;
+}
+
+}  // namespace moh::apps

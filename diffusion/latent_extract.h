@@ -1,0 +1,26 @@
+#pragma once
+// `moh extract-latents`: encodes a dataset split once with the SD-VAE into latent shards (datasets/latents.h) that
+// the DiT trainer reads with data.dataset: latents. Images go through DiT's transform (ADM center crop to
+// model.img_size, [−1, 1]); the posterior moments of each image and of its mirror are stored.
+#include <string>
+
+#include "core/experiment_config.h"
+#include "core/run_context.h"
+#include "datasets/latents.h"
+#include "diffusion/sd_vae.h"
+
+namespace moh::diffusion {
+
+struct ExtractOptions {
+  std::string out;            ///< directory to write
+  std::string split = "train";
+  int64_t shard_size = 4096;  ///< images per shard
+  int64_t batch_size = 16;    ///< images per VAE forward
+};
+
+/// Encodes the configured data (fashion_mnist or image_folder) at model.img_size. Shards already present in `out`
+/// (from an interrupted extraction of the same source) are kept; meta.json is written last.
+datasets::LatentMeta extract_latents(const ExperimentConfig& cfg, AutoencoderKL& vae, const std::string& vae_file,
+                                     const ExtractOptions& options, const RunContext& ctx);
+
+}  // namespace moh::diffusion
