@@ -16,7 +16,7 @@ int cmd_eval(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "Evaluate a classifier checkpoint on the configured validation split");
   add_config_args(opts);
   opts.add_options()("checkpoint", "checkpoint directory or run directory (or give --weights FILE)", cxxopts::value<std::string>())(
-      "json", "print JSON")("out", "write report.json and report.md into this directory",
+      "json", "print JSON")("ema", "evaluate the checkpoint's EMA weights (train.ema_decay > 0)")("out", "write report.json and report.md into this directory",
                             cxxopts::value<std::string>()->default_value(""))("h,help", "show this help");
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
@@ -29,7 +29,12 @@ int cmd_eval(int argc, char** argv) {
   Checkpoint ckpt;
   if (args.count("checkpoint")) {
     ckpt = load_checkpoint(args["checkpoint"].as<std::string>());
-    load_module_tensors(*model, ckpt.model, ckpt.dir);
+    if (args.count("ema")) {
+      if (ckpt.ema.empty()) throw UserError("checkpoint " + ckpt.dir, "has no EMA weights", "train with train.ema_decay > 0, or drop --ema");
+      load_module_tensors(*model, ckpt.ema, ckpt.dir + "/ema.safetensors");
+    } else {
+      load_module_tensors(*model, ckpt.model, ckpt.dir);
+    }
   } else {  // official or converted weights, e.g. a TransNeXt / MoH-ViT .pth with --weights-key model
     load_initial_weights(*model, cfg.model.weights, cfg.model.weights_key, cfg.model.weights_allow_missing);
     ckpt.dir = cfg.model.weights;

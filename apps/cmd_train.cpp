@@ -28,10 +28,11 @@ int cmd_train(int argc, char** argv) {
     return 0;
   }
   vision::TrainResult r = vision::train_classifier(cfg, ta);
-  std::cout << nlohmann::json{{"run_dir", r.run_dir}, {"steps", r.steps}, {"top1", r.final_eval.top1},
-                              {"top5", r.final_eval.top5}, {"val_loss", r.final_eval.loss},
-                              {"best_top1", r.best_top1}, {"seconds", r.seconds}}.dump()
-            << std::endl;
+  nlohmann::json out{{"run_dir", r.run_dir}, {"steps", r.steps}, {"top1", r.final_eval.top1},
+                     {"top5", r.final_eval.top5}, {"val_loss", r.final_eval.loss},
+                     {"best_top1", r.best_top1}, {"seconds", r.seconds}};
+  if (cfg.train.ema_decay > 0) out["top1_ema"] = r.final_eval_ema.top1;
+  std::cout << out.dump() << std::endl;
   return 0;
 }
 

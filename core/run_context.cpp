@@ -50,9 +50,8 @@ RunContext RunContext::create(const std::string& device, Precision precision, ui
   } else {
     throw UserError("device " + device, "expected auto, cpu, cuda or cuda:N", "");
   }
-  if (precision != Precision::fp32 && !ctx.device.is_cuda())
-    throw UserError("precision " + config::to_string(precision), "mixed precision needs a CUDA device",
-                    "use train.precision: fp32 on CPU");
+  if (precision == Precision::fp16 && !ctx.device.is_cuda())
+    throw UserError("precision fp16", "fp16 autocast needs a CUDA device", "use bf16 (CPU autocast) or fp32 on CPU");
   ctx.precision = precision;
   ctx.seed = seed;
   return ctx;

@@ -19,7 +19,7 @@ struct RunContext {
 
   bool is_main() const { return rank == 0; }
   /// Builds the context: `device` is auto|cpu|cuda|cuda:N; rank/world from RANK/WORLD_SIZE/LOCAL_RANK or
-  /// SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID. Errors (no CUDA, fp16 on CPU) are UserErrors.
+  /// SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID. Errors (no CUDA, fp16 on CPU; bf16 is fine) are UserErrors.
   static RunContext create(const std::string& device, Precision precision, uint64_t seed);
 };
 

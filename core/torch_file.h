@@ -5,12 +5,8 @@
 //   legacy (< 1.6 or _use_new_zipfile_serialization=False): five pickles back to back — magic number, protocol
 //   version 1001, sys-info, the object, the sorted storage keys — then per storage an int64 element count and the
 //   raw little-endian elements.
-// The pickle VM implements the subset checkpoints use: containers (dict/OrderedDict with `_metadata`, list, tuple,
-// set), strings, bytes, ints (any size), floats, booleans, None, memo, persistent ids, and the torch rebuild functions
-// (_rebuild_tensor[_v2], _rebuild_parameter[_with_state], _rebuild_from_type_v2, typed and untyped storages).
-// Any other class (argparse.Namespace, numpy scalars, modules) becomes an opaque object record that keeps its type
-// name, constructor arguments and state. Every length, index and tensor extent is bounds-checked: a malformed or
-// truncated file is a UserError, never a crash.
+// The pickles are run by core/pickle.h (any unknown class, e.g. argparse.Namespace, becomes an opaque record). Every
+// length, index and tensor extent is bounds-checked: a malformed or truncated file is a UserError, never a crash.
 #include <ATen/ATen.h>
 
 #include <cstdint>
@@ -19,35 +15,10 @@
 #include <utility>
 #include <vector>
 
+#include "core/pickle.h"
 #include "core/safetensors.h"
 
 namespace moh {
-
-struct PyValue;
-using PyRef = std::shared_ptr<PyValue>;
-
-/// One unpickled value.
-struct PyValue {
-  enum class Kind { none, boolean, integer, big_integer, floating, string, bytes, list, tuple, set, dict, tensor, storage,
-                    global, object };
-  Kind kind = Kind::none;
-  bool boolean = false;
-  int64_t integer = 0;
-  double floating = 0;
-  std::string text;                              ///< string / bytes / big_integer (little-endian two's complement) /
-                                                 ///< global and object: the qualified class name "module.Name"
-  std::vector<PyRef> items;                      ///< list / tuple / set; object: constructor arguments
-  std::vector<std::pair<PyRef, PyRef>> entries;  ///< dict, in insertion order
-  PyRef state;                                   ///< dict: instance attributes (OrderedDict's `_metadata`); object: BUILD state
-  at::Tensor tensor;                             ///< tensor: the value; storage: its bytes (1-D uint8)
-  at::ScalarType dtype = at::kByte;              ///< storage: element type
-
-  ~PyValue();  // iterative: deeply nested input cannot overflow the stack
-  /// The value stored under string key `key` of a dict, or null.
-  PyRef get(const std::string& key) const;
-  /// Short description for error messages ("dict with 4 keys", "tensor float32 [2, 3]", ...).
-  std::string describe() const;
-};
 
 /// A parsed torch.save file.
 struct TorchFile {

@@ -46,8 +46,10 @@ std::pair<at::Tensor, at::Tensor> make_batch(const ImageSet& set, const std::vec
   float* dst = out.data_ptr<float>();
   int64_t* lab_out = labels.data_ptr<int64_t>();
   const float scale = static_cast<float>(1.0 / (255.0 * tf.std)), offset = static_cast<float>(-tf.mean / tf.std);
-  at::parallel_for(0, B, 8, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
+  // A plain loop: this runs on the loader's own thread, beside the training step. An at::parallel_for here would
+  // start a second OpenMP team that spin-waits against the training step's team on the same cores.
+  {
+    for (int64_t b = 0; b < B; ++b) {
       const int64_t idx = indices[b];
       lab_out[b] = lab[idx];
       int64_t dy = 0, dx = 0;
@@ -73,7 +75,7 @@ std::pair<at::Tensor, at::Tensor> make_batch(const ImageSet& set, const std::vec
             img[(c * S + y) * S + x] = v;
           }
     }
-  });
+  }
   return {out, labels};
 }
 

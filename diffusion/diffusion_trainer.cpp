@@ -9,7 +9,9 @@
 #include <optional>
 
 #include "core/atomic_io.h"
+#include "core/amp.h"
 #include "core/checkpoint.h"
+#include "core/ema.h"
 #include "core/error.h"
 #include "core/progress.h"
 #include "core/run_context.h"
@@ -55,13 +57,6 @@ datasets::ClassifierTransform pixel_transform(const ExperimentConfig& cfg, const
   return tf;
 }
 
-// ema ← decay·ema + (1 − decay)·model over every named parameter (DiT update_ema, pos_embed included).
-void update_ema(DiT& ema, DiT& model, double decay) {
-  torch::NoGradGuard ng;
-  auto src = model->named_parameters();
-  for (auto& p : ema->named_parameters()) p.value().mul_(decay).add_(src[p.key()], 1.0 - decay);
-}
-
 }  // namespace
 
 DiffusionTrainResult train_diffusion(const ExperimentConfig& cfg, const vision::TrainArgs& args) {
@@ -69,8 +64,6 @@ DiffusionTrainResult train_diffusion(const ExperimentConfig& cfg, const vision::
   RunContext ctx = RunContext::create(cfg.train.device, cfg.train.precision, static_cast<uint64_t>(cfg.train.seed));
   if (ctx.world > 1) throw UserError("train", "data-parallel training is not available in this build yet", "run one process");
   if (cfg.train.accum_steps != 1) throw UserError("config: train.accum_steps", "must be 1 for diffusion training", "");
-  if (cfg.train.precision != Precision::fp32)
-    throw UserError("config: train.precision", "autocast (bf16/fp16) is not implemented in the trainers yet", "use fp32");
   const DiTOptions mo = dit_options_for(cfg);
   const std::string run_dir = args.run_dir.empty() ? "runs/" + cfg.name : args.run_dir;
   std::optional<Checkpoint> resume = resolve_resume(run_dir, args.resume);
@@ -119,16 +112,18 @@ DiffusionTrainResult train_diffusion(const ExperimentConfig& cfg, const vision::
                                                          .eps(cfg.optim.eps)
                                                          .weight_decay(cfg.optim.weight_decay));
   TrainerState state;
+  GradScaler scaler(cfg.train.precision);
   if (!resume && !cfg.model.weights.empty()) load_initial_weights(*model, cfg.model.weights, cfg.model.weights_key, cfg.model.weights_allow_missing);
   if (resume) {
     load_module_tensors(*model, resume->model, resume->dir);
     load_optimizer_tensors(optimizer, *model, resume->optimizer, resume->dir);
     if (!resume->ema.empty()) load_module_tensors(*ema, resume->ema, resume->dir + "/ema.safetensors");
     if (resume->rng.count("cpu")) set_cpu_rng_state(resume->rng.at("cpu"));
+    if (resume->rng.count("amp_scaler")) scaler.load_state(resume->rng.at("amp_scaler"));
     state = resume->state;
     std::cerr << "resuming " << resume->dir << " at epoch " << state.epoch << ", step " << state.step << "\n";
   } else {
-    update_ema(ema, model, 0.0);  // DiT: the EMA starts as a copy
+    ema_update(*ema, *model, 0.0);  // DiT: the EMA starts as a copy
   }
   ema->eval();
   for (auto& p : ema->parameters()) p.set_requires_grad(false);
@@ -140,7 +135,7 @@ DiffusionTrainResult train_diffusion(const ExperimentConfig& cfg, const vision::
   const double beta = cfg.train.moh_loss_coeff, decay = cfg.train.ema_decay;
   auto checkpoint = [&] {
     return save_checkpoint(run_dir, state, module_tensors(*model), optimizer_tensors(optimizer, *model), config_yaml,
-                           {{"cpu", cpu_rng_state()}}, module_tensors(*ema));
+                           {{"cpu", cpu_rng_state()}, {"amp_scaler", scaler.state()}}, module_tensors(*ema));
   };
   DiffusionTrainResult result;
   result.run_dir = run_dir;
@@ -171,24 +166,27 @@ DiffusionTrainResult train_diffusion(const ExperimentConfig& cfg, const vision::
       const at::Tensor t = at::randint(0, diffusion.num_steps(), {x0.size(0)}, at::kLong).to(ctx.device);  // (B)
       const at::Tensor noise = at::randn_like(x0);
       const at::Tensor xt = diffusion.q_sample(x0, t, noise);
-      DiTOutput out = model->forward(xt, t, y);  // label dropout active in train mode
-      const GaussianDiffusion::Losses l = diffusion.training_losses(out.out, x0, xt, t, noise);
+      DiTOutput out;
+      {
+        AutocastScope autocast(ctx);  // bf16/fp16 forward; the losses below are fp32
+        out = model->forward(xt, t, y);  // label dropout active in train mode
+      }
+      const GaussianDiffusion::Losses l = diffusion.training_losses(out.out.to(at::kFloat), x0, xt, t, noise);
       at::Tensor loss = l.loss.mean();
       const double step_loss = loss.item<double>();
       if (out.aux_loss.defined()) {
         aux_acc += out.aux_loss.item<double>();
-        loss = loss + beta * out.aux_loss;
+        loss = loss + beta * out.aux_loss.to(at::kFloat);
       }
       optimizer.zero_grad();
-      loss.backward();
-      if (cfg.optim.clip_grad > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), cfg.optim.clip_grad);
-      optimizer.step();
-      if (decay > 0) {
-        // A constant decay keeps (decay)^t of the random initialisation in the average, which ruins short runs
-        // (0.999^937 = 39 %); the optional warm-up ramps the decay up with the step.
-        const double s = static_cast<double>(state.step);
-        update_ema(ema, model, cfg.train.ema_warmup ? std::min(decay, (1.0 + s) / (10.0 + s)) : decay);
+      scaler.scale(loss).backward();
+      if (scaler.unscale_and_update(model->parameters())) {  // fp16: skip steps with inf/NaN gradients
+        if (cfg.optim.clip_grad > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), cfg.optim.clip_grad);
+        optimizer.step();
       }
+      // A constant decay keeps decay^t of the random initialisation in the average, which ruins short runs
+      // (0.999^937 = 39 %); the optional warm-up ramps the decay up with the step.
+      if (decay > 0) ema_update(*ema, *model, ema_decay_at(decay, cfg.train.ema_warmup, state.step));
       ++state.step;
       loss_acc += step_loss, mse_acc += l.mse.mean().item<double>(), vb_acc += l.vb.mean().item<double>();
       ++logged, images += x0.size(0);

@@ -92,7 +92,30 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   expect 0 '"steps":2' -- train $NANO "${TINY[@]}" --set model.weights="$tmp/run" --run-dir "$tmp/run_init"
   expect 2 "not a torch.save file" -- train $NANO "${TINY[@]}" --set model.weights=configs/base/imagenet_classification.yaml --run-dir "$tmp/run5"
   expect 2 "nonexistent.pth: no such file" -- train $NANO "${TINY[@]}" --set model.weights=/nonexistent.pth --run-dir "$tmp/run5"
-  expect 2 "train.ema_decay: weight EMA is implemented for DiT training only" -- train $NANO "${TINY[@]}" --set train.ema_decay=0.99 --run-dir "$tmp/run5"
+  # kill -9 during classifier training, then --resume auto: final weights (model and EMA) and losses equal an
+  # uninterrupted run's, byte for byte.
+  CKILL=(--set data.limit_train=64 --set data.limit_val=32 --set data.batch_size=16 --set train.epochs=6
+         --set train.log_every_steps=1 --set train.ema_decay=0.9 --set train.eval_every_epochs=1 --set train.ckpt_every_epochs=1)
+  "$MOH" train $NANO "${CKILL[@]}" --run-dir "$tmp/cls_full" >/dev/null 2>&1
+  "$MOH" train $NANO "${CKILL[@]}" --run-dir "$tmp/cls_kill" >/dev/null 2>&1 &
+  victim=$!
+  for _ in $(seq 1 600); do [ -e "$tmp/cls_kill/checkpoints/latest" ] && break; sleep 0.05; done
+  kill -9 $victim 2>/dev/null; wait $victim 2>/dev/null
+  expect 0 '"steps":24' -- train $NANO "${CKILL[@]}" --run-dir "$tmp/cls_kill" --resume auto
+  closs() { grep -o '"loss":[^,]*' "$1/metrics.jsonl"; }
+  if cmp -s "$tmp/cls_full/checkpoints/0000024/model.safetensors" "$tmp/cls_kill/checkpoints/0000024/model.safetensors" &&
+     cmp -s "$tmp/cls_full/checkpoints/0000024/ema.safetensors" "$tmp/cls_kill/checkpoints/0000024/ema.safetensors" &&
+     [ "$(closs "$tmp/cls_full")" = "$(closs "$tmp/cls_kill")" ]; then
+    pass=$((pass + 1))
+  else
+    echo "FAIL: classifier kill -9 + --resume auto: final weights or losses differ from the uninterrupted run"; fails=$((fails + 1))
+  fi
+  # Classifier EMA (evaluated beside the model, kept in ema.safetensors) and mixed precision (bf16 autocast on CPU).
+  expect 0 '"top1_ema"' -- train $NANO "${TINY[@]}" --set train.ema_decay=0.99 --run-dir "$tmp/run_ema"
+  expect 0 "top-1" -- eval $NANO --set data.limit_val=64 --checkpoint "$tmp/run_ema" --ema
+  expect 2 "has no EMA weights" -- eval $NANO --set data.limit_val=64 --checkpoint "$tmp/run" --ema
+  expect 0 '"steps":2' -- train $NANO "${TINY[@]}" --set train.precision=bf16 --run-dir "$tmp/run_bf16"
+  expect 2 "fp16 autocast needs a CUDA device" -- train $NANO "${TINY[@]}" --set train.precision=fp16 --run-dir "$tmp/run5"
   expect 2 "unknown classifier variant" -- train $NANO "${TINY[@]}" --set model.name=MoH-ViT-X --run-dir "$tmp/run"
   expect 2 "optim.lr: must be > 0" -- train $NANO "${TINY[@]}" --set optim.lr=-1 --run-dir "$tmp/run"
   expect 2 "apt-get install dataset-fashion-mnist" -- train $NANO "${TINY[@]}" --set data.root=/nonexistent --run-dir "$tmp/run2"

@@ -14,7 +14,9 @@
 #include <sstream>
 
 #include "core/atomic_io.h"
+#include "core/amp.h"
 #include "core/checkpoint.h"
+#include "core/ema.h"
 #include "core/error.h"
 #include "core/progress.h"
 
@@ -124,11 +126,6 @@ EvalResult evaluate_classifier(TransNeXt& model, const datasets::ImageSet& set, 
 TrainResult train_classifier(const ExperimentConfig& cfg, const TrainArgs& args) {
   const auto t_start = std::chrono::steady_clock::now();
   RunContext ctx = RunContext::create(cfg.train.device, cfg.train.precision, static_cast<uint64_t>(cfg.train.seed));
-  // Refuse settings this trainer does not implement yet rather than silently training without them.
-  if (cfg.train.ema_decay > 0)
-    throw UserError("config: train.ema_decay", "weight EMA is implemented for DiT training only so far", "set it to 0");
-  if (cfg.train.precision != Precision::fp32)
-    throw UserError("config: train.precision", "autocast (bf16/fp16) is not implemented in the trainers yet", "use fp32");
   if (ctx.world > 1)
     throw UserError("train", "data-parallel training is not available in this build yet", "run one process");
   const TransNeXtOptions mo = classifier_options_for(cfg);
@@ -158,20 +155,33 @@ TrainResult train_classifier(const ExperimentConfig& cfg, const TrainArgs& args)
   torch::optim::AdamW optimizer(std::move(groups), base_opts);
 
   TrainerState state;
+  GradScaler scaler(cfg.train.precision);
+  const double ema_decay = cfg.train.ema_decay;
+  TransNeXt ema{nullptr};  // timm ModelEmaV2-style weight average, evaluated beside the model when enabled
+  if (ema_decay > 0) {
+    ema = TransNeXt(mo);
+    ema->to(ctx.device);
+    ema->eval();
+    for (auto& p : ema->parameters()) p.set_requires_grad(false);
+  }
   if (!resume && !cfg.model.weights.empty()) load_initial_weights(*model, cfg.model.weights, cfg.model.weights_key, cfg.model.weights_allow_missing);
   if (resume) {
     load_module_tensors(*model, resume->model, resume->dir);
     load_optimizer_tensors(optimizer, *model, resume->optimizer, resume->dir);
     if (resume->rng.count("cpu")) set_cpu_rng_state(resume->rng.at("cpu"));
+    if (resume->rng.count("amp_scaler")) scaler.load_state(resume->rng.at("amp_scaler"));
+    if (ema && !resume->ema.empty()) load_module_tensors(*ema, resume->ema, resume->dir + "/ema.safetensors");
     state = resume->state;
     std::cerr << "resuming " << resume->dir << " at epoch " << state.epoch << ", step " << state.step << "\n";
   }
+  if (ema && !(resume && !resume->ema.empty())) ema_update(*ema, *model, 0.0);  // starts as a copy
   // Every input has been checked: from here on only runtime failures remain.
   const std::string config_yaml = to_yaml(cfg);
   MetricsWriter metrics = start_run_dir(run_dir, config_yaml, resume ? std::optional<int64_t>(state.step) : std::nullopt);
   std::cerr << "model " << cfg.model.name << ": " << mo.active_ratio() * 100 << " % active heads, run dir " << run_dir
             << "\n";
 
+  auto rng_state = [&] { return TensorMap{{"cpu", cpu_rng_state()}, {"amp_scaler", scaler.state()}}; };
   const int64_t accum = cfg.train.accum_steps, micro = cfg.data.batch_size / accum;
   const double beta = cfg.train.moh_loss_coeff;
   TrainResult result;
@@ -198,19 +208,26 @@ TrainResult train_classifier(const ExperimentConfig& cfg, const TrainArgs& args)
       x = x.to(ctx.device), y = y.to(ctx.device);
       double step_loss = 0, step_aux = 0;
       for (int64_t a = 0; a < accum; ++a) {
-        ClassifierOutput out = model->forward(x.narrow(0, a * micro, micro));
-        at::Tensor loss = at::cross_entropy_loss(out.logits, y.narrow(0, a * micro, micro), {}, at::Reduction::Mean,
-                                                 -100, cfg.train.label_smoothing);
+        ClassifierOutput out;
+        {
+          AutocastScope autocast(ctx);  // bf16/fp16 forward; the loss is computed in fp32
+          out = model->forward(x.narrow(0, a * micro, micro));
+        }
+        at::Tensor loss = at::cross_entropy_loss(out.logits.to(at::kFloat), y.narrow(0, a * micro, micro), {},
+                                                 at::Reduction::Mean, -100, cfg.train.label_smoothing);
         step_loss += loss.item<double>() / accum;
         if (out.aux_loss.defined()) {
           step_aux += out.aux_loss.item<double>() / accum;
-          loss = loss + beta * out.aux_loss;  // L = L_task + β · mean_layers(l_aux)
+          loss = loss + beta * out.aux_loss.to(at::kFloat);  // L = L_task + β · mean_layers(l_aux)
         }
-        (loss / static_cast<double>(accum)).backward();
+        scaler.scale(loss / static_cast<double>(accum)).backward();
       }
-      if (cfg.optim.clip_grad > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), cfg.optim.clip_grad);
-      optimizer.step();
+      if (scaler.unscale_and_update(model->parameters())) {  // fp16: skip steps with inf/NaN gradients
+        if (cfg.optim.clip_grad > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), cfg.optim.clip_grad);
+        optimizer.step();
+      }
       optimizer.zero_grad();
+      if (ema) ema_update(*ema, *model, ema_decay_at(ema_decay, cfg.train.ema_warmup, state.step));
       ++state.step;
       loss_acc += step_loss, aux_acc += step_aux, ++logged, images += x.size(0);
       char status[96];
@@ -234,19 +251,26 @@ TrainResult train_classifier(const ExperimentConfig& cfg, const TrainArgs& args)
     if (last || (epoch + 1) % cfg.train.eval_every_epochs == 0) {
       EvalResult ev = evaluate_classifier(model, val_set, tf, cfg.data.eval_batch_size, ctx);
       result.final_eval = ev;
-      metrics.write({{"step", state.step}, {"epoch", epoch}, {"top1", ev.top1}, {"top5", ev.top5}, {"val_loss", ev.loss}});
-      std::cerr << "epoch " << epoch + 1 << ": top-1 " << ev.top1 << " %, top-5 " << ev.top5 << " %, val loss "
-                << ev.loss << "\n";
+      nlohmann::json line{{"step", state.step}, {"epoch", epoch}, {"top1", ev.top1}, {"top5", ev.top5}, {"val_loss", ev.loss}};
+      std::cerr << "epoch " << epoch + 1 << ": top-1 " << ev.top1 << " %, top-5 " << ev.top5 << " %, val loss " << ev.loss;
+      if (ema) {
+        const EvalResult ev_ema = evaluate_classifier(ema, val_set, tf, cfg.data.eval_batch_size, ctx);
+        result.final_eval_ema = ev_ema;
+        line["top1_ema"] = ev_ema.top1, line["top5_ema"] = ev_ema.top5, line["val_loss_ema"] = ev_ema.loss;
+        std::cerr << "; EMA top-1 " << ev_ema.top1 << " %";
+      }
+      metrics.write(line);
+      std::cerr << "\n";
       const bool best = ev.top1 > state.best_metric;
       if (best) state.best_metric = ev.top1;
       if (best || last || (epoch + 1) % cfg.train.ckpt_every_epochs == 0) {
         std::string dir = save_checkpoint(run_dir, state, module_tensors(*model), optimizer_tensors(optimizer, *model),
-                                          config_yaml, {{"cpu", cpu_rng_state()}});
+                                          config_yaml, rng_state(), ema ? module_tensors(*ema) : TensorMap{});
         if (best) write_file_atomic(run_dir + "/checkpoints/best", fs::path(dir).filename().string() + "\n");
       }
     } else if ((epoch + 1) % cfg.train.ckpt_every_epochs == 0) {
       save_checkpoint(run_dir, state, module_tensors(*model), optimizer_tensors(optimizer, *model), config_yaml,
-                      {{"cpu", cpu_rng_state()}});
+                      rng_state(), ema ? module_tensors(*ema) : TensorMap{});
     }
   }
   result.steps = state.step;

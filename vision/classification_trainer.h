@@ -45,6 +45,7 @@ struct TrainArgs {
 /// Result of a training run.
 struct TrainResult {
   EvalResult final_eval;
+  EvalResult final_eval_ema;  ///< of the EMA weights (train.ema_decay > 0), else empty
   double best_top1 = 0;
   int64_t steps = 0;
   std::string run_dir;

@@ -24,6 +24,10 @@ constexpr int64_t kCpbHidden = 512;
 constexpr int64_t kWindow = 3, kWindowArea = kWindow * kWindow;
 constexpr double kCpbLogBase = 8.0;
 
+// LayerNorm in its parameters' dtype (fp32): under CPU autocast LibTorch 1.13 hands layer_norm a bf16 input with fp32
+// weights and fails; CUDA autocast runs layer_norm in fp32 anyway.
+at::Tensor ln(nn::LayerNorm m, const at::Tensor& x) { return m->forward(x.to(m->weight.scalar_type())); }
+
 at::Tensor l2n(const at::Tensor& x) { return x / x.norm(2, -1, true).clamp_min(kNormalizeEps); }
 
 // timm/torch trunc_normal_(std) truncates at absolute ±2, i.e. effectively a plain normal for small std.
@@ -221,7 +225,7 @@ AttentionOutput TransNeXtAttentionImpl::run(const at::Tensor& x, const at::Tenso
     // Pooled branch: 1×1 conv -> GELU -> adaptive avg pool -> LN; keys/values from the same kv projection.
     at::Tensor xs = x.permute({0, 2, 1}).reshape({B, C, H, W});
     xs = at::adaptive_avg_pool2d(at::gelu(sr->forward(xs)), {pool_h, pool_w}).reshape({B, C, P}).permute({0, 2, 1});
-    auto kvp = kv->forward(norm->forward(xs)).reshape({B, P, 2, h, d}).permute({2, 0, 3, 1, 4});  // (2, B, h, P, d)
+    auto kvp = kv->forward(ln(norm, xs)).reshape({B, P, 2, h, d}).permute({2, 0, 3, 1, 4});  // (2, B, h, P, d)
     at::Tensor pool_bias = cpb_bias(cpb_fc1, cpb_fc2, table, index, h, N, P);                      // (h, N, P)
     at::Tensor attn_pool = at::matmul(qs, l2n(kvp[0]).transpose(-2, -1)) + pool_bias;              // (B, h, N, P)
     at::Tensor attn = at::softmax(at::cat({attn_local, attn_pool}, -1), -1);                       // one softmax
@@ -277,9 +281,9 @@ TransNeXtBlockImpl::TransNeXtBlockImpl(const MoHAttentionOptions& heads, int64_t
 }
 
 AttentionOutput TransNeXtBlockImpl::forward(const at::Tensor& x, const at::Tensor& table, const at::Tensor& index) {
-  AttentionOutput a = attn->forward(norm1->forward(x), table, index);
+  AttentionOutput a = attn->forward(ln(norm1, x), table, index);
   at::Tensor y = x + ::moh::vision::drop_path(a.out, drop_path, is_training());
-  a.out = y + ::moh::vision::drop_path(mlp->forward(norm2->forward(y), H, W), drop_path, is_training());
+  a.out = y + ::moh::vision::drop_path(mlp->forward(ln(norm2, y), H, W), drop_path, is_training());
   return a;
 }
 
@@ -288,7 +292,7 @@ OverlapPatchEmbedImpl::OverlapPatchEmbedImpl(int64_t in_chans, int64_t dim, int6
   norm = register_module("norm", nn::LayerNorm(nn::LayerNormOptions({dim}).eps(kEmbedNormEps)));
 }
 at::Tensor OverlapPatchEmbedImpl::forward(const at::Tensor& x) {
-  return norm->forward(proj->forward(x).flatten(2).transpose(1, 2));  // (B, N, D)
+  return ln(norm, proj->forward(x).flatten(2).transpose(1, 2));  // (B, N, D)
 }
 
 // ---- model ---------------------------------------------------------------------------------------------------------
@@ -350,7 +354,7 @@ ClassifierOutput TransNeXtImpl::forward(const at::Tensor& input) {
       out.routed.push_back(a.routed);
       if (a.aux_loss.defined()) aux_sum = aux_sum.defined() ? aux_sum + a.aux_loss : a.aux_loss, ++routed;
     }
-    x = norm[i]->forward(x);
+    x = ln(norm[i], x);
     if (i < 3) {
       const int64_t side = options.stage_size(i);
       x = x.reshape({B, side, side, -1});  // (B, H, W, C)

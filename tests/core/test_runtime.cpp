@@ -2,7 +2,9 @@
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 
+#include "core/amp.h"
 #include "core/atomic_io.h"
+#include "core/ema.h"
 #include "core/error.h"
 #include "core/progress.h"
 #include "core/run_context.h"
@@ -82,13 +84,60 @@ TEST(RunContext, RanksFromTorchrunAndSlurmEnvironment) {
 
 TEST(RunContext, DeviceAndPrecisionErrors) {
   EXPECT_THROW(RunContext::create("tpu", Precision::fp32, 0), UserError);
-  EXPECT_THROW(RunContext::create("cpu", Precision::bf16, 0), UserError);  // autocast precisions need CUDA
+  EXPECT_THROW(RunContext::create("cpu", Precision::fp16, 0), UserError);  // fp16 autocast needs CUDA
+  EXPECT_NO_THROW(RunContext::create("cpu", Precision::bf16, 0));          // bf16 autocast runs on CPU
   if (!cuda_available()) {
     EXPECT_THROW(RunContext::create("cuda", Precision::fp32, 0), UserError);
   }
   EXPECT_TRUE(RunContext::create("auto", Precision::fp32, 0).device.is_cpu() || cuda_available());
   EXPECT_FALSE(libtorch_version().empty());
   EXPECT_FALSE(detect_blas().name.empty());
+}
+
+TEST(Amp, AutocastScopeIsScopedAndFp32IsANoOp) {
+  const at::Tensor a = at::randn({4, 4}), b = at::randn({4, 4});
+  {
+    AutocastScope scope(RunContext::create("cpu", Precision::bf16, 0));
+    EXPECT_EQ(at::matmul(a, b).scalar_type(), at::kBFloat16);
+  }
+  EXPECT_EQ(at::matmul(a, b).scalar_type(), at::kFloat);
+  {
+    AutocastScope scope(RunContext::create("cpu", Precision::fp32, 0));
+    EXPECT_EQ(at::matmul(a, b).scalar_type(), at::kFloat);
+  }
+}
+
+TEST(Amp, GradScalerUnscalesSkipsAndGrows) {
+  at::Tensor p = at::zeros({3}).set_requires_grad(true);
+  GradScaler off(Precision::bf16);
+  EXPECT_EQ(off.scale(at::ones({})).item<float>(), 1.0f);
+  GradScaler scaler(Precision::fp16);
+  EXPECT_EQ(scaler.current_scale(), 65536.0);
+  (scaler.scale(p.sum() * 2)).backward();
+  EXPECT_TRUE(scaler.unscale_and_update({p}));
+  EXPECT_TRUE(at::allclose(p.grad(), at::full({3}, 2.0f)));
+  p.mutable_grad().fill_(std::numeric_limits<float>::infinity());
+  EXPECT_FALSE(scaler.unscale_and_update({p}));  // inf: skip the step, halve the scale
+  EXPECT_EQ(scaler.current_scale(), 32768.0);
+  GradScaler restored(Precision::fp16);
+  restored.load_state(scaler.state());
+  EXPECT_EQ(restored.current_scale(), 32768.0);
+}
+
+TEST(Ema, UpdateAndWarmup) {
+  torch::nn::Linear model(2, 2), ema(2, 2);
+  ema_update(*ema, *model, 0.0);  // a copy
+  EXPECT_TRUE(at::equal(ema->weight, model->weight));
+  const at::Tensor before = ema->weight.clone();
+  {
+    torch::NoGradGuard ng;
+    model->weight.add_(1.0);
+  }
+  ema_update(*ema, *model, 0.75);
+  EXPECT_TRUE(at::allclose(ema->weight, before + 0.25));
+  EXPECT_DOUBLE_EQ(ema_decay_at(0.999, true, 0), 0.1);
+  EXPECT_DOUBLE_EQ(ema_decay_at(0.999, false, 0), 0.999);
+  EXPECT_DOUBLE_EQ(ema_decay_at(0.5, true, 1000), 0.5);
 }
 
 }  // namespace

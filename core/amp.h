@@ -1,0 +1,46 @@
+#pragma once
+// Mixed precision for the trainers: an autocast scope (bf16 on CPU or CUDA, fp16 on CUDA) and a dynamic loss scaler
+// for fp16 (LibTorch has no GradScaler). Master weights, optimizer state, EMA and the losses stay fp32: callers run
+// the forward pass inside the scope and compute losses on `.to(kFloat)` outputs outside it.
+#include <ATen/ATen.h>
+
+#include <vector>
+
+#include "core/experiment_config.h"
+#include "core/run_context.h"
+
+namespace moh {
+
+/// Enables autocast on the context's device for the lifetime of the object (fp32: does nothing).
+class AutocastScope {
+ public:
+  explicit AutocastScope(const RunContext& ctx);
+  ~AutocastScope();
+  AutocastScope(const AutocastScope&) = delete;
+  AutocastScope& operator=(const AutocastScope&) = delete;
+
+ private:
+  bool active_ = false, cuda_ = false, prev_enabled_ = false;
+  at::ScalarType prev_dtype_ = at::kFloat;
+};
+
+/// Dynamic loss scaling as torch.cuda.amp.GradScaler (init 2^16, ×2 after 2000 finite steps, ×½ and skip the step on
+/// inf/NaN gradients). Disabled (scale 1, never skips) unless the precision is fp16.
+class GradScaler {
+ public:
+  explicit GradScaler(Precision precision);
+  at::Tensor scale(const at::Tensor& loss) const { return enabled_ ? loss * scale_ : loss; }
+  /// Divides the gradients by the scale; returns false (and updates the scale) when any is inf/NaN: skip the step.
+  bool unscale_and_update(const std::vector<at::Tensor>& params);
+  double current_scale() const { return scale_; }
+  /// State for exact resume: {scale, finite steps since the last change}.
+  at::Tensor state() const;
+  void load_state(const at::Tensor& state);
+
+ private:
+  bool enabled_;
+  double scale_ = 65536.0;
+  int64_t growth_tracker_ = 0;
+};
+
+}  // namespace moh
