@@ -164,7 +164,7 @@ struct TrainConfig {
     v.field("accum_steps", accum_steps, "gradient accumulation steps per optimizer step");
     v.field("moh_loss_coeff", moh_loss_coeff, "beta: weight of the MoH load-balance loss (mean over routed layers)");
     v.field("seed", seed, "global random seed");
-    v.field("precision", precision, "forward/loss precision: fp32, bf16 or fp16 (autocast; CUDA only)");
+    v.field("precision", precision, "forward precision: fp32, bf16 (autocast on CPU or CUDA) or fp16 (CUDA, loss scaling)");
     v.field("device", device, "auto, cpu, cuda or cuda:N");
     v.field("ema_decay", ema_decay, "EMA decay of the weights; 0 = no EMA");
     v.field("ema_warmup", ema_warmup, "EMA decay min(ema_decay, (1+step)/(10+step)) for short runs; off = constant (DiT)");
