@@ -31,6 +31,27 @@ expect() {
   pass=$((pass + 1))
 }
 
+# kill_resume NAME CONFIG FILES -- ARGS...: trains CONFIG with ARGS uninterrupted, and again killed with -9 after its
+# first checkpoint then continued with --resume auto; the two runs' FILES (in checkpoint 0000024) and every logged loss
+# must be byte-identical.
+kill_resume() {
+  local name=$1 config=$2 files=$3
+  shift 4
+  "$MOH" train "$config" "$@" --run-dir "$tmp/${name}_full" >/dev/null 2>&1
+  "$MOH" train "$config" "$@" --run-dir "$tmp/${name}_kill" >/dev/null 2>&1 &
+  local victim=$!
+  for _ in $(seq 1 600); do [ -e "$tmp/${name}_kill/checkpoints/latest" ] && break; sleep 0.05; done
+  kill -9 $victim 2>/dev/null; wait $victim 2>/dev/null
+  expect 0 '"steps":24' -- train "$config" "$@" --run-dir "$tmp/${name}_kill" --resume auto
+  local same=1 f
+  for f in $files; do
+    cmp -s "$tmp/${name}_full/checkpoints/0000024/$f" "$tmp/${name}_kill/checkpoints/0000024/$f" || same=0
+  done
+  [ "$(grep -o '"loss":[^,]*' "$tmp/${name}_full/metrics.jsonl")" = "$(grep -o '"loss":[^,]*' "$tmp/${name}_kill/metrics.jsonl")" ] || same=0
+  if [ $same = 1 ]; then pass=$((pass + 1)); else
+    echo "FAIL: $name: kill -9 + --resume auto: final $files or losses differ from the uninterrupted run"; fails=$((fails + 1)); fi
+}
+
 expect 0 "LibTorch [0-9]" -- --version
 expect 0 "BLAS: " -- --version
 expect 0 "usage: moh" -- --help
@@ -94,22 +115,9 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   expect 2 "nonexistent.pth: no such file" -- train $NANO "${TINY[@]}" --set model.weights=/nonexistent.pth --run-dir "$tmp/run5"
   # kill -9 during classifier training, then --resume auto: final weights (model and EMA) and losses equal an
   # uninterrupted run's, byte for byte.
-  CKILL=(--set data.limit_train=64 --set data.limit_val=32 --set data.batch_size=16 --set train.epochs=6
-         --set train.log_every_steps=1 --set train.ema_decay=0.9 --set train.eval_every_epochs=1 --set train.ckpt_every_epochs=1)
-  "$MOH" train $NANO "${CKILL[@]}" --run-dir "$tmp/cls_full" >/dev/null 2>&1
-  "$MOH" train $NANO "${CKILL[@]}" --run-dir "$tmp/cls_kill" >/dev/null 2>&1 &
-  victim=$!
-  for _ in $(seq 1 600); do [ -e "$tmp/cls_kill/checkpoints/latest" ] && break; sleep 0.05; done
-  kill -9 $victim 2>/dev/null; wait $victim 2>/dev/null
-  expect 0 '"steps":24' -- train $NANO "${CKILL[@]}" --run-dir "$tmp/cls_kill" --resume auto
-  closs() { grep -o '"loss":[^,]*' "$1/metrics.jsonl"; }
-  if cmp -s "$tmp/cls_full/checkpoints/0000024/model.safetensors" "$tmp/cls_kill/checkpoints/0000024/model.safetensors" &&
-     cmp -s "$tmp/cls_full/checkpoints/0000024/ema.safetensors" "$tmp/cls_kill/checkpoints/0000024/ema.safetensors" &&
-     [ "$(closs "$tmp/cls_full")" = "$(closs "$tmp/cls_kill")" ]; then
-    pass=$((pass + 1))
-  else
-    echo "FAIL: classifier kill -9 + --resume auto: final weights or losses differ from the uninterrupted run"; fails=$((fails + 1))
-  fi
+  kill_resume cls $NANO "model.safetensors ema.safetensors" -- --set data.limit_train=64 --set data.limit_val=32 \
+    --set data.batch_size=16 --set train.epochs=6 --set train.log_every_steps=1 --set train.ema_decay=0.9 \
+    --set train.eval_every_epochs=1 --set train.ckpt_every_epochs=1
   # Classifier EMA (evaluated beside the model, kept in ema.safetensors) and mixed precision (bf16 autocast on CPU).
   expect 0 '"top1_ema"' -- train $NANO "${TINY[@]}" --set train.ema_decay=0.99 --run-dir "$tmp/run_ema"
   expect 0 "top-1" -- eval $NANO --set data.limit_val=64 --checkpoint "$tmp/run_ema" --ema
@@ -151,20 +159,8 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   expect 0 '"steps":2' -- train $DIT --set data.limit_train=32 --set data.batch_size=16 --set train.max_steps=2 --weights tests/fixtures/torch/moh_dit_pixel_fp16.pt --run-dir "$tmp/dit_init"
   expect 2 "unexpected tensor 'blocks.0.attn.wg.weight'" -- train configs/fashion_mnist/dit_pixel.yaml --set train.max_steps=2 --set model.weights=tests/fixtures/torch/moh_dit_pixel_fp16.pt --run-dir "$tmp/dit_init2"
   # kill -9 in the middle of a run, then --resume auto: the final EMA weights equal an uninterrupted run's, byte for byte.
-  KILL=(--set data.limit_train=64 --set data.batch_size=16 --set train.epochs=6 --set train.log_every_steps=1)
-  "$MOH" train $DIT "${KILL[@]}" --run-dir "$tmp/dit_full" >/dev/null 2>&1
-  "$MOH" train $DIT "${KILL[@]}" --run-dir "$tmp/dit_kill" >/dev/null 2>&1 &
-  victim=$!
-  for _ in $(seq 1 600); do [ -e "$tmp/dit_kill/checkpoints/latest" ] && break; sleep 0.05; done
-  kill -9 $victim 2>/dev/null; wait $victim 2>/dev/null
-  expect 0 '"steps":24' -- train $DIT "${KILL[@]}" --run-dir "$tmp/dit_kill" --resume auto
-  losses() { grep -o '"loss":[^,]*' "$1/metrics.jsonl"; }
-  if cmp -s "$tmp/dit_full/checkpoints/0000024/ema.safetensors" "$tmp/dit_kill/checkpoints/0000024/ema.safetensors" &&
-     [ "$(losses "$tmp/dit_full")" = "$(losses "$tmp/dit_kill")" ]; then
-    pass=$((pass + 1))
-  else
-    echo "FAIL: kill -9 + --resume auto: final EMA or losses differ from the uninterrupted run"; fails=$((fails + 1))
-  fi
+  kill_resume dit $DIT "ema.safetensors" -- --set data.limit_train=64 --set data.batch_size=16 --set train.epochs=6 \
+    --set train.log_every_steps=1
   FAST=(--set sampling.per_class=2 --set sampling.steps=ddim3)
   expect 0 "wrote $tmp/s/samples.npz (20 images)" -- sample --checkpoint "$tmp/dit" "${FAST[@]}" --out "$tmp/s"
   expect 0 "wrote" -- sample configs/fashion_mnist/moh_dit_pixel.yaml --checkpoint "$tmp/dit" --cfg-scale 3 --steps ddim3 --num-samples 4 --labels 1,7 --seed 5 --out "$tmp/s3"
