@@ -1,17 +1,18 @@
-// `moh bench <what>`: the benchmarks of bench/ from the main binary (`moh bench attention [--json]`).
+// `moh bench <what>`: the benchmarks of bench/ from the main binary (attention, eval, train, sample).
 #include <cstring>
 #include <iostream>
 
 #include "apps/commands.h"
 #include "bench/attention_bench.h"
 #include "bench/eval_bench.h"
+#include "bench/train_bench.h"
 #include "core/error.h"
 
 namespace moh::apps {
 
 int cmd_bench(int argc, char** argv) {
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
-    std::cout << "usage: moh bench attention|eval [--json] ...   (moh bench attention --help, moh bench eval --help)\n";
+    std::cout << "usage: moh bench attention|eval|train|sample [--json] ...   (moh bench <what> --help)\n";
     return argc < 2 ? kExitUserError : kExitOk;
   }
   std::string what = argv[1];
@@ -20,7 +21,9 @@ int cmd_bench(int argc, char** argv) {
   args[0] = prog.data();
   if (what == "attention") return bench::attention_bench_main(static_cast<int>(args.size()), args.data());
   if (what == "eval") return bench::eval_bench_main(static_cast<int>(args.size()), args.data());
-  throw UserError("moh bench", "unknown benchmark '" + what + "'", "available: attention, eval");
+  if (what == "train") return bench::train_bench_main(static_cast<int>(args.size()), args.data());
+  if (what == "sample") return bench::sample_bench_main(static_cast<int>(args.size()), args.data());
+  throw UserError("moh bench", "unknown benchmark '" + what + "'", "available: attention, eval, train, sample");
 }
 
 }  // namespace moh::apps

@@ -1,6 +1,9 @@
 // `moh convert --in FILE|DIR [--key ema] --out OUT.safetensors`: any weights source this toolkit reads (torch.save zip
 // or legacy .pt/.pth/.bin, .safetensors, one of our checkpoint or run directories) → one safetensors file with the
 // official key names, which Python loads with `model.load_state_dict(safetensors.torch.load_file(OUT))`.
+// `moh compare A B [--key K] [--tol T] [--l2]`: relative error between two weights sources, per tensor and whole.
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 
@@ -37,6 +40,53 @@ int cmd_convert(int argc, char** argv) {
                                   {"key", key}});
   std::cout << "wrote " << out << ": " << tensors.size() << " tensors, " << params << " values" << std::endl;
   return kExitOk;
+}
+
+int cmd_compare(int argc, char** argv) {
+  cxxopts::Options opts(argv[0], "Compare two weights sources tensor by tensor (max relative error in the inf-norm)");
+  opts.add_options()("a", "first weights source (file or checkpoint/run directory)", cxxopts::value<std::string>())(
+      "b", "second weights source", cxxopts::value<std::string>())(
+      "key", "entry of nested checkpoints / directories (model, ema, ...)", cxxopts::value<std::string>()->default_value(""))(
+      "tol", "largest accepted relative error (exit 1 above it)", cxxopts::value<double>()->default_value("0"))(
+      "worst", "also list the N tensors with the largest errors", cxxopts::value<int>()->default_value("0"))(
+      "l2", "judge --tol by the whole model's ||A − B||₂ / ||B||₂ instead of the worst tensor's max error")(
+      "h,help", "show this help");
+  opts.parse_positional({"a", "b"});
+  opts.positional_help("A B");
+  auto args = parse_or_throw(opts, argc, argv);
+  if (print_help_if_asked(opts, args)) return 0;
+  if (!args.count("a") || !args.count("b")) throw UserError(argv[0], "needs two weights sources", "moh compare A B");
+  const std::string key = args["key"].as<std::string>();
+  const TensorMap a = load_weights_tensors(args["a"].as<std::string>(), key);
+  const TensorMap b = load_weights_tensors(args["b"].as<std::string>(), key);
+  double worst = 0;
+  std::string worst_name;
+  std::vector<std::pair<double, std::string>> errors;
+  double diff2 = 0, norm2 = 0;  // whole-model L2
+  for (const auto& [name, ta] : a) {
+    const auto it = b.find(name);
+    if (it == b.end() || !it->second.sizes().equals(ta.sizes())) {
+      std::cout << "tensor '" << name << "' " << (it == b.end() ? "is missing in B" : "differs in shape") << "\n";
+      return kExitRuntime;
+    }
+    const at::Tensor x = ta.to(at::kDouble), y = it->second.to(at::kDouble);
+    const double denom = std::max(y.abs().max().item<double>(), 1e-30);
+    const double err = x.numel() ? (x - y).abs().max().item<double>() / denom : 0.0;
+    errors.emplace_back(err, name);
+    diff2 += (x - y).square().sum().item<double>(), norm2 += y.square().sum().item<double>();
+    if (err > worst || worst_name.empty()) worst = err, worst_name = name;
+  }
+  if (b.size() != a.size()) {
+    std::cout << "B has " << b.size() << " tensors, A " << a.size() << "\n";
+    return kExitRuntime;
+  }
+  const double l2 = std::sqrt(diff2) / std::max(std::sqrt(norm2), 1e-30);
+  std::cout << a.size() << " tensors, max relative error " << worst << " (" << worst_name << "), model L2 relative error "
+            << l2 << "\n";
+  std::sort(errors.rbegin(), errors.rend());
+  for (size_t i = 0; i < errors.size() && static_cast<int>(i) < args["worst"].as<int>(); ++i)
+    std::cout << "  " << errors[i].first << "  " << errors[i].second << "\n";
+  return (args.count("l2") ? l2 : worst) <= args["tol"].as<double>() ? kExitOk : kExitRuntime;
 }
 
 }  // namespace moh::apps

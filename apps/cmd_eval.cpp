@@ -41,9 +41,10 @@ int cmd_eval(int argc, char** argv) {
   }
   model->to(ctx.device);
   vision::HeadLoadStats head_load(mo, mo.num_classes);
-  vision::EvalResult r = vision::evaluate_classifier(model, vision::load_split(cfg, false, mo.in_chans),
-                                                     vision::transform_for(cfg, mo), cfg.data.eval_batch_size, ctx,
-                                                     &head_load);
+  const vision::ClassifierSplit val(cfg, mo, /*train=*/false);
+  const auto group = dist::Group::join(ctx);  // `moh launch -- eval ...`: each rank evaluates its share
+  vision::EvalResult r = vision::evaluate_sharded(model, val, cfg.data.eval_batch_size, ctx, *group, &head_load);
+  if (!group->is_main()) return kExitOk;  // rank 0 reports
   const nlohmann::json report{{"metrics", {{"top1", r.top1}, {"top5", r.top5}, {"loss", r.loss}}},
                               {"checkpoint", ckpt.dir},
                               {"model", cfg.model.name},

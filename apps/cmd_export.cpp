@@ -33,7 +33,7 @@ int cmd_export_images(int argc, char** argv) {
     std::string n = fm ? datasets::fashion_mnist_classes()[static_cast<size_t>(k)] : "class" + std::to_string(k);
     for (char& c : n)
       if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-') c = '_';
-    char prefix[16];
+    char prefix[32];
     std::snprintf(prefix, sizeof prefix, "%0*lld_", classes > 100 ? 4 : 2, static_cast<long long>(k));  // sorted = label order
     names.push_back(prefix + n);
   }

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <map>
 #include <filesystem>
 #include <iostream>
 #include <sstream>
@@ -15,7 +16,9 @@
 #include "apps/commands.h"
 #include "core/checkpoint.h"
 #include "core/atomic_io.h"
+#include "core/distributed.h"
 #include "core/error.h"
+#include "datasets/loader.h"
 #include "core/progress.h"
 #include "core/run_context.h"
 #include "datasets/fashion_mnist.h"
@@ -159,7 +162,8 @@ int cmd_sample(int argc, char** argv) {
     vae->to(ctx.device);
   }
 
-  // Labels 0,0,..,1,1,.. (per_class each); noise per batch drawn first, then the chain's per-step noise (DiT order).
+  // Labels 0,0,..,1,1,.. (per_class each), or random from the seed; each batch then draws its noise first and the
+  // chain's per-step noise after it (DiT order).
   torch::manual_seed(static_cast<uint64_t>(sc.seed));
   const std::string label_mode = args["labels"].as<std::string>();
   std::vector<int64_t> list;
@@ -185,20 +189,39 @@ int cmd_sample(int argc, char** argv) {
   } else {
     labels = at::arange(n, at::kLong).div(sc.per_class, "floor").remainder(mo.num_classes);  // rows of per_class
   }
+  // Batch k is seeded by (seed, k): the noise and the chain's draws of a batch do not depend on the others, so
+  // data-parallel ranks (`moh launch -- sample ...`: rank r samples batches r, r + world, ...) produce exactly the
+  // images of a single process, which rank 0 gathers in batch order.
+  const auto group = dist::Group::join(ctx);
+  const int64_t num_batches = (n + sc.batch_size - 1) / sc.batch_size;
   std::vector<at::Tensor> images;
-  Progress progress("sampling", n * chain.num_steps() / std::max<int64_t>(1, sc.batch_size), "step");
+  std::map<int64_t, at::Tensor> mine;
+  Progress progress("sampling", ((num_batches - group->rank() + group->world() - 1) / group->world()) * chain.num_steps(),
+                    "step", group->is_main() ? -1 : 2);
   const auto start = std::chrono::steady_clock::now();
-  for (int64_t i = 0; i < n; i += sc.batch_size) {
-    const int64_t b = std::min(sc.batch_size, n - i);
+  for (int64_t k = group->rank(); k < num_batches; k += group->world()) {
+    const int64_t i = k * sc.batch_size, b = std::min(sc.batch_size, n - i);
+    torch::manual_seed(datasets::mix_seed(static_cast<uint64_t>(sc.seed), static_cast<uint64_t>(k)));
     const at::Tensor noise = at::randn({b, mo.in_channels, mo.input_size, mo.input_size}).to(ctx.device);
     at::Tensor x = diffusion::sample_loop(model, chain, noise, labels.narrow(0, i, b), so, [&] { progress.advance(); });
     if (vae) {
       torch::NoGradGuard ng;
       x = vae->decode(x / diffusion::kSdVaeLatentScale);  // (b, 3, 8·I, 8·I) in ~[−1, 1]
     }
-    images.push_back(diffusion::to_uint8_nhwc(x));
+    mine[k] = diffusion::to_uint8_nhwc(x).cpu();
   }
   progress.finish();
+  for (int64_t k = 0; k < num_batches; ++k) {
+    if (group->world() == 1) {
+      images.push_back(mine.at(k));
+      continue;
+    }
+    const int64_t b = std::min(sc.batch_size, n - k * sc.batch_size), side = mo.input_size * (vae ? 8 : 1);
+    const at::Tensor empty = at::empty({0, side, side, vae ? 3 : mo.in_channels}, at::kByte);
+    images.push_back(group->gather_cat(mine.count(k) ? mine.at(k) : empty));  // only the owner contributes rows
+    if (images.back().size(0) != b) throw std::runtime_error("sample gather: batch " + std::to_string(k) + " incomplete");
+  }
+  if (!group->is_main()) return kExitOk;  // rank 0 writes the merged .npz
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   at::Tensor all = at::cat(images);                                      // (N, H, W, C)
   if (all.size(3) == 1) all = all.expand({-1, -1, -1, 3}).contiguous();  // ADM batches are RGB

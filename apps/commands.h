@@ -29,5 +29,7 @@ int cmd_ref_stats(int argc, char** argv);
 int cmd_convert(int argc, char** argv);
 int cmd_forward(int argc, char** argv);
 int cmd_extract_latents(int argc, char** argv);
+int cmd_launch(int argc, char** argv);
+int cmd_compare(int argc, char** argv);
 
 }  // namespace moh::apps

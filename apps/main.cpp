@@ -4,11 +4,13 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 
 #include "apps/cli.h"
 #include "apps/commands.h"
+#include "core/distributed.h"
 #include "core/error.h"
 #include "core/run_context.h"
 
@@ -26,8 +28,10 @@ const std::vector<Command>& commands() {
       {"ref-stats", "precompute reference statistics for moh fid", cmd_ref_stats},
       {"export-images", "write a labelled image source as an ImageFolder split of PNGs", cmd_export_images},
       {"convert", "weights (torch.save .pt/.pth, checkpoint dir) -> safetensors with official names", cmd_convert},
+      {"compare", "max relative error between two weights sources, tensor by tensor (--tol: exit 1 above)", cmd_compare},
       {"forward", "one forward pass of a network on safetensors inputs (parity checks against PyTorch)", cmd_forward},
-      {"bench", "benchmarks: `moh bench attention|eval [--json]`", cmd_bench},
+      {"launch", "run train/sample/eval as N data-parallel processes here (like torchrun)", cmd_launch},
+      {"bench", "benchmarks: `moh bench attention|eval|train|sample [--json]`", cmd_bench},
   };
   return all;
 }
@@ -87,7 +91,8 @@ static void print_version() {
   std::cout << "moh " << toolkit_version() << "\n"
             << "LibTorch " << libtorch_version() << " (CUDA: " << (cuda_available() ? "yes" : "no") << ")\n"
             << "BLAS: " << blas.name << (blas.path.empty() ? "" : " (" + blas.path + ")") << "\n"
-            << "CPU threads: " << at::get_num_threads() << " (OMP_NUM_THREADS overrides)\n";
+            << "CPU threads: " << at::get_num_threads() << " (OMP_NUM_THREADS overrides)\n"
+            << "data parallel: " << (dist::available() ? "c10d (Gloo)" : "off (no c10d/Gloo headers at build time)") << "\n";
 }
 
 static int run(int argc, char** argv) {
@@ -118,17 +123,22 @@ static int run(int argc, char** argv) {
 }  // namespace moh::apps
 
 int main(int argc, char** argv) {
+  // Data-parallel ranks other than 0 stay quiet about input errors (every rank hits the same one; rank 0 says it)
+  // and prefix runtime errors with their rank.
+  const char* rank_env = std::getenv("RANK");
+  const std::string rank = rank_env && std::strcmp(rank_env, "0") != 0 ? rank_env : "";
+  const std::string prefix = rank.empty() ? "error: " : "error: rank " + rank + ": ";
   try {
     moh::configure_cpu_threads();
     return moh::apps::run(argc, argv);
   } catch (const moh::UserError& e) {
-    std::cerr << e.what() << std::endl;
+    if (rank.empty()) std::cerr << e.what() << std::endl;
     return moh::kExitUserError;
   } catch (const c10::Error& e) {
-    std::cerr << "error: " << e.what_without_backtrace() << std::endl;
+    std::cerr << prefix << e.what_without_backtrace() << std::endl;
     return moh::kExitRuntime;
   } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << std::endl;
+    std::cerr << prefix << e.what() << std::endl;
     return moh::kExitRuntime;
   }
 }

@@ -1,5 +1,7 @@
 #include "core/amp.h"
 
+#include <torch/nn/utils/clip_grad.h>
+
 #include <ATen/autocast_mode.h>
 #include <torch/version.h>
 
@@ -48,13 +50,14 @@ GradScaler::GradScaler(Precision precision) : enabled_(precision == Precision::f
 
 bool GradScaler::unscale_and_update(const std::vector<at::Tensor>& params) {
   if (!enabled_) return true;
-  bool finite = true;
+  std::vector<at::Tensor> ok;  // one flag per gradient, read back with a single sync
   for (const auto& p : params) {
     if (!p.grad().defined()) continue;
     at::Tensor g = p.grad();
     g.mul_(1.0 / scale_);
-    finite = finite && g.isfinite().all().item<bool>();
+    ok.push_back(g.isfinite().all());
   }
+  const bool finite = ok.empty() || at::stack(ok).all().item<bool>();
   if (!finite) {
     scale_ *= 0.5;
     growth_tracker_ = 0;
@@ -72,6 +75,17 @@ void GradScaler::load_state(const at::Tensor& state) {
   if (state.numel() != 2) return;
   scale_ = state[0].item<double>();
   growth_tracker_ = static_cast<int64_t>(state[1].item<double>());
+}
+
+bool finish_optimizer_step(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& params,
+                           GradScaler& scaler, double clip) {
+  const bool take = scaler.unscale_and_update(params);  // fp16: skip steps with inf/NaN gradients
+  if (take) {
+    if (clip > 0) torch::nn::utils::clip_grad_norm_(params, clip);
+    optimizer.step();
+  }
+  optimizer.zero_grad();
+  return take;
 }
 
 }  // namespace moh

@@ -4,6 +4,8 @@
 // the forward pass inside the scope and compute losses on `.to(kFloat)` outputs outside it.
 #include <ATen/ATen.h>
 
+#include <torch/optim/optimizer.h>
+
 #include <vector>
 
 #include "core/experiment_config.h"
@@ -42,5 +44,10 @@ class GradScaler {
   double scale_ = 65536.0;
   int64_t growth_tracker_ = 0;
 };
+
+/// Ends an optimizer step after the backward pass(es): unscales (fp16), clips the global gradient norm (clip > 0),
+/// steps unless an fp16 overflow says skip, and zeroes the gradients. Returns whether the step was taken.
+bool finish_optimizer_step(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& params,
+                           GradScaler& scaler, double clip);
 
 }  // namespace moh

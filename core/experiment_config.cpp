@@ -18,6 +18,11 @@ const config::EnumTable<Precision>& enum_table(Precision) {
       {Precision::fp32, "fp32"}, {Precision::bf16, "bf16"}, {Precision::fp16, "fp16"}};
   return t;
 }
+const config::EnumTable<LoaderKind>& enum_table(LoaderKind) {
+  static const config::EnumTable<LoaderKind> t{{LoaderKind::memory, "memory"}, {LoaderKind::stream, "stream"}};
+  return t;
+}
+
 const config::EnumTable<DatasetKind>& enum_table(DatasetKind) {
   static const config::EnumTable<DatasetKind> t{{DatasetKind::fashion_mnist, "fashion_mnist"},
                                                 {DatasetKind::image_folder, "image_folder"},
@@ -94,6 +99,24 @@ void ExperimentConfig::validate(const std::string& origin) const {
   if (!(sampling.cfg_scale >= 1)) bad("sampling.cfg_scale", "must be >= 1 (1 = no guidance)", "DiT's FID setting is 1.5");
   if (sampling.per_class <= 0) bad("sampling.per_class", "must be > 0", "");
   if (sampling.batch_size <= 0) bad("sampling.batch_size", "must be > 0", "");
+  const AugmentConfig& a = augment;
+  if (a.scale.size() != 2 || !(a.scale[0] > 0 && a.scale[0] <= a.scale[1] && a.scale[1] <= 1))
+    bad("augment.scale", "expected [min, max] with 0 < min <= max <= 1", "e.g. [0.08, 1.0]");
+  if (a.ratio.size() != 2 || !(a.ratio[0] > 0 && a.ratio[0] <= a.ratio[1]))
+    bad("augment.ratio", "expected [min, max] with 0 < min <= max", "e.g. [0.75, 1.3333]");
+  for (const auto& [key, p] : {std::pair<const char*, double>{"augment.hflip", a.hflip}, {"augment.erase_prob", a.erase_prob},
+                               {"augment.mixup_prob", a.mixup_prob}, {"augment.mixup_switch_prob", a.mixup_switch_prob}})
+    if (!(p >= 0 && p <= 1)) bad(key, "must be a probability in [0, 1]", "");
+  if (a.mixup < 0 || a.cutmix < 0) bad(a.mixup < 0 ? "augment.mixup" : "augment.cutmix", "alpha must be >= 0 (0 = off)", "the recipe: 0.8 / 1.0");
+  if (a.repeated < 1) bad("augment.repeated", "must be >= 1 (1 = off)", "the recipe uses 3");
+  if (!(a.eval_crop_pct > 0 && a.eval_crop_pct <= 1)) bad("augment.eval_crop_pct", "must be in (0, 1]", "0.875");
+  if (data.loader == LoaderKind::stream && data.dataset != DatasetKind::image_folder)
+    bad("data.loader", "stream reads image_folder datasets", "use data.loader: memory for " + config::to_string(data.dataset));
+  if (data.loader == LoaderKind::memory && (!a.rand_augment.empty() || a.repeated > 1))
+    bad(a.repeated > 1 ? "augment.repeated" : "augment.rand_augment", "applies to data.loader: stream",
+        "set data.loader: stream (image_folder) or remove it");
+  if ((a.mixup > 0 || a.cutmix > 0) && data.batch_size % 2 != 0)
+    bad("augment.mixup", "Mixup/CutMix pair each image with the reversed batch: data.batch_size must be even", "");
   const std::string& d = train.device;
   if (!(d == "auto" || d == "cpu" || d == "cuda" || d.rfind("cuda:", 0) == 0))
     bad("train.device", "expected auto, cpu, cuda or cuda:N, got \"" + d + "\"", "");

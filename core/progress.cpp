@@ -19,11 +19,11 @@ constexpr int kBarWidth = 24;
 
 Progress::Progress(std::string label, int64_t total, std::string unit, int interactive)
     : label_(std::move(label)), unit_(std::move(unit)), total_(total),
-      tty_(interactive < 0 ? ::isatty(STDERR_FILENO) != 0 : interactive == 1),
+      tty_(interactive < 0 ? ::isatty(STDERR_FILENO) != 0 : interactive == 1), silent_(interactive == 2),
       start_(std::chrono::steady_clock::now()), last_print_(start_) {}
 
 Progress::~Progress() {
-  if (!finished_ && done_ > 0 && tty_) std::cerr << "\n";
+  if (!finished_ && done_ > 0 && tty_ && !silent_) std::cerr << "\n";
 }
 
 std::string Progress::format_duration(double s) {
@@ -55,6 +55,7 @@ void Progress::finish(const std::string& status) {
 }
 
 void Progress::render(bool final_line, const std::string& status) {
+  if (silent_) return;
   double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   double rate = elapsed > 0 ? done_ / elapsed : 0.0;
   std::ostringstream line;
@@ -86,6 +87,7 @@ MetricsWriter::MetricsWriter(const std::string& path, bool truncate) : path_(pat
 }
 
 void MetricsWriter::write(const nlohmann::json& record) {
+  if (path_.empty()) return;
   std::ofstream f(path_, std::ios::app);
   f << record.dump() << "\n";
   f.flush();

@@ -13,7 +13,8 @@ namespace moh {
 /// A progress bar over `total` units (images, steps, ...).
 class Progress {
  public:
-  /// `interactive`: -1 = detect (isatty(stderr)), 0 = plain lines, 1 = redrawn bar.
+  /// `interactive`: -1 = detect (isatty(stderr)), 0 = plain lines, 1 = redrawn bar, 2 = silent (data-parallel ranks
+  /// other than 0).
   Progress(std::string label, int64_t total, std::string unit = "it", int interactive = -1);
   ~Progress();
   /// Advances by n units; `status` (e.g. "loss=0.123") is shown after the rate.
@@ -27,7 +28,7 @@ class Progress {
   void render(bool final_line, const std::string& status);
   std::string label_, unit_;
   int64_t total_, done_ = 0;
-  bool tty_, finished_ = false;
+  bool tty_, silent_, finished_ = false;
   std::chrono::steady_clock::time_point start_, last_print_;
 };
 
@@ -37,6 +38,7 @@ class MetricsWriter {
   MetricsWriter() = default;
   /// Opens `path` for appending (truncate=true starts a new file).
   explicit MetricsWriter(const std::string& path, bool truncate = false);
+  /// Appends one line (a default-constructed writer, as on non-main ranks, writes nothing).
   void write(const nlohmann::json& record);
   bool is_open() const { return !path_.empty(); }
 

@@ -136,6 +136,19 @@ void write_image_folder(const std::string& dir, const ImageSet& set, const std::
 #endif
 }
 
+at::Tensor decode_image(const std::string& path, int64_t channels) {
+#ifndef MOH_WITH_OPENCV
+  (void)path, (void)channels;
+  throw UserError("image decoding", "needs OpenCV, which this build was configured without", "rebuild with -DMOH_WITH_OPENCV=ON");
+#else
+  cv::Mat m = cv::imread(path, channels == 1 ? cv::IMREAD_GRAYSCALE : cv::IMREAD_COLOR);
+  if (m.empty()) return {};
+  if (channels != 1) cv::cvtColor(m, m, cv::COLOR_BGR2RGB);
+  if (!m.isContinuous()) m = m.clone();
+  return at::from_blob(m.data, {m.rows, m.cols, m.channels()}, at::kByte).clone();
+#endif
+}
+
 at::Tensor decode_center_crop(const std::string& path, int64_t size) {
 #ifndef MOH_WITH_OPENCV
   (void)path, (void)size;

@@ -3,7 +3,8 @@
 // sorted folder-name order (the label of a class = its index in that order, empty class folders included so labels
 // stay aligned with the folder list). Images are decoded with OpenCV; unreadable files are skipped and counted, with
 // a summary line, and more than `max_bad_fraction` of them is an error. This reader holds the decoded split in
-// memory (small datasets: Fashion-MNIST-sized trees, tests); streaming ImageNet-scale decoding is not in it.
+// memory (small datasets: Fashion-MNIST-sized trees, tests); ImageNet-scale trees stream through StreamLoader
+// (datasets/stream_loader.h).
 #include <string>
 #include <vector>
 
@@ -34,6 +35,10 @@ struct DecodeReport {
 /// Throws UserError when the unreadable fraction exceeds max_bad_fraction.
 ImageSet load_image_folder(const std::string& root, const std::string& split, int64_t channels, int64_t size,
                            double max_bad_fraction, DecodeReport* report = nullptr, int64_t limit = 0);
+
+/// Decodes one image file: (H, W, 1) grey when channels == 1, else (H, W, 3) RGB, uint8; an undefined tensor when the
+/// file cannot be decoded.
+at::Tensor decode_image(const std::string& path, int64_t channels);
 
 /// Decodes one image to RGB and applies ADM's center_crop_arr (DiT's training transform): halve with a box filter
 /// while the short side is ≥ 2·size, resize bicubically so the short side equals size, crop the centre. Returns

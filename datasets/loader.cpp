@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "datasets/augment.h"
+
 namespace moh::datasets {
 
 uint64_t mix_seed(uint64_t a, uint64_t b) {
@@ -54,6 +56,7 @@ std::pair<at::Tensor, at::Tensor> make_batch(const ImageSet& set, const std::vec
       lab_out[b] = lab[idx];
       int64_t dy = 0, dx = 0;
       bool flip = false;
+      uint64_t erase_seed = 0;
       if (train) {
         SplitMix rng{mix_seed(mix_seed(seed, static_cast<uint64_t>(epoch)), static_cast<uint64_t>(idx))};
         if (tf.shift > 0) {
@@ -61,6 +64,7 @@ std::pair<at::Tensor, at::Tensor> make_batch(const ImageSet& set, const std::vec
           dx = static_cast<int64_t>(rng.below(2 * tf.shift + 1)) - tf.shift;
         }
         flip = tf.hflip && (rng.next() & 1);
+        if (tf.erase_prob > 0) erase_seed = rng.next();
       }
       const int64_t oy = (S - H) / 2 + dy, ox = (S - W) / 2 + dx;  // placement of the image in the S×S canvas
       float* img = dst + b * C * S * S;
@@ -74,6 +78,11 @@ std::pair<at::Tensor, at::Tensor> make_batch(const ImageSet& set, const std::vec
               v = static_cast<float>(src[((idx * H + sy) * W + sx) * C + c]) * scale + offset;
             img[(c * S + y) * S + x] = v;
           }
+      if (erase_seed) {
+        AugRng rng(erase_seed);
+        at::Tensor sample = out[b];
+        random_erase_(sample, tf.erase_prob, rng);
+      }
     }
   }
   return {out, labels};

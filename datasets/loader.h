@@ -18,11 +18,21 @@ namespace moh::datasets {
 constexpr double kFashionMnistMean = 0.2860;
 constexpr double kFashionMnistStd = 0.3530;
 
+/// A sequence of (images, labels) batches: one epoch of a loader.
+class BatchStream {
+ public:
+  virtual ~BatchStream() = default;
+  virtual int64_t num_batches() const = 0;
+  /// Next batch; false at the end of the epoch.
+  virtual bool next(at::Tensor& x, at::Tensor& y) = 0;
+};
+
 /// How images become model inputs.
 struct ClassifierTransform {
   int64_t size = 32;       ///< output side; smaller images are zero-padded (centred) to it
   int64_t shift = 0;       ///< training: random translation of up to ±shift pixels (zero fill)
   bool hflip = false;      ///< training: horizontal flip with probability 0.5
+  double erase_prob = 0;   ///< training: random erasing (timm, mode pixel) after normalisation
   double mean = kFashionMnistMean, std = kFashionMnistStd;
 };
 
@@ -38,15 +48,15 @@ std::pair<at::Tensor, at::Tensor> make_batch(const ImageSet& set, const std::vec
                                              const ClassifierTransform& tf, bool train, uint64_t seed, int64_t epoch);
 
 /// Iterates one epoch in batches, preparing up to `prefetch` batches ahead on a background thread.
-class EpochLoader {
+class EpochLoader : public BatchStream {
  public:
   EpochLoader(const ImageSet& set, ClassifierTransform tf, int64_t batch_size, bool train, uint64_t seed, int64_t epoch,
               int64_t start_batch = 0, bool drop_last = true, int prefetch = 2, int rank = 0, int world = 1);
   ~EpochLoader();
   /// Batches in the epoch (after drop_last).
-  int64_t num_batches() const { return num_batches_; }
+  int64_t num_batches() const override { return num_batches_; }
   /// Next batch; false at the end of the epoch.
-  bool next(at::Tensor& x, at::Tensor& y);
+  bool next(at::Tensor& x, at::Tensor& y) override;
 
  private:
   void produce();

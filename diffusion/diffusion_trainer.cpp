@@ -11,6 +11,7 @@
 #include "core/atomic_io.h"
 #include "core/amp.h"
 #include "core/checkpoint.h"
+#include "core/distributed.h"
 #include "core/ema.h"
 #include "core/error.h"
 #include "core/progress.h"
@@ -59,14 +60,49 @@ datasets::ClassifierTransform pixel_transform(const ExperimentConfig& cfg, const
 
 }  // namespace
 
+DiffusionStepLosses diffusion_backward(DiT& model, const GaussianDiffusion& diffusion, const at::Tensor& x0,
+                                       const at::Tensor& y, double beta, const RunContext& ctx, const GradScaler& scaler,
+                                       int rank, int world) {
+  const int64_t B = x0.size(0), G = B * world;  // local and global batch
+  auto mine = [&](const at::Tensor& global) { return world == 1 ? global : global.slice(0, rank, G, world); };
+  std::vector<int64_t> shape = x0.sizes().vec();
+  shape[0] = G;
+  const at::Tensor t = mine(at::randint(0, diffusion.num_steps(), {G}, at::kLong)).to(x0.device());  // (B)
+  const at::Tensor noise = mine(at::randn(shape, x0.options()));
+  at::Tensor drop;  // DiT's token_drop, drawn here so every rank sees its rows of the global draw
+  const double p = model->y_embedder->dropout_prob;
+  if (model->is_training() && p > 0) drop = mine(at::rand({G}, at::kFloat) < p).to(x0.device());
+  const at::Tensor xt = diffusion.q_sample(x0, t, noise);
+  DiTOutput out;
+  {
+    AutocastScope autocast(ctx);  // bf16/fp16 forward; the losses below are fp32
+    out = model->forward(xt, t, y, drop);
+  }
+  const GaussianDiffusion::Losses l = diffusion.training_losses(out.out.to(at::kFloat), x0, xt, t, noise);
+  at::Tensor loss = l.loss.mean();
+  DiffusionStepLosses r;
+  r.loss = loss.item<double>(), r.mse = l.mse.mean().item<double>(), r.vb = l.vb.mean().item<double>();
+  if (out.aux_loss.defined()) {
+    r.aux = out.aux_loss.item<double>();
+    loss = loss + beta * out.aux_loss.to(at::kFloat);
+  }
+  scaler.scale(loss).backward();
+  return r;
+}
+
 DiffusionTrainResult train_diffusion(const ExperimentConfig& cfg, const vision::TrainArgs& args) {
   const auto t_start = std::chrono::steady_clock::now();
   RunContext ctx = RunContext::create(cfg.train.device, cfg.train.precision, static_cast<uint64_t>(cfg.train.seed));
-  if (ctx.world > 1) throw UserError("train", "data-parallel training is not available in this build yet", "run one process");
   if (cfg.train.accum_steps != 1) throw UserError("config: train.accum_steps", "must be 1 for diffusion training", "");
   const DiTOptions mo = dit_options_for(cfg);
   const std::string run_dir = args.run_dir.empty() ? "runs/" + cfg.name : args.run_dir;
+  const int world = ctx.world;
+  if (cfg.data.batch_size % world != 0)
+    throw UserError("config: data.batch_size", std::to_string(cfg.data.batch_size) + " does not split into " +
+                                                   std::to_string(world) + " ranks", "use a multiple of the world size");
   std::optional<Checkpoint> resume = resolve_resume(run_dir, args.resume);
+  const std::shared_ptr<dist::Group> group = dist::Group::join(ctx);
+  group->barrier();  // every rank has decided about the run directory before rank 0 writes to it
 
   const bool latent = cfg.data.dataset == DatasetKind::latents;
   if (cfg.diffusion.vae == VaeKind::sd && !latent)
@@ -118,24 +154,33 @@ DiffusionTrainResult train_diffusion(const ExperimentConfig& cfg, const vision::
     load_module_tensors(*model, resume->model, resume->dir);
     load_optimizer_tensors(optimizer, *model, resume->optimizer, resume->dir);
     if (!resume->ema.empty()) load_module_tensors(*ema, resume->ema, resume->dir + "/ema.safetensors");
-    if (resume->rng.count("cpu")) set_cpu_rng_state(resume->rng.at("cpu"));
     if (resume->rng.count("amp_scaler")) scaler.load_state(resume->rng.at("amp_scaler"));
     state = resume->state;
-    std::cerr << "resuming " << resume->dir << " at epoch " << state.epoch << ", step " << state.step << "\n";
-  } else {
-    ema_update(*ema, *model, 0.0);  // DiT: the EMA starts as a copy
+    if (group->is_main())
+      std::cerr << "resuming " << resume->dir << " at epoch " << state.epoch << ", step " << state.step << "\n";
   }
+  group->broadcast_module(*model);  // every rank starts from rank 0's weights
+  if (!resume) ema_update(*ema, *model, 0.0);  // DiT: the EMA starts as a copy
+  // One common generator on every rank: the step's draws are made for the global batch (diffusion_backward).
+  dist::restore_rank_rng(*group, resume ? &resume->rng : nullptr, static_cast<uint64_t>(cfg.train.seed), state.step,
+                         /*per_rank=*/false);
   ema->eval();
   for (auto& p : ema->parameters()) p.set_requires_grad(false);
 
   const std::string config_yaml = to_yaml(cfg);
-  MetricsWriter metrics = start_run_dir(run_dir, config_yaml, resume ? std::optional<int64_t>(state.step) : std::nullopt);
-  std::cerr << "model " << cfg.model.name << ": " << mo.active_ratio() * 100 << " % active heads, run dir " << run_dir << "\n";
+  MetricsWriter metrics;
+  if (group->is_main()) {
+    metrics = start_run_dir(run_dir, config_yaml, resume ? std::optional<int64_t>(state.step) : std::nullopt);
+    std::cerr << "model " << cfg.model.name << ": " << mo.active_ratio() * 100 << " % active heads, run dir " << run_dir
+              << (world > 1 ? ", " + std::to_string(world) + " data-parallel ranks" : std::string()) << "\n";
+  }
 
   const double beta = cfg.train.moh_loss_coeff, decay = cfg.train.ema_decay;
   auto checkpoint = [&] {
-    return save_checkpoint(run_dir, state, module_tensors(*model), optimizer_tensors(optimizer, *model), config_yaml,
-                           {{"cpu", cpu_rng_state()}, {"amp_scaler", scaler.state()}}, module_tensors(*ema));
+    if (group->is_main())
+      save_checkpoint(run_dir, state, module_tensors(*model), optimizer_tensors(optimizer, *model), config_yaml,
+                      {{"cpu", cpu_rng_state()}, {"amp_scaler", scaler.state()}}, module_tensors(*ema));
+    group->barrier();
   };
   DiffusionTrainResult result;
   result.run_dir = run_dir;
@@ -148,11 +193,13 @@ DiffusionTrainResult train_diffusion(const ExperimentConfig& cfg, const vision::
       latents.emplace(cfg.data.root, latent_meta, cfg.data.batch_size, static_cast<uint64_t>(cfg.train.seed), epoch,
                       cfg.data.limit_train);
     } else {
-      pixels.emplace(train_set, tf, cfg.data.batch_size, /*train=*/true, static_cast<uint64_t>(cfg.train.seed), epoch);
+      pixels.emplace(train_set, tf, cfg.data.batch_size / world, /*train=*/true, static_cast<uint64_t>(cfg.train.seed),
+                     epoch, 0, true, 2, ctx.rank, world);  // the rank's strided share of every global batch
     }
     const int64_t num_batches = latent ? latents->num_batches() : pixels->num_batches();
     if (num_batches == 0) throw UserError("config: data.batch_size", "larger than the training set", "");
-    Progress progress("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(cfg.train.epochs), num_batches, "step");
+    Progress progress("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(cfg.train.epochs), num_batches, "step",
+                      group->is_main() ? -1 : 2);
     model->train();
     double loss_acc = 0, mse_acc = 0, vb_acc = 0, aux_acc = 0;
     int64_t logged = 0, images = 0;
@@ -162,39 +209,26 @@ DiffusionTrainResult train_diffusion(const ExperimentConfig& cfg, const vision::
       const double lr = vision::learning_rate_at(
           cfg, cfg.schedule.unit == ScheduleUnit::epoch ? epoch : epoch + static_cast<double>(b) / num_batches);
       for (auto& g : optimizer.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
+      if (latent && world > 1) {  // every rank streams the global batch and keeps its rows r, r + world, ...
+        x0 = x0.slice(0, ctx.rank, x0.size(0), world), y = y.slice(0, ctx.rank, y.size(0), world);
+      }
       x0 = x0.to(ctx.device), y = y.to(ctx.device);
-      const at::Tensor t = at::randint(0, diffusion.num_steps(), {x0.size(0)}, at::kLong).to(ctx.device);  // (B)
-      const at::Tensor noise = at::randn_like(x0);
-      const at::Tensor xt = diffusion.q_sample(x0, t, noise);
-      DiTOutput out;
-      {
-        AutocastScope autocast(ctx);  // bf16/fp16 forward; the losses below are fp32
-        out = model->forward(xt, t, y);  // label dropout active in train mode
-      }
-      const GaussianDiffusion::Losses l = diffusion.training_losses(out.out.to(at::kFloat), x0, xt, t, noise);
-      at::Tensor loss = l.loss.mean();
-      const double step_loss = loss.item<double>();
-      if (out.aux_loss.defined()) {
-        aux_acc += out.aux_loss.item<double>();
-        loss = loss + beta * out.aux_loss.to(at::kFloat);
-      }
-      optimizer.zero_grad();
-      scaler.scale(loss).backward();
-      if (scaler.unscale_and_update(model->parameters())) {  // fp16: skip steps with inf/NaN gradients
-        if (cfg.optim.clip_grad > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), cfg.optim.clip_grad);
-        optimizer.step();
-      }
+      const DiffusionStepLosses sl = diffusion_backward(model, diffusion, x0, y, beta, ctx, scaler, ctx.rank, world);
+      group->average_gradients(model->parameters());  // no-op on one process
+      finish_optimizer_step(optimizer, model->parameters(), scaler, cfg.optim.clip_grad);
       // A constant decay keeps decay^t of the random initialisation in the average, which ruins short runs
       // (0.999^937 = 39 %); the optional warm-up ramps the decay up with the step.
       if (decay > 0) ema_update(*ema, *model, ema_decay_at(decay, cfg.train.ema_warmup, state.step));
       ++state.step;
-      loss_acc += step_loss, mse_acc += l.mse.mean().item<double>(), vb_acc += l.vb.mean().item<double>();
-      ++logged, images += x0.size(0);
+      loss_acc += sl.loss, mse_acc += sl.mse, vb_acc += sl.vb, aux_acc += sl.aux;
+      ++logged, images += x0.size(0) * world;
       char status[64];
-      std::snprintf(status, sizeof status, "loss=%.4f", step_loss);
+      std::snprintf(status, sizeof status, "loss=%.4f", sl.loss);
       progress.advance(1, status);
       if (state.step % cfg.train.log_every_steps == 0) {
         const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_log).count();
+        const std::vector<double> m = group->sum({loss_acc, mse_acc, vb_acc, aux_acc});  // global means
+        loss_acc = m[0] / world, mse_acc = m[1] / world, vb_acc = m[2] / world, aux_acc = m[3] / world;
         result.loss = loss_acc / logged;
         metrics.write({{"step", state.step}, {"epoch", epoch}, {"loss", result.loss}, {"mse", mse_acc / logged},
                        {"vb", vb_acc / logged}, {"aux", aux_acc / logged}, {"lr", lr},

@@ -5,7 +5,9 @@
 // resume. Pixel-space data in [−1, 1] (vae: none).
 #include <string>
 
+#include "core/amp.h"
 #include "core/experiment_config.h"
+#include "diffusion/diffusion_process.h"
 #include "diffusion/dit.h"
 #include "vision/classification_trainer.h"
 
@@ -16,6 +18,19 @@ bool is_diffusion_model(const std::string& name);
 
 /// The model of a diffusion experiment: the variant with model.num_classes / model.img_size / attention_path applied.
 DiTOptions dit_options_for(const ExperimentConfig& cfg);
+
+/// Losses of one training step (batch means).
+struct DiffusionStepLosses {
+  double loss = 0, mse = 0, vb = 0, aux = 0;
+};
+/// The forward/backward half of a DiT training step on clean data x0 (B, C, H, W) with labels y: t ~ U{0..T−1},
+/// noise and the class-dropout mask drawn in DiT's order, q_sample, forward under autocast, hybrid loss in fp32 +
+/// β·aux, scaled backward. The optimizer half is finish_optimizer_step (core/amp.h). Data parallel (world > 1): x0
+/// holds the rank's samples r, r + world, ... of the global batch; the draws are made for the whole global batch
+/// (one common generator on every rank) and the rank's rows taken, so the step equals a single process's.
+DiffusionStepLosses diffusion_backward(DiT& model, const GaussianDiffusion& diffusion, const at::Tensor& x0,
+                                       const at::Tensor& y, double beta, const RunContext& ctx, const GradScaler& scaler,
+                                       int rank = 0, int world = 1);
 
 /// Result of a diffusion training run.
 struct DiffusionTrainResult {

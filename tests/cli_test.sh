@@ -123,6 +123,18 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   expect 0 "top-1" -- eval $NANO --set data.limit_val=64 --checkpoint "$tmp/run_ema" --ema
   expect 2 "has no EMA weights" -- eval $NANO --set data.limit_val=64 --checkpoint "$tmp/run" --ema
   expect 0 '"steps":2' -- train $NANO "${TINY[@]}" --set train.precision=bf16 --run-dir "$tmp/run_bf16"
+  # The ImageNet-style streaming ImageFolder path with the whole augmentation recipe, on PNG trees of Fashion-MNIST.
+  expect 0 "wrote 96 images" -- export-images --images fashion_mnist:train:96 --out "$tmp/tree/train"
+  expect 0 "wrote 48 images" -- export-images --images fashion_mnist:test:48 --out "$tmp/tree/val"
+  STREAM=(--set data.dataset=image_folder --set data.root="$tmp/tree" --set data.loader=stream --set data.batch_size=16
+          --set augment.rand_augment=rand-m9-mstd0.5-inc1 --set augment.erase_prob=0.25 --set augment.mixup=0.8
+          --set augment.cutmix=1.0 --set augment.repeated=3 --set train.epochs=1 --set train.max_steps=3)
+  expect 0 '"steps":3' -- train $NANO "${STREAM[@]}" --run-dir "$tmp/run_stream"
+  expect 0 "top-1" -- eval $NANO "${STREAM[@]}" --checkpoint "$tmp/run_stream"
+  expect 2 "augment.rand_augment: applies to data.loader: stream" -- train $NANO "${TINY[@]}" --set augment.rand_augment=rand-m9 --run-dir "$tmp/run5"
+  expect 2 "unknown RandAugment part 'q1'" -- train $NANO "${STREAM[@]}" --set augment.rand_augment=rand-m9-q1 --run-dir "$tmp/run5"
+  expect 2 "data.batch_size must be even" -- train $NANO "${STREAM[@]}" --set data.batch_size=15 --run-dir "$tmp/run5"
+  expect 2 "attention_path: sparse is implemented for DiT" -- train $NANO "${TINY[@]}" --set model.attention_path=sparse --run-dir "$tmp/run5"
   expect 2 "fp16 autocast needs a CUDA device" -- train $NANO "${TINY[@]}" --set train.precision=fp16 --run-dir "$tmp/run5"
   expect 2 "unknown classifier variant" -- train $NANO "${TINY[@]}" --set model.name=MoH-ViT-X --run-dir "$tmp/run"
   expect 2 "optim.lr: must be > 0" -- train $NANO "${TINY[@]}" --set optim.lr=-1 --run-dir "$tmp/run"

@@ -5,8 +5,12 @@
 // evaluation, metrics JSONL, a progress bar, atomic checkpoints and exact resume.
 #include <string>
 
+#include "core/amp.h"
+#include "core/distributed.h"
 #include "core/experiment_config.h"
 #include "core/run_context.h"
+#include "datasets/augment.h"
+#include "datasets/image_folder.h"
 #include "datasets/loader.h"
 #include "vision/head_load.h"
 #include "vision/transnext.h"
@@ -27,14 +31,55 @@ datasets::ImageSet load_split(const ExperimentConfig& cfg, bool train, int64_t c
 /// Input pipeline of the experiment (training adds the configured augmentation).
 datasets::ClassifierTransform transform_for(const ExperimentConfig& cfg, const TransNeXtOptions& model);
 
+/// One split of a classification experiment: decoded into memory (data.loader: memory) or an ImageFolder index
+/// streamed batch by batch (data.loader: stream), with the loaders of its epochs.
+class ClassifierSplit {
+ public:
+  ClassifierSplit(const ExperimentConfig& cfg, const TransNeXtOptions& model, bool train);
+  int64_t size() const;
+  /// One epoch in batches (train: shuffled and augmented; eval: in order, every image once).
+  /// With world > 1 the rank's share (strided), `batch_size` images per rank.
+  std::unique_ptr<datasets::BatchStream> epoch(int64_t epoch, int64_t batch_size, bool train, int64_t start_batch = 0,
+                                               bool drop_last = true, int rank = 0, int world = 1) const;
+  const datasets::ImageSet& images() const { return set_; }
+
+ private:
+  ExperimentConfig cfg_;
+  TransNeXtOptions model_;
+  datasets::ClassifierTransform tf_;
+  datasets::SampleTransformOptions stream_tf_;
+  datasets::ImageSet set_;
+  datasets::ImageFolderIndex index_;
+  bool stream_ = false, train_ = false;
+};
+
+/// Mixup/CutMix settings of the experiment (off unless augment.mixup / augment.cutmix > 0).
+datasets::MixupOptions mixup_for(const ExperimentConfig& cfg, const TransNeXtOptions& model);
+
 /// Accuracy and loss over a split.
 struct EvalResult {
   double top1 = 0, top5 = 0, loss = 0;
   int64_t count = 0;
 };
 /// With `head_load`, also accumulates the MoH head selections of every batch.
+EvalResult evaluate_classifier(TransNeXt& model, datasets::BatchStream& batches, const RunContext& ctx,
+                               HeadLoadStats* head_load = nullptr);
+/// Every rank evaluates its share of the split; the counts (and head loads) are summed (identical on every rank).
+EvalResult evaluate_sharded(TransNeXt& model, const ClassifierSplit& split, int64_t batch_size, const RunContext& ctx,
+                            dist::Group& group, HeadLoadStats* head_load = nullptr);
+/// Convenience: every image of an in-memory set, in order.
 EvalResult evaluate_classifier(TransNeXt& model, const datasets::ImageSet& set, const datasets::ClassifierTransform& tf,
                                int64_t batch_size, const RunContext& ctx, HeadLoadStats* head_load = nullptr);
+
+/// Task and load-balance loss of one optimizer step (means over its micro-batches).
+struct StepLosses {
+  double loss = 0, aux = 0;
+};
+/// The forward/backward half of a training step: the batch (x, y) is split into `accum` micro-batches, each runs
+/// forward under autocast, cross-entropy (label smoothing) + β·aux in fp32, scaled backward; gradients accumulate in
+/// the parameters. Floating-point y (B, classes) are soft targets (Mixup/CutMix, smoothing already folded in). The optimizer half is finish_optimizer_step (core/amp.h).
+StepLosses classifier_backward(TransNeXt& model, const at::Tensor& x, const at::Tensor& y, int64_t accum, double beta,
+                               double label_smoothing, const RunContext& ctx, const GradScaler& scaler);
 
 /// Where a training run lives and whether to continue one.
 struct TrainArgs {

@@ -54,6 +54,13 @@ void HeadLoadStats::add(const std::vector<at::Tensor>& routed, const at::Tensor&
   }
 }
 
+void HeadLoadStats::reduce(dist::Group& group) {
+  std::vector<at::Tensor> counts;
+  for (auto& l : layers_)
+    if (l.counts.defined()) counts.push_back(l.counts);
+  group.allreduce_sum_(counts);  // in place: the tensors are the layers' own
+}
+
 nlohmann::json HeadLoadStats::to_json() const {
   nlohmann::json layers = nlohmann::json::array();
   for (const Layer& l : layers_) {

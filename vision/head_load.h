@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/distributed.h"
 #include "vision/transnext.h"
 
 namespace moh::vision {
@@ -22,6 +23,8 @@ class HeadLoadStats {
   /// {"layers": [{"name", "stage", "block", "shared", "routed_pool", "topk", "selections", "overall": [E shares],
   ///   "per_class": [[E shares] × classes]}]}; shares of a row sum to 1.
   nlohmann::json to_json() const;
+  /// Sums the counts over data-parallel ranks (a collective), so every rank holds the whole split's statistics.
+  void reduce(dist::Group& group);
   /// Heat map PNG (needs OpenCV; returns false without it).
   bool write_png(const std::string& path, const std::vector<std::string>& class_names) const;
 

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/registry.h"
+#include "vision/sliding_window_op.h"
 
 namespace moh::vision {
 
@@ -197,7 +198,12 @@ AttentionOutput TransNeXtAttentionImpl::run(const at::Tensor& x, const at::Tenso
     at::Tensor attn_local;  // (B, h, N, 9)
     at::Tensor k_nb, v_nb;  // (B, h, N, d, 9)
     std::vector<at::Tensor> k_shift, v_shift;  // reference: per neighbour (B, h, N, d)
-    if (!reference) {
+    // CUDA builds: the sliding-window kernels (options.fused); the im2col path below is their parity reference.
+    const bool kernels = !reference && options.fused && x.is_cuda() && sliding_window_kernels_available();
+    if (kernels) {
+      k_nb = k_loc.permute({0, 2, 1, 3}), v_nb = v_loc.permute({0, 2, 1, 3});  // (B, h, N, d) maps, not neighbours
+      attn_local = sliding_window_qk(qs, k_nb, H, W);                            // (B, h, N, 9)
+    } else if (!reference) {
       at::Tensor maps = at::cat({k_loc.reshape({B, N, C}), kvl[1]}, -1).permute({0, 2, 1}).reshape({B, 2 * C, H, W});
       at::Tensor nb = at::im2col(maps, {kWindow, kWindow}, {1, 1}, {1, 1}, {1, 1})  // (B, 2C·9, N), channel-major
                           .reshape({B, 2 * h, d, kWindowArea, N})
@@ -234,7 +240,9 @@ AttentionOutput TransNeXtAttentionImpl::run(const at::Tensor& x, const at::Tenso
     // Learnable tokens and bias, added after the softmax with the plain normalised query.
     attn_local = at::matmul(qn, learnable_tokens) + learnable_bias + attn_local;  // (B, h, N, 9)
     at::Tensor x_local;
-    if (!reference) {
+    if (kernels) {
+      x_local = sliding_window_av(attn_local, v_nb, H, W);  // (B, h, N, d)
+    } else if (!reference) {
       x_local = at::matmul(attn_local.unsqueeze(-2), v_nb.transpose(-2, -1)).squeeze(-2);  // (B, h, N, d)
     } else {
       x_local = at::zeros_like(qs);

@@ -1,0 +1,127 @@
+// `moh launch --nproc N [--master-port P] -- <moh subcommand> ARGS...`: a local torchrun. Starts N copies of this
+// binary with RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT set (and OMP_NUM_THREADS = cores / N unless
+// given), forwards their output, and when one exits with an error stops the others and returns that exit code.
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "apps/cli.h"
+#include "apps/commands.h"
+#include "core/error.h"
+
+namespace moh::apps {
+
+namespace {
+
+// A TCP port that was free a moment ago (bind to port 0, read it back).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 29500;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  int port = 29500;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+    port = ntohs(addr.sin_port);
+  ::close(fd);
+  return port;
+}
+
+}  // namespace
+
+int cmd_launch(int argc, char** argv) {
+  // Everything after "--" belongs to the child command.
+  int split = argc;
+  for (int i = 1; i < argc; ++i)
+    if (!std::strcmp(argv[i], "--")) {
+      split = i;
+      break;
+    }
+  cxxopts::Options opts(argv[0], "Run a moh subcommand as N data-parallel processes on this machine (like torchrun)");
+  opts.positional_help("-- train CONFIG.yaml [ARGS...]");
+  opts.add_options()("nproc", "number of processes", cxxopts::value<int>()->default_value("2"))(
+      "master-port", "TCPStore port (0 = a free one)", cxxopts::value<int>()->default_value("0"))("h,help", "show this help");
+  auto args = parse_or_throw(opts, split, argv);
+  if (print_help_if_asked(opts, args)) return 0;
+  const int n = args["nproc"].as<int>();
+  if (n < 1 || n > 512) throw UserError("--nproc", "must be in 1..512, got " + std::to_string(n), "");
+  if (split + 1 >= argc) throw UserError(argv[0], "no command after --", "e.g. moh launch --nproc 2 -- train CONFIG.yaml");
+  const std::string cmd = argv[split + 1];
+  if (cmd != "train" && cmd != "sample" && cmd != "eval")
+    throw UserError(argv[0], "cannot launch '" + cmd + "' data-parallel", "commands: train, sample, eval");
+  int port = args["master-port"].as<int>();
+  if (port < 0 || port > 65535) throw UserError("--master-port", "not a TCP port", "1..65535, or 0 for a free one");
+  if (port == 0) port = free_port();
+
+  std::vector<std::string> child_args{"moh"};
+  for (int i = split + 1; i < argc; ++i) child_args.emplace_back(argv[i]);
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const std::string threads = std::to_string(std::max(1u, cores / static_cast<unsigned>(n)));
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) {
+    const pid_t pid = ::fork();
+    if (pid < 0) throw std::runtime_error("fork failed: " + std::string(std::strerror(errno)));
+    if (pid == 0) {
+      ::setenv("RANK", std::to_string(r).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
+      ::setenv("LOCAL_WORLD_SIZE", std::to_string(n).c_str(), 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      ::setenv("OMP_NUM_THREADS", threads.c_str(), 0);  // keep the user's choice
+      std::vector<char*> cargv;
+      for (auto& a : child_args) cargv.push_back(a.data());
+      cargv.push_back(nullptr);
+      ::execv("/proc/self/exe", cargv.data());
+      std::cerr << "error: rank " << r << ": cannot start /proc/self/exe: " << std::strerror(errno) << "\n";
+      ::_exit(kExitRuntime);
+    }
+    pids.push_back(pid);
+  }
+  // Wait; the first failure stops the rest (SIGTERM, then SIGKILL after 10 s).
+  int result = kExitOk, alive = n;
+  bool stopping = false;
+  auto stop_deadline = std::chrono::steady_clock::time_point::max();
+  while (alive > 0) {
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, stopping ? WNOHANG : 0);
+    if (pid == 0) {  // stopping, nobody exited yet
+      if (std::chrono::steady_clock::now() > stop_deadline)
+        for (pid_t p : pids)
+          if (p > 0) ::kill(p, SIGKILL);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      continue;
+    }
+    if (pid < 0) break;
+    int rank = -1;
+    for (int r = 0; r < n; ++r)
+      if (pids[static_cast<size_t>(r)] == pid) rank = r, pids[static_cast<size_t>(r)] = -1;
+    if (rank < 0) continue;
+    --alive;
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : kExitRuntime;
+    if (code != kExitOk && !stopping) {
+      if (WIFSIGNALED(status)) std::cerr << "error: rank " << rank << " was killed by signal " << WTERMSIG(status) << "\n";
+      result = code;
+      stopping = true;
+      stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      for (pid_t p : pids)
+        if (p > 0) ::kill(p, SIGTERM);
+    }
+  }
+  return result;
+}
+
+}  // namespace moh::apps

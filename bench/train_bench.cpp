@@ -1,0 +1,292 @@
+#include "bench/train_bench.h"
+
+#include <torch/optim/adamw.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cxxopts.hpp>
+#include <iomanip>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "bench/op_profile.h"
+#include "core/amp.h"
+#include "core/error.h"
+#include "core/run_context.h"
+#include "diffusion/diffusion_trainer.h"
+#include "diffusion/sampler.h"
+#include "vision/classification_trainer.h"
+
+namespace moh::bench {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void sync(const RunContext& ctx) {
+  if (ctx.device.is_cuda()) at::zeros({1}, at::TensorOptions().device(ctx.device)).cpu();  // waits for the stream
+}
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// Rate of an n×n×n matrix product in `dtype` on the context's device (TFLOP/s, median of 5).
+double gemm_tflops(const RunContext& ctx, at::ScalarType dtype, int64_t n) {
+  const auto opts = at::TensorOptions().device(ctx.device).dtype(dtype);
+  const at::Tensor a = at::randn({n, n}, opts), b = at::randn({n, n}, opts);
+  at::mm(a, b);
+  sync(ctx);
+  std::vector<double> t;
+  for (int i = 0; i < 5; ++i) {
+    const auto s = Clock::now();
+    at::mm(a, b);
+    sync(ctx);
+    t.push_back(seconds_since(s));
+  }
+  return 2.0 * static_cast<double>(n * n * n) / median(t) / 1e12;
+}
+
+struct Common {
+  std::string model;
+  int64_t batch = 8, steps = 5, warmup = 2, profile = 0;
+  double peak_tflops = 0;
+  bool json = false;
+  RunContext ctx;
+  cxxopts::ParseResult args;
+};
+
+Common parse_common(cxxopts::Options& opts, int argc, char** argv, bool& help) {
+  opts.add_options()("model", "registry name (moh info --list)", cxxopts::value<std::string>())(
+      "batch", "images per step", cxxopts::value<int64_t>()->default_value("8"))(
+      "steps", "timed repetitions (median reported)", cxxopts::value<int64_t>()->default_value("5"))(
+      "warmup", "untimed repetitions first", cxxopts::value<int64_t>()->default_value("2"))(
+      "precision", "fp32, bf16 (autocast) or fp16 (CUDA, loss scaling)", cxxopts::value<std::string>()->default_value("fp32"))(
+      "attention-path", "MoH path of DiT attention: dense or sparse", cxxopts::value<std::string>()->default_value("dense"))(
+      "img-size", "input side in pixels/latents (0 = the variant's)", cxxopts::value<int64_t>()->default_value("0"))(
+      "device", "auto, cpu or cuda[:N]", cxxopts::value<std::string>()->default_value("auto"))(
+      "peak-tflops", "device peak for MFU (0 = known GPU table / measured GEMM)", cxxopts::value<double>()->default_value("0"))(
+      "profile", "print the N operators with the most self time of one step", cxxopts::value<int64_t>()->default_value("0"))(
+      "json", "print one JSON object")("h,help", "show this help");
+  Common c;
+  try {
+    c.args = opts.parse(argc, argv);
+  } catch (const std::exception& e) {
+    throw UserError(argv[0], e.what(), "see --help");
+  }
+  help = c.args.count("help") > 0;
+  if (help) {
+    std::cout << opts.help() << std::endl;
+    return c;
+  }
+  if (!c.args.count("model")) throw UserError(argv[0], "--model is required", "e.g. --model MoH-DiT-S/2-90");
+  c.model = c.args["model"].as<std::string>();
+  c.batch = c.args["batch"].as<int64_t>(), c.steps = c.args["steps"].as<int64_t>();
+  c.warmup = c.args["warmup"].as<int64_t>(), c.profile = c.args["profile"].as<int64_t>();
+  c.peak_tflops = c.args["peak-tflops"].as<double>();
+  c.json = c.args.count("json") > 0;
+  if (c.batch < 1 || c.steps < 1 || c.warmup < 0 || c.profile < 0 || c.peak_tflops < 0)
+    throw UserError(argv[0], "--batch and --steps must be positive, --warmup/--profile/--peak-tflops not negative", "");
+  const Precision p = config::enum_from_string<Precision>(c.args["precision"].as<std::string>(), "--precision");
+  c.ctx = RunContext::create(c.args["device"].as<std::string>(), p, 0);
+  configure_cpu_threads();
+  return c;
+}
+
+// Times `step` (warm-up first), optionally profiles one more call; fills the common JSON fields.
+template <class F>
+nlohmann::json time_steps(const Common& c, F&& step) {
+  for (int64_t i = 0; i < c.warmup; ++i) step();
+  sync(c.ctx);
+  std::vector<double> t;
+  for (int64_t i = 0; i < c.steps; ++i) {
+    const auto s = Clock::now();
+    step();
+    sync(c.ctx);
+    t.push_back(seconds_since(s));
+  }
+  nlohmann::json out{{"model", c.model}, {"batch", c.batch}, {"device", c.ctx.device.str()},
+                     {"precision", config::to_string(c.ctx.precision)}, {"threads", at::get_num_threads()},
+                     {"libtorch", libtorch_version()}, {"step_s", median(t)}, {"step_s_min", *std::min_element(t.begin(), t.end())},
+                     {"img_per_s", static_cast<double>(c.batch) / median(t)}};
+  if (c.profile > 0) {
+    std::vector<OpTime> rows;
+    {
+      OpProfiler prof;
+      step();
+      sync(c.ctx);
+      rows = prof.table();
+    }
+    nlohmann::json top = nlohmann::json::array();
+    for (size_t i = 0; i < rows.size() && static_cast<int64_t>(i) < c.profile; ++i)
+      top.push_back({{"op", rows[i].name}, {"self_ms", rows[i].self_ms}, {"calls", rows[i].calls}});
+    out["profile"] = top;
+  }
+  return out;
+}
+
+// Adds FLOP and MFU fields: fwd_flops counted on one forward pass of the batch.
+void add_flops(nlohmann::json& out, const Common& c, double fwd_flops, double step_flops) {
+  const at::ScalarType dt = c.ctx.precision == Precision::fp32 ? at::kFloat
+                            : c.ctx.precision == Precision::bf16 ? at::kBFloat16 : at::kHalf;
+  double peak = c.peak_tflops;
+  std::string source = "--peak-tflops";
+  if (peak <= 0) {
+    peak = gemm_tflops(c.ctx, dt, c.ctx.device.is_cuda() ? 8192 : 2048);
+    source = "measured GEMM";
+  }
+  const double img_s = out["img_per_s"].get<double>();
+  out["fwd_gflops_per_img"] = fwd_flops / static_cast<double>(c.batch) / 1e9;
+  out["step_gflops_counted"] = step_flops / 1e9;
+  out["achieved_tflops"] = 3.0 * fwd_flops / static_cast<double>(c.batch) * img_s / 1e12;
+  out["peak_tflops"] = peak;
+  out["peak_source"] = source;
+  out["mfu"] = out["achieved_tflops"].get<double>() / peak;
+}
+
+void print(const nlohmann::json& out, bool json) {
+  if (json) {
+    std::cout << out.dump() << std::endl;
+    return;
+  }
+  std::cout << out["model"].get<std::string>() << "  batch " << out["batch"] << "  " << out["device"].get<std::string>()
+            << " " << out["precision"].get<std::string>() << "\n";
+  for (const char* k : {"step_s", "img_per_s", "fwd_gflops_per_img", "achieved_tflops", "peak_tflops", "mfu"})
+    if (out.contains(k)) std::cout << "  " << std::left << std::setw(20) << k << out[k].get<double>() << "\n";
+  if (out.contains("profile"))
+    for (const auto& r : out["profile"])
+      std::cout << "  " << std::right << std::setw(10) << std::fixed << std::setprecision(2) << r["self_ms"].get<double>()
+                << " ms " << std::setw(6) << r["calls"].get<int64_t>() << "x  " << r["op"].get<std::string>() << "\n";
+}
+
+int64_t resolved_size(const Common& c, int64_t variant) {
+  const int64_t s = c.args["img-size"].as<int64_t>();
+  return s > 0 ? s : variant;
+}
+
+}  // namespace
+
+int train_bench_main(int argc, char** argv) {
+  cxxopts::Options opts(argv[0], "One training step on random data: step time, images/s, FLOPs, MFU");
+  bool help = false;
+  Common c = parse_common(opts, argc, argv, help);
+  if (help) return 0;
+  torch::manual_seed(0);
+  const auto dev = at::TensorOptions().device(c.ctx.device);
+  const GradScaler scaler_proto(c.ctx.precision);
+  nlohmann::json out;
+  if (diffusion::is_diffusion_model(c.model)) {
+    diffusion::DiTOptions o = diffusion::dit_options(c.model);
+    o.input_size = resolved_size(c, o.input_size);
+    o.path = config::enum_from_string<AttentionPath>(c.args["attention-path"].as<std::string>(), "--attention-path");
+    diffusion::DiT model(o);
+    model->to(c.ctx.device);
+    model->train();
+    torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-4).weight_decay(0));
+    GradScaler scaler = scaler_proto;
+    const diffusion::GaussianDiffusion chain = diffusion::GaussianDiffusion::base(1000);
+    const at::Tensor x0 = at::randn({c.batch, o.in_channels, o.input_size, o.input_size}, dev);
+    const at::Tensor y = at::randint(0, o.num_classes, {c.batch}, dev.dtype(at::kLong));
+    auto step = [&] {
+      diffusion::diffusion_backward(model, chain, x0, y, 0.01, c.ctx, scaler);
+      finish_optimizer_step(opt, model->parameters(), scaler, 0.0);
+    };
+    out = time_steps(c, step);
+    double fwd = 0, all = 0;
+    {
+      torch::NoGradGuard ng;
+      FlopCounter fc;
+      AutocastScope ac(c.ctx);
+      model->forward(x0, at::randint(0, 1000, {c.batch}, dev.dtype(at::kLong)), y);
+      fwd = fc.flops();
+    }
+    {
+      FlopCounter fc;
+      step();
+      all = fc.flops();
+    }
+    add_flops(out, c, fwd, all);
+    out["attention_path"] = config::to_string(o.path);
+    out["input"] = {o.in_channels, o.input_size, o.input_size};
+  } else {
+    vision::TransNeXtOptions o = vision::classifier_options(c.model);
+    o.img_size = resolved_size(c, o.img_size);
+    o.validate();
+    vision::TransNeXt model(o);
+    model->to(c.ctx.device);
+    model->train();
+    torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.05));
+    GradScaler scaler = scaler_proto;
+    const at::Tensor x = at::randn({c.batch, o.in_chans, o.img_size, o.img_size}, dev);
+    const at::Tensor y = at::randint(0, o.num_classes, {c.batch}, dev.dtype(at::kLong));
+    auto step = [&] {
+      vision::classifier_backward(model, x, y, 1, 0.01, 0.1, c.ctx, scaler);
+      finish_optimizer_step(opt, model->parameters(), scaler, 1.0);
+    };
+    out = time_steps(c, step);
+    double fwd = 0, all = 0;
+    {
+      torch::NoGradGuard ng;
+      FlopCounter fc;
+      AutocastScope ac(c.ctx);
+      model->forward(x);
+      fwd = fc.flops();
+    }
+    {
+      FlopCounter fc;
+      step();
+      all = fc.flops();
+    }
+    add_flops(out, c, fwd, all);
+    out["input"] = {o.in_chans, o.img_size, o.img_size};
+  }
+  out["what"] = "train_step";
+  print(out, c.json);
+  return 0;
+}
+
+int sample_bench_main(int argc, char** argv) {
+  cxxopts::Options opts(argv[0], "Class-conditional DiT sampling on random weights: images/s of a whole reverse chain");
+  opts.add_options()("chain", "timestep respacing of the chain (\"250\" = DiT's DDPM default, \"ddim50\", ...)",
+                     cxxopts::value<std::string>()->default_value("250"))(
+      "cfg-scale", "guidance scale (1 = no batch doubling)", cxxopts::value<double>()->default_value("4.0"));
+  bool help = false;
+  Common c = parse_common(opts, argc, argv, help);
+  if (help) return 0;
+  if (!diffusion::is_diffusion_model(c.model))
+    throw UserError("--model", c.model + " is not a DiT variant", "sampling benchmarks DiT / MoH-DiT");
+  diffusion::DiTOptions o = diffusion::dit_options(c.model);
+  o.input_size = resolved_size(c, o.input_size);
+  o.path = config::enum_from_string<AttentionPath>(c.args["attention-path"].as<std::string>(), "--attention-path");
+  torch::manual_seed(0);
+  diffusion::DiT model(o);
+  model->to(c.ctx.device);
+  model->eval();
+  const std::string spec = c.args["chain"].as<std::string>();
+  const diffusion::GaussianDiffusion chain = diffusion::GaussianDiffusion::respaced(1000, spec);
+  diffusion::SampleOptions so;
+  so.sampler = spec.rfind("ddim", 0) == 0 ? SamplerKind::ddim : SamplerKind::ddpm;
+  so.cfg_scale = c.args["cfg-scale"].as<double>();
+  const auto dev = at::TensorOptions().device(c.ctx.device);
+  const at::Tensor labels = at::randint(0, o.num_classes, {c.batch}, dev.dtype(at::kLong));
+  auto run = [&] {
+    torch::NoGradGuard ng;
+    AutocastScope ac(c.ctx);
+    const at::Tensor noise = at::randn({c.batch, o.in_channels, o.input_size, o.input_size}, dev);
+    diffusion::sample_loop(model, chain, noise, labels, so);
+  };
+  nlohmann::json out = time_steps(c, run);
+  out["what"] = "sample";
+  out["chain"] = spec;
+  out["cfg_scale"] = so.cfg_scale;
+  out["network_evals_per_s"] = static_cast<double>(chain.num_steps()) / out["step_s"].get<double>();
+  out["attention_path"] = config::to_string(o.path);
+  print(out, c.json);
+  return 0;
+}
+
+}  // namespace moh::bench

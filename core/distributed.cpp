@@ -1,0 +1,234 @@
+#include "core/distributed.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+#include "core/checkpoint.h"
+#include "core/error.h"
+
+#ifdef MOH_WITH_C10D
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+#endif
+
+namespace moh::dist {
+
+namespace {
+
+// The single-process stand-in: every collective is the identity.
+class LocalGroup : public Group {
+ public:
+  LocalGroup() : Group(0, 1) {}
+  void allreduce_sum_(std::vector<at::Tensor>&) override {}
+  void broadcast_(std::vector<at::Tensor>&, int) override {}
+  void barrier() override {}
+};
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::string(v) : fallback;
+}
+
+#ifdef MOH_WITH_C10D
+// A c10d process group. Backend errors (a peer that died, a timeout) surface as runtime errors naming the rank.
+template <class PG>
+class C10dGroup : public Group {
+ public:
+  C10dGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<PG> pg, int rank, int world)
+      : Group(rank, world), store_(std::move(store)), pg_(std::move(pg)) {}
+  void allreduce_sum_(std::vector<at::Tensor>& tensors) override {
+    run("all-reduce", [&] {
+      std::vector<std::vector<at::Tensor>> args;
+      for (auto& t : tensors) args.push_back({t});
+      std::vector<decltype(pg_->allreduce(args.front()))> works;  // all in flight, then waited for
+      for (auto& a : args) works.push_back(pg_->allreduce(a));
+      for (auto& w : works) w->wait();
+    });
+  }
+  void broadcast_(std::vector<at::Tensor>& tensors, int root) override {
+    run("broadcast", [&] {
+      c10d::BroadcastOptions o;
+      o.rootRank = root;
+      for (auto& t : tensors) {
+        std::vector<at::Tensor> one{t};
+        pg_->broadcast(one, o)->wait();
+      }
+    });
+  }
+  void barrier() override {
+    run("barrier", [&] { pg_->barrier()->wait(); });
+  }
+
+ private:
+  template <class F>
+  void run(const char* what, F&& f) {
+    try {
+      f();
+    } catch (const c10::Error& e) {
+      throw std::runtime_error(std::string("data-parallel ") + what + " failed on rank " + std::to_string(rank_) +
+                               " of " + std::to_string(world_) + " (another rank died or timed out): " +
+                               e.what_without_backtrace());
+    } catch (const std::exception& e) {
+      throw std::runtime_error(std::string("data-parallel ") + what + " failed on rank " + std::to_string(rank_) +
+                               " of " + std::to_string(world_) + " (another rank died or timed out): " + e.what());
+    }
+  }
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<PG> pg_;
+};
+#endif
+
+}  // namespace
+
+bool available() {
+#ifdef MOH_WITH_C10D
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::shared_ptr<Group> Group::join(const RunContext& ctx) {
+  if (ctx.world <= 1) return std::make_shared<LocalGroup>();
+#ifndef MOH_WITH_C10D
+  throw UserError("WORLD_SIZE=" + std::to_string(ctx.world), "this build has no c10d process groups",
+                  "install libgloo-dev (Debian) and rebuild, or run one process");
+#else
+  const std::string host = env_or("MASTER_ADDR", "127.0.0.1");
+  const std::string port_s = env_or("MASTER_PORT", "29500");
+  int port = 0;
+  try {
+    port = std::stoi(port_s);
+  } catch (const std::exception&) {
+    port = -1;
+  }
+  if (port <= 0 || port > 65535) throw UserError("MASTER_PORT=" + port_s, "not a TCP port", "1..65535");
+  double timeout_s = 300;
+  try {
+    timeout_s = std::stod(env_or("MOH_DIST_TIMEOUT", "300"));
+  } catch (const std::exception&) {
+    throw UserError("MOH_DIST_TIMEOUT", "not a number of seconds", "e.g. 300");
+  }
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(port);
+  so.isServer = ctx.rank == 0;
+  so.numWorkers = static_cast<size_t>(ctx.world);
+  so.waitWorkers = true;
+  so.timeout = timeout;
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    store = c10::make_intrusive<c10d::TCPStore>(host, so);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("rank " + std::to_string(ctx.rank) + ": cannot join the TCPStore at " + host + ":" + port_s +
+                             ": " + e.what());
+  }
+#ifdef USE_C10D_NCCL
+  if (ctx.device.is_cuda()) {
+    auto opts = c10d::ProcessGroupNCCL::Options::create();
+    opts->timeout = timeout;
+    auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, ctx.rank, ctx.world, opts);
+    return std::make_shared<C10dGroup<c10d::ProcessGroupNCCL>>(store, pg, ctx.rank, ctx.world);
+  }
+#endif
+  auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+  opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(host == "localhost" ? "127.0.0.1" : host));
+  auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, ctx.rank, ctx.world, opts);
+  return std::make_shared<C10dGroup<c10d::ProcessGroupGloo>>(store, pg, ctx.rank, ctx.world);
+#endif
+}
+
+std::vector<double> Group::sum(const std::vector<double>& values) {
+  if (world_ == 1 || values.empty()) return values;
+  std::vector<at::Tensor> t{at::tensor(values, at::kDouble)};
+  allreduce_sum_(t);
+  const double* p = t[0].data_ptr<double>();
+  return std::vector<double>(p, p + values.size());
+}
+
+void Group::broadcast_module(torch::nn::Module& module) {
+  if (world_ == 1) return;
+  torch::NoGradGuard ng;
+  std::vector<at::Tensor> all;
+  for (auto& p : module.parameters()) all.push_back(p.detach());
+  for (auto& b : module.buffers()) all.push_back(b);
+  broadcast_(all, 0);
+}
+
+void Group::average_gradients(const std::vector<at::Tensor>& params, int64_t bucket_bytes) {
+  if (world_ == 1) return;
+  torch::NoGradGuard ng;
+  // Buckets of consecutive parameters with the same dtype/device, flattened, all reduced together, then copied back.
+  std::vector<std::vector<at::Tensor>> buckets;
+  std::vector<at::Tensor> flats;
+  int64_t bytes = 0;
+  for (const auto& p : params) {
+    if (!p.requires_grad()) continue;
+    if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+    const at::Tensor& g = p.grad();
+    const bool fits = !buckets.empty() && bytes + g.nbytes() <= static_cast<size_t>(bucket_bytes) &&
+                      buckets.back().front().scalar_type() == g.scalar_type() &&
+                      buckets.back().front().device() == g.device();
+    if (!fits) buckets.emplace_back(), bytes = 0;
+    buckets.back().push_back(g);
+    bytes += static_cast<int64_t>(g.nbytes());
+  }
+  for (const auto& b : buckets) {
+    std::vector<at::Tensor> flat_parts;
+    for (const auto& g : b) flat_parts.push_back(g.reshape({-1}));
+    flats.push_back(at::cat(flat_parts));
+  }
+  allreduce_sum_(flats);
+  for (size_t i = 0; i < buckets.size(); ++i) {
+    flats[i].div_(static_cast<double>(world_));
+    int64_t offset = 0;
+    for (auto& g : buckets[i]) {
+      g.copy_(flats[i].narrow(0, offset, g.numel()).view_as(g));
+      offset += g.numel();
+    }
+  }
+}
+
+at::Tensor Group::gather_cat(const at::Tensor& block) {
+  if (world_ == 1) return block;
+  std::vector<double> counts(static_cast<size_t>(world_), 0.0);
+  counts[static_cast<size_t>(rank_)] = static_cast<double>(block.size(0));
+  counts = sum(counts);
+  const auto longest = static_cast<int64_t>(*std::max_element(counts.begin(), counts.end()));
+  // Every rank writes its block into its own slot of a zero tensor; the sum is the gather.
+  const bool integral = !block.is_floating_point();
+  std::vector<int64_t> shape{world_, longest};
+  for (int64_t d = 1; d < block.dim(); ++d) shape.push_back(block.size(d));
+  at::Tensor slots = at::zeros(shape, block.options().dtype(integral ? at::kLong : block.scalar_type()));
+  slots[rank_].narrow(0, 0, block.size(0)).copy_(block);
+  std::vector<at::Tensor> t{slots};
+  allreduce_sum_(t);
+  std::vector<at::Tensor> parts;
+  for (int r = 0; r < world_; ++r) parts.push_back(t[0][r].narrow(0, 0, static_cast<int64_t>(counts[static_cast<size_t>(r)])));
+  return at::cat(parts).to(block.scalar_type());
+}
+
+at::Tensor gather_rank_rng(Group& group) { return group.gather_cat(cpu_rng_state().unsqueeze(0)); }
+
+void restore_rank_rng(Group& group, const std::map<std::string, at::Tensor>* rng, uint64_t seed, int64_t step,
+                      bool per_rank) {
+  if (rng && rng->count("cpu")) set_cpu_rng_state(rng->at("cpu"));
+  if (!per_rank || group.rank() == 0) return;
+  const auto r = static_cast<uint64_t>(group.rank());
+  if (!rng) {
+    at::manual_seed(seed + 1000 * r);
+    return;
+  }
+  const auto it = rng->find("cpu_ranks");
+  if (it != rng->end() && it->second.dim() == 2 && it->second.size(0) == group.world()) {
+    set_cpu_rng_state(it->second[group.rank()].contiguous());
+  } else {
+    at::manual_seed(seed + 1000 * r + 7919 * static_cast<uint64_t>(step));
+  }
+}
+
+}  // namespace moh::dist

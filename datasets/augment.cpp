@@ -1,0 +1,335 @@
+#include "datasets/augment.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "core/error.h"
+
+#ifdef MOH_WITH_OPENCV
+#include <opencv2/imgproc.hpp>
+#endif
+
+namespace moh::datasets {
+
+namespace {
+
+constexpr double kMaxLevel = 10.0;
+
+double uniform(AugRng& rng, double a, double b) { return std::uniform_real_distribution<double>(a, b)(rng); }
+int64_t randint(AugRng& rng, int64_t lo, int64_t hi_inclusive) {
+  return std::uniform_int_distribution<int64_t>(lo, hi_inclusive)(rng);
+}
+
+// Normalised float (C, S, S) from a uint8 (S, S, C) image. A plain loop: loader worker threads call this, and an
+// ATen kernel here could start OpenMP teams that compete with the training step for the cores.
+at::Tensor to_normalised_chw(const at::Tensor& hwc, const SampleTransformOptions& o) {
+  const at::Tensor src = hwc.contiguous();
+  const int64_t H = src.size(0), W = src.size(1), C = src.size(2);
+  at::Tensor out = at::empty({C, H, W}, at::kFloat);
+  const uint8_t* s = src.data_ptr<uint8_t>();
+  float* d = out.data_ptr<float>();
+  for (int64_t c = 0; c < C; ++c) {
+    const size_t k = std::min<size_t>(static_cast<size_t>(c), o.mean.size() - 1);
+    const float scale = static_cast<float>(1.0 / (255.0 * o.std[k])), shift = static_cast<float>(-o.mean[k] / o.std[k]);
+    for (int64_t i = 0; i < H * W; ++i) d[c * H * W + i] = static_cast<float>(s[i * C + c]) * scale + shift;
+  }
+  return out;
+}
+
+#ifdef MOH_WITH_OPENCV
+cv::Mat as_mat(const at::Tensor& hwc) {  // a view of a contiguous uint8 (H, W, C) tensor
+  TORCH_CHECK(hwc.dim() == 3 && hwc.scalar_type() == at::kByte && hwc.is_contiguous(), "expected contiguous uint8 HWC");
+  return cv::Mat(static_cast<int>(hwc.size(0)), static_cast<int>(hwc.size(1)), CV_8UC(static_cast<int>(hwc.size(2))),
+                 hwc.data_ptr());
+}
+at::Tensor from_mat(const cv::Mat& m) {
+  at::Tensor t = at::empty({m.rows, m.cols, m.channels()}, at::kByte);
+  cv::Mat view(m.rows, m.cols, m.type(), t.data_ptr());
+  m.copyTo(view);
+  return t;
+}
+at::Tensor resize(const at::Tensor& hwc, int64_t h, int64_t w) {
+  cv::Mat out;
+  cv::resize(as_mat(hwc), out, cv::Size(static_cast<int>(w), static_cast<int>(h)), 0, 0, cv::INTER_CUBIC);
+  return from_mat(out.reshape(static_cast<int>(hwc.size(2))));
+}
+// Affine warp with the matrix mapping output to input pixel coordinates (PIL's Image.transform convention).
+at::Tensor warp(const at::Tensor& hwc, const cv::Matx23d& out_to_in) {
+  const cv::Mat src = as_mat(hwc);
+  cv::Mat out;
+  const cv::Scalar fill(124, 116, 104);  // timm's img_mean fill: the ImageNet mean in 0–255
+  cv::warpAffine(src, out, cv::Mat(out_to_in), src.size(), cv::INTER_CUBIC | cv::WARP_INVERSE_MAP, cv::BORDER_CONSTANT,
+                 fill);
+  return from_mat(out.reshape(src.channels()));
+}
+#else
+[[noreturn]] void no_opencv() {
+  throw UserError("augmentation", "this build has no OpenCV (MOH_WITH_OPENCV=OFF)", "rebuild with OpenCV for ImageFolder training");
+}
+at::Tensor resize(const at::Tensor&, int64_t, int64_t) { no_opencv(); }
+#endif
+
+// PIL's grayscale (L = (299 R + 587 G + 114 B) / 1000) as float (H, W, 1).
+at::Tensor luminance(const at::Tensor& f) {
+  if (f.size(2) == 1) return f;
+  return (f.select(2, 0) * 0.299 + f.select(2, 1) * 0.587 + f.select(2, 2) * 0.114).unsqueeze(2);
+}
+
+// PIL ImageEnhance: degenerate + factor · (image − degenerate), clipped.
+at::Tensor blend(const at::Tensor& degenerate, const at::Tensor& img_f, double factor) {
+  return (degenerate + (img_f - degenerate) * factor).clamp(0, 255).round().to(at::kByte).contiguous();
+}
+
+// PIL ImageOps.equalize on one channel.
+void equalize_channel(uint8_t* p, int64_t n, int64_t stride) {
+  std::array<int64_t, 256> h{};
+  for (int64_t i = 0; i < n; ++i) ++h[p[i * stride]];
+  int64_t last = 0, total = 0, nonzero = 0;
+  for (int64_t v = 0; v < 256; ++v)
+    if (h[v]) last = h[v], total += h[v], ++nonzero;
+  if (nonzero <= 1) return;
+  const int64_t step = (total - last) / 255;
+  if (step == 0) return;
+  std::array<uint8_t, 256> lut{};
+  int64_t acc = step / 2;
+  for (int64_t v = 0; v < 256; ++v) {
+    lut[v] = static_cast<uint8_t>(std::min<int64_t>(255, acc / step));
+    acc += h[v];
+  }
+  for (int64_t i = 0; i < n; ++i) p[i * stride] = lut[p[i * stride]];
+}
+
+}  // namespace
+
+RandAugmentSpec RandAugmentSpec::parse(const std::string& spec, const std::string& origin) {
+  RandAugmentSpec r;
+  if (spec.empty() || spec == "none") return r;
+  std::stringstream ss(spec);
+  std::string part;
+  std::getline(ss, part, '-');
+  if (part != "rand") throw UserError(origin, "RandAugment spec must start with 'rand-', got '" + spec + "'", "e.g. rand-m9-mstd0.5-inc1");
+  r.enabled = true;
+  while (std::getline(ss, part, '-')) {
+    auto value = [&](size_t skip) {
+      try {
+        size_t used = 0;
+        const double v = std::stod(part.substr(skip), &used);
+        if (used != part.size() - skip) throw std::invalid_argument(part);
+        return v;
+      } catch (const std::exception&) {
+        throw UserError(origin, "bad RandAugment part '" + part + "' in '" + spec + "'", "parts: mN, nN, mstdX, incN, pX");
+      }
+    };
+    if (part.rfind("mstd", 0) == 0) r.magnitude_std = value(4);
+    else if (part.rfind("inc", 0) == 0) r.increasing = value(3) != 0;
+    else if (part[0] == 'm') r.magnitude = value(1);
+    else if (part[0] == 'n') r.num_ops = static_cast<int>(value(1));
+    else if (part[0] == 'p') r.prob = value(1);
+    else throw UserError(origin, "unknown RandAugment part '" + part + "' in '" + spec + "'", "parts: mN, nN, mstdX, incN, pX");
+  }
+  if (r.num_ops < 1 || r.magnitude < 0 || r.magnitude > kMaxLevel || r.magnitude_std < 0 || r.prob < 0 || r.prob > 1)
+    throw UserError(origin, "RandAugment '" + spec + "' out of range", "n ≥ 1, 0 ≤ m ≤ 10, mstd ≥ 0, 0 ≤ p ≤ 1");
+  return r;
+}
+
+const std::vector<std::string>& rand_augment_ops(bool increasing) {
+  static const std::vector<std::string> standard{
+      "AutoContrast", "Equalize", "Invert", "Rotate", "Posterize", "Solarize", "SolarizeAdd", "Color", "Contrast",
+      "Brightness", "Sharpness", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel"};
+  static const std::vector<std::string> inc{
+      "AutoContrast", "Equalize", "Invert", "Rotate", "PosterizeIncreasing", "SolarizeIncreasing", "SolarizeAdd",
+      "ColorIncreasing", "ContrastIncreasing", "BrightnessIncreasing", "SharpnessIncreasing", "ShearX", "ShearY",
+      "TranslateXRel", "TranslateYRel"};
+  return increasing ? inc : standard;
+}
+
+at::Tensor rand_augment_op(const at::Tensor& image, const std::string& op, double m, int sign) {
+  const at::Tensor img = image.contiguous();
+  const double level = std::clamp(m, 0.0, kMaxLevel) / kMaxLevel;  // timm's level / _LEVEL_DENOM
+  const int64_t H = img.size(0), W = img.size(1), C = img.size(2);
+  auto enhance_factor = [&](bool increasing) { return increasing ? 1.0 + sign * level * 0.9 : level * 1.8 + 0.1; };
+  const bool inc = op.size() > 10 && op.compare(op.size() - 10, 10, "Increasing") == 0;
+  const std::string base = inc ? op.substr(0, op.size() - 10) : op;
+  if (base == "AutoContrast") {
+    at::Tensor f = img.to(at::kFloat);
+    at::Tensor lo = f.amin({0, 1}, true), hi = f.amax({0, 1}, true);  // per channel
+    at::Tensor span = hi - lo;
+    at::Tensor out = ((f - lo) * (255.0 / span.clamp_min(1))).clamp(0, 255).floor();
+    return at::where(span > 0, out, f).to(at::kByte).contiguous();
+  }
+  if (base == "Equalize") {
+    at::Tensor out = img.clone();
+    for (int64_t c = 0; c < C; ++c) equalize_channel(out.data_ptr<uint8_t>() + c, H * W, C);
+    return out;
+  }
+  if (base == "Invert") return (255 - img.to(at::kInt)).to(at::kByte).contiguous();
+  if (base == "Posterize") {
+    const int bits = inc ? 4 - static_cast<int>(level * 4) : static_cast<int>(level * 4);  // bits kept
+    if (bits >= 8) return img.clone();
+    const int mask = ~((1 << (8 - std::max(bits, 0))) - 1) & 0xFF;
+    return img.bitwise_and(mask).contiguous();
+  }
+  if (base == "Solarize") {
+    const int64_t thresh = inc ? 256 - static_cast<int64_t>(level * 256) : static_cast<int64_t>(level * 256);
+    return at::where(img.to(at::kInt) < thresh, img, 255 - img).to(at::kByte).contiguous();
+  }
+  if (base == "SolarizeAdd") {
+    const int64_t add = static_cast<int64_t>(level * 110);
+    at::Tensor i = img.to(at::kInt);
+    return at::where(i < 128, (i + add).clamp_max(255), i).to(at::kByte).contiguous();
+  }
+  const at::Tensor f = img.to(at::kFloat);
+  if (base == "Color") return C == 1 ? img.clone() : blend(luminance(f), f, enhance_factor(inc));
+  if (base == "Contrast") {
+    const double mean = std::floor(luminance(f).mean().item<double>() + 0.5);  // PIL: rounded mean of the L image
+    return blend(at::full_like(f, mean), f, enhance_factor(inc));
+  }
+  if (base == "Brightness") return blend(at::zeros_like(f), f, enhance_factor(inc));
+  if (base == "Sharpness") {
+    // PIL ImageFilter.SMOOTH ([[1,1,1],[1,5,1],[1,1,1]] / 13) inside, the original on the 1-pixel border.
+    at::Tensor chw = f.permute({2, 0, 1}).unsqueeze(1);  // (C, 1, H, W)
+    at::Tensor k = at::ones({1, 1, 3, 3}, at::kFloat);
+    k[0][0][1][1] = 5;
+    at::Tensor sm = at::conv2d(chw, k / 13.0).round();  // (C, 1, H−2, W−2)
+    at::Tensor degenerate = f.clone();
+    if (H > 2 && W > 2) degenerate.narrow(0, 1, H - 2).narrow(1, 1, W - 2).copy_(sm.squeeze(1).permute({1, 2, 0}));
+    return blend(degenerate, f, enhance_factor(inc));
+  }
+#ifdef MOH_WITH_OPENCV
+  if (base == "Rotate") {  // PIL rotate: counter-clockwise by the angle about the centre
+    const double angle = sign * level * 30.0;
+    const cv::Mat r = cv::getRotationMatrix2D(cv::Point2f(static_cast<float>(W) / 2.f, static_cast<float>(H) / 2.f), angle, 1.0);
+    cv::Mat inv;
+    cv::invertAffineTransform(r, inv);
+    return warp(img, cv::Matx23d(inv));
+  }
+  if (base == "ShearX") return warp(img, cv::Matx23d(1, sign * level * 0.3, 0, 0, 1, 0));
+  if (base == "ShearY") return warp(img, cv::Matx23d(1, 0, 0, sign * level * 0.3, 1, 0));
+  if (base == "TranslateXRel") return warp(img, cv::Matx23d(1, 0, sign * level * 0.45 * W, 0, 1, 0));
+  if (base == "TranslateYRel") return warp(img, cv::Matx23d(1, 0, 0, 0, 1, sign * level * 0.45 * H));
+#else
+  if (base == "Rotate" || base == "ShearX" || base == "ShearY" || base == "TranslateXRel" || base == "TranslateYRel")
+    no_opencv();
+#endif
+  throw UserError("RandAugment", "unknown operation '" + op + "'", "see rand_augment_ops()");
+}
+
+at::Tensor rand_augment(const at::Tensor& image, const RandAugmentSpec& spec, AugRng& rng) {
+  if (!spec.enabled) return image;
+  const auto& ops = rand_augment_ops(spec.increasing);
+  at::Tensor img = image.contiguous();
+  for (int i = 0; i < spec.num_ops; ++i) {
+    const std::string& op = ops[static_cast<size_t>(randint(rng, 0, static_cast<int64_t>(ops.size()) - 1))];
+    if (spec.prob < 1.0 && uniform(rng, 0, 1) > spec.prob) continue;
+    double m = spec.magnitude;
+    if (spec.magnitude_std > 0) m = std::normal_distribution<double>(m, spec.magnitude_std)(rng);
+    m = std::clamp(m, 0.0, kMaxLevel);
+    const int sign = uniform(rng, 0, 1) < 0.5 ? -1 : 1;
+    img = rand_augment_op(img, op, m, sign);
+  }
+  return img;
+}
+
+std::array<int64_t, 4> random_resized_crop_box(int64_t H, int64_t W, const SampleTransformOptions& o, AugRng& rng) {
+  const double area = static_cast<double>(H * W);
+  const double lr0 = std::log(o.ratio_min), lr1 = std::log(o.ratio_max);
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    const double target = area * uniform(rng, o.scale_min, o.scale_max);
+    const double ratio = std::exp(uniform(rng, lr0, lr1));
+    const auto w = static_cast<int64_t>(std::lround(std::sqrt(target * ratio)));
+    const auto h = static_cast<int64_t>(std::lround(std::sqrt(target / ratio)));
+    if (w > 0 && h > 0 && w <= W && h <= H) return {randint(rng, 0, H - h), randint(rng, 0, W - w), h, w};
+  }
+  // Fallback: the whole image cropped to the nearest allowed aspect ratio, centred.
+  const double in_ratio = static_cast<double>(W) / static_cast<double>(H);
+  int64_t w = W, h = H;
+  if (in_ratio < o.ratio_min) h = static_cast<int64_t>(std::lround(static_cast<double>(w) / o.ratio_min));
+  else if (in_ratio > o.ratio_max) w = static_cast<int64_t>(std::lround(static_cast<double>(h) * o.ratio_max));
+  return {(H - h) / 2, (W - w) / 2, h, w};
+}
+
+at::Tensor train_transform(const at::Tensor& image, const SampleTransformOptions& o, AugRng& rng) {
+  at::Tensor img = image;
+  if (o.random_resized_crop) {
+    const auto [top, left, h, w] = random_resized_crop_box(img.size(0), img.size(1), o, rng);
+    img = resize(img.narrow(0, top, h).narrow(1, left, w).contiguous(), o.size, o.size);
+  } else if (img.size(0) != o.size || img.size(1) != o.size) {
+    img = resize(img.contiguous(), o.size, o.size);
+  }
+  if (o.hflip > 0 && uniform(rng, 0, 1) < o.hflip) img = img.flip(1).contiguous();
+  img = rand_augment(img, o.rand_augment, rng);
+  at::Tensor x = to_normalised_chw(img, o);
+  if (o.erase_prob > 0) random_erase_(x, o.erase_prob, rng);
+  return x;
+}
+
+at::Tensor eval_transform(const at::Tensor& image, const SampleTransformOptions& o) {
+  const int64_t H = image.size(0), W = image.size(1);
+  const auto scale = static_cast<int64_t>(std::floor(static_cast<double>(o.size) / o.crop_pct));
+  // torchvision Resize(int): the short side becomes `scale`, the long side keeps the aspect ratio (truncated).
+  const int64_t nh = H <= W ? scale : static_cast<int64_t>(static_cast<double>(scale) * H / W);
+  const int64_t nw = H <= W ? static_cast<int64_t>(static_cast<double>(scale) * W / H) : scale;
+  at::Tensor img = (nh == H && nw == W) ? image.contiguous() : resize(image.contiguous(), nh, nw);
+  const int64_t top = static_cast<int64_t>(std::lround(static_cast<double>(nh - o.size) / 2.0));
+  const int64_t left = static_cast<int64_t>(std::lround(static_cast<double>(nw - o.size) / 2.0));
+  return to_normalised_chw(img.narrow(0, top, o.size).narrow(1, left, o.size).contiguous(), o);
+}
+
+void random_erase_(at::Tensor& image, double p, AugRng& rng) {
+  if (uniform(rng, 0, 1) >= p) return;
+  const int64_t C = image.size(0), H = image.size(1), W = image.size(2);
+  const double area = static_cast<double>(H * W);
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    const double target = area * uniform(rng, 0.02, 1.0 / 3.0);
+    const double aspect = std::exp(uniform(rng, std::log(0.3), std::log(1.0 / 0.3)));
+    const auto h = static_cast<int64_t>(std::lround(std::sqrt(target * aspect)));
+    const auto w = static_cast<int64_t>(std::lround(std::sqrt(target / aspect)));
+    if (w < W && h < H && w > 0 && h > 0) {
+      const int64_t top = randint(rng, 0, H - h), left = randint(rng, 0, W - w);
+      at::Tensor noise = at::empty({C, h, w}, at::kFloat);
+      std::normal_distribution<float> n01(0.f, 1.f);
+      float* d = noise.data_ptr<float>();
+      for (int64_t i = 0; i < noise.numel(); ++i) d[i] = n01(rng);
+      image.narrow(1, top, h).narrow(2, left, w).copy_(noise);
+      return;
+    }
+  }
+}
+
+at::Tensor mixup_batch_(at::Tensor& x, const at::Tensor& y, const MixupOptions& o, AugRng& rng) {
+  const int64_t B = x.size(0), H = x.size(2), W = x.size(3);
+  auto beta = [&](double a) {
+    const double g1 = std::gamma_distribution<double>(a, 1.0)(rng), g2 = std::gamma_distribution<double>(a, 1.0)(rng);
+    return g1 / (g1 + g2);
+  };
+  double lam = 1.0;
+  bool cutmix = false;
+  if (o.enabled() && uniform(rng, 0, 1) < o.prob) {
+    if (o.mixup_alpha > 0 && o.cutmix_alpha > 0) cutmix = uniform(rng, 0, 1) < o.switch_prob;
+    else cutmix = o.cutmix_alpha > 0;
+    lam = beta(cutmix ? o.cutmix_alpha : o.mixup_alpha);
+  }
+  if (lam < 1.0) {
+    const at::Tensor flipped = x.flip(0);
+    if (cutmix) {  // a box of area ≈ (1 − λ) pasted from the reversed batch; λ corrected to the clipped box
+      const double r = std::sqrt(1.0 - lam);
+      const auto ch = static_cast<int64_t>(static_cast<double>(H) * r), cw = static_cast<int64_t>(static_cast<double>(W) * r);
+      const int64_t cy = randint(rng, 0, H - 1), cx = randint(rng, 0, W - 1);
+      const int64_t y0 = std::clamp<int64_t>(cy - ch / 2, 0, H), y1 = std::clamp<int64_t>(cy + ch / 2, 0, H);
+      const int64_t x0 = std::clamp<int64_t>(cx - cw / 2, 0, W), x1 = std::clamp<int64_t>(cx + cw / 2, 0, W);
+      if (y1 > y0 && x1 > x0)
+        x.narrow(2, y0, y1 - y0).narrow(3, x0, x1 - x0).copy_(flipped.narrow(2, y0, y1 - y0).narrow(3, x0, x1 - x0));
+      lam = 1.0 - static_cast<double>((y1 - y0) * (x1 - x0)) / static_cast<double>(H * W);
+    } else {
+      x.mul_(lam).add_(flipped, 1.0 - lam);
+    }
+  }
+  const double off = o.label_smoothing / static_cast<double>(o.num_classes), on = 1.0 - o.label_smoothing + off;
+  auto soft = [&](const at::Tensor& labels) {
+    return at::full({B, o.num_classes}, off, at::kFloat).scatter_(1, labels.view({B, 1}), on);
+  };
+  return soft(y) * lam + soft(y.flip(0)) * (1.0 - lam);
+}
+
+}  // namespace moh::datasets
