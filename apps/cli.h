@@ -21,6 +21,12 @@ bool print_help_if_asked(const cxxopts::Options& options, const cxxopts::ParseRe
 /// The --set overrides plus those implied by --weights / --weights-key / --allow-missing.
 std::vector<std::string> config_overrides(const cxxopts::ParseResult& args);
 
+/// Starts `nproc` copies of this binary with `args` (args[0] = the subcommand) and the torchrun variables set
+/// (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1, MASTER_PORT = `port`, 0 = a free one; OMP_NUM_THREADS =
+/// cores / nproc unless set); children die with the launcher. Waits; the first failure stops the others. Returns the
+/// exit code (0, or the first failing rank's).
+int launch_local(int nproc, int port, const std::vector<std::string>& args);
+
 /// Loads, overrides and validates the experiment named on the command line (UserError if it is missing).
 ExperimentConfig config_from_args(const cxxopts::ParseResult& args, const std::string& program);
 

@@ -3,6 +3,7 @@
 // given), forwards their output, and when one exits with an error stops the others and returns that exit code.
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -62,19 +63,28 @@ int cmd_launch(int argc, char** argv) {
   const std::string cmd = argv[split + 1];
   if (cmd != "train" && cmd != "sample" && cmd != "eval")
     throw UserError(argv[0], "cannot launch '" + cmd + "' data-parallel", "commands: train, sample, eval");
-  int port = args["master-port"].as<int>();
+  const int port = args["master-port"].as<int>();
   if (port < 0 || port > 65535) throw UserError("--master-port", "not a TCP port", "1..65535, or 0 for a free one");
-  if (port == 0) port = free_port();
 
-  std::vector<std::string> child_args{"moh"};
+  std::vector<std::string> child_args;
   for (int i = split + 1; i < argc; ++i) child_args.emplace_back(argv[i]);
+  return launch_local(n, port, child_args);
+}
+
+int launch_local(int n, int port, const std::vector<std::string>& args) {
+  if (port == 0) port = free_port();
+  std::vector<std::string> child_args{"moh"};
+  child_args.insert(child_args.end(), args.begin(), args.end());
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const std::string threads = std::to_string(std::max(1u, cores / static_cast<unsigned>(n)));
   std::vector<pid_t> pids;
+  const pid_t launcher = ::getpid();
   for (int r = 0; r < n; ++r) {
     const pid_t pid = ::fork();
     if (pid < 0) throw std::runtime_error("fork failed: " + std::string(std::strerror(errno)));
     if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a launcher killed with -9 takes its ranks along
+      if (::getppid() != launcher) ::_exit(kExitRuntime);  // it died before prctl took effect
       ::setenv("RANK", std::to_string(r).c_str(), 1);
       ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
       ::setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);

@@ -75,6 +75,7 @@ void ExperimentConfig::validate(const std::string& origin) const {
     bad("schedule.warmup_epochs", "longer than train.epochs", "shorten the warm-up");
   if (data.batch_size <= 0) bad("data.batch_size", "must be > 0", "e.g. 128");
   if (train.accum_steps <= 0) bad("train.accum_steps", "must be >= 1", "");
+  if (train.processes < 1 || train.processes > 512) bad("train.processes", "must be in 1..512", "1 = this process only");
   if (data.batch_size % train.accum_steps != 0)
     bad("train.accum_steps", "must divide data.batch_size", "pick a divisor of the global batch");
   if (data.num_workers < 0) bad("data.num_workers", "must be >= 0", "");

@@ -185,6 +185,7 @@ struct ScheduleConfig {
 struct TrainConfig {
   int64_t epochs = 300;
   int64_t accum_steps = 1;
+  int64_t processes = 1;  ///< data-parallel processes `moh train` starts itself when not launched by torchrun/moh launch
   double moh_loss_coeff = 0.01;   ///< beta of the MoH load-balance loss (paper Eq. 8)
   int64_t seed = 0;
   Precision precision = Precision::fp32;
@@ -201,6 +202,8 @@ struct TrainConfig {
   void visit(V& v) {
     v.field("epochs", epochs, "number of training epochs");
     v.field("accum_steps", accum_steps, "gradient accumulation steps per optimizer step");
+    v.field("processes", processes, "data-parallel processes moh train starts on this machine (as moh launch --nproc N) "
+                                    "unless already launched; on CPUs small models train faster as N 1-thread processes");
     v.field("moh_loss_coeff", moh_loss_coeff, "beta: weight of the MoH load-balance loss (mean over routed layers)");
     v.field("seed", seed, "global random seed");
     v.field("precision", precision, "forward precision: fp32, bf16 (autocast on CPU or CUDA) or fp16 (CUDA, loss scaling)");

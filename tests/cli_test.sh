@@ -102,11 +102,18 @@ expect 2 "missing tensor 'encoder.conv_in.weight'" -- extract-latents configs/im
 expect 2 "latents data/imagenet256_latents: no meta.json (create it with \`moh extract-latents" -- train configs/imagenet/moh_dit_s_2_75.yaml --run-dir "$tmp/lat_run"
 expect 2 "vae: sd trains from pre-extracted latents" -- train configs/imagenet/dit_s_2.yaml --set data.dataset=image_folder --run-dir "$tmp/lat_run"
 expect 2 "expected a comma-separated list" -- bench attention --seqs abc
+expect 0 '"what":"train_step"' -- bench train --model MoH-ViT-Nano --batch 2 --steps 1 --warmup 0 --profile 3 --json
+expect 0 '"mfu"' -- bench train --model MoH-DiT-Pixel/4-75 --batch 2 --steps 1 --warmup 0 --precision bf16 --attention-path sparse --json
+expect 0 '"what":"sample"' -- bench sample --model DiT-Pixel/4 --batch 2 --chain ddim2 --steps 1 --warmup 0 --json
+expect 2 "is not a DiT variant" -- bench sample --model MoH-ViT-Nano --batch 2
+expect 2 "--model is required" -- bench train --batch 2
+expect 2 "expected one of fp32|bf16|fp16" -- bench train --model MoH-ViT-Nano --precision fp8
 
 # Training: a tiny real run, then bad inputs that must exit 2 with one line and leave the run's files untouched.
 if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   NANO=configs/fashion_mnist/moh_vit_nano.yaml
-  TINY=(--set data.limit_train=128 --set data.limit_val=64 --set data.batch_size=32 --set train.epochs=1 --set train.max_steps=2)
+  TINY=(--set data.limit_train=128 --set data.limit_val=64 --set data.batch_size=32 --set train.epochs=1 --set train.max_steps=2
+        --set train.processes=1)
   expect 0 '"steps":2' -- train $NANO "${TINY[@]}" --run-dir "$tmp/run"
   sums=$(cd "$tmp/run" && find . -type f | sort | xargs sha256sum)
   expect 2 "already holds a run" -- train $NANO "${TINY[@]}" --run-dir "$tmp/run"
@@ -115,9 +122,16 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   expect 2 "nonexistent.pth: no such file" -- train $NANO "${TINY[@]}" --set model.weights=/nonexistent.pth --run-dir "$tmp/run5"
   # kill -9 during classifier training, then --resume auto: final weights (model and EMA) and losses equal an
   # uninterrupted run's, byte for byte.
-  kill_resume cls $NANO "model.safetensors ema.safetensors" -- --set data.limit_train=64 --set data.limit_val=32 \
+  kill_resume cls $NANO "model.safetensors ema.safetensors" -- --set train.processes=1 --set data.limit_train=64 --set data.limit_val=32 \
     --set data.batch_size=16 --set train.epochs=6 --set train.log_every_steps=1 --set train.ema_decay=0.9 \
     --set train.eval_every_epochs=1 --set train.ckpt_every_epochs=1
+  # The config's own train.processes: 2 (two data-parallel processes started by moh train): killing moh train with -9
+  # takes both ranks along; --resume auto restores every rank's generator and ends equal to an uninterrupted run.
+  if "$MOH" --version | grep -q "data parallel: c10d"; then
+    kill_resume cls2 $NANO "model.safetensors rng.safetensors" -- --set data.limit_train=64 --set data.limit_val=32 \
+      --set data.batch_size=16 --set train.epochs=6 --set train.log_every_steps=1 --set model.drop_path=0.1 \
+      --set train.eval_every_epochs=1 --set train.ckpt_every_epochs=1
+  fi
   # Classifier EMA (evaluated beside the model, kept in ema.safetensors) and mixed precision (bf16 autocast on CPU).
   expect 0 '"top1_ema"' -- train $NANO "${TINY[@]}" --set train.ema_decay=0.99 --run-dir "$tmp/run_ema"
   expect 0 "top-1" -- eval $NANO --set data.limit_val=64 --checkpoint "$tmp/run_ema" --ema
@@ -128,7 +142,7 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   expect 0 "wrote 48 images" -- export-images --images fashion_mnist:test:48 --out "$tmp/tree/val"
   STREAM=(--set data.dataset=image_folder --set data.root="$tmp/tree" --set data.loader=stream --set data.batch_size=16
           --set augment.rand_augment=rand-m9-mstd0.5-inc1 --set augment.erase_prob=0.25 --set augment.mixup=0.8
-          --set augment.cutmix=1.0 --set augment.repeated=3 --set train.epochs=1 --set train.max_steps=3)
+          --set augment.cutmix=1.0 --set augment.repeated=3 --set train.epochs=1 --set train.max_steps=3 --set train.processes=1)
   expect 0 '"steps":3' -- train $NANO "${STREAM[@]}" --run-dir "$tmp/run_stream"
   expect 0 "top-1" -- eval $NANO "${STREAM[@]}" --checkpoint "$tmp/run_stream"
   expect 2 "augment.rand_augment: applies to data.loader: stream" -- train $NANO "${TINY[@]}" --set augment.rand_augment=rand-m9 --run-dir "$tmp/run5"

@@ -34,7 +34,7 @@ fi
 # sums in another order, and the last stage's CPB bias has an exact gradient of 0 (softmax ignores a constant
 # shift), so it holds rounding noise only.
 NANO=configs/fashion_mnist/moh_vit_nano.yaml
-C=(--set data.limit_train=256 --set data.limit_val=96 --set data.batch_size=32 --set train.epochs=1 --set train.max_steps=6
+C=(--set train.processes=1 --set data.limit_train=256 --set data.limit_val=96 --set data.batch_size=32 --set train.epochs=1 --set train.max_steps=6
    --set model.drop_path=0 --set train.moh_loss_coeff=0 --set train.log_every_steps=2 --set optim.eps=1e-3)
 [ "$(run "$tmp/c1.log" -- train $NANO "${C[@]}" --run-dir "$tmp/c1")" = 0 ] || bad "single-process classifier run: $(tail -3 "$tmp/c1.log")"
 [ "$(run "$tmp/c2.log" -- launch --nproc 2 -- train $NANO "${C[@]}" --run-dir "$tmp/c2")" = 0 ] || bad "2-rank classifier run: $(tail -3 "$tmp/c2.log")"
@@ -67,7 +67,7 @@ cmp -s "$tmp/s1/samples.npz" "$tmp/s2/samples.npz" && ok "2-rank samples.npz is 
 
 # A rank that dies: the survivor's next collective fails (Gloo sees the closed connection) and it exits non-zero.
 port=$((20000 + RANDOM % 20000))
-K=(--set data.limit_train=2048 --set data.batch_size=32 --set train.epochs=1 --set train.log_every_steps=1)
+K=(--set data.limit_train=2048 --set data.batch_size=32 --set train.epochs=1 --set train.log_every_steps=1 --set train.processes=1)
 env MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=2 RANK=0 MOH_DIST_TIMEOUT=30 OMP_NUM_THREADS=1 \
   "$MOH" train $NANO "${K[@]}" --run-dir "$tmp/k" >"$tmp/k0.log" 2>&1 &
 p0=$!

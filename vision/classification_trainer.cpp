@@ -173,9 +173,13 @@ EvalResult evaluate_classifier(TransNeXt& model, datasets::BatchStream& batches,
   at::Tensor x, y;
   while (batches.next(x, y)) {
     x = x.to(ctx.device), y = y.to(ctx.device);
-    ClassifierOutput out = model->forward(x);
+    ClassifierOutput out;
+    {
+      AutocastScope autocast(ctx);  // bf16/fp16 runs evaluate under autocast too (the official eval uses fp16)
+      out = model->forward(x);
+    }
     if (head_load) head_load->add(out.routed, y);
-    const at::Tensor& logits = out.logits;
+    const at::Tensor logits = out.logits.to(at::kFloat);
     loss_sum += at::cross_entropy_loss(logits, y, {}, at::Reduction::Sum).item<double>();
     const int64_t k = std::min<int64_t>(5, logits.size(1));
     at::Tensor pred = std::get<1>(logits.topk(k, 1));  // (B, k)

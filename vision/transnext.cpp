@@ -393,6 +393,13 @@ TransNeXtOptions with_moh(TransNeXtOptions o, std::array<int64_t, 4> shared, std
   return o;
 }
 
+// Mixture-of-Attention-heads baseline: stages with topk > 0 route every head (no shared heads), the others stay MHA.
+TransNeXtOptions with_moa(TransNeXtOptions o, std::array<int64_t, 4> topk) {
+  for (int i = 0; i < 4; ++i)
+    if (topk[i] > 0) o.attention[i] = AttentionMode::moa, o.shared_heads[i] = 0, o.topk[i] = topk[i];
+  return o;
+}
+
 // Small-input backbone for 28–64 px data (Fashion-MNIST padded to 32): stem stride 2, so the stage maps are
 // 16/8/4/2 at 32 px and no stage is 1×1 (the NaN pitfall of the 224-px variants at small inputs).
 TransNeXtOptions nano() {
@@ -423,6 +430,12 @@ const std::vector<std::pair<std::string, TransNeXtOptions>>& classifier_variants
         {"MoH-ViT-B-50", with_moh(base, {2, 2, 2, 4}, {2, 4, 6, 8})},
         {"ViT-Nano", nano()},
         {"MoH-ViT-Nano", with_moh(nano(), {2, 4, 2, 4}, {0, 0, 4, 2})},
+        // The small-scale ablation (scripts/reproduce_small.sh): heads {2, 4, 8, 8} × depths {1, 2, 3, 1} = 42
+        // head-layers; active = shared + top-K per stage.
+        {"MoH-ViT-Nano-90", with_moh(nano(), {2, 4, 3, 4}, {0, 0, 4, 3})},  // 2 + 8 + 21 + 7 = 38 / 42 = 90.5 %
+        {"MoH-ViT-Nano-75", with_moh(nano(), {2, 2, 2, 4}, {0, 1, 4, 2})},  // 2 + 6 + 18 + 6 = 32 / 42 = 76.2 %
+        {"MoH-ViT-Nano-50", with_moh(nano(), {2, 1, 2, 2}, {0, 1, 2, 2})},  // 2 + 4 + 12 + 4 = 22 / 42 = 52.4 %
+        {"MoA-ViT-Nano", with_moa(nano(), {0, 0, 6, 6})},                  // MoA: top-6 of 8 routed, no shared heads
     };
   }();
   return table;
