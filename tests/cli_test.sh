@@ -63,6 +63,8 @@ expect 2 "unknown key 'optim.lrr' (did you mean 'optim.lr'?)" -- config configs/
 expect 2 "error: config configs/imagenet/moh_vit_s_75.yaml: unknown key 'optim.lrr'" -- config configs/imagenet/moh_vit_s_75.yaml --set optim.lrr=1
 expect 2 "optim.lr: must be > 0" -- config configs/imagenet/moh_vit_s_75.yaml --set optim.lr=-1
 expect 2 "optim.lr: expected a number, got \"fast\"" -- config configs/imagenet/moh_vit_s_75.yaml --set optim.lr=fast
+expect 2 "data.root data/imagenet: has no 'train' folder" -- train configs/imagenet/moh_vit_s_75.yaml --run-dir "$tmp/inet"
+[ ! -e "$tmp/inet" ] && pass=$((pass + 1)) || { echo "FAIL: a refused ImageNet run created its run dir"; fails=$((fails + 1)); }
 expect 2 "file not found" -- config configs/does_not_exist.yaml
 expect 2 "missing CONFIG.yaml" -- config
 expect 2 "error: moh config" -- config --no-such-flag
