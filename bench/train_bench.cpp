@@ -271,6 +271,8 @@ int sample_bench_main(int argc, char** argv) {
   diffusion::SampleOptions so;
   so.sampler = spec.rfind("ddim", 0) == 0 ? SamplerKind::ddim : SamplerKind::ddpm;
   so.cfg_scale = c.args["cfg-scale"].as<double>();
+  // DiT's guidance of the first 3 channels (latents); pixel models with fewer channels guide every ε channel.
+  so.cfg_channels = o.in_channels >= 3 ? CfgChannels::three : CfgChannels::all;
   const auto dev = at::TensorOptions().device(c.ctx.device);
   const at::Tensor labels = at::randint(0, o.num_classes, {c.batch}, dev.dtype(at::kLong));
   auto run = [&] {
