@@ -35,7 +35,7 @@ fi
 # shift), so it holds rounding noise only.
 NANO=configs/fashion_mnist/moh_vit_nano.yaml
 C=(--set train.processes=1 --set data.limit_train=256 --set data.limit_val=96 --set data.batch_size=32 --set train.epochs=1 --set train.max_steps=6
-   --set model.drop_path=0 --set train.moh_loss_coeff=0 --set train.log_every_steps=2 --set optim.eps=1e-3)
+   --set model.drop_path=0 --set train.moh_loss_coeff=0 --set train.log_every_steps=2 --set optim.eps=1e-3 --set train.precision=fp32)
 [ "$(run "$tmp/c1.log" -- train $NANO "${C[@]}" --run-dir "$tmp/c1")" = 0 ] || bad "single-process classifier run: $(tail -3 "$tmp/c1.log")"
 [ "$(run "$tmp/c2.log" -- launch --nproc 2 -- train $NANO "${C[@]}" --run-dir "$tmp/c2")" = 0 ] || bad "2-rank classifier run: $(tail -3 "$tmp/c2.log")"
 if "$MOH" compare "$tmp/c1" "$tmp/c2" --l2 --tol 1e-6 >"$tmp/cmp.log"; then ok "classifier 2 ranks = 1 process: $(cat "$tmp/cmp.log")"
