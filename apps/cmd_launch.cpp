@@ -101,15 +101,23 @@ int launch_local(int n, int port, const std::vector<std::string>& args) {
     }
     pids.push_back(pid);
   }
-  // Wait; the first failure stops the rest (SIGTERM, then SIGKILL after 10 s).
+  // Wait; the first failure stops the rest: SIGTERM, then SIGKILL 10 s later. An input error (exit 2) of a rank other
+  // than 0 first gives rank 0 up to 30 s to fail alike and print the one error line (the other ranks stay quiet).
+  using Clock = std::chrono::steady_clock;
   int result = kExitOk, alive = n;
-  bool stopping = false;
-  auto stop_deadline = std::chrono::steady_clock::time_point::max();
+  bool stopping = false, termed = false;
+  auto term_at = Clock::time_point::max(), kill_at = Clock::time_point::max();
   while (alive > 0) {
     int status = 0;
     const pid_t pid = ::waitpid(-1, &status, stopping ? WNOHANG : 0);
     if (pid == 0) {  // stopping, nobody exited yet
-      if (std::chrono::steady_clock::now() > stop_deadline)
+      const auto now = Clock::now();
+      if (!termed && now >= term_at) {
+        for (pid_t p : pids)
+          if (p > 0) ::kill(p, SIGTERM);
+        termed = true;
+      }
+      if (now >= kill_at)
         for (pid_t p : pids)
           if (p > 0) ::kill(p, SIGKILL);
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -126,9 +134,13 @@ int launch_local(int n, int port, const std::vector<std::string>& args) {
       if (WIFSIGNALED(status)) std::cerr << "error: rank " << rank << " was killed by signal " << WTERMSIG(status) << "\n";
       result = code;
       stopping = true;
-      stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-      for (pid_t p : pids)
-        if (p > 0) ::kill(p, SIGTERM);
+      const bool wait_for_rank0 = code == kExitUserError && rank != 0 && pids[0] > 0;
+      term_at = Clock::now() + std::chrono::seconds(wait_for_rank0 ? 30 : 0);
+      kill_at = term_at + std::chrono::seconds(10);
+    } else if (stopping && rank == 0 && code == kExitUserError) {
+      result = code;  // rank 0 said what was wrong; stop the rest now
+      term_at = std::min(term_at, Clock::now());
+      kill_at = std::min(kill_at, term_at + std::chrono::seconds(10));
     }
   }
   return result;
