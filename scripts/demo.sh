@@ -7,15 +7,16 @@
 # Environment: DEMO_OUT (default runs/demo), DEMO_SKIP_SETUP=1 + MOH=path/to/moh to use an existing build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ "${DEMO_SKIP_SETUP:-0}" != 1 ]; then bash scripts/setup.sh; fi
+start=$(date +%s)
+if [ "${DEMO_SKIP_SETUP:-0}" != 1 ]; then MOH_BUILD_TARGETS=${MOH_BUILD_TARGETS:-moh} bash scripts/setup.sh; fi
 MOH=${MOH:-build/moh}
+echo "== setup + build: $(( $(date +%s) - start )) s"
 OUT=${DEMO_OUT:-runs/demo}
 if [ "${DEMO_QUICK:-0}" = 1 ]; then
   CLS_STEPS=40 VAL=1000 DIT_STEPS=120 PER_CLASS=2 STEPS=ddim10 REF=fashion_mnist:test:1000
 else
   CLS_STEPS=200 VAL=0 DIT_STEPS=2400 PER_CLASS=10 STEPS=ddim50 REF=fashion_mnist:test
 fi
-start=$(date +%s)
 if [ -e "$OUT" ]; then echo "== removing the previous demo output $OUT"; rm -rf "$OUT"; fi
 mkdir -p "$OUT"
 

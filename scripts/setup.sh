@@ -2,6 +2,7 @@
 # Installs everything the MoH toolkit needs on Debian 12 (idempotent, runs as root), then builds into build/.
 #   MOH_SKIP_BUILD=1  only install packages
 #   MOH_BUILD_TYPE    CMake build type (default Release)
+#   MOH_BUILD_TARGETS targets to build (default: all; the demo builds only `moh`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,4 +41,6 @@ fi
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE="${MOH_BUILD_TYPE:-Release}" "${launcher[@]}" ${MOH_CMAKE_ARGS:-}
-cmake --build build -j"$(nproc)"
+targets=()
+for t in ${MOH_BUILD_TARGETS:-}; do targets+=(--target "$t"); done
+cmake --build build -j"$(nproc)" "${targets[@]}"
