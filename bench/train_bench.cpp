@@ -148,6 +148,28 @@ void add_flops(nlohmann::json& out, const Common& c, double fwd_flops, double st
   out["mfu"] = out["achieved_tflops"].get<double>() / peak;
 }
 
+// Times the training `step` (time_steps), then counts the FLOPs of one `forward` of the batch (no grad, under
+// autocast) and of one whole step, and adds the FLOP / MFU fields.
+template <class Step, class Fwd>
+nlohmann::json time_and_count(const Common& c, Step&& step, Fwd&& forward) {
+  nlohmann::json out = time_steps(c, step);
+  double fwd = 0, all = 0;
+  {
+    torch::NoGradGuard ng;
+    FlopCounter fc;
+    AutocastScope ac(c.ctx);
+    forward();
+    fwd = fc.flops();
+  }
+  {
+    FlopCounter fc;
+    step();
+    all = fc.flops();
+  }
+  add_flops(out, c, fwd, all);
+  return out;
+}
+
 void print(const nlohmann::json& out, bool json) {
   if (json) {
     std::cout << out.dump() << std::endl;
@@ -195,21 +217,8 @@ int train_bench_main(int argc, char** argv) {
       diffusion::diffusion_backward(model, chain, x0, y, 0.01, c.ctx, scaler);
       finish_optimizer_step(opt, model->parameters(), scaler, 0.0);
     };
-    out = time_steps(c, step);
-    double fwd = 0, all = 0;
-    {
-      torch::NoGradGuard ng;
-      FlopCounter fc;
-      AutocastScope ac(c.ctx);
-      model->forward(x0, at::randint(0, 1000, {c.batch}, dev.dtype(at::kLong)), y);
-      fwd = fc.flops();
-    }
-    {
-      FlopCounter fc;
-      step();
-      all = fc.flops();
-    }
-    add_flops(out, c, fwd, all);
+    const at::Tensor t = at::randint(0, 1000, {c.batch}, dev.dtype(at::kLong));
+    out = time_and_count(c, step, [&] { model->forward(x0, t, y); });
     out["attention_path"] = config::to_string(o.path);
     out["input"] = {o.in_channels, o.input_size, o.input_size};
   } else {
@@ -227,21 +236,7 @@ int train_bench_main(int argc, char** argv) {
       vision::classifier_backward(model, x, y, 1, 0.01, 0.1, c.ctx, scaler);
       finish_optimizer_step(opt, model->parameters(), scaler, 1.0);
     };
-    out = time_steps(c, step);
-    double fwd = 0, all = 0;
-    {
-      torch::NoGradGuard ng;
-      FlopCounter fc;
-      AutocastScope ac(c.ctx);
-      model->forward(x);
-      fwd = fc.flops();
-    }
-    {
-      FlopCounter fc;
-      step();
-      all = fc.flops();
-    }
-    add_flops(out, c, fwd, all);
+    out = time_and_count(c, step, [&] { model->forward(x); });
     out["input"] = {o.in_chans, o.img_size, o.img_size};
   }
   out["what"] = "train_step";

@@ -1,6 +1,7 @@
 #include "core/config_schema.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -17,6 +18,14 @@ std::string shortest_double(double v) {
     if (std::strtod(buf, nullptr) == v) break;
   }
   std::string s = buf;
+  // %g writes 50 as "5e+01" at the shortest precision: print plain decimals for ordinary magnitudes.
+  const double a = std::fabs(v);
+  if (s.find('e') != std::string::npos && a >= 1e-4 && a < 1e15) {
+    const int digits = static_cast<int>(s.find('e') - (s[0] == '-' ? 1 : 0) - (s.find('.') != std::string::npos ? 1 : 0));
+    const int exponent = static_cast<int>(std::floor(std::log10(a)));
+    std::snprintf(buf, sizeof buf, "%.*f", std::max(0, digits - 1 - exponent), v);
+    if (std::strtod(buf, nullptr) == v) s = buf;
+  }
   // Keep it a float for YAML readers: "1" -> "1.0" (but leave exponents and inf/nan alone).
   if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
   return s;
