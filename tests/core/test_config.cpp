@@ -147,6 +147,11 @@ TEST(Config, DoublesPrintShortestRoundTrip) {
   EXPECT_EQ(config::shortest_double(1e-3), "0.001");
   EXPECT_EQ(config::shortest_double(2.0), "2.0");
   EXPECT_EQ(config::shortest_double(1e-8), "1e-08");
+  // Ordinary magnitudes print in plain decimals even where %g's shortest form is an exponent ("5e+01").
+  EXPECT_EQ(config::shortest_double(50.0), "50.0");
+  EXPECT_EQ(config::shortest_double(1500.0), "1500.0");
+  EXPECT_EQ(config::shortest_double(-300.0), "-300.0");
+  EXPECT_EQ(config::shortest_double(1e-4), "0.0001");
   EXPECT_EQ(std::strtod(config::shortest_double(1.0 / 3).c_str(), nullptr), 1.0 / 3);
 }
 
