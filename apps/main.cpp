@@ -2,6 +2,7 @@
 // single place that turns exceptions into the documented exit codes.
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
+#include <torch/cuda.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -89,7 +90,12 @@ static void print_usage() {
 static void print_version() {
   BlasInfo blas = detect_blas();
   std::cout << "moh " << toolkit_version() << "\n"
-            << "LibTorch " << libtorch_version() << " (CUDA: " << (cuda_available() ? "yes" : "no") << ")\n"
+            << "LibTorch " << libtorch_version() << " ("
+            << (libtorch_cuda_build().empty() ? std::string("CPU-only build")
+                                              : "CUDA " + libtorch_cuda_build() + " build, GPU: " +
+                                                    (cuda_available() ? std::to_string(torch::cuda::device_count()) + " visible"
+                                                                      : std::string("none visible")))
+            << ")\n"
             << "BLAS: " << blas.name << (blas.path.empty() ? "" : " (" + blas.path + ")") << "\n"
             << "CPU threads: " << at::get_num_threads() << " (OMP_NUM_THREADS overrides)\n"
             << "data parallel: " << (dist::available() ? "c10d (Gloo)" : "off (no c10d/Gloo headers at build time)") << "\n";

@@ -58,6 +58,7 @@ Prepared prepare(const std::string& scope, const Case& c, int64_t B, int64_t N, 
   MoHAttentionOptions ao(C, h);
   if (c.mode != "mha") ao.moh(c.hs, c.k);
   ao.path = c.mode == "sparse" ? AttentionPath::sparse : AttentionPath::dense;
+  ao.fused = o.fused;
   MoHAttention attn(ao);
   const int64_t d = C / h;
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
@@ -92,12 +93,13 @@ Prepared prepare(const std::string& scope, const Case& c, int64_t B, int64_t N, 
   torch::Tensor routed = routing.routed;
   std::string mode = c.mode;
   int64_t hs = c.hs;
+  const bool fused = o.fused;
   auto run = [=]() -> torch::Tensor {
-    if (mode == "mha") return vision::attend(q, k, v, scale).transpose(1, 2).reshape({B, N, h * d});
-    if (mode == "dense") return vision::mix_heads_dense(q, k, v, gates, scale);
+    if (mode == "mha") return vision::attend(q, k, v, scale, {}, fused).transpose(1, 2).reshape({B, N, h * d});
+    if (mode == "dense") return vision::mix_heads_dense(q, k, v, gates, scale, fused);
     vision::QuerySource qs;
     qs.q = q;
-    return vision::mix_heads_sparse(qs, k, v, gates, routed, h, hs, scale);
+    return vision::mix_heads_sparse(qs, k, v, gates, routed, h, hs, scale, fused);
   };
   p.fwd = [run] {
     torch::NoGradGuard ng;
@@ -207,6 +209,7 @@ int attention_bench_main(int argc, char** argv) {
       "warmup", "untimed runs before timing", cxxopts::value<int>()->default_value("0"))(
       "batch", "batch at seq <= 256 (divided by 4 per 4x longer sequence, at least 1)", cxxopts::value<int64_t>()->default_value("8"))(
       "threads", "intra-op threads (0 = LibTorch default)", cxxopts::value<int>()->default_value("0"))(
+      "fused", "attend with scaled_dot_product_attention (LibTorch >= 2.1) instead of matmul-softmax-matmul")(
       "h,help", "show this help");
   cxxopts::ParseResult args;
   try {
@@ -238,13 +241,18 @@ int attention_bench_main(int argc, char** argv) {
   o.batch = args["batch"].as<int64_t>();
   if (o.runs < 1 || o.warmup < 0 || o.batch < 1) throw UserError(argv[0], "--runs and --batch must be >= 1", "");
   if (int t = args["threads"].as<int>(); t > 0) torch::set_num_threads(t);
+  o.fused = args.count("fused") > 0;
+  if (o.fused && !vision::kFusedAttentionAvailable)
+    throw UserError("--fused", "this LibTorch has no scaled_dot_product_attention with a scale (needs 2.1 or newer)",
+                    "MOH_LIBTORCH=pip scripts/setup.sh builds against LibTorch 2.14");
   auto rows = run_attention_bench(o, true);
   if (args.count("json")) {
     nlohmann::json out = nlohmann::json::array();
     for (const auto& r : rows)
       out.push_back({{"scope", r.scope}, {"seq", r.seq}, {"dim", r.dim}, {"heads", r.heads}, {"batch", r.batch},
                      {"active", r.active}, {"active_actual", r.active_actual}, {"shared", r.shared},
-                     {"topk", r.topk}, {"mode", r.mode}, {"fwd_ms", r.fwd_ms}, {"fwdbwd_ms", r.fwdbwd_ms},
+                     {"topk", r.topk}, {"mode", r.mode}, {"fused", o.fused}, {"fwd_ms", r.fwd_ms},
+                     {"fwdbwd_ms", r.fwdbwd_ms},
                      {"fwd_ratio", r.fwd_ratio}, {"fwdbwd_ratio", r.fwdbwd_ratio}});
     std::cout << out.dump(1) << std::endl;
   } else {

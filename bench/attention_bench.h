@@ -30,6 +30,7 @@ struct AttentionBenchOptions {
   int warmup = 0, runs = 10;  ///< the median of 10 already ignores a slow first (page-faulting) run
   int64_t batch = 8;        ///< batch at seq ≤ 256; divided by 4 per 4x longer sequence (8, 2, 1), at least 1
   uint64_t seed = 0;
+  bool fused = false;  ///< attention through scaled_dot_product_attention (LibTorch ≥ 2.1) instead of the plain path
 };
 
 /// (h_s, K) for a requested active fraction of h heads: a = round-half-up(active·h) active heads,

@@ -35,20 +35,33 @@ double median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-// Rate of an n×n×n matrix product in `dtype` on the context's device (TFLOP/s, median of 5).
-double gemm_tflops(const RunContext& ctx, at::ScalarType dtype, int64_t n) {
+// A product this long is long enough to time (and the largest size is not tried once one takes longer).
+constexpr double kGemmProbeSeconds = 0.05;
+
+// Rate of an n×n×n matrix product in `dtype` on the context's device (TFLOP/s, median of 5), n doubling from 256 up
+// to `n_max` while one product takes under kGemmProbeSeconds: where LibTorch has no fast kernel for the dtype (bf16
+// on a CPU without AVX-512 runs a scalar fallback ~100x slower than fp32) a fixed 2048³ product would take minutes.
+double gemm_tflops(const RunContext& ctx, at::ScalarType dtype, int64_t n_max) {
   const auto opts = at::TensorOptions().device(ctx.device).dtype(dtype);
-  const at::Tensor a = at::randn({n, n}, opts), b = at::randn({n, n}, opts);
-  at::mm(a, b);
-  sync(ctx);
-  std::vector<double> t;
-  for (int i = 0; i < 5; ++i) {
-    const auto s = Clock::now();
+  for (int64_t n = 256;; n *= 2) {
+    const at::Tensor a = at::randn({n, n}, opts), b = at::randn({n, n}, opts);
     at::mm(a, b);
     sync(ctx);
-    t.push_back(seconds_since(s));
+    std::vector<double> t;
+    for (int i = 0; i < 5; ++i) {
+      const auto s = Clock::now();
+      at::mm(a, b);
+      sync(ctx);
+      t.push_back(seconds_since(s));
+      if (t.back() > kGemmProbeSeconds && n < n_max) break;  // long enough: time this size properly
+    }
+    if (t.size() == 5 && (median(t) >= kGemmProbeSeconds || n >= n_max))
+      return 2.0 * static_cast<double>(n * n * n) / median(t) / 1e12;
+    if (t.size() < 5) {  // the probe was long: five products at this size, no larger one
+      n_max = n;
+      n /= 2;
+    }
   }
-  return 2.0 * static_cast<double>(n * n * n) / median(t) / 1e12;
 }
 
 struct Common {
@@ -65,7 +78,7 @@ Common parse_common(cxxopts::Options& opts, int argc, char** argv, bool& help) {
       "batch", "images per step", cxxopts::value<int64_t>()->default_value("8"))(
       "steps", "timed repetitions (median reported)", cxxopts::value<int64_t>()->default_value("5"))(
       "warmup", "untimed repetitions first", cxxopts::value<int64_t>()->default_value("2"))(
-      "precision", "fp32, bf16 (autocast) or fp16 (CUDA, loss scaling)", cxxopts::value<std::string>()->default_value("fp32"))(
+      "precision", "fp32, bf16 (autocast), fp16 (CUDA, loss scaling) or auto (bf16 on CUDA / CPUs with native bf16)", cxxopts::value<std::string>()->default_value("fp32"))(
       "attention-path", "MoH path of DiT attention: dense or sparse", cxxopts::value<std::string>()->default_value("dense"))(
       "img-size", "input side in pixels/latents (0 = the variant's)", cxxopts::value<int64_t>()->default_value("0"))(
       "device", "auto, cpu or cuda[:N]", cxxopts::value<std::string>()->default_value("auto"))(

@@ -58,8 +58,13 @@ namespace {
 template <class Map>
 typename Map::key_type state_key(Map&, const at::Tensor& p) {
   using Key = typename Map::key_type;
-  if constexpr (std::is_same_v<Key, std::string>) return c10::guts::to_string(p.unsafeGetTensorImpl());
-  else return p.unsafeGetTensorImpl();
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream key;  // what LibTorch 1.x's c10::guts::to_string(impl) writes (gone in 2.x)
+    key << p.unsafeGetTensorImpl();
+    return key.str();
+  } else {
+    return p.unsafeGetTensorImpl();
+  }
 }
 
 template <class State>
@@ -114,7 +119,9 @@ at::Tensor cpu_rng_state() {
 void set_cpu_rng_state(const at::Tensor& state) {
   auto gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
+  // A copy with its own storage: LibTorch 2.14's CPUGeneratorImpl::set_state ignores a view's storage offset (a row
+  // of the per-rank state matrix gave "Invalid mt19937 state" in C++ and a segfault in Python's set_rng_state).
+  gen.set_state(state.contiguous().clone());
 }
 
 std::string save_checkpoint(const std::string& run_dir, const TrainerState& state, const TensorMap& model,

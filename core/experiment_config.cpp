@@ -15,7 +15,7 @@ const config::EnumTable<AttentionPath>& enum_table(AttentionPath) {
 }
 const config::EnumTable<Precision>& enum_table(Precision) {
   static const config::EnumTable<Precision> t{
-      {Precision::fp32, "fp32"}, {Precision::bf16, "bf16"}, {Precision::fp16, "fp16"}};
+      {Precision::fp32, "fp32"}, {Precision::bf16, "bf16"}, {Precision::fp16, "fp16"}, {Precision::automatic, "auto"}};
   return t;
 }
 const config::EnumTable<LoaderKind>& enum_table(LoaderKind) {

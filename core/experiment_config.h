@@ -22,8 +22,9 @@ const config::EnumTable<AttentionMode>& enum_table(AttentionMode);
 enum class AttentionPath { dense, sparse };
 const config::EnumTable<AttentionPath>& enum_table(AttentionPath);
 
-/// Numeric precision of forward + loss (master weights, optimizer and EMA stay fp32).
-enum class Precision { fp32, bf16, fp16 };
+/// Numeric precision of forward + loss (master weights, optimizer and EMA stay fp32). `automatic` ("auto") is
+/// resolved by RunContext::create: bf16 on CUDA and on CPUs with native bf16 (avx512_bf16 / amx_bf16), else fp32.
+enum class Precision { fp32, bf16, fp16, automatic };
 const config::EnumTable<Precision>& enum_table(Precision);
 
 /// Built-in dataset readers.
@@ -206,7 +207,8 @@ struct TrainConfig {
                                     "unless already launched; on CPUs small models train faster as N 1-thread processes");
     v.field("moh_loss_coeff", moh_loss_coeff, "beta: weight of the MoH load-balance loss (mean over routed layers)");
     v.field("seed", seed, "global random seed");
-    v.field("precision", precision, "forward precision: fp32, bf16 (autocast on CPU or CUDA) or fp16 (CUDA, loss scaling)");
+    v.field("precision", precision, "forward precision: fp32, bf16 (autocast on CPU or CUDA), fp16 (CUDA, loss scaling) "
+                                    "or auto (bf16 on CUDA and on CPUs with native bf16, else fp32)");
     v.field("device", device, "auto, cpu, cuda or cuda:N");
     v.field("ema_decay", ema_decay, "EMA decay of the weights; 0 = no EMA");
     v.field("ema_warmup", ema_warmup, "EMA decay min(ema_decay, (1+step)/(10+step)) for short runs; off = constant (DiT)");

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/Version.h>
 
 #include <thread>
 #include <torch/cuda.h>
@@ -11,6 +12,7 @@
 #include <fstream>
 #include <iostream>
 #include <mutex>
+#include <sstream>
 
 #include "core/error.h"
 #include "moh_version.h"
@@ -44,12 +46,22 @@ RunContext RunContext::create(const std::string& device, Precision precision, ui
   } else if (device == "cpu") {
     ctx.device = c10::Device(c10::kCPU);
   } else if (device.rfind("cuda", 0) == 0) {
-    if (!cuda) throw UserError("device " + device, "CUDA is not available in this build/machine", "use device: cpu");
+    if (!cuda) {
+      const std::string build = libtorch_cuda_build();
+      throw UserError("device " + device,
+                      build.empty() ? "this LibTorch " + libtorch_version() + " is CPU-only"
+                                    : "no CUDA GPU is visible (LibTorch " + libtorch_version() + " is a CUDA " + build +
+                                          " build; check nvidia-smi and CUDA_VISIBLE_DEVICES)",
+                      build.empty() ? "use device: cpu, or build against a CUDA LibTorch: MOH_LIBTORCH=pip scripts/setup.sh"
+                                    : "use device: cpu");
+    }
     ctx.device = device == "cuda" ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(ctx.local_rank))
                                   : c10::Device(device);
   } else {
     throw UserError("device " + device, "expected auto, cpu, cuda or cuda:N", "");
   }
+  if (precision == Precision::automatic)
+    precision = ctx.device.is_cuda() || cpu_has_native_bf16() ? Precision::bf16 : Precision::fp32;
   if (precision == Precision::fp16 && !ctx.device.is_cuda())
     throw UserError("precision fp16", "fp16 autocast needs a CUDA device", "use bf16 (CPU autocast) or fp32 on CPU");
   ctx.precision = precision;
@@ -66,9 +78,61 @@ std::string libtorch_version() {
 
 bool cuda_available() { return torch::cuda::is_available(); }
 
+std::string precision_summary(Precision requested, const RunContext& ctx) {
+  std::string s = config::to_string(ctx.precision);
+  if (requested == Precision::automatic)
+    s += ctx.device.is_cuda() ? " (auto: CUDA)"
+         : cpu_has_native_bf16() ? " (auto: this CPU has native bf16)"
+                                 : " (auto: no native bf16 on this CPU)";
+  return s;
+}
+
+std::string slow_bf16_warning(const RunContext& ctx) {
+  if (ctx.precision != Precision::bf16 || ctx.device.is_cuda() || cpu_has_native_bf16()) return "";
+  return "precision bf16 on a CPU without native bf16 (no avx512_bf16/amx_bf16): matrix products run several times "
+         "slower than in fp32 here (precision: auto picks fp32 on such CPUs)";
+}
+
+bool cpu_has_native_bf16() {
+  static const bool has = [] {
+    std::ifstream info("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(info, line)) {
+      if (line.rfind("flags", 0) != 0) continue;
+      std::istringstream flags(line.substr(line.find(':') + 1));
+      for (std::string f; flags >> f;)
+        if (f == "avx512_bf16" || f == "amx_bf16") return true;
+      return false;
+    }
+    return false;
+  }();
+  return has;
+}
+
+namespace {
+/// The value of `key=` in LibTorch's build settings line ("" when absent).
+std::string build_setting(const std::string& key) {
+  static const std::string config = at::show_config();
+  const std::string needle = key + "=";
+  size_t at = config.find(needle);
+  if (at == std::string::npos) return "";
+  at += needle.size();
+  return config.substr(at, config.find_first_of(",\n", at) - at);
+}
+}  // namespace
+
+std::string libtorch_cuda_build() {
+  const std::string use = build_setting("USE_CUDA");
+  if (use != "1" && use != "ON") return "";
+  const std::string v = build_setting("CUDA_VERSION");
+  return v.empty() ? "?" : v;
+}
+
 BlasInfo detect_blas() {
   // Make sure LibTorch's BLAS is loaded (a tiny GEMM), then look at what is mapped.
   (void)at::mm(at::ones({2, 2}), at::ones({2, 2}));
+  // The pip wheels carry MKL inside libtorch_cpu (BLAS_INFO=mkl); Debian's LibTorch calls the system libblas.so.3.
+  if (build_setting("BLAS_INFO") == "mkl") return {"MKL (inside LibTorch)", "", false};
   BlasInfo info{"unknown (statically linked or built-in)", "", false};
   std::ifstream maps("/proc/self/maps");
   std::string line;

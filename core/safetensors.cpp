@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <torch/version.h>
 #include <vector>
 
 #include "core/atomic_io.h"
@@ -21,12 +23,41 @@ struct DtypeEntry {
   size_t bytes;
 };
 
+#define MOH_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+// Every dtype the safetensors format and this LibTorch share (the format's names; safetensors.torch's table).
 const std::vector<DtypeEntry>& dtype_table() {
   static const std::vector<DtypeEntry> t{
       {"F64", at::kDouble, 8}, {"F32", at::kFloat, 4}, {"F16", at::kHalf, 2},  {"BF16", at::kBFloat16, 2},
       {"I64", at::kLong, 8},   {"I32", at::kInt, 4},   {"I16", at::kShort, 2}, {"I8", at::kChar, 1},
-      {"U8", at::kByte, 1},    {"BOOL", at::kBool, 1}};
+      {"U8", at::kByte, 1},    {"BOOL", at::kBool, 1}, {"C64", at::kComplexFloat, 8},
+#if MOH_TORCH_AT_LEAST(2, 1)
+      {"F8_E4M3", at::kFloat8_e4m3fn, 1}, {"F8_E5M2", at::kFloat8_e5m2, 1},
+#endif
+#if MOH_TORCH_AT_LEAST(2, 2)
+      {"F8_E4M3FNUZ", at::kFloat8_e4m3fnuz, 1}, {"F8_E5M2FNUZ", at::kFloat8_e5m2fnuz, 1},
+#endif
+#if MOH_TORCH_AT_LEAST(2, 3)
+      {"U16", at::kUInt16, 2}, {"U32", at::kUInt32, 4}, {"U64", at::kUInt64, 8},
+#endif
+  };
   return t;
+}
+
+// Format dtypes this LibTorch lacks, with the first LibTorch that has them (for the error message).
+const char* newer_libtorch_for(const std::string& dtype) {
+  static const std::map<std::string, const char*> t{{"F8_E4M3", "2.1"},     {"F8_E5M2", "2.1"}, {"F8_E4M3FNUZ", "2.2"},
+                                                    {"F8_E5M2FNUZ", "2.2"}, {"U16", "2.3"},     {"U32", "2.3"},
+                                                    {"U64", "2.3"}};
+  auto it = t.find(dtype);
+  return it == t.end() ? nullptr : it->second;
+}
+
+std::string supported_dtype_list() {
+  std::string s;
+  for (const auto& e : dtype_table()) s += (s.empty() ? "" : " ") + std::string(e.name);
+  return s;
 }
 
 // Largest header we accept (the format's reference implementation uses 100 MB).
@@ -114,7 +145,13 @@ SafetensorsFile parse_safetensors(const uint8_t* data, size_t size, const std::s
     const DtypeEntry* entry = nullptr;
     for (const auto& e : dtype_table())
       if (dt == e.name) entry = &e;
-    if (!entry) throw UserError(tw, "unsupported dtype " + dt, "supported: F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL");
+    if (!entry) {
+      if (const char* needs = newer_libtorch_for(dt))
+        throw UserError(tw, "unsupported dtype " + dt + " in LibTorch " + std::to_string(TORCH_VERSION_MAJOR) + "." +
+                                std::to_string(TORCH_VERSION_MINOR),
+                        std::string("needs LibTorch ") + needs + " or newer (MOH_LIBTORCH=pip scripts/setup.sh)");
+      throw UserError(tw, "unsupported dtype " + dt, "supported: " + supported_dtype_list());
+    }
     const json& shape = v["shape"];
     if (!shape.is_array()) throw UserError(tw, "shape is not a list", hint);
     std::vector<int64_t> dims;

@@ -148,7 +148,7 @@ DiffusionTrainResult train_diffusion(const ExperimentConfig& cfg, const vision::
                                                          .eps(cfg.optim.eps)
                                                          .weight_decay(cfg.optim.weight_decay));
   TrainerState state;
-  GradScaler scaler(cfg.train.precision);
+  GradScaler scaler(ctx.precision);
   if (!resume && !cfg.model.weights.empty()) load_initial_weights(*model, cfg.model.weights, cfg.model.weights_key, cfg.model.weights_allow_missing);
   if (resume) {
     load_module_tensors(*model, resume->model, resume->dir);
@@ -171,7 +171,9 @@ DiffusionTrainResult train_diffusion(const ExperimentConfig& cfg, const vision::
   MetricsWriter metrics;
   if (group->is_main()) {
     metrics = start_run_dir(run_dir, config_yaml, resume ? std::optional<int64_t>(state.step) : std::nullopt);
-    std::cerr << "model " << cfg.model.name << ": " << mo.active_ratio() * 100 << " % active heads, run dir " << run_dir
+    if (const std::string w = slow_bf16_warning(ctx); !w.empty()) std::cerr << "warning: " << w << "\n";
+    std::cerr << "model " << cfg.model.name << ": " << mo.active_ratio() * 100 << " % active heads, "
+              << precision_summary(cfg.train.precision, ctx) << ", run dir " << run_dir
               << (world > 1 ? ", " + std::to_string(world) + " data-parallel ranks" : std::string()) << "\n";
   }
 

@@ -78,8 +78,8 @@ void DiTOptions::validate() const {
 }
 
 MlpImpl::MlpImpl(int64_t dim, int64_t hidden) {
-  fc1 = register_module("fc1", nn::Linear(dim, hidden));
-  fc2 = register_module("fc2", nn::Linear(hidden, dim));
+  fc1 = register_module("fc1", vision::Linear(dim, hidden));
+  fc2 = register_module("fc2", vision::Linear(hidden, dim));
 }
 at::Tensor MlpImpl::forward(const at::Tensor& x) { return fc2->forward(at::gelu(fc1->forward(x), "tanh")); }
 
@@ -91,7 +91,7 @@ at::Tensor PatchEmbedImpl::forward(const at::Tensor& x) {
 }
 
 TimestepEmbedderImpl::TimestepEmbedderImpl(int64_t dim, int64_t fdim) : frequency_dim(fdim) {
-  mlp = register_module("mlp", nn::Sequential(nn::Linear(fdim, dim), nn::SiLU(), nn::Linear(dim, dim)));
+  mlp = register_module("mlp", nn::Sequential(vision::Linear(fdim, dim), nn::SiLU(), vision::Linear(dim, dim)));
 }
 
 at::Tensor TimestepEmbedderImpl::timestep_embedding(const at::Tensor& t, int64_t dim, double max_period) {
@@ -126,7 +126,7 @@ at::Tensor LabelEmbedderImpl::forward(const at::Tensor& labels, const at::Tensor
 DiTBlockImpl::DiTBlockImpl(int64_t d, const vision::MoHAttentionOptions& attn_options, double mlp_ratio) : dim(d) {
   attn = register_module("attn", vision::MoHAttention(attn_options));
   mlp = register_module("mlp", Mlp(d, static_cast<int64_t>(d * mlp_ratio)));
-  adaLN_modulation = register_module("adaLN_modulation", nn::Sequential(nn::SiLU(), nn::Linear(d, 6 * d)));
+  adaLN_modulation = register_module("adaLN_modulation", nn::Sequential(nn::SiLU(), vision::Linear(d, 6 * d)));
 }
 
 DiTOutput DiTBlockImpl::forward(const at::Tensor& x, const at::Tensor& c) {
@@ -138,8 +138,8 @@ DiTOutput DiTBlockImpl::forward(const at::Tensor& x, const at::Tensor& c) {
 }
 
 FinalLayerImpl::FinalLayerImpl(int64_t d, int64_t patch, int64_t out_channels) : dim(d) {
-  linear = register_module("linear", nn::Linear(d, patch * patch * out_channels));
-  adaLN_modulation = register_module("adaLN_modulation", nn::Sequential(nn::SiLU(), nn::Linear(d, 2 * d)));
+  linear = register_module("linear", vision::Linear(d, patch * patch * out_channels));
+  adaLN_modulation = register_module("adaLN_modulation", nn::Sequential(nn::SiLU(), vision::Linear(d, 2 * d)));
 }
 
 at::Tensor FinalLayerImpl::forward(const at::Tensor& x, const at::Tensor& c) {
@@ -175,7 +175,7 @@ DiTImpl::DiTImpl(const DiTOptions& o) : options(o) {
 void DiTImpl::initialize_weights() {
   torch::NoGradGuard ng;
   for (auto& m : modules(/*include_self=*/false)) {
-    if (auto* lin = m->as<nn::Linear>()) {
+    if (auto* lin = m->as<vision::Linear>()) {
       nn::init::xavier_uniform_(lin->weight);
       if (lin->bias.defined()) nn::init::zeros_(lin->bias);
     }
@@ -185,10 +185,10 @@ void DiTImpl::initialize_weights() {
   nn::init::xavier_uniform_(w.view({w.size(0), -1}));
   nn::init::zeros_(x_embedder->proj->bias);
   nn::init::normal_(y_embedder->embedding_table->weight, 0.0, kEmbedInitStd);
-  nn::init::normal_(t_embedder->mlp[0]->as<nn::Linear>()->weight, 0.0, kEmbedInitStd);
-  nn::init::normal_(t_embedder->mlp[2]->as<nn::Linear>()->weight, 0.0, kEmbedInitStd);
+  nn::init::normal_(t_embedder->mlp[0]->as<vision::Linear>()->weight, 0.0, kEmbedInitStd);
+  nn::init::normal_(t_embedder->mlp[2]->as<vision::Linear>()->weight, 0.0, kEmbedInitStd);
   auto zero_linear = [](const std::shared_ptr<nn::Module>& m) {
-    auto* l = m->as<nn::Linear>();
+    auto* l = m->as<vision::Linear>();
     nn::init::zeros_(l->weight);
     nn::init::zeros_(l->bias);
   };

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "vision/linear.h"
 #include "core/safetensors.h"
 #include "vision/moh_attention.h"
 
@@ -59,7 +60,7 @@ struct DiTOptions {
 struct MlpImpl : torch::nn::Module {
   MlpImpl(int64_t dim, int64_t hidden);
   at::Tensor forward(const at::Tensor& x);
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  vision::Linear fc1{nullptr}, fc2{nullptr};
 };
 TORCH_MODULE(Mlp);
 
@@ -114,7 +115,7 @@ TORCH_MODULE(DiTBlock);
 struct FinalLayerImpl : torch::nn::Module {
   FinalLayerImpl(int64_t dim, int64_t patch, int64_t out_channels);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& c);
-  torch::nn::Linear linear{nullptr};
+  vision::Linear linear{nullptr};
   torch::nn::Sequential adaLN_modulation{nullptr};
   int64_t dim;
 };

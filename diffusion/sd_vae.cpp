@@ -7,6 +7,7 @@
 #include "core/checkpoint.h"
 #include "core/torch_file.h"
 #include "core/error.h"
+#include "vision/attention_core.h"
 
 namespace moh::diffusion {
 
@@ -40,20 +41,30 @@ at::Tensor ResnetBlock2DImpl::forward(const at::Tensor& x) {
 
 VaeAttentionImpl::VaeAttentionImpl(int64_t c) {
   group_norm = register_module("group_norm", moh::diffusion::group_norm(c));
-  to_q = register_module("to_q", nn::Linear(c, c));
-  to_k = register_module("to_k", nn::Linear(c, c));
-  to_v = register_module("to_v", nn::Linear(c, c));
-  to_out = register_module("to_out", nn::ModuleList(nn::Linear(c, c)));
+  to_q = register_module("to_q", vision::Linear(c, c));
+  to_k = register_module("to_k", vision::Linear(c, c));
+  to_v = register_module("to_v", vision::Linear(c, c));
+  to_out = register_module("to_out", nn::ModuleList(vision::Linear(c, c)));
 }
 
 at::Tensor VaeAttentionImpl::forward(const at::Tensor& x) {
   const int64_t B = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
-  const at::Tensor h = group_norm->forward(x).view({B, C, H * W}).transpose(1, 2);  // (B, HW, C)
+  // Normalised as (B, C, HW), as diffusers does: for a channels-last x (the decoder's, after the first attention)
+  // GroupNorm of the 4-d tensor runs its channels-last kernel, which rounds differently.
+  const at::Tensor h = group_norm->forward(x.reshape({B, C, H * W})).transpose(1, 2);  // (B, HW, C)
   const at::Tensor q = to_q->forward(h), k = to_k->forward(h), v = to_v->forward(h);
-  // One head of width C, scale 1/√C, softmax upcast to fp32 (diffusers upcast_softmax).
-  const at::Tensor scores = at::matmul(q, k.transpose(1, 2)) / std::sqrt(static_cast<double>(C));  // (B, HW, HW)
-  const at::Tensor attn = scores.to(at::kFloat).softmax(-1).to(q.scalar_type());
-  at::Tensor out = to_out[0]->as<nn::Linear>()->forward(at::matmul(attn, v));  // (B, HW, C)
+  // One head of width C, scale 1/√C.
+  const double scale = 1.0 / std::sqrt(static_cast<double>(C));
+  at::Tensor a;  // (B, HW, C)
+  if (vision::kFusedAttentionAvailable) {
+    // LibTorch ≥ 2.1: scaled_dot_product_attention on (B, 1, HW, C), what diffusers' AttnProcessor2_0 runs under
+    // torch 2 (the same kernel, so the same rounding; memory-efficient at 256 px, where HW = 1024).
+    a = vision::attend(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), scale, {}, true).squeeze(1);
+  } else {  // diffusers' classic AttnProcessor: softmax upcast to fp32 (upcast_softmax)
+    const at::Tensor scores = at::matmul(q, k.transpose(1, 2)) * scale;  // (B, HW, HW)
+    a = at::matmul(scores.to(at::kFloat).softmax(-1).to(q.scalar_type()), v);
+  }
+  at::Tensor out = to_out[0]->as<vision::Linear>()->forward(a);  // (B, HW, C)
   return out.transpose(1, 2).reshape({B, C, H, W}) + x;
 }
 

@@ -13,6 +13,7 @@
 
 #include <string>
 
+#include "vision/linear.h"
 #include "core/safetensors.h"
 
 namespace moh::diffusion {
@@ -48,7 +49,7 @@ struct VaeAttentionImpl : torch::nn::Module {
   explicit VaeAttentionImpl(int64_t channels);
   at::Tensor forward(const at::Tensor& x);
   torch::nn::GroupNorm group_norm{nullptr};
-  torch::nn::Linear to_q{nullptr}, to_k{nullptr}, to_v{nullptr};
+  vision::Linear to_q{nullptr}, to_k{nullptr}, to_v{nullptr};
   torch::nn::ModuleList to_out{nullptr};  ///< [Linear] (diffusers keeps a dropout at index 1)
 };
 TORCH_MODULE(VaeAttention);

@@ -146,7 +146,7 @@ FIDInceptionV3Impl::FIDInceptionV3Impl() {
   Mixed_7a = register_module("Mixed_7a", InceptionD(768));
   Mixed_7b = register_module("Mixed_7b", InceptionE(1280, false));
   Mixed_7c = register_module("Mixed_7c", InceptionE(2048, true));
-  fc = register_module("fc", nn::Linear(kInceptionPoolDim, kInceptionClasses));
+  fc = register_module("fc", vision::Linear(kInceptionPoolDim, kInceptionClasses));
 }
 
 InceptionFeatures FIDInceptionV3Impl::forward(const at::Tensor& input) {

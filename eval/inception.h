@@ -11,6 +11,8 @@
 
 #include <string>
 
+#include "vision/linear.h"
+
 namespace moh::eval {
 
 /// Classes of the TF graph's softmax (1000 ImageNet classes + 8 unused).
@@ -110,7 +112,7 @@ struct FIDInceptionV3Impl : torch::nn::Module {
   InceptionC Mixed_6b{nullptr}, Mixed_6c{nullptr}, Mixed_6d{nullptr}, Mixed_6e{nullptr};
   InceptionD Mixed_7a{nullptr};
   InceptionE Mixed_7b{nullptr}, Mixed_7c{nullptr};
-  torch::nn::Linear fc{nullptr};
+  vision::Linear fc{nullptr};
 };
 TORCH_MODULE(FIDInceptionV3);
 

@@ -1,16 +1,30 @@
 #!/usr/bin/env bash
-# Installs everything the MoH toolkit needs on Debian 12 (idempotent, runs as root), then builds into build/.
-#   MOH_SKIP_BUILD=1  only install packages
+# Installs everything the MoH toolkit needs on Debian 12 (idempotent, runs as root), then builds.
+#   MOH_LIBTORCH      debian (default): Debian's libtorch-dev 1.13 (CPU), built into build/
+#                     pip: the pinned PyPI torch wheel (LibTorch 2.14.1, CUDA 13.0) and the Python reference packages
+#                          (scripts/requirements-torch2.txt) in the project-local venv .venv/, built into build-torch2/
+#                          with the CUDA kernels and NCCL on (they compile and link without a GPU)
+#   MOH_SKIP_BUILD=1  only install packages (and, for pip, the venv)
 #   MOH_BUILD_TYPE    CMake build type (default Release)
 #   MOH_BUILD_TARGETS targets to build (default: all; the demo builds only `moh`)
+#   MOH_CACHE_DIR     where downloaded wheels are kept (default ~/.cache/moh): a second run, or another clone on the
+#                     same machine, installs from there and downloads nothing
+#   MOH_PYTHON        the Python that creates the venv (default python3; torch 2.14 needs 3.10 to 3.14)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+MODE=${MOH_LIBTORCH:-debian}
+case "$MODE" in
+  debian|pip) ;;
+  *) echo "error: MOH_LIBTORCH=$MODE: unknown LibTorch source (use debian or pip)" >&2; exit 2 ;;
+esac
+
 PKGS=(build-essential cmake ninja-build ccache pkg-config
-      libtorch-dev libopenblas0-pthread libgloo-dev
+      libopenblas0-pthread libgloo-dev
       libopencv-dev libyaml-cpp-dev libcxxopts-dev nlohmann-json3-dev
       libgtest-dev libgmock-dev libbenchmark-dev zlib1g-dev libzip-dev
       dataset-fashion-mnist)
+if [ "$MODE" = debian ]; then PKGS+=(libtorch-dev); else PKGS+=(python3-venv); fi
 
 missing=()
 for p in "${PKGS[@]}"; do
@@ -36,11 +50,24 @@ if command -v update-alternatives >/dev/null; then
   [ -n "$alt" ] && update-alternatives --set liblapack.so.3-x86_64-linux-gnu "$alt" >/dev/null 2>&1 || true
 fi
 
+cmake_args=()
+if [ "$MODE" = pip ]; then
+  bash scripts/setup_venv.sh
+  BUILD_DIR=build-torch2
+  torch_cmake=$(.venv/bin/python -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
+  cmake_args+=(-DTorch_DIR="$torch_cmake/Torch" -DMOH_WITH_NCCL=ON)
+else
+  BUILD_DIR=build
+fi
+# The Python reference tests (tests/pyref_test.sh) run in either build once the venv exists.
+[ -x .venv/bin/python ] && [ -f .venv/.moh-requirements.sha256 ] && cmake_args+=(-DMOH_PYTHON="$PWD/.venv/bin/python")
+
 [ "${MOH_SKIP_BUILD:-0}" = 1 ] && exit 0
 
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE="${MOH_BUILD_TYPE:-Release}" "${launcher[@]}" ${MOH_CMAKE_ARGS:-}
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="${MOH_BUILD_TYPE:-Release}" "${launcher[@]}" "${cmake_args[@]}" \
+  ${MOH_CMAKE_ARGS:-}
 targets=()
 for t in ${MOH_BUILD_TARGETS:-}; do targets+=(--target "$t"); done
-cmake --build build -j"$(nproc)" "${targets[@]}"
+cmake --build "$BUILD_DIR" -j"$(nproc)" "${targets[@]}"

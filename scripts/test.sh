@@ -1,7 +1,26 @@
 #!/usr/bin/env bash
-# The README's test command: setup (apt packages, as root) + Release build + the whole ctest suite.
+# The README's test command (and CI's, through .ci/run): setup (apt packages as root, the pinned pip venv) + Release
+# builds + the whole ctest suite, once against Debian's LibTorch 1.13 (build/) and once against the pip wheel's
+# LibTorch 2.14.1 with CUDA 13.0 (build-torch2/; CPU tests only, GPU-only tests skip).
+#   MOH_TEST_LIBTORCH  both (default) | debian | pip   which builds to test
+#   MOH_TEST_JOBS      ctest parallelism (default 2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-cd build
-ctest --output-on-failure -j"${MOH_TEST_JOBS:-2}" --timeout 1200
+which=${MOH_TEST_LIBTORCH:-both}
+case "$which" in both|debian|pip) ;; *) echo "error: MOH_TEST_LIBTORCH=$which: use both, debian or pip" >&2; exit 2 ;; esac
+
+# The venv first, so that both builds register the Python reference tests.
+if [ "$which" != debian ]; then MOH_LIBTORCH=pip MOH_SKIP_BUILD=1 bash scripts/setup.sh; fi
+
+run_suite() {  # $1 = debian|pip
+  local dir=build t0 t1
+  if [ "$1" = pip ]; then dir=build-torch2; fi
+  t0=$(date +%s)
+  MOH_LIBTORCH=$1 bash scripts/setup.sh
+  t1=$(date +%s)
+  (cd "$dir" && ctest --output-on-failure -j"${MOH_TEST_JOBS:-2}" --timeout 1200)
+  echo "test.sh: $1 LibTorch ($dir): build $(( t1 - t0 )) s, tests $(( $(date +%s) - t1 )) s"
+}
+if [ "$which" != pip ]; then run_suite debian; fi
+if [ "$which" != debian ]; then run_suite pip; fi
+echo "test.sh: done ($which)"

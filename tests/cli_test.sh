@@ -108,6 +108,11 @@ expect 0 '"what":"train_step"' -- bench train --model MoH-ViT-Nano --batch 2 --s
 expect 0 '"mfu"' -- bench train --model MoH-DiT-Pixel/4-75 --batch 2 --steps 1 --warmup 0 --precision bf16 --attention-path sparse --json
 expect 0 '"what":"sample"' -- bench sample --model DiT-Pixel/4 --batch 2 --chain ddim2 --steps 1 --warmup 0 --json
 expect 2 "is not a DiT variant" -- bench sample --model MoH-ViT-Nano --batch 2
+# --device cuda where no GPU is visible (CI, this machine; a CPU-only or a CUDA LibTorch): one error line, no crash.
+if ! "$MOH" --version | grep -q "GPU: [0-9]* visible"; then
+  expect 2 "error: device cuda: .*(use device: cpu" -- bench train --model DiT-Pixel/4 --batch 2 --steps 1 --device cuda
+  expect 2 "error: device cuda:0: " -- fid --samples fashion_mnist:test:8 --ref fashion_mnist:test:8 --features classifier:runs/none --device cuda:0
+fi
 expect 2 "--model is required" -- bench train --batch 2
 expect 2 "expected one of fp32|bf16|fp16" -- bench train --model MoH-ViT-Nano --precision fp8
 

@@ -271,7 +271,7 @@ TrainResult train_classifier(const ExperimentConfig& cfg, const TrainArgs& args)
   torch::optim::AdamW optimizer(std::move(groups), base_opts);
 
   TrainerState state;
-  GradScaler scaler(cfg.train.precision);
+  GradScaler scaler(ctx.precision);
   const double ema_decay = cfg.train.ema_decay;
   TransNeXt ema{nullptr};  // timm ModelEmaV2-style weight average, evaluated beside the model when enabled
   if (ema_decay > 0) {
@@ -298,7 +298,9 @@ TrainResult train_classifier(const ExperimentConfig& cfg, const TrainArgs& args)
   MetricsWriter metrics;
   if (group->is_main()) {
     metrics = start_run_dir(run_dir, config_yaml, resume ? std::optional<int64_t>(state.step) : std::nullopt);
-    std::cerr << "model " << cfg.model.name << ": " << mo.active_ratio() * 100 << " % active heads, run dir " << run_dir
+    if (const std::string w = slow_bf16_warning(ctx); !w.empty()) std::cerr << "warning: " << w << "\n";
+    std::cerr << "model " << cfg.model.name << ": " << mo.active_ratio() * 100 << " % active heads, "
+              << precision_summary(cfg.train.precision, ctx) << ", run dir " << run_dir
               << (world > 1 ? ", " + std::to_string(world) + " data-parallel ranks" : std::string()) << "\n";
   }
 

@@ -54,7 +54,7 @@ HeadRouter::HeadRouter(torch::nn::Module& owner, const MoHAttentionOptions& o)
     topk = 0;
     return;
   }
-  auto lin = [&](int64_t out) { return torch::nn::Linear(torch::nn::LinearOptions(o.dim, out).bias(false)); };
+  auto lin = [&](int64_t out) { return Linear(torch::nn::LinearOptions(o.dim, out).bias(false)); };
   if (topk > 0) wg = owner.register_module("wg", lin(heads - shared));
   if (topk > 0 && shared > 0) wg_0 = owner.register_module("wg_0", lin(2));
   if (shared > 1) wg_1 = owner.register_module("wg_1", lin(shared));
@@ -93,7 +93,7 @@ HeadRouting HeadRouter::route(const at::Tensor& x, bool training) const {
 MoHAttentionImpl::MoHAttentionImpl(const MoHAttentionOptions& o) : options(o) {
   options.validate();
   const int64_t C = o.dim, inner = o.inner_dim(), d = o.head_dim_resolved();
-  using torch::nn::Linear, torch::nn::LinearOptions;
+  using torch::nn::LinearOptions;
   if (o.mode == AttentionMode::moa) {
     q = register_module("q", Linear(LinearOptions(C, inner).bias(o.qkv_bias)));
     kv = register_module("kv", Linear(LinearOptions(C, 2 * d).bias(o.qkv_bias)));

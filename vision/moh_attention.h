@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "vision/linear.h"
 #include "core/experiment_config.h"
 #include "vision/attention_core.h"
 
@@ -51,7 +52,7 @@ struct HeadRouting {
 /// The MoH/MoA router layers, registered on the owning module under the official names:
 /// `wg` (C → h − h_s, created iff K > 0), `wg_0` (C → 2, iff K > 0 and h_s > 0), `wg_1` (C → h_s, iff h_s > 1).
 struct HeadRouter {
-  torch::nn::Linear wg{nullptr}, wg_0{nullptr}, wg_1{nullptr};
+  vision::Linear wg{nullptr}, wg_0{nullptr}, wg_1{nullptr};
   int64_t heads = 0, shared = 0, topk = 0;
   bool scale_by_k = true;  ///< MoH multiplies renormalised routed gates by K; MoA keeps them summing to 1
 
@@ -80,7 +81,7 @@ struct MoHAttentionImpl : torch::nn::Module {
   AttentionOutput forward_with_path(const at::Tensor& x, AttentionPath path);
 
   MoHAttentionOptions options;
-  torch::nn::Linear qkv{nullptr}, q{nullptr}, kv{nullptr}, proj{nullptr};
+  vision::Linear qkv{nullptr}, q{nullptr}, kv{nullptr}, proj{nullptr};
   HeadRouter router;
 };
 TORCH_MODULE(MoHAttention);

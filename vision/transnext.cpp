@@ -45,7 +45,7 @@ at::Tensor drop_path(const at::Tensor& x, double p, bool training) {
   return x * at::empty(shape, x.options()).bernoulli_(keep) / keep;  // timm DropPath: per-sample, scaled
 }
 
-at::Tensor cpb_bias(nn::Linear fc1, nn::Linear fc2, const at::Tensor& table, const at::Tensor& index,
+at::Tensor cpb_bias(vision::Linear fc1, vision::Linear fc2, const at::Tensor& table, const at::Tensor& index,
                     int64_t heads, int64_t nq, int64_t nk) {
   at::Tensor b = fc2->forward(at::relu(fc1->forward(table)));  // (T, h)
   return b.t().index_select(1, index).view({heads, nq, nk});  // (h, Nq, Nk)
@@ -128,17 +128,17 @@ TransNeXtAttentionImpl::TransNeXtAttentionImpl(const MoHAttentionOptions& o, int
   const int64_t C = o.dim, h = o.num_heads, d = o.head_dim_resolved(), N = H * W;
   TORCH_CHECK(h * d == C, "TransNeXt attention needs head_dim · heads == dim");
   if (aggregated) {
-    q = register_module("q", nn::Linear(nn::LinearOptions(C, C).bias(o.qkv_bias)));
-    kv = register_module("kv", nn::Linear(nn::LinearOptions(C, 2 * C).bias(o.qkv_bias)));
+    q = register_module("q", vision::Linear(nn::LinearOptions(C, C).bias(o.qkv_bias)));
+    kv = register_module("kv", vision::Linear(nn::LinearOptions(C, 2 * C).bias(o.qkv_bias)));
   } else {
-    qkv = register_module("qkv", nn::Linear(nn::LinearOptions(C, 3 * C).bias(o.qkv_bias)));
+    qkv = register_module("qkv", vision::Linear(nn::LinearOptions(C, 3 * C).bias(o.qkv_bias)));
   }
-  proj = register_module("proj", nn::Linear(C, C));
+  proj = register_module("proj", vision::Linear(C, C));
   temperature = register_parameter("temperature", at::full({h, 1, 1}, std::log(std::exp(1.0 / kInitTemperature) - 1.0)));
   query_embedding = register_parameter("query_embedding", at::empty({h, 1, d}));
   trunc_normal_(query_embedding, kTruncStd);
-  cpb_fc1 = register_module("cpb_fc1", nn::Linear(2, kCpbHidden));
-  cpb_fc2 = register_module("cpb_fc2", nn::Linear(kCpbHidden, h));
+  cpb_fc1 = register_module("cpb_fc1", vision::Linear(2, kCpbHidden));
+  cpb_fc2 = register_module("cpb_fc2", vision::Linear(kCpbHidden, h));
   if (aggregated) {
     pool_h = H / sr_ratio, pool_w = W / sr_ratio;
     sr = register_module("sr", nn::Conv2d(nn::Conv2dOptions(C, C, 1)));
@@ -269,9 +269,9 @@ at::Tensor DWConvImpl::forward(const at::Tensor& x, int64_t H, int64_t W) {
 
 ConvolutionalGLUImpl::ConvolutionalGLUImpl(int64_t dim, int64_t hidden) {
   const int64_t hf = static_cast<int64_t>(2 * hidden / 3);
-  fc1 = register_module("fc1", nn::Linear(dim, 2 * hf));
+  fc1 = register_module("fc1", vision::Linear(dim, 2 * hf));
   dwconv = register_module("dwconv", DWConv(hf));
-  fc2 = register_module("fc2", nn::Linear(hf, dim));
+  fc2 = register_module("fc2", vision::Linear(hf, dim));
 }
 at::Tensor ConvolutionalGLUImpl::forward(const at::Tensor& x, int64_t H, int64_t W) {
   auto gv = fc1->forward(x).chunk(2, -1);  // first half gates
@@ -325,14 +325,14 @@ TransNeXtImpl::TransNeXtImpl(const TransNeXtOptions& o) : options(o) {
     const int64_t pre = o.pretrain_stage_size(i);
     std::tie(cpb_table[i], cpb_index[i]) = relative_position_cpb(side, side, pool, pool, pre, pre);
   }
-  head = register_module("head", nn::Linear(o.embed_dims[3], o.num_classes));
+  head = register_module("head", vision::Linear(o.embed_dims[3], o.num_classes));
   initialize_weights();
 }
 
 void TransNeXtImpl::initialize_weights() {
   torch::NoGradGuard ng;
   for (auto& m : modules(/*include_self=*/false)) {
-    if (auto* lin = m->as<nn::Linear>()) {
+    if (auto* lin = m->as<vision::Linear>()) {
       trunc_normal_(lin->weight, kTruncStd);
       if (lin->bias.defined()) lin->bias.zero_();
     } else if (auto* conv = m->as<nn::Conv2d>()) {

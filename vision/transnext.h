@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "vision/linear.h"
 #include "vision/moh_attention.h"
 
 namespace moh::vision {
@@ -68,7 +69,7 @@ struct TransNeXtAttentionImpl : torch::nn::Module {
   MoHAttentionOptions options;
   int64_t H, W, sr_ratio, pool_h = 0, pool_w = 0;
   bool aggregated;
-  torch::nn::Linear q{nullptr}, kv{nullptr}, qkv{nullptr}, proj{nullptr}, cpb_fc1{nullptr}, cpb_fc2{nullptr};
+  vision::Linear q{nullptr}, kv{nullptr}, qkv{nullptr}, proj{nullptr}, cpb_fc1{nullptr}, cpb_fc2{nullptr};
   torch::nn::Conv2d sr{nullptr};
   torch::nn::LayerNorm norm{nullptr};
   at::Tensor temperature, query_embedding, relative_pos_bias_local, learnable_tokens, learnable_bias;
@@ -92,7 +93,7 @@ TORCH_MODULE(DWConv);
 struct ConvolutionalGLUImpl : torch::nn::Module {
   ConvolutionalGLUImpl(int64_t dim, int64_t hidden);
   at::Tensor forward(const at::Tensor& x, int64_t H, int64_t W);
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  vision::Linear fc1{nullptr}, fc2{nullptr};
   DWConv dwconv{nullptr};
 };
 TORCH_MODULE(ConvolutionalGLU);
@@ -140,7 +141,7 @@ struct TransNeXtImpl : torch::nn::Module {
   std::array<torch::nn::ModuleList, 4> block{nullptr, nullptr, nullptr, nullptr};
   std::array<torch::nn::LayerNorm, 4> norm{nullptr, nullptr, nullptr, nullptr};
   std::array<at::Tensor, 4> cpb_table, cpb_index;  // per stage, non-persistent
-  torch::nn::Linear head{nullptr};
+  vision::Linear head{nullptr};
 };
 TORCH_MODULE(TransNeXt);
 

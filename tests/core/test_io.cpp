@@ -2,6 +2,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
+#include <cstring>
+#include <limits>
 #include <random>
 
 #include "core/atomic_io.h"
@@ -9,6 +12,8 @@
 #include "core/safetensors.h"
 #include "datasets/fashion_mnist.h"
 #include "tests/test_util.h"
+
+#include <torch/version.h>
 
 namespace moh {
 namespace {
@@ -42,6 +47,76 @@ TEST(Safetensors, RoundTripEveryDtype) {
     EXPECT_TRUE(torch::equal(out.tensors[k], v.contiguous())) << k;
   }
   EXPECT_EQ(out.metadata.at("step"), "12");
+}
+
+// Files written by the `safetensors` Python package (0.8.0, torch 2.14.1; tests/core/ref_safetensors.py write):
+// every dtype, IEEE specials, integer extremes, empty and 0-d tensors, non-ASCII metadata. The dtypes this LibTorch
+// lacks (float8 < 2.1, uint16/32/64 < 2.3) are a one-line user error naming the LibTorch that has them.
+TEST(Safetensors, ReadsFilesWrittenByThePythonPackage) {
+  const std::string dir = std::string(MOH_SOURCE_DIR) + "/tests/fixtures/safetensors/";
+  SafetensorsFile f = load_safetensors(dir + "py_basic.safetensors");
+  EXPECT_EQ(f.metadata.at("note"), "\u00fcn\u00efc\u00f6d\u00e9 \u2713");
+  EXPECT_EQ(f.metadata.at("written_by"), "safetensors.torch.save_file");
+  const TensorMap& t = f.tensors;
+  EXPECT_EQ(t.size(), 18u);
+  EXPECT_EQ(t.at("i64")[0].item<int64_t>(), std::numeric_limits<int64_t>::min());
+  EXPECT_EQ(t.at("i64")[1].item<int64_t>(), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(t.at("i32")[0].item<int32_t>(), std::numeric_limits<int32_t>::min());
+  EXPECT_EQ(t.at("i16")[1].item<int16_t>(), 32767);
+  EXPECT_EQ(t.at("i8")[0].item<int8_t>(), -128);
+  EXPECT_EQ(t.at("u8")[1].item<uint8_t>(), 255);
+  const at::Tensor sp = t.at("f32_special");
+  EXPECT_TRUE(std::signbit(sp[1].item<float>()) && sp[1].item<float>() == 0.0f);  // -0.0 kept
+  EXPECT_TRUE(std::isinf(sp[4].item<float>()) && std::isnan(sp[6].item<float>()));
+  EXPECT_EQ(sp[7].item<float>(), 1e-42f);  // subnormal
+  EXPECT_EQ(t.at("f16_special").scalar_type(), at::kHalf);
+  EXPECT_EQ(t.at("f16_special")[2].item<float>(), 65504.0f);
+  EXPECT_EQ(t.at("bf16_special").scalar_type(), at::kBFloat16);
+  EXPECT_EQ(t.at("bf16_special")[3].item<float>(), -2.25f);
+  EXPECT_EQ(t.at("bool").scalar_type(), at::kBool);
+  EXPECT_TRUE(t.at("bool")[0][0].item<bool>() && !t.at("bool")[0][1].item<bool>());
+  EXPECT_EQ(t.at("empty").sizes(), (std::vector<int64_t>{0, 3}));
+  EXPECT_EQ(t.at("empty_i64").sizes(), (std::vector<int64_t>{2, 0}));
+  EXPECT_EQ(t.at("scalar").dim(), 0);
+  EXPECT_EQ(t.at("scalar").item<float>(), 2.5f);
+  EXPECT_EQ(t.at("scalar_i32").item<int32_t>(), -7);
+  EXPECT_EQ(t.at("c64").scalar_type(), at::kComplexFloat);
+  EXPECT_EQ(t.at("f64").scalar_type(), at::kDouble);
+  // Written back by us, the bytes are the package's bytes (same header order rules aside): same tensors again.
+  TempDir d;
+  save_safetensors(d.file("back.safetensors"), t, f.metadata);
+  const SafetensorsFile back = load_safetensors(d.file("back.safetensors"));
+  for (const auto& [k, v] : t) {
+    const at::Tensor a = v.contiguous(), b = back.tensors.at(k).contiguous();
+    ASSERT_EQ(a.scalar_type(), b.scalar_type()) << k;
+    ASSERT_EQ(a.sizes(), b.sizes()) << k;
+    EXPECT_EQ(std::memcmp(a.data_ptr(), b.data_ptr(), a.numel() * a.element_size()), 0) << k;  // NaN payloads too
+  }
+  EXPECT_EQ(back.metadata, f.metadata);
+
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+  const TensorMap all = load_safetensors(dir + "py_all.safetensors").tensors;
+  EXPECT_EQ(all.size(), 25u);
+  EXPECT_EQ(all.at("f8_e4m3").scalar_type(), at::kFloat8_e4m3fn);
+  EXPECT_EQ(all.at("f8_e4m3").to(at::kFloat)[3].item<float>(), 448.0f);
+  EXPECT_EQ(all.at("f8_e5m2").to(at::kFloat)[3].item<float>(), 57344.0f);
+  EXPECT_EQ(all.at("f8_e4m3fnuz").to(at::kFloat)[3].item<float>(), 240.0f);
+  EXPECT_EQ(all.at("f8_e5m2fnuz").scalar_type(), at::kFloat8_e5m2fnuz);
+  EXPECT_EQ(all.at("u16").scalar_type(), at::kUInt16);
+  EXPECT_EQ(all.at("u32").scalar_type(), at::kUInt32);
+  EXPECT_EQ(all.at("u64").scalar_type(), at::kUInt64);
+  uint64_t u64 = 0;
+  std::memcpy(&u64, static_cast<const char*>(all.at("u64").data_ptr()) + 8, 8);
+  EXPECT_EQ(u64, (uint64_t{1} << 63) + 5);
+#else
+  try {
+    load_safetensors(dir + "py_all.safetensors");
+    ADD_FAILURE() << "float8 / uint16-64 tensors loaded into a LibTorch without those dtypes";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("unsupported dtype F8_E4M3 in LibTorch"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("needs LibTorch 2.1 or newer"), std::string::npos) << e.what();
+  }
+#endif
 }
 
 // The on-disk layout follows the format rules: u64 LE header length, JSON, data with offsets from data start.

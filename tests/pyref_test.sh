@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# The toolkit against the real Python packages (pinned in scripts/requirements-torch2.txt, from the project venv; no
+# network): one case per ctest (pyref_forward, pyref_vae, pyref_safetensors, pyref_fid).
+#   forward      DiT-S/2, MoH-DiT-S/2-75, MoH-DiT-Pixel/4-75 and the FID Inception: `moh forward` on weights written by
+#                this torch (tests/fixtures/gen/make_torch.py re-run now) vs that torch's outputs, fp32, max rel ≤ 1e-5;
+#                our torch.save reader on this torch's zip and legacy files, bit-exact
+#   vae          diffusers.AutoencoderKL (sd-vae-ft-ema config, random weights) vs `moh forward --model sd-vae`:
+#                posterior mean, log-variance and decoded image, max rel ≤ 1e-5
+#   safetensors  files written by the safetensors package (every dtype this LibTorch has, special values, empty and 0-d
+#                tensors, metadata) read by us and written back bit-exactly; every file a training run writes (model,
+#                ema, optimizer, rng) and `moh convert` output read by safetensors.torch.load_file, weights loaded with
+#                load_state_dict(strict=True) into the reference DiT
+#   fid          pytorch-fid and torch-fidelity on the features `moh fid --save-features` stored (tests/eval/ref_fid.py)
+# usage: pyref_test.sh CASE path/to/moh repo_root path/to/python
+set -u
+CASE=$1 MOH=$2 ROOT=$3 PY=$4
+cd "$ROOT" || exit 1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+
+run() {  # run CMD...: echo it, count a failure when it exits non-zero
+  echo "+ ${*/#$ROOT\//}"
+  "$@" || { echo "FAIL (exit $?): $*"; fails=$((fails + 1)); }
+}
+compare() { run "$PY" scripts/compare_safetensors.py "$1" "$2" --rtol 1e-5; }
+train_quiet() {  # train_quiet RUN_DIR CONFIG ARGS...: a few fp32 steps, output only on failure
+  local dir=$1 config=$2
+  shift 2
+  "$MOH" train "$config" --run-dir "$dir" --set train.precision=fp32 "$@" >"$tmp/train.log" 2>&1 ||
+    { echo "FAIL: moh train $config $*"; tail -5 "$tmp/train.log"; fails=$((fails + 1)); }
+}
+
+case "$CASE" in
+forward)
+  run "$PY" tests/fixtures/gen/make_torch.py "$tmp/small"
+  run "$PY" tests/fixtures/gen/make_torch.py "$tmp/large" --large
+  run "$MOH" forward --model MoH-DiT-Pixel/4-75 --weights "$tmp/small/moh_dit_pixel_fp16.pt" \
+    --input "$tmp/small/moh_dit_pixel_io.safetensors" --output "$tmp/pixel.safetensors"
+  compare "$tmp/small/moh_dit_pixel_io.safetensors" "$tmp/pixel.safetensors"
+  run "$MOH" forward --model DiT-S/2 --weights "$tmp/large/dit_s2.pt" --input "$tmp/large/dit_s2_io.safetensors" \
+    --output "$tmp/dit.safetensors"
+  compare "$tmp/large/dit_s2_io.safetensors" "$tmp/dit.safetensors"
+  run "$MOH" forward --model MoH-DiT-S/2-75 --weights "$tmp/large/moh_dit_s2_75_train.pt" --weights-key ema \
+    --input "$tmp/large/moh_dit_s2_75_io.safetensors" --output "$tmp/moh.safetensors"
+  compare "$tmp/large/moh_dit_s2_75_io.safetensors" "$tmp/moh.safetensors"
+  run "$MOH" forward --model fid-inception --weights "$tmp/large/inception_legacy.pth" \
+    --input "$tmp/large/inception_io.safetensors" --output "$tmp/inception.safetensors"
+  compare "$tmp/large/inception_io.safetensors" "$tmp/inception.safetensors"
+  for fmt in zip legacy; do
+    run "$MOH" convert --in "$tmp/small/mixed_$fmt.pt" --out "$tmp/mixed_$fmt.safetensors"
+    run "$PY" tests/core/ref_safetensors.py torch-load "$tmp/small/mixed_$fmt.pt" "$tmp/mixed_$fmt.safetensors"
+  done
+  ;;
+vae)
+  run "$PY" tests/diffusion/ref_sd_vae.py "$tmp/vae"
+  run "$MOH" forward --model sd-vae --weights "$tmp/vae/vae.safetensors" --input "$tmp/vae/io.safetensors" \
+    --output "$tmp/vae/out.safetensors"
+  # Same LibTorch as the reference torch (the pip build): ≤ 1e-5 (measured: bit-identical). Another LibTorch (Debian's
+  # 1.13): within twice diffusers' own fp32-vs-fp64 error at this input (the decoder amplifies kernel rounding to
+  # ~1.5e-5 of max |recon|), and never looser than 1e-5 is asked of the same version.
+  ref_torch=$("$PY" -c "import torch; print(torch.__version__.split('+')[0])")
+  our_torch=$("$MOH" --version | grep -o 'LibTorch [0-9.]*' | cut -d' ' -f2)
+  rtol=1e-5
+  if [ "$ref_torch" != "$our_torch" ]; then
+    rtol=$("$PY" -c "import json; f = json.load(open('$tmp/vae/fp32_noise_floor.json')); print('%.3g' % max(1e-5, 2 * max(f.values())))")
+    echo "LibTorch $our_torch vs torch $ref_torch: diffusers' fp32 noise floor $(cat "$tmp/vae/fp32_noise_floor.json"); rtol $rtol"
+  fi
+  run "$PY" scripts/compare_safetensors.py "$tmp/vae/io.safetensors" "$tmp/vae/out.safetensors" --rtol "$rtol"
+  ;;
+safetensors)
+  # Float8 needs LibTorch ≥ 2.1 and uint16/32/64 ≥ 2.3; an older LibTorch must refuse them with a clean error.
+  version=$("$MOH" --version | grep -o 'LibTorch [0-9]*\.[0-9]*' | head -1 | cut -d' ' -f2)
+  run "$PY" tests/core/ref_safetensors.py write "$tmp/all.safetensors"
+  run "$PY" tests/core/ref_safetensors.py write "$tmp/basic.safetensors" --basic
+  if "$PY" -c "import sys; sys.exit(0 if tuple(map(int, '$version'.split('.'))) >= (2, 3) else 1)"; then
+    run "$MOH" convert --in "$tmp/all.safetensors" --out "$tmp/all_ours.safetensors"
+    run "$PY" tests/core/ref_safetensors.py same "$tmp/all.safetensors" "$tmp/all_ours.safetensors"
+  else
+    "$MOH" convert --in "$tmp/all.safetensors" --out "$tmp/all_ours.safetensors" >"$tmp/out" 2>&1
+    rc=$?
+    if [ $rc = 2 ] && grep -q "^error: .*unsupported dtype F8_E4M3.*LibTorch" "$tmp/out"; then
+      echo "LibTorch $version: F8/U16-U64 refused cleanly: $(cat "$tmp/out")"
+    else
+      echo "FAIL: LibTorch $version: convert of F8/U16-U64 tensors: exit $rc: $(cat "$tmp/out")"; fails=$((fails + 1))
+    fi
+  fi
+  run "$MOH" convert --in "$tmp/basic.safetensors" --out "$tmp/basic_ours.safetensors"
+  run "$PY" tests/core/ref_safetensors.py same "$tmp/basic.safetensors" "$tmp/basic_ours.safetensors"
+  train_quiet "$tmp/dit" configs/fashion_mnist/moh_dit_pixel.yaml --set train.max_steps=3 --set data.batch_size=8 \
+    --set data.limit_train=64 --set train.ema_decay=0.99
+  run "$MOH" convert --in "$tmp/dit" --key ema --out "$tmp/conv/converted.safetensors"
+  ckpt=$(ls -d "$tmp"/dit/checkpoints/[0-9]* | tail -1)
+  run "$PY" tests/core/ref_safetensors.py strict MoH-DiT-Pixel/4-75 "$ckpt"/model.safetensors \
+    "$ckpt"/ema.safetensors "$ckpt"/optimizer.safetensors "$ckpt"/rng.safetensors "$tmp/conv/converted.safetensors"
+  ;;
+fid)
+  train_quiet "$tmp/cls" configs/fashion_mnist/moh_vit_nano.yaml --set train.max_steps=20 --set data.limit_train=640 \
+    --set data.limit_val=100
+  common=(--samples fashion_mnist:train:1500 --ref fashion_mnist:test:1200 --features "classifier:$tmp/cls")
+  run "$MOH" fid "${common[@]}" --save-features "$tmp/features.npz" --out "$tmp/adm"
+  run "$MOH" fid "${common[@]}" --metrics is --is-mode fidelity --out "$tmp/fidelity"
+  run "$PY" tests/eval/ref_fid.py "$tmp/features.npz" "$tmp/adm/report.json" "$tmp/fidelity/report.json"
+  ;;
+*)
+  echo "unknown case $CASE"; exit 2 ;;
+esac
+if [ $fails -gt 0 ]; then echo "pyref $CASE: $fails failure(s)"; exit 1; fi
+echo "pyref $CASE: all checks passed"
