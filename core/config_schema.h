@@ -38,7 +38,10 @@ std::string to_string(E e) {
 template <class E>
 std::string enum_choices() {
   std::string s;
-  for (const auto& [v, n] : enum_table(E{})) s += (s.empty() ? "" : "|") + std::string(n);
+  for (const auto& [v, n] : enum_table(E{})) {
+    if (!s.empty()) s += '|';
+    s += n;
+  }
   return s;
 }
 
