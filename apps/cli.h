@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/experiment_config.h"
+#include "diffusion/experiment.h"
 
 namespace moh::apps {
 
@@ -27,7 +28,9 @@ std::vector<std::string> config_overrides(const cxxopts::ParseResult& args);
 /// exit code (0, or the first failing rank's).
 int launch_local(int nproc, int port, const std::vector<std::string>& args);
 
-/// Loads, overrides and validates the experiment named on the command line (UserError if it is missing).
-ExperimentConfig config_from_args(const cxxopts::ParseResult& args, const std::string& program);
+/// Loads, overrides and validates the experiment named on the command line (UserError if it is missing): the
+/// schema, the cross-field rules and every rule of its model family (validate_experiment).
+ExperimentConfig config_from_args(const cxxopts::ParseResult& args, const std::string& program,
+                                  ExperimentUse use = ExperimentUse::train);
 
 }  // namespace moh::apps

@@ -8,7 +8,7 @@
 #include "core/checkpoint.h"
 #include "core/atomic_io.h"
 #include "eval/report.h"
-#include "vision/classification_trainer.h"
+#include "vision/classifier_experiment.h"
 
 namespace moh::apps {
 
@@ -24,34 +24,33 @@ int cmd_eval(int argc, char** argv) {
   if (!args.count("checkpoint") && cfg.model.weights.empty())
     throw UserError(argv[0], "missing --checkpoint PATH", "a checkpoint or run directory, or --weights FILE (e.g. an official .pth)");
   RunContext ctx = RunContext::create(cfg.train.device, Precision::fp32, 0);
-  vision::TransNeXtOptions mo = vision::classifier_options_for(cfg);
-  vision::TransNeXt model(mo);
-  Checkpoint ckpt;
+  vision::TransNeXt model{nullptr};
+  std::string source, weights = "model", model_name = cfg.model.name;
+  int64_t step = -1;  // unknown for --weights files
   if (args.count("checkpoint")) {
-    ckpt = load_checkpoint(args["checkpoint"].as<std::string>());
-    if (args.count("ema")) {
-      if (ckpt.ema.empty()) throw UserError("checkpoint " + ckpt.dir, "has no EMA weights", "train with train.ema_decay > 0, or drop --ema");
-      load_module_tensors(*model, ckpt.ema, ckpt.dir + "/ema.safetensors");
-    } else {
-      load_module_tensors(*model, ckpt.model, ckpt.dir);
-    }
+    vision::LoadedClassifier c = vision::load_classifier_checkpoint(args["checkpoint"].as<std::string>(), args.count("ema") > 0);
+    model = c.model, source = c.dir, weights = c.weights, step = c.step, model_name = c.cfg.model.name;
   } else {  // official or converted weights, e.g. a TransNeXt / MoH-ViT .pth with --weights-key model
+    model = vision::TransNeXt(vision::classifier_options_for(cfg));
     load_initial_weights(*model, cfg.model.weights, cfg.model.weights_key, cfg.model.weights_allow_missing);
-    ckpt.dir = cfg.model.weights;
+    source = cfg.model.weights, weights = cfg.model.weights_key.empty() ? "file" : cfg.model.weights_key;
   }
+  const vision::TransNeXtOptions mo = model->options;
   model->to(ctx.device);
   vision::HeadLoadStats head_load(mo, mo.num_classes);
   const vision::ClassifierSplit val(cfg, mo, /*train=*/false);
   const auto group = dist::Group::join(ctx);  // `moh launch -- eval ...`: each rank evaluates its share
   vision::EvalResult r = vision::evaluate_sharded(model, val, cfg.data.eval_batch_size, ctx, *group, &head_load);
   if (!group->is_main()) return kExitOk;  // rank 0 reports
-  const nlohmann::json report{{"metrics", {{"top1", r.top1}, {"top5", r.top5}, {"loss", r.loss}}},
-                              {"checkpoint", ckpt.dir},
-                              {"model", cfg.model.name},
-                              {"count", r.count}};
+  nlohmann::json report{{"metrics", {{"top1", r.top1}, {"top5", r.top5}, {"loss", r.loss}}},
+                        {"checkpoint", source},
+                        {"weights", weights},
+                        {"model", model_name},
+                        {"count", r.count}};
+  if (step >= 0) report["step"] = step;
   const std::string out = args["out"].as<std::string>();
   if (!out.empty()) {
-    eval::write_report(out, report, "Classifier evaluation: " + cfg.model.name);
+    eval::write_report(out, report, "Classifier evaluation: " + model_name);
     if (mo.routed_layers() > 0) {  // MoH head load per layer and class (paper Figure 3)
       write_file_atomic(out + "/head_load.json", head_load.to_json().dump(1) + "\n");
       std::vector<std::string> names;
@@ -60,12 +59,14 @@ int cmd_eval(int argc, char** argv) {
     }
   }
   if (args.count("json")) {
-    std::cout << nlohmann::json{{"checkpoint", ckpt.dir}, {"top1", r.top1}, {"top5", r.top5}, {"loss", r.loss},
-                                {"count", r.count}}.dump(1)
-              << std::endl;
+    nlohmann::json j{{"checkpoint", source}, {"weights", weights}, {"top1", r.top1}, {"top5", r.top5}, {"loss", r.loss},
+                     {"count", r.count}};
+    if (step >= 0) j["step"] = step;
+    std::cout << j.dump(1) << std::endl;
   } else {
-    std::cout << ckpt.dir << ": top-1 " << r.top1 << " %, top-5 " << r.top5 << " %, loss " << r.loss << " over "
-              << r.count << " images\n";
+    std::cout << source << " (" << weights << " weights" << (step >= 0 ? ", step " + std::to_string(step) : "")
+              << "): top-1 " << r.top1 << " %, top-5 " << r.top5 << " %, loss " << r.loss << " over " << r.count
+              << " images\n";
   }
   return 0;
 }

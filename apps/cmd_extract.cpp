@@ -22,7 +22,7 @@ int cmd_extract_latents(int argc, char** argv) {
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
   if (!args.count("out")) throw UserError(argv[0], "missing --out DIR", "the latent directory to create");
-  ExperimentConfig cfg = config_from_args(args, argv[0]);
+  ExperimentConfig cfg = config_from_args(args, argv[0], ExperimentUse::extract_latents);
   if (cfg.diffusion.vae != VaeKind::sd) throw UserError("config: diffusion.vae", "is none", "latents need vae: sd");
   if (cfg.diffusion.vae_weights.empty())
     throw UserError("config: diffusion.vae_weights", "is empty", "sd-vae-ft-ema's diffusion_pytorch_model.safetensors");

@@ -69,16 +69,8 @@ int cmd_forward(int argc, char** argv) {
   const bool allow_missing = args.count("allow-missing") > 0;
   const std::string origin = weights_path + (key.empty() ? "" : " [" + key + "]");
 
-  bool dit = false, classifier = false;
-  for (const auto& [n, o] : diffusion::dit_variants()) dit = dit || n == name;
-  for (const auto& [n, o] : vision::classifier_variants()) classifier = classifier || n == name;
-  if (!dit && !classifier && name != kVae && name != kInception) {
-    std::vector<std::string> all{kVae, kInception};
-    for (const auto& [n, o] : diffusion::dit_variants()) all.push_back(n);
-    for (const auto& [n, o] : vision::classifier_variants()) all.push_back(n);
-    std::string near = nearest_name(name, all);
-    throw UserError("--model " + name, "unknown network", near.empty() ? "see `moh info --list`" : "did you mean '" + near + "'?");
-  }
+  const ModelFamily family = model_family(name, "--model " + name);
+  const bool dit = family == ModelFamily::dit, classifier = family == ModelFamily::classifier;
   const TensorMap in = load_safetensors(in_path).tensors;
   TensorMap w = load_weights_tensors(weights_path, key);
   torch::NoGradGuard no_grad;

@@ -28,16 +28,11 @@ void count_params(M& model, ModelSummary& s) {
   }
 }
 
-bool is_classifier(const std::string& name) {
-  for (const auto& [n, o] : vision::classifier_variants())
-    if (n == name) return true;
-  return false;
-}
-
 ModelSummary summarize(const std::string& name) {
   ModelSummary s;
   s.name = name;
-  if (is_classifier(name)) {
+  const ModelFamily family = model_family(name);
+  if (family == ModelFamily::classifier) {
     s.family = "classifier";
     vision::TransNeXtOptions o = vision::classifier_options(name);
     vision::TransNeXt model(o);
@@ -48,15 +43,9 @@ ModelSummary summarize(const std::string& name) {
     s.active_ratio = o.active_ratio();
     return s;
   }
-  std::vector<std::string> all;
-  for (const auto& [n, o] : vision::classifier_variants()) all.push_back(n);
-  bool dit = false;
-  for (const auto& [n, o] : diffusion::dit_variants()) all.push_back(n), dit = dit || n == name;
-  if (!dit) {
-    std::string near = nearest_name(name, all);
-    throw UserError("model '" + name + "'", "unknown model variant",
-                    near.empty() ? "see `moh info --list`" : "did you mean '" + near + "'?");
-  }
+  if (family != ModelFamily::dit)
+    throw UserError("model '" + name + "'", "is the fixed " + family_name(family) + " network, not a model variant",
+                    "moh info describes classifier and DiT variants (moh info --list)");
   s.family = "dit";
   diffusion::DiTOptions o = diffusion::dit_options(name);
   diffusion::DiT model(o);

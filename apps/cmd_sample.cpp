@@ -23,58 +23,14 @@
 #include "core/run_context.h"
 #include "datasets/fashion_mnist.h"
 #include "datasets/npz.h"
-#include "diffusion/diffusion_trainer.h"
+#include "eval/image_grid.h"
+#include "diffusion/dit_experiment.h"
+#include "diffusion/experiment.h"
+#include "diffusion/sample_set.h"
 #include "diffusion/sampler.h"
 #include "diffusion/sd_vae.h"
 
-#ifdef MOH_WITH_OPENCV
-#include <opencv2/imgcodecs.hpp>
-#include <opencv2/imgproc.hpp>
-#endif
-
 namespace moh::apps {
-
-namespace {
-
-// Grid of (rows × cols) uint8 NHWC images, scaled up by an integer factor (nearest), with an optional text label
-// left of each row, written as PNG.
-bool write_grid(const std::string& path, const at::Tensor& images, int64_t cols, int scale,
-                const std::vector<std::string>& row_labels) {
-#ifdef MOH_WITH_OPENCV
-  at::Tensor imgs = images;
-  if (imgs.size(3) == 3 && imgs.select(3, 0).equal(imgs.select(3, 1)) && imgs.select(3, 0).equal(imgs.select(3, 2)))
-    imgs = imgs.narrow(3, 0, 1).contiguous();  // grey replicated to RGB: a 1-channel PNG is a third of the size
-  const int64_t H = imgs.size(1), W = imgs.size(2), C = imgs.size(3), pad = 2;
-  const int64_t rows = (imgs.size(0) + cols - 1) / cols;
-  at::Tensor canvas = at::full({rows * (H + pad) + pad, cols * (W + pad) + pad, C}, 255, at::kByte);
-  for (int64_t i = 0; i < imgs.size(0); ++i) {
-    const int64_t r = i / cols, c = i % cols;
-    canvas.narrow(0, pad + r * (H + pad), H).narrow(1, pad + c * (W + pad), W).copy_(imgs[i]);
-  }
-  cv::Mat m(static_cast<int>(canvas.size(0)), static_cast<int>(canvas.size(1)), C == 3 ? CV_8UC3 : CV_8UC1,
-            canvas.data_ptr());
-  cv::Mat out;
-  cv::resize(m, out, cv::Size(), scale, scale, cv::INTER_NEAREST);
-  if (C == 3) cv::cvtColor(out, out, cv::COLOR_RGB2BGR);
-  if (!row_labels.empty()) {
-    constexpr int kMargin = 110;
-    cv::copyMakeBorder(out, out, 0, 0, kMargin, 0, cv::BORDER_CONSTANT, cv::Scalar(255, 255, 255));
-    const double row_h = static_cast<double>(H + pad) * scale;
-    for (size_t r = 0; r < row_labels.size() && static_cast<int64_t>(r) < rows; ++r)
-      cv::putText(out, row_labels[r], cv::Point(4, static_cast<int>((r + 0.5) * row_h + pad * scale + 4)),
-                  cv::FONT_HERSHEY_SIMPLEX, 0.45, cv::Scalar(0, 0, 0), 1, cv::LINE_AA);
-  }
-  std::vector<uchar> png;
-  cv::imencode(".png", out, png);
-  write_file_atomic(path, std::string(png.begin(), png.end()));
-  return true;
-#else
-  (void)path, (void)images, (void)cols, (void)scale, (void)row_labels;
-  return false;
-#endif
-}
-
-}  // namespace
 
 int cmd_sample(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "Class-conditional samples of a DiT / MoH-DiT with classifier-free guidance");
@@ -104,16 +60,18 @@ int cmd_sample(int argc, char** argv) {
     if (args.count(flag)) sets.push_back("sampling." + key + "=" + args[flag].as<std::string>());
   ExperimentConfig cfg;
   diffusion::DiT model{nullptr};
+  std::string weights_used = "untrained";  // which weights sample: "ema", "model", a weights file, or untrained
+  int64_t step = -1;
   if (args.count("checkpoint")) {
     const std::string ckpt = args["checkpoint"].as<std::string>();
-    auto loaded = diffusion::load_dit_checkpoint(ckpt, !args.count("raw"));
-    model = loaded.first;
-    cfg = loaded.second;
+    diffusion::LoadedDiT loaded = diffusion::load_dit_checkpoint(ckpt, !args.count("raw"));
+    model = loaded.model, cfg = loaded.cfg, weights_used = loaded.weights, step = loaded.step;
     for (const auto& s : sets)
       if (s.rfind("sampling.", 0) != 0)
         throw UserError("--set " + s, "only sampling.* can be changed when sampling a checkpoint", "e.g. sampling.cfg_scale=4");
     if (args.count("config")) {
       const ExperimentConfig named = load_experiment(args["config"].as<std::string>(), sets);
+      validate_experiment(named);
       if (named.model.name != cfg.model.name)
         throw UserError("checkpoint " + ckpt, "was trained as " + cfg.model.name + ", the config describes " +
                                                   named.model.name, "pass the matching config, or only --checkpoint");
@@ -125,17 +83,21 @@ int cmd_sample(int argc, char** argv) {
       for (const auto& s : sets) config::apply_override(tree, s);
       cfg = config::read_struct<ExperimentConfig>(tree, "--set");
       cfg.validate("--set");
+      validate_experiment(cfg);
     }
   } else if (args.count("untrained") || args.count("weights")) {
     if (!args.count("config"))
       throw UserError(argv[0], "--untrained / --weights need CONFIG.yaml", "moh sample CONFIG.yaml --weights DiT-XL-2-256x256.pt");
     cfg = load_experiment(args["config"].as<std::string>(), sets);
-    if (!diffusion::is_diffusion_model(cfg.model.name))
+    validate_experiment(cfg);
+    if (model_family(cfg.model.name) != ModelFamily::dit)
       throw UserError("config: model.name", cfg.model.name + " is not a DiT variant", "moh info --list");
     torch::manual_seed(cfg.train.seed);
     model = diffusion::DiT(diffusion::dit_options_for(cfg));
-    if (args.count("weights"))  // e.g. the official DiT-XL-2-256x256.pt (an EMA state_dict)
+    if (args.count("weights")) {  // e.g. the official DiT-XL-2-256x256.pt (an EMA state_dict)
       load_initial_weights(*model, cfg.model.weights, cfg.model.weights_key, cfg.model.weights_allow_missing);
+      weights_used = cfg.model.weights + (cfg.model.weights_key.empty() ? "" : " [" + cfg.model.weights_key + "]");
+    }
     model->eval();
   } else {
     throw UserError(argv[0], "missing --checkpoint", "pass a DiT run, or CONFIG.yaml --untrained for a baseline");
@@ -189,41 +151,17 @@ int cmd_sample(int argc, char** argv) {
   } else {
     labels = at::arange(n, at::kLong).div(sc.per_class, "floor").remainder(mo.num_classes);  // rows of per_class
   }
-  // Batch k is seeded by (seed, k): the noise and the chain's draws of a batch do not depend on the others, so
-  // data-parallel ranks (`moh launch -- sample ...`: rank r samples batches r, r + world, ...) produce exactly the
-  // images of a single process, which rank 0 gathers in batch order.
+  // Batch k is seeded by (seed, k): data-parallel ranks (`moh launch -- sample ...`) produce exactly the images of a
+  // single process (diffusion/sample_set.h).
   const auto group = dist::Group::join(ctx);
-  const int64_t num_batches = (n + sc.batch_size - 1) / sc.batch_size;
-  std::vector<at::Tensor> images;
-  std::map<int64_t, at::Tensor> mine;
-  Progress progress("sampling", ((num_batches - group->rank() + group->world() - 1) / group->world()) * chain.num_steps(),
-                    "step", group->is_main() ? -1 : 2);
+  diffusion::SampleSetOptions sso;
+  sso.chain = so, sso.batch_size = sc.batch_size, sso.seed = static_cast<uint64_t>(sc.seed);
+  Progress progress("sampling", diffusion::sample_images_steps(n, sso, chain, *group), "step", group->is_main() ? -1 : 2);
   const auto start = std::chrono::steady_clock::now();
-  for (int64_t k = group->rank(); k < num_batches; k += group->world()) {
-    const int64_t i = k * sc.batch_size, b = std::min(sc.batch_size, n - i);
-    torch::manual_seed(datasets::mix_seed(static_cast<uint64_t>(sc.seed), static_cast<uint64_t>(k)));
-    const at::Tensor noise = at::randn({b, mo.in_channels, mo.input_size, mo.input_size}).to(ctx.device);
-    at::Tensor x = diffusion::sample_loop(model, chain, noise, labels.narrow(0, i, b), so, [&] { progress.advance(); });
-    if (vae) {
-      torch::NoGradGuard ng;
-      x = vae->decode(x / diffusion::kSdVaeLatentScale);  // (b, 3, 8·I, 8·I) in ~[−1, 1]
-    }
-    mine[k] = diffusion::to_uint8_nhwc(x).cpu();
-  }
+  at::Tensor all = diffusion::sample_images(model, chain, vae, labels, sso, ctx, *group, [&] { progress.advance(); });
   progress.finish();
-  for (int64_t k = 0; k < num_batches; ++k) {
-    if (group->world() == 1) {
-      images.push_back(mine.at(k));
-      continue;
-    }
-    const int64_t b = std::min(sc.batch_size, n - k * sc.batch_size), side = mo.input_size * (vae ? 8 : 1);
-    const at::Tensor empty = at::empty({0, side, side, vae ? 3 : mo.in_channels}, at::kByte);
-    images.push_back(group->gather_cat(mine.count(k) ? mine.at(k) : empty));  // only the owner contributes rows
-    if (images.back().size(0) != b) throw std::runtime_error("sample gather: batch " + std::to_string(k) + " incomplete");
-  }
   if (!group->is_main()) return kExitOk;  // rank 0 writes the merged .npz
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  at::Tensor all = at::cat(images);                                      // (N, H, W, C)
   if (all.size(3) == 1) all = all.expand({-1, -1, -1, 3}).contiguous();  // ADM batches are RGB
   std::filesystem::create_directories(out_dir);
   datasets::save_npz(out_dir + "/samples.npz", {{"arr_0", all}, {"arr_1", labels}});
@@ -240,17 +178,18 @@ int cmd_sample(int argc, char** argv) {
     row_labels.push_back(fm ? datasets::fashion_mnist_classes()[static_cast<size_t>(k)] : "class " + std::to_string(k));
   }
   const at::Tensor grid_images = all.index_select(0, at::tensor(shown, at::kLong));
-  const bool grid = write_grid(out_dir + "/grid.png", grid_images, cols, mo.input_size < 64 ? 3 : 1, row_labels);
+  const bool grid = eval::write_grid(out_dir + "/grid.png", grid_images, cols, mo.input_size < 64 ? 3 : 1, row_labels);
   nlohmann::json info{{"model", cfg.model.name},
                       {"checkpoint", args.count("checkpoint") ? args["checkpoint"].as<std::string>() : "untrained"},
-                      {"weights", args.count("raw") || !args.count("checkpoint") ? "raw" : "ema (if present)"},
+                      {"weights", weights_used}, {"step", step >= 0 ? nlohmann::json(step) : nlohmann::json()},
                       {"sampler", sc.sampler == SamplerKind::ddpm ? "ddpm" : "ddim"}, {"steps", sc.steps},
                       {"chain_steps", chain.num_steps()}, {"eta", sc.eta}, {"cfg_scale", sc.cfg_scale},
                       {"cfg_channels", sc.cfg_channels == CfgChannels::three ? "three" : "all"},
                       {"clip_denoised", sc.clip_denoised}, {"seed", sc.seed},
                       {"labels", label_mode}, {"count", n}, {"seconds", seconds}};
   write_file_atomic(out_dir + "/sampling.json", info.dump(1) + "\n");
-  std::cout << "wrote " << out_dir << "/samples.npz (" << n << " images)"
+  std::cout << "wrote " << out_dir << "/samples.npz (" << n << " images) from the " << weights_used << " weights"
+            << (step >= 0 ? " of step " + std::to_string(step) : std::string())
             << (grid ? ", " + out_dir + "/grid.png" : std::string(" (no grid: built without OpenCV)")) << " in "
             << seconds << " s\n";
   return 0;

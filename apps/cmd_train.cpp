@@ -6,6 +6,7 @@
 
 #include "apps/cli.h"
 #include "apps/commands.h"
+#include "core/train_loop.h"
 #include "diffusion/diffusion_trainer.h"
 #include "vision/classification_trainer.h"
 
@@ -27,22 +28,19 @@ int cmd_train(int argc, char** argv) {
     for (int i = 1; i < argc; ++i) child.emplace_back(argv[i]);
     return launch_local(static_cast<int>(cfg.train.processes), 0, child);
   }
-  vision::TrainArgs ta{args["run-dir"].as<std::string>(), args["resume"].as<std::string>()};
+  const TrainArgs ta{args["run-dir"].as<std::string>(), args["resume"].as<std::string>()};
+  const bool dit = model_family(cfg.model.name) == ModelFamily::dit;  // config_from_args checked it is trainable
+  const LoopResult r = run_training(cfg, ta, [&](const RunContext& ctx) {
+    return dit ? diffusion::make_dit_task(cfg, ctx) : vision::make_classifier_task(cfg, ctx);
+  });
   const char* rank = std::getenv("RANK");
-  const bool main_rank = !rank || std::string(rank) == "0";  // only rank 0 prints the result line
-  if (diffusion::is_diffusion_model(cfg.model.name) || cfg.model.name.find("DiT") != std::string::npos) {
-    diffusion::DiffusionTrainResult r = diffusion::train_diffusion(cfg, ta);
-    if (main_rank)
-      std::cout << nlohmann::json{{"run_dir", r.run_dir}, {"steps", r.steps}, {"loss", r.loss}, {"seconds", r.seconds}}.dump()
-              << std::endl;
-    return 0;
-  }
-  vision::TrainResult r = vision::train_classifier(cfg, ta);
-  nlohmann::json out{{"run_dir", r.run_dir}, {"steps", r.steps}, {"top1", r.final_eval.top1},
-                     {"top5", r.final_eval.top5}, {"val_loss", r.final_eval.loss},
-                     {"best_top1", r.best_top1}, {"seconds", r.seconds}};
-  if (cfg.train.ema_decay > 0) out["top1_ema"] = r.final_eval_ema.top1;
-  if (main_rank) std::cout << out.dump() << std::endl;
+  if (rank && std::string(rank) != "0") return 0;  // only rank 0 prints the result line
+  nlohmann::json out{{"run_dir", r.run_dir}, {"steps", r.steps}, {"seconds", r.seconds}};
+  if (!r.losses.empty()) out["loss"] = r.losses.front().second;
+  for (const auto& [k, v] : r.final_eval) out[k] = v;
+  for (const auto& [k, v] : r.final_eval_ema) out[k + "_ema"] = v;
+  if (!r.final_eval.empty()) out["best_" + r.final_eval.front().first] = r.best_metric;
+  std::cout << out.dump() << std::endl;
   return 0;
 }
 

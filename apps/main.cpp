@@ -71,10 +71,12 @@ std::vector<std::string> config_overrides(const cxxopts::ParseResult& args) {
   return sets;
 }
 
-ExperimentConfig config_from_args(const cxxopts::ParseResult& args, const std::string& program) {
+ExperimentConfig config_from_args(const cxxopts::ParseResult& args, const std::string& program, ExperimentUse use) {
   if (!args.count("config"))
     throw UserError(program, "missing CONFIG.yaml", "e.g. " + program + " configs/fashion_mnist/moh_vit_nano.yaml");
-  return load_experiment(args["config"].as<std::string>(), config_overrides(args));
+  ExperimentConfig cfg = load_experiment(args["config"].as<std::string>(), config_overrides(args));
+  validate_experiment(cfg, use);  // every rule of the model's family, before any work
+  return cfg;
 }
 
 static void print_usage() {

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/run_context.h"
 #include "diffusion/diffusion_trainer.h"
+#include "diffusion/experiment.h"
 #include "diffusion/sampler.h"
 #include "vision/classification_trainer.h"
 
@@ -214,7 +215,7 @@ int train_bench_main(int argc, char** argv) {
   const auto dev = at::TensorOptions().device(c.ctx.device);
   const GradScaler scaler_proto(c.ctx.precision);
   nlohmann::json out;
-  if (diffusion::is_diffusion_model(c.model)) {
+  if (model_family(c.model, "--model " + c.model) == ModelFamily::dit) {
     diffusion::DiTOptions o = diffusion::dit_options(c.model);
     o.input_size = resolved_size(c, o.input_size);
     o.path = config::enum_from_string<AttentionPath>(c.args["attention-path"].as<std::string>(), "--attention-path");
@@ -265,7 +266,7 @@ int sample_bench_main(int argc, char** argv) {
   bool help = false;
   Common c = parse_common(opts, argc, argv, help);
   if (help) return 0;
-  if (!diffusion::is_diffusion_model(c.model))
+  if (model_family(c.model, "--model " + c.model) != ModelFamily::dit)
     throw UserError("--model", c.model + " is not a DiT variant", "sampling benchmarks DiT / MoH-DiT");
   diffusion::DiTOptions o = diffusion::dit_options(c.model);
   o.input_size = resolved_size(c, o.input_size);

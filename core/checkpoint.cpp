@@ -140,13 +140,24 @@ std::string save_checkpoint(const std::string& run_dir, const TrainerState& stat
     save_safetensors(dir.path() + "/rng.safetensors", rng);
     if (!ema.empty()) save_safetensors(dir.path() + "/ema.safetensors", ema, {{"format", "pt"}});
     nlohmann::json j{{"format_version", kCheckpointFormat}, {"step", state.step}, {"epoch", state.epoch},
-                     {"best_metric", state.best_metric}, {"extra", state.extra}};
+                     {"best_metric", state.best_metric}};
     write_file_atomic(dir.path() + "/trainer_state.json", j.dump(1) + "\n");
     write_file_atomic(dir.path() + "/config.resolved.yaml", config_yaml);
     dir.commit();
   }
   write_file_atomic(root + "/latest", std::string(name) + "\n");
   return final_dir;
+}
+
+CheckpointWeights load_checkpoint_weights(torch::nn::Module& module, const Checkpoint& ckpt, bool ema, bool require_ema) {
+  if (ema && ckpt.ema.empty() && require_ema)
+    throw UserError("checkpoint " + ckpt.dir, "has no EMA weights", "train with train.ema_decay > 0, or drop --ema");
+  if (ema && !ckpt.ema.empty()) {
+    load_module_tensors(module, ckpt.ema, ckpt.dir + "/ema.safetensors");
+    return {"ema", ckpt.dir + "/ema.safetensors"};
+  }
+  load_module_tensors(module, ckpt.model, ckpt.dir);
+  return {"model", ckpt.dir + "/model.safetensors"};
 }
 
 std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
@@ -176,7 +187,6 @@ Checkpoint load_checkpoint(const std::string& path) {
     c.state.step = j.at("step").get<int64_t>();
     c.state.epoch = j.at("epoch").get<int64_t>();
     c.state.best_metric = j.value("best_metric", 0.0);
-    c.state.extra = j.value("extra", nlohmann::json::object());
   } catch (const nlohmann::json::exception& e) {
     throw UserError("checkpoint " + dir + "/trainer_state.json", std::string("malformed: ") + e.what(), "");
   }

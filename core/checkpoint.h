@@ -40,8 +40,7 @@ void set_cpu_rng_state(const at::Tensor& state);
 /// Everything a checkpoint holds besides tensors.
 struct TrainerState {
   int64_t step = 0, epoch = 0;  ///< optimizer steps done; epoch to run next
-  double best_metric = 0;
-  nlohmann::json extra;         ///< trainer-specific fields
+  double best_metric = 0;       ///< best value of the task's first evaluation metric (classifiers: top-1)
 };
 
 /// Writes checkpoints/<step>/ atomically (model, optimizer, rng and, if given, ema .safetensors) and then updates
@@ -58,6 +57,14 @@ struct Checkpoint {
   TensorMap ema;  ///< EMA weights (official names), empty if the run keeps none
   std::string config_yaml;
 };
+
+/// Which weights of a checkpoint were loaded: "ema" or "model", and the .safetensors file.
+struct CheckpointWeights {
+  std::string which, file;
+};
+/// Loads a checkpoint's EMA weights into `module` when `ema` is asked for and the checkpoint kept one, else its
+/// trained weights; with `require_ema` a checkpoint without EMA is a UserError instead.
+CheckpointWeights load_checkpoint_weights(torch::nn::Module& module, const Checkpoint& ckpt, bool ema, bool require_ema);
 
 /// The directory named by <run_dir>/checkpoints/latest, if any.
 std::optional<std::string> latest_checkpoint(const std::string& run_dir);

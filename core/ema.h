@@ -4,6 +4,7 @@
 #include <torch/nn/module.h>
 
 #include <algorithm>
+#include <memory>
 
 namespace moh {
 
@@ -22,5 +23,29 @@ inline double ema_decay_at(double decay, bool warmup, int64_t step) {
   const double s = static_cast<double>(step);
   return warmup ? std::min(decay, (1.0 + s) / (10.0 + s)) : decay;
 }
+
+/// The EMA of a training run; it exists only when train.ema_decay > 0. Holds a copy of the model (built by the
+/// model's family, same names), kept in eval mode without gradients.
+class ModelEma {
+ public:
+  ModelEma(std::shared_ptr<torch::nn::Module> copy, double decay, bool warmup)
+      : module_(std::move(copy)), decay_(decay), warmup_(warmup) {
+    module_->eval();
+    for (auto& p : module_->parameters()) p.set_requires_grad(false);
+  }
+  torch::nn::Module& module() { return *module_; }
+  const std::shared_ptr<torch::nn::Module>& ptr() const { return module_; }
+  /// ema ← model (DiT and timm start the average as a copy).
+  void copy_from(const torch::nn::Module& model) { ema_update(*module_, model, 0.0); }
+  /// The update after optimizer step `step` (0-based).
+  void update(const torch::nn::Module& model, int64_t step) {
+    ema_update(*module_, model, ema_decay_at(decay_, warmup_, step));
+  }
+
+ private:
+  std::shared_ptr<torch::nn::Module> module_;
+  double decay_;
+  bool warmup_;
+};
 
 }  // namespace moh

@@ -74,8 +74,9 @@ LatentShard read_latent_shard(const std::string& dir, const LatentMeta& meta, in
 }
 
 LatentLoader::LatentLoader(std::string dir, const LatentMeta& meta, int64_t batch_size, uint64_t seed, int64_t epoch,
-                           int64_t limit, int64_t window)
-    : dir_(std::move(dir)), meta_(meta), batch_(batch_size), seed_(seed), epoch_(epoch), window_(std::max<int64_t>(1, window)) {
+                           int64_t limit, int64_t window, int rank, int world)
+    : dir_(std::move(dir)), meta_(meta), batch_(batch_size), seed_(seed), epoch_(epoch), window_(std::max<int64_t>(1, window)),
+      rank_(rank), world_(world) {
   if (batch_ <= 0) throw UserError("config: data.batch_size", "must be positive", "");
   count_ = limit > 0 ? std::min(limit, meta_.count) : meta_.count;
   int64_t needed = 0;  // shards past a limit are never read
@@ -123,6 +124,7 @@ bool LatentLoader::next(at::Tensor& z, at::Tensor& labels) {
   const at::Tensor std = at::where(flip, take(std_flip_), take(std_));
   z = (mean + std * at::randn_like(mean)) * meta_.scale;  // (B, C, H, W)
   labels = labels_.slice(0, pos_, pos_ + batch_).clone();
+  if (world_ > 1) z = z.slice(0, rank_, batch_, world_), labels = labels.slice(0, rank_, batch_, world_);  // rank's rows
   pos_ += batch_;
   served_ += batch_;
   return true;

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "core/batch_stream.h"
+
 namespace moh::datasets {
 
 /// meta.json of a latent directory.
@@ -47,15 +49,17 @@ LatentShard read_latent_shard(const std::string& dir, const LatentMeta& meta, in
 /// full (the last incomplete batch of the epoch is dropped). Each item becomes z = scale · (m + s · ε), with (m, s)
 /// the moments of the image or, with probability ½, of its mirror; ε and the mirror choice come from the global
 /// generator, so a resumed run (which restores it) draws the same latents.
-class LatentLoader {
+/// Data parallel (world > 1): every rank streams the same global batches of `batch_size` and serves its rows
+/// rank, rank + world, ... (the draws are those of one process; all ranks share one generator).
+class LatentLoader : public BatchStream {
  public:
   LatentLoader(std::string dir, const LatentMeta& meta, int64_t batch_size, uint64_t seed, int64_t epoch, int64_t limit,
-               int64_t window = 4);
-  int64_t num_batches() const { return count_ / batch_; }
+               int64_t window = 4, int rank = 0, int world = 1);
+  int64_t num_batches() const override { return count_ / batch_; }
   /// Images used per epoch (the first `limit` of the directory, or all).
   int64_t count() const { return count_; }
-  /// The next batch: z (B, C, H, W) float32 and labels (B) int64; false at the end of the epoch.
-  bool next(at::Tensor& z, at::Tensor& labels);
+  /// The next batch: z (B, C, H, W) float32 and labels (B) int64 (B = batch_size / world); false at the end.
+  bool next(at::Tensor& z, at::Tensor& labels) override;
 
  private:
   bool refill();
@@ -69,6 +73,7 @@ class LatentLoader {
   uint64_t seed_;
   int64_t epoch_;
   int64_t window_;
+  int rank_, world_;
   // pooled, shuffled items not yet served
   at::Tensor mean_, std_, mean_flip_, std_flip_, labels_;
   int64_t pos_ = 0;

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/batch_stream.h"
 #include "datasets/fashion_mnist.h"
 
 namespace moh::datasets {
@@ -18,14 +19,7 @@ namespace moh::datasets {
 constexpr double kFashionMnistMean = 0.2860;
 constexpr double kFashionMnistStd = 0.3530;
 
-/// A sequence of (images, labels) batches: one epoch of a loader.
-class BatchStream {
- public:
-  virtual ~BatchStream() = default;
-  virtual int64_t num_batches() const = 0;
-  /// Next batch; false at the end of the epoch.
-  virtual bool next(at::Tensor& x, at::Tensor& y) = 0;
-};
+using moh::BatchStream;  // core/batch_stream.h: what the training loop reads
 
 /// How images become model inputs.
 struct ClassifierTransform {

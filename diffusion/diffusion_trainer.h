@@ -1,23 +1,17 @@
 #pragma once
-// The DiT / MoH-DiT trainer (DiT train.py recipe): uniform t ~ U{0..T−1}, the hybrid loss (MSE + VLB) plus β·MoH
-// load-balance loss, AdamW (DiT: lr 1e-4, no weight decay, constant), EMA of every parameter (DiT: 0.9999,
-// initialised as a copy), metrics JSONL, progress bar, atomic checkpoints with model + ema + optimizer + RNG, exact
-// resume. Pixel-space data in [−1, 1] (vae: none).
+// The DiT / MoH-DiT task of the training loop (DiT train.py recipe): uniform t ~ U{0..T−1}, the hybrid loss
+// (MSE + VLB) plus β·MoH load-balance loss, AdamW (DiT: lr 1e-4, no weight decay, constant), EMA when
+// train.ema_decay > 0 (DiT: 0.9999, initialised as a copy). The loop (checkpoints, resume, ranks, metrics) is
+// core/train_loop.h; the experiment's model and data are diffusion/dit_experiment.h.
 #include <string>
 
 #include "core/amp.h"
-#include "core/experiment_config.h"
+#include "core/train_loop.h"
 #include "diffusion/diffusion_process.h"
 #include "diffusion/dit.h"
-#include "vision/classification_trainer.h"
+#include "diffusion/dit_experiment.h"
 
 namespace moh::diffusion {
-
-/// Whether a registry name is a diffusion model (DiT family) rather than a classifier.
-bool is_diffusion_model(const std::string& name);
-
-/// The model of a diffusion experiment: the variant with model.num_classes / model.img_size / attention_path applied.
-DiTOptions dit_options_for(const ExperimentConfig& cfg);
 
 /// Losses of one training step (batch means).
 struct DiffusionStepLosses {
@@ -32,6 +26,9 @@ DiffusionStepLosses diffusion_backward(DiT& model, const GaussianDiffusion& diff
                                        const at::Tensor& y, double beta, const RunContext& ctx, const GradScaler& scaler,
                                        int rank = 0, int world = 1);
 
+/// The DiT task for run_training().
+std::unique_ptr<TrainTask> make_dit_task(const ExperimentConfig& cfg, const RunContext& ctx);
+
 /// Result of a diffusion training run.
 struct DiffusionTrainResult {
   std::string run_dir;
@@ -41,10 +38,6 @@ struct DiffusionTrainResult {
 };
 
 /// Runs (or resumes) DiT training as configured.
-DiffusionTrainResult train_diffusion(const ExperimentConfig& cfg, const vision::TrainArgs& args);
-
-/// Loads a DiT checkpoint (checkpoint or run directory) for sampling: the EMA weights when the checkpoint has them
-/// (what DiT samples from), else the raw model; returns the experiment it was trained with.
-std::pair<DiT, ExperimentConfig> load_dit_checkpoint(const std::string& path, bool prefer_ema = true);
+DiffusionTrainResult train_diffusion(const ExperimentConfig& cfg, const TrainArgs& args);
 
 }  // namespace moh::diffusion

@@ -11,7 +11,7 @@
 #include "core/progress.h"
 #include "core/sha256.h"
 #include "datasets/loader.h"
-#include "vision/classification_trainer.h"
+#include "vision/classifier_experiment.h"
 
 namespace moh::eval {
 
@@ -53,16 +53,13 @@ class InceptionNet : public FeatureNet {
 class ClassifierNet : public FeatureNet {
  public:
   ClassifierNet(const std::string& path, const RunContext& ctx) : device_(ctx.device), model_(nullptr) {
-    Checkpoint ckpt = load_checkpoint(path);
-    const ExperimentConfig cfg = parse_experiment(ckpt.config_yaml, ckpt.dir + "/config.resolved.yaml");
-    options_ = vision::classifier_options_for(cfg);
-    tf_ = vision::transform_for(cfg, options_);
-    model_ = vision::TransNeXt(options_);
-    load_module_tensors(*model_, ckpt.model, ckpt.dir);
-    model_->eval();
+    vision::LoadedClassifier c = vision::load_classifier_checkpoint(path);
+    options_ = c.model->options;
+    tf_ = vision::transform_for(c.cfg, options_);
+    model_ = c.model;
     model_->to(device_);
-    name_ = "classifier:" + cfg.model.name;
-    sha_ = sha256_file(ckpt.dir + "/model.safetensors");
+    name_ = "classifier:" + c.cfg.model.name;
+    sha_ = sha256_file(c.weights_file);
   }
   InceptionFeatures extract(const at::Tensor& images_u8) override {
     torch::NoGradGuard ng;

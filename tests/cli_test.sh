@@ -92,7 +92,7 @@ expect 2 "must end in .safetensors" -- convert --in $FX/nested_zip.pt --key ema 
 expect 2 "truncated.pt" -- convert --in $FX/truncated.pt --key ema --out "$tmp/c3.safetensors"
 expect 2 "unsupported pickle opcode 0x82" -- convert --in $FX/unsupported_opcode.pt --out "$tmp/c3.safetensors"
 [ ! -e "$tmp/c3.safetensors" ] && pass=$((pass + 1)) || { echo "FAIL: a failed convert left a file"; fails=$((fails + 1)); }
-expect 2 "unknown network" -- forward --model MoH-DiT-Pixel/9 --weights $FX/moh_dit_pixel_fp16.pt --input $FX/moh_dit_pixel_io.safetensors --output "$tmp/f.safetensors"
+expect 2 "unknown model variant or network" -- forward --model MoH-DiT-Pixel/9 --weights $FX/moh_dit_pixel_fp16.pt --input $FX/moh_dit_pixel_io.safetensors --output "$tmp/f.safetensors"
 expect 2 "unexpected tensor 'blocks.0.attn.wg.weight'" -- forward --model DiT-Pixel/4 --weights $FX/moh_dit_pixel_fp16.pt --input $FX/moh_dit_pixel_io.safetensors --output "$tmp/f.safetensors"
 expect 2 "unexpected tensor 'ema.0.bias'" -- forward --model MoH-DiT-Pixel/4-75 --weights $FX/moh_dit_pixel_fp16.pt --input $FX/nested_expected.safetensors --output "$tmp/f.safetensors"
 expect 2 "unexpected tensor 'out'" -- forward --model fid-inception --weights $FX/ddp_prefix.pt --input $FX/moh_dit_pixel_io.safetensors --output "$tmp/f.safetensors"
@@ -157,7 +157,7 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   expect 2 "data.batch_size must be even" -- train $NANO "${STREAM[@]}" --set data.batch_size=15 --run-dir "$tmp/run5"
   expect 2 "attention_path: sparse is implemented for DiT" -- train $NANO "${TINY[@]}" --set model.attention_path=sparse --run-dir "$tmp/run5"
   expect 2 "fp16 autocast needs a CUDA device" -- train $NANO "${TINY[@]}" --set train.precision=fp16 --run-dir "$tmp/run5"
-  expect 2 "unknown classifier variant" -- train $NANO "${TINY[@]}" --set model.name=MoH-ViT-X --run-dir "$tmp/run"
+  expect 2 "unknown model variant or network" -- train $NANO "${TINY[@]}" --set model.name=MoH-ViT-X --run-dir "$tmp/run"
   expect 2 "optim.lr: must be > 0" -- train $NANO "${TINY[@]}" --set optim.lr=-1 --run-dir "$tmp/run"
   expect 2 "apt-get install dataset-fashion-mnist" -- train $NANO "${TINY[@]}" --set data.root=/nonexistent --run-dir "$tmp/run2"
   expect 0 "top-1" -- eval $NANO --set data.limit_val=64 --checkpoint "$tmp/run" --out "$tmp/evrep"
@@ -201,7 +201,7 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   cmp -s "$tmp/s3/samples.npz" "$tmp/s4/samples.npz" && cmp -s "$tmp/s3/grid.png" "$tmp/s4/grid.png" && pass=$((pass + 1)) || { echo "FAIL: same seed, different samples"; fails=$((fails + 1)); }
   expect 2 "was trained as MoH-DiT-Pixel/4-75, the config describes DiT-Pixel/4" -- sample configs/fashion_mnist/dit_pixel.yaml --checkpoint "$tmp/dit" --out "$tmp/s2"
   expect 2 "sampling.cfg_scale: must be >= 1" -- sample --checkpoint "$tmp/dit" --cfg-scale -1 --out "$tmp/s2"
-  expect 2 "unknown DiT variant" -- train $DIT --set model.name=MoH-DiT-Pixel/4-7 --run-dir "$tmp/dit2"
+  expect 2 "unknown model variant or network (did you mean 'MoH-DiT-Pixel/4-75'?)" -- train $DIT --set model.name=MoH-DiT-Pixel/4-7 --run-dir "$tmp/dit2"
   [ -s "$tmp/s/grid.png" ] && [ -s "$tmp/s/sampling.json" ] && pass=$((pass + 1)) || { echo "FAIL: no grid/sampling.json"; fails=$((fails + 1)); }
   expect 0 "sample accuracy" -- fid --samples "$tmp/s/samples.npz" --ref "$tmp/ref.npz" "${FEAT[@]}" --metrics fid,is
   expect 0 "wrote $tmp/u/samples.npz" -- sample $DIT --untrained "${FAST[@]}" --set sampling.sampler=ddpm --out "$tmp/u"

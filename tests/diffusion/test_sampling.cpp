@@ -152,9 +152,38 @@ train: {epochs: 2, ema_decay: 0.9, log_every_steps: 1, seed: 4}
   EXPECT_FALSE(torch::equal(a.ema.at("final_layer.linear.weight"), a.model.at("final_layer.linear.weight")));
   EXPECT_EQ(read_file(d.file("full") + "/metrics.jsonl").size() > 0, true);
   // The EMA weights load for sampling.
-  auto [model, loaded_cfg] = load_dit_checkpoint(d.file("full"));
-  EXPECT_EQ(loaded_cfg.model.name, "MoH-DiT-Pixel/4-75");
-  EXPECT_FALSE(model->is_training());
+  LoadedDiT loaded = load_dit_checkpoint(d.file("full"));
+  EXPECT_EQ(loaded.cfg.model.name, "MoH-DiT-Pixel/4-75");
+  EXPECT_EQ(loaded.weights, "ema");
+  EXPECT_EQ(loaded.step, 6);
+  EXPECT_FALSE(loaded.model->is_training());
+  EXPECT_TRUE(torch::equal(loaded.model->final_layer->linear->weight, a.ema.at("final_layer.linear.weight")));
+  EXPECT_EQ(load_dit_checkpoint(d.file("full"), /*prefer_ema=*/false).weights, "model");
+}
+
+// train.ema_decay: 0 means no EMA: the checkpoint has no ema.safetensors and sampling uses the trained weights
+// (before the one training loop, the DiT trainer saved an EMA copy of the untrained network and sampling chose it).
+TEST(DiffusionTrainer, NoEmaSamplesTheTrainedWeights) {
+  if (!std::filesystem::exists(std::string(datasets::kFashionMnistDir) + "/train-labels-idx1-ubyte.gz"))
+    GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  test::TempDir d;
+  ExperimentConfig cfg = load_experiment(d.write("tiny.yaml", R"(
+model: {name: MoH-DiT-Pixel/4-75, num_classes: 10}
+data: {batch_size: 16, limit_train: 32}
+optim: {lr: 1.0e-3, weight_decay: 0.0, clip_grad: 0.0}
+schedule: {kind: constant, warmup_epochs: 0}
+train: {epochs: 1, ema_decay: 0.0, seed: 4}
+)"));
+  train_diffusion(cfg, {d.file("run"), ""});
+  const Checkpoint c = load_checkpoint(d.file("run"));
+  EXPECT_TRUE(c.ema.empty());
+  EXPECT_FALSE(std::filesystem::exists(c.dir + "/ema.safetensors"));
+  LoadedDiT loaded = load_dit_checkpoint(d.file("run"));
+  EXPECT_EQ(loaded.weights, "model");
+  EXPECT_EQ(loaded.step, 2);
+  EXPECT_TRUE(torch::equal(loaded.model->final_layer->linear->weight, c.model.at("final_layer.linear.weight")));
+  // and they are trained: the zero-initialised final layer (adaLN-Zero) has moved
+  EXPECT_GT(c.model.at("final_layer.linear.weight").abs().max().item<double>(), 0.0);
 }
 
 TEST(SdVae, ParameterCountKeysAndShapes) {

@@ -76,15 +76,6 @@ TEST(HeadLoad, CountsPerLayerAndClass) {
   EXPECT_EQ(j["layers"].size(), static_cast<size_t>(o.routed_layers()));
 }
 
-TEST(ClassificationTrainer, CosineScheduleWithWarmup) {
-  test::TempDir d;
-  ExperimentConfig cfg = load_experiment(d.write("c.yaml", "model: {name: MoH-ViT-Nano}\n"));  // 300 ep, 5 warm-up
-  EXPECT_DOUBLE_EQ(learning_rate_at(cfg, 0), 1e-6);
-  EXPECT_NEAR(learning_rate_at(cfg, 2.5), 1e-6 + 2.5 * (1e-3 - 1e-6) / 5, 1e-15);
-  EXPECT_NEAR(learning_rate_at(cfg, 150), 1e-5 + 0.5 * (1e-3 - 1e-5), 1e-12);  // timm: cosine over t / epochs
-  EXPECT_NEAR(learning_rate_at(cfg, 300), 1e-5, 1e-15);
-}
-
 TEST(Loader, DeterministicOrderAndAugmentation) {
   auto o1 = datasets::epoch_order(100, 7, 3, true), o2 = datasets::epoch_order(100, 7, 3, true);
   EXPECT_EQ(o1, o2);

@@ -1,0 +1,215 @@
+#include "core/train_loop.h"
+
+#include <torch/optim/adamw.h>
+#include <torch/utils.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <optional>
+
+#include "core/atomic_io.h"
+#include "core/checkpoint.h"
+#include "core/ema.h"
+#include "core/error.h"
+#include "core/progress.h"
+
+namespace moh {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr double kPi = 3.14159265358979323846;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// AdamW over the model's parameters: those the task decays, then (if any) the rest with weight_decay 0.
+std::unique_ptr<torch::optim::AdamW> make_optimizer(const ExperimentConfig& cfg, torch::nn::Module& model,
+                                                    const TrainTask& task) {
+  std::vector<at::Tensor> decay, plain;
+  for (const auto& p : model.named_parameters()) (task.decays(p.key(), p.value()) ? decay : plain).push_back(p.value());
+  const auto base = torch::optim::AdamWOptions(cfg.optim.lr)
+                        .betas({cfg.optim.betas[0], cfg.optim.betas[1]})
+                        .eps(cfg.optim.eps)
+                        .weight_decay(cfg.optim.weight_decay);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(base));
+  if (!plain.empty())
+    groups.emplace_back(plain, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(base).weight_decay(0.0)));
+  return std::make_unique<torch::optim::AdamW>(std::move(groups), base);
+}
+
+// Sums named values over ranks and divides by the world size (rank means → global means).
+Scalars global_mean(dist::Group& group, const Scalars& sums, double count) {
+  std::vector<double> v;
+  for (const auto& [k, x] : sums) v.push_back(x);
+  v = group.sum(v);
+  Scalars out;
+  for (size_t i = 0; i < sums.size(); ++i) out.emplace_back(sums[i].first, v[i] / group.world() / count);
+  return out;
+}
+
+}  // namespace
+
+double scalar(const Scalars& s, const std::string& name) {
+  for (const auto& [k, v] : s)
+    if (k == name) return v;
+  return 0.0;
+}
+
+double learning_rate_at(const ExperimentConfig& cfg, double t) {
+  const double base = cfg.optim.lr;
+  if (cfg.schedule.kind == LrSchedule::constant) return base;
+  const double warm = cfg.schedule.warmup_epochs;
+  if (t < warm) return cfg.schedule.warmup_lr + t * (base - cfg.schedule.warmup_lr) / warm;
+  const double T = static_cast<double>(cfg.train.epochs);
+  return cfg.schedule.min_lr + 0.5 * (base - cfg.schedule.min_lr) * (1.0 + std::cos(kPi * std::min(t, T) / T));
+}
+
+LoopResult run_training(const ExperimentConfig& cfg, const TrainArgs& args, const TaskFactory& make_task) {
+  const auto t_start = Clock::now();
+  RunContext ctx = RunContext::create(cfg.train.device, cfg.train.precision, static_cast<uint64_t>(cfg.train.seed));
+  const std::string run_dir = args.run_dir.empty() ? "runs/" + cfg.name : args.run_dir;
+  const int64_t world = ctx.world, local_batch = cfg.data.batch_size / world;
+  if (cfg.data.batch_size % world != 0 || local_batch % cfg.train.accum_steps != 0)
+    throw UserError("config: data.batch_size", std::to_string(cfg.data.batch_size) + " does not split into " +
+                                                   std::to_string(world) + " ranks × " +
+                                                   std::to_string(cfg.train.accum_steps) + " accumulation steps",
+                    "use a multiple of world size × train.accum_steps");
+
+  // Resume decision before anything touches the run directory (every rank decides alike, then rank 0 writes).
+  std::optional<Checkpoint> resume = resolve_resume(run_dir, args.resume);
+  const std::shared_ptr<dist::Group> group = dist::Group::join(ctx);
+  group->barrier();
+  const std::unique_ptr<TrainTask> task = make_task(ctx);
+
+  torch::manual_seed(cfg.train.seed);
+  const std::shared_ptr<torch::nn::Module> model = task->build_model();
+  model->to(ctx.device);
+  const std::unique_ptr<torch::optim::AdamW> optimizer = make_optimizer(cfg, *model, *task);
+  TrainerState state;
+  GradScaler scaler(ctx.precision);
+  std::unique_ptr<ModelEma> ema;  // only when the run keeps one (train.ema_decay > 0)
+  if (cfg.train.ema_decay > 0) {
+    ema = std::make_unique<ModelEma>(task->build_model(), cfg.train.ema_decay, cfg.train.ema_warmup);
+    ema->module().to(ctx.device);
+  }
+  if (!resume && !cfg.model.weights.empty())
+    load_initial_weights(*model, cfg.model.weights, cfg.model.weights_key, cfg.model.weights_allow_missing);
+  const bool resumed_ema = resume && ema && !resume->ema.empty();
+  if (resume) {
+    load_module_tensors(*model, resume->model, resume->dir);
+    load_optimizer_tensors(*optimizer, *model, resume->optimizer, resume->dir);
+    if (resume->rng.count("amp_scaler")) scaler.load_state(resume->rng.at("amp_scaler"));
+    if (resumed_ema) load_module_tensors(ema->module(), resume->ema, resume->dir + "/ema.safetensors");
+    state = resume->state;
+    if (group->is_main())
+      std::cerr << "resuming " << resume->dir << " at epoch " << state.epoch << ", step " << state.step << "\n";
+  }
+  group->broadcast_module(*model);  // every rank starts from rank 0's weights
+  if (ema && !resumed_ema) ema->copy_from(*model);
+  const bool per_rank = task->per_rank_rng();
+  dist::restore_rank_rng(*group, resume ? &resume->rng : nullptr, static_cast<uint64_t>(cfg.train.seed), state.step,
+                         per_rank);
+  // Every input has been checked: from here on only runtime failures remain.
+  const std::string config_yaml = to_yaml(cfg);
+  MetricsWriter metrics;
+  if (group->is_main()) {
+    metrics = start_run_dir(run_dir, config_yaml, resume ? std::optional<int64_t>(state.step) : std::nullopt);
+    if (const std::string w = slow_bf16_warning(ctx); !w.empty()) std::cerr << "warning: " << w << "\n";
+    std::cerr << "model " << task->describe() << ", " << precision_summary(cfg.train.precision, ctx) << ", run dir "
+              << run_dir << (world > 1 ? ", " + std::to_string(world) + " data-parallel ranks" : std::string()) << "\n";
+  }
+
+  // Every rank takes part (the per-rank RNG gather is a collective); rank 0 writes, atomically.
+  auto checkpoint = [&]() -> std::string {
+    TensorMap rng{{"cpu", cpu_rng_state()}, {"amp_scaler", scaler.state()}};
+    if (per_rank) rng["cpu_ranks"] = dist::gather_rank_rng(*group);
+    if (!group->is_main()) return "";
+    return save_checkpoint(run_dir, state, module_tensors(*model), optimizer_tensors(*optimizer, *model), config_yaml,
+                           rng, ema ? module_tensors(ema->module()) : TensorMap{});
+  };
+  LoopResult result;
+  result.run_dir = run_dir;
+  result.best_metric = state.best_metric;
+  bool stop = false;
+  for (int64_t epoch = state.epoch; epoch < cfg.train.epochs && !stop; ++epoch) {
+    const std::unique_ptr<BatchStream> loader = task->train_batches(epoch, ctx.rank, ctx.world);
+    const int64_t steps_per_epoch = loader->num_batches();
+    if (steps_per_epoch == 0) throw UserError("config: data.batch_size", "larger than the training set", "");
+    Progress progress("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(cfg.train.epochs), steps_per_epoch,
+                      "step", group->is_main() ? -1 : 2);
+    model->train();
+    Scalars sums;  // losses summed over the logging window
+    int64_t logged = 0, images = 0;
+    auto t_log = Clock::now();
+    at::Tensor x, y;
+    for (int64_t b = 0; loader->next(x, y); ++b) {
+      const double t = cfg.schedule.unit == ScheduleUnit::epoch ? static_cast<double>(epoch)
+                                                                 : epoch + static_cast<double>(b) / steps_per_epoch;
+      const double lr = learning_rate_at(cfg, t);
+      for (auto& g : optimizer->param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
+      const int64_t batch = x.size(0);
+      const Scalars losses = task->backward(*model, std::move(x), std::move(y), {epoch, b, state.step}, scaler);
+      group->average_gradients(model->parameters());  // no-op on one process
+      finish_optimizer_step(*optimizer, model->parameters(), scaler, cfg.optim.clip_grad);
+      if (ema) ema->update(*model, state.step);
+      ++state.step;
+      if (sums.empty()) sums = losses;
+      else
+        for (size_t i = 0; i < sums.size(); ++i) sums[i].second += losses[i].second;
+      ++logged, images += batch * world;
+      char status[96];
+      std::snprintf(status, sizeof status, "loss=%.4f lr=%.2e", scalar(losses, "loss"), lr);
+      progress.advance(1, status);
+      if (state.step % cfg.train.log_every_steps == 0) {
+        const double secs = seconds_since(t_log);
+        result.losses = global_mean(*group, sums, static_cast<double>(logged));
+        nlohmann::json line{{"step", state.step}, {"epoch", epoch}, {"lr", lr}, {"img_per_s", images / std::max(secs, 1e-9)}};
+        for (const auto& [k, v] : result.losses) line[k] = v;
+        metrics.write(line);
+        sums.clear(), logged = images = 0;
+        t_log = Clock::now();
+      }
+      if (cfg.train.max_steps > 0 && state.step >= cfg.train.max_steps) {
+        stop = true;
+        break;
+      }
+    }
+    progress.finish();
+    const bool last = stop || epoch + 1 == cfg.train.epochs;
+    state.epoch = epoch + 1;
+    bool best = false;
+    if (last || (epoch + 1) % cfg.train.eval_every_epochs == 0) {
+      const Scalars ev = task->evaluate(model, *group);
+      if (!ev.empty()) {
+        result.final_eval = ev;
+        nlohmann::json line{{"step", state.step}, {"epoch", epoch}};
+        for (const auto& [k, v] : ev) line[k] = v;
+        if (ema) {
+          result.final_eval_ema = task->evaluate(ema->ptr(), *group);
+          for (const auto& [k, v] : result.final_eval_ema) line[k + "_ema"] = v;
+        }
+        metrics.write(line);
+        if (group->is_main()) std::cerr << task->eval_message(epoch, ev, result.final_eval_ema) << "\n";
+        best = ev.front().second > state.best_metric;
+        if (best) state.best_metric = ev.front().second;
+      }
+    }
+    if (best || last || (epoch + 1) % cfg.train.ckpt_every_epochs == 0) {
+      const std::string dir = checkpoint();
+      if (best && group->is_main()) write_file_atomic(run_dir + "/checkpoints/best", fs::path(dir).filename().string() + "\n");
+    }
+    group->barrier();  // no rank runs ahead of the checkpoint it may resume from
+  }
+  result.steps = state.step;
+  result.best_metric = state.best_metric;
+  result.seconds = seconds_since(t_start);
+  return result;
+}
+
+}  // namespace moh

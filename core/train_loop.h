@@ -1,0 +1,98 @@
+#pragma once
+// The one training loop (guided-diffusion's TrainLoop, timm's model-agnostic loop): it owns the run directory,
+// resume, random state, optimizer (AdamW), AMP scaler, EMA, learning-rate schedule, gradient averaging across ranks,
+// metrics, progress, evaluation cadence and checkpoints. A model family supplies a TrainTask: build the model,
+// batches for (epoch, rank, world), forward/backward → named losses, evaluate → named metrics. The loop knows no
+// model family.
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/amp.h"
+#include "core/batch_stream.h"
+#include "core/distributed.h"
+#include "core/experiment_config.h"
+#include "core/run_context.h"
+
+namespace moh {
+
+/// Where a training run lives and whether to continue one.
+struct TrainArgs {
+  std::string run_dir;  ///< "" = runs/<config name>
+  std::string resume;   ///< "" (fresh; refuses an existing run), "auto" (latest checkpoint if any) or a directory
+};
+
+/// Named scalars in a fixed order: the losses of a step ("loss" first), the metrics of an evaluation.
+using Scalars = std::vector<std::pair<std::string, double>>;
+/// The value named `name` (0 if absent).
+double scalar(const Scalars& s, const std::string& name);
+
+/// Learning rate at (fractional) epoch t: timm CosineLRScheduler as the official TransNeXt recipe configures it
+/// (t_initial = epochs, warm-up from warmup_lr over warmup_epochs, cosine to min_lr over t / epochs), or constant
+/// (DiT).
+double learning_rate_at(const ExperimentConfig& cfg, double t);
+
+/// Where in the run a training step is.
+struct StepInfo {
+  int64_t epoch = 0, batch = 0;  ///< epoch and batch index within it
+  int64_t step = 0;              ///< optimizer steps done before this one
+};
+
+/// What a model family supplies to the loop. Built after the run context and the resume decision, before the model.
+class TrainTask {
+ public:
+  virtual ~TrainTask() = default;
+  /// A freshly initialised model (CPU) drawn from the global generator; called once for the trained model and, when
+  /// an EMA is kept, once more for its copy.
+  virtual std::shared_ptr<torch::nn::Module> build_model() = 0;
+  /// The start-line description of the model ("MoH-ViT-Nano: 75 % active heads").
+  virtual std::string describe() const = 0;
+  /// Whether a parameter takes weight decay (the others form a second AdamW group with weight_decay 0).
+  virtual bool decays(const std::string& name, const at::Tensor& param) const {
+    (void)name, (void)param;
+    return true;
+  }
+  /// Whether each rank draws its own random numbers (dropout, drop path) or every rank follows one common generator
+  /// (a task that makes the global batch's draws on every rank and takes its rows).
+  virtual bool per_rank_rng() const = 0;
+  /// This rank's share of an epoch's training batches (rank-local batch size, CPU tensors).
+  virtual std::unique_ptr<BatchStream> train_batches(int64_t epoch, int rank, int world) const = 0;
+  /// Forward and scaled backward of one optimizer step on the rank's batch (gradients accumulate in the model's
+  /// parameters); returns the step's losses ("loss" first), means over the rank's batch.
+  virtual Scalars backward(torch::nn::Module& model, at::Tensor x, at::Tensor y, const StepInfo& at,
+                           const GradScaler& scaler) = 0;
+  /// Metrics on held-out data, the same on every rank (the first is the one a run's best checkpoint maximises);
+  /// empty = the family does not evaluate during training.
+  virtual Scalars evaluate(const std::shared_ptr<torch::nn::Module>& model, dist::Group& group) {
+    (void)model, (void)group;
+    return {};
+  }
+  /// The console line after an evaluation ("epoch 3: top-1 ..."); `ema` is empty without an EMA.
+  virtual std::string eval_message(int64_t epoch, const Scalars& model, const Scalars& ema) const {
+    (void)epoch, (void)model, (void)ema;
+    return "";
+  }
+};
+
+/// What a training run ends with.
+struct LoopResult {
+  std::string run_dir;
+  int64_t steps = 0;
+  double seconds = 0;
+  Scalars losses;               ///< means over the last logging window
+  Scalars final_eval, final_eval_ema;  ///< the last evaluation (empty when the task does not evaluate / no EMA)
+  double best_metric = 0;       ///< best value of final_eval's first metric over the run
+};
+
+/// Builds the task once the run context exists (data loading and data-vs-model checks happen there).
+using TaskFactory = std::function<std::unique_ptr<TrainTask>(const RunContext&)>;
+
+/// Runs (or resumes) training as configured.
+LoopResult run_training(const ExperimentConfig& cfg, const TrainArgs& args, const TaskFactory& make_task);
+
+}  // namespace moh

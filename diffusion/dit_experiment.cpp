@@ -1,0 +1,93 @@
+#include "diffusion/dit_experiment.h"
+
+#include "core/checkpoint.h"
+#include "core/error.h"
+#include "datasets/experiment_data.h"
+#include "diffusion/gaussian_diffusion.h"
+
+namespace moh::diffusion {
+
+DiTOptions dit_options_for(const ExperimentConfig& cfg) {
+  DiTOptions o = dit_options(cfg.model.name);
+  if (cfg.model.num_classes > 0) o.num_classes = cfg.model.num_classes;
+  if (cfg.model.img_size > 0) {  // pixel space: image side = input side; SD latents: image side / 8
+    const bool latent = cfg.diffusion.vae == VaeKind::sd;
+    if (latent && cfg.model.img_size % 8 != 0)
+      throw UserError("config: model.img_size", "must be a multiple of 8 with vae: sd", "e.g. 256 (32×32 latents)");
+    o.input_size = latent ? cfg.model.img_size / 8 : cfg.model.img_size;
+  }
+  if (!cfg.model.attention.empty())
+    throw UserError("config: model.attention", "per-stage overrides are for classifiers", "pick a DiT or MoH-DiT variant");
+  o.path = cfg.model.attention_path;
+  o.validate();
+  return o;
+}
+
+void validate_dit_experiment(const ExperimentConfig& cfg, bool training) {
+  dit_options_for(cfg);
+  if (cfg.train.accum_steps != 1) throw UserError("config: train.accum_steps", "must be 1 for diffusion training", "");
+  space_timesteps(cfg.diffusion.steps, cfg.sampling.steps);  // "sampling.steps" must respace diffusion.steps
+  if (!training) return;
+  const bool latent = cfg.data.dataset == DatasetKind::latents;
+  if (cfg.diffusion.vae == VaeKind::sd && !latent)
+    throw UserError("config: data.dataset", "vae: sd trains from pre-extracted latents",
+                    "run `moh extract-latents CONFIG.yaml --out DIR`, then set data.dataset: latents and data.root: DIR");
+  if (latent && cfg.diffusion.vae != VaeKind::sd)
+    throw UserError("config: diffusion.vae", "data.dataset: latents needs vae: sd", "set diffusion.vae: sd");
+}
+
+DiTTrainData::DiTTrainData(const ExperimentConfig& cfg, const DiTOptions& mo)
+    : cfg_(cfg), latent_(cfg.data.dataset == DatasetKind::latents) {
+  if (latent_) {
+    latent_meta_ = datasets::read_latent_meta(cfg.data.root);
+    if (latent_meta_.channels != mo.in_channels || latent_meta_.size != mo.input_size)
+      throw UserError("config: model", cfg.model.name + " takes " + std::to_string(mo.in_channels) + "×" +
+                                           std::to_string(mo.input_size) + "² latents, " + cfg.data.root + " holds " +
+                                           std::to_string(latent_meta_.channels) + "×" + std::to_string(latent_meta_.size) + "²",
+                      "set model.img_size to " + std::to_string(latent_meta_.image_size));
+    if (static_cast<int64_t>(latent_meta_.classes.size()) > mo.num_classes)
+      throw UserError("config: model.num_classes", std::to_string(mo.num_classes) + " classes, the latents have " +
+                                                       std::to_string(latent_meta_.classes.size()), "");
+    return;
+  }
+  pixels_ = datasets::load_split(cfg, true, mo.in_channels);
+  tf_.size = mo.input_size, tf_.hflip = cfg.data.hflip, tf_.shift = 0;  // no padding: side = input size
+  tf_.mean = 0.5, tf_.std = 0.5;
+  if (pixels_.images.size(1) != mo.input_size || pixels_.images.size(2) != mo.input_size)
+    throw UserError("config: model", cfg.model.name + " takes " + std::to_string(mo.input_size) + " px images, the data is " +
+                                         std::to_string(pixels_.images.size(1)) + " px", "choose a matching variant");
+  const int64_t channels = pixels_.images.dim() == 4 ? pixels_.images.size(3) : 1;
+  if (channels != mo.in_channels)
+    throw UserError("config: model", cfg.model.name + " takes " + std::to_string(mo.in_channels) + " channels, the data has " +
+                                         std::to_string(channels), "choose a matching variant");
+  const int64_t labels_max = pixels_.labels.max().item<int64_t>();
+  if (labels_max >= mo.num_classes)
+    throw UserError("config: model.num_classes", std::to_string(mo.num_classes) + " classes, the data has labels up to " +
+                                                     std::to_string(labels_max), "");
+}
+
+std::unique_ptr<BatchStream> DiTTrainData::epoch(int64_t epoch, int rank, int world) const {
+  const auto seed = static_cast<uint64_t>(cfg_.train.seed);
+  if (latent_)  // streamed shard by shard; every rank draws the global batch and keeps its rows
+    return std::make_unique<datasets::LatentLoader>(cfg_.data.root, latent_meta_, cfg_.data.batch_size, seed, epoch,
+                                                    cfg_.data.limit_train, 4, rank, world);
+  return std::make_unique<datasets::EpochLoader>(pixels_, tf_, cfg_.data.batch_size / world, /*train=*/true, seed, epoch,
+                                                 0, true, 2, rank, world);  // the rank's strided share of every batch
+}
+
+LoadedDiT load_dit_checkpoint(const std::string& path, bool prefer_ema) {
+  Checkpoint ckpt = load_checkpoint(path);
+  LoadedDiT r;
+  r.cfg = parse_experiment(ckpt.config_yaml, ckpt.dir + "/config.resolved.yaml");
+  bool known = false;
+  for (const auto& [n, o] : dit_variants()) known = known || n == r.cfg.model.name;
+  if (!known)
+    throw UserError("checkpoint " + ckpt.dir, "holds a " + r.cfg.model.name + " classifier, not a DiT", "pass a DiT run");
+  r.model = DiT(dit_options_for(r.cfg));
+  r.dir = ckpt.dir, r.step = ckpt.state.step;
+  r.weights = load_checkpoint_weights(*r.model, ckpt, prefer_ema, /*require_ema=*/false).which;
+  r.model->eval();
+  return r;
+}
+
+}  // namespace moh::diffusion

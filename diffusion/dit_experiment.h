@@ -1,0 +1,52 @@
+#pragma once
+// A DiT / MoH-DiT experiment built from its config: the model options, the pixel input pipeline, the training data
+// (pixels in memory or pre-extracted latents) checked against the model, and checkpoint loading for sampling.
+#include <memory>
+#include <string>
+
+#include "core/batch_stream.h"
+#include "core/experiment_config.h"
+#include "datasets/latents.h"
+#include "datasets/loader.h"
+#include "diffusion/dit.h"
+
+namespace moh::diffusion {
+
+/// The model of a diffusion experiment: the variant with model.num_classes / model.img_size / attention_path applied.
+DiTOptions dit_options_for(const ExperimentConfig& cfg);
+
+/// Every rule of a DiT experiment beyond ExperimentConfig::validate(): model overrides, accumulation, VAE vs dataset,
+/// the sampling respacing. Reads no data; run by `moh config` and before any work by every command. Without
+/// `training` (moh extract-latents: the data are still images) the VAE-vs-dataset rule is left out.
+void validate_dit_experiment(const ExperimentConfig& cfg, bool training = true);
+
+/// The training data of a DiT experiment: Fashion-MNIST / image folders decoded into memory (pixels in [−1, 1],
+/// DiT's ToTensor + Normalize(0.5, 0.5), optional flip) or latents written by `moh extract-latents`. The constructor
+/// checks the data against the model (channels, side, classes).
+class DiTTrainData {
+ public:
+  DiTTrainData(const ExperimentConfig& cfg, const DiTOptions& model);
+  /// This rank's share of an epoch (global batch data.batch_size, rank rows r, r + world, ...).
+  std::unique_ptr<BatchStream> epoch(int64_t epoch, int rank, int world) const;
+
+ private:
+  ExperimentConfig cfg_;
+  bool latent_ = false;
+  datasets::LatentMeta latent_meta_;
+  datasets::ImageSet pixels_;
+  datasets::ClassifierTransform tf_;
+};
+
+/// A DiT loaded from one of this toolkit's checkpoints.
+struct LoadedDiT {
+  DiT model{nullptr};        ///< in eval mode, on the CPU
+  ExperimentConfig cfg;      ///< the experiment it was trained with
+  std::string dir;           ///< the checkpoint directory
+  std::string weights;       ///< "ema" or "model": which weights were loaded
+  int64_t step = 0;          ///< optimizer steps of the checkpoint
+};
+/// Loads a DiT checkpoint (checkpoint or run directory) for sampling: the EMA weights when `prefer_ema` and the
+/// checkpoint kept an EMA (what DiT samples from), else the trained weights. A classifier checkpoint is a UserError.
+LoadedDiT load_dit_checkpoint(const std::string& path, bool prefer_ema = true);
+
+}  // namespace moh::diffusion

@@ -1,0 +1,49 @@
+#include "eval/image_grid.h"
+
+#include "core/atomic_io.h"
+
+#ifdef MOH_WITH_OPENCV
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+#endif
+
+namespace moh::eval {
+
+bool write_grid(const std::string& path, const at::Tensor& images, int64_t cols, int scale,
+                const std::vector<std::string>& row_labels) {
+#ifdef MOH_WITH_OPENCV
+  at::Tensor imgs = images;
+  if (imgs.size(3) == 3 && imgs.select(3, 0).equal(imgs.select(3, 1)) && imgs.select(3, 0).equal(imgs.select(3, 2)))
+    imgs = imgs.narrow(3, 0, 1).contiguous();  // grey replicated to RGB: a 1-channel PNG is a third of the size
+  const int64_t H = imgs.size(1), W = imgs.size(2), C = imgs.size(3), pad = 2;
+  const int64_t rows = (imgs.size(0) + cols - 1) / cols;
+  at::Tensor canvas = at::full({rows * (H + pad) + pad, cols * (W + pad) + pad, C}, 255, at::kByte);
+  for (int64_t i = 0; i < imgs.size(0); ++i) {
+    const int64_t r = i / cols, c = i % cols;
+    canvas.narrow(0, pad + r * (H + pad), H).narrow(1, pad + c * (W + pad), W).copy_(imgs[i]);
+  }
+  cv::Mat m(static_cast<int>(canvas.size(0)), static_cast<int>(canvas.size(1)), C == 3 ? CV_8UC3 : CV_8UC1,
+            canvas.data_ptr());
+  cv::Mat out;
+  cv::resize(m, out, cv::Size(), scale, scale, cv::INTER_NEAREST);
+  if (C == 3) cv::cvtColor(out, out, cv::COLOR_RGB2BGR);
+  if (!row_labels.empty()) {
+    constexpr int kMargin = 110;
+    cv::copyMakeBorder(out, out, 0, 0, kMargin, 0, cv::BORDER_CONSTANT, cv::Scalar(255, 255, 255));
+    const double row_h = static_cast<double>(H + pad) * scale;
+    for (size_t r = 0; r < row_labels.size() && static_cast<int64_t>(r) < rows; ++r)
+      cv::putText(out, row_labels[r], cv::Point(4, static_cast<int>((r + 0.5) * row_h + pad * scale + 4)),
+                  cv::FONT_HERSHEY_SIMPLEX, 0.45, cv::Scalar(0, 0, 0), 1, cv::LINE_AA);
+  }
+  std::vector<uchar> png;
+  cv::imencode(".png", out, png);
+  write_file_atomic(path, std::string(png.begin(), png.end()));
+  return true;
+#else
+  (void)path, (void)images, (void)cols, (void)scale, (void)row_labels;
+  return false;
+#endif
+}
+
+
+}  // namespace moh::eval

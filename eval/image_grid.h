@@ -1,0 +1,16 @@
+#pragma once
+// Image grids as PNG: sample grids of `moh sample` (one row per class, labelled), written atomically.
+#include <ATen/ATen.h>
+
+#include <string>
+#include <vector>
+
+namespace moh::eval {
+
+/// Writes (rows × cols) uint8 NHWC images as one PNG, scaled up by an integer factor (nearest), with an optional
+/// text label left of each row. Grey images replicated to RGB are written as 1-channel PNG. False when the toolkit
+/// was built without OpenCV (nothing written).
+bool write_grid(const std::string& path, const at::Tensor& images, int64_t cols, int scale,
+                const std::vector<std::string>& row_labels);
+
+}  // namespace moh::eval

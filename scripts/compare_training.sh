@@ -1,0 +1,16 @@
+#!/bin/bash
+# usage: scripts/compare_training.sh MOH OUTDIR: trains one classifier and one DiT config with a fixed seed (16 steps
+# each, EMA on, Mixup on for the classifier) and prints the sha256 of every checkpoint file and of the metric lines
+# (without img_per_s). Two builds that train alike print the same lines.
+set -e
+MOH=$(realpath "$1"); OUT=$2; R=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p $OUT; cd $OUT; rm -rf cls dit
+$MOH train $R/configs/fashion_mnist/moh_vit_nano.yaml --run-dir cls --set data.batch_size=32 --set data.limit_train=256 --set data.limit_val=128 --set train.epochs=2 --set train.log_every_steps=2 --set train.ema_decay=0.99 --set augment.mixup=0.8 --set train.seed=5 2>cls.err >cls.out
+$MOH train $R/configs/fashion_mnist/moh_dit_pixel.yaml --run-dir dit --set data.batch_size=32 --set data.limit_train=256 --set train.epochs=2 --set train.log_every_steps=2 --set train.seed=5 2>dit.err >dit.out
+for r in cls dit; do
+  sha256sum $r/checkpoints/*/model.safetensors $r/checkpoints/*/ema.safetensors $r/checkpoints/*/optimizer.safetensors | sed "s|  .*/checkpoints/|  $r/|"
+  python3 -c "
+import json,sys
+for l in open('$r/metrics.jsonl'):
+    j=json.loads(l); j.pop('img_per_s',None); print(json.dumps(j,sort_keys=True))" | sha256sum | sed "s/-/$r metrics/"
+done

@@ -1,0 +1,150 @@
+// The one training loop (core/train_loop.h) with a toy task that knows nothing of either model family: exact resume,
+// the EMA only when asked for, the best-checkpoint pointer, the metric lines and the schedule.
+#include <torch/nn/modules/linear.h>
+
+#include <nlohmann/json.hpp>
+
+#include "core/atomic_io.h"
+#include "core/checkpoint.h"
+#include "core/error.h"
+#include "core/train_loop.h"
+#include "tests/test_util.h"
+
+namespace moh {
+namespace {
+
+// y = x · w* on 64 fixed samples, batches of `batch` in an order drawn from the global generator.
+class Batches : public BatchStream {
+ public:
+  Batches(at::Tensor x, at::Tensor y, int64_t batch) : x_(std::move(x)), y_(std::move(y)), batch_(batch) {
+    order_ = at::randperm(x_.size(0), at::kLong);
+  }
+  int64_t num_batches() const override { return x_.size(0) / batch_; }
+  bool next(at::Tensor& x, at::Tensor& y) override {
+    if (served_ >= num_batches()) return false;
+    const at::Tensor idx = order_.narrow(0, served_++ * batch_, batch_);
+    x = x_.index_select(0, idx), y = y_.index_select(0, idx);
+    return true;
+  }
+
+ private:
+  at::Tensor x_, y_, order_;
+  int64_t batch_, served_ = 0;
+};
+
+class ToyTask : public TrainTask {
+ public:
+  ToyTask() {
+    at::Generator g = at::detail::createCPUGenerator(7);
+    x_ = at::randn({64, 4}, g);
+    y_ = at::matmul(x_, at::randn({4, 2}, g));
+  }
+  std::shared_ptr<torch::nn::Module> build_model() override { return torch::nn::Linear(4, 2).ptr(); }
+  std::string describe() const override { return "toy linear"; }
+  bool per_rank_rng() const override { return true; }
+  std::unique_ptr<BatchStream> train_batches(int64_t, int, int) const override {
+    return std::make_unique<Batches>(x_, y_, 16);
+  }
+  Scalars backward(torch::nn::Module& model, at::Tensor x, at::Tensor y, const StepInfo&, const GradScaler& scaler) override {
+    auto& lin = dynamic_cast<torch::nn::LinearImpl&>(model);
+    const at::Tensor noise = 0.01 * at::randn_like(x);  // a draw from the generator the loop saves and restores
+    at::Tensor loss = (lin.forward(x + noise) - y).pow(2).mean();
+    scaler.scale(loss).backward();
+    return {{"loss", loss.item<double>()}, {"half", loss.item<double>() / 2}};
+  }
+  Scalars evaluate(const std::shared_ptr<torch::nn::Module>& model, dist::Group&) override {
+    torch::NoGradGuard ng;
+    auto lin = std::dynamic_pointer_cast<torch::nn::LinearImpl>(model);
+    return {{"score", 1.0 / (1.0 + (lin->forward(x_) - y_).pow(2).mean().item<double>())}};  // higher is better
+  }
+  std::string eval_message(int64_t epoch, const Scalars& m, const Scalars&) const override {
+    return "epoch " + std::to_string(epoch + 1) + ": " + std::to_string(m.front().second);
+  }
+
+ private:
+  at::Tensor x_, y_;
+};
+
+ExperimentConfig toy_config(const test::TempDir& d, const std::string& train) {
+  return load_experiment(d.write("toy.yaml", R"(
+model: {name: toy}
+data: {batch_size: 16}
+optim: {lr: 1.0e-2, weight_decay: 0.0}
+schedule: {kind: cosine, unit: step, warmup_epochs: 1, min_lr: 1.0e-4}
+train: {epochs: 3, log_every_steps: 3, seed: 11, device: cpu, )" + train + "}\n"));
+}
+
+LoopResult run(const ExperimentConfig& cfg, const std::string& dir, const std::string& resume = "") {
+  return run_training(cfg, {dir, resume}, [](const RunContext&) { return std::make_unique<ToyTask>(); });
+}
+
+std::string metrics_without_timing(const std::string& run) {
+  std::istringstream in(read_file(run + "/metrics.jsonl"));
+  std::string out;
+  for (std::string l; std::getline(in, l);) {
+    auto j = nlohmann::json::parse(l);
+    j.erase("img_per_s");
+    out += j.dump() + "\n";
+  }
+  return out;
+}
+
+TEST(TrainLoop, ResumeIsExactWithEmaAndNamedLosses) {
+  test::TempDir d;
+  const ExperimentConfig cfg = toy_config(d, "ema_decay: 0.9");
+  const LoopResult full = run(cfg, d.file("full"));
+  EXPECT_EQ(full.steps, 12);
+  ExperimentConfig first = cfg;
+  first.train.max_steps = 4;  // stop after epoch 1
+  run(first, d.file("split"));
+  const LoopResult resumed = run(cfg, d.file("split"), "auto");
+  EXPECT_EQ(resumed.steps, 12);
+  const Checkpoint a = load_checkpoint(d.file("full")), b = load_checkpoint(d.file("split"));
+  ASSERT_FALSE(a.ema.empty());
+  for (const auto& [k, v] : a.model) EXPECT_TRUE(torch::equal(v, b.model.at(k))) << k;
+  for (const auto& [k, v] : a.ema) EXPECT_TRUE(torch::equal(v, b.ema.at(k))) << k;
+  EXPECT_EQ(metrics_without_timing(d.file("full")), metrics_without_timing(d.file("split")));
+  // every named loss of the task is logged (means over the window), evaluations with and without _ema
+  const std::string m = read_file(d.file("full") + "/metrics.jsonl");
+  EXPECT_NE(m.find("\"half\":"), std::string::npos);
+  EXPECT_NE(m.find("\"score_ema\":"), std::string::npos);
+  ASSERT_EQ(full.losses.size(), 2u);
+  EXPECT_DOUBLE_EQ(full.losses[1].second, full.losses[0].second / 2);
+  EXPECT_EQ(full.final_eval.front().first, "score");
+  EXPECT_TRUE(std::filesystem::exists(d.file("full") + "/checkpoints/best"));
+}
+
+TEST(TrainLoop, NoEmaUnlessAskedFor) {
+  test::TempDir d;
+  const LoopResult r = run(toy_config(d, "ema_decay: 0.0"), d.file("run"));
+  const Checkpoint c = load_checkpoint(d.file("run"));
+  EXPECT_TRUE(c.ema.empty());
+  EXPECT_FALSE(std::filesystem::exists(c.dir + "/ema.safetensors"));
+  EXPECT_TRUE(r.final_eval_ema.empty());
+  EXPECT_EQ(read_file(d.file("run") + "/metrics.jsonl").find("_ema"), std::string::npos);
+}
+
+TEST(TrainLoop, RefusesToOverwriteARun) {
+  test::TempDir d;
+  const ExperimentConfig cfg = toy_config(d, "max_steps: 2");
+  run(cfg, d.file("run"));
+  EXPECT_THROW(run(cfg, d.file("run")), UserError);
+}
+
+// timm CosineLRScheduler as the TransNeXt recipe configures it (per-epoch t, warm-up, cosine over t / epochs).
+TEST(TrainLoop, LearningRateSchedule) {
+  ExperimentConfig cfg;
+  cfg.optim.lr = 1e-3;
+  cfg.schedule.kind = LrSchedule::cosine;
+  cfg.schedule.warmup_epochs = 5, cfg.schedule.warmup_lr = 1e-6, cfg.schedule.min_lr = 1e-5;
+  cfg.train.epochs = 300;
+  EXPECT_DOUBLE_EQ(learning_rate_at(cfg, 0), 1e-6);
+  EXPECT_NEAR(learning_rate_at(cfg, 2.5), 1e-6 + 2.5 * (1e-3 - 1e-6) / 5, 1e-15);
+  EXPECT_NEAR(learning_rate_at(cfg, 150), 1e-5 + 0.5 * (1e-3 - 1e-5), 1e-12);
+  EXPECT_NEAR(learning_rate_at(cfg, 300), 1e-5, 1e-15);
+  cfg.schedule.kind = LrSchedule::constant;
+  EXPECT_DOUBLE_EQ(learning_rate_at(cfg, 123), 1e-3);
+}
+
+}  // namespace
+}  // namespace moh

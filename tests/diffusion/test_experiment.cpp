@@ -1,0 +1,74 @@
+// The experiment level (diffusion/experiment.h): one decision of a model name's family with one "did you mean" over
+// every variant table, and one semantic validation that refuses what training would refuse (what `moh config` runs).
+#include "core/error.h"
+#include "diffusion/experiment.h"
+#include "tests/test_util.h"
+
+namespace moh {
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Experiment, OneFamilyDecisionForEveryName) {
+  EXPECT_EQ(model_family("MoH-ViT-S-75"), ModelFamily::classifier);
+  EXPECT_EQ(model_family("TransNeXt-Tiny"), ModelFamily::classifier);
+  EXPECT_EQ(model_family("MoH-DiT-XL/2-90"), ModelFamily::dit);
+  EXPECT_EQ(model_family("DiT-S/2"), ModelFamily::dit);
+  EXPECT_EQ(model_family("sd-vae"), ModelFamily::sd_vae);
+  EXPECT_EQ(model_family("fid-inception"), ModelFamily::fid_inception);
+  for (const auto& n : all_model_names()) EXPECT_NO_THROW(model_family(n)) << n;
+  // one "did you mean" across the tables: a near DiT name from a classifier-looking typo and back
+  EXPECT_NE(error_of([] { model_family("MoH-DiT-XL/2-9"); }).find("did you mean 'MoH-DiT-XL/2-90'"), std::string::npos);
+  EXPECT_NE(error_of([] { model_family("MoH-ViT-S-7"); }).find("did you mean 'MoH-ViT-S-75'"), std::string::npos);
+  EXPECT_NE(error_of([] { model_family("sd-va"); }).find("did you mean 'sd-vae'"), std::string::npos);
+  // "DiT" in a name decides nothing
+  EXPECT_THROW(model_family("MyDiT"), UserError);
+}
+
+ExperimentConfig config(const std::string& yaml) {
+  test::TempDir d;
+  return load_experiment(d.write("c.yaml", yaml));
+}
+
+TEST(Experiment, ValidationRefusesWhatTrainingRefuses) {
+  const std::string cls = "model: {name: MoH-ViT-Nano}\n";
+  const std::string dit = "model: {name: MoH-DiT-Pixel/4-75, num_classes: 10}\n";
+  EXPECT_NO_THROW(validate_experiment(config(cls)));
+  EXPECT_NO_THROW(validate_experiment(config(dit)));
+  const std::vector<std::pair<std::string, std::string>> bad{
+      {"model: {name: MoH-ViT-Nano, attention_path: sparse}", "model.attention_path"},
+      {"model: {name: MoH-ViT-Nano, attention: [moh, moh]}", "model.attention"},
+      {"model: {name: TransNeXt-Micro, attention: [moh, mha, mha, mha]}", "no MoH head split"},
+      {cls + "data: {dataset: image_folder, root: /x, loader: stream}\naugment: {rand_augment: rand-m9-q1}",
+       "unknown RandAugment part"},
+      {"model: {name: MoH-DiT-Pixel/4-75, attention: [moh, moh, moh, moh]}", "model.attention"},
+      {dit + "train: {accum_steps: 2}\ndata: {batch_size: 64}", "train.accum_steps"},
+      {"model: {name: DiT-S/2}\ndiffusion: {vae: sd}\ndata: {dataset: fashion_mnist}", "pre-extracted latents"},
+      {"model: {name: DiT-S/2}\ndiffusion: {vae: none}\ndata: {dataset: latents, root: /x}", "needs vae: sd"},
+      {dit + "sampling: {steps: ddim7777}", "timestep respacing"},
+      {"model: {name: sd-vae}", "fixed network"},
+      {"model: {name: MoH-ViT-Nanoo}", "did you mean 'MoH-ViT-Nano'"},
+  };
+  for (const auto& [yaml, why] : bad) {
+    std::string e;
+    try {
+      validate_experiment(config(yaml));
+    } catch (const UserError& err) {
+      e = err.what();
+    }
+    EXPECT_NE(e.find(why), std::string::npos) << yaml << "\n  gave: '" << e << "'";
+  }
+  // extract-latents reads images for a vae: sd config
+  EXPECT_NO_THROW(validate_experiment(config("model: {name: DiT-S/2}\ndiffusion: {vae: sd}\ndata: {dataset: fashion_mnist}"),
+                                      ExperimentUse::extract_latents));
+}
+
+}  // namespace
+}  // namespace moh
