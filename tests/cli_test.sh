@@ -73,6 +73,10 @@ expect 0 '"params": 675666464' -- info --model MoH-DiT-XL/2-90 --json
 expect 0 '"params": 32963360' -- info --model DiT-S/2 --json
 expect 0 "MoH-DiT-S/2-75" -- info --list
 expect 2 "unknown model variant" -- info --model DiT-XXL/2
+# moh config applies every rule of the model's family, with the message moh train gives.
+expect 2 "sparse is implemented for DiT attention" -- config configs/fashion_mnist/moh_vit_nano.yaml --set model.attention_path=sparse
+expect 2 "train.accum_steps: must be 1 for diffusion training" -- config configs/fashion_mnist/moh_dit_pixel.yaml --set train.accum_steps=2
+expect 2 "vae: sd trains from pre-extracted latents" -- config configs/imagenet/dit_s_2.yaml --set data.dataset=image_folder
 expect 2 "did you mean 'MoH-ViT-S-75'" -- info --model MoH-ViT-S-7
 expect 0 '"params": 90020632' -- info --model MoH-ViT-B-75 --json
 expect 0 '"params": 12809304' -- info --model TransNeXt-Micro --json
@@ -195,7 +199,12 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   kill_resume dit $DIT "ema.safetensors" -- --set data.limit_train=64 --set data.batch_size=16 --set train.epochs=6 \
     --set train.log_every_steps=1
   FAST=(--set sampling.per_class=2 --set sampling.steps=ddim3)
-  expect 0 "wrote $tmp/s/samples.npz (20 images)" -- sample --checkpoint "$tmp/dit" "${FAST[@]}" --out "$tmp/s"
+  expect 0 "wrote $tmp/s/samples.npz (20 images) from the ema weights of step 2" -- sample --checkpoint "$tmp/dit" "${FAST[@]}" --out "$tmp/s"
+  # train.ema_decay: 0 keeps no EMA: the checkpoint has no ema.safetensors and sampling uses the trained weights.
+  expect 0 '"steps":2' -- train $DIT --set data.limit_train=32 --set data.batch_size=16 --set train.max_steps=2 --set train.ema_decay=0 --run-dir "$tmp/dit_noema"
+  [ ! -e "$tmp/dit_noema/checkpoints/0000002/ema.safetensors" ] && pass=$((pass + 1)) || { echo "FAIL: ema.safetensors without an EMA"; fails=$((fails + 1)); }
+  expect 0 "from the model weights of step 2" -- sample --checkpoint "$tmp/dit_noema" "${FAST[@]}" --num-samples 2 --out "$tmp/s6"
+  grep -q '"weights": "model"' "$tmp/s6/sampling.json" && pass=$((pass + 1)) || { echo "FAIL: sampling.json does not say which weights"; fails=$((fails + 1)); }
   expect 0 "wrote" -- sample configs/fashion_mnist/moh_dit_pixel.yaml --checkpoint "$tmp/dit" --cfg-scale 3 --steps ddim3 --num-samples 4 --labels 1,7 --seed 5 --out "$tmp/s3"
   expect 0 "wrote" -- sample configs/fashion_mnist/moh_dit_pixel.yaml --checkpoint "$tmp/dit" --cfg-scale 3 --steps ddim3 --num-samples 4 --labels 1,7 --seed 5 --out "$tmp/s4"
   cmp -s "$tmp/s3/samples.npz" "$tmp/s4/samples.npz" && cmp -s "$tmp/s3/grid.png" "$tmp/s4/grid.png" && pass=$((pass + 1)) || { echo "FAIL: same seed, different samples"; fails=$((fails + 1)); }

@@ -76,28 +76,5 @@ TEST(HeadLoad, CountsPerLayerAndClass) {
   EXPECT_EQ(j["layers"].size(), static_cast<size_t>(o.routed_layers()));
 }
 
-TEST(Loader, DeterministicOrderAndAugmentation) {
-  auto o1 = datasets::epoch_order(100, 7, 3, true), o2 = datasets::epoch_order(100, 7, 3, true);
-  EXPECT_EQ(o1, o2);
-  EXPECT_NE(o1, datasets::epoch_order(100, 7, 4, true));
-  std::vector<int64_t> sorted = o1;
-  std::sort(sorted.begin(), sorted.end());
-  for (int64_t i = 0; i < 100; ++i) EXPECT_EQ(sorted[i], i);
-  auto r0 = datasets::epoch_order(10, 1, 0, true, 0, 2), r1 = datasets::epoch_order(10, 1, 0, true, 1, 2);
-  EXPECT_EQ(r0.size() + r1.size(), 10u);
-  datasets::ImageSet set{torch::randint(0, 255, {6, 28, 28}, torch::kByte), torch::arange(6)};
-  datasets::ClassifierTransform tf;
-  tf.shift = 2, tf.hflip = true;
-  auto [x1, y1] = datasets::make_batch(set, {5, 2, 0}, tf, true, 11, 1);
-  auto [x2, y2] = datasets::make_batch(set, {5, 2, 0}, tf, true, 11, 1);
-  EXPECT_TRUE(torch::equal(x1, x2));
-  EXPECT_EQ(x1.sizes(), (std::vector<int64_t>{3, 1, 32, 32}));
-  EXPECT_TRUE(torch::equal(y1, torch::tensor({5, 2, 0})));
-  auto [e1, ey] = datasets::make_batch(set, {5}, tf, false, 11, 1);  // eval: centred, no randomness
-  const float v = (set.images[5][0][0].item<float>() / 255.f - datasets::kFashionMnistMean) / datasets::kFashionMnistStd;
-  EXPECT_NEAR(e1[0][0][2][2].item<float>(), v, 1e-5);
-  EXPECT_NEAR(e1[0][0][0][0].item<float>(), -datasets::kFashionMnistMean / datasets::kFashionMnistStd, 1e-6);
-}
-
 }  // namespace
 }  // namespace moh::vision
