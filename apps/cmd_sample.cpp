@@ -79,10 +79,7 @@ int cmd_sample(int argc, char** argv) {
       sets.clear();
     }
     if (!sets.empty()) {
-      YAML::Node tree = YAML::Load(to_yaml(cfg));
-      for (const auto& s : sets) config::apply_override(tree, s);
-      cfg = config::read_struct<ExperimentConfig>(tree, "--set");
-      cfg.validate("--set");
+      cfg = with_overrides(cfg, sets);
       validate_experiment(cfg);
     }
   } else if (args.count("untrained") || args.count("weights")) {

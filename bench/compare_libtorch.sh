@@ -3,7 +3,8 @@
 # same `moh bench` command on both builds in the order A B A B (so drift of the machine hits both alike) and reports
 # each build's median and the ratio 1.13 / 2.x (> 1: 2.x faster). JSON rows go to $OUT (default
 # docs/results/bench_libtorch_cpu.jsonl), a Markdown table to stdout.
-#   bash bench/compare_libtorch.sh [quick]      quick: smaller/fewer rows (a few minutes; the full run ~20 min here)
+#   bash bench/compare_libtorch.sh [quick]      quick: smaller/fewer rows (a few minutes; the full run ~30 min here)
+#   ONLY='ViT|sample|attention' bash bench/compare_libtorch.sh   only those rows, appended to $OUT
 set -euo pipefail
 cd "$(dirname "$0")/.."
 A=${MOH_A:-build/moh} B=${MOH_B:-build-torch2/moh}
@@ -12,12 +13,15 @@ PY=${PY:-.venv/bin/python}
 for m in "$A" "$B"; do [ -x "$m" ] || { echo "error: $m not built (scripts/setup.sh, MOH_LIBTORCH=pip scripts/setup.sh)" >&2; exit 2; }; done
 QUICK=${1:-}
 mkdir -p "$(dirname "$OUT")"
-: > "$OUT"
+# ONLY=REGEX runs the rows whose names match (and appends to $OUT instead of starting it afresh).
+ONLY=${ONLY:-}
+[ -n "$ONLY" ] || : > "$OUT"
 
 # row NAME FIELD -- moh bench ARGS...: FIELD of the JSON output is the figure (lower is better).
 row() {
   local name=$1 field=$2
   shift 3
+  [ -z "$ONLY" ] || [[ "$name" =~ $ONLY ]] || return 0
   local vals=()
   for round in 1 2; do
     for m in "$A" "$B"; do
@@ -42,6 +46,7 @@ EOF
 # (plain attention on both; `--fused` rows only on 2.x, compared with 2.x's plain row measured in the same round).
 attn_rows() {
   local args=("$@")
+  [ -z "$ONLY" ] || [[ attention =~ $ONLY ]] || return 0
   for round in 1 2; do
     "$A" bench attention "${args[@]}" --json 2>/dev/null > "/tmp/moh_cmp_a$round.json"
     "$B" bench attention "${args[@]}" --json 2>/dev/null > "/tmp/moh_cmp_b$round.json"
@@ -72,7 +77,11 @@ if [ "$QUICK" = quick ]; then
 fi
 row "train MoH-DiT-S/2-90 b8 32x32x4 fp32" step_s -- train --model MoH-DiT-S/2-90 --batch 8 --img-size 32 --steps 3 --warmup 1 --peak-tflops 1
 row "train MoH-DiT-S/2-90 b8 32x32x4 fp32 sparse" step_s -- train --model MoH-DiT-S/2-90 --batch 8 --img-size 32 --steps 3 --warmup 1 --peak-tflops 1 --attention-path sparse
-row "train MoH-DiT-S/2-90 b8 32x32x4 bf16" step_s -- train --model MoH-DiT-S/2-90 --batch 8 --img-size 32 --steps 2 --warmup 1 --peak-tflops 1 --precision bf16
+# bf16 autocast only where the CPU has native bf16 (avx512_bf16 / amx_bf16): elsewhere one step takes minutes (97 s vs
+# 11 s fp32 for this row on the AVX2-only development machine, LibTorch 1.13). MOH_BENCH_BF16=1 forces the row.
+if grep -qE 'avx512_bf16|amx_bf16' /proc/cpuinfo || [ "${MOH_BENCH_BF16:-0}" = 1 ]; then
+  row "train MoH-DiT-S/2-90 b8 32x32x4 bf16" step_s -- train --model MoH-DiT-S/2-90 --batch 8 --img-size 32 --steps 2 --warmup 1 --peak-tflops 1 --precision bf16
+fi
 row "train MoH-ViT-S-75 b4 224 fp32" step_s -- train --model MoH-ViT-S-75 --batch 4 --steps 3 --warmup 1 --peak-tflops 1
 row "sample MoH-DiT-S/2-90 b4 ddim10 cfg4 fp32 (chain s)" step_s -- sample --model MoH-DiT-S/2-90 --batch 4 --chain ddim10 --steps 2 --warmup 1
 attn_rows --seqs 256,1024 --dims 384:6,768:12 --actives 0.5 --scopes core,module --runs 5

@@ -5,7 +5,13 @@
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <set>
@@ -227,6 +233,26 @@ TensorMap load_weights_tensors(const std::string& path, const std::string& key) 
 void load_initial_weights(torch::nn::Module& module, const std::string& path, const std::string& key,
                           bool allow_missing) {
   load_module_tensors(module, load_weights_tensors(path, key), path + (key.empty() ? "" : " [" + key + "]"), allow_missing);
+}
+
+RunDirLock::RunDirLock(const std::string& run_dir) {
+  std::error_code ec;
+  fs::create_directories(run_dir, ec);
+  const std::string path = run_dir + "/.lock";
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0)
+    throw UserError("run directory " + run_dir, std::string("cannot create its lock file: ") + std::strerror(errno),
+                    "choose a writable --run-dir");
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    ::close(fd_);
+    fd_ = -1;
+    throw UserError("run directory " + run_dir, "is in use by another training process",
+                    "wait for it to end, or choose another --run-dir");
+  }
+}
+
+RunDirLock::~RunDirLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the flock
 }
 
 MetricsWriter start_run_dir(const std::string& run_dir, const std::string& config_yaml,

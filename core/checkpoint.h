@@ -75,6 +75,20 @@ Checkpoint load_checkpoint(const std::string& path);
 /// if any, a path = that checkpoint (or run), "" = a fresh run (UserError if the directory already holds one).
 std::optional<Checkpoint> resolve_resume(const std::string& run_dir, const std::string& resume);
 
+/// The exclusive lock of a run directory (flock on the empty file `<run_dir>/.lock`): a second training process on
+/// the same run directory is refused. Released when the object is destroyed or the process ends in any way (kill -9
+/// included). Creates the directory if needed.
+class RunDirLock {
+ public:
+  explicit RunDirLock(const std::string& run_dir);
+  ~RunDirLock();
+  RunDirLock(const RunDirLock&) = delete;
+  RunDirLock& operator=(const RunDirLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 /// Starts writing into a run directory once every input has been checked: creates it, prints and saves
 /// config.resolved.yaml, and opens metrics.jsonl (a fresh file, or cut back to `resumed_step` when resuming).
 MetricsWriter start_run_dir(const std::string& run_dir, const std::string& config_yaml,

@@ -144,6 +144,15 @@ ExperimentConfig parse_experiment(const std::string& yaml_text, const std::strin
   return cfg;
 }
 
+ExperimentConfig with_overrides(const ExperimentConfig& cfg, const std::vector<std::string>& overrides,
+                                const std::string& origin) {
+  YAML::Node tree = YAML::Load(to_yaml(cfg));
+  for (const auto& o : overrides) config::apply_override(tree, o);
+  ExperimentConfig out = config::read_struct<ExperimentConfig>(tree, origin);
+  out.validate(origin);
+  return out;
+}
+
 std::string to_yaml(const ExperimentConfig& cfg) { return config::write_struct(cfg); }
 
 }  // namespace moh

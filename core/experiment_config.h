@@ -297,6 +297,11 @@ ExperimentConfig load_experiment(const std::string& path, const std::vector<std:
 /// Parses and validates resolved YAML text (e.g. the config.resolved.yaml stored in a checkpoint).
 ExperimentConfig parse_experiment(const std::string& yaml_text, const std::string& origin);
 
+/// A resolved config with `--set` overrides applied (through its YAML form, so the same strict parsing and
+/// validation apply; origin names the overrides in errors).
+ExperimentConfig with_overrides(const ExperimentConfig& cfg, const std::vector<std::string>& overrides,
+                                const std::string& origin = "--set");
+
 /// The resolved config as YAML text (printed at start, saved in run dirs and checkpoints).
 std::string to_yaml(const ExperimentConfig& cfg);
 

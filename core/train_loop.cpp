@@ -83,6 +83,10 @@ LoopResult run_training(const ExperimentConfig& cfg, const TrainArgs& args, cons
 
   // Resume decision before anything touches the run directory (every rank decides alike, then rank 0 writes).
   std::optional<Checkpoint> resume = resolve_resume(run_dir, args.resume);
+  // One writer per run directory: an existing one is locked at once (a second process is refused before it loads
+  // any data); a new one only once every input has been checked (below), so a refused run creates nothing.
+  std::unique_ptr<RunDirLock> lock;
+  if (ctx.is_main() && fs::exists(run_dir)) lock = std::make_unique<RunDirLock>(run_dir);
   const std::shared_ptr<dist::Group> group = dist::Group::join(ctx);
   group->barrier();
   const std::unique_ptr<TrainTask> task = make_task(ctx);
@@ -119,6 +123,7 @@ LoopResult run_training(const ExperimentConfig& cfg, const TrainArgs& args, cons
   const std::string config_yaml = to_yaml(cfg);
   MetricsWriter metrics;
   if (group->is_main()) {
+    if (!lock) lock = std::make_unique<RunDirLock>(run_dir);
     metrics = start_run_dir(run_dir, config_yaml, resume ? std::optional<int64_t>(state.step) : std::nullopt);
     if (const std::string w = slow_bf16_warning(ctx); !w.empty()) std::cerr << "warning: " << w << "\n";
     std::cerr << "model " << task->describe() << ", " << precision_summary(cfg.train.precision, ctx) << ", run dir "

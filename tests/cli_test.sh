@@ -131,6 +131,15 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   expect 0 '"steps":2' -- train $NANO "${TINY[@]}" --set model.weights="$tmp/run" --run-dir "$tmp/run_init"
   expect 2 "not a torch.save file" -- train $NANO "${TINY[@]}" --set model.weights=configs/base/imagenet_classification.yaml --run-dir "$tmp/run5"
   expect 2 "nonexistent.pth: no such file" -- train $NANO "${TINY[@]}" --set model.weights=/nonexistent.pth --run-dir "$tmp/run5"
+  # One writer per run dir: while a run holds its directory, a second `moh train` there is refused at once.
+  "$MOH" train $NANO --set data.limit_train=2048 --set data.batch_size=16 --set train.epochs=1 --set train.processes=1 \
+    --run-dir "$tmp/run_busy" >/dev/null 2>&1 &
+  busy=$!
+  for _ in $(seq 1 600); do [ -e "$tmp/run_busy/metrics.jsonl" ] && break; sleep 0.05; done
+  expect 2 "is in use by another training process" -- train $NANO "${TINY[@]}" --run-dir "$tmp/run_busy" --resume auto
+  kill -9 $busy 2>/dev/null; wait $busy 2>/dev/null
+  # the lock dies with its process (kill -9): the run continues
+  expect 0 '"steps":2' -- train $NANO "${TINY[@]}" --run-dir "$tmp/run_busy" --resume auto
   # kill -9 during classifier training, then --resume auto: final weights (model and EMA) and losses equal an
   # uninterrupted run's, byte for byte.
   kill_resume cls $NANO "model.safetensors ema.safetensors" -- --set train.processes=1 --set data.limit_train=64 --set data.limit_val=32 \

@@ -158,12 +158,6 @@ EvalResult evaluate_sharded(TransNeXt& model, const ClassifierSplit& split, int6
   return all;
 }
 
-EvalResult evaluate_classifier(TransNeXt& model, const datasets::ImageSet& set, const datasets::ClassifierTransform& tf,
-                               int64_t batch_size, const RunContext& ctx, HeadLoadStats* head_load) {
-  datasets::EpochLoader loader(set, tf, batch_size, /*train=*/false, 0, 0, 0, /*drop_last=*/false);
-  return evaluate_classifier(model, loader, ctx, head_load);
-}
-
 LoadedClassifier load_classifier_checkpoint(const std::string& path, bool ema) {
   Checkpoint ckpt = load_checkpoint(path);
   LoadedClassifier r;

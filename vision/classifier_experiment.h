@@ -40,7 +40,6 @@ class ClassifierSplit {
   /// With world > 1 the rank's share (strided), `batch_size` images per rank.
   std::unique_ptr<datasets::BatchStream> epoch(int64_t epoch, int64_t batch_size, bool train, int64_t start_batch = 0,
                                                bool drop_last = true, int rank = 0, int world = 1) const;
-  const datasets::ImageSet& images() const { return set_; }
 
  private:
   ExperimentConfig cfg_;
@@ -63,9 +62,6 @@ EvalResult evaluate_classifier(TransNeXt& model, datasets::BatchStream& batches,
 /// Every rank evaluates its share of the split; the counts (and head loads) are summed (identical on every rank).
 EvalResult evaluate_sharded(TransNeXt& model, const ClassifierSplit& split, int64_t batch_size, const RunContext& ctx,
                             dist::Group& group, HeadLoadStats* head_load = nullptr);
-/// Convenience: every image of an in-memory set, in order.
-EvalResult evaluate_classifier(TransNeXt& model, const datasets::ImageSet& set, const datasets::ClassifierTransform& tf,
-                               int64_t batch_size, const RunContext& ctx, HeadLoadStats* head_load = nullptr);
 
 /// A classifier loaded from one of this toolkit's checkpoints.
 struct LoadedClassifier {
