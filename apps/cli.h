@@ -1,5 +1,8 @@
 #pragma once
 // Shared cxxopts helpers for the subcommands: parsing with user-facing errors.
+// Repeated flags (--set) are lists of whole values: a comma belongs to the value (--set optim.betas=[0.9,0.95]),
+// so cxxopts must not split at it.
+#define CXXOPTS_VECTOR_DELIMITER '\0'
 #include <cxxopts.hpp>
 
 #include <string>

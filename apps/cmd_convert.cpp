@@ -9,6 +9,7 @@
 
 #include "apps/cli.h"
 #include "apps/commands.h"
+#include "core/atomic_io.h"
 #include "core/checkpoint.h"
 #include "core/error.h"
 #include "core/safetensors.h"
@@ -31,6 +32,7 @@ int cmd_convert(int argc, char** argv) {
     throw UserError("--out " + out, "must end in .safetensors", "e.g. --out model.safetensors");
   if (std::filesystem::exists(out) && std::filesystem::exists(in) && std::filesystem::equivalent(in, out))
     throw UserError("--out " + out, "is the input file", "choose another output path");
+  check_output_file(out, "--out " + out);
   TensorMap tensors = load_weights_tensors(in, key);
   if (tensors.empty()) throw UserError("--in " + in, "holds no tensors", "wrong --key?");
   int64_t params = 0;

@@ -23,6 +23,8 @@ int cmd_eval(int argc, char** argv) {
   ExperimentConfig cfg = config_from_args(args, argv[0]);
   if (!args.count("checkpoint") && cfg.model.weights.empty())
     throw UserError(argv[0], "missing --checkpoint PATH", "a checkpoint or run directory, or --weights FILE (e.g. an official .pth)");
+  const std::string out = args["out"].as<std::string>();
+  if (!out.empty()) check_output_dir(out, "--out " + out);
   RunContext ctx = RunContext::create(cfg.train.device, Precision::fp32, 0);
   vision::TransNeXt model{nullptr};
   std::string source, weights = "model", model_name = cfg.model.name;
@@ -48,7 +50,6 @@ int cmd_eval(int argc, char** argv) {
                         {"model", model_name},
                         {"count", r.count}};
   if (step >= 0) report["step"] = step;
-  const std::string out = args["out"].as<std::string>();
   if (!out.empty()) {
     eval::write_report(out, report, "Classifier evaluation: " + model_name);
     if (mo.routed_layers() > 0) {  // MoH head load per layer and class (paper Figure 3)

@@ -4,6 +4,7 @@
 
 #include "apps/cli.h"
 #include "apps/commands.h"
+#include "core/atomic_io.h"
 #include "core/error.h"
 #include "datasets/image_folder.h"
 #include "datasets/image_source.h"
@@ -14,12 +15,17 @@ int cmd_export_images(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "Write labelled images as an ImageFolder split (<out>/<NN>_<class>/<index>.png)");
   opts.add_options()("images", "labelled source: fashion_mnist:train|test[:N] or an .npz with arr_1 labels",
                      cxxopts::value<std::string>())("out", "split directory to create, e.g. fm_tree/train",
-                                                    cxxopts::value<std::string>())("h,help", "show this help");
+                                                    cxxopts::value<std::string>())(
+      "format", "png (lossless) or jpg (quality 95, as ImageNet's files)", cxxopts::value<std::string>()->default_value("png"))(
+      "h,help", "show this help");
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
   for (const char* required : {"images", "out"})
     if (!args.count(required)) throw UserError(argv[0], std::string("missing --") + required, "see --help");
   const std::string spec = args["images"].as<std::string>(), out = args["out"].as<std::string>();
+  const std::string format = args["format"].as<std::string>();
+  if (format != "png" && format != "jpg") throw UserError("--format " + format, "unknown image format", "png or jpg");
+  check_output_dir(out, "--out " + out);
   auto source = datasets::open_image_source(spec);
   if (!source->has_labels()) throw UserError("--images " + spec, "has no labels", "an ImageFolder needs one class per image");
   std::vector<at::Tensor> images, labels;
@@ -37,7 +43,7 @@ int cmd_export_images(int argc, char** argv) {
     std::snprintf(prefix, sizeof prefix, "%0*lld_", classes > 100 ? 4 : 2, static_cast<long long>(k));  // sorted = label order
     names.push_back(prefix + n);
   }
-  datasets::write_image_folder(out, set, names);
+  datasets::write_image_folder(out, set, names, format);
   std::cout << "wrote " << set.size() << " images in " << classes << " class folders under " << out << "\n";
   return 0;
 }

@@ -5,6 +5,7 @@
 
 #include "apps/cli.h"
 #include "apps/commands.h"
+#include "core/atomic_io.h"
 #include "core/error.h"
 #include "core/run_context.h"
 #include "diffusion/latent_extract.h"
@@ -28,6 +29,7 @@ int cmd_extract_latents(int argc, char** argv) {
     throw UserError("config: diffusion.vae_weights", "is empty", "sd-vae-ft-ema's diffusion_pytorch_model.safetensors");
   diffusion::ExtractOptions o;
   o.out = args["out"].as<std::string>();
+  check_output_dir(o.out, "--out " + o.out);
   o.split = args["split"].as<std::string>();
   if (o.split != "train" && o.split != "val") throw UserError("--split " + o.split, "must be train or val", "");
   o.shard_size = args["shard-size"].as<int64_t>();

@@ -4,6 +4,7 @@
 
 #include "apps/cli.h"
 #include "apps/commands.h"
+#include "core/atomic_io.h"
 #include "core/config_schema.h"
 #include "core/error.h"
 #include "eval/generative.h"
@@ -55,6 +56,8 @@ int cmd_fid(int argc, char** argv) {
   o.resize = resize == "tf1" ? eval::InceptionResize::tf1 : eval::InceptionResize::pytorch;
   o.batch_size = args["batch"].as<int64_t>();
   if (o.batch_size < 1) throw UserError("--batch", "must be at least 1", "");
+  if (!args["out"].as<std::string>().empty()) check_output_dir(args["out"].as<std::string>(), "--out " + args["out"].as<std::string>());
+  if (!o.save_features.empty()) check_output_file(o.save_features, "--save-features " + o.save_features);
   RunContext ctx = RunContext::create(args["device"].as<std::string>(), Precision::fp32, 0);
 
   nlohmann::json report = eval::evaluate_generative(o, ctx);
@@ -90,6 +93,7 @@ int cmd_ref_stats(int argc, char** argv) {
   const std::string resize = args["resize"].as<std::string>(), out = args["out"].as<std::string>();
   if (resize != "tf1" && resize != "pytorch") throw UserError("--resize " + resize, "unknown mode", "tf1 or pytorch");
   if (out.size() < 5 || out.compare(out.size() - 4, 4, ".npz") != 0) throw UserError("--out " + out, "must end in .npz", "");
+  check_output_file(out, "--out " + out);
   const int64_t batch = args["batch"].as<int64_t>();
   if (batch < 1) throw UserError("--batch", "must be at least 1", "");
   RunContext ctx = RunContext::create(args["device"].as<std::string>(), Precision::fp32, 0);

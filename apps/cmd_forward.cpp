@@ -13,6 +13,7 @@
 
 #include "apps/cli.h"
 #include "apps/commands.h"
+#include "core/atomic_io.h"
 #include "core/checkpoint.h"
 #include "core/error.h"
 #include "core/safetensors.h"
@@ -69,6 +70,7 @@ int cmd_forward(int argc, char** argv) {
   const bool allow_missing = args.count("allow-missing") > 0;
   const std::string origin = weights_path + (key.empty() ? "" : " [" + key + "]");
 
+  check_output_file(out_path, "--output " + out_path);
   const ModelFamily family = model_family(name, "--model " + name);
   const bool dit = family == ModelFamily::dit, classifier = family == ModelFamily::classifier;
   const TensorMap in = load_safetensors(in_path).tensors;

@@ -53,6 +53,7 @@ int cmd_sample(int argc, char** argv) {
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
   const std::string out_dir = args["out"].as<std::string>();
+  check_output_dir(out_dir, "--out " + out_dir);  // before the model is even loaded
   std::vector<std::string> sets = config_overrides(args);
   for (const auto& [flag, key] : std::vector<std::pair<std::string, std::string>>{
            {"cfg-scale", "cfg_scale"}, {"cfg-channels", "cfg_channels"}, {"sampler", "sampler"}, {"steps", "steps"},

@@ -18,7 +18,9 @@ int cmd_train(int argc, char** argv) {
   opts.add_options()("run-dir", "run directory (default runs/<config name>)",
                      cxxopts::value<std::string>()->default_value(""))(
       "resume", "auto (latest checkpoint of the run dir, if any) or a checkpoint/run directory",
-      cxxopts::value<std::string>()->default_value(""))("h,help", "show this help");
+      cxxopts::value<std::string>()->default_value(""))(
+      "allow-config-change", "resume although data.* / batch / seed settings differ from the checkpoint's")(
+      "h,help", "show this help");
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
   ExperimentConfig cfg = config_from_args(args, argv[0]);
@@ -28,7 +30,8 @@ int cmd_train(int argc, char** argv) {
     for (int i = 1; i < argc; ++i) child.emplace_back(argv[i]);
     return launch_local(static_cast<int>(cfg.train.processes), 0, child);
   }
-  const TrainArgs ta{args["run-dir"].as<std::string>(), args["resume"].as<std::string>()};
+  const TrainArgs ta{args["run-dir"].as<std::string>(), args["resume"].as<std::string>(),
+                     args.count("allow-config-change") > 0};
   const bool dit = model_family(cfg.model.name) == ModelFamily::dit;  // config_from_args checked it is trainable
   const LoopResult r = run_training(cfg, ta, [&](const RunContext& ctx) {
     return dit ? diffusion::make_dit_task(cfg, ctx) : vision::make_classifier_task(cfg, ctx);

@@ -5,6 +5,8 @@
 #include <torch/cuda.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <filesystem>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
@@ -142,6 +144,15 @@ int main(int argc, char** argv) {
   } catch (const moh::UserError& e) {
     if (rank.empty()) std::cerr << e.what() << std::endl;
     return moh::kExitUserError;
+  } catch (const std::filesystem::filesystem_error& e) {
+    // A path the user gave that cannot be used (not a directory, a link loop, no permission) is an input error; a
+    // full or failing disk is a runtime failure.
+    const std::error_code c = e.code();
+    const bool runtime = c == std::errc::no_space_on_device || c == std::errc::io_error || c.value() == EDQUOT;
+    if (rank.empty() || runtime)
+      std::cerr << prefix << (e.path1().empty() ? std::string("filesystem") : e.path1().string()) << ": "
+                << c.message() << (runtime ? "" : " (check the path)") << std::endl;
+    return runtime ? moh::kExitRuntime : moh::kExitUserError;
   } catch (const c10::Error& e) {
     std::cerr << prefix << e.what_without_backtrace() << std::endl;
     return moh::kExitRuntime;

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -27,6 +28,46 @@ std::string read_file(const std::string& path, const std::string& what) {
   std::ostringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+void check_output_dir(const std::string& dir, const std::string& what) {
+  if (dir.empty()) throw UserError(what, "is empty", "give a directory");
+  std::error_code ec;
+  fs::path p = fs::absolute(fs::path(dir), ec);
+  if (ec) throw UserError(what, ec.message(), "check the path");
+  // The nearest ancestor that exists (the directory itself if it does).
+  fs::path existing = p;
+  while (!existing.empty()) {
+    const fs::file_status st = fs::status(existing, ec);
+    if (ec && ec != std::errc::no_such_file_or_directory) {
+      const std::string why = ec == std::errc::too_many_symbolic_link_levels ? "a symbolic link loop at " + existing.string()
+                              : ec == std::errc::not_a_directory ? existing.string() + " lies under a file, not a directory"
+                                                                  : existing.string() + ": " + ec.message();
+      throw UserError(what, why, "choose another path");
+    }
+    if (fs::exists(st)) {
+      if (!fs::is_directory(st))
+        throw UserError(what, existing.string() + " is a file, not a directory", "choose another path");
+      break;
+    }
+    if (existing == existing.root_path()) break;
+    existing = existing.parent_path();
+  }
+  // Probe by creating (and removing) a directory there: permission bits say nothing for root, read-only mounts or
+  // pseudo filesystems such as /proc.
+  std::string probe = (existing / ".moh-probe-XXXXXX").string();
+  if (::mkdtemp(probe.data()) == nullptr)
+    throw UserError(what, "cannot create anything in " + existing.string() + ": " + std::strerror(errno),
+                    "choose a writable path");
+  ::rmdir(probe.c_str());
+}
+
+void check_output_file(const std::string& path, const std::string& what) {
+  if (path.empty()) throw UserError(what, "is empty", "give a file path");
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) throw UserError(what, "is a directory", "give a file path");
+  fs::path parent = fs::absolute(fs::path(path), ec).parent_path();
+  check_output_dir(parent.string(), what);
 }
 
 void fsync_path(const std::string& path) {

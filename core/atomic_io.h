@@ -35,6 +35,13 @@ class AtomicDir {
   bool replace_, committed_ = false;
 };
 
+/// Checks, before any work, that `dir` can be created (or, if it exists, is a directory) and written to: every
+/// existing ancestor is a directory and the nearest existing one is writable. Nothing is created. UserError naming
+/// `what` (e.g. "--out samples") otherwise.
+void check_output_dir(const std::string& dir, const std::string& what);
+/// The same for a file to be written: its directory passes check_output_dir and the path is not a directory.
+void check_output_file(const std::string& path, const std::string& what);
+
 /// Removes leftovers of killed writers (`*.tmp-*` entries) in a directory.
 void remove_stale_temporaries(const std::string& dir);
 

@@ -168,13 +168,49 @@ CheckpointWeights load_checkpoint_weights(torch::nn::Module& module, const Check
 
 std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
   const std::string latest = run_dir + "/checkpoints/latest";
-  if (!fs::is_regular_file(latest)) return std::nullopt;
-  std::string name = read_file(latest);
-  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(latest, ec))) return std::nullopt;
+  if (!fs::is_regular_file(latest, ec))
+    throw UserError("run directory " + run_dir, "checkpoints/latest is not a file", "it names the newest checkpoint");
+  std::string name = read_file(latest, "checkpoint pointer");
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ' || name.back() == '\r')) name.pop_back();
+  // A checkpoint of this run: a plain name under checkpoints/ (written as 7 digits), never a path elsewhere.
+  const bool plain = !name.empty() && name.find('/') == std::string::npos && name != "." && name != "..";
   const std::string dir = run_dir + "/checkpoints/" + name;
-  if (name.empty() || !fs::is_directory(dir)) return std::nullopt;
+  const std::string hint = "restore that checkpoint, or resume from one explicitly with --resume " + run_dir +
+                           "/checkpoints/<step>";
+  if (!plain)
+    throw UserError("run directory " + run_dir, "checkpoints/latest names '" + name + "', not a checkpoint of this run",
+                    hint);
+  if (!fs::is_directory(dir, ec) || !fs::is_regular_file(dir + "/trainer_state.json", ec))
+    throw UserError("run directory " + run_dir, "checkpoints/latest names '" + name + "', which is " +
+                                                    (fs::exists(dir, ec) ? "not a complete checkpoint" : "missing"),
+                    hint);
   return dir;
 }
+
+namespace {
+
+// The generator states a checkpoint restores must be what this LibTorch's CPU generator takes (set_state would
+// otherwise fail deep inside LibTorch, or worse, accept a state from another layout).
+void check_checkpoint_rng(const TensorMap& rng, const std::string& origin) {
+  const int64_t n = cpu_rng_state().numel();
+  const std::string hint = "the checkpoint is damaged or was written by another program";
+  auto state_ok = [&](const at::Tensor& t, int64_t dim) {
+    return t.scalar_type() == at::kByte && t.dim() == dim && t.size(dim - 1) == n;
+  };
+  if (!rng.count("cpu") || !state_ok(rng.at("cpu"), 1))
+    throw UserError("checkpoint " + origin, "'cpu' is not a CPU generator state (" + std::to_string(n) + " bytes, uint8)", hint);
+  if (rng.count("cpu_ranks") && (!state_ok(rng.at("cpu_ranks"), 2) || rng.at("cpu_ranks").size(0) < 1))
+    throw UserError("checkpoint " + origin, "'cpu_ranks' is not a (ranks, " + std::to_string(n) + ") uint8 matrix", hint);
+  if (rng.count("amp_scaler")) {
+    const at::Tensor& s = rng.at("amp_scaler");
+    if (!s.is_floating_point() || s.numel() != 2 || !at::isfinite(s).all().item<bool>() || s[0].item<double>() <= 0)
+      throw UserError("checkpoint " + origin, "'amp_scaler' is not (scale > 0, growth tracker)", hint);
+  }
+}
+
+}  // namespace
 
 Checkpoint load_checkpoint(const std::string& path) {
   std::string dir = path;
@@ -201,6 +237,9 @@ Checkpoint load_checkpoint(const std::string& path) {
   c.rng = load_safetensors(dir + "/rng.safetensors").tensors;
   if (fs::exists(dir + "/ema.safetensors")) c.ema = load_safetensors(dir + "/ema.safetensors").tensors;
   c.config_yaml = read_file(dir + "/config.resolved.yaml", "checkpoint");
+  check_checkpoint_rng(c.rng, dir + "/rng.safetensors");
+  if (c.state.step < 0 || c.state.epoch < 0)
+    throw UserError("checkpoint " + dir + "/trainer_state.json", "negative step or epoch", "the checkpoint is damaged");
   return c;
 }
 
@@ -257,15 +296,27 @@ RunDirLock::~RunDirLock() {
 
 MetricsWriter start_run_dir(const std::string& run_dir, const std::string& config_yaml,
                             std::optional<int64_t> resumed_step) {
-  fs::create_directories(run_dir);
-  std::cerr << "resolved config:\n" << config_yaml;
+  fs::create_directories(run_dir + "/config_history");
+  char name[48];
+  std::snprintf(name, sizeof name, "/config_history/from_step_%07lld.yaml", static_cast<long long>(resumed_step.value_or(0)));
+  write_file_atomic(run_dir + name, config_yaml);  // the config in effect from that step on (resumes keep the earlier)
   write_file_atomic(run_dir + "/config.resolved.yaml", config_yaml);
   if (resumed_step) truncate_metrics(run_dir + "/metrics.jsonl", *resumed_step);
   return MetricsWriter(run_dir + "/metrics.jsonl", /*truncate=*/!resumed_step);
 }
 
 std::optional<Checkpoint> resolve_resume(const std::string& run_dir, const std::string& resume) {
-  if (resume == "auto") return latest_checkpoint(run_dir) ? std::optional<Checkpoint>(load_checkpoint(run_dir)) : std::nullopt;
+  if (resume == "auto") {
+    if (latest_checkpoint(run_dir)) return load_checkpoint(run_dir);
+    // No pointer: a run killed before its first checkpoint starts again; checkpoints without a pointer are an error.
+    std::error_code ec;
+    if (fs::is_directory(run_dir + "/checkpoints", ec))
+      for (const auto& e : fs::directory_iterator(run_dir + "/checkpoints", ec))
+        if (fs::is_regular_file(e.path() / "trainer_state.json", ec))
+          throw UserError("run directory " + run_dir, "holds checkpoints but no checkpoints/latest",
+                          "resume from one explicitly: --resume " + e.path().string());
+    return std::nullopt;  // the trainer says so once every input has been checked
+  }
   if (!resume.empty()) return load_checkpoint(resume);
   if (fs::exists(run_dir + "/checkpoints") || fs::exists(run_dir + "/metrics.jsonl"))
     throw UserError("run directory " + run_dir, "already holds a run", "continue it with --resume auto, or choose --run-dir");

@@ -72,7 +72,8 @@ std::optional<std::string> latest_checkpoint(const std::string& run_dir);
 Checkpoint load_checkpoint(const std::string& path);
 
 /// The resume decision of a trainer, taken before anything touches the run directory: "auto" = its latest checkpoint
-/// if any, a path = that checkpoint (or run), "" = a fresh run (UserError if the directory already holds one).
+/// if any (a damaged `latest`, or checkpoints without one, is a UserError: never a silent restart), a path = that
+/// checkpoint (or run), "" = a fresh run (UserError if the directory already holds one).
 std::optional<Checkpoint> resolve_resume(const std::string& run_dir, const std::string& resume);
 
 /// The exclusive lock of a run directory (flock on the empty file `<run_dir>/.lock`): a second training process on

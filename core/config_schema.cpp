@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 namespace moh::config {
 
@@ -29,6 +30,30 @@ std::string shortest_double(double v) {
   // Keep it a float for YAML readers: "1" -> "1.0" (but leave exponents and inf/nan alone).
   if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
   return s;
+}
+
+void check_number(double v, const std::string& text, const std::string& what) {
+  if (std::isnan(v)) throw UserError(what, "must be a number, got \"" + text + "\"", "NaN is not a setting");
+  if (std::isinf(v) || std::fabs(v) > static_cast<double>(std::numeric_limits<float>::max()))
+    throw UserError(what, "must be finite and within fp32's range (|x| <= 3.4e38), got \"" + text + "\"", "");
+}
+
+void check_duplicate_keys(const YAML::Node& node, const std::string& origin, const std::string& prefix) {
+  if (node.IsSequence()) {
+    for (size_t i = 0; i < node.size(); ++i)
+      check_duplicate_keys(node[i], origin, prefix + "[" + std::to_string(i) + "]");
+    return;
+  }
+  if (!node.IsMap()) return;
+  std::set<std::string> seen;
+  for (const auto& kv : node) {
+    const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : describe_node(kv.first);
+    const std::string path = prefix.empty() ? key : prefix + "." + key;
+    if (!seen.insert(key).second)
+      throw UserError("config " + origin, "key '" + path + "' appears twice",
+                      "a YAML mapping holds each key once; delete one of them");
+    check_duplicate_keys(kv.second, origin, path);
+  }
 }
 
 std::string describe_node(const YAML::Node& n) {
@@ -108,6 +133,7 @@ static YAML::Node load_tree_rec(const fs::path& path, std::vector<fs::path>& cha
     throw UserError("config " + path.string(), std::string("cannot read: ") + e.what());
   }
   if (node.IsNull()) node = YAML::Node(YAML::NodeType::Map);
+  check_duplicate_keys(node, path.string());
   if (!node.IsMap()) throw UserError("config " + path.string(), "expected a map of keys at the top level");
   YAML::Node base_key = node["base"];
   if (!base_key.IsDefined()) return node;
@@ -135,6 +161,7 @@ void apply_override(YAML::Node& root, const std::string& assignment) {
   YAML::Node value;
   try {
     value = text.empty() ? YAML::Node(YAML::NodeType::Null) : YAML::Load(text);
+    check_duplicate_keys(value, "--set " + assignment);
   } catch (const YAML::Exception& e) {
     throw UserError("--set " + assignment, "value is not valid YAML: " + e.msg, "quote strings, lists as [a,b]");
   }

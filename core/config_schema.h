@@ -72,6 +72,10 @@ std::string type_name() {
 /// Short text of a YAML node for "got ..." messages.
 std::string describe_node(const YAML::Node& n);
 
+/// Every number of a config must be finite and within fp32's range (the tensors it reaches are fp32): NaN, ±inf
+/// and magnitudes above 3.4e38 are UserErrors naming the key.
+void check_number(double v, const std::string& text, const std::string& what);
+
 /// Converts one YAML node to T (strict), throwing UserError(`what`) on a type mismatch.
 template <class T>
 T decode(const YAML::Node& n, const std::string& what) {
@@ -97,11 +101,14 @@ T decode(const YAML::Node& n, const std::string& what) {
       if (s == "false" || s == "False") return false;
       return fail();
     } else {
+      T v;
       try {
-        return n.as<T>();
+        v = n.as<T>();
       } catch (const YAML::Exception&) {
         return fail();
       }
+      if constexpr (std::is_floating_point_v<T>) check_number(static_cast<double>(v), n.Scalar(), what);
+      return v;
     }
   } else {
     using E = typename T::value_type;
@@ -254,6 +261,10 @@ std::vector<SchemaRow> list_schema() {
 }
 
 // ---- YAML trees: files with `base:` inheritance and `--set` overrides -------------------------------------------
+
+/// Throws a UserError naming the first key that appears twice in one mapping of `node` (yaml-cpp would silently
+/// keep the first).
+void check_duplicate_keys(const YAML::Node& node, const std::string& origin, const std::string& prefix = "");
 
 /// Loads a YAML file, resolving `base: <relative path>` recursively (child keys override base keys, maps merge
 /// deeply, lists replace). Missing files, parse errors and cycles are UserErrors.

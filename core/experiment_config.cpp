@@ -1,6 +1,8 @@
 #include "core/experiment_config.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <map>
 
 namespace moh {
 
@@ -93,6 +95,12 @@ void ExperimentConfig::validate(const std::string& origin) const {
   if (data.shift < 0) bad("data.shift", "must be >= 0", "");
   if (model.num_classes < 0) bad("model.num_classes", "must be >= 0 (0 = variant default)", "");
   if (model.img_size < 0) bad("model.img_size", "must be >= 0 (0 = variant default)", "");
+  if (model.img_size > kMaxImageSize)
+    bad("model.img_size", "must be <= " + std::to_string(kMaxImageSize) + " px, got " + std::to_string(model.img_size), "");
+  if (data.num_workers > 256) bad("data.num_workers", "must be <= 256, got " + std::to_string(data.num_workers), "");
+  if (train.processes > 1 && data.batch_size % train.processes != 0)
+    bad("data.batch_size", std::to_string(data.batch_size) + " does not split into " +
+                               std::to_string(train.processes) + " processes (train.processes)", "use a multiple of it");
   if (model.drop_path >= 1) bad("model.drop_path", "must be < 1", "e.g. 0.1");
   if (diffusion.steps < 2) bad("diffusion.steps", "must be >= 2", "DiT uses 1000");
   if (sampling.steps.empty()) bad("sampling.steps", "must not be empty", "e.g. \"250\" or \"ddim50\"");
@@ -139,6 +147,7 @@ ExperimentConfig parse_experiment(const std::string& yaml_text, const std::strin
   } catch (const YAML::Exception& e) {
     throw UserError(origin, "invalid YAML: " + std::string(e.what()), "the stored config is corrupt");
   }
+  config::check_duplicate_keys(tree, origin);
   auto cfg = config::read_struct<ExperimentConfig>(tree, origin);
   cfg.validate(origin);
   return cfg;
@@ -154,5 +163,41 @@ ExperimentConfig with_overrides(const ExperimentConfig& cfg, const std::vector<s
 }
 
 std::string to_yaml(const ExperimentConfig& cfg) { return config::write_struct(cfg); }
+
+namespace {
+
+// Dotted key -> flow-style YAML text of every leaf (lists are leaves).
+void flatten(const YAML::Node& n, const std::string& prefix, std::map<std::string, std::string>& out) {
+  if (n.IsMap()) {
+    for (const auto& kv : n) flatten(kv.second, prefix.empty() ? kv.first.Scalar() : prefix + "." + kv.first.Scalar(), out);
+    return;
+  }
+  YAML::Emitter e;
+  e << YAML::Flow << n;
+  out[prefix] = n.IsScalar() && n.Scalar().empty() ? "\"\"" : e.c_str();
+}
+
+}  // namespace
+
+std::vector<ConfigChange> config_changes(const std::string& before_yaml, const std::string& after_yaml) {
+  std::map<std::string, std::string> a, b;
+  try {
+    flatten(YAML::Load(before_yaml), "", a);
+    flatten(YAML::Load(after_yaml), "", b);
+  } catch (const YAML::Exception& e) {
+    throw UserError("config.resolved.yaml", std::string("invalid YAML: ") + e.what(), "the stored config is corrupt");
+  }
+  std::vector<ConfigChange> out;
+  for (const auto& [k, v] : a) {
+    if (k == "name") continue;
+    auto it = b.find(k);
+    if (it == b.end()) out.push_back({k, v, "(absent)"});
+    else if (it->second != v) out.push_back({k, v, it->second});
+  }
+  for (const auto& [k, v] : b)
+    if (k != "name" && !a.count(k)) out.push_back({k, "(absent)", v});
+  std::sort(out.begin(), out.end(), [](const ConfigChange& x, const ConfigChange& y) { return x.key < y.key; });
+  return out;
+}
 
 }  // namespace moh

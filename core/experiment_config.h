@@ -10,6 +10,9 @@
 
 namespace moh {
 
+/// Largest model.img_size accepted (a sanity bound; memory is checked against the machine separately).
+constexpr int64_t kMaxImageSize = 8192;
+
 /// Current config format version (`version:` in every experiment file).
 constexpr int64_t kConfigVersion = 1;
 
@@ -304,5 +307,13 @@ ExperimentConfig with_overrides(const ExperimentConfig& cfg, const std::vector<s
 
 /// The resolved config as YAML text (printed at start, saved in run dirs and checkpoints).
 std::string to_yaml(const ExperimentConfig& cfg);
+
+/// One key whose value differs between two resolved configs (YAML text of each side; "(absent)" if missing).
+struct ConfigChange {
+  std::string key, before, after;
+};
+/// The keys (dotted, sorted) whose values differ between two resolved config texts (e.g. a checkpoint's and the
+/// resumed run's); `name` is ignored.
+std::vector<ConfigChange> config_changes(const std::string& before_yaml, const std::string& after_yaml);
 
 }  // namespace moh

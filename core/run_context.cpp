@@ -8,7 +8,10 @@
 #include <torch/cuda.h>
 #include <torch/version.h>
 
+#include <unistd.h>
+
 #include <cstdlib>
+#include <limits>
 #include <fstream>
 #include <iostream>
 #include <mutex>
@@ -67,6 +70,11 @@ RunContext RunContext::create(const std::string& device, Precision precision, ui
   ctx.precision = precision;
   ctx.seed = seed;
   return ctx;
+}
+
+int64_t physical_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : std::numeric_limits<int64_t>::max();
 }
 
 std::string toolkit_version() { return MOH_VERSION; }

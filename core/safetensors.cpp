@@ -160,6 +160,8 @@ SafetensorsFile parse_safetensors(const uint8_t* data, size_t size, const std::s
       if (!d.is_number_unsigned() && !(d.is_number_integer() && d.get<int64_t>() >= 0))
         throw UserError(tw, "shape has a non-integer or negative dimension", hint);
       uint64_t x = d.get<uint64_t>();
+      if (x > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+        throw UserError(tw, "shape has a dimension above INT64_MAX (" + std::to_string(x) + ")", hint);
       if (x != 0 && numel > std::numeric_limits<uint64_t>::max() / x / 8)
         throw UserError(tw, "shape is too large", hint);
       numel *= x;

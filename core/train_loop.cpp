@@ -3,6 +3,7 @@
 #include <torch/optim/adamw.h>
 #include <torch/utils.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -70,10 +71,49 @@ double learning_rate_at(const ExperimentConfig& cfg, double t) {
   return cfg.schedule.min_lr + 0.5 * (base - cfg.schedule.min_lr) * (1.0 + std::cos(kPi * std::min(t, T) / T));
 }
 
+const std::vector<std::string>& config_keys_fixed_on_resume() {
+  static const std::vector<std::string> keys{"model.name", "model.attention", "model.num_classes", "model.img_size",
+                                             "diffusion.vae"};
+  return keys;
+}
+
+const std::vector<std::string>& config_keys_guarded_on_resume() {
+  static const std::vector<std::string> keys{"data.dataset", "data.root", "data.batch_size", "data.limit_train",
+                                             "train.processes", "train.accum_steps", "train.seed", "diffusion.steps"};
+  return keys;
+}
+
+namespace {
+
+// Says what a resumed run changes against its checkpoint's config, and refuses what cannot (or should not silently)
+// change. Runs before anything is written.
+void check_resume_config(const std::string& checkpoint_yaml, const std::string& run_yaml, const std::string& dir,
+                         bool allow_change, bool main) {
+  auto in = [](const std::vector<std::string>& keys, const std::string& k) {
+    return std::find(keys.begin(), keys.end(), k) != keys.end();
+  };
+  const std::vector<ConfigChange> changes = config_changes(checkpoint_yaml, run_yaml);
+  for (const auto& c : changes) {
+    if (in(config_keys_fixed_on_resume(), c.key))
+      throw UserError("--resume " + dir, c.key + " differs from the checkpoint's (" + c.before + " -> " + c.after + ")",
+                      "a checkpoint resumes only with its own model; start a new run with --weights " + dir);
+    if (in(config_keys_guarded_on_resume(), c.key) && !allow_change)
+      throw UserError("--resume " + dir, c.key + " differs from the checkpoint's (" + c.before + " -> " + c.after + ")",
+                      "the run would no longer be the same run; pass --allow-config-change to resume anyway");
+  }
+  if (!main || changes.empty()) return;
+  std::cerr << "resume: " << changes.size() << " config change" << (changes.size() > 1 ? "s" : "") << " since " << dir << ":";
+  for (const auto& c : changes) std::cerr << " " << c.key << " " << c.before << " -> " << c.after << ";";
+  std::cerr << "\n";
+}
+
+}  // namespace
+
 LoopResult run_training(const ExperimentConfig& cfg, const TrainArgs& args, const TaskFactory& make_task) {
   const auto t_start = Clock::now();
   RunContext ctx = RunContext::create(cfg.train.device, cfg.train.precision, static_cast<uint64_t>(cfg.train.seed));
   const std::string run_dir = args.run_dir.empty() ? "runs/" + cfg.name : args.run_dir;
+  check_output_dir(run_dir, "--run-dir " + run_dir);
   const int64_t world = ctx.world, local_batch = cfg.data.batch_size / world;
   if (cfg.data.batch_size % world != 0 || local_batch % cfg.train.accum_steps != 0)
     throw UserError("config: data.batch_size", std::to_string(cfg.data.batch_size) + " does not split into " +
@@ -83,6 +123,7 @@ LoopResult run_training(const ExperimentConfig& cfg, const TrainArgs& args, cons
 
   // Resume decision before anything touches the run directory (every rank decides alike, then rank 0 writes).
   std::optional<Checkpoint> resume = resolve_resume(run_dir, args.resume);
+  if (resume) check_resume_config(resume->config_yaml, to_yaml(cfg), resume->dir, args.allow_config_change, ctx.is_main());
   // One writer per run directory: an existing one is locked at once (a second process is refused before it loads
   // any data); a new one only once every input has been checked (below), so a refused run creates nothing.
   std::unique_ptr<RunDirLock> lock;
@@ -90,6 +131,10 @@ LoopResult run_training(const ExperimentConfig& cfg, const TrainArgs& args, cons
   const std::shared_ptr<dist::Group> group = dist::Group::join(ctx);
   group->barrier();
   const std::unique_ptr<TrainTask> task = make_task(ctx);
+  if (task->train_examples() < cfg.data.batch_size)
+    throw UserError("config: data.batch_size", std::to_string(cfg.data.batch_size) + " is larger than the training set (" +
+                                                   std::to_string(task->train_examples()) + " examples)",
+                    "lower data.batch_size or raise data.limit_train");
 
   torch::manual_seed(cfg.train.seed);
   const std::shared_ptr<torch::nn::Module> model = task->build_model();
@@ -119,11 +164,23 @@ LoopResult run_training(const ExperimentConfig& cfg, const TrainArgs& args, cons
   const bool per_rank = task->per_rank_rng();
   dist::restore_rank_rng(*group, resume ? &resume->rng : nullptr, static_cast<uint64_t>(cfg.train.seed), state.step,
                          per_rank);
+  // The first epoch's batches start before the run directory is written: data errors found in the first batch (e.g.
+  // damaged files of a streamed tree beyond data.max_bad_fraction) refuse the run without touching it. The loaders
+  // draw from the global generator only in next(), so the order of random draws is that of a loop without this.
+  std::unique_ptr<BatchStream> first_loader;
+  at::Tensor first_x, first_y;
+  bool first_pending = false;
+  if (state.epoch < cfg.train.epochs) {
+    first_loader = task->train_batches(state.epoch, ctx.rank, ctx.world);
+    first_pending = first_loader->next(first_x, first_y);
+  }
   // Every input has been checked: from here on only runtime failures remain.
   const std::string config_yaml = to_yaml(cfg);
   MetricsWriter metrics;
   if (group->is_main()) {
     if (!lock) lock = std::make_unique<RunDirLock>(run_dir);
+    if (!resume && args.resume == "auto" && fs::exists(run_dir + "/metrics.jsonl"))
+      std::cerr << "note: " << run_dir << " has no checkpoint yet (stopped before its first one): starting at step 0\n";
     metrics = start_run_dir(run_dir, config_yaml, resume ? std::optional<int64_t>(state.step) : std::nullopt);
     if (const std::string w = slow_bf16_warning(ctx); !w.empty()) std::cerr << "warning: " << w << "\n";
     std::cerr << "model " << task->describe() << ", " << precision_summary(cfg.train.precision, ctx) << ", run dir "
@@ -143,7 +200,8 @@ LoopResult run_training(const ExperimentConfig& cfg, const TrainArgs& args, cons
   result.best_metric = state.best_metric;
   bool stop = false;
   for (int64_t epoch = state.epoch; epoch < cfg.train.epochs && !stop; ++epoch) {
-    const std::unique_ptr<BatchStream> loader = task->train_batches(epoch, ctx.rank, ctx.world);
+    const std::unique_ptr<BatchStream> loader =
+        first_loader ? std::move(first_loader) : task->train_batches(epoch, ctx.rank, ctx.world);
     const int64_t steps_per_epoch = loader->num_batches();
     if (steps_per_epoch == 0) throw UserError("config: data.batch_size", "larger than the training set", "");
     Progress progress("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(cfg.train.epochs), steps_per_epoch,
@@ -153,7 +211,12 @@ LoopResult run_training(const ExperimentConfig& cfg, const TrainArgs& args, cons
     int64_t logged = 0, images = 0;
     auto t_log = Clock::now();
     at::Tensor x, y;
-    for (int64_t b = 0; loader->next(x, y); ++b) {
+    auto next_batch = [&] {
+      if (!first_pending) return loader->next(x, y);
+      x = std::move(first_x), y = std::move(first_y), first_pending = false;
+      return true;
+    };
+    for (int64_t b = 0; next_batch(); ++b) {
       const double t = cfg.schedule.unit == ScheduleUnit::epoch ? static_cast<double>(epoch)
                                                                  : epoch + static_cast<double>(b) / steps_per_epoch;
       const double lr = learning_rate_at(cfg, t);

@@ -25,7 +25,13 @@ namespace moh {
 struct TrainArgs {
   std::string run_dir;  ///< "" = runs/<config name>
   std::string resume;   ///< "" (fresh; refuses an existing run), "auto" (latest checkpoint if any) or a directory
+  bool allow_config_change = false;  ///< resume although the data or batch settings differ from the checkpoint's
 };
+
+/// What a resumed run may not change (the checkpoint's weights would not fit), and what it changes only when asked
+/// (`--allow-config-change`: the data stream or the batch per rank, so the run is no longer the same run).
+const std::vector<std::string>& config_keys_fixed_on_resume();
+const std::vector<std::string>& config_keys_guarded_on_resume();
 
 /// Named scalars in a fixed order: the losses of a step ("loss" first), the metrics of an evaluation.
 using Scalars = std::vector<std::pair<std::string, double>>;
@@ -62,6 +68,8 @@ class TrainTask {
   virtual bool per_rank_rng() const = 0;
   /// This rank's share of an epoch's training batches (rank-local batch size, CPU tensors).
   virtual std::unique_ptr<BatchStream> train_batches(int64_t epoch, int rank, int world) const = 0;
+  /// Training examples per epoch (before the split over ranks): the loop refuses a batch larger than this.
+  virtual int64_t train_examples() const = 0;
   /// Forward and scaled backward of one optimizer step on the rank's batch (gradients accumulate in the model's
   /// parameters); returns the step's losses ("loss" first), means over the rank's batch.
   virtual Scalars backward(torch::nn::Module& model, at::Tensor x, at::Tensor y, const StepInfo& at,

@@ -6,6 +6,8 @@
 
 #include "core/atomic_io.h"
 #include "core/error.h"
+#include "core/run_context.h"
+#include "datasets/image_decode.h"
 
 #ifdef MOH_WITH_OPENCV
 #include <opencv2/imgcodecs.hpp>
@@ -29,14 +31,35 @@ bool is_image_file(const fs::path& p) {
 
 }  // namespace
 
-ImageFolderIndex scan_image_folder(const std::string& root, const std::string& split) {
+std::vector<std::string> class_folders(const std::string& root, const std::string& split) {
   const fs::path dir = fs::path(root) / split;
   if (!fs::is_directory(dir))
     throw UserError("data.root " + root, "has no '" + split + "' folder", "expected <root>/{train,val}/<class>/<image>");
-  ImageFolderIndex idx;
+  std::vector<std::string> classes;
   for (const auto& e : fs::directory_iterator(dir))
-    if (e.is_directory()) idx.classes.push_back(e.path().filename().string());
-  std::sort(idx.classes.begin(), idx.classes.end());
+    if (e.is_directory()) classes.push_back(e.path().filename().string());
+  std::sort(classes.begin(), classes.end());
+  return classes;
+}
+
+void check_same_classes(const std::string& root) {
+  std::error_code ec;
+  if (!fs::is_directory(fs::path(root) / "train", ec) || !fs::is_directory(fs::path(root) / "val", ec)) return;
+  const std::vector<std::string> train = class_folders(root, "train"), val = class_folders(root, "val");
+  if (train == val) return;
+  size_t i = 0;
+  while (i < train.size() && i < val.size() && train[i] == val[i]) ++i;
+  const std::string t = i < train.size() ? "'" + train[i] + "'" : "nothing", v = i < val.size() ? "'" + val[i] + "'" : "nothing";
+  throw UserError("data.root " + root, "train and val have different class folders (" + std::to_string(train.size()) +
+                                           " vs " + std::to_string(val.size()) + "; label " + std::to_string(i) +
+                                           " is " + t + " in train, " + v + " in val)",
+                  "both splits need the same class folders, empty ones included");
+}
+
+ImageFolderIndex scan_image_folder(const std::string& root, const std::string& split) {
+  const fs::path dir = fs::path(root) / split;
+  ImageFolderIndex idx;
+  idx.classes = class_folders(root, split);
   for (size_t c = 0; c < idx.classes.size(); ++c) {
     std::vector<std::string> files;
     for (const auto& e : fs::directory_iterator(dir / idx.classes[c]))
@@ -63,33 +86,38 @@ ImageSet load_image_folder(const std::string& root, const std::string& split, in
               << " class folder(s) without images (kept as labels): " << join(idx.empty_classes) << "\n";
   int64_t n = static_cast<int64_t>(idx.files.size());
   if (limit > 0 && limit < n) n = limit;
-  std::vector<cv::Mat> mats(static_cast<size_t>(n));
-  std::vector<char> ok(static_cast<size_t>(n), 0);
+  std::vector<DecodedImage> decoded(static_cast<size_t>(n));
   at::parallel_for(0, n, 16, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      cv::Mat m = cv::imread(idx.files[static_cast<size_t>(i)], channels == 1 ? cv::IMREAD_GRAYSCALE : cv::IMREAD_COLOR);
-      if (m.empty()) continue;
-      if (channels != 1) cv::cvtColor(m, m, cv::COLOR_BGR2RGB);
-      mats[static_cast<size_t>(i)] = m, ok[static_cast<size_t>(i)] = 1;
-    }
+    for (int64_t i = b; i < e; ++i) decoded[static_cast<size_t>(i)] = read_image(idx.files[static_cast<size_t>(i)], channels);
   });
   DecodeReport r;
   for (int64_t i = 0; i < n; ++i) {
-    if (ok[static_cast<size_t>(i)]) {
+    const DecodedImage& d = decoded[static_cast<size_t>(i)];
+    if (d.ok()) {
       ++r.decoded;
-      if (size == 0) size = mats[static_cast<size_t>(i)].rows;
+      if (size == 0) size = d.pixels.size(0);
     } else {
       ++r.bad;
-      if (r.bad_files.size() < kBadFilesListed) r.bad_files.push_back(idx.files[static_cast<size_t>(i)]);
+      if (r.bad_files.size() < kBadFilesListed)
+        r.bad_files.push_back(fs::path(idx.files[static_cast<size_t>(i)]).filename().string() + ": " + d.problem);
     }
   }
-  std::cerr << root << "/" << split << ": " << r.decoded << " images decoded, " << r.bad << " unreadable skipped"
-            << (r.bad ? " (first: " + r.bad_files.front() + ")" : std::string()) << "\n";
   if (report) *report = r;
   const double frac = n ? static_cast<double>(r.bad) / static_cast<double>(n) : 0.0;
   if (frac > max_bad_fraction || r.decoded == 0)
     throw UserError("data.root " + root, std::to_string(r.bad) + " of " + std::to_string(n) + " images are unreadable (" +
                                              join(r.bad_files) + ")", "above data.max_bad_fraction; fix or remove them");
+  std::cerr << root << "/" << split << ": " << r.decoded << " images decoded, " << r.bad << " unreadable skipped"
+            << (r.bad ? " (first: " + r.bad_files.front() + ")" : std::string()) << "\n";
+  // The decoded split lives in memory: refuse what cannot fit rather than fail half-way.
+  const double bytes = static_cast<double>(r.decoded) * static_cast<double>(size) * static_cast<double>(size) *
+                       static_cast<double>(channels == 1 ? 1 : 3);
+  if (bytes > 0.5 * static_cast<double>(physical_memory_bytes()))
+    throw UserError("data.root " + root, std::to_string(r.decoded) + " images of " + std::to_string(size) + "x" +
+                                             std::to_string(size) + " px need " +
+                                             std::to_string(static_cast<int64_t>(bytes / (1 << 20))) +
+                                             " MiB in memory, more than half of this machine's",
+                    "use data.loader: stream (decodes per batch)");
   ImageSet set;
   std::vector<int64_t> shape{r.decoded, size, size};
   if (channels != 1) shape.push_back(3);
@@ -97,8 +125,10 @@ ImageSet load_image_folder(const std::string& root, const std::string& split, in
   set.labels = at::empty({r.decoded}, at::kLong);
   int64_t j = 0;
   for (int64_t i = 0; i < n; ++i) {
-    if (!ok[static_cast<size_t>(i)]) continue;
-    cv::Mat m = mats[static_cast<size_t>(i)];
+    const DecodedImage& d = decoded[static_cast<size_t>(i)];
+    if (!d.ok()) continue;
+    cv::Mat m(static_cast<int>(d.pixels.size(0)), static_cast<int>(d.pixels.size(1)), channels == 1 ? CV_8UC1 : CV_8UC3,
+              d.pixels.data_ptr());
     if (m.rows != size || m.cols != size) cv::resize(m, m, cv::Size(static_cast<int>(size), static_cast<int>(size)), 0, 0, cv::INTER_AREA);
     if (!m.isContinuous()) m = m.clone();
     std::memcpy(set.images[j].data_ptr(), m.data, m.total() * m.elemSize());
@@ -109,7 +139,9 @@ ImageSet load_image_folder(const std::string& root, const std::string& split, in
 #endif
 }
 
-void write_image_folder(const std::string& dir, const ImageSet& set, const std::vector<std::string>& class_names) {
+void write_image_folder(const std::string& dir, const ImageSet& set, const std::vector<std::string>& class_names,
+                        const std::string& format) {
+  if (format != "png" && format != "jpg") throw UserError("image format " + format, "unknown", "png or jpg");
 #ifndef MOH_WITH_OPENCV
   (void)dir, (void)set, (void)class_names;
   throw UserError("export", "writing PNG needs OpenCV, which this build was configured without", "");
@@ -124,13 +156,13 @@ void write_image_folder(const std::string& dir, const ImageSet& set, const std::
       const int type = img.dim() == 3 && img.size(2) == 3 ? CV_8UC3 : CV_8UC1;
       cv::Mat m(static_cast<int>(img.size(0)), static_cast<int>(img.size(1)), type, img.data_ptr());
       if (type == CV_8UC3) cv::cvtColor(m, m, cv::COLOR_RGB2BGR);
-      std::vector<uchar> png;
-      cv::imencode(".png", m, png);
+      std::vector<uchar> bytes;
+      cv::imencode("." + format, m, bytes, {cv::IMWRITE_JPEG_QUALITY, 95});
       char name[32];
-      std::snprintf(name, sizeof name, "%06lld.png", static_cast<long long>(i));
+      std::snprintf(name, sizeof name, "%06lld.%s", static_cast<long long>(i), format.c_str());
       const int64_t label = lab[i];
       write_file_atomic((fs::path(dir) / class_names.at(static_cast<size_t>(label)) / name).string(),
-                        std::string(png.begin(), png.end()));
+                        std::string(bytes.begin(), bytes.end()));
     }
   });
 #endif
@@ -141,11 +173,8 @@ at::Tensor decode_image(const std::string& path, int64_t channels) {
   (void)path, (void)channels;
   throw UserError("image decoding", "needs OpenCV, which this build was configured without", "rebuild with -DMOH_WITH_OPENCV=ON");
 #else
-  cv::Mat m = cv::imread(path, channels == 1 ? cv::IMREAD_GRAYSCALE : cv::IMREAD_COLOR);
-  if (m.empty()) return {};
-  if (channels != 1) cv::cvtColor(m, m, cv::COLOR_BGR2RGB);
-  if (!m.isContinuous()) m = m.clone();
-  return at::from_blob(m.data, {m.rows, m.cols, m.channels()}, at::kByte).clone();
+  DecodedImage d = read_image(path, channels);
+  return d.pixels;
 #endif
 }
 
@@ -154,9 +183,10 @@ at::Tensor decode_center_crop(const std::string& path, int64_t size) {
   (void)path, (void)size;
   throw UserError("image decoding", "needs OpenCV, which this build was configured without", "rebuild with -DMOH_WITH_OPENCV=ON");
 #else
-  cv::Mat m = cv::imread(path, cv::IMREAD_COLOR);
-  if (m.empty()) return {};
-  cv::cvtColor(m, m, cv::COLOR_BGR2RGB);
+  DecodedImage d = read_image(path, 3);
+  if (!d.ok()) return {};
+  cv::Mat m = cv::Mat(static_cast<int>(d.pixels.size(0)), static_cast<int>(d.pixels.size(1)), CV_8UC3,
+                      d.pixels.data_ptr()).clone();
   while (std::min(m.rows, m.cols) >= 2 * size) cv::resize(m, m, cv::Size(m.cols / 2, m.rows / 2), 0, 0, cv::INTER_AREA);
   const double scale = static_cast<double>(size) / std::min(m.rows, m.cols);
   cv::resize(m, m, cv::Size(static_cast<int>(std::lround(m.cols * scale)), static_cast<int>(std::lround(m.rows * scale))), 0, 0,

@@ -24,6 +24,14 @@ struct ImageFolderIndex {
 /// UserError.
 ImageFolderIndex scan_image_folder(const std::string& root, const std::string& split);
 
+/// The sorted class folder names of <root>/<split> (labels are their indices); a missing split folder is a UserError.
+std::vector<std::string> class_folders(const std::string& root, const std::string& split);
+
+/// Train and val must label alike: the same class folders in the same order (an empty folder present in one split
+/// only would shift every later label). UserError naming the first difference otherwise; a tree without one of the
+/// two splits passes (an evaluation tree may hold val only).
+void check_same_classes(const std::string& root);
+
 /// What happened while decoding.
 struct DecodeReport {
   int64_t decoded = 0, bad = 0;
@@ -37,7 +45,7 @@ ImageSet load_image_folder(const std::string& root, const std::string& split, in
                            double max_bad_fraction, DecodeReport* report = nullptr, int64_t limit = 0);
 
 /// Decodes one image file: (H, W, 1) grey when channels == 1, else (H, W, 3) RGB, uint8; an undefined tensor when the
-/// file cannot be decoded.
+/// file cannot be decoded or is damaged (datasets/image_decode.h says why).
 at::Tensor decode_image(const std::string& path, int64_t channels);
 
 /// Decodes one image to RGB and applies ADM's center_crop_arr (DiT's training transform): halve with a box filter
@@ -46,8 +54,10 @@ at::Tensor decode_image(const std::string& path, int64_t channels);
 /// in for PIL's (a = −0.5), so pixels differ slightly from the official pipeline.
 at::Tensor decode_center_crop(const std::string& path, int64_t size);
 
-/// Writes a labelled image set as an ImageFolder split: <dir>/<class name>/<index:06d>.png (class names given per
-/// label). Used to turn the embedded dataset into a tree (`moh export-images`).
-void write_image_folder(const std::string& dir, const ImageSet& set, const std::vector<std::string>& class_names);
+/// Writes a labelled image set as an ImageFolder split: <dir>/<class name>/<index:06d>.<format> (class names given per
+/// label; format "png" or "jpg" at JPEG quality 95). Used to turn the embedded dataset into a tree (`moh
+/// export-images`).
+void write_image_folder(const std::string& dir, const ImageSet& set, const std::vector<std::string>& class_names,
+                        const std::string& format = "png");
 
 }  // namespace moh::datasets

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "datasets/fashion_mnist.h"
+#include "datasets/image_decode.h"
 #include "datasets/npz.h"
 
 #ifdef MOH_WITH_OPENCV
@@ -108,15 +109,15 @@ class FolderSource : public ImageSource {
     std::vector<at::Tensor> imgs;
     for (int64_t i = 0; i < k; ++i) {
       const std::string& f = files_[static_cast<size_t>(pos_ + i)];
-      cv::Mat m = cv::imread(f, cv::IMREAD_COLOR);
-      if (m.empty()) throw UserError("image " + f, "cannot be decoded", "corrupt or not an image");
-      cv::cvtColor(m, m, cv::COLOR_BGR2RGB);
-      if (height_ == 0) height_ = m.rows, width_ = m.cols;
-      if (m.rows != height_ || m.cols != width_)
-        throw UserError("image " + f, "is " + std::to_string(m.cols) + "x" + std::to_string(m.rows) + ", the first image is " +
+      DecodedImage d = read_image(f, 3);
+      if (!d.ok()) throw UserError("image " + f, d.problem, "remove or replace the file");
+      const int64_t rows = d.pixels.size(0), cols = d.pixels.size(1);
+      if (height_ == 0) height_ = rows, width_ = cols;
+      if (rows != height_ || cols != width_)
+        throw UserError("image " + f, "is " + std::to_string(cols) + "x" + std::to_string(rows) + ", the first image is " +
                                           std::to_string(width_) + "x" + std::to_string(height_),
                         "all images of a folder must have the same size");
-      imgs.push_back(at::from_blob(m.data, {m.rows, m.cols, 3}, at::kByte).clone());
+      imgs.push_back(d.pixels);
     }
     block.images = at::stack(imgs);
     block.labels = at::Tensor();
@@ -127,7 +128,7 @@ class FolderSource : public ImageSource {
  private:
   std::vector<std::string> files_;
   int64_t pos_ = 0;
-  int height_ = 0, width_ = 0;
+  int64_t height_ = 0, width_ = 0;
 };
 #endif
 

@@ -2,7 +2,10 @@
 
 #include <algorithm>
 
+#include <iostream>
+
 #include "core/error.h"
+#include "datasets/image_decode.h"
 #include "datasets/loader.h"
 
 namespace moh::datasets {
@@ -31,6 +34,7 @@ StreamLoader::StreamLoader(const ImageFolderIndex& index, SampleTransformOptions
   order_ = repeated_order(n, o_.train ? o_.repeats : 1, o_.seed, o_.epoch, o_.train, o_.rank, o_.world);
   const auto m = static_cast<int64_t>(order_.size());
   num_batches_ = o_.drop_last ? m / o_.batch_size : (m + o_.batch_size - 1) / o_.batch_size;
+  bad_budget_ = static_cast<int64_t>(o_.max_bad_fraction * static_cast<double>(m));
   next_ = std::min(o_.start_batch, num_batches_);
   const int workers = std::max(1, o_.workers);
   for (int w = 0; w < workers; ++w) threads_.emplace_back([this, w] { work(w); });
@@ -58,8 +62,21 @@ std::pair<at::Tensor, at::Tensor> StreamLoader::build(int64_t batch) {
     int64_t file = order_[static_cast<size_t>(p)];
     for (int64_t attempt = 0; attempt < 16 && !img.defined(); ++attempt) {
       file = order_[static_cast<size_t>((p + attempt) % m)];
-      img = decode_image(index_.files[static_cast<size_t>(file)], o_.channels);
-      if (!img.defined()) ++bad_;
+      const std::string& path = index_.files[static_cast<size_t>(file)];
+      DecodedImage d = read_image(path, o_.channels);
+      img = d.pixels;
+      if (d.ok()) continue;
+      const int64_t bad = ++bad_;
+      std::string first;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (first_bad_.empty()) first_bad_ = path + ": " + d.problem;
+        first = first_bad_;
+      }
+      if (bad > bad_budget_)
+        throw UserError("data.root " + o_.root, std::to_string(bad) + " unreadable images in an epoch of " +
+                                                    std::to_string(order_.size()) + " (first: " + first + ")",
+                        "above data.max_bad_fraction = " + std::to_string(o_.max_bad_fraction) + "; fix or remove them");
     }
     if (!img.defined())
       throw UserError("data.root", "16 unreadable images in a row near " + index_.files[static_cast<size_t>(file)],
@@ -95,7 +112,13 @@ void StreamLoader::work(int w) {
 
 bool StreamLoader::next(at::Tensor& x, at::Tensor& y) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (next_ >= num_batches_) return false;
+  if (next_ >= num_batches_) {
+    if (bad_ > 0 && !reported_)
+      std::cerr << "warning: " << o_.root << ": " << bad_.load() << " unreadable image(s) replaced this epoch (first: "
+                << first_bad_ << ")\n";
+    reported_ = true;
+    return false;
+  }
   cv_.wait(lock, [&] { return ready_.count(next_) > 0 || error_ != nullptr; });
   if (!ready_.count(next_)) std::rethrow_exception(error_);
   auto node = ready_.extract(next_);

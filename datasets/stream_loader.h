@@ -2,8 +2,9 @@
 // Streaming ImageFolder loader for ImageNet-scale training: files are decoded and augmented on `workers` threads
 // while the model trains, batches come out in a fixed order whatever the threads do (each batch is built by one
 // worker, every sample's random draws are seeded by (seed, epoch, position in the epoch)), so a run resumed at
-// batch k sees exactly the batches an uninterrupted run saw. Unreadable files are replaced by the next readable
-// sample of the same epoch order and counted.
+// batch k sees exactly the batches an uninterrupted run saw. Unreadable or damaged files (datasets/image_decode.h)
+// are replaced by the next readable sample of the same epoch order and counted; more than max_bad_fraction of the
+// epoch's samples is a UserError, and an epoch that replaced any says so on stderr at its end.
 #include <ATen/ATen.h>
 
 #include <atomic>
@@ -39,6 +40,8 @@ struct StreamOptions {
   int64_t channels = 3;         ///< 1 = grey, 3 = RGB
   int64_t limit = 0;            ///< use only the first N files (0 = all)
   int rank = 0, world = 1;
+  double max_bad_fraction = 0.01;  ///< data.max_bad_fraction: tolerated share of unreadable files in an epoch
+  std::string root;                ///< for messages
 };
 
 /// Iterates one epoch of an ImageFolder split.
@@ -68,6 +71,9 @@ class StreamLoader : public BatchStream {
   std::condition_variable cv_;
   bool stop_ = false;
   std::atomic<int64_t> bad_{0};
+  int64_t bad_budget_ = 0;
+  std::string first_bad_;  ///< "file: why" of the first unreadable file (under mu_)
+  bool reported_ = false;
   std::vector<std::thread> threads_;
 };
 

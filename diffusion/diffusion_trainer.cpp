@@ -23,6 +23,7 @@ class DiTTask : public TrainTask {
   std::unique_ptr<BatchStream> train_batches(int64_t epoch, int rank, int world) const override {
     return data_.epoch(epoch, rank, world);
   }
+  int64_t train_examples() const override { return data_.size(); }
   Scalars backward(torch::nn::Module& model, at::Tensor x0, at::Tensor y, const StepInfo&,
                    const GradScaler& scaler) override {
     DiT net(std::dynamic_pointer_cast<DiTImpl>(model.shared_from_this()));

@@ -2,6 +2,7 @@
 
 #include "core/checkpoint.h"
 #include "core/error.h"
+#include "core/run_context.h"
 #include "datasets/experiment_data.h"
 #include "diffusion/gaussian_diffusion.h"
 
@@ -24,7 +25,18 @@ DiTOptions dit_options_for(const ExperimentConfig& cfg) {
 }
 
 void validate_dit_experiment(const ExperimentConfig& cfg, bool training) {
-  dit_options_for(cfg);
+  const DiTOptions o = dit_options_for(cfg);
+  // One attention map of one layer for a rank's batch (a lower bound of what training holds) must fit the machine.
+  const double tokens = static_cast<double>(o.grid_size()) * static_cast<double>(o.grid_size());
+  const double bytes = static_cast<double>(cfg.data.batch_size / std::max<int64_t>(1, cfg.train.processes)) *
+                       static_cast<double>(o.num_heads) * tokens * tokens * 4.0;
+  if (bytes > static_cast<double>(physical_memory_bytes()))
+    throw UserError("config: model.img_size", std::to_string(static_cast<int64_t>(tokens)) + " tokens at batch " +
+                                                  std::to_string(cfg.data.batch_size) + " need at least " +
+                                                  std::to_string(static_cast<int64_t>(bytes / (1 << 30))) +
+                                                  " GiB for one attention map, more than this machine's " +
+                                                  std::to_string(physical_memory_bytes() >> 30) + " GiB",
+                    "lower model.img_size or data.batch_size");
   if (cfg.train.accum_steps != 1) throw UserError("config: train.accum_steps", "must be 1 for diffusion training", "");
   space_timesteps(cfg.diffusion.steps, cfg.sampling.steps);  // "sampling.steps" must respace diffusion.steps
   if (!training) return;
@@ -64,6 +76,11 @@ DiTTrainData::DiTTrainData(const ExperimentConfig& cfg, const DiTOptions& mo)
   if (labels_max >= mo.num_classes)
     throw UserError("config: model.num_classes", std::to_string(mo.num_classes) + " classes, the data has labels up to " +
                                                      std::to_string(labels_max), "");
+}
+
+int64_t DiTTrainData::size() const {
+  if (!latent_) return pixels_.size();
+  return cfg_.data.limit_train > 0 ? std::min(cfg_.data.limit_train, latent_meta_.count) : latent_meta_.count;
 }
 
 std::unique_ptr<BatchStream> DiTTrainData::epoch(int64_t epoch, int rank, int world) const {

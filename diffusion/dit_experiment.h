@@ -28,6 +28,8 @@ class DiTTrainData {
   DiTTrainData(const ExperimentConfig& cfg, const DiTOptions& model);
   /// This rank's share of an epoch (global batch data.batch_size, rank rows r, r + world, ...).
   std::unique_ptr<BatchStream> epoch(int64_t epoch, int rank, int world) const;
+  /// Training images per epoch (all ranks).
+  int64_t size() const;
 
  private:
   ExperimentConfig cfg_;

@@ -78,6 +78,16 @@ void save_reference_stats(const std::string& path, const ReferenceStats& stats) 
                             {"meta", json_bytes(stats.meta)}});
 }
 
+namespace {
+
+// Statistics and features must be finite: NaN statistics would reach linalg.eigh, NaN features give NaN metrics.
+void check_finite(const at::Tensor& t, const std::string& what, const std::string& hint) {
+  if (t.defined() && t.numel() > 0 && !at::isfinite(t).all().item<bool>())
+    throw UserError(what, "holds NaN or infinite values", hint);
+}
+
+}  // namespace
+
 std::optional<ReferenceStats> load_reference_stats(const std::string& path) {
   datasets::NpzReader npz(path);
   if (!npz.has("mu") || !npz.has("sigma")) return std::nullopt;
@@ -98,6 +108,10 @@ std::optional<ReferenceStats> load_reference_stats(const std::string& path) {
     r.meta = bytes_json(npz.read("meta"), origin);
     r.count = r.meta.value("count", int64_t{0});
   }
+  const std::string regen = "regenerate it with moh ref-stats";
+  check_finite(r.pool.mu, origin + ": mu", regen), check_finite(r.pool.sigma, origin + ": sigma", regen);
+  check_finite(r.spatial.mu, origin + ": mu_s", regen), check_finite(r.spatial.sigma, origin + ": sigma_s", regen);
+  check_finite(r.pr_features, origin + ": pr_pool", regen);
   return r;
 }
 
@@ -134,13 +148,30 @@ nlohmann::json evaluate_generative(const GenerativeEvalOptions& o, const RunCont
     }
   }
 
+  // Enough images for what was asked, before any feature is extracted: a covariance needs 2, the k-NN manifolds of
+  // P/R more than k per set.
+  const int64_t n_samples = samples->size();
+  const int64_t n_pr_ref = stored && stored->pr_features.defined() ? stored->pr_features.size(0)
+                           : ref_images                            ? std::min(ref_images->size(), kPRReferenceRows)
+                                                                   : 0;
+  if ((o.metrics.fid || o.metrics.sfid) && n_samples < 2)
+    throw UserError("--samples " + o.samples, "FID needs at least 2 images, got " + std::to_string(n_samples), "");
+  if (o.metrics.pr && (n_samples <= kPRNeighbourhood || n_pr_ref <= kPRNeighbourhood))
+    throw UserError(n_samples <= kPRNeighbourhood ? "--samples " + o.samples : "--ref " + o.reference,
+                    "precision/recall need more than k = " + std::to_string(kPRNeighbourhood) + " images per set, got " +
+                        std::to_string(std::min(n_samples, n_pr_ref)),
+                    "use more images or --metrics fid,sfid,is");
   FeatureSet s = extract_features(*net, *samples, o.batch_size, "samples");
+  const std::string net_hint = "the feature network's weights (" + o.features + ") give non-finite outputs";
+  check_finite(s.pool, "features of --samples " + o.samples, net_hint);
+  check_finite(s.logits, "logits of --samples " + o.samples, net_hint);
   ReferenceStats ref;
   FeatureSet rf;
   std::string ref_origin = "stored";
   if (stored) ref = *stored;
   if (ref_images) {
     rf = extract_features(*net, *ref_images, o.batch_size, "reference");
+    check_finite(rf.pool, "features of --ref " + o.reference, net_hint);
     ReferenceStats computed = reference_stats_from(rf, *net);
     if (!stored) ref = computed, ref_origin = "computed";
     if (!ref.spatial.mu.defined()) ref.spatial = computed.spatial;
@@ -148,6 +179,18 @@ nlohmann::json evaluate_generative(const GenerativeEvalOptions& o, const RunCont
     if (!ref.count) ref.count = computed.count;
   }
 
+  std::vector<std::string> warnings;
+  if ((o.metrics.fid || o.metrics.sfid) && n_samples < s.pool.size(1))
+    warnings.push_back("FID from " + std::to_string(n_samples) + " samples with " + std::to_string(s.pool.size(1)) +
+                       "-dim features: the sample covariance is singular and the value is biased high; compare only "
+                       "numbers computed with the same N (ADM uses 50000)");
+  if (s.labels.defined() && net->predicts_dataset_classes() && s.labels.numel() > 0 &&
+      (s.labels.min().item<int64_t>() < 0 || s.labels.max().item<int64_t>() >= s.logits.size(1)))
+    throw UserError("--samples " + o.samples, "labels (arr_1) range over " + std::to_string(s.labels.min().item<int64_t>()) +
+                                                  ".." + std::to_string(s.labels.max().item<int64_t>()) +
+                                                  ", the feature network has " + std::to_string(s.logits.size(1)) + " classes",
+                    "samples of another dataset?");
+  for (const auto& w : warnings) std::cerr << "warning: " << w << "\n";
   nlohmann::json metrics = nlohmann::json::object();
   if (o.metrics.fid) {
     if (ref.pool.mu.size(0) != s.pool.size(1))
@@ -173,6 +216,7 @@ nlohmann::json evaluate_generative(const GenerativeEvalOptions& o, const RunCont
   }
   nlohmann::json report;
   report["metrics"] = metrics;
+  if (!warnings.empty()) report["warnings"] = warnings;
   if (net->predicts_dataset_classes() && s.labels.defined()) {
     const at::Tensor pred = s.logits.argmax(1);
     report["sample_accuracy"] = {{"top1", pred.eq(s.labels).to(at::kDouble).mean().item<double>() * 100.0},

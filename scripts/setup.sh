@@ -21,7 +21,7 @@ esac
 
 PKGS=(build-essential cmake ninja-build ccache pkg-config
       libopenblas0-pthread libgloo-dev
-      libopencv-dev libyaml-cpp-dev libcxxopts-dev nlohmann-json3-dev
+      libopencv-dev libjpeg62-turbo-dev libpng-dev libyaml-cpp-dev libcxxopts-dev nlohmann-json3-dev
       libgtest-dev libgmock-dev libbenchmark-dev zlib1g-dev libzip-dev
       dataset-fashion-mnist)
 if [ "$MODE" = debian ]; then PKGS+=(libtorch-dev); else PKGS+=(python3-venv); fi

@@ -40,7 +40,7 @@ kill_resume() {
   "$MOH" train "$config" "$@" --run-dir "$tmp/${name}_full" >/dev/null 2>&1
   "$MOH" train "$config" "$@" --run-dir "$tmp/${name}_kill" >/dev/null 2>&1 &
   local victim=$!
-  for _ in $(seq 1 600); do [ -e "$tmp/${name}_kill/checkpoints/latest" ] && break; sleep 0.05; done
+  for _ in $(seq 1 12000); do [ -e "$tmp/${name}_kill/checkpoints/latest" ] && break; sleep 0.05; done
   kill -9 $victim 2>/dev/null; wait $victim 2>/dev/null
   expect 0 '"steps":24' -- train "$config" "$@" --run-dir "$tmp/${name}_kill" --resume auto
   local same=1 f
@@ -135,7 +135,7 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   "$MOH" train $NANO --set data.limit_train=2048 --set data.batch_size=16 --set train.epochs=1 --set train.processes=1 \
     --run-dir "$tmp/run_busy" >/dev/null 2>&1 &
   busy=$!
-  for _ in $(seq 1 600); do [ -e "$tmp/run_busy/metrics.jsonl" ] && break; sleep 0.05; done
+  for _ in $(seq 1 12000); do [ -e "$tmp/run_busy/metrics.jsonl" ] && break; sleep 0.05; done
   expect 2 "is in use by another training process" -- train $NANO "${TINY[@]}" --run-dir "$tmp/run_busy" --resume auto
   kill -9 $busy 2>/dev/null; wait $busy 2>/dev/null
   # the lock dies with its process (kill -9): the run continues

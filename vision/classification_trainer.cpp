@@ -33,6 +33,7 @@ class ClassifierTask : public TrainTask {
   std::unique_ptr<BatchStream> train_batches(int64_t epoch, int rank, int world) const override {
     return train_.epoch(epoch, cfg_.data.batch_size / world, /*train=*/true, 0, true, rank, world);
   }
+  int64_t train_examples() const override { return train_.size(); }
   Scalars backward(torch::nn::Module& model, at::Tensor x, at::Tensor y, const StepInfo& at,
                    const GradScaler& scaler) override {
     if (mixup_.enabled()) {  // one λ per batch, drawn from (seed, epoch, batch): the same after a resume

@@ -38,7 +38,18 @@ TransNeXtOptions classifier_options_for(const ExperimentConfig& cfg) {
 }
 
 void validate_classifier_experiment(const ExperimentConfig& cfg) {
-  classifier_options_for(cfg);
+  const TransNeXtOptions o = classifier_options_for(cfg);
+  // The first stage's activation of one rank's batch alone (a lower bound of what training holds) must fit the machine.
+  const int64_t side = (o.img_size + o.patch_size - 1) / o.patch_size;
+  const double bytes = static_cast<double>(cfg.data.batch_size / std::max<int64_t>(1, cfg.train.processes)) *
+                       static_cast<double>(o.embed_dims[0]) * static_cast<double>(side * side) * 4.0;
+  if (bytes > static_cast<double>(physical_memory_bytes()))
+    throw UserError("config: model.img_size", std::to_string(o.img_size) + " px at batch " +
+                                                  std::to_string(cfg.data.batch_size) + " needs at least " +
+                                                  std::to_string(static_cast<int64_t>(bytes / (1 << 30))) +
+                                                  " GiB for the first stage alone, more than this machine's " +
+                                                  std::to_string(physical_memory_bytes() >> 30) + " GiB",
+                    "lower model.img_size or data.batch_size");
   datasets::RandAugmentSpec::parse(cfg.augment.rand_augment, "config: augment.rand_augment");
 }
 
@@ -53,8 +64,14 @@ datasets::ClassifierTransform transform_for(const ExperimentConfig& cfg, const T
 
 ClassifierSplit::ClassifierSplit(const ExperimentConfig& cfg, const TransNeXtOptions& model, bool train)
     : cfg_(cfg), model_(model), tf_(transform_for(cfg, model)), stream_(cfg.data.loader == LoaderKind::stream), train_(train) {
+  if (cfg.data.dataset == DatasetKind::image_folder && !cfg.data.root.empty()) datasets::check_same_classes(cfg.data.root);
   if (!stream_) {
     set_ = datasets::load_split(cfg, train, model.in_chans);
+    const int64_t labels_max = set_.labels.max().item<int64_t>();
+    if (labels_max >= model.num_classes)
+      throw UserError("config: model.num_classes", std::to_string(model.num_classes) + " outputs, the " +
+                                                       (train ? "training" : "validation") + " data has labels up to " +
+                                                       std::to_string(labels_max), "raise model.num_classes");
     if (set_.images.size(1) > model.img_size || set_.images.size(2) > model.img_size)
       throw UserError("config: model.img_size", "images are " + std::to_string(set_.images.size(1)) +
                                                     " px, larger than the model input " + std::to_string(model.img_size),
@@ -102,6 +119,7 @@ std::unique_ptr<datasets::BatchStream> ClassifierSplit::epoch(int64_t epoch, int
   o.repeats = cfg_.augment.repeated, o.channels = model_.in_chans;
   o.limit = train ? cfg_.data.limit_train : cfg_.data.limit_val;
   o.rank = rank, o.world = world;
+  o.max_bad_fraction = cfg_.data.max_bad_fraction, o.root = cfg_.data.root;
   return std::make_unique<datasets::StreamLoader>(index_, stream_tf_, o);
 }
 

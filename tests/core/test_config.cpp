@@ -65,6 +65,28 @@ TEST(Config, WrongTypeNamesPathAndExpectedType) {
   EXPECT_NE(e.find("train.ema_decay: expected a number, got a list"), std::string::npos) << e;
 }
 
+TEST(Config, NonFiniteNumbersAndDuplicateKeys) {
+  test::TempDir d;
+  const std::string f = d.write("a.yaml", "version: 1\nmodel:\n  name: DiT-S/2\n");
+  for (const char* kv : {"optim.lr=.inf", "schedule.min_lr=.nan", "sampling.cfg_scale=-.inf", "optim.lr=1e39",
+                         "optim.betas=[.nan, 0.9]"}) {
+    const std::string e = error_of([&] { load_experiment(f, {kv}); });
+    EXPECT_NE(e.find(std::string(kv).substr(0, std::string(kv).find('='))), std::string::npos) << kv << ": " << e;
+  }
+  EXPECT_NO_THROW(load_experiment(f, {"optim.lr=3e38"}));
+  // yaml-cpp keeps the first of two equal keys; a config must not mean something else than it says.
+  EXPECT_NE(error_of([&] { load_experiment(d.write("b.yaml", "model:\n  name: x\nmodel:\n  name: y\n")); })
+                .find("key 'model' appears twice"), std::string::npos);
+  EXPECT_NE(error_of([&] { load_experiment(f, {"optim={lr: 1, lr: 2}"}); }).find("appears twice"), std::string::npos);
+  // What a resume reports: the changed leaves, old -> new (lists compared whole).
+  ExperimentConfig a = load_experiment(f), b = load_experiment(f, {"optim.lr=0.5", "optim.betas=[0.9, 0.95]"});
+  const std::vector<ConfigChange> ch = config_changes(to_yaml(a), to_yaml(b));
+  ASSERT_EQ(ch.size(), 2u);
+  EXPECT_EQ(ch[0].key, "optim.betas");
+  EXPECT_EQ(ch[1].key, "optim.lr");
+  EXPECT_EQ(ch[1].after, "0.5");
+}
+
 TEST(Config, MissingRequiredKey) {
   TempDir d;
   std::string e = error_of([&] { load_experiment(d.write("a.yaml", "optim:\n  lr: 0.1\n")); });

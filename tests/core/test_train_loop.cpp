@@ -45,6 +45,7 @@ class ToyTask : public TrainTask {
   std::unique_ptr<BatchStream> train_batches(int64_t, int, int) const override {
     return std::make_unique<Batches>(x_, y_, 16);
   }
+  int64_t train_examples() const override { return x_.size(0); }
   Scalars backward(torch::nn::Module& model, at::Tensor x, at::Tensor y, const StepInfo&, const GradScaler& scaler) override {
     auto& lin = dynamic_cast<torch::nn::LinearImpl&>(model);
     const at::Tensor noise = 0.01 * at::randn_like(x);  // a draw from the generator the loop saves and restores

@@ -238,7 +238,7 @@ TEST(Augment, StreamLoaderOrderResumeAndCorruptFiles) {
   tf.size = 16;
   tf.rand_augment = RandAugmentSpec::parse("rand-m9-mstd0.5-inc1", "t");
   StreamOptions o;
-  o.batch_size = 3, o.seed = 4, o.epoch = 2, o.workers = 3;
+  o.batch_size = 3, o.seed = 4, o.epoch = 2, o.workers = 3, o.max_bad_fraction = 0.2;
   auto all = [&](StreamOptions opt) {
     StreamLoader l(index, tf, opt);
     std::vector<std::pair<at::Tensor, at::Tensor>> out;
@@ -269,6 +269,9 @@ TEST(Augment, StreamLoaderOrderResumeAndCorruptFiles) {
   ASSERT_EQ(e.size(), 4u);
   EXPECT_EQ(bad_e, 1);
   EXPECT_EQ(e[0].second[0].item<int64_t>(), 0);
+  StreamOptions strict = ev;
+  strict.max_bad_fraction = 0.05;  // 1 of 11 files is more than 5 %: the epoch is refused, not silently patched
+  EXPECT_THROW(all(strict), UserError);
 }
 #endif
 

@@ -127,6 +127,15 @@ TEST(Npz, MalformedFilesAreUserErrors) {
   std::string npy = datasets::npy_bytes(at::zeros({4, 4}));
   EXPECT_THROW(datasets::parse_npy(npy.substr(0, npy.size() - 3), "x.npy"), UserError);
   EXPECT_THROW(datasets::parse_npy("\x93NUMPY\x09\x00", "x.npy"), UserError);
+  // Reference statistics with NaN/inf are refused on loading (they would reach linalg.eigh).
+  at::Tensor sigma = at::eye(3, at::kDouble);
+  datasets::save_npz(dir.file("ok.npz"), {{"mu", at::zeros({3}, at::kDouble)}, {"sigma", sigma}});
+  EXPECT_TRUE(load_reference_stats(dir.file("ok.npz")).has_value());
+  sigma[1][2] = std::nan("");
+  datasets::save_npz(dir.file("nan.npz"), {{"mu", at::zeros({3}, at::kDouble)}, {"sigma", sigma}});
+  EXPECT_THROW(load_reference_stats(dir.file("nan.npz")), UserError);
+  datasets::save_npz(dir.file("inf.npz"), {{"mu", at::full({3}, INFINITY, at::kDouble)}, {"sigma", at::eye(3, at::kDouble)}});
+  EXPECT_THROW(load_reference_stats(dir.file("inf.npz")), UserError);
 }
 
 TEST(InceptionResize, Tf1BilinearHandComputed4x4To3x3) {

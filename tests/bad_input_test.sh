@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# The bad-input contract, case by case: a malformed config, flag, file, image, npz, checkpoint or output path must end
+# with exit code 2 and exactly one stderr line `error: ...` (no library or progress lines before it), must leave every
+# file already on disk byte-identical (sha256 of the whole fixture tree after every case) and must create nothing
+# where it was refused. usage: bad_input_test.sh path/to/moh repo_root
+set -u
+MOH=$1
+ROOT=$2
+cd "$ROOT" || exit 1
+tmp=$(mktemp -d)
+trap 'chmod -R u+w "$tmp" 2>/dev/null; rm -rf "$tmp"' EXIT
+fails=0
+pass=0
+NANO=configs/fashion_mnist/moh_vit_nano.yaml
+DIT=configs/fashion_mnist/moh_dit_pixel.yaml
+TINY=(--set data.limit_train=128 --set data.limit_val=64 --set data.batch_size=32 --set train.epochs=1
+      --set train.max_steps=2 --set train.processes=1)
+F=$tmp/fx   # fixtures: must not change
+O=$tmp/out  # where refused commands were pointed: must stay empty
+mkdir -p "$F" "$O"
+setup() { "$@" >"$tmp/setup.log" 2>&1 || { echo "setup failed: $*"; cat "$tmp/setup.log"; exit 1; }; }
+
+# ---- fixtures ------------------------------------------------------------------------------------------------------
+if [ ! -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
+  echo "SKIP: no Fashion-MNIST (apt-get install dataset-fashion-mnist)"; exit 0
+fi
+setup "$MOH" train $NANO "${TINY[@]}" --run-dir "$F/run"
+setup "$MOH" train $DIT --set data.limit_train=32 --set data.batch_size=16 --set train.max_steps=2 --run-dir "$F/dit"
+setup "$MOH" ref-stats --images fashion_mnist:train:64 --out "$F/ref.npz" --features "classifier:$F/run"
+setup "$MOH" export-images --images fashion_mnist:train:60 --format jpg --out "$F/tree/train"
+setup "$MOH" export-images --images fashion_mnist:test:30 --format jpg --out "$F/tree/val"
+# a tree where 10 of the 60 training JPEGs are cut short (OpenCV would grey-fill them and call them good)
+cp -r "$F/tree" "$F/cut"
+for f in $(find "$F/cut/train" -name '*.jpg' | sort | head -10); do head -c 300 "$f" >"$f.x" && mv "$f.x" "$f"; done
+# a tree whose val split has one class folder more (an empty one): every later label would shift
+# a tree whose training JPEGs are all cut short (the streaming loader meets one in its first batch)
+cp -r "$F/tree" "$F/allcut"
+for f in $(find "$F/allcut/train" -name '*.jpg'); do head -c 300 "$f" >"$f.x" && mv "$f.x" "$f"; done
+cp -r "$F/tree" "$F/shift" && mkdir -p "$F/shift/val/00_a_extra"
+# a folder of sample images with one truncated PNG
+setup "$MOH" export-images --images fashion_mnist:test:8 --out "$F/pngs"
+mkdir -p "$F/samples" && find "$F/pngs" -name '*.png' -exec cp {} "$F/samples/" \;
+p=$(find "$F/samples" -name '*.png' | sort | head -1) && head -c 100 "$p" >"$p.x" && mv "$p.x" "$p"
+# run directories with damaged resume state
+ck=$(cat "$F/run/checkpoints/latest")
+for r in missing outside empty nolatest rng; do cp -r "$F/run" "$F/run_$r"; done
+echo "0000999" >"$F/run_missing/checkpoints/latest"
+echo "../../../etc" >"$F/run_outside/checkpoints/latest"
+: >"$F/run_empty/checkpoints/latest"
+rm "$F/run_nolatest/checkpoints/latest"
+cp "$F/run/checkpoints/$ck/model.safetensors" "$F/run_rng/checkpoints/$ck/rng.safetensors"
+# configs
+printf 'version: 1\nmodel:\n  name: MoH-ViT-Nano\n  num_classes: 10\nmodel:\n  name: DiT-S/2\n' >"$F/dup.yaml"
+printf 'version: 1\nmodel:\n  name: MoH-ViT-Nano\n  name: MoH-ViT-Nano\n' >"$F/dup_inner.yaml"
+printf 'version: 1\nmodel: [name: x\n' >"$F/syntax.yaml"
+printf 'version: 1\ndata:\n  batch_size: 8\n' >"$F/no_model.yaml"
+# safetensors: truncated, header not JSON, a dimension above INT64_MAX
+head -c 200 "$F/run/checkpoints/$ck/model.safetensors" >"$F/trunc.safetensors"
+st() {  # st FILE JSON: a safetensors file with this header and no data
+  local n=${#2} i b=""
+  for i in 0 1 2 3 4 5 6 7; do b+=$(printf '\\x%02x' $(((n >> (8 * i)) & 255))); done
+  printf "$b" >"$1" && printf '%s' "$2" >>"$1"
+}
+st "$F/garbage.safetensors" 'this is not json'
+st "$F/hugedim.safetensors" '{"w":{"dtype":"F32","shape":[9223372036854775808,0],"data_offsets":[0,0]}}'
+echo "a file" >"$F/afile"
+mkdir -p "$F/dir.safetensors"
+ln -s "$F/loop" "$F/loop"
+mkdir -p "$F/readonly" && chmod 555 "$F/readonly"
+
+snapshot() { (cd "$F" && find . -type f -print0 | sort -z | xargs -0 sha256sum); }
+reference=$(snapshot)
+
+# bad PATTERN -- ARGS...: exit 2, one stderr line "error: ..." containing PATTERN, fixtures unchanged, $O empty.
+bad() {
+  local pattern=$1
+  shift 2
+  timeout 300 "$MOH" "$@" >"$tmp/o" 2>"$tmp/e"
+  local rc=$? why=""
+  [ "$rc" = 2 ] || why="exit $rc"
+  [ "$(grep -c '' "$tmp/e")" = 1 ] && head -1 "$tmp/e" | grep -q '^error: ' || why="$why; stderr is not one error line"
+  grep -qF -- "$pattern" "$tmp/e" || why="$why; no '$pattern'"
+  [ -z "$(ls -A "$O")" ] || why="$why; created $(ls -A "$O" | head -3 | tr '\n' ' ')"
+  [ "$(snapshot)" = "$reference" ] || why="$why; a pre-existing file changed"
+  if [ -z "$why" ]; then pass=$((pass + 1)); return; fi
+  echo "FAIL: moh $* -> ${why#; }"; sed 's/^/  | /' "$tmp/e" | head -8
+  fails=$((fails + 1))
+  rm -rf "${O:?}"/* && reference=$(snapshot)
+}
+
+# 1. Numbers: finite, in range, before anything runs (config keys and --set alike).
+for kv in optim.lr=.inf optim.lr=1e39 schedule.min_lr=.nan train.moh_loss_coeff=.inf optim.clip_grad=.nan \
+          schedule.warmup_epochs=.nan model.drop_path=.nan sampling.cfg_scale=.inf sampling.eta=.inf optim.eps=.inf \
+          optim.weight_decay=-.inf train.label_smoothing=.nan schedule.warmup_lr=.inf data.max_bad_fraction=.nan \
+          'optim.betas=[.nan,0.999]' 'augment.scale=[0.08,.inf]'; do
+  bad "${kv%%=*}" -- train $NANO "${TINY[@]}" --set "$kv" --run-dir "$O/r"
+done
+bad "model.img_size: must be <= 8192" -- train $NANO "${TINY[@]}" --set model.img_size=100000 --run-dir "$O/r"
+bad "needs at least" -- train configs/imagenet/moh_vit_s_75.yaml --set model.img_size=8192 --run-dir "$O/r"
+bad "data.num_workers: must be <= 256" -- train $NANO "${TINY[@]}" --set data.num_workers=100000 --run-dir "$O/r"
+bad "the training data has labels up to 9" -- train $NANO "${TINY[@]}" --set model.num_classes=3 --run-dir "$O/r"
+bad "larger than the training set (128 examples)" -- train $NANO "${TINY[@]}" --set data.batch_size=4096 --run-dir "$O/r"
+bad "optim.betas: expected two numbers" -- train $NANO "${TINY[@]}" --set 'optim.betas=[0.9]' --run-dir "$O/r"
+bad "train.epochs: must be > 0" -- config $NANO --set train.epochs=0
+bad "data.batch_size: expected an integer" -- config $NANO --set data.batch_size=lots
+bad "unsupported version 2" -- config $NANO --set version=2
+bad "key 'model' appears twice" -- train "$F/dup.yaml" --run-dir "$O/r"
+bad "key 'model.name' appears twice" -- config "$F/dup_inner.yaml"
+bad "key 'lr' appears twice" -- config $NANO --set 'optim={lr: 1e-3, lr: 2e-3}'
+bad "YAML syntax error at line" -- config "$F/syntax.yaml"
+bad "missing required key 'model.name'" -- config "$F/no_model.yaml"
+bad "unknown key 'optim.lrr' (did you mean 'optim.lr'?)" -- train $NANO --set optim.lrr=1 --run-dir "$O/r"
+bad "sampling.cfg_scale: expected a number, got \"nan\"" -- sample --checkpoint "$F/dit" --cfg-scale nan --out "$O/s"
+bad "sampling.cfg_scale: must be finite" -- sample --checkpoint "$F/dit" --cfg-scale .inf --out "$O/s"
+bad "sampling.seed: expected an integer" -- sample --checkpoint "$F/dit" --seed abc --out "$O/s"
+bad "--num-samples: must be > 0" -- sample --checkpoint "$F/dit" --num-samples 0 --out "$O/s"
+bad "'99' is not a class index below 10" -- sample --checkpoint "$F/dit" --labels 1,99 --out "$O/s"
+
+# 2. Validation before the run dir is touched; output paths checked before any work.
+bad "already holds a run" -- train $NANO "${TINY[@]}" --run-dir "$F/run"
+bad "optim.lr: must be > 0" -- train $NANO "${TINY[@]}" --set optim.lr=-1 --run-dir "$F/run" --resume auto
+bad "model.attention differs from the checkpoint's" -- train configs/fashion_mnist/mha_vit_nano.yaml "${TINY[@]}" --run-dir "$F/run" --resume auto
+bad "data.batch_size differs from the checkpoint's (32 -> 64)" -- train $NANO "${TINY[@]}" --set data.batch_size=64 --run-dir "$F/run" --resume auto
+bad "not a directory" -- train $NANO "${TINY[@]}" --run-dir "$F/afile/run"
+bad "symbolic link" -- train $NANO "${TINY[@]}" --run-dir "$F/loop/run"
+if [ "$(id -u)" != 0 ]; then bad "cannot create anything in" -- train $NANO "${TINY[@]}" --run-dir "$F/readonly/run"; fi
+bad "cannot create anything in /proc" -- sample --checkpoint "$F/dit" --out /proc/moh_samples
+bad "not a directory" -- sample --checkpoint "$F/dit" --out "$F/afile/s"
+bad "not a directory" -- fid --samples fashion_mnist:test:16 --ref "$F/ref.npz" --features "classifier:$F/run" --out "$F/afile/rep"
+bad "not a directory" -- ref-stats --images fashion_mnist:test:16 --features "classifier:$F/run" --out "$F/afile/r.npz"
+bad "not a directory" -- eval $NANO --checkpoint "$F/run" --out "$F/afile/ev"
+bad "not a directory" -- export-images --images fashion_mnist:test:4 --out "$F/afile/tree"
+bad "is a directory" -- convert --in "$F/run" --out "$F/dir.safetensors"
+bad "not a directory" -- forward --model DiT-Pixel/4 --weights "$F/run" --input "$F/ref.npz" --output "$F/afile/o.safetensors"
+bad "not a directory" -- extract-latents configs/imagenet/dit_s_2.yaml --out "$F/afile/lat"
+
+# 3./4. Library errors as one line; resume never silently starts over.
+bad "checkpoints/latest names '0000999', which is missing" -- train $NANO "${TINY[@]}" --run-dir "$F/run_missing" --resume auto
+bad "not a checkpoint of this run" -- train $NANO "${TINY[@]}" --run-dir "$F/run_outside" --resume auto
+bad "checkpoints/latest names ''" -- train $NANO "${TINY[@]}" --run-dir "$F/run_empty" --resume auto
+bad "holds checkpoints but no checkpoints/latest" -- train $NANO "${TINY[@]}" --run-dir "$F/run_nolatest" --resume auto
+bad "is not a CPU generator state" -- train $NANO "${TINY[@]}" --run-dir "$F/run_rng" --resume auto
+bad "not a checkpoint or run directory" -- train $NANO "${TINY[@]}" --run-dir "$O/r" --resume "$F/nothing"
+bad "header length" -- convert --in "$F/trunc.safetensors" --out "$O/c.safetensors"
+bad "header is not valid JSON" -- eval $NANO --weights "$F/garbage.safetensors"
+bad "dimension above INT64_MAX" -- convert --in "$F/hugedim.safetensors" --out "$O/c.safetensors"
+bad "missing tensor 'patch_embed1.proj.weight'" -- eval $NANO --weights "$F/dit/checkpoints/0000002/model.safetensors"
+bad "holds a MoH-ViT-Nano classifier, not a DiT" -- sample --checkpoint "$F/run" --out "$O/s"
+
+# 6. Image loaders count damaged files exactly and obey data.max_bad_fraction in both loaders; class lists match.
+IMG=(--set data.dataset=image_folder --set data.batch_size=8 --set train.max_steps=1 --set train.processes=1)
+bad "10 of 60 images are unreadable" -- train $NANO "${IMG[@]}" --set data.root="$F/cut" --set data.max_bad_fraction=0.1 --run-dir "$O/r"
+bad "unreadable images in an epoch of 60" -- train $NANO "${IMG[@]}" --set data.root="$F/allcut" --set data.loader=stream --set data.max_bad_fraction=0 --run-dir "$O/r"
+bad "train and val have different class folders" -- train $NANO "${IMG[@]}" --set data.root="$F/shift" --run-dir "$O/r"
+bad "has no 'train' folder" -- train $NANO "${IMG[@]}" --set data.root="$F/nothing" --run-dir "$O/r"
+bad "truncated PNG" -- fid --samples "$F/samples" --ref "$F/ref.npz" --features "classifier:$F/run"
+
+# 7. Evaluator inputs.
+bad "precision/recall need more than k = 3 images" -- fid --samples fashion_mnist:test:3 --ref "$F/ref.npz" --features "classifier:$F/run" --metrics pr
+bad "FID needs at least 2 images, got 1" -- fid --samples fashion_mnist:test:1 --ref "$F/ref.npz" --features "classifier:$F/run" --metrics fid
+bad "error: npz" -- fid --samples tests/fixtures/npz/truncated.npz --ref "$F/ref.npz" --features "classifier:$F/run"
+bad "expected uint8" -- fid --samples tests/fixtures/npz/wrong_dtype.npz --ref "$F/ref.npz" --features "classifier:$F/run"
+bad "--batch: must be at least 1" -- fid --samples fashion_mnist:test:8 --ref "$F/ref.npz" --features "classifier:$F/run" --batch 0
+bad "unknown metric 'fdi'" -- fid --samples fashion_mnist:test:8 --ref "$F/ref.npz" --features "classifier:$F/run" --metrics fdi
+
+# Commands and flags.
+bad "unknown command 'trian'" -- trian $NANO
+bad "error: moh train" -- train $NANO --no-such-flag
+bad "unknown model variant" -- info --model MoH-ViT-Huge
+bad "file not found" -- train "$F/none.yaml" --run-dir "$O/r"
+bad "--format tif: unknown image format" -- export-images --images fashion_mnist:test:4 --format tif --out "$O/t"
+
+echo "$pass passed, $fails failed"
+[ "$pass" -ge 60 ] || { echo "FAIL: the corpus must hold at least 60 cases"; exit 1; }
+[ "$fails" = 0 ]
