@@ -18,7 +18,7 @@ namespace moh::apps {
 
 int cmd_convert(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "Convert weights (torch.save file, checkpoint directory, safetensors) to safetensors");
-  opts.add_options()("in", "torch.save .pt/.pth/.bin (zip or legacy), .safetensors, or a checkpoint/run directory",
+  opts.add_options()("in,ckpt", "torch.save .pt/.pth/.bin (zip or legacy), .safetensors, or a checkpoint/run directory",
                      cxxopts::value<std::string>())(
       "key", "entry of a nested checkpoint: ema, model, state_dict, ... (directories: model or ema)",
       cxxopts::value<std::string>()->default_value(""))("out", "output .safetensors file", cxxopts::value<std::string>())(

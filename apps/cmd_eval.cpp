@@ -1,6 +1,7 @@
 // `moh eval CONFIG.yaml --checkpoint PATH [--json] [--out DIR]`: top-1 / top-5 / loss of a trained classifier on the
 // configured validation split.
 #include <iostream>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "apps/cli.h"
@@ -15,23 +16,39 @@ namespace moh::apps {
 int cmd_eval(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "Evaluate a classifier checkpoint on the configured validation split");
   add_config_args(opts);
-  opts.add_options()("checkpoint", "checkpoint directory or run directory (or give --weights FILE)", cxxopts::value<std::string>())(
+  opts.add_options()("checkpoint,ckpt", "checkpoint or run directory (its config is used when CONFIG.yaml is not "
+                                        "given), or give CONFIG.yaml --weights FILE", cxxopts::value<std::string>())(
+      "device", "auto, cpu, cuda or cuda:N (default: the config's train.device)", cxxopts::value<std::string>())(
+      "batch,batch-size", "= data.eval_batch_size", cxxopts::value<std::string>())(
       "json", "print JSON")("ema", "evaluate the checkpoint's EMA weights (train.ema_decay > 0)")("out", "write report.json and report.md into this directory",
                             cxxopts::value<std::string>()->default_value(""))("h,help", "show this help");
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
-  ExperimentConfig cfg = config_from_args(args, argv[0]);
-  if (!args.count("checkpoint") && cfg.model.weights.empty())
-    throw UserError(argv[0], "missing --checkpoint PATH", "a checkpoint or run directory, or --weights FILE (e.g. an official .pth)");
   const std::string out = args["out"].as<std::string>();
   if (!out.empty()) check_output_dir(out, "--out " + out);
-  RunContext ctx = RunContext::create(cfg.train.device, Precision::fp32, 0);
+  std::vector<std::string> sets = config_overrides(args);
+  if (args.count("batch")) sets.push_back("data.eval_batch_size=" + args["batch"].as<std::string>());
+  std::optional<vision::LoadedClassifier> loaded;
+  if (args.count("checkpoint"))
+    loaded = vision::load_classifier_checkpoint(args["checkpoint"].as<std::string>(), args.count("ema") > 0);
+  ExperimentConfig cfg;
+  if (args.count("config")) {
+    cfg = load_experiment(args["config"].as<std::string>(), sets);
+  } else if (loaded) {  // the run's own experiment: its validation split, with --set / --batch applied
+    cfg = with_overrides(loaded->cfg, sets, "checkpoint " + loaded->dir + "/config.resolved.yaml");
+  } else {
+    throw UserError(argv[0], "missing --checkpoint PATH", "a checkpoint or run directory, or CONFIG.yaml --weights FILE (e.g. an official .pth)");
+  }
+  validate_experiment(cfg, ExperimentUse::train);
+  if (!loaded && cfg.model.weights.empty())
+    throw UserError(argv[0], "missing --checkpoint PATH", "a checkpoint or run directory, or --weights FILE (e.g. an official .pth)");
+  RunContext ctx = RunContext::create(args.count("device") ? args["device"].as<std::string>() : cfg.train.device,
+                                      Precision::fp32, 0);
   vision::TransNeXt model{nullptr};
   std::string source, weights = "model", model_name = cfg.model.name;
   int64_t step = -1;  // unknown for --weights files
-  if (args.count("checkpoint")) {
-    vision::LoadedClassifier c = vision::load_classifier_checkpoint(args["checkpoint"].as<std::string>(), args.count("ema") > 0);
-    model = c.model, source = c.dir, weights = c.weights, step = c.step, model_name = c.cfg.model.name;
+  if (loaded) {
+    model = loaded->model, source = loaded->dir, weights = loaded->weights, step = loaded->step, model_name = loaded->cfg.model.name;
   } else {  // official or converted weights, e.g. a TransNeXt / MoH-ViT .pth with --weights-key model
     model = vision::TransNeXt(vision::classifier_options_for(cfg));
     load_initial_weights(*model, cfg.model.weights, cfg.model.weights_key, cfg.model.weights_allow_missing);
@@ -66,7 +83,8 @@ int cmd_eval(int argc, char** argv) {
     std::cout << j.dump(1) << std::endl;
   } else {
     std::cout << source << " (" << weights << " weights" << (step >= 0 ? ", step " + std::to_string(step) : "")
-              << "): top-1 " << r.top1 << " %, top-5 " << r.top5 << " %, loss " << r.loss << " over " << r.count
+              << "): top-1 " << eval::format_metric("top1", r.top1) << " %, top-5 " << eval::format_metric("top5", r.top5)
+              << " %, loss " << eval::format_metric("loss", r.loss) << " over " << r.count
               << " images\n";
   }
   return 0;

@@ -15,7 +15,7 @@ namespace moh::apps {
 namespace {
 
 std::string fmt(const nlohmann::json& m, const char* key) {
-  return m.contains(key) ? config::shortest_double(m[key].get<double>()) : std::string("–");
+  return m.contains(key) ? eval::format_metric(key, m[key].get<double>()) : std::string("–");
 }
 
 }  // namespace
@@ -33,11 +33,13 @@ int cmd_fid(int argc, char** argv) {
       cxxopts::value<std::string>()->default_value("adm"))(
       "resize", "Inception resize: tf1 (ADM / torch-fidelity) or pytorch (pytorch-fid)",
       cxxopts::value<std::string>()->default_value("tf1"))(
-      "batch", "images per forward pass", cxxopts::value<int64_t>()->default_value("64"))(
+      "batch,batch-size", "images per forward pass", cxxopts::value<int64_t>()->default_value("64"))(
       "device", "auto, cpu, cuda or cuda:N", cxxopts::value<std::string>()->default_value("auto"))(
       "out", "write report.json and report.md into this directory", cxxopts::value<std::string>()->default_value(""))(
       "save-features", "store the raw feature arrays in this .npz", cxxopts::value<std::string>()->default_value(""))(
       "json", "print the report as JSON")("h,help", "show this help");
+  opts.parse_positional({"samples", "ref"});  // pytorch-fid's order: moh fid SAMPLES REF --features ...
+  opts.positional_help("[SAMPLES REF]");
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
   for (const char* required : {"samples", "ref", "features"})
@@ -72,7 +74,7 @@ int cmd_fid(int argc, char** argv) {
               << report["samples"]["count"] << " samples, " << report["feature_net"]["feature_net"].get<std::string>()
               << ")\n";
     if (report.contains("sample_accuracy"))
-      std::cout << "sample accuracy " << report["sample_accuracy"]["top1"].get<double>() << " %\n";
+      std::cout << "sample accuracy " << eval::format_metric("top1", report["sample_accuracy"]["top1"].get<double>()) << " %\n";
     if (!out.empty()) std::cout << "report: " << out << "/report.md\n";
   }
   return 0;

@@ -53,10 +53,31 @@ int cmd_launch(int argc, char** argv) {
     }
   cxxopts::Options opts(argv[0], "Run a moh subcommand as N data-parallel processes on this machine (like torchrun)");
   opts.positional_help("-- train CONFIG.yaml [ARGS...]");
-  opts.add_options()("nproc", "number of processes", cxxopts::value<int>()->default_value("2"))(
-      "master-port", "TCPStore port (0 = a free one)", cxxopts::value<int>()->default_value("0"))("h,help", "show this help");
+  opts.custom_help("[--nproc N] [--master-port P]");
+  opts.add_options()("nproc,nproc_per_node,nproc-per-node", "number of processes (torchrun: --nproc_per_node)",
+                     cxxopts::value<int>()->default_value("2"))(
+      "master-port,master_port", "TCPStore port (0 = a free one)", cxxopts::value<int>()->default_value("0"))(
+      "nnodes", "machines taking part: this launcher runs one machine (1)", cxxopts::value<std::string>()->default_value("1"))(
+      "node_rank,node-rank", "this machine's index: 0 (one machine)", cxxopts::value<int>()->default_value("0"))(
+      "master_addr,master-addr", "rendezvous host: this machine (127.0.0.1 / localhost)",
+      cxxopts::value<std::string>()->default_value("127.0.0.1"))(
+      "standalone", "torchrun's single-machine flag (always the case here)")("h,help", "show this help");
   auto args = parse_or_throw(opts, split, argv);
-  if (print_help_if_asked(opts, args)) return 0;
+  if (args.count("help")) {
+    std::cout << opts.help() << "\nThe command to run comes after `--`, as with torchrun:\n"
+              << "  moh launch --nproc_per_node 2 -- train configs/fashion_mnist/moh_vit_nano.yaml --run-dir runs/nano_ddp\n"
+              << "  moh launch --nproc 4 -- sample --ckpt runs/dit --num-samples 1000 --out samples/dit\n"
+              << "Each process gets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (docs/DISTRIBUTED.md).\n";
+    return 0;
+  }
+  const std::string nnodes = args["nnodes"].as<std::string>(), addr = args["master_addr"].as<std::string>();
+  if (nnodes != "1" && nnodes != "1:1")
+    throw UserError("--nnodes " + nnodes, "moh launch starts processes on this machine only",
+                    "on several machines run `moh train` under torchrun or Slurm (docs/DISTRIBUTED.md)");
+  if (args["node_rank"].as<int>() != 0) throw UserError("--node_rank", "must be 0 on a single machine", "");
+  if (addr != "127.0.0.1" && addr != "localhost")
+    throw UserError("--master_addr " + addr, "moh launch rendezvous on this machine (127.0.0.1)",
+                    "for several machines use torchrun or Slurm");
   const int n = args["nproc"].as<int>();
   if (n < 1 || n > 512) throw UserError("--nproc", "must be in 1..512, got " + std::to_string(n), "");
   if (split + 1 >= argc) throw UserError(argv[0], "no command after --", "e.g. moh launch --nproc 2 -- train CONFIG.yaml");

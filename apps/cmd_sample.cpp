@@ -35,25 +35,32 @@ namespace moh::apps {
 int cmd_sample(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "Class-conditional samples of a DiT / MoH-DiT with classifier-free guidance");
   add_config_args(opts);
-  opts.add_options()("checkpoint", "DiT checkpoint or run directory (its config is used; CONFIG.yaml, if given, must "
+  opts.add_options()("checkpoint,ckpt", "DiT checkpoint or run directory (its config is used; CONFIG.yaml, if given, must "
                                    "name the same model)", cxxopts::value<std::string>())(
       "untrained", "sample a freshly initialised model of CONFIG.yaml (a baseline)")(
       "raw", "use the raw weights instead of the EMA")(
-      "num-samples", "images to generate (default: every class × sampling.per_class)", cxxopts::value<int64_t>())(
+      "num-samples,num-fid-samples", "images to generate (default: every class × sampling.per_class)", cxxopts::value<int64_t>())(
       "labels", "class labels: balanced (default: rows of per_class), random, or a list 1,2,3 (cycled)",
       cxxopts::value<std::string>()->default_value("balanced"))(
       "cfg-scale", "= sampling.cfg_scale", cxxopts::value<std::string>())(
       "cfg-channels", "= sampling.cfg_channels (three|all)", cxxopts::value<std::string>())(
       "sampler", "= sampling.sampler (ddpm|ddim)", cxxopts::value<std::string>())(
-      "steps", "= sampling.steps (250, ddim50, ...)", cxxopts::value<std::string>())(
+      "steps,num-sampling-steps", "= sampling.steps (250, ddim50, ...; DiT's --num-sampling-steps)", cxxopts::value<std::string>())(
       "seed", "= sampling.seed", cxxopts::value<std::string>())(
-      "batch", "= sampling.batch_size", cxxopts::value<std::string>())(
+      "batch,batch-size", "= sampling.batch_size", cxxopts::value<std::string>())(
+      "class-names", "text file with one class name per line (label order), for the grid's captions",
+      cxxopts::value<std::string>())(
       "out", "output directory", cxxopts::value<std::string>()->default_value("samples"))(
       "device", "auto, cpu, cuda or cuda:N", cxxopts::value<std::string>()->default_value("auto"))("h,help", "show this help");
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
   const std::string out_dir = args["out"].as<std::string>();
   check_output_dir(out_dir, "--out " + out_dir);  // before the model is even loaded
+  std::vector<std::string> class_names;  // --class-names: one per line
+  if (args.count("class-names")) {
+    std::stringstream lines(read_file(args["class-names"].as<std::string>(), "--class-names"));
+    for (std::string l; std::getline(lines, l);) class_names.push_back(l);
+  }
   std::vector<std::string> sets = config_overrides(args);
   for (const auto& [flag, key] : std::vector<std::pair<std::string, std::string>>{
            {"cfg-scale", "cfg_scale"}, {"cfg-channels", "cfg_channels"}, {"sampler", "sampler"}, {"steps", "steps"},
@@ -165,18 +172,26 @@ int cmd_sample(int argc, char** argv) {
   datasets::save_npz(out_dir + "/samples.npz", {{"arr_0", all}, {"arr_1", labels}});
   // The grid shows at most kGridCols images of each row and kGridRows rows (10k-sample batches stay a small PNG).
   constexpr int64_t kGridCols = 16, kGridRows = 32;
-  std::vector<std::string> row_labels;  // balanced rows hold one class each
+  // Class names: --class-names, Fashion-MNIST's own, else the index. Balanced rows hold one class each (a row label);
+  // random or listed labels mix classes in a row (a caption under every tile).
+  if (class_names.empty() && cfg.data.dataset == DatasetKind::fashion_mnist && mo.num_classes == 10)
+    class_names = datasets::fashion_mnist_classes();
+  auto name_of = [&](int64_t k) {
+    return k < static_cast<int64_t>(class_names.size()) ? class_names[static_cast<size_t>(k)] : "class " + std::to_string(k);
+  };
+  std::vector<std::string> row_labels, tile_labels;
   std::vector<int64_t> shown;
   const int64_t row_len = label_mode == "balanced" ? sc.per_class : kGridCols, cols = std::min(row_len, kGridCols);
   for (int64_t r = 0; r * row_len < n && r < kGridRows; ++r) {
-    for (int64_t c = 0; c < cols && r * row_len + c < n; ++c) shown.push_back(r * row_len + c);
-    if (label_mode != "balanced") continue;
-    const int64_t k = r % mo.num_classes;
-    const bool fm = cfg.data.dataset == DatasetKind::fashion_mnist && mo.num_classes == 10;
-    row_labels.push_back(fm ? datasets::fashion_mnist_classes()[static_cast<size_t>(k)] : "class " + std::to_string(k));
+    for (int64_t c = 0; c < cols && r * row_len + c < n; ++c) {
+      shown.push_back(r * row_len + c);
+      if (label_mode != "balanced") tile_labels.push_back(name_of(labels[r * row_len + c].item<int64_t>()));
+    }
+    if (label_mode == "balanced") row_labels.push_back(name_of(r % mo.num_classes));
   }
   const at::Tensor grid_images = all.index_select(0, at::tensor(shown, at::kLong));
-  const bool grid = eval::write_grid(out_dir + "/grid.png", grid_images, cols, mo.input_size < 64 ? 3 : 1, row_labels);
+  const bool grid = eval::write_grid(out_dir + "/grid.png", grid_images, cols, mo.input_size < 64 ? 3 : 1, row_labels,
+                                     tile_labels);
   nlohmann::json info{{"model", cfg.model.name},
                       {"checkpoint", args.count("checkpoint") ? args["checkpoint"].as<std::string>() : "untrained"},
                       {"weights", weights_used}, {"step", step >= 0 ? nlohmann::json(step) : nlohmann::json()},

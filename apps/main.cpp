@@ -42,6 +42,19 @@ const std::vector<Command>& commands() {
 cxxopts::ParseResult parse_or_throw(cxxopts::Options& options, int argc, char** argv) {
   try {
     return options.parse(argc, argv);
+  } catch (const cxxopts::exceptions::no_such_option& e) {
+    // "Option ‘chekpoint’ does not exist": suggest the nearest flag of this command.
+    std::string what = e.what(), name;
+    size_t b = what.find("\xe2\x80\x98"), end = what.find("\xe2\x80\x99"), q = 3;  // ‘name’ (or 'name')
+    if (b == std::string::npos) b = what.find('\''), end = what.find('\'', b + 1), q = 1;
+    if (b != std::string::npos && end != std::string::npos && end > b + q) name = what.substr(b + q, end - b - q);
+    std::vector<std::string> flags;
+    for (const auto& g : options.groups())
+      for (const auto& d : options.group_help(g).options)
+        for (const auto& l : d.l) flags.push_back(l);
+    const std::string near = name.empty() ? "" : nearest_name(name, flags);
+    throw UserError(options.program(), "unknown flag --" + name,
+                    near.empty() ? "see `" + options.program() + " --help`" : "did you mean --" + near + "?");
   } catch (const cxxopts::exceptions::exception& e) {
     throw UserError(options.program(), e.what(), "see `" + options.program() + " --help`");
   }

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <iosfwd>
+#include <memory>
 #include <string>
 
 #include <nlohmann/json_fwd.hpp>
@@ -15,8 +16,13 @@ class Progress {
  public:
   /// `interactive`: -1 = detect (isatty(stderr)), 0 = plain lines, 1 = redrawn bar, 2 = silent (data-parallel ranks
   /// other than 0).
-  Progress(std::string label, int64_t total, std::string unit = "it", int interactive = -1);
+  /// `initial`: units already done before this process (a resumed run): shown in the count, not in the rate.
+  Progress(std::string label, int64_t total, std::string unit = "it", int interactive = -1, int64_t initial = 0);
   ~Progress();
+  /// Changes the text before the count (e.g. "epoch 2/4 step").
+  void set_label(std::string label) { label_ = std::move(label); }
+  /// Ends the current line (a bar is kept as a finished line) so other messages can follow; the bar goes on after.
+  void end_line(const std::string& status = "");
   /// Advances by n units; `status` (e.g. "loss=0.123") is shown after the rate.
   void advance(int64_t n = 1, const std::string& status = "");
   /// Prints the final line (idempotent).
@@ -26,13 +32,15 @@ class Progress {
 
  private:
   void render(bool final_line, const std::string& status);
-  std::string label_, unit_;
-  int64_t total_, done_ = 0;
-  bool tty_, silent_, finished_ = false;
+  std::string label_, unit_, last_status_;
+  int64_t total_, done_ = 0, initial_ = 0, rendered_ = -1;  // rendered_: done_ at the last printed line
+  bool tty_, silent_, finished_ = false, open_ = false;  // open_: a terminal bar drawn without its newline
   std::chrono::steady_clock::time_point start_, last_print_;
 };
 
-/// Appends one JSON object per line to a metrics file (flushed per line, so a killed run keeps every line).
+/// Appends one JSON object per line to a metrics file (flushed per line, so a killed run keeps every line). Every
+/// line gets "time" (UTC wall clock, ISO 8601 with milliseconds) and "elapsed_s" (seconds since the writer opened,
+/// i.e. since this process started or resumed the run).
 class MetricsWriter {
  public:
   MetricsWriter() = default;
@@ -44,6 +52,24 @@ class MetricsWriter {
 
  private:
   std::string path_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
+
+/// While alive, everything written to std::cerr is also appended to `path` (a run's log.txt): whole lines only, a
+/// terminal bar's redraws reduced to the line it ends with, escape sequences removed.
+class ConsoleLog {
+ public:
+  explicit ConsoleLog(const std::string& path);
+  ~ConsoleLog();
+  ConsoleLog(const ConsoleLog&) = delete;
+  ConsoleLog& operator=(const ConsoleLog&) = delete;
+
+ private:
+  class Tee;
+  std::unique_ptr<Tee> tee_;
+};
+
+/// "2026-11-23T00:20:01.123Z".
+std::string utc_timestamp();
 
 }  // namespace moh

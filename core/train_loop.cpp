@@ -85,10 +85,10 @@ const std::vector<std::string>& config_keys_guarded_on_resume() {
 
 namespace {
 
-// Says what a resumed run changes against its checkpoint's config, and refuses what cannot (or should not silently)
-// change. Runs before anything is written.
-void check_resume_config(const std::string& checkpoint_yaml, const std::string& run_yaml, const std::string& dir,
-                         bool allow_change, bool main) {
+// Refuses what a resumed run cannot (or should not silently) change against its checkpoint's config, and returns the
+// line that lists the other changes ("" if none), printed once the run starts. Runs before anything is written.
+std::string check_resume_config(const std::string& checkpoint_yaml, const std::string& run_yaml, const std::string& dir,
+                                bool allow_change) {
   auto in = [](const std::vector<std::string>& keys, const std::string& k) {
     return std::find(keys.begin(), keys.end(), k) != keys.end();
   };
@@ -101,10 +101,11 @@ void check_resume_config(const std::string& checkpoint_yaml, const std::string& 
       throw UserError("--resume " + dir, c.key + " differs from the checkpoint's (" + c.before + " -> " + c.after + ")",
                       "the run would no longer be the same run; pass --allow-config-change to resume anyway");
   }
-  if (!main || changes.empty()) return;
-  std::cerr << "resume: " << changes.size() << " config change" << (changes.size() > 1 ? "s" : "") << " since " << dir << ":";
-  for (const auto& c : changes) std::cerr << " " << c.key << " " << c.before << " -> " << c.after << ";";
-  std::cerr << "\n";
+  if (changes.empty()) return "";
+  std::string line = "resume: " + std::to_string(changes.size()) + " config change" + (changes.size() > 1 ? "s" : "") +
+                     " since " + dir + ":";
+  for (const auto& c : changes) line += " " + c.key + " " + c.before + " -> " + c.after + ";";
+  return line;
 }
 
 }  // namespace
@@ -123,7 +124,8 @@ LoopResult run_training(const ExperimentConfig& cfg, const TrainArgs& args, cons
 
   // Resume decision before anything touches the run directory (every rank decides alike, then rank 0 writes).
   std::optional<Checkpoint> resume = resolve_resume(run_dir, args.resume);
-  if (resume) check_resume_config(resume->config_yaml, to_yaml(cfg), resume->dir, args.allow_config_change, ctx.is_main());
+  const std::string changes =
+      resume ? check_resume_config(resume->config_yaml, to_yaml(cfg), resume->dir, args.allow_config_change) : "";
   // One writer per run directory: an existing one is locked at once (a second process is refused before it loads
   // any data); a new one only once every input has been checked (below), so a refused run creates nothing.
   std::unique_ptr<RunDirLock> lock;
@@ -156,8 +158,6 @@ LoopResult run_training(const ExperimentConfig& cfg, const TrainArgs& args, cons
     if (resume->rng.count("amp_scaler")) scaler.load_state(resume->rng.at("amp_scaler"));
     if (resumed_ema) load_module_tensors(ema->module(), resume->ema, resume->dir + "/ema.safetensors");
     state = resume->state;
-    if (group->is_main())
-      std::cerr << "resuming " << resume->dir << " at epoch " << state.epoch << ", step " << state.step << "\n";
   }
   group->broadcast_module(*model);  // every rank starts from rank 0's weights
   if (ema && !resumed_ema) ema->copy_from(*model);
@@ -177,11 +177,17 @@ LoopResult run_training(const ExperimentConfig& cfg, const TrainArgs& args, cons
   // Every input has been checked: from here on only runtime failures remain.
   const std::string config_yaml = to_yaml(cfg);
   MetricsWriter metrics;
+  std::unique_ptr<ConsoleLog> console;  // the run's log.txt mirrors what rank 0 prints from here on
   if (group->is_main()) {
     if (!lock) lock = std::make_unique<RunDirLock>(run_dir);
-    if (!resume && args.resume == "auto" && fs::exists(run_dir + "/metrics.jsonl"))
-      std::cerr << "note: " << run_dir << " has no checkpoint yet (stopped before its first one): starting at step 0\n";
+    const bool restart = !resume && args.resume == "auto" && fs::exists(run_dir + "/metrics.jsonl");
     metrics = start_run_dir(run_dir, config_yaml, resume ? std::optional<int64_t>(state.step) : std::nullopt);
+    console = std::make_unique<ConsoleLog>(run_dir + "/log.txt");
+    std::cerr << "[" << utc_timestamp() << "] moh train " << cfg.name << "\n";
+    if (resume) std::cerr << "resuming " << resume->dir << " at epoch " << state.epoch << ", step " << state.step << "\n";
+    if (!changes.empty()) std::cerr << changes << "\n";
+    if (restart)
+      std::cerr << "note: " << run_dir << " has no checkpoint yet (stopped before its first one): starting at step 0\n";
     if (const std::string w = slow_bf16_warning(ctx); !w.empty()) std::cerr << "warning: " << w << "\n";
     std::cerr << "model " << task->describe() << ", " << precision_summary(cfg.train.precision, ctx) << ", run dir "
               << run_dir << (world > 1 ? ", " + std::to_string(world) + " data-parallel ranks" : std::string()) << "\n";
@@ -199,17 +205,32 @@ LoopResult run_training(const ExperimentConfig& cfg, const TrainArgs& args, cons
   result.run_dir = run_dir;
   result.best_metric = state.best_metric;
   bool stop = false;
+  // One bar for the whole run: global step s/S (S = epochs × steps per epoch, capped by train.max_steps), the rate of
+  // this process's steps, and the ETA of the rest of the run.
+  int64_t total_steps = first_loader ? cfg.train.epochs * first_loader->num_batches() : state.step;
+  if (cfg.train.max_steps > 0) total_steps = std::min(total_steps, cfg.train.max_steps);
+  Progress progress("", total_steps, "step", group->is_main() ? -1 : 2, state.step);
   for (int64_t epoch = state.epoch; epoch < cfg.train.epochs && !stop; ++epoch) {
     const std::unique_ptr<BatchStream> loader =
         first_loader ? std::move(first_loader) : task->train_batches(epoch, ctx.rank, ctx.world);
     const int64_t steps_per_epoch = loader->num_batches();
     if (steps_per_epoch == 0) throw UserError("config: data.batch_size", "larger than the training set", "");
-    Progress progress("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(cfg.train.epochs), steps_per_epoch,
-                      "step", group->is_main() ? -1 : 2);
+    progress.set_label("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(cfg.train.epochs) + " step");
     model->train();
     Scalars sums;  // losses summed over the logging window
     int64_t logged = 0, images = 0;
     auto t_log = Clock::now();
+    double lr = 0;
+    // The metrics line of the window so far (every log_every_steps steps, and the partial window at an epoch's end).
+    auto log_window = [&] {
+      const double secs = seconds_since(t_log);
+      result.losses = global_mean(*group, sums, static_cast<double>(logged));
+      nlohmann::json line{{"step", state.step}, {"epoch", epoch}, {"lr", lr}, {"img_per_s", images / std::max(secs, 1e-9)}};
+      for (const auto& [k, v] : result.losses) line[k] = v;
+      metrics.write(line);
+      sums.clear(), logged = images = 0;
+      t_log = Clock::now();
+    };
     at::Tensor x, y;
     auto next_batch = [&] {
       if (!first_pending) return loader->next(x, y);
@@ -219,7 +240,7 @@ LoopResult run_training(const ExperimentConfig& cfg, const TrainArgs& args, cons
     for (int64_t b = 0; next_batch(); ++b) {
       const double t = cfg.schedule.unit == ScheduleUnit::epoch ? static_cast<double>(epoch)
                                                                  : epoch + static_cast<double>(b) / steps_per_epoch;
-      const double lr = learning_rate_at(cfg, t);
+      lr = learning_rate_at(cfg, t);
       for (auto& g : optimizer->param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
       const int64_t batch = x.size(0);
       const Scalars losses = task->backward(*model, std::move(x), std::move(y), {epoch, b, state.step}, scaler);
@@ -234,21 +255,14 @@ LoopResult run_training(const ExperimentConfig& cfg, const TrainArgs& args, cons
       char status[96];
       std::snprintf(status, sizeof status, "loss=%.4f lr=%.2e", scalar(losses, "loss"), lr);
       progress.advance(1, status);
-      if (state.step % cfg.train.log_every_steps == 0) {
-        const double secs = seconds_since(t_log);
-        result.losses = global_mean(*group, sums, static_cast<double>(logged));
-        nlohmann::json line{{"step", state.step}, {"epoch", epoch}, {"lr", lr}, {"img_per_s", images / std::max(secs, 1e-9)}};
-        for (const auto& [k, v] : result.losses) line[k] = v;
-        metrics.write(line);
-        sums.clear(), logged = images = 0;
-        t_log = Clock::now();
-      }
+      if (state.step % cfg.train.log_every_steps == 0) log_window();
       if (cfg.train.max_steps > 0 && state.step >= cfg.train.max_steps) {
         stop = true;
         break;
       }
     }
-    progress.finish();
+    if (logged > 0) log_window();  // every run with a step has a metrics line, and the summary its real loss
+    progress.end_line();
     const bool last = stop || epoch + 1 == cfg.train.epochs;
     state.epoch = epoch + 1;
     bool best = false;

@@ -1,5 +1,7 @@
 #include "eval/report.h"
 
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <algorithm>
 #include <sstream>
@@ -29,6 +31,21 @@ void flatten(const nlohmann::json& v, const std::string& prefix, std::ostringstr
 
 }  // namespace
 
+std::string format_metric(const std::string& key, double v) {
+  auto ends = [&](const char* s) { const std::string t(s); return key.size() >= t.size() && key.compare(key.size() - t.size(), t.size(), t) == 0; };
+  int digits = -1;
+  if (key == "fid" || key == "sfid" || key.rfind("inception_score", 0) == 0 || key.rfind("top", 0) == 0 || ends("accuracy"))
+    digits = 2;
+  else if (key == "precision" || key == "recall")
+    digits = 3;
+  else if (ends("loss"))
+    digits = 4;
+  if (digits < 0 || !std::isfinite(v)) return config::shortest_double(v);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
 std::string report_markdown(const nlohmann::json& report, const std::string& title) {
   std::ostringstream md;
   md << "# " << title << "\n\n";
@@ -38,10 +55,13 @@ std::string report_markdown(const nlohmann::json& report, const std::string& tit
     static const std::vector<std::string> kOrder{"fid", "sfid", "inception_score", "inception_score_std", "precision",
                                                  "recall", "top1", "top5", "loss"};
     const auto& m = report["metrics"];
+    auto cell = [](const std::string& k, const nlohmann::json& v) {
+      return v.is_number() ? format_metric(k, v.get<double>()) : scalar_text(v);
+    };
     for (const auto& k : kOrder)
-      if (m.contains(k)) md << "| " << k << " | " << scalar_text(m[k]) << " |\n";
+      if (m.contains(k)) md << "| " << k << " | " << cell(k, m[k]) << " |\n";
     for (const auto& [k, v] : m.items())
-      if (std::find(kOrder.begin(), kOrder.end(), k) == kOrder.end()) md << "| " << k << " | " << scalar_text(v) << " |\n";
+      if (std::find(kOrder.begin(), kOrder.end(), k) == kOrder.end()) md << "| " << k << " | " << cell(k, v) << " |\n";
     md << "\n";
   }
   md << "## Details\n\n";

@@ -7,6 +7,11 @@
 
 namespace moh::eval {
 
+/// A metric as people quote it: FID / sFID / IS and percentages (top-1, top-5, accuracy) with 2 decimals, precision
+/// and recall (fractions) with 3, losses with 4; anything else in its shortest exact form. report.json keeps every
+/// digit.
+std::string format_metric(const std::string& key, double value);
+
 /// Markdown rendering of a report: `title`, a table of report["metrics"], then every other field as a dotted list.
 std::string report_markdown(const nlohmann::json& report, const std::string& title);
 

@@ -1,7 +1,7 @@
 #!/bin/bash
 # usage: scripts/compare_training.sh MOH OUTDIR: trains one classifier and one DiT config with a fixed seed (16 steps
 # each, EMA on, Mixup on for the classifier) and prints the sha256 of every checkpoint file and of the metric lines
-# (without img_per_s). Two builds that train alike print the same lines.
+# (without img_per_s and the wall-clock fields). Two builds that train alike print the same lines.
 set -e
 MOH=$(realpath "$1"); OUT=$2; R=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p $OUT; cd $OUT; rm -rf cls dit
@@ -12,5 +12,5 @@ for r in cls dit; do
   python3 -c "
 import json,sys
 for l in open('$r/metrics.jsonl'):
-    j=json.loads(l); j.pop('img_per_s',None); print(json.dumps(j,sort_keys=True))" | sha256sum | sed "s/-/$r metrics/"
+    j=json.loads(l); [j.pop(k,None) for k in ('img_per_s','time','elapsed_s')]; print(json.dumps(j,sort_keys=True))" | sha256sum | sed "s/-/$r metrics/"
 done

@@ -54,9 +54,14 @@ class ClassifierTask : public TrainTask {
   }
   std::string eval_message(int64_t epoch, const Scalars& m, const Scalars& ema) const override {
     std::ostringstream s;
-    s << "epoch " << epoch + 1 << ": top-1 " << scalar(m, "top1") << " %, top-5 " << scalar(m, "top5") << " %, val loss "
-      << scalar(m, "val_loss");
-    if (!ema.empty()) s << "; EMA top-1 " << scalar(ema, "top1") << " %";
+    char line[160];
+    std::snprintf(line, sizeof line, "epoch %lld: top-1 %.2f %%, top-5 %.2f %%, val loss %.4f", static_cast<long long>(epoch + 1),
+                  scalar(m, "top1"), scalar(m, "top5"), scalar(m, "val_loss"));
+    s << line;
+    if (!ema.empty()) {
+      std::snprintf(line, sizeof line, "; EMA top-1 %.2f %%", scalar(ema, "top1"));
+      s << line;
+    }
     return s.str();
   }
 

@@ -6,6 +6,7 @@
 #include "core/amp.h"
 #include "core/checkpoint.h"
 #include "core/error.h"
+#include "core/progress.h"
 #include "datasets/experiment_data.h"
 #include "datasets/stream_loader.h"
 
@@ -139,6 +140,7 @@ EvalResult evaluate_classifier(TransNeXt& model, datasets::BatchStream& batches,
   EvalResult r;
   double loss_sum = 0;
   int64_t top1 = 0, top5 = 0;
+  Progress progress("eval", batches.num_batches(), "batch", ctx.is_main() ? -1 : 2);
   at::Tensor x, y;
   while (batches.next(x, y)) {
     x = x.to(ctx.device), y = y.to(ctx.device);
@@ -156,7 +158,9 @@ EvalResult evaluate_classifier(TransNeXt& model, datasets::BatchStream& batches,
     top1 += hit.narrow(1, 0, 1).sum().item<int64_t>();
     top5 += hit.any(1).sum().item<int64_t>();
     r.count += y.size(0);
+    progress.advance();
   }
+  progress.finish();
   model->train(was_training);
   if (r.count > 0) r.top1 = 100.0 * top1 / r.count, r.top5 = 100.0 * top5 / r.count, r.loss = loss_sum / r.count;
   return r;

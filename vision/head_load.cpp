@@ -78,7 +78,7 @@ nlohmann::json HeadLoadStats::to_json() const {
 
 bool HeadLoadStats::write_png(const std::string& path, const std::vector<std::string>& class_names) const {
 #ifdef MOH_WITH_OPENCV
-  constexpr int kCell = 18, kTitle = 18, kLabel = 92, kGap = 12, kMinPanelWidth = 230;
+  constexpr int kCell = 18, kTitle = 18, kLabel = 92, kGap = 12, kMinPanelWidth = 230, kAxis = 16;
   std::vector<cv::Mat> panels;
   for (const Layer& l : layers_) {
     if (l.pool == 0) continue;
@@ -93,8 +93,16 @@ bool HeadLoadStats::write_png(const std::string& path, const std::vector<std::st
     cv::Mat big, colour;
     cv::resize(grey, big, cv::Size(), kCell, kCell, cv::INTER_NEAREST);
     cv::applyColorMap(big, colour, cv::COLORMAP_VIRIDIS);
-    cv::Mat panel(colour.rows + kTitle, std::max(colour.cols + kLabel, kMinPanelWidth), CV_8UC3, cv::Scalar(255, 255, 255));
+    cv::Mat panel(colour.rows + kTitle + kAxis, std::max(colour.cols + kLabel, kMinPanelWidth), CV_8UC3,
+                  cv::Scalar(255, 255, 255));
     colour.copyTo(panel(cv::Rect(kLabel, kTitle, colour.cols, colour.rows)));
+    // Head-index axis: the routed head e (0-based within the layer's routed pool), every head or every 2nd/4th.
+    const int64_t every = l.pool <= 12 ? 1 : l.pool <= 24 ? 2 : 4;
+    for (int64_t e = 0; e < l.pool; e += every)
+      cv::putText(panel, std::to_string(e), cv::Point(kLabel + static_cast<int>(e) * kCell + 3, kTitle + colour.rows + kAxis - 4),
+                  cv::FONT_HERSHEY_SIMPLEX, 0.3, cv::Scalar(0, 0, 0), 1, cv::LINE_AA);
+    cv::putText(panel, "head", cv::Point(2, kTitle + colour.rows + kAxis - 4), cv::FONT_HERSHEY_SIMPLEX, 0.33,
+                cv::Scalar(0, 0, 0), 1, cv::LINE_AA);
     cv::putText(panel, l.name + " (top-" + std::to_string(l.topk) + " of " + std::to_string(l.pool) + ")",
                 cv::Point(2, kTitle - 5), cv::FONT_HERSHEY_SIMPLEX, 0.4, cv::Scalar(0, 0, 0), 1, cv::LINE_AA);
     for (int64_t c = 0; c < classes_; ++c) {
@@ -105,10 +113,26 @@ bool HeadLoadStats::write_png(const std::string& path, const std::vector<std::st
     panels.push_back(panel);
   }
   if (panels.empty()) return false;
-  int width = 0, height = kGap;
+  // Colour bar on top: one scale for every panel, in multiples of the uniform share 1/E of a layer's routed pool.
+  constexpr int kBarW = 200, kBarH = 10, kBarBlock = 68, kBarY = kGap + 28;
+  int width = kBarW + 40, height = kGap + kBarBlock;
   for (const auto& p : panels) width = std::max(width, p.cols), height += p.rows + kGap;
   cv::Mat canvas(height, width + 2 * kGap, CV_8UC3, cv::Scalar(255, 255, 255));
-  int y = kGap;
+  cv::putText(canvas, "share of a class's routed picks per head,", cv::Point(kGap, kGap + 8), cv::FONT_HERSHEY_SIMPLEX,
+              0.36, cv::Scalar(0, 0, 0), 1, cv::LINE_AA);
+  cv::putText(canvas, "relative to uniform 1/E (one scale for all)", cv::Point(kGap, kGap + 22), cv::FONT_HERSHEY_SIMPLEX,
+              0.36, cv::Scalar(0, 0, 0), 1, cv::LINE_AA);
+  cv::Mat ramp(1, kBarW, CV_8UC1);
+  for (int i = 0; i < kBarW; ++i) ramp.at<uchar>(0, i) = static_cast<uchar>(i * 255 / (kBarW - 1));
+  cv::Mat ramp_big, ramp_colour;
+  cv::resize(ramp, ramp_big, cv::Size(kBarW, kBarH), 0, 0, cv::INTER_NEAREST);
+  cv::applyColorMap(ramp_big, ramp_colour, cv::COLORMAP_VIRIDIS);
+  ramp_colour.copyTo(canvas(cv::Rect(kGap, kBarY, kBarW, kBarH)));
+  for (const auto& [frac, text] : std::vector<std::pair<double, std::string>>{{0.0, "0"}, {0.5, "1x (uniform)"}, {1.0, ">=2x"}})
+    cv::putText(canvas, text, cv::Point(kGap + static_cast<int>(frac * (kBarW - 1)) - (frac > 0.9 ? 14 : frac > 0.4 ? 20 : 0),
+                                        kBarY + kBarH + 13),
+                cv::FONT_HERSHEY_SIMPLEX, 0.33, cv::Scalar(0, 0, 0), 1, cv::LINE_AA);
+  int y = kGap + kBarBlock;
   for (const auto& p : panels) {
     p.copyTo(canvas(cv::Rect(kGap, y, p.cols, p.rows)));
     y += p.rows + kGap;

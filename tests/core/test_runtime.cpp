@@ -20,8 +20,8 @@ TEST(Progress, DurationsAndPlainLines) {
   testing::internal::CaptureStderr();
   {
     Progress p("train", 4, "img", /*interactive=*/0);
-    for (int i = 0; i < 4; ++i) p.advance(1, "loss=0.5");  // the last step always prints
-    p.finish("done");
+    for (int i = 0; i < 4; ++i) p.advance(1, "loss=0.5");
+    p.finish();  // the final line, with the last status
   }
   std::string err = testing::internal::GetCapturedStderr();
   EXPECT_NE(err.find("train 4/4 (100%)"), std::string::npos) << err;
@@ -38,7 +38,12 @@ TEST(Metrics, OneJsonObjectPerLine) {
   std::istringstream in(read_file(d.file("metrics.jsonl")));
   std::string line;
   int n = 0;
-  while (std::getline(in, line)) EXPECT_EQ(nlohmann::json::parse(line)["step"], ++n);
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    EXPECT_EQ(j["step"], ++n);
+    EXPECT_EQ(j["time"].get<std::string>().size(), 24u) << line;  // 2026-11-23T00:18:18.151Z
+    EXPECT_GE(j["elapsed_s"].get<double>(), 0.0);
+  }
   EXPECT_EQ(n, 2);
 }
 
