@@ -31,6 +31,7 @@ const std::vector<Command>& commands() {
       {"ref-stats", "precompute reference statistics for moh fid", cmd_ref_stats},
       {"export-images", "write a labelled image source as an ImageFolder split of PNGs", cmd_export_images},
       {"convert", "weights (torch.save .pt/.pth, checkpoint dir) -> safetensors with official names", cmd_convert},
+      {"plot", "loss / lr / top-1 curves of runs (PNG, overlaid) and a Markdown table across them", cmd_plot},
       {"compare", "max relative error between two weights sources, tensor by tensor (--tol: exit 1 above)", cmd_compare},
       {"forward", "one forward pass of a network on safetensors inputs (parity checks against PyTorch)", cmd_forward},
       {"launch", "run train/sample/eval as N data-parallel processes here (like torchrun)", cmd_launch},

@@ -1,0 +1,152 @@
+// `moh plot RUN_DIR... [--out DIR]`: loss curves (and their parts), learning rate and top-1 against the optimizer step
+// for one or several runs (overlaid, with a legend) as DIR/curves.png, and a Markdown table across the runs
+// (final/best metrics, images per second, wall time, active heads) as DIR/summary.md, also printed.
+#include <algorithm>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "apps/cli.h"
+#include "apps/commands.h"
+#include "core/atomic_io.h"
+#include "core/error.h"
+#include "core/progress.h"
+#include "diffusion/dit_experiment.h"
+#include "diffusion/experiment.h"
+#include "eval/line_chart.h"
+#include "eval/report.h"
+#include "vision/classifier_experiment.h"
+
+namespace moh::apps {
+
+namespace {
+
+// One run's metrics.jsonl, by key: (step, value) in file order; wall time summed over its starts.
+struct RunCurves {
+  std::string name, model, active = "–";
+  std::map<std::string, std::vector<std::pair<double, double>>> train, eval;
+  std::vector<double> img_per_s;
+  double wall_s = 0;
+  bool timed = false;
+};
+
+RunCurves read_run(const std::string& dir) {
+  namespace fs = std::filesystem;
+  if (!fs::is_regular_file(dir + "/metrics.jsonl"))
+    throw UserError("run " + dir, "has no metrics.jsonl", "give run directories written by moh train");
+  RunCurves r;
+  r.name = fs::path(dir).filename().string();
+  if (r.name.empty()) r.name = fs::path(dir).parent_path().filename().string();
+  if (fs::is_regular_file(dir + "/config.resolved.yaml")) {
+    const ExperimentConfig cfg = parse_experiment(read_file(dir + "/config.resolved.yaml"), dir + "/config.resolved.yaml");
+    r.model = cfg.model.name;
+    const ModelFamily family = model_family(cfg.model.name, "config: model.name");
+    double ratio = -1;
+    if (family == ModelFamily::classifier) ratio = vision::classifier_options_for(cfg).active_ratio();
+    if (family == ModelFamily::dit) ratio = diffusion::dit_options_for(cfg).active_ratio();
+    if (ratio >= 0) r.active = eval::format_metric("top1", ratio * 100) + " %";
+  }
+  std::istringstream in(read_file(dir + "/metrics.jsonl", "metrics"));
+  double last_elapsed = 0, session_max = 0;
+  int line_no = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++line_no;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception&) {
+      continue;  // a line cut by a kill
+    }
+    if (!j.is_object() || !j.contains("step") || !j["step"].is_number()) continue;
+    const double step = j["step"].get<double>();
+    if (j.contains("elapsed_s") && j["elapsed_s"].is_number()) {  // elapsed_s restarts at every resume
+      const double e = j["elapsed_s"].get<double>();
+      if (e < last_elapsed) r.wall_s += session_max, session_max = 0;
+      session_max = std::max(session_max, e), last_elapsed = e, r.timed = true;
+    }
+    const bool training = j.contains("loss");
+    for (const auto& [k, v] : j.items()) {
+      if (!v.is_number() || k == "step" || k == "epoch" || k == "elapsed_s") continue;
+      if (k == "img_per_s") {
+        r.img_per_s.push_back(v.get<double>());
+        continue;
+      }
+      (training ? r.train : r.eval)[k].emplace_back(step, v.get<double>());
+    }
+  }
+  r.wall_s += session_max;
+  (void)line_no;
+  return r;
+}
+
+eval::Series series(const std::string& name, const std::vector<std::pair<double, double>>& pts) {
+  eval::Series s;
+  s.name = name;
+  for (const auto& [x, y] : pts) s.x.push_back(x), s.y.push_back(y);
+  return s;
+}
+
+std::string last_of(const std::map<std::string, std::vector<std::pair<double, double>>>& m, const std::string& k) {
+  auto it = m.find(k);
+  return it == m.end() || it->second.empty() ? "–" : eval::format_metric(k, it->second.back().second);
+}
+
+}  // namespace
+
+int cmd_plot(int argc, char** argv) {
+  cxxopts::Options opts(argv[0], "Loss / lr / top-1 curves of one or more runs (PNG) and a Markdown table across them");
+  opts.add_options()("runs", "run directories", cxxopts::value<std::vector<std::string>>())(
+      "out", "output directory (default: <run>/plots for one run, plots/ for several)", cxxopts::value<std::string>())(
+      "h,help", "show this help");
+  opts.parse_positional({"runs"});
+  opts.positional_help("RUN_DIR...");
+  auto args = parse_or_throw(opts, argc, argv);
+  if (print_help_if_asked(opts, args)) return 0;
+  if (!args.count("runs")) throw UserError(argv[0], "missing RUN_DIR", "e.g. moh plot runs/nano runs/mha_nano");
+  const auto dirs = args["runs"].as<std::vector<std::string>>();
+  const std::string out = args.count("out") ? args["out"].as<std::string>() : dirs.size() == 1 ? dirs[0] + "/plots" : "plots";
+  check_output_dir(out, "--out " + out);
+  std::vector<RunCurves> runs;
+  for (const auto& d : dirs) runs.push_back(read_run(d));
+
+  eval::ChartPanel loss{"training loss (mean over each logging window)", "optimizer step", "loss", {}, false};
+  eval::ChartPanel parts{"loss parts: mse / vb (DiT), aux = MoH load-balance loss before beta", "optimizer step", "value", {}, false};
+  eval::ChartPanel lr{"learning rate", "optimizer step", "lr (log scale)", {}, true};
+  eval::ChartPanel top1{"validation top-1 (a run with an EMA adds '<run> ema')", "optimizer step", "top-1 (%)", {}, false};
+  for (const auto& r : runs) {
+    if (r.train.count("loss")) loss.series.push_back(series(r.name, r.train.at("loss")));
+    for (const char* k : {"mse", "vb", "aux"})
+      if (r.train.count(k)) parts.series.push_back(series(r.name + " " + k, r.train.at(k)));
+    if (r.train.count("lr")) lr.series.push_back(series(r.name, r.train.at("lr")));
+    for (const char* k : {"top1", "top1_ema"})
+      if (r.eval.count(k)) top1.series.push_back(series(r.name + (std::string(k) == "top1" ? "" : " ema"), r.eval.at(k)));
+  }
+  std::filesystem::create_directories(out);
+  const bool png = eval::write_line_chart(out + "/curves.png", {loss, parts, lr, top1});
+
+  std::ostringstream md;
+  md << "| run | model | active heads | steps | final loss | final top-1 (%) | best top-1 (%) | img/s | wall time |\n"
+     << "|---|---|---|---|---|---|---|---|---|\n";
+  for (const auto& r : runs) {
+    double steps = 0, best = -1;
+    for (const auto& [k, v] : r.train)
+      for (const auto& p : v) steps = std::max(steps, p.first);
+    if (r.eval.count("top1"))
+      for (const auto& p : r.eval.at("top1")) best = std::max(best, p.second);
+    double rate = 0;
+    for (double v : r.img_per_s) rate += v / static_cast<double>(r.img_per_s.size());
+    md << "| " << r.name << " | " << (r.model.empty() ? "–" : r.model) << " | " << r.active << " | "
+       << static_cast<int64_t>(steps) << " | " << last_of(r.train, "loss") << " | " << last_of(r.eval, "top1") << " | "
+       << (best >= 0 ? eval::format_metric("top1", best) : "–") << " | "
+       << (r.img_per_s.empty() ? "–" : eval::format_metric("top1", rate)) << " | "
+       << (r.timed ? Progress::format_duration(r.wall_s) : "–") << " |\n";
+  }
+  write_file_atomic(out + "/summary.md", md.str());
+  std::cout << md.str() << "wrote " << out << "/summary.md"
+            << (png ? ", " + out + "/curves.png" : std::string(" (no curves.png: built without OpenCV)")) << "\n";
+  return kExitOk;
+}
+
+}  // namespace moh::apps
