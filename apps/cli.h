@@ -28,8 +28,15 @@ std::vector<std::string> config_overrides(const cxxopts::ParseResult& args);
 /// Starts `nproc` copies of this binary with `args` (args[0] = the subcommand) and the torchrun variables set
 /// (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1, MASTER_PORT = `port`, 0 = a free one; OMP_NUM_THREADS =
 /// cores / nproc unless set); children die with the launcher. Waits; the first failure stops the others. Returns the
-/// exit code (0, or the first failing rank's).
-int launch_local(int nproc, int port, const std::vector<std::string>& args);
+/// exit code (0, or the first failing rank's). SIGINT/SIGTERM reach the launcher only (the ranks run in their own
+/// process group) and are forwarded to every rank once per signal, so a Ctrl-C stops training with one checkpoint and
+/// a second one exits. `resume_prefix` (e.g. "moh launch --nproc_per_node 2 --") is what a rank prints before the
+/// `train ...` of its resume command (MOH_RESUME_PREFIX); "" = the plain command.
+int launch_local(int nproc, int port, const std::vector<std::string>& args, const std::string& resume_prefix = "");
+
+/// The command line that resumes this training run after a stop on a signal: the program, `train` and the original
+/// arguments with `--resume auto` (and `--run-dir` when it was implicit), shell-quoted.
+std::string resume_command(int argc, char** argv, const std::string& run_dir);
 
 /// Loads, overrides and validates the experiment named on the command line (UserError if it is missing): the
 /// schema, the cross-field rules and every rule of its model family (validate_experiment).

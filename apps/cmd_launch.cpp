@@ -8,7 +8,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
@@ -40,6 +42,15 @@ int free_port() {
   ::close(fd);
   return port;
 }
+
+// Signals that reached the launcher (each is forwarded to every rank once).
+volatile std::sig_atomic_t g_signals = 0, g_last_signal = 0;
+extern "C" void on_launcher_signal(int sig) {
+  g_last_signal = sig;
+  g_signals = g_signals + 1;
+}
+
+bool is_stop_code(int code) { return code == 128 + SIGINT || code == 128 + SIGTERM; }
 
 }  // namespace
 
@@ -89,23 +100,34 @@ int cmd_launch(int argc, char** argv) {
 
   std::vector<std::string> child_args;
   for (int i = split + 1; i < argc; ++i) child_args.emplace_back(argv[i]);
-  return launch_local(n, port, child_args);
+  return launch_local(n, port, child_args, invoked_as() + " launch --nproc_per_node " + std::to_string(n) + " --");
 }
 
-int launch_local(int n, int port, const std::vector<std::string>& args) {
+int launch_local(int n, int port, const std::vector<std::string>& args, const std::string& resume_prefix) {
   if (port == 0) port = free_port();
-  std::vector<std::string> child_args{"moh"};
+  std::vector<std::string> child_args{invoked_as()};
   child_args.insert(child_args.end(), args.begin(), args.end());
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const std::string threads = std::to_string(std::max(1u, cores / static_cast<unsigned>(n)));
   std::vector<pid_t> pids;
   const pid_t launcher = ::getpid();
+  // Ctrl-C reaches the launcher alone (the ranks get their own process group below) and is forwarded once per press.
+  struct sigaction sa {}, old_int{}, old_term{};
+  sa.sa_handler = on_launcher_signal;
+  sigemptyset(&sa.sa_mask);  // no SA_RESTART: waitpid returns EINTR and the loop forwards the signal
+  g_signals = 0;
+  ::sigaction(SIGINT, &sa, &old_int);
+  ::sigaction(SIGTERM, &sa, &old_term);
   for (int r = 0; r < n; ++r) {
     const pid_t pid = ::fork();
     if (pid < 0) throw std::runtime_error("fork failed: " + std::string(std::strerror(errno)));
     if (pid == 0) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a launcher killed with -9 takes its ranks along
       if (::getppid() != launcher) ::_exit(kExitRuntime);  // it died before prctl took effect
+      ::setpgid(0, 0);
+      ::sigaction(SIGINT, &old_int, nullptr), ::sigaction(SIGTERM, &old_term, nullptr);
+      if (resume_prefix.empty()) ::unsetenv("MOH_RESUME_PREFIX");
+      else ::setenv("MOH_RESUME_PREFIX", resume_prefix.c_str(), 1);
       ::setenv("RANK", std::to_string(r).c_str(), 1);
       ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
       ::setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
@@ -120,6 +142,7 @@ int launch_local(int n, int port, const std::vector<std::string>& args) {
       std::cerr << "error: rank " << r << ": cannot start /proc/self/exe: " << std::strerror(errno) << "\n";
       ::_exit(kExitRuntime);
     }
+    ::setpgid(pid, pid);  // also here: no signal may reach a rank through the terminal before the child's own call
     pids.push_back(pid);
   }
   // Wait; the first failure stops the rest: SIGTERM, then SIGKILL 10 s later. An input error (exit 2) of a rank other
@@ -127,10 +150,15 @@ int launch_local(int n, int port, const std::vector<std::string>& args) {
   using Clock = std::chrono::steady_clock;
   int result = kExitOk, alive = n;
   bool stopping = false, termed = false;
+  int forwarded = 0;
   auto term_at = Clock::time_point::max(), kill_at = Clock::time_point::max();
   while (alive > 0) {
+    for (; forwarded < g_signals; ++forwarded)
+      for (pid_t p : pids)
+        if (p > 0) ::kill(p, g_last_signal);
     int status = 0;
     const pid_t pid = ::waitpid(-1, &status, stopping ? WNOHANG : 0);
+    if (pid < 0 && errno == EINTR) continue;
     if (pid == 0) {  // stopping, nobody exited yet
       const auto now = Clock::now();
       if (!termed && now >= term_at) {
@@ -151,6 +179,10 @@ int launch_local(int n, int port, const std::vector<std::string>& args) {
     if (rank < 0) continue;
     --alive;
     const int code = WIFEXITED(status) ? WEXITSTATUS(status) : kExitRuntime;
+    if (forwarded > 0 && is_stop_code(code)) {  // a rank stopped on the forwarded signal; the others are stopping too
+      if (result == kExitOk) result = code;
+      continue;
+    }
     if (code != kExitOk && !stopping) {
       if (WIFSIGNALED(status)) std::cerr << "error: rank " << rank << " was killed by signal " << WTERMSIG(status) << "\n";
       result = code;
@@ -164,7 +196,36 @@ int launch_local(int n, int port, const std::vector<std::string>& args) {
       kill_at = std::min(kill_at, term_at + std::chrono::seconds(10));
     }
   }
+  ::sigaction(SIGINT, &old_int, nullptr);
+  ::sigaction(SIGTERM, &old_term, nullptr);
   return result;
+}
+
+std::string resume_command(int argc, char** argv, const std::string& run_dir) {
+  auto quote = [](const std::string& a) {
+    if (!a.empty() && a.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./=:,+@%") ==
+                          std::string::npos)
+      return a;
+    std::string q = "'";
+    for (char c : a) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return q + "'";
+  };
+  const char* prefix = std::getenv("MOH_RESUME_PREFIX");
+  std::string cmd = prefix && *prefix ? std::string(prefix) : invoked_as();
+  cmd += " train";
+  bool has_run_dir = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--resume" || a == "--allow-config-change") {
+      if (a == "--resume") ++i;  // its value
+      continue;
+    }
+    if (a.rfind("--resume=", 0) == 0) continue;
+    has_run_dir = has_run_dir || a == "--run-dir" || a.rfind("--run-dir=", 0) == 0;
+    cmd += " " + quote(a);
+  }
+  if (!has_run_dir) cmd += " --run-dir " + quote(run_dir);
+  return cmd + " --resume auto";
 }
 
 }  // namespace moh::apps

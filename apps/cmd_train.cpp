@@ -1,5 +1,6 @@
 // `moh train CONFIG.yaml [--set k=v]... [--run-dir DIR] [--resume auto|DIR]`: trains the configured classifier or
-// diffusion model (the family follows from model.name).
+// diffusion model (the family follows from model.name). Ctrl-C / SIGTERM stop it at the next step with a checkpoint
+// and print the command that resumes it (exit 130 / 143); a second Ctrl-C exits at once.
 #include <cstdlib>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -37,7 +38,14 @@ int cmd_train(int argc, char** argv) {
     return dit ? diffusion::make_dit_task(cfg, ctx) : vision::make_classifier_task(cfg, ctx);
   });
   const char* rank = std::getenv("RANK");
-  if (rank && std::string(rank) != "0") return 0;  // only rank 0 prints the result line
+  const bool main_rank = !rank || std::string(rank) == "0";
+  if (r.stop_signal != 0) {  // Ctrl-C / SIGTERM: the checkpoint is saved; say how to go on (exit 128 + signal)
+    if (main_rank)
+      std::cerr << "stopped at step " << r.steps << ": checkpoint " << r.checkpoint << "\nresume with: "
+                << resume_command(argc, argv, r.run_dir) << std::endl;
+    return 128 + r.stop_signal;
+  }
+  if (!main_rank) return 0;  // only rank 0 prints the result line
   nlohmann::json out{{"run_dir", r.run_dir}, {"steps", r.steps}, {"seconds", r.seconds}};
   if (!r.losses.empty()) out["loss"] = r.losses.front().second;
   for (const auto& [k, v] : r.final_eval) out[k] = v;

@@ -17,6 +17,9 @@ struct Command {
 /// Every subcommand, in help order.
 const std::vector<Command>& commands();
 
+/// The program as the user typed it (argv[0] of `moh`, e.g. build/moh), for commands printed to be run again.
+const std::string& invoked_as();
+
 int cmd_info(int argc, char** argv);
 int cmd_config(int argc, char** argv);
 int cmd_bench(int argc, char** argv);

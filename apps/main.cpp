@@ -35,7 +35,7 @@ const std::vector<Command>& commands() {
       {"compare", "max relative error between two weights sources, tensor by tensor (--tol: exit 1 above)", cmd_compare},
       {"forward", "one forward pass of a network on safetensors inputs (parity checks against PyTorch)", cmd_forward},
       {"launch", "run train/sample/eval as N data-parallel processes here (like torchrun)", cmd_launch},
-      {"bench", "benchmarks: `moh bench attention|eval|train|sample [--json]`", cmd_bench},
+      {"bench", "benchmarks: `moh bench attention|eval|train|sample|data [--json]`", cmd_bench},
   };
   return all;
 }
@@ -95,6 +95,12 @@ ExperimentConfig config_from_args(const cxxopts::ParseResult& args, const std::s
   return cfg;
 }
 
+namespace {
+std::string g_invoked_as = "moh";
+}
+
+const std::string& invoked_as() { return g_invoked_as; }
+
 static void print_usage() {
   std::cout << "moh " << toolkit_version() << " — Mixture-of-Head attention toolkit (MoH-ViT, MoH-DiT, FID tools)\n\n"
             << "usage: moh <command> [options]    (moh <command> --help for its options)\n\ncommands:\n";
@@ -120,6 +126,7 @@ static void print_version() {
 }
 
 static int run(int argc, char** argv) {
+  if (argc > 0 && argv[0] && *argv[0]) g_invoked_as = argv[0];
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
     print_usage();
     return argc < 2 ? kExitUserError : kExitOk;

@@ -1,5 +1,7 @@
 #include "bench/attention_bench.h"
 
+#include "bench/bench_flags.h"
+
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -212,15 +214,7 @@ int attention_bench_main(int argc, char** argv) {
       "fused", "attend with scaled_dot_product_attention (LibTorch >= 2.1) instead of matmul-softmax-matmul")(
       "h,help", "show this help");
   cxxopts::ParseResult args;
-  try {
-    args = opts.parse(argc, argv);
-  } catch (const cxxopts::exceptions::exception& e) {
-    throw UserError(argv[0], e.what(), "see --help");
-  }
-  if (args.count("help")) {
-    std::cout << opts.help() << std::endl;
-    return 0;
-  }
+  if (!parse_bench_flags(opts, argc, argv, args)) return 0;
   AttentionBenchOptions o;
   o.seqs = parse_list<int64_t>(args["seqs"].as<std::string>(), "seqs");
   o.actives = parse_list<double>(args["actives"].as<std::string>(), "actives");

@@ -1,5 +1,7 @@
 #include "bench/eval_bench.h"
 
+#include "bench/bench_flags.h"
+
 #include <torch/torch.h>
 
 #include <chrono>
@@ -48,15 +50,7 @@ int eval_bench_main(int argc, char** argv) {
       "runs", "timed repetitions of the distance (median)", cxxopts::value<int>()->default_value("3"))(
       "device", "auto, cpu or cuda", cxxopts::value<std::string>()->default_value("auto"))("h,help", "show this help");
   cxxopts::ParseResult args;
-  try {
-    args = opts.parse(argc, argv);
-  } catch (const std::exception& e) {
-    throw UserError(argv[0], e.what(), "see --help");
-  }
-  if (args.count("help")) {
-    std::cout << opts.help() << std::endl;
-    return 0;
-  }
+  if (!parse_bench_flags(opts, argc, argv, args)) return 0;
   const int64_t d = args["dim"].as<int64_t>(), n = args["n"].as<int64_t>(), prn = args["pr-n"].as<int64_t>();
   const int64_t images = args["images"].as<int64_t>(), batch = args["batch"].as<int64_t>();
   const int runs = args["runs"].as<int>();

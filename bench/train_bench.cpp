@@ -1,5 +1,7 @@
 #include "bench/train_bench.h"
 
+#include "bench/bench_flags.h"
+
 #include <torch/optim/adamw.h>
 #include <torch/torch.h>
 
@@ -87,16 +89,8 @@ Common parse_common(cxxopts::Options& opts, int argc, char** argv, bool& help) {
       "profile", "print the N operators with the most self time of one step", cxxopts::value<int64_t>()->default_value("0"))(
       "json", "print one JSON object")("h,help", "show this help");
   Common c;
-  try {
-    c.args = opts.parse(argc, argv);
-  } catch (const std::exception& e) {
-    throw UserError(argv[0], e.what(), "see --help");
-  }
-  help = c.args.count("help") > 0;
-  if (help) {
-    std::cout << opts.help() << std::endl;
-    return c;
-  }
+  help = !parse_bench_flags(opts, argc, argv, c.args);
+  if (help) return c;
   if (!c.args.count("model")) throw UserError(argv[0], "--model is required", "e.g. --model MoH-DiT-S/2-90");
   c.model = c.args["model"].as<std::string>();
   c.batch = c.args["batch"].as<int64_t>(), c.steps = c.args["steps"].as<int64_t>();

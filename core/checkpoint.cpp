@@ -146,7 +146,7 @@ std::string save_checkpoint(const std::string& run_dir, const TrainerState& stat
     save_safetensors(dir.path() + "/rng.safetensors", rng);
     if (!ema.empty()) save_safetensors(dir.path() + "/ema.safetensors", ema, {{"format", "pt"}});
     nlohmann::json j{{"format_version", kCheckpointFormat}, {"step", state.step}, {"epoch", state.epoch},
-                     {"best_metric", state.best_metric}};
+                     {"batch", state.batch}, {"best_metric", state.best_metric}};
     write_file_atomic(dir.path() + "/trainer_state.json", j.dump(1) + "\n");
     write_file_atomic(dir.path() + "/config.resolved.yaml", config_yaml);
     dir.commit();
@@ -228,6 +228,7 @@ Checkpoint load_checkpoint(const std::string& path) {
       throw UserError("checkpoint " + dir, "unsupported format_version " + j.at("format_version").dump(), "");
     c.state.step = j.at("step").get<int64_t>();
     c.state.epoch = j.at("epoch").get<int64_t>();
+    c.state.batch = j.value("batch", int64_t{0});  // absent in checkpoints taken at epoch ends before it existed
     c.state.best_metric = j.value("best_metric", 0.0);
   } catch (const nlohmann::json::exception& e) {
     throw UserError("checkpoint " + dir + "/trainer_state.json", std::string("malformed: ") + e.what(), "");
@@ -238,8 +239,9 @@ Checkpoint load_checkpoint(const std::string& path) {
   if (fs::exists(dir + "/ema.safetensors")) c.ema = load_safetensors(dir + "/ema.safetensors").tensors;
   c.config_yaml = read_file(dir + "/config.resolved.yaml", "checkpoint");
   check_checkpoint_rng(c.rng, dir + "/rng.safetensors");
-  if (c.state.step < 0 || c.state.epoch < 0)
-    throw UserError("checkpoint " + dir + "/trainer_state.json", "negative step or epoch", "the checkpoint is damaged");
+  if (c.state.step < 0 || c.state.epoch < 0 || c.state.batch < 0)
+    throw UserError("checkpoint " + dir + "/trainer_state.json", "negative step, epoch or batch",
+                    "the checkpoint is damaged");
   return c;
 }
 

@@ -40,6 +40,7 @@ void set_cpu_rng_state(const at::Tensor& state);
 /// Everything a checkpoint holds besides tensors.
 struct TrainerState {
   int64_t step = 0, epoch = 0;  ///< optimizer steps done; epoch to run next
+  int64_t batch = 0;            ///< batches of `epoch` already done (a checkpoint taken inside an epoch: interrupt)
   double best_metric = 0;       ///< best value of the task's first evaluation metric (classifiers: top-1)
 };
 

@@ -101,6 +101,16 @@ std::string slow_bf16_warning(const RunContext& ctx) {
          "slower than in fp32 here (precision: auto picks fp32 on such CPUs)";
 }
 
+std::string cpu_model_name() {
+  std::ifstream info("/proc/cpuinfo");
+  for (std::string line; std::getline(info, line);)
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(line.find_first_not_of(" \t", colon + 1));
+    }
+  return "unknown";
+}
+
 bool cpu_has_native_bf16() {
   static const bool has = [] {
     std::ifstream info("/proc/cpuinfo");

@@ -34,6 +34,9 @@ std::string slow_bf16_warning(const RunContext& ctx);
 /// bf16 autocast is faster than fp32 (measured: 1.55x on such a CPU; ~6x slower than fp32 on an AVX2-only CPU).
 bool cpu_has_native_bf16();
 
+/// The CPU's model name (/proc/cpuinfo "model name"; "unknown" elsewhere), for benchmark records.
+std::string cpu_model_name();
+
 /// Physical memory of this machine in bytes (sysconf), for refusing sizes that cannot be allocated before any work.
 int64_t physical_memory_bytes();
 

@@ -10,11 +10,13 @@
 #include <filesystem>
 #include <iostream>
 #include <optional>
+#include <csignal>
 
 #include "core/atomic_io.h"
 #include "core/checkpoint.h"
 #include "core/ema.h"
 #include "core/error.h"
+#include "core/interrupt.h"
 #include "core/progress.h"
 
 namespace moh {
@@ -88,7 +90,7 @@ namespace {
 // Refuses what a resumed run cannot (or should not silently) change against its checkpoint's config, and returns the
 // line that lists the other changes ("" if none), printed once the run starts. Runs before anything is written.
 std::string check_resume_config(const std::string& checkpoint_yaml, const std::string& run_yaml, const std::string& dir,
-                                bool allow_change) {
+                                bool allow_change, const TrainerState& at) {
   auto in = [](const std::vector<std::string>& keys, const std::string& k) {
     return std::find(keys.begin(), keys.end(), k) != keys.end();
   };
@@ -100,6 +102,10 @@ std::string check_resume_config(const std::string& checkpoint_yaml, const std::s
     if (in(config_keys_guarded_on_resume(), c.key) && !allow_change)
       throw UserError("--resume " + dir, c.key + " differs from the checkpoint's (" + c.before + " -> " + c.after + ")",
                       "the run would no longer be the same run; pass --allow-config-change to resume anyway");
+    if (in(config_keys_guarded_on_resume(), c.key) && at.batch > 0)  // batch b of another data stream means nothing
+      throw UserError("--resume " + dir, c.key + " differs from the checkpoint's (" + c.before + " -> " + c.after +
+                                             "), and the checkpoint was taken inside epoch " + std::to_string(at.epoch + 1),
+                      "data and batch settings change only at an epoch's end: resume unchanged to its end first");
   }
   if (changes.empty()) return "";
   std::string line = "resume: " + std::to_string(changes.size()) + " config change" + (changes.size() > 1 ? "s" : "") +
@@ -125,7 +131,8 @@ LoopResult run_training(const ExperimentConfig& cfg, const TrainArgs& args, cons
   // Resume decision before anything touches the run directory (every rank decides alike, then rank 0 writes).
   std::optional<Checkpoint> resume = resolve_resume(run_dir, args.resume);
   const std::string changes =
-      resume ? check_resume_config(resume->config_yaml, to_yaml(cfg), resume->dir, args.allow_config_change) : "";
+      resume ? check_resume_config(resume->config_yaml, to_yaml(cfg), resume->dir, args.allow_config_change, resume->state)
+             : "";
   // One writer per run directory: an existing one is locked at once (a second process is refused before it loads
   // any data); a new one only once every input has been checked (below), so a refused run creates nothing.
   std::unique_ptr<RunDirLock> lock;
@@ -171,7 +178,12 @@ LoopResult run_training(const ExperimentConfig& cfg, const TrainArgs& args, cons
   at::Tensor first_x, first_y;
   bool first_pending = false;
   if (state.epoch < cfg.train.epochs) {
-    first_loader = task->train_batches(state.epoch, ctx.rank, ctx.world);
+    first_loader = task->train_batches(state.epoch, ctx.rank, ctx.world, state.batch);
+    if (state.batch > first_loader->num_batches())
+      throw UserError("--resume " + resume->dir, "taken at batch " + std::to_string(state.batch) + " of epoch " +
+                                                     std::to_string(state.epoch + 1) + ", which has only " +
+                                                     std::to_string(first_loader->num_batches()) + " batches",
+                      "the training data changed since the checkpoint");
     first_pending = first_loader->next(first_x, first_y);
   }
   // Every input has been checked: from here on only runtime failures remain.
@@ -210,9 +222,14 @@ LoopResult run_training(const ExperimentConfig& cfg, const TrainArgs& args, cons
   int64_t total_steps = first_loader ? cfg.train.epochs * first_loader->num_batches() : state.step;
   if (cfg.train.max_steps > 0) total_steps = std::min(total_steps, cfg.train.max_steps);
   Progress progress("", total_steps, "step", group->is_main() ? -1 : 2, state.step);
+  // Ctrl-C / SIGTERM: every rank learns of a request at the same step (a collective), and all stop there together.
+  const StopOnSignal stop_on_signal(/*quiet=*/!group->is_main());
+  auto stop_requested = [&] { return group->sum({StopOnSignal::requested() != 0 ? 1.0 : 0.0})[0] > 0; };
+  bool interrupted = false;
   for (int64_t epoch = state.epoch; epoch < cfg.train.epochs && !stop; ++epoch) {
+    const int64_t first_batch = first_loader ? state.batch : 0;  // a run resumed inside an epoch
     const std::unique_ptr<BatchStream> loader =
-        first_loader ? std::move(first_loader) : task->train_batches(epoch, ctx.rank, ctx.world);
+        first_loader ? std::move(first_loader) : task->train_batches(epoch, ctx.rank, ctx.world, 0);
     const int64_t steps_per_epoch = loader->num_batches();
     if (steps_per_epoch == 0) throw UserError("config: data.batch_size", "larger than the training set", "");
     progress.set_label("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(cfg.train.epochs) + " step");
@@ -237,7 +254,8 @@ LoopResult run_training(const ExperimentConfig& cfg, const TrainArgs& args, cons
       x = std::move(first_x), y = std::move(first_y), first_pending = false;
       return true;
     };
-    for (int64_t b = 0; next_batch(); ++b) {
+    int64_t batches_done = steps_per_epoch;  // where in this epoch a stop on a signal leaves it
+    for (int64_t b = first_batch; next_batch(); ++b) {
       const double t = cfg.schedule.unit == ScheduleUnit::epoch ? static_cast<double>(epoch)
                                                                  : epoch + static_cast<double>(b) / steps_per_epoch;
       lr = learning_rate_at(cfg, t);
@@ -260,11 +278,21 @@ LoopResult run_training(const ExperimentConfig& cfg, const TrainArgs& args, cons
         stop = true;
         break;
       }
+      if (stop_requested()) {
+        stop = interrupted = true, batches_done = b + 1;
+        break;
+      }
     }
     if (logged > 0) log_window();  // every run with a step has a metrics line, and the summary its real loss
     progress.end_line();
+    if (interrupted) {  // resume continues at batch b + 1 of this epoch (its end-of-epoch work still to come)
+      state.epoch = epoch, state.batch = batches_done;
+      result.checkpoint = checkpoint();
+      group->barrier();
+      break;
+    }
     const bool last = stop || epoch + 1 == cfg.train.epochs;
-    state.epoch = epoch + 1;
+    state.epoch = epoch + 1, state.batch = 0;
     bool best = false;
     if (last || (epoch + 1) % cfg.train.eval_every_epochs == 0) {
       const Scalars ev = task->evaluate(model, *group);
@@ -282,12 +310,18 @@ LoopResult run_training(const ExperimentConfig& cfg, const TrainArgs& args, cons
         if (best) state.best_metric = ev.front().second;
       }
     }
+    std::string saved;
     if (best || last || (epoch + 1) % cfg.train.ckpt_every_epochs == 0) {
-      const std::string dir = checkpoint();
-      if (best && group->is_main()) write_file_atomic(run_dir + "/checkpoints/best", fs::path(dir).filename().string() + "\n");
+      saved = checkpoint();
+      if (best && group->is_main()) write_file_atomic(run_dir + "/checkpoints/best", fs::path(saved).filename().string() + "\n");
+    }
+    if (!last && stop_requested()) {  // a signal during the evaluation or the checkpoint: stop at the epoch's end
+      stop = interrupted = true;
+      result.checkpoint = saved.empty() ? checkpoint() : saved;
     }
     group->barrier();  // no rank runs ahead of the checkpoint it may resume from
   }
+  if (interrupted) result.stop_signal = StopOnSignal::requested() != 0 ? StopOnSignal::requested() : SIGINT;
   result.steps = state.step;
   result.best_metric = state.best_metric;
   result.seconds = seconds_since(t_start);

@@ -66,8 +66,10 @@ class TrainTask {
   /// Whether each rank draws its own random numbers (dropout, drop path) or every rank follows one common generator
   /// (a task that makes the global batch's draws on every rank and takes its rows).
   virtual bool per_rank_rng() const = 0;
-  /// This rank's share of an epoch's training batches (rank-local batch size, CPU tensors).
-  virtual std::unique_ptr<BatchStream> train_batches(int64_t epoch, int rank, int world) const = 0;
+  /// This rank's share of an epoch's training batches (rank-local batch size, CPU tensors), from batch `start_batch`
+  /// on (a run resumed inside an epoch): the batches it yields, and the global random draws it makes, are those an
+  /// uninterrupted epoch makes from that batch on.
+  virtual std::unique_ptr<BatchStream> train_batches(int64_t epoch, int rank, int world, int64_t start_batch) const = 0;
   /// Training examples per epoch (before the split over ranks): the loop refuses a batch larger than this.
   virtual int64_t train_examples() const = 0;
   /// Forward and scaled backward of one optimizer step on the rank's batch (gradients accumulate in the model's
@@ -95,12 +97,16 @@ struct LoopResult {
   Scalars losses;               ///< means over the last logging window
   Scalars final_eval, final_eval_ema;  ///< the last evaluation (empty when the task does not evaluate / no EMA)
   double best_metric = 0;       ///< best value of final_eval's first metric over the run
+  int stop_signal = 0;          ///< SIGINT/SIGTERM when the run stopped early on a signal (its checkpoint is saved)
+  std::string checkpoint;       ///< the checkpoint written when stopping on a signal
 };
 
 /// Builds the task once the run context exists (data loading and data-vs-model checks happen there).
 using TaskFactory = std::function<std::unique_ptr<TrainTask>(const RunContext&)>;
 
-/// Runs (or resumes) training as configured.
+/// Runs (or resumes) training as configured. SIGINT/SIGTERM during the run stop it at the next step boundary with a
+/// checkpoint (result.stop_signal set; `--resume auto` continues exactly, inside the epoch); a second one exits at
+/// once.
 LoopResult run_training(const ExperimentConfig& cfg, const TrainArgs& args, const TaskFactory& make_task);
 
 }  // namespace moh

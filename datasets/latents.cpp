@@ -74,7 +74,7 @@ LatentShard read_latent_shard(const std::string& dir, const LatentMeta& meta, in
 }
 
 LatentLoader::LatentLoader(std::string dir, const LatentMeta& meta, int64_t batch_size, uint64_t seed, int64_t epoch,
-                           int64_t limit, int64_t window, int rank, int world)
+                           int64_t limit, int64_t window, int rank, int world, int64_t start_batch)
     : dir_(std::move(dir)), meta_(meta), batch_(batch_size), seed_(seed), epoch_(epoch), window_(std::max<int64_t>(1, window)),
       rank_(rank), world_(world) {
   if (batch_ <= 0) throw UserError("config: data.batch_size", "must be positive", "");
@@ -85,6 +85,7 @@ LatentLoader::LatentLoader(std::string dir, const LatentMeta& meta, int64_t batc
     first += meta_.shards[static_cast<size_t>(needed)];
   }
   order_ = epoch_order(needed, seed, epoch, /*shuffle=*/true);
+  for (int64_t b = 0; b < start_batch && ensure_batch(); ++b) pos_ += batch_, served_ += batch_;
 }
 
 bool LatentLoader::refill() {
@@ -114,10 +115,15 @@ bool LatentLoader::refill() {
   return true;
 }
 
-bool LatentLoader::next(at::Tensor& z, at::Tensor& labels) {
+bool LatentLoader::ensure_batch() {
   if (served_ + batch_ > count_) return false;
   while (!mean_.defined() || mean_.size(0) - pos_ < batch_)
     if (!refill()) return false;
+  return true;
+}
+
+bool LatentLoader::next(at::Tensor& z, at::Tensor& labels) {
+  if (!ensure_batch()) return false;
   auto take = [&](const at::Tensor& t) { return t.slice(0, pos_, pos_ + batch_).to(at::kFloat); };
   const at::Tensor flip = (at::rand({batch_}) < 0.5).view({batch_, 1, 1, 1});  // (B,1,1,1) mirror choice
   const at::Tensor mean = at::where(flip, take(mean_flip_), take(mean_));

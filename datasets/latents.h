@@ -53,8 +53,10 @@ LatentShard read_latent_shard(const std::string& dir, const LatentMeta& meta, in
 /// rank, rank + world, ... (the draws are those of one process; all ranks share one generator).
 class LatentLoader : public BatchStream {
  public:
+  /// `start_batch` > 0 (a run resumed inside an epoch) skips the epoch's first batches without drawing from the
+  /// global generator: the resumed run's restored generator then draws what the uninterrupted epoch drew.
   LatentLoader(std::string dir, const LatentMeta& meta, int64_t batch_size, uint64_t seed, int64_t epoch, int64_t limit,
-               int64_t window = 4, int rank = 0, int world = 1);
+               int64_t window = 4, int rank = 0, int world = 1, int64_t start_batch = 0);
   int64_t num_batches() const override { return count_ / batch_; }
   /// Images used per epoch (the first `limit` of the directory, or all).
   int64_t count() const { return count_; }
@@ -63,6 +65,7 @@ class LatentLoader : public BatchStream {
 
  private:
   bool refill();
+  bool ensure_batch();  // pools shards until a batch is available; false at the end of the epoch
 
   std::string dir_;
   LatentMeta meta_;

@@ -20,8 +20,8 @@ class DiTTask : public TrainTask {
   }
   // One common generator on every rank: the step's draws are made for the global batch (diffusion_backward).
   bool per_rank_rng() const override { return false; }
-  std::unique_ptr<BatchStream> train_batches(int64_t epoch, int rank, int world) const override {
-    return data_.epoch(epoch, rank, world);
+  std::unique_ptr<BatchStream> train_batches(int64_t epoch, int rank, int world, int64_t start_batch) const override {
+    return data_.epoch(epoch, rank, world, start_batch);
   }
   int64_t train_examples() const override { return data_.size(); }
   Scalars backward(torch::nn::Module& model, at::Tensor x0, at::Tensor y, const StepInfo&,

@@ -83,13 +83,13 @@ int64_t DiTTrainData::size() const {
   return cfg_.data.limit_train > 0 ? std::min(cfg_.data.limit_train, latent_meta_.count) : latent_meta_.count;
 }
 
-std::unique_ptr<BatchStream> DiTTrainData::epoch(int64_t epoch, int rank, int world) const {
+std::unique_ptr<BatchStream> DiTTrainData::epoch(int64_t epoch, int rank, int world, int64_t start_batch) const {
   const auto seed = static_cast<uint64_t>(cfg_.train.seed);
   if (latent_)  // streamed shard by shard; every rank draws the global batch and keeps its rows
     return std::make_unique<datasets::LatentLoader>(cfg_.data.root, latent_meta_, cfg_.data.batch_size, seed, epoch,
-                                                    cfg_.data.limit_train, 4, rank, world);
+                                                    cfg_.data.limit_train, 4, rank, world, start_batch);
   return std::make_unique<datasets::EpochLoader>(pixels_, tf_, cfg_.data.batch_size / world, /*train=*/true, seed, epoch,
-                                                 0, true, 2, rank, world);  // the rank's strided share of every batch
+                                                 start_batch, true, 2, rank, world);  // the rank's strided share of every batch
 }
 
 LoadedDiT load_dit_checkpoint(const std::string& path, bool prefer_ema) {

@@ -27,7 +27,7 @@ class DiTTrainData {
  public:
   DiTTrainData(const ExperimentConfig& cfg, const DiTOptions& model);
   /// This rank's share of an epoch (global batch data.batch_size, rank rows r, r + world, ...).
-  std::unique_ptr<BatchStream> epoch(int64_t epoch, int rank, int world) const;
+  std::unique_ptr<BatchStream> epoch(int64_t epoch, int rank, int world, int64_t start_batch = 0) const;
   /// Training images per epoch (all ranks).
   int64_t size() const;
 

@@ -52,6 +52,36 @@ kill_resume() {
     echo "FAIL: $name: kill -9 + --resume auto: final $files or losses differ from the uninterrupted run"; fails=$((fails + 1)); fi
 }
 
+# sigint_resume NAME CONFIG FILES -- ARGS...: trains CONFIG with ARGS, interrupted by SIGINT (Ctrl-C) once its second
+# metrics line is written (inside an epoch or at its end): it must exit 130 after saving a checkpoint and print the
+# command that resumes it; that command must finish the run with FILES (checkpoint 0000024) byte-identical to the
+# uninterrupted run NAME_full (written by kill_resume NAME before).
+sigint_resume() {
+  local name=$1 config=$2 files=$3
+  shift 4
+  "$MOH" train "$config" "$@" --run-dir "$tmp/${name}_int" >"$tmp/int_out" 2>"$tmp/int_err" &
+  local victim=$!
+  for _ in $(seq 1 12000); do [ "$(cat "$tmp/${name}_int/metrics.jsonl" 2>/dev/null | wc -l)" -ge 2 ] && break; sleep 0.02; done
+  kill -INT $victim
+  wait $victim
+  local rc=$? cmd
+  cmd=$(sed -n 's/^resume with: //p' "$tmp/int_err")
+  if [ $rc != 130 ] || [ -z "$cmd" ] || ! grep -q "^stopped at step [0-9]*: checkpoint $tmp/${name}_int/checkpoints/" "$tmp/int_err"; then
+    echo "FAIL: $name: SIGINT -> exit $rc (want 130), no checkpoint line or resume command"; sed 's/^/  | /' "$tmp/int_err" | tail -5
+    fails=$((fails + 1)); return
+  fi
+  case "$cmd" in "$MOH train $config "*" --resume auto") ;; *) echo "FAIL: $name: resume command '$cmd'"; fails=$((fails + 1)); return ;; esac
+  eval "$cmd" >"$tmp/int_out" 2>"$tmp/int_err"
+  rc=$?
+  local same=1 f
+  for f in $files; do
+    cmp -s "$tmp/${name}_full/checkpoints/0000024/$f" "$tmp/${name}_int/checkpoints/0000024/$f" || same=0
+  done
+  if [ $rc = 0 ] && grep -q '"steps":24' "$tmp/int_out" && [ $same = 1 ]; then pass=$((pass + 1)); else
+    echo "FAIL: $name: SIGINT + printed resume command -> exit $rc; final $files differ from the uninterrupted run or steps != 24"
+    sed 's/^/  | /' "$tmp/int_out" "$tmp/int_err" | tail -5; fails=$((fails + 1)); fi
+}
+
 expect 0 "LibTorch [0-9]" -- --version
 expect 0 "BLAS: " -- --version
 expect 0 "usage: moh" -- --help
@@ -118,6 +148,9 @@ if ! "$MOH" --version | grep -q "GPU: [0-9]* visible"; then
   expect 2 "error: device cuda:0: " -- fid --samples fashion_mnist:test:8 --ref fashion_mnist:test:8 --features classifier:runs/none --device cuda:0
 fi
 expect 2 "--model is required" -- bench train --batch 2
+# The input pipeline on a generated ImageNet-like JPEG tree: train and eval rows, one core and all cores.
+expect 0 '"pipeline":"eval"' -- bench data --images 64 --batch 16 --rounds 1 --workers 2 --json
+expect 2 "needs at least two batches" -- bench data --images 8 --batch 16
 expect 2 "expected one of fp32|bf16|fp16" -- bench train --model MoH-ViT-Nano --precision fp8
 
 # Training: a tiny real run, then bad inputs that must exit 2 with one line and leave the run's files untouched.
@@ -145,10 +178,18 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   kill_resume cls $NANO "model.safetensors ema.safetensors" -- --set train.processes=1 --set data.limit_train=64 --set data.limit_val=32 \
     --set data.batch_size=16 --set train.epochs=6 --set train.log_every_steps=1 --set train.ema_decay=0.9 \
     --set train.eval_every_epochs=1 --set train.ckpt_every_epochs=1
+  # Ctrl-C: a checkpoint at the next step (inside the epoch), the resume command printed, exact continuation.
+  sigint_resume cls $NANO "model.safetensors ema.safetensors" -- --set train.processes=1 --set data.limit_train=64 --set data.limit_val=32 \
+    --set data.batch_size=16 --set train.epochs=6 --set train.log_every_steps=1 --set train.ema_decay=0.9 \
+    --set train.eval_every_epochs=1 --set train.ckpt_every_epochs=1
   # The config's own train.processes: 2 (two data-parallel processes started by moh train): killing moh train with -9
   # takes both ranks along; --resume auto restores every rank's generator and ends equal to an uninterrupted run.
   if "$MOH" --version | grep -q "data parallel: c10d"; then
     kill_resume cls2 $NANO "model.safetensors rng.safetensors" -- --set data.limit_train=64 --set data.limit_val=32 \
+      --set data.batch_size=16 --set train.epochs=6 --set train.log_every_steps=1 --set model.drop_path=0.1 \
+      --set train.eval_every_epochs=1 --set train.ckpt_every_epochs=1
+    # Ctrl-C reaches the launcher, which forwards it once to both ranks: they stop at the same step together.
+    sigint_resume cls2 $NANO "model.safetensors rng.safetensors" -- --set data.limit_train=64 --set data.limit_val=32 \
       --set data.batch_size=16 --set train.epochs=6 --set train.log_every_steps=1 --set model.drop_path=0.1 \
       --set train.eval_every_epochs=1 --set train.ckpt_every_epochs=1
   fi
@@ -213,6 +254,8 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   expect 2 "unexpected tensor 'blocks.0.attn.wg.weight'" -- train configs/fashion_mnist/dit_pixel.yaml --set train.max_steps=2 --set model.weights=tests/fixtures/torch/moh_dit_pixel_fp16.pt --run-dir "$tmp/dit_init2"
   # kill -9 in the middle of a run, then --resume auto: the final EMA weights equal an uninterrupted run's, byte for byte.
   kill_resume dit $DIT "ema.safetensors" -- --set data.limit_train=64 --set data.batch_size=16 --set train.epochs=6 \
+    --set train.log_every_steps=1
+  sigint_resume dit $DIT "ema.safetensors" -- --set data.limit_train=64 --set data.batch_size=16 --set train.epochs=6 \
     --set train.log_every_steps=1
   FAST=(--set sampling.per_class=2 --set sampling.steps=ddim3)
   expect 0 "wrote $tmp/s/samples.npz (20 images) from the ema weights of step 2" -- sample --checkpoint "$tmp/dit" "${FAST[@]}" --out "$tmp/s"

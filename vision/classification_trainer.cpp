@@ -30,8 +30,8 @@ class ClassifierTask : public TrainTask {
     return true;
   }
   bool per_rank_rng() const override { return true; }  // drop path draws differ per rank
-  std::unique_ptr<BatchStream> train_batches(int64_t epoch, int rank, int world) const override {
-    return train_.epoch(epoch, cfg_.data.batch_size / world, /*train=*/true, 0, true, rank, world);
+  std::unique_ptr<BatchStream> train_batches(int64_t epoch, int rank, int world, int64_t start_batch) const override {
+    return train_.epoch(epoch, cfg_.data.batch_size / world, /*train=*/true, start_batch, true, rank, world);
   }
   int64_t train_examples() const override { return train_.size(); }
   Scalars backward(torch::nn::Module& model, at::Tensor x, at::Tensor y, const StepInfo& at,

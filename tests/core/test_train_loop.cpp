@@ -4,20 +4,25 @@
 
 #include <nlohmann/json.hpp>
 
+#include <csignal>
+
 #include "core/atomic_io.h"
 #include "core/checkpoint.h"
 #include "core/error.h"
+#include "core/interrupt.h"
 #include "core/train_loop.h"
 #include "tests/test_util.h"
 
 namespace moh {
 namespace {
 
-// y = x · w* on 64 fixed samples, batches of `batch` in an order drawn from the global generator.
+// y = x · w* on 64 fixed samples, batches of `batch` in an order drawn from (epoch), from batch `start` on.
 class Batches : public BatchStream {
  public:
-  Batches(at::Tensor x, at::Tensor y, int64_t batch) : x_(std::move(x)), y_(std::move(y)), batch_(batch) {
-    order_ = at::randperm(x_.size(0), at::kLong);
+  Batches(at::Tensor x, at::Tensor y, int64_t batch, int64_t epoch, int64_t start)
+      : x_(std::move(x)), y_(std::move(y)), batch_(batch), served_(start) {
+    at::Generator g = at::detail::createCPUGenerator(100 + static_cast<uint64_t>(epoch));
+    order_ = at::randperm(x_.size(0), g, at::kLong);
   }
   int64_t num_batches() const override { return x_.size(0) / batch_; }
   bool next(at::Tensor& x, at::Tensor& y) override {
@@ -42,11 +47,12 @@ class ToyTask : public TrainTask {
   std::shared_ptr<torch::nn::Module> build_model() override { return torch::nn::Linear(4, 2).ptr(); }
   std::string describe() const override { return "toy linear"; }
   bool per_rank_rng() const override { return true; }
-  std::unique_ptr<BatchStream> train_batches(int64_t, int, int) const override {
-    return std::make_unique<Batches>(x_, y_, 16);
+  std::unique_ptr<BatchStream> train_batches(int64_t epoch, int, int, int64_t start) const override {
+    return std::make_unique<Batches>(x_, y_, 16, epoch, start);
   }
   int64_t train_examples() const override { return x_.size(0); }
-  Scalars backward(torch::nn::Module& model, at::Tensor x, at::Tensor y, const StepInfo&, const GradScaler& scaler) override {
+  Scalars backward(torch::nn::Module& model, at::Tensor x, at::Tensor y, const StepInfo& at, const GradScaler& scaler) override {
+    if (at.step == signal_at_step) std::raise(SIGINT);  // Ctrl-C during this step (the loop's handler takes it)
     auto& lin = dynamic_cast<torch::nn::LinearImpl&>(model);
     const at::Tensor noise = 0.01 * at::randn_like(x);  // a draw from the generator the loop saves and restores
     at::Tensor loss = (lin.forward(x + noise) - y).pow(2).mean();
@@ -62,6 +68,8 @@ class ToyTask : public TrainTask {
     return "epoch " + std::to_string(epoch + 1) + ": " + std::to_string(m.front().second);
   }
 
+  int64_t signal_at_step = -1;
+
  private:
   at::Tensor x_, y_;
 };
@@ -75,8 +83,26 @@ schedule: {kind: cosine, unit: step, warmup_epochs: 1, min_lr: 1.0e-4}
 train: {epochs: 3, log_every_steps: 3, seed: 11, device: cpu, )" + train + "}\n"));
 }
 
-LoopResult run(const ExperimentConfig& cfg, const std::string& dir, const std::string& resume = "") {
-  return run_training(cfg, {dir, resume}, [](const RunContext&) { return std::make_unique<ToyTask>(); });
+LoopResult run(const ExperimentConfig& cfg, const std::string& dir, const std::string& resume = "",
+               int64_t signal_at_step = -1) {
+  return run_training(cfg, {dir, resume}, [&](const RunContext&) {
+    auto task = std::make_unique<ToyTask>();
+    task->signal_at_step = signal_at_step;
+    return task;
+  });
+}
+
+// The lines of metrics.jsonl that hold evaluations (training-loss windows differ around a stop by design).
+std::string eval_lines(const std::string& run) {
+  std::istringstream in(read_file(run + "/metrics.jsonl"));
+  std::string out;
+  for (std::string l; std::getline(in, l);) {
+    auto j = nlohmann::json::parse(l);
+    if (!j.contains("score")) continue;
+    for (const char* k : {"time", "elapsed_s"}) j.erase(k);
+    out += j.dump() + "\n";
+  }
+  return out;
 }
 
 std::string metrics_without_timing(const std::string& run) {
@@ -113,6 +139,48 @@ TEST(TrainLoop, ResumeIsExactWithEmaAndNamedLosses) {
   EXPECT_DOUBLE_EQ(full.losses[1].second, full.losses[0].second / 2);
   EXPECT_EQ(full.final_eval.front().first, "score");
   EXPECT_TRUE(std::filesystem::exists(d.file("full") + "/checkpoints/best"));
+}
+
+// Ctrl-C inside an epoch: the loop finishes the step, saves a checkpoint at (epoch, batch) and returns; --resume auto
+// continues inside the epoch and ends with the weights, EMA and evaluations of an uninterrupted run. A signal during
+// an epoch's last step leaves the end-of-epoch evaluation to the resumed run.
+TEST(TrainLoop, SignalStopsAtAStepBoundaryAndResumesInsideTheEpoch) {
+  test::TempDir d;
+  const ExperimentConfig cfg = toy_config(d, "ema_decay: 0.9");  // 3 epochs × 4 steps
+  run(cfg, d.file("full"));
+  const Checkpoint a = load_checkpoint(d.file("full"));
+  for (const int64_t at : {5, 7}) {  // epoch 2 batch 2 of 4; epoch 2's last batch
+    const std::string dir = d.file("stop" + std::to_string(at));
+    const LoopResult stopped = run(cfg, dir, "", at);
+    EXPECT_EQ(stopped.stop_signal, SIGINT);
+    EXPECT_EQ(stopped.steps, at + 1);
+    const Checkpoint mid = load_checkpoint(dir);
+    EXPECT_EQ(mid.dir, stopped.checkpoint);
+    EXPECT_EQ(mid.state.step, at + 1);
+    EXPECT_EQ(mid.state.epoch, 1);
+    EXPECT_EQ(mid.state.batch, at + 1 - 4);
+    EXPECT_EQ(StopOnSignal::requested(), SIGINT);
+    const LoopResult resumed = run(cfg, dir, "auto");  // a new run clears the request
+    EXPECT_EQ(resumed.stop_signal, 0);
+    EXPECT_EQ(resumed.steps, 12);
+    const Checkpoint b = load_checkpoint(dir);
+    for (const auto& [k, v] : a.model) EXPECT_TRUE(torch::equal(v, b.model.at(k))) << at << " " << k;
+    for (const auto& [k, v] : a.ema) EXPECT_TRUE(torch::equal(v, b.ema.at(k))) << at << " " << k;
+    EXPECT_EQ(eval_lines(d.file("full")), eval_lines(dir)) << at;
+  }
+}
+
+// A second signal exits at once with 128 + signal, whatever the loop is doing.
+TEST(TrainLoopDeathTest, SecondSignalExitsAtOnce) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        StopOnSignal s;
+        std::raise(SIGINT);
+        std::raise(SIGINT);
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(130), "interrupted again");
 }
 
 TEST(TrainLoop, NoEmaUnlessAskedFor) {

@@ -2,6 +2,7 @@
 // mirrors, limit and its data-parallel shares.
 #include <algorithm>
 
+#include "core/checkpoint.h"
 #include "core/error.h"
 #include "core/safetensors.h"
 #include "datasets/latents.h"
@@ -64,6 +65,36 @@ TEST(Latents, LoaderVisitsEveryImageOncePerEpochWithRandomMirrors) {
   datasets::LatentLoader broken(d.path.string(), meta, 5, 3, 0, 0);
   EXPECT_THROW(while (broken.next(z, y)) {}, UserError);
   EXPECT_THROW(datasets::read_latent_meta(d.file("nothing")), UserError);
+}
+
+// A run resumed inside an epoch: the loader skips its first batches without drawing from the global generator, so
+// with the generator state of the uninterrupted epoch at that batch it serves exactly that epoch's remaining batches.
+TEST(Latents, StartBatchServesTheRestOfTheEpochWithTheSameDraws) {
+  test::TempDir d;
+  write_toy_shards(d.path.string());
+  const datasets::LatentMeta meta = datasets::read_latent_meta(d.path.string());
+  at::Tensor z, y;
+  torch::manual_seed(9);
+  datasets::LatentLoader full(d.path.string(), meta, /*batch=*/1, 3, 2, 0, /*window=*/1);
+  std::vector<at::Tensor> zs, ys;
+  at::Tensor state_after_two;
+  for (int b = 0; full.next(z, y); ++b) {
+    zs.push_back(z), ys.push_back(y);
+    if (b == 1) state_after_two = cpu_rng_state();
+  }
+  ASSERT_EQ(zs.size(), 5u);
+  set_cpu_rng_state(state_after_two);
+  datasets::LatentLoader resumed(d.path.string(), meta, 1, 3, 2, 0, 1, 0, 1, /*start_batch=*/2);
+  EXPECT_EQ(resumed.num_batches(), 5);
+  size_t i = 2;
+  for (; resumed.next(z, y); ++i) {
+    ASSERT_LT(i, zs.size());
+    EXPECT_TRUE(torch::equal(z, zs[i])) << i;
+    EXPECT_TRUE(torch::equal(y, ys[i])) << i;
+  }
+  EXPECT_EQ(i, 5u);
+  datasets::LatentLoader past_end(d.path.string(), meta, 1, 3, 2, 0, 1, 0, 1, /*start_batch=*/7);
+  EXPECT_FALSE(past_end.next(z, y));
 }
 
 TEST(Loader, DeterministicOrderAndAugmentation) {
