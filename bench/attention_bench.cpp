@@ -1,6 +1,6 @@
 #include "bench/attention_bench.h"
 
-#include "bench/bench_flags.h"
+#include "bench/common.h"
 
 #include <torch/torch.h>
 
@@ -242,8 +242,9 @@ int attention_bench_main(int argc, char** argv) {
   auto rows = run_attention_bench(o, true);
   if (args.count("json")) {
     nlohmann::json out = nlohmann::json::array();
+    const nlohmann::json machine = machine_record();
     for (const auto& r : rows)
-      out.push_back({{"scope", r.scope}, {"seq", r.seq}, {"dim", r.dim}, {"heads", r.heads}, {"batch", r.batch},
+      out.push_back({{"machine", machine}, {"scope", r.scope}, {"seq", r.seq}, {"dim", r.dim}, {"heads", r.heads}, {"batch", r.batch},
                      {"active", r.active}, {"active_actual", r.active_actual}, {"shared", r.shared},
                      {"topk", r.topk}, {"mode", r.mode}, {"fused", o.fused}, {"fwd_ms", r.fwd_ms},
                      {"fwdbwd_ms", r.fwdbwd_ms},

@@ -1,6 +1,6 @@
 #include "bench/data_bench.h"
 
-#include "bench/bench_flags.h"
+#include "bench/common.h"
 
 #include <ATen/Parallel.h>
 #include <cxxopts.hpp>
@@ -159,7 +159,7 @@ int data_bench_main(int argc, char** argv) {
   at::set_num_threads(1);  // each loader thread is one core; parallelism comes from the threads
   cv::setNumThreads(1);
   nlohmann::json out{{"what", "data"},
-                     {"machine", {{"cpu", cpu_model_name()}, {"cores", cores}, {"libtorch", libtorch_version()}}},
+                     {"machine", machine_record()},
                      {"images", images}, {"batch", batch}, {"root", scratch.empty() ? tree.root : "generated (removed)"}};
   if (tree.mean_kb > 0) out["mean_jpeg_kb"] = tree.mean_kb, out["mean_megapixels"] = tree.mean_px / 1e6;
   nlohmann::json rows = nlohmann::json::array();

@@ -1,6 +1,6 @@
 #include "bench/eval_bench.h"
 
-#include "bench/bench_flags.h"
+#include "bench/common.h"
 
 #include <torch/torch.h>
 
@@ -58,7 +58,7 @@ int eval_bench_main(int argc, char** argv) {
     throw UserError(argv[0], "sizes must be positive", "see --help");
   RunContext ctx = RunContext::create(args["device"].as<std::string>(), Precision::fp32, 0);
   torch::manual_seed(0);
-  nlohmann::json out{{"threads", at::get_num_threads()}, {"dim", d}, {"n", n}, {"device", ctx.device.str()}};
+  nlohmann::json out{{"machine", machine_record()}, {"threads", at::get_num_threads()}, {"dim", d}, {"n", n}, {"device", ctx.device.str()}};
 
   const at::Tensor fa = synthetic_features(n, d, 0.0), fb = synthetic_features(n, d, 0.1);
   eval::GaussianStats a, b;

@@ -1,6 +1,6 @@
 #include "bench/train_bench.h"
 
-#include "bench/bench_flags.h"
+#include "bench/common.h"
 
 #include <torch/optim/adamw.h>
 #include <torch/torch.h>
@@ -117,7 +117,7 @@ nlohmann::json time_steps(const Common& c, F&& step) {
     sync(c.ctx);
     t.push_back(seconds_since(s));
   }
-  nlohmann::json out{{"model", c.model}, {"batch", c.batch}, {"device", c.ctx.device.str()},
+  nlohmann::json out{{"machine", machine_record()}, {"model", c.model}, {"batch", c.batch}, {"device", c.ctx.device.str()},
                      {"precision", config::to_string(c.ctx.precision)}, {"threads", at::get_num_threads()},
                      {"libtorch", libtorch_version()}, {"step_s", median(t)}, {"step_s_min", *std::min_element(t.begin(), t.end())},
                      {"img_per_s", static_cast<double>(c.batch) / median(t)}};

@@ -1,8 +1,12 @@
-#include "bench/bench_flags.h"
+#include "bench/common.h"
+
+#include <ATen/Parallel.h>
 
 #include <iostream>
+#include <thread>
 
 #include "core/error.h"
+#include "core/run_context.h"
 
 namespace moh::bench {
 
@@ -15,6 +19,14 @@ bool parse_bench_flags(cxxopts::Options& options, int argc, char** argv, cxxopts
   if (!out.count("help")) return true;
   std::cout << options.help() << std::endl;
   return false;
+}
+
+nlohmann::json machine_record() {
+  return {{"cpu", cpu_model_name()},
+          {"cores", std::max(1u, std::thread::hardware_concurrency())},
+          {"threads", at::get_num_threads()},
+          {"libtorch", libtorch_version()},
+          {"blas", detect_blas().name}};
 }
 
 }  // namespace moh::bench

@@ -1,0 +1,16 @@
+#pragma once
+// What every benchmark shares: flag parsing (a bad flag is a UserError, exit 2, naming it; --help prints the help) and
+// the record of the machine a figure was measured on.
+#include <cxxopts.hpp>
+#include <nlohmann/json.hpp>
+
+namespace moh::bench {
+
+/// Parses argv into `out`; returns false when --help was asked for (the help is printed, nothing else to do).
+bool parse_bench_flags(cxxopts::Options& options, int argc, char** argv, cxxopts::ParseResult& out);
+
+/// {"cpu": model name, "cores": hardware threads, "threads": intra-op threads, "libtorch": version, "blas": name}: put
+/// into every benchmark's JSON so that a figure always says where it was measured.
+nlohmann::json machine_record();
+
+}  // namespace moh::bench
