@@ -248,7 +248,10 @@ int attention_bench_main(int argc, char** argv) {
                      {"active", r.active}, {"active_actual", r.active_actual}, {"shared", r.shared},
                      {"topk", r.topk}, {"mode", r.mode}, {"fused", o.fused}, {"fwd_ms", r.fwd_ms},
                      {"fwdbwd_ms", r.fwdbwd_ms},
-                     {"fwd_ratio", r.fwd_ratio}, {"fwdbwd_ratio", r.fwdbwd_ratio}});
+                     {"fwd_ratio", r.fwd_ratio}, {"fwdbwd_ratio", r.fwdbwd_ratio},
+                     // what attention_path: auto runs for this layer shape (module scope: per call)
+                     {"auto_picks", config::to_string(vision::choose_attention_path(AttentionPath::automatic,
+                                                                                     r.active_actual, r.seq))}});
     std::cout << out.dump(1) << std::endl;
   } else {
     std::cout << "| scope | seq | dim/heads | batch | mode | active (h_s+K)/h | fwd ms | fwd ratio | fwd+bwd ms | fwd+bwd ratio |\n"

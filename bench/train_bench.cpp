@@ -82,7 +82,7 @@ Common parse_common(cxxopts::Options& opts, int argc, char** argv, bool& help) {
       "steps", "timed repetitions (median reported)", cxxopts::value<int64_t>()->default_value("5"))(
       "warmup", "untimed repetitions first", cxxopts::value<int64_t>()->default_value("2"))(
       "precision", "fp32, bf16 (autocast), fp16 (CUDA, loss scaling) or auto (bf16 on CUDA / CPUs with native bf16)", cxxopts::value<std::string>()->default_value("fp32"))(
-      "attention-path", "MoH path of DiT attention: dense or sparse", cxxopts::value<std::string>()->default_value("dense"))(
+      "attention-path", "MoH path of DiT attention: auto, dense or sparse", cxxopts::value<std::string>()->default_value("auto"))(
       "img-size", "input side in pixels/latents (0 = the variant's)", cxxopts::value<int64_t>()->default_value("0"))(
       "device", "auto, cpu or cuda[:N]", cxxopts::value<std::string>()->default_value("auto"))(
       "peak-tflops", "device peak for MFU (0 = known GPU table / measured GEMM)", cxxopts::value<double>()->default_value("0"))(

@@ -12,7 +12,8 @@ const config::EnumTable<AttentionMode>& enum_table(AttentionMode) {
   return t;
 }
 const config::EnumTable<AttentionPath>& enum_table(AttentionPath) {
-  static const config::EnumTable<AttentionPath> t{{AttentionPath::dense, "dense"}, {AttentionPath::sparse, "sparse"}};
+  static const config::EnumTable<AttentionPath> t{{AttentionPath::dense, "dense"}, {AttentionPath::sparse, "sparse"},
+                                                       {AttentionPath::automatic, "auto"}};
   return t;
 }
 const config::EnumTable<Precision>& enum_table(Precision) {

@@ -21,8 +21,9 @@ enum class AttentionMode { mha, moh, moa };
 const config::EnumTable<AttentionMode>& enum_table(AttentionMode);
 
 /// Execution path of MoH attention: `dense` computes every head then gates (the official code, the reference);
-/// `sparse` computes only the selected (token, head) pairs.
-enum class AttentionPath { dense, sparse };
+/// `sparse` computes only the selected (token, head) pairs; `automatic` ("auto", the default) lets each layer pick
+/// the faster of the two from its active-head ratio and sequence length (vision/attention_core.h: choose_attention_path).
+enum class AttentionPath { dense, sparse, automatic };
 const config::EnumTable<AttentionPath>& enum_table(AttentionPath);
 
 /// Numeric precision of forward + loss (master weights, optimizer and EMA stay fp32). `automatic` ("auto") is
@@ -63,7 +64,7 @@ const config::EnumTable<CfgChannels>& enum_table(CfgChannels);
 struct ModelConfig {
   std::string name;                        ///< registry name, e.g. "MoH-ViT-S-75" (`moh info --list`)
   std::vector<AttentionMode> attention;    ///< per-stage override of the head mixing; empty = variant default
-  AttentionPath attention_path = AttentionPath::dense;
+  AttentionPath attention_path = AttentionPath::automatic;
   int64_t num_classes = 0;                 ///< 0 = variant default
   int64_t img_size = 0;                    ///< 0 = variant default
   double drop_path = -1.0;                 ///< < 0 = variant default
@@ -75,7 +76,7 @@ struct ModelConfig {
   void visit(V& v) {
     v.field("name", name, "model variant from the registry (`moh info --list`)", config::Need::required);
     v.field("attention", attention, "per-stage head mixing override (mha|moh|moa); empty = the variant's own");
-    v.field("attention_path", attention_path, "MoH execution path of DiT attention: dense (official, gates all heads) or sparse (selected pairs only); classifiers: dense");
+    v.field("attention_path", attention_path, "MoH execution path of DiT attention: auto (per layer, the faster path for its active ratio and length), dense (official, gates all heads) or sparse (selected pairs only); classifiers: dense");
     v.field("num_classes", num_classes, "classifier outputs / DiT label classes; 0 = variant default");
     v.field("img_size", img_size, "input resolution in pixels; 0 = variant default");
     v.field("drop_path", drop_path, "stochastic-depth rate at the last block; negative = variant default");

@@ -41,7 +41,7 @@ struct DiTOptions {
   bool learn_sigma = true;
   AttentionMode attention = AttentionMode::mha;
   LayerRuns heads, shared, topk;  ///< per-layer schedules (MoH); empty heads = num_heads everywhere
-  AttentionPath path = AttentionPath::dense;
+  AttentionPath path = AttentionPath::automatic;
 
   int64_t out_channels() const { return learn_sigma ? 2 * in_channels : in_channels; }
   int64_t grid_size() const { return input_size / patch_size; }

@@ -28,6 +28,17 @@ at::Tensor attend_plain(const at::Tensor& q, const at::Tensor& k, const at::Tens
 
 }  // namespace
 
+AttentionPath choose_attention_path(AttentionPath requested, double active, int64_t tokens) {
+  if (requested != AttentionPath::automatic) return requested;
+#if TORCH_VERSION_MAJOR >= 2
+  const bool sparse = (tokens >= 1024 && active <= 0.85) || (tokens >= 256 && active <= 0.6);
+  return sparse ? AttentionPath::sparse : AttentionPath::dense;
+#else
+  (void)active, (void)tokens;  // 1.13's gathers and small batched products: sparse is not reliably faster
+  return AttentionPath::dense;
+#endif
+}
+
 at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, const at::Tensor& bias,
                   bool fused) {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)

@@ -11,11 +11,20 @@
 
 #include <cstdint>
 
+#include "core/experiment_config.h"
+
 namespace moh::vision {
 
 /// Whether this LibTorch has scaled_dot_product_attention with an explicit scale (≥ 2.1): the fused/flash path.
 constexpr bool kFusedAttentionAvailable =
     TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1);
+
+/// The path `automatic` resolves to for a MoH layer with `active` = (h_s + K) / h of its heads on, over sequences of
+/// `tokens`: the faster of dense and sparse for a training step (forward + backward) as measured on this LibTorch
+/// (docs/BENCHMARKS.md, "attention_path: auto"); dense and sparse are returned as given. The rule, LibTorch 2.x:
+/// sparse when tokens ≥ 1024 and active ≤ 0.85, or tokens ≥ 256 and active ≤ 0.6, else dense (short sequences,
+/// nearly all heads on); LibTorch 1.13: always dense (its sparse path won in only some shapes, inconsistently).
+AttentionPath choose_attention_path(AttentionPath requested, double active, int64_t tokens);
 
 /// softmax(q kᵀ · scale + bias) v over the last two dims: q (..., Nq, d), k/v (..., Nk, d), bias broadcastable to
 /// (..., Nq, Nk). With `fused` and LibTorch ≥ 2.1 this calls scaled_dot_product_attention (flash/mem-efficient on

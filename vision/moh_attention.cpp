@@ -136,6 +136,7 @@ AttentionOutput MoHAttentionImpl::forward_with_path(const at::Tensor& x, Attenti
   }
 
   at::Tensor mixed;  // (B, N, h·d)
+  path = choose_attention_path(path, static_cast<double>(options.active_heads()) / static_cast<double>(h), N);
   const bool sparse = path == AttentionPath::sparse && routing.routed.defined();
   if (sparse) {
     QuerySource qs;

@@ -24,7 +24,7 @@ struct MoHAttentionOptions {
   AttentionMode mode = AttentionMode::mha;
   int64_t shared_heads = 0;  ///< h_s: heads [0, h_s) always on (moh)
   int64_t topk = 0;          ///< K: routed heads chosen per token from the pool of h − h_s (moh); experts (moa)
-  AttentionPath path = AttentionPath::dense;
+  AttentionPath path = AttentionPath::dense;  ///< dense, sparse or automatic (per call: choose_attention_path)
   bool fused = kFusedAttentionAvailable;  ///< scaled_dot_product_attention (LibTorch ≥ 2.1); false = plain path
 
   MoHAttentionOptions() = default;

@@ -29,6 +29,8 @@ TEST(Config, BaseInheritanceMultiLevelAndOverrides) {
   EXPECT_EQ(c.train.epochs, 9);                   // --set wins
   EXPECT_EQ(c.optim.betas, (std::vector<double>{0.8, 0.95}));
   EXPECT_EQ(c.model.attention_path, AttentionPath::sparse);
+  EXPECT_EQ(load_experiment(leaf).model.attention_path, AttentionPath::automatic);  // the default: auto
+  EXPECT_EQ(load_experiment(leaf, {"model.attention_path=auto"}).model.attention_path, AttentionPath::automatic);
   ASSERT_EQ(c.model.attention.size(), 2u);
   EXPECT_EQ(c.model.attention[0], AttentionMode::moh);
   EXPECT_EQ(c.name, "leaf");

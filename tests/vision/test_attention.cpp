@@ -155,6 +155,35 @@ TEST(MoHAttention, DenseEqualsSparseForwardBackward) {
 }
 
 // Large score blocks are computed in query chunks; values and gradients equal the one-shot formula.
+// attention_path: auto picks per call from the active ratio and the sequence length (the measured rule of
+// docs/BENCHMARKS.md), and then runs exactly that path; explicit paths are kept.
+TEST(MoHAttention, AutoPathFollowsTheMeasuredRule) {
+  const auto pick = [](double active, int64_t n) {
+    return choose_attention_path(AttentionPath::automatic, active, n);
+  };
+  EXPECT_EQ(choose_attention_path(AttentionPath::dense, 0.5, 4096), AttentionPath::dense);
+  EXPECT_EQ(choose_attention_path(AttentionPath::sparse, 0.9, 16), AttentionPath::sparse);
+  EXPECT_EQ(pick(0.5, 64), AttentionPath::dense);    // short sequences: gathers cost more than they save
+  EXPECT_EQ(pick(0.92, 1024), AttentionPath::dense);  // nearly every head on
+  const bool torch2 = TORCH_VERSION_MAJOR >= 2;  // 1.13: always dense
+  EXPECT_EQ(pick(0.5, 1024), torch2 ? AttentionPath::sparse : AttentionPath::dense);
+  EXPECT_EQ(pick(0.5, 256), torch2 ? AttentionPath::sparse : AttentionPath::dense);
+  EXPECT_EQ(pick(0.75, 1024), torch2 ? AttentionPath::sparse : AttentionPath::dense);
+  EXPECT_EQ(pick(1.0, 4096), AttentionPath::dense);
+
+  MoHAttentionOptions o(32, 4);
+  o.moh(1, 1);  // 2 of 4 heads active
+  torch::manual_seed(3);
+  MoHAttention a(o);
+  for (const int64_t n : {16, 1024}) {
+    torch::Tensor x = torch::randn({1, n, 32});
+    auto autos = run_fwd_bwd(a, x, AttentionPath::automatic);
+    auto chosen = run_fwd_bwd(a, x, pick(0.5, n));
+    ASSERT_EQ(autos.size(), chosen.size());
+    for (size_t i = 0; i < autos.size(); ++i) EXPECT_TRUE(torch::equal(autos[i], chosen[i])) << n << " tensor " << i;
+  }
+}
+
 TEST(Attend, ChunkedEqualsOneShot) {
   torch::manual_seed(12);
   torch::Tensor q = torch::randn({1, 2, 700, 8}, torch::requires_grad());

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The C++ training step against the official-structure PyTorch step (bench/pytorch_moh_dit_step.py) on the same
+# LibTorch and machine, interleaved (moh, python, moh, python per row) so drift hits both alike; prints the medians
+# and the ratio python / moh (> 1: the toolkit is faster) as a Markdown table, JSON rows to $OUT.
+#   LibTorch 2.x : build-torch2/moh  vs .venv/bin/python (pip torch 2.14.1: the very libtorch_cpu.so moh links)
+#   LibTorch 1.13: build/moh         vs /usr/bin/python3 with Debian's python3-torch (apt; the same libtorch 1.13)
+# usage: bash bench/compare_python.sh [rows regex]      (a builds pair is skipped when its side is missing)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-docs/results/bench_python_cpu.jsonl}
+ONLY=${1:-.}
+mkdir -p "$(dirname "$OUT")"
+echo "| LibTorch | row | moh step s (2 rounds) | python step s (2 rounds) | python / moh |"
+echo "|---|---|---|---|---|"
+
+# row LABEL MOH PY MODEL PRECISION [extra moh args...]
+row() {
+  local label=$1 moh=$2 py=$3 model=$4 prec=$5
+  shift 5
+  [[ "$label $model $prec" =~ $ONLY ]] || return 0
+  local a=() b=()
+  for round in 1 2; do
+    a+=("$("$moh" bench train --model "$model" --batch 8 --img-size 32 --steps 3 --warmup 1 --precision "$prec" "$@" --json 2>/dev/null |
+      python3 -c 'import json,sys; print(json.load(sys.stdin)["step_s"])')")
+    b+=("$("$py" bench/pytorch_moh_dit_step.py --model "$model" --batch 8 --steps 3 --warmup 1 --precision "$prec" |
+      python3 -c 'import json,sys; print(json.load(sys.stdin)["step_s"])')")
+  done
+  python3 - "$label" "$model $prec $*" "${a[@]}" "${b[@]}" "$OUT" "$("$moh" --version | sed -n 2p)" <<'PY'
+import json, statistics, sys, datetime
+label, row, a1, a2, b1, b2, out, lib = sys.argv[1:9]
+a, b = statistics.median([float(a1), float(a2)]), statistics.median([float(b1), float(b2)])
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+rec = {"libtorch": lib, "row": row, "moh_step_s": [float(a1), float(a2)], "python_step_s": [float(b1), float(b2)],
+       "python_over_moh": b / a, "cpu": cpu, "time": datetime.datetime.now().isoformat(timespec="seconds")}
+open(out, "a").write(json.dumps(rec) + "\n")
+print(f"| {label} | {row} | {float(a1):.2f} / {float(a2):.2f} | {float(b1):.2f} / {float(b2):.2f} | **{b / a:.2f}** |")
+PY
+}
+
+bf16=""
+grep -q -E 'avx512_bf16|amx_bf16' /proc/cpuinfo && bf16=1
+if [ -x build-torch2/moh ] && [ -x .venv/bin/python ]; then
+  for m in MoH-DiT-S/2-90 DiT-S/2; do
+    row "2.x" build-torch2/moh .venv/bin/python "$m" fp32
+    [ -z "$bf16" ] || row "2.x" build-torch2/moh .venv/bin/python "$m" bf16
+  done
+fi
+if [ -x build/moh ] && /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+  for m in MoH-DiT-S/2-90 DiT-S/2; do
+    row "1.13" build/moh /usr/bin/python3 "$m" fp32
+    [ -z "$bf16" ] || row "1.13" build/moh /usr/bin/python3 "$m" bf16
+  done
+fi

@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+# The official MoH-DiT training step in plain PyTorch, for `bench/compare_python.sh`: the official module structure
+# and parameter names (MoH-DiT/models.py: qkv, proj, wg, wg_0, wg_1, adaLN_modulation, ...), every head computed and
+# then weighted by its gate (the official code masks, it does not skip), F.scaled_dot_product_attention where torch
+# has it (timm's use_fused_attn, as the official MoHAttention), guided-diffusion's hybrid loss (MSE on ε + the
+# variational bound of the learned σ, linear β schedule of 1000 steps) + 0.01 · mean over routed layers of the
+# load-balance loss, AdamW (lr 1e-4, no weight decay), zero_grad / backward / step. Same shapes as
+# `moh bench train --model MoH-DiT-S/2-90 --batch 8 --img-size 32`: latents 32×32×4, 1000 classes.
+# usage: .venv/bin/python bench/pytorch_moh_dit_step.py [--model MoH-DiT-S/2-90|DiT-S/2] [--batch 8] [--steps 3]
+#        [--warmup 1] [--threads N] [--precision fp32|bf16]         prints one JSON line {"step_s": median, ...}
+import argparse, json, math, os, sys, time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "gen"))
+from make_torch import DiT  # noqa: E402  (the reference modules of the parity fixtures, official names)
+
+VARIANTS = {  # S/2: 12 layers, 384 wide, 6 heads of 64; MoH-DiT-S/2-90: 3 shared + top-2 of 3 in 8 layers, 6 shared in 4
+    "MoH-DiT-S/2-90": dict(heads=[6] * 12, shared=[3] * 8 + [6] * 4, topk=[2] * 8 + [0] * 4),
+    "DiT-S/2": dict(heads=[6] * 12, shared=None, topk=None),
+}
+
+p = argparse.ArgumentParser()
+p.add_argument("--model", default="MoH-DiT-S/2-90", choices=sorted(VARIANTS))
+p.add_argument("--batch", type=int, default=8)
+p.add_argument("--steps", type=int, default=3)
+p.add_argument("--warmup", type=int, default=1)
+p.add_argument("--threads", type=int, default=os.cpu_count())
+p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+a = p.parse_args()
+torch.set_num_threads(a.threads)
+torch.manual_seed(0)
+
+AUX = []  # the official code's class-level LOAD_BALANCING_LOSSES list
+FUSED = hasattr(F, "scaled_dot_product_attention")
+
+
+def attention_forward(self, x):  # MoH-DiT MoHAttention.forward: all heads, then the gates
+    B, N, C = x.shape
+    q, k, v = self.qkv(x).reshape(B, N, 3, self.h, self.hd).permute(2, 0, 3, 1, 4)
+    if FUSED:
+        o = F.scaled_dot_product_attention(q, k, v)
+    else:
+        o = torch.softmax(q * self.hd ** -0.5 @ k.transpose(-2, -1), -1) @ v
+    o = o.transpose(1, 2)  # (B, N, h, d)
+    if self.moh:
+        xt = x.reshape(B * N, C)
+        o = o * self.gates(xt).reshape(B, N, self.h, 1)
+        if self.k > 0 and self.training:
+            probs = F.softmax(self.wg(xt), -1)
+            mask = torch.zeros_like(probs).scatter(1, probs.topk(self.k, -1).indices, 1.0)
+            E = probs.shape[1]
+            AUX.append((probs.mean(0) * mask.mean(0)).mean() * E * E)
+    return self.proj(o.reshape(B, N, self.h * self.hd))
+
+
+v = VARIANTS[a.model]
+model = DiT(32, 2, 4, 384, 12, 1000, v["heads"], 64, v["shared"], v["topk"])
+for m in model.modules():
+    if type(m).__name__ == "Attention":
+        m.forward = attention_forward.__get__(m)
+model.train()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0)
+
+# guided-diffusion, linear schedule, learned range σ, hybrid loss
+T = 1000
+betas = torch.linspace(1e-4, 0.02, T, dtype=torch.float64)
+ac = torch.cumprod(1 - betas, 0)
+ac_prev = torch.cat([torch.ones(1, dtype=torch.float64), ac[:-1]])
+post_var = betas * (1 - ac_prev) / (1 - ac)
+post_logvar = torch.log(torch.cat([post_var[1:2], post_var[1:]]))
+coef1 = betas * ac_prev.sqrt() / (1 - ac)
+coef2 = (1 - ac_prev) * (1 - betas).sqrt() / (1 - ac)
+
+
+def at(arr, t, x):
+    return arr[t].float().view(-1, *([1] * (x.dim() - 1)))
+
+
+def normal_kl(m1, lv1, m2, lv2):
+    return 0.5 * (-1.0 + lv2 - lv1 + torch.exp(lv1 - lv2) + (m1 - m2) ** 2 * torch.exp(-lv2))
+
+
+def approx_cdf(x):
+    return 0.5 * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def discretized_ll(x, means, log_scales):
+    cx, inv = x - means, torch.exp(-log_scales)
+    cdf_plus, cdf_min = approx_cdf(inv * (cx + 1 / 255)), approx_cdf(inv * (cx - 1 / 255))
+    log_cdf_plus = torch.log(cdf_plus.clamp(min=1e-12))
+    log_1m_cdf_min = torch.log((1 - cdf_min).clamp(min=1e-12))
+    delta = cdf_plus - cdf_min
+    return torch.where(x < -0.999, log_cdf_plus,
+                       torch.where(x > 0.999, log_1m_cdf_min, torch.log(delta.clamp(min=1e-12))))
+
+
+def training_loss(x0, y):
+    t = torch.randint(0, T, (x0.shape[0],))
+    noise = torch.randn_like(x0)
+    xt = at(ac.sqrt(), t, x0) * x0 + at((1 - ac).sqrt(), t, x0) * noise
+    AUX.clear()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+        out = model(xt, t, y)
+    out = out.float()
+    eps, var = out.split(4, dim=1)
+    mse = ((noise - eps) ** 2).mean(dim=(1, 2, 3))
+    min_log, max_log = at(post_logvar, t, xt), at(torch.log(betas), t, xt)
+    frac = (var + 1) / 2
+    model_logvar = frac * max_log + (1 - frac) * min_log
+    e = eps.detach()  # the bound trains σ only
+    x0_pred = (xt - at((1 - ac).sqrt(), t, xt) * e) / at(ac.sqrt(), t, xt)
+    model_mean = at(coef1, t, xt) * x0_pred + at(coef2, t, xt) * xt
+    true_mean = at(coef1, t, xt) * x0 + at(coef2, t, xt) * xt
+    kl = normal_kl(true_mean, at(post_logvar, t, xt), model_mean, model_logvar).mean(dim=(1, 2, 3)) / math.log(2.0)
+    nll = -discretized_ll(x0, model_mean, 0.5 * model_logvar).mean(dim=(1, 2, 3)) / math.log(2.0)
+    vb = torch.where(t == 0, nll, kl)
+    loss = (mse + vb).mean()
+    if AUX:
+        loss = loss + 0.01 * sum(AUX) / len(AUX)
+    return loss
+
+
+x0 = torch.randn(a.batch, 4, 32, 32)
+y = torch.randint(0, 1000, (a.batch,))
+times = []
+for i in range(a.warmup + a.steps):
+    s = time.perf_counter()
+    loss = training_loss(x0, y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if i >= a.warmup:
+        times.append(time.perf_counter() - s)
+times.sort()
+print(json.dumps({"model": a.model, "batch": a.batch, "precision": a.precision, "step_s": times[len(times) // 2],
+                  "torch": torch.__version__, "threads": torch.get_num_threads(), "fused_attention": FUSED,
+                  "loss": float(loss)}))
