@@ -4,28 +4,34 @@
 # and the ratio python / moh (> 1: the toolkit is faster) as a Markdown table, JSON rows to $OUT.
 #   LibTorch 2.x : build-torch2/moh  vs .venv/bin/python (pip torch 2.14.1: the very libtorch_cpu.so moh links)
 #   LibTorch 1.13: build/moh         vs /usr/bin/python3 with Debian's python3-torch (apt; the same libtorch 1.13)
-# usage: bash bench/compare_python.sh [rows regex]      (a builds pair is skipped when its side is missing)
+# Rows: training step (batch 8, 32×32×4) of MoH-DiT-S/2-90 and DiT-S/2; a DDIM-50 CFG-4 sampling chain (batch 8).
+# usage: bash bench/compare_python.sh [rows regex]      e.g. 'train' or 'sample.*1.13' (a pair whose side is missing
+#        is skipped)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-docs/results/bench_python_cpu.jsonl}
 ONLY=${1:-.}
 mkdir -p "$(dirname "$OUT")"
-echo "| LibTorch | row | moh step s (2 rounds) | python step s (2 rounds) | python / moh |"
+echo "| LibTorch | row | moh s (2 rounds) | python s (2 rounds) | python / moh |"
 echo "|---|---|---|---|---|"
 
-# row LABEL MOH PY MODEL PRECISION [extra moh args...]
+# row KIND LABEL MOH PY MODEL PRECISION   (KIND: train = one optimizer step, sample = one DDIM-50 CFG chain)
 row() {
-  local label=$1 moh=$2 py=$3 model=$4 prec=$5
-  shift 5
-  [[ "$label $model $prec" =~ $ONLY ]] || return 0
-  local a=() b=()
+  local kind=$1 label=$2 moh=$3 py=$4 model=$5 prec=$6
+  [[ "$kind $label $model $prec" =~ $ONLY ]] || return 0
+  local a=() b=() margs pargs
+  if [ "$kind" = train ]; then
+    margs=(bench train --steps 3 --warmup 1) pargs=(--steps 3 --warmup 1)
+  else
+    margs=(bench sample --chain ddim50 --cfg-scale 4 --steps 1 --warmup 0) pargs=(--chain ddim50 --steps 1 --warmup 0)
+  fi
   for round in 1 2; do
-    a+=("$("$moh" bench train --model "$model" --batch 8 --img-size 32 --steps 3 --warmup 1 --precision "$prec" "$@" --json 2>/dev/null |
+    a+=("$("$moh" "${margs[@]}" --model "$model" --batch 8 --img-size 32 --precision "$prec" --json 2>/dev/null |
       python3 -c 'import json,sys; print(json.load(sys.stdin)["step_s"])')")
-    b+=("$("$py" bench/pytorch_moh_dit_step.py --model "$model" --batch 8 --steps 3 --warmup 1 --precision "$prec" |
+    b+=("$("$py" bench/pytorch_moh_dit_step.py "${pargs[@]}" --model "$model" --batch 8 --precision "$prec" |
       python3 -c 'import json,sys; print(json.load(sys.stdin)["step_s"])')")
   done
-  python3 - "$label" "$model $prec $*" "${a[@]}" "${b[@]}" "$OUT" "$("$moh" --version | sed -n 2p)" <<'PY'
+  python3 - "$label" "$kind $model $prec" "${a[@]}" "${b[@]}" "$OUT" "$("$moh" --version | sed -n 2p)" <<'PY'
 import json, statistics, sys, datetime
 label, row, a1, a2, b1, b2, out, lib = sys.argv[1:9]
 a, b = statistics.median([float(a1), float(a2)]), statistics.median([float(b1), float(b2)])
@@ -39,15 +45,15 @@ PY
 
 bf16=""
 grep -q -E 'avx512_bf16|amx_bf16' /proc/cpuinfo && bf16=1
-if [ -x build-torch2/moh ] && [ -x .venv/bin/python ]; then
-  for m in MoH-DiT-S/2-90 DiT-S/2; do
-    row "2.x" build-torch2/moh .venv/bin/python "$m" fp32
-    [ -z "$bf16" ] || row "2.x" build-torch2/moh .venv/bin/python "$m" bf16
+pairs=()
+[ -x build-torch2/moh ] && [ -x .venv/bin/python ] && pairs+=("2.x build-torch2/moh .venv/bin/python")
+[ -x build/moh ] && /usr/bin/python3 -c 'import torch' 2>/dev/null && pairs+=("1.13 build/moh /usr/bin/python3")
+for kind in train sample; do
+  for pair in "${pairs[@]}"; do
+    read -r label moh py <<<"$pair"
+    for m in MoH-DiT-S/2-90 DiT-S/2; do
+      row "$kind" "$label" "$moh" "$py" "$m" fp32
+      [ -z "$bf16" ] || row "$kind" "$label" "$moh" "$py" "$m" bf16
+    done
   done
-fi
-if [ -x build/moh ] && /usr/bin/python3 -c 'import torch' 2>/dev/null; then
-  for m in MoH-DiT-S/2-90 DiT-S/2; do
-    row "1.13" build/moh /usr/bin/python3 "$m" fp32
-    [ -z "$bf16" ] || row "1.13" build/moh /usr/bin/python3 "$m" bf16
-  done
-fi
+done

@@ -6,8 +6,11 @@
 # variational bound of the learned σ, linear β schedule of 1000 steps) + 0.01 · mean over routed layers of the
 # load-balance loss, AdamW (lr 1e-4, no weight decay), zero_grad / backward / step. Same shapes as
 # `moh bench train --model MoH-DiT-S/2-90 --batch 8 --img-size 32`: latents 32×32×4, 1000 classes.
+# With --chain ddimN it times DiT's sample.py chain instead (eval mode, no grad): forward_with_cfg (one forward of the
+# doubled batch [cond | null], guidance scale 4 on the first 3 ε channels), guided-diffusion's DDIM (η = 0) over the
+# respaced timesteps, as `moh bench sample --chain ddimN --cfg-scale 4`.
 # usage: .venv/bin/python bench/pytorch_moh_dit_step.py [--model MoH-DiT-S/2-90|DiT-S/2] [--batch 8] [--steps 3]
-#        [--warmup 1] [--threads N] [--precision fp32|bf16]         prints one JSON line {"step_s": median, ...}
+#        [--warmup 1] [--threads N] [--precision fp32|bf16] [--chain ddim50]   prints one JSON line {"step_s": ...}
 import argparse, json, math, os, sys, time
 
 import torch
@@ -28,6 +31,8 @@ p.add_argument("--steps", type=int, default=3)
 p.add_argument("--warmup", type=int, default=1)
 p.add_argument("--threads", type=int, default=os.cpu_count())
 p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+p.add_argument("--chain", default="", help="ddimN: time a CFG sampling chain instead of a training step")
+p.add_argument("--cfg-scale", type=float, default=4.0)
 a = p.parse_args()
 torch.set_num_threads(a.threads)
 torch.manual_seed(0)
@@ -124,6 +129,42 @@ def training_loss(x0, y):
 
 x0 = torch.randn(a.batch, 4, 32, 32)
 y = torch.randint(0, 1000, (a.batch,))
+
+
+@torch.no_grad()
+def sample_chain():  # DiT sample.py: z doubled, y_null = 1000, forward_with_cfg, DDIM η = 0 (respaced)
+    n = int(a.chain[4:])
+    use = list(range(0, T, T // n))[:n]  # space_timesteps(1000, "ddimN"): stride T / N
+    acs = ac[use]
+    acs_prev = torch.cat([torch.ones(1, dtype=torch.float64), acs[:-1]])
+    z = torch.randn(a.batch, 4, 32, 32)
+    yy = torch.cat([y, torch.full_like(y, 1000)])
+    for i in reversed(range(n)):
+        zz = torch.cat([z, z])
+        tt = torch.full((2 * a.batch,), use[i], dtype=torch.long)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+            out = model(zz, tt, yy).float()
+        eps, rest = out[:, :3], out[:, 3:]
+        cond, uncond = eps.split(a.batch)
+        half = uncond + a.cfg_scale * (cond - uncond)
+        eps = torch.cat([torch.cat([half, half]), rest], 1)[: a.batch, :4]
+        x0p = (z - (1 - acs[i]).sqrt().float() * eps) / acs[i].sqrt().float()
+        z = acs_prev[i].sqrt().float() * x0p + (1 - acs_prev[i]).sqrt().float() * eps
+    return z
+
+
+if a.chain:
+    model.eval()
+    times = []
+    for i in range(a.warmup + a.steps):
+        s = time.perf_counter()
+        sample_chain()
+        if i >= a.warmup:
+            times.append(time.perf_counter() - s)
+    times.sort()
+    print(json.dumps({"model": a.model, "batch": a.batch, "chain": a.chain, "step_s": times[len(times) // 2],
+                      "torch": torch.__version__, "threads": torch.get_num_threads(), "fused_attention": FUSED}))
+    sys.exit(0)
 times = []
 for i in range(a.warmup + a.steps):
     s = time.perf_counter()
@@ -136,4 +177,4 @@ for i in range(a.warmup + a.steps):
 times.sort()
 print(json.dumps({"model": a.model, "batch": a.batch, "precision": a.precision, "step_s": times[len(times) // 2],
                   "torch": torch.__version__, "threads": torch.get_num_threads(), "fused_attention": FUSED,
-                  "loss": float(loss)}))
+                  "loss": float(loss.detach())}))
