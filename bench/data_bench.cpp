@@ -16,6 +16,8 @@
 #include <random>
 #include <thread>
 
+#include <unistd.h>
+
 #include "core/atomic_io.h"
 #include "core/error.h"
 #include "core/run_context.h"
@@ -137,6 +139,8 @@ int data_bench_main(int argc, char** argv) {
   const std::string python = args["python"].as<std::string>(), script = args["script"].as<std::string>();
   if (!python.empty() && !fs::exists(script))
     throw UserError("--script " + script, "not found", "run from the repository root or pass --script");
+  if (python.find('/') != std::string::npos && ::access(python.c_str(), X_OK) != 0)
+    throw UserError("--python " + python, "not an executable", "MOH_LIBTORCH=pip scripts/setup.sh creates .venv");
 
   Tree tree;
   std::string scratch;
