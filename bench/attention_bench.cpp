@@ -37,12 +37,6 @@ int64_t batch_for_seq(int64_t base, int64_t seq) {
 
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 struct Case {
   std::string mode;  // mha | dense | sparse
   double active = 1.0;
@@ -109,22 +103,6 @@ Prepared prepare(const std::string& scope, const Case& c, int64_t B, int64_t N, 
   };
   p.fwdbwd = [run, gy] { (run() * gy).sum().backward(); };
   return p;
-}
-
-// Times every prepared case round-robin (each repetition runs every case once), so slow drifts of the machine
-// affect all cases alike; returns the median per case.
-std::vector<double> interleaved_medians(const std::vector<std::function<void()>>& fns, int warmup, int runs) {
-  std::vector<std::vector<double>> ms(fns.size());
-  for (int r = 0; r < warmup + runs; ++r)
-    for (size_t i = 0; i < fns.size(); ++i) {
-      auto t0 = std::chrono::steady_clock::now();
-      fns[i]();
-      double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      if (r >= warmup) ms[i].push_back(dt);
-    }
-  std::vector<double> out;
-  for (auto& v : ms) out.push_back(median(v));
-  return out;
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
+#include <chrono>
 #include <iostream>
 #include <thread>
 
@@ -27,6 +29,27 @@ nlohmann::json machine_record() {
           {"threads", at::get_num_threads()},
           {"libtorch", libtorch_version()},
           {"blas", detect_blas().name}};
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::vector<double> interleaved_medians(const std::vector<std::function<void()>>& fns, int warmup, int runs) {
+  std::vector<std::vector<double>> ms(fns.size());
+  for (int r = 0; r < warmup + runs; ++r)
+    for (size_t i = 0; i < fns.size(); ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      fns[i]();
+      double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (r >= warmup) ms[i].push_back(dt);
+    }
+  std::vector<double> out;
+  for (auto& v : ms) out.push_back(median(v));
+  return out;
 }
 
 }  // namespace moh::bench

@@ -2,7 +2,9 @@
 // What every benchmark shares: flag parsing (a bad flag is a UserError, exit 2, naming it; --help prints the help) and
 // the record of the machine a figure was measured on.
 #include <cxxopts.hpp>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 namespace moh::bench {
 
@@ -12,5 +14,12 @@ bool parse_bench_flags(cxxopts::Options& options, int argc, char** argv, cxxopts
 /// {"cpu": model name, "cores": hardware threads, "threads": intra-op threads, "libtorch": version, "blas": name}: put
 /// into every benchmark's JSON so that a figure always says where it was measured.
 nlohmann::json machine_record();
+
+/// Median of the values (the mean of the two middle ones for an even count).
+double median(std::vector<double> v);
+
+/// Times every function round-robin (each repetition runs every function once, after `warmup` untimed rounds), so
+/// slow drifts of the machine affect them alike; returns each one's median time in milliseconds over `runs`.
+std::vector<double> interleaved_medians(const std::vector<std::function<void()>>& fns, int warmup, int runs);
 
 }  // namespace moh::bench

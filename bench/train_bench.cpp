@@ -33,11 +33,6 @@ void sync(const RunContext& ctx) {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
 // A product this long is long enough to time (and the largest size is not tried once one takes longer).
 constexpr double kGemmProbeSeconds = 0.05;
 
@@ -82,7 +77,7 @@ Common parse_common(cxxopts::Options& opts, int argc, char** argv, bool& help) {
       "steps", "timed repetitions (median reported)", cxxopts::value<int64_t>()->default_value("5"))(
       "warmup", "untimed repetitions first", cxxopts::value<int64_t>()->default_value("2"))(
       "precision", "fp32, bf16 (autocast), fp16 (CUDA, loss scaling) or auto (bf16 on CUDA / CPUs with native bf16)", cxxopts::value<std::string>()->default_value("fp32"))(
-      "attention-path", "MoH path of DiT attention: auto, dense or sparse", cxxopts::value<std::string>()->default_value("auto"))(
+      "attention-path", "MoH path of the attention layers: auto, dense or sparse", cxxopts::value<std::string>()->default_value("auto"))(
       "img-size", "input side in pixels/latents (0 = the variant's)", cxxopts::value<int64_t>()->default_value("0"))(
       "device", "auto, cpu or cuda[:N]", cxxopts::value<std::string>()->default_value("auto"))(
       "peak-tflops", "device peak for MFU (0 = known GPU table / measured GEMM)", cxxopts::value<double>()->default_value("0"))(
@@ -232,6 +227,8 @@ int train_bench_main(int argc, char** argv) {
   } else {
     vision::TransNeXtOptions o = vision::classifier_options(c.model);
     o.img_size = resolved_size(c, o.img_size);
+    o.attention_path =
+        config::enum_from_string<AttentionPath>(c.args["attention-path"].as<std::string>(), "--attention-path");
     o.validate();
     vision::TransNeXt model(o);
     model->to(c.ctx.device);
@@ -245,6 +242,7 @@ int train_bench_main(int argc, char** argv) {
       finish_optimizer_step(opt, model->parameters(), scaler, 1.0);
     };
     out = time_and_count(c, step, [&] { model->forward(x); });
+    out["attention_path"] = config::to_string(o.attention_path);
     out["input"] = {o.in_chans, o.img_size, o.img_size};
   }
   out["what"] = "train_step";

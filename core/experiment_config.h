@@ -76,7 +76,7 @@ struct ModelConfig {
   void visit(V& v) {
     v.field("name", name, "model variant from the registry (`moh info --list`)", config::Need::required);
     v.field("attention", attention, "per-stage head mixing override (mha|moh|moa); empty = the variant's own");
-    v.field("attention_path", attention_path, "MoH execution path of DiT attention: auto (per layer, the faster path for its active ratio and length), dense (official, gates all heads) or sparse (selected pairs only); classifiers: dense");
+    v.field("attention_path", attention_path, "MoH execution path of the attention layers (DiT and classifier): auto (per layer, the faster path for its active ratio and length), dense (official, gates all heads) or sparse (selected pairs only)");
     v.field("num_classes", num_classes, "classifier outputs / DiT label classes; 0 = variant default");
     v.field("img_size", img_size, "input resolution in pixels; 0 = variant default");
     v.field("drop_path", drop_path, "stochastic-depth rate at the last block; negative = variant default");

@@ -104,7 +104,7 @@ expect 0 '"params": 32963360' -- info --model DiT-S/2 --json
 expect 0 "MoH-DiT-S/2-75" -- info --list
 expect 2 "unknown model variant" -- info --model DiT-XXL/2
 # moh config applies every rule of the model's family, with the message moh train gives.
-expect 2 "sparse is implemented for DiT attention" -- config configs/fashion_mnist/moh_vit_nano.yaml --set model.attention_path=sparse
+expect 0 "attention_path: sparse" -- config configs/fashion_mnist/moh_vit_nano.yaml --set model.attention_path=sparse
 expect 2 "train.accum_steps: must be 1 for diffusion training" -- config configs/fashion_mnist/moh_dit_pixel.yaml --set train.accum_steps=2
 expect 2 "vae: sd trains from pre-extracted latents" -- config configs/imagenet/dit_s_2.yaml --set data.dataset=image_folder
 expect 2 "did you mean 'MoH-ViT-S-75'" -- info --model MoH-ViT-S-7
@@ -217,7 +217,7 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   expect 2 "augment.rand_augment: applies to data.loader: stream" -- train $NANO "${TINY[@]}" --set augment.rand_augment=rand-m9 --run-dir "$tmp/run5"
   expect 2 "unknown RandAugment part 'q1'" -- train $NANO "${STREAM[@]}" --set augment.rand_augment=rand-m9-q1 --run-dir "$tmp/run5"
   expect 2 "data.batch_size must be even" -- train $NANO "${STREAM[@]}" --set data.batch_size=15 --run-dir "$tmp/run5"
-  expect 2 "attention_path: sparse is implemented for DiT" -- train $NANO "${TINY[@]}" --set model.attention_path=sparse --run-dir "$tmp/run5"
+  expect 0 '"steps":2' -- train $NANO "${TINY[@]}" --set model.attention_path=sparse --run-dir "$tmp/run_sparse"
   expect 2 "fp16 autocast needs a CUDA device" -- train $NANO "${TINY[@]}" --set train.precision=fp16 --run-dir "$tmp/run5"
   expect 2 "unknown model variant or network" -- train $NANO "${TINY[@]}" --set model.name=MoH-ViT-X --run-dir "$tmp/run"
   expect 2 "optim.lr: must be > 0" -- train $NANO "${TINY[@]}" --set optim.lr=-1 --run-dir "$tmp/run"

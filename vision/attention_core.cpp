@@ -75,22 +75,87 @@ at::Tensor mix_heads_dense(const at::Tensor& q, const at::Tensor& k, const at::T
   return o.reshape({B, N, h * d});
 }
 
+at::Tensor index_tensor(const std::vector<int64_t>& v, const at::Device& device) {
+  return at::tensor(v, at::TensorOptions().dtype(at::kLong)).to(device);
+}
+
+std::vector<PairBucket> bucket_pairs(const at::Tensor& routed, int64_t B, int64_t N, int64_t h, int64_t hs,
+                                     bool all_shared, double fill, int max_buckets) {
+  const int64_t T = B * N, E = h - hs, scratch_row = T * h;
+  // Group g = b·h + head holds the tokens n that use that head, ascending n.
+  const int64_t G = B * h;
+  std::vector<int64_t> count(G, 0);
+  at::Tensor sel;
+  const int64_t* sel_p = nullptr;
+  const int64_t K = routed.defined() ? routed.size(1) : 0;
+  if (K > 0) {
+    TORCH_CHECK(routed.size(0) == T, "bucket_pairs: routed must be (B·N, K)");
+    sel = routed.to(at::kCPU, at::kLong).contiguous();
+    sel_p = sel.data_ptr<int64_t>();
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t s = 0; s < K; ++s) {
+        TORCH_CHECK(sel_p[t * K + s] >= 0 && sel_p[t * K + s] < E, "bucket_pairs: routed index out of range");
+        ++count[(t / N) * h + hs + sel_p[t * K + s]];
+      }
+  }
+  if (all_shared)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = 0; j < hs; ++j) count[b * h + j] = N;
+  std::vector<int64_t> start(G + 1, 0);
+  for (int64_t g = 0; g < G; ++g) start[g + 1] = start[g] + count[g];
+  std::vector<int64_t> tokens(start[G]);
+  {
+    std::vector<int64_t> fill(start.begin(), start.end() - 1);
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t b = t / N, n = t % N;
+      if (all_shared)
+        for (int64_t j = 0; j < hs; ++j) tokens[fill[b * h + j]++] = n;
+      for (int64_t s = 0; s < K; ++s) tokens[fill[b * h + hs + sel_p[t * K + s]]++] = n;
+    }
+  }
+  std::vector<int64_t> order(G);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return count[a] > count[b]; });
+  std::vector<PairBucket> buckets;
+  size_t pos = 0;
+  while (pos < order.size() && count[order[pos]] > 0) {
+    const int64_t M = count[order[pos]];
+    size_t end = pos;
+    const bool last = buckets.size() + 1 >= static_cast<size_t>(std::max(1, max_buckets));
+    while (end < order.size() && count[order[end]] > 0 && (last || count[order[end]] >= fill * M)) ++end;
+    PairBucket bk;
+    bk.groups = static_cast<int64_t>(end - pos), bk.rows = M;
+    bk.token.resize(bk.groups * M), bk.gate_row.resize(bk.groups * M), bk.out_row.resize(bk.groups * M);
+    for (int64_t i = 0; i < bk.groups; ++i) {
+      const int64_t g = order[pos + i], b = g / h, head = g % h, c = count[g];
+      bk.batch.push_back(b), bk.head.push_back(head);
+      for (int64_t m = 0; m < M; ++m) {
+        const int64_t n = tokens[start[g] + std::min(m, c - 1)];  // padding repeats a valid row, never read back
+        bk.token[i * M + m] = n;
+        bk.gate_row[i * M + m] = (b * N + n) * h + head;
+        bk.out_row[i * M + m] = m < c ? bk.gate_row[i * M + m] : scratch_row;
+      }
+    }
+    buckets.push_back(std::move(bk));
+    pos = end;
+  }
+  return buckets;
+}
+
 at::Tensor mix_heads_sparse(const QuerySource& queries, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& gates, const at::Tensor& routed, int64_t h, int64_t hs, double scale,
                             bool fused) {
   const int64_t B = k.size(0), hkv = k.size(1), N = k.size(2), d = k.size(3);
-  const int64_t T = B * N, E = h - hs;
+  const int64_t T = B * N;
   TORCH_CHECK(hkv == h || hkv == 1, "mix_heads_sparse: k/v must have h or 1 heads");
   TORCH_CHECK(gates.defined() && gates.size(0) == T && gates.size(1) == h, "mix_heads_sparse: gates must be (B·N, h)");
   const auto opts = k.options();
-  const auto iopts = opts.dtype(at::kLong);
   const at::Tensor gates_flat = gates.reshape({T * h});
   at::Tensor k_rows = k.reshape({B * hkv, N, d}), v_rows = v.reshape({B * hkv, N, d});
 
   // Output rows (T·h, d) plus one scratch row that absorbs the padding slots of the routed buckets (its values and
   // gradients are discarded, so padded duplicates never contribute). Unselected routed heads stay exactly zero.
   at::Tensor out = at::zeros({T * h + 1, d}, opts);
-  const int64_t scratch_row = T * h;
 
   // ---- shared heads: every token ------------------------------------------------------------------------------
   if (hs > 0) {
@@ -110,56 +175,25 @@ at::Tensor mix_heads_sparse(const QuerySource& queries, const at::Tensor& k, con
 
   // ---- routed heads: only the selected (token, head) pairs -----------------------------------------------------
   if (routed.defined() && routed.numel() > 0) {
-    const int64_t K = routed.size(1);
-    at::Tensor sel = routed.to(at::kCPU, at::kLong).contiguous();
-    const int64_t* sel_p = sel.data_ptr<int64_t>();
-    // Group pairs by (batch, routed head): group g = b·E + j holds the tokens n that selected head hs + j.
-    const int64_t G = B * E;
-    std::vector<int64_t> count(G, 0);
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t s = 0; s < K; ++s) ++count[(t / N) * E + sel_p[t * K + s]];
-    std::vector<int64_t> start(G + 1, 0);
-    for (int64_t g = 0; g < G; ++g) start[g + 1] = start[g] + count[g];
-    std::vector<int64_t> tokens(start[G]);  // token positions n, grouped by g, ascending n within a group
-    {
-      std::vector<int64_t> fill(start.begin(), start.end() - 1);
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t s = 0; s < K; ++s) tokens[fill[(t / N) * E + sel_p[t * K + s]]++] = t % N;
-    }
-    // Buckets of groups with similar counts, each padded to its largest count.
-    std::vector<int64_t> order(G);
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return count[a] > count[b]; });
-    size_t pos = 0;
-    int buckets = 0;
-    while (pos < order.size() && count[order[pos]] > 0) {
-      const int64_t M = count[order[pos]];
-      size_t end = pos;
-      const bool last = ++buckets == kMaxBuckets;
-      while (end < order.size() && count[order[end]] > 0 && (last || count[order[end]] >= kBucketFill * M)) ++end;
-      const int64_t Gb = static_cast<int64_t>(end - pos);
-      // Indices for this bucket (built on the host, then moved to the device once).
-      std::vector<int64_t> q_index(Gb * M), kv_index(Gb), gate_index(Gb * M), head_of(Gb), dest(Gb * M);
+    for (const PairBucket& bk : bucket_pairs(routed, B, N, h, hs, false, kBucketFill, kMaxBuckets)) {
+      const int64_t Gb = bk.groups, M = bk.rows;
+      std::vector<int64_t> q_index(Gb * M), kv_index(Gb);
       for (int64_t i = 0; i < Gb; ++i) {
-        const int64_t g = order[pos + i], b = g / E, j = g % E, head = hs + j, c = count[g];
+        const int64_t b = bk.batch[i], head = bk.head[i];
         kv_index[i] = b * hkv + (hkv == h ? head : 0);
-        head_of[i] = head;
         for (int64_t m = 0; m < M; ++m) {
-          const int64_t n = tokens[start[g] + std::min(m, c - 1)];  // padding repeats a valid row, never read back
-          const int64_t t = b * N + n;
-          q_index[i * M + m] = queries.q.defined() ? (b * h + head) * N + n : t;
-          gate_index[i * M + m] = t * h + head;
-          dest[i * M + m] = m < c ? t * h + head : scratch_row;
+          const int64_t n = bk.token[i * M + m];
+          q_index[i * M + m] = queries.q.defined() ? (b * h + head) * N + n : b * N + n;
         }
       }
-      auto to_dev = [&](const std::vector<int64_t>& v) { return at::tensor(v, iopts.device(at::kCPU)).to(k.device()); };
-      at::Tensor qi = to_dev(q_index);
+      const at::Device dev = k.device();
+      at::Tensor qi = index_tensor(q_index, dev);
       at::Tensor q;  // (Gb, M, d)
       if (queries.q.defined()) {
         q = queries.q.reshape({B * h * N, d}).index_select(0, qi).view({Gb, M, d});
       } else {
         const int64_t C = queries.x.size(1);
-        at::Tensor hidx = to_dev(head_of);
+        at::Tensor hidx = index_tensor(bk.head, dev);
         at::Tensor x_rows = queries.x.index_select(0, qi).view({Gb, M, C});                   // (Gb, M, C)
         at::Tensor w = queries.wq.view({h, d, C}).index_select(0, hidx).transpose(1, 2);      // (Gb, C, d)
         if (queries.bq.defined())
@@ -167,11 +201,10 @@ at::Tensor mix_heads_sparse(const QuerySource& queries, const at::Tensor& k, con
         else
           q = at::bmm(x_rows, w);
       }
-      at::Tensor ki = to_dev(kv_index);
+      at::Tensor ki = index_tensor(kv_index, dev);
       at::Tensor o = attend(q, k_rows.index_select(0, ki), v_rows.index_select(0, ki), scale, {}, fused);  // (Gb,M,d)
-      o = o * gates_flat.index_select(0, to_dev(gate_index)).view({Gb, M, 1});
-      out.index_copy_(0, to_dev(dest), o.reshape({Gb * M, d}));  // scatter back (padding -> scratch row)
-      pos = end;
+      o = o * gates_flat.index_select(0, index_tensor(bk.gate_row, dev)).view({Gb, M, 1});
+      out.index_copy_(0, index_tensor(bk.out_row, dev), o.reshape({Gb * M, d}));  // scatter (padding -> scratch)
     }
   }
 

@@ -10,6 +10,7 @@
 #include <torch/version.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "core/experiment_config.h"
 
@@ -36,6 +37,25 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 /// MoA), gates (B·N, h) or undefined (plain MHA) → (B, N, h·d).
 at::Tensor mix_heads_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gates,
                            double scale, bool fused = false);
+
+/// The sparse paths' layout: the selected (token, head) pairs grouped by (batch, head); groups of similar size share
+/// one padded bucket (Gb groups × M slots). Host-side indices, built once per call.
+struct PairBucket {
+  int64_t groups = 0, rows = 0;  ///< Gb, M
+  std::vector<int64_t> batch, head;  ///< per group: b, head index in [0, h)
+  std::vector<int64_t> token;        ///< per slot (Gb·M): token position n; padding repeats the group's last token
+  std::vector<int64_t> gate_row;     ///< per slot: (b·N + n)·h + head, the pair's row in (B·N·h)-shaped tensors
+  std::vector<int64_t> out_row;      ///< per slot: gate_row, or B·N·h (one scratch row) for padding slots
+};
+
+/// Buckets the pairs of `routed` (B·N, K) (indices into the routed pool: head = shared + index); with `all_shared`,
+/// heads [0, shared) join as groups holding every token. Empty groups are dropped.
+/// Groups whose counts are within `fill` of a bucket's largest share it; the last of `max_buckets` takes the rest.
+std::vector<PairBucket> bucket_pairs(const at::Tensor& routed, int64_t B, int64_t N, int64_t h, int64_t shared,
+                                     bool all_shared, double fill = 0.95, int max_buckets = 8);
+
+/// A host index vector as an int64 tensor on `device`.
+at::Tensor index_tensor(const std::vector<int64_t>& v, const at::Device& device);
 
 /// Where the sparse path gets its queries: either all heads' queries precomputed (`q`, (B, h, N, d)), or the layer
 /// input and the query projection (`x` (B·N, C), `wq` (h·d, C), `bq` (h·d) or undefined) so that queries are

@@ -3,6 +3,8 @@
 #include <torch/nn/functional/normalization.h>
 #include <torch/nn/init.h>
 
+#include <torch/version.h>
+
 #include <cmath>
 #include <limits>
 
@@ -24,6 +26,10 @@ constexpr double kLocalBiasStd = 0.0004;
 constexpr int64_t kCpbHidden = 512;
 constexpr int64_t kWindow = 3, kWindowArea = kWindow * kWindow;
 constexpr double kCpbLogBase = 8.0;
+// Sparse path buckets (vision/attention_core.h: bucket_pairs): shared groups and routed ones near that size share the
+// first bucket, the other routed groups the second.
+constexpr double kBucketFill = 0.75;
+constexpr int kMaxBuckets = 2;
 
 // LayerNorm in its parameters' dtype (fp32): under CPU autocast LibTorch 1.13 hands layer_norm a bf16 input with fp32
 // weights and fails; CUDA autocast runs layer_norm in fp32 anyway.
@@ -62,6 +68,7 @@ int64_t TransNeXtOptions::pretrain_stage_size(int64_t i) const {
 MoHAttentionOptions TransNeXtOptions::stage_attention(int64_t i) const {
   MoHAttentionOptions o(embed_dims[i], num_heads[i]);
   o.qkv_bias = qkv_bias;
+  o.path = attention_path;
   if (attention[i] == AttentionMode::moh) o.moh(shared_heads[i], topk[i]);
   else if (attention[i] == AttentionMode::moa) o.moa(topk[i]);
   return o;
@@ -99,6 +106,20 @@ void TransNeXtOptions::validate() const {
   }
   if (drop_path_rate < 0 || drop_path_rate >= 1) throw UserError(what, "drop_path_rate must be in [0, 1)", "");
   if (num_classes <= 0 || in_chans <= 0) throw UserError(what, "num_classes and in_chans must be positive", "");
+}
+
+AttentionPath choose_aggregated_path(AttentionPath requested, double active, int64_t tokens) {
+  if (requested != AttentionPath::automatic) return requested;
+  // Measured (docs/BENCHMARKS.md, "MoH-ViT sparse attention"): LibTorch 2.x, at MoH-ViT-B-50 / S-75 shapes the
+  // sparse aggregated layers (196 and 784 tokens, 50–75 % active) take 0.58–0.64× the dense layer step; at 49 tokens
+  // (stage 4) 1.02–1.06×; beyond 75 % active nothing was measured. LibTorch 1.13: layers 0.78–0.99×, but the whole
+  // MoH-ViT-B-50 step 1.01× dense, so dense stays.
+#if TORCH_VERSION_MAJOR >= 2
+  return tokens >= 196 && active <= 0.75 ? AttentionPath::sparse : AttentionPath::dense;
+#else
+  (void)active, (void)tokens;
+  return AttentionPath::dense;
+#endif
 }
 
 std::pair<at::Tensor, at::Tensor> relative_position_cpb(int64_t qh, int64_t qw, int64_t kh, int64_t kw, int64_t ph,
@@ -152,6 +173,10 @@ TransNeXtAttentionImpl::TransNeXtAttentionImpl(const MoHAttentionOptions& o, int
     at::Tensor ones = at::ones({1, 1, H, W});
     at::Tensor valid = at::im2col(ones, {kWindow, kWindow}, {1, 1}, {1, 1}, {1, 1}).view({kWindowArea, N}).t();  // (N, 9)
     padding_mask = valid.eq(0);
+    at::Tensor ids = at::arange(N, at::kFloat).view({1, 1, H, W}) + 1;  // 1-based, so zero padding reads as −1
+    neighbours = (at::im2col(ids, {kWindow, kWindow}, {1, 1}, {1, 1}, {1, 1}).view({kWindowArea, N}).t() - 1)
+                     .to(at::kLong)
+                     .contiguous();  // (N, 9)
     seq_length_scale = at::log(valid.sum(1, true) + static_cast<double>(pool_h * pool_w));  // (N, 1)
   } else {
     seq_length_scale = at::full({1}, std::log(static_cast<double>(N)));
@@ -179,6 +204,12 @@ AttentionOutput TransNeXtAttentionImpl::run(const at::Tensor& x, const at::Tenso
   if (options.mode != AttentionMode::mha) routing = router.route(x.reshape({B * N, C}), is_training());
   out.aux_loss = routing.aux_loss;
   out.routed = routing.routed;
+  const AttentionPath path =
+      choose_aggregated_path(options.path, static_cast<double>(options.active_heads()) / static_cast<double>(h), N);
+  if (!reference && path == AttentionPath::sparse && routing.routed.defined()) {
+    out.out = proj->forward(mix_sparse(x, tau, len_scale, table, index, routing));
+    return out;
+  }
 
   at::Tensor o;  // (B, h, N, d) per-head outputs before gating
   if (!aggregated) {
@@ -229,9 +260,7 @@ AttentionOutput TransNeXtAttentionImpl::run(const at::Tensor& x, const at::Tenso
     attn_local = (attn_local + relative_pos_bias_local.unsqueeze(1))
                      .masked_fill(mask, -std::numeric_limits<double>::infinity());  // bias, then mask (official order)
     // Pooled branch: 1×1 conv -> GELU -> adaptive avg pool -> LN; keys/values from the same kv projection.
-    at::Tensor xs = x.permute({0, 2, 1}).reshape({B, C, H, W});
-    xs = at::adaptive_avg_pool2d(at::gelu(sr->forward(xs)), {pool_h, pool_w}).reshape({B, C, P}).permute({0, 2, 1});
-    auto kvp = kv->forward(ln(norm, xs)).reshape({B, P, 2, h, d}).permute({2, 0, 3, 1, 4});  // (2, B, h, P, d)
+    const at::Tensor kvp = pooled_kv(x);  // (2, B, h, P, d)
     at::Tensor pool_bias = cpb_bias(cpb_fc1, cpb_fc2, table, index, h, N, P);                      // (h, N, P)
     at::Tensor attn_pool = at::matmul(qs, l2n(kvp[0]).transpose(-2, -1)) + pool_bias;              // (B, h, N, P)
     at::Tensor attn = at::softmax(at::cat({attn_local, attn_pool}, -1), -1);                       // one softmax
@@ -254,6 +283,95 @@ AttentionOutput TransNeXtAttentionImpl::run(const at::Tensor& x, const at::Tenso
   if (routing.gates.defined()) mixed = mixed * routing.gates.view({B, N, h, 1});
   out.out = proj->forward(mixed.reshape({B, N, C}));
   return out;
+}
+
+at::Tensor TransNeXtAttentionImpl::pooled_kv(const at::Tensor& x) {
+  const int64_t B = x.size(0), C = x.size(2), h = options.num_heads, d = C / h, P = pool_h * pool_w;
+  at::Tensor xs = x.permute({0, 2, 1}).reshape({B, C, H, W});
+  xs = at::adaptive_avg_pool2d(at::gelu(sr->forward(xs)), {pool_h, pool_w}).reshape({B, C, P}).permute({0, 2, 1});
+  return kv->forward(ln(norm, xs)).reshape({B, P, 2, h, d}).permute({2, 0, 3, 1, 4});  // (2, B, h, P, d)
+}
+
+// Sparse path: only the (token, head) pairs with a non-zero gate (every shared head, the K routed ones) attend.
+// Queries are projected per pair; keys and values stay whole (every token is some selected query's neighbour or
+// key). Pairs are grouped by (batch, head) into padded buckets (bucket_pairs): per group the pooled (or, at stage 4,
+// all) keys are one small matrix product, the 3×3 window is a gather of [K | V] rows with a zero row for positions
+// outside the map (what unfold's zero padding gives the dense path).
+at::Tensor TransNeXtAttentionImpl::mix_sparse(const at::Tensor& x, const at::Tensor& tau, const at::Tensor& len_scale,
+                                              const at::Tensor& table, const at::Tensor& index,
+                                              const HeadRouting& routing) {
+  const int64_t B = x.size(0), N = x.size(1), C = x.size(2), h = options.num_heads, d = C / h, T = B * N;
+  const at::Device dev = x.device();
+  // Queries of every (token, head) by one product: gathering the input rows per pair instead would move C values
+  // per pair (more than the d of a query) and a per-group copy of the head's weights, in both directions.
+  const vision::Linear& q_lin = aggregated ? q : qkv;  // query rows [0, C), head-major
+  const at::Tensor q_rows = at::linear(x, q_lin->weight.narrow(0, 0, C),
+                                       q_lin->bias.defined() ? q_lin->bias.narrow(0, 0, C) : at::Tensor())
+                                .reshape({T * h, d});  // row (b·N + n)·h + head
+  at::Tensor keys, values, bias_rows;  // (B·h, Nk, d) normalised / plain, (h·N, Nk): pooled (Nk = P) or all tokens
+  at::Tensor local;                    // (T·h + 1, 2d): [normalised K | V] per (token, head), last row zeros
+  if (aggregated) {
+    const int64_t P = pool_h * pool_w;
+    at::Tensor kvl = kv->forward(x);                                               // (B, N, 2C)
+    at::Tensor k_loc = l2n(kvl.narrow(-1, 0, C).reshape({B, N, h, d}));           // (B, N, h, d)
+    at::Tensor v_loc = kvl.narrow(-1, C, C).reshape({B, N, h, d});
+    local = at::constant_pad_nd(at::cat({k_loc, v_loc}, -1).reshape({T * h, 2 * d}), {0, 0, 0, 1});
+    const at::Tensor kvp = pooled_kv(x);                                           // (2, B, h, P, d)
+    keys = l2n(kvp[0]).reshape({B * h, P, d});
+    values = kvp[1].reshape({B * h, P, d});
+    bias_rows = cpb_bias(cpb_fc1, cpb_fc2, table, index, h, N, P).reshape({h * N, P});
+  } else {
+    const at::Tensor& w = qkv->weight;
+    const at::Tensor b = qkv->bias.defined() ? qkv->bias.narrow(0, C, 2 * C) : at::Tensor();
+    auto kvx = at::linear(x, w.narrow(0, C, 2 * C), b).view({B, N, 2, h, d}).permute({2, 0, 3, 1, 4});  // (2,B,h,N,d)
+    keys = l2n(kvx[0]).reshape({B * h, N, d});
+    values = kvx[1].reshape({B * h, N, d});
+    bias_rows = cpb_bias(cpb_fc1, cpb_fc2, table, index, h, N, N).reshape({h * N, N});
+  }
+  const at::Tensor nbr = aggregated ? neighbours.to(dev) : at::Tensor();
+  const at::Tensor gates_flat = routing.gates.reshape({T * h});
+  at::Tensor out = at::zeros({T * h + 1, d}, x.options().dtype(values.scalar_type()));  // + scratch row (padding)
+
+  // Two buckets at most: every gather's backward adds into a zero tensor the size of its source, once per bucket,
+  // which costs more than padding the routed groups to their largest count (shared groups hold every token).
+  for (const PairBucket& bk : bucket_pairs(routing.routed, B, N, h, router.shared, true, kBucketFill, kMaxBuckets)) {
+    const int64_t Gb = bk.groups, M = bk.rows;
+    std::vector<int64_t> bias_row(Gb * M), group(Gb);
+    for (int64_t i = 0; i < Gb; ++i) {
+      group[i] = bk.batch[i] * h + bk.head[i];
+      for (int64_t m = 0; m < M; ++m) bias_row[i * M + m] = bk.head[i] * N + bk.token[i * M + m];
+    }
+    const at::Tensor hidx = index_tensor(bk.head, dev), gidx = index_tensor(group, dev);
+    const at::Tensor tok = index_tensor(bk.token, dev), pair = index_tensor(bk.gate_row, dev);
+    at::Tensor qn = l2n(q_rows.index_select(0, pair).view({Gb, M, d}));  // (Gb, M, d)
+    at::Tensor ls = aggregated ? len_scale.index_select(0, tok).view({Gb, M, 1}) : len_scale;
+    at::Tensor qs = (qn + query_embedding.index_select(0, hidx)) * tau.index_select(0, hidx) * ls;  // (Gb, M, d)
+    at::Tensor global = at::baddbmm(bias_rows.index_select(0, index_tensor(bias_row, dev)).view({Gb, M, -1}), qs,
+                                    keys.index_select(0, gidx).transpose(1, 2));  // (Gb, M, Nk)
+    at::Tensor o;  // (Gb, M, d)
+    if (!aggregated) {
+      o = at::bmm(at::softmax(global, -1), values.index_select(0, gidx));
+    } else {
+      // Window rows: (b·N + neighbour)·h + head, or the zero row T·h outside the map.
+      at::Tensor nb = nbr.index_select(0, tok).view({Gb, M, kWindowArea});  // neighbour token, −1 outside
+      at::Tensor outside = nb.lt(0);
+      at::Tensor rows = (index_tensor(bk.batch, dev).view({Gb, 1, 1}) * N + nb) * h + hidx.view({Gb, 1, 1});
+      rows = rows.masked_fill(outside, T * h);
+      at::Tensor kv_nb = local.index_select(0, rows.reshape({-1})).view({Gb, M, kWindowArea, 2 * d});
+      at::Tensor k_nb = kv_nb.narrow(-1, 0, d), v_nb = kv_nb.narrow(-1, d, d);  // (Gb, M, 9, d)
+      at::Tensor loc = at::matmul(qs.unsqueeze(-2), k_nb.transpose(-2, -1)).squeeze(-2);  // (Gb, M, 9)
+      loc = (loc + relative_pos_bias_local.index_select(0, hidx).unsqueeze(1))
+                .masked_fill(outside, -std::numeric_limits<double>::infinity());
+      at::Tensor attn = at::softmax(at::cat({loc, global}, -1), -1);
+      at::Tensor a_loc = at::matmul(qn, learnable_tokens.index_select(0, hidx)) +
+                         learnable_bias.index_select(0, hidx) + attn.narrow(-1, 0, kWindowArea);  // (Gb, M, 9)
+      o = at::matmul(a_loc.unsqueeze(-2), v_nb).squeeze(-2) +
+          at::bmm(attn.narrow(-1, kWindowArea, attn.size(-1) - kWindowArea), values.index_select(0, gidx));
+    }
+    o = o * gates_flat.index_select(0, pair).view({Gb, M, 1});
+    out.index_copy_(0, index_tensor(bk.out_row, dev), o.reshape({Gb * M, d}).to(out.scalar_type()));
+  }
+  return out.narrow(0, 0, T * h).view({B, N, C});
 }
 
 // ---- MLP, block, embed ---------------------------------------------------------------------------------------------

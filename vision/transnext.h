@@ -38,6 +38,7 @@ struct TransNeXtOptions {
   std::array<int64_t, 4> topk{0, 0, 0, 0};          ///< MoH K (MoA: experts) per stage
   double drop_path_rate = 0.0;
   bool qkv_bias = true;
+  AttentionPath attention_path = AttentionPath::automatic;  ///< MoH layers: dense, sparse or per-layer automatic
 
   /// Feature-map side of stage i at the input size (and at the pretraining size).
   int64_t stage_size(int64_t i) const;
@@ -51,6 +52,11 @@ struct TransNeXtOptions {
   /// Throws UserError (sizes not divisible, 1×1 maps that would make the CPB coordinates NaN, bad MoH splits).
   void validate() const;
 };
+
+/// The path `automatic` resolves to for a TransNeXt attention layer (aggregated or stage-4 full attention) with
+/// `active` = (h_s + K) / h of its heads on over `tokens` queries (docs/BENCHMARKS.md, "MoH-ViT sparse attention");
+/// dense and sparse are returned as given.
+AttentionPath choose_aggregated_path(AttentionPath requested, double active, int64_t tokens);
 
 /// Log-spaced continuous relative position coordinates between a query grid and the pooled key grid
 /// (`get_relative_position_cpb`): returns (table (T, 2) of unique coordinates, index (Nq·Nk) into it).
@@ -74,10 +80,15 @@ struct TransNeXtAttentionImpl : torch::nn::Module {
   torch::nn::LayerNorm norm{nullptr};
   at::Tensor temperature, query_embedding, relative_pos_bias_local, learnable_tokens, learnable_bias;
   at::Tensor seq_length_scale, padding_mask;  // non-persistent buffers: (N, 1), (N, 9)
+  at::Tensor neighbours;                      // (N, 9) token index of each window slot, −1 outside the map
   HeadRouter router;
 
  private:
   AttentionOutput run(const at::Tensor& x, const at::Tensor& cpb_table, const at::Tensor& cpb_index, bool reference);
+  at::Tensor pooled_kv(const at::Tensor& x);  // (2, B, h, P, d) pooled keys (not normalised) and values
+  /// The sparse path: (B, N, C) gated head outputs, computed for the selected (token, head) pairs only.
+  at::Tensor mix_sparse(const at::Tensor& x, const at::Tensor& tau, const at::Tensor& len_scale,
+                        const at::Tensor& cpb_table, const at::Tensor& cpb_index, const HeadRouting& routing);
 };
 TORCH_MODULE(TransNeXtAttention);
 

@@ -42,8 +42,8 @@ TEST(Experiment, ValidationRefusesWhatTrainingRefuses) {
   const std::string dit = "model: {name: MoH-DiT-Pixel/4-75, num_classes: 10}\n";
   EXPECT_NO_THROW(validate_experiment(config(cls)));
   EXPECT_NO_THROW(validate_experiment(config(dit)));
+  EXPECT_NO_THROW(validate_experiment(config("model: {name: MoH-ViT-Nano, attention_path: sparse}")));
   const std::vector<std::pair<std::string, std::string>> bad{
-      {"model: {name: MoH-ViT-Nano, attention_path: sparse}", "model.attention_path"},
       {"model: {name: MoH-ViT-Nano, attention: [moh, moh]}", "model.attention"},
       {"model: {name: TransNeXt-Micro, attention: [moh, mha, mha, mha]}", "no MoH head split"},
       {cls + "data: {dataset: image_folder, root: /x, loader: stream}\naugment: {rand_augment: rand-m9-q1}",

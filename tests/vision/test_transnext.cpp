@@ -1,5 +1,6 @@
 // TransNeXt / MoH-ViT: exact parameter counts (shared/specs/transnext.md §1.2, moh.md §2.1), every variant's tiny
 // forward/backward, aggregated attention against a neighbour-by-neighbour reference, CPB tables and length scales.
+#include <torch/version.h>
 #include <cmath>
 
 #include "core/error.h"
@@ -93,6 +94,107 @@ TEST(TransNeXtAttention, AggregatedMatchesNeighbourReference) {
     auto g2 = torch::autograd::grad({ref.sum()}, {x})[0];
     EXPECT_LE(rel_err(g1, g2), 1e-5);
   }
+}
+
+// The sparse path (only the selected (token, head) pairs attend) against the dense official path: output and the
+// gradients of the input and of every parameter, for aggregated attention (odd maps: every border case of the window)
+// and stage-4 full attention, MoH with shared heads and MoA without, in training mode (aux loss included).
+// fp32: output and input gradient ≤ 1e-5. fp64: every parameter gradient ≤ 1e-9 relative to max(|grad|∞, 1e-3 · the
+// layer's largest gradient entry) — some true gradients are exactly zero (cpb_fc2.bias at stage 4 shifts every logit
+// of a softmax; the routed gates are p / p · K when K = 1) and hold only rounding noise, which fp32 makes ~1e-5.
+TEST(TransNeXtAttention, SparseMatchesDenseForwardAndBackward) {
+  struct Case {
+    int64_t dim, heads, shared, topk, height, width, sr;
+    bool moa;
+  };
+  for (const Case& c : {Case{48, 4, 1, 2, 9, 7, 3, false}, Case{72, 6, 2, 1, 8, 6, 2, false},
+                        Case{48, 4, 0, 2, 8, 6, 2, true}, Case{48, 4, 1, 1, 7, 5, 1, false},
+                        Case{48, 4, 0, 3, 6, 6, 1, true}})
+    for (auto dtype : {at::kFloat, at::kDouble}) {
+      SCOPED_TRACE("heads " + std::to_string(c.heads) + " shared " + std::to_string(c.shared) + " topk " +
+                   std::to_string(c.topk) + " sr " + std::to_string(c.sr) + (dtype == at::kFloat ? " fp32" : " fp64"));
+      torch::manual_seed(11);
+      MoHAttentionOptions o(c.dim, c.heads);
+      if (c.moa) {
+        o.moa(c.topk);
+      } else {
+        o.moh(c.shared, c.topk);
+      }
+      TransNeXtAttention a(o, c.height, c.width, c.sr);
+      {
+        torch::NoGradGuard ng;
+        if (a->relative_pos_bias_local.defined()) a->relative_pos_bias_local.normal_(0, 0.5);
+        if (a->learnable_bias.defined()) a->learnable_bias.normal_(0, 0.5);
+        a->router.wg->weight.normal_(0, 1);
+      }
+      a->to(dtype);
+      const int64_t pool_h = c.sr > 1 ? c.height / c.sr : c.height, pool_w = c.sr > 1 ? c.width / c.sr : c.width;
+      auto [table, index] = relative_position_cpb(c.height, c.width, pool_h, pool_w, c.height, c.width);
+      table = table.to(dtype);
+      const auto opts = torch::TensorOptions().dtype(dtype);
+      torch::Tensor x = torch::randn({3, c.height * c.width, c.dim}, opts).requires_grad_(true);
+      torch::Tensor gy = torch::randn({3, c.height * c.width, c.dim}, opts);
+      std::vector<torch::Tensor> inputs{x};
+      for (auto& p : a->parameters()) inputs.push_back(p);
+      auto run = [&](AttentionPath path) {
+        a->options.path = path;
+        auto r = a->forward(x, table, index);
+        torch::Tensor loss = (r.out * gy).sum() + r.aux_loss;
+        auto grads = torch::autograd::grad({loss}, inputs, {}, false, false, /*allow_unused=*/true);
+        grads.insert(grads.begin(), r.out.detach());
+        return grads;
+      };
+      auto dense = run(AttentionPath::dense), sparse = run(AttentionPath::sparse);
+      ASSERT_EQ(dense.size(), sparse.size());
+      if (dtype == at::kFloat) {
+        EXPECT_LE(rel_err(sparse[0], dense[0]), 1e-5) << "output";
+        EXPECT_LE(rel_err(sparse[1], dense[1]), 1e-5) << "grad x";
+        continue;
+      }
+      double largest = 0;
+      for (size_t i = 1; i < dense.size(); ++i)
+        if (dense[i].defined()) largest = std::max(largest, dense[i].abs().max().item<double>());
+      auto names = a->named_parameters().keys();
+      for (size_t i = 0; i < dense.size(); ++i) {
+        const std::string what = i == 0 ? "output" : i == 1 ? "grad x" : "grad " + names[i - 2];
+        ASSERT_EQ(dense[i].defined(), sparse[i].defined()) << what;
+        if (!dense[i].defined()) continue;
+        const double denom = std::max(dense[i].abs().max().item<double>(), i == 0 ? 1e-30 : 1e-3 * largest);
+        EXPECT_LE((sparse[i] - dense[i]).abs().max().item<double>() / denom, 1e-9) << what;
+      }
+    }
+}
+
+// attention_path: auto for the classifier's layers (the measured rule of docs/BENCHMARKS.md): sparse on LibTorch 2.x
+// for aggregated-attention-sized maps (≥ 196 tokens) with ≤ 75 % of heads on; dense at stage 4 (49 tokens), for
+// nearly all heads on, and always on 1.13. Explicit paths are kept.
+TEST(TransNeXtAttention, AutoPathFollowsTheMeasuredRule) {
+  const auto pick = [](double active, int64_t n) { return choose_aggregated_path(AttentionPath::automatic, active, n); };
+  EXPECT_EQ(choose_aggregated_path(AttentionPath::dense, 0.5, 784), AttentionPath::dense);
+  EXPECT_EQ(choose_aggregated_path(AttentionPath::sparse, 1.0, 16), AttentionPath::sparse);
+  const AttentionPath routed = TORCH_VERSION_MAJOR >= 2 ? AttentionPath::sparse : AttentionPath::dense;
+  EXPECT_EQ(pick(0.5, 196), routed);   // MoH-ViT-B-50 stage 3
+  EXPECT_EQ(pick(0.75, 784), routed);  // MoH-ViT-B-50 stage 2
+  EXPECT_EQ(pick(0.75, 196), routed);  // MoH-ViT-S-75 stage 3
+  EXPECT_EQ(pick(0.375, 49), AttentionPath::dense);  // stage 4
+  EXPECT_EQ(pick(0.9, 784), AttentionPath::dense);
+  EXPECT_EQ(pick(0.5, 16), AttentionPath::dense);    // the 32-px Nano models' routed stage
+}
+
+// A whole MoH-ViT forward gives the same logits on either path (eval mode: the router's choice is deterministic).
+TEST(TransNeXt, SparsePathKeepsTheLogits) {
+  torch::manual_seed(2);
+  TransNeXtOptions o = classifier_options("MoH-ViT-Nano-50");
+  o.attention_path = AttentionPath::dense;
+  TransNeXt dense(o);
+  o.attention_path = AttentionPath::sparse;
+  TransNeXt sparse(o);
+  torch::NoGradGuard ng;
+  auto sp = sparse->named_parameters();
+  for (auto& p : dense->named_parameters()) sp[p.key()].copy_(p.value());
+  dense->eval(), sparse->eval();
+  torch::Tensor img = torch::randn({2, 1, 32, 32});
+  EXPECT_LE(rel_err(sparse->forward(img).logits, dense->forward(img).logits), 1e-5);
 }
 
 // The CUDA sliding-window kernels (CUDA builds, options.fused) against the neighbour-by-neighbour reference on the
