@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "gen"))
-from make_torch import DiT  # noqa: E402  (the reference modules of the parity fixtures, official names)
+from make_torch import DiT, moh_balance_loss  # noqa: E402  (the reference modules of the parity fixtures, official names)
 
 VARIANTS = {  # S/2: 12 layers, 384 wide, 6 heads of 64; MoH-DiT-S/2-90: 3 shared + top-2 of 3 in 8 layers, 6 shared in 4
     "MoH-DiT-S/2-90": dict(heads=[6] * 12, shared=[3] * 8 + [6] * 4, topk=[2] * 8 + [0] * 4),
@@ -53,10 +53,7 @@ def attention_forward(self, x):  # MoH-DiT MoHAttention.forward: all heads, then
         xt = x.reshape(B * N, C)
         o = o * self.gates(xt).reshape(B, N, self.h, 1)
         if self.k > 0 and self.training:
-            probs = F.softmax(self.wg(xt), -1)
-            mask = torch.zeros_like(probs).scatter(1, probs.topk(self.k, -1).indices, 1.0)
-            E = probs.shape[1]
-            AUX.append((probs.mean(0) * mask.mean(0)).mean() * E * E)
+            AUX.append(moh_balance_loss(self, xt))
     return self.proj(o.reshape(B, N, self.h * self.hd))
 
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The toolkit against the real Python packages (pinned in scripts/requirements-torch2.txt, from the project venv; no
 # network): one case per ctest (pyref_forward, pyref_vae, pyref_safetensors, pyref_fid).
-#   forward      DiT-S/2, MoH-DiT-S/2-75, MoH-DiT-Pixel/4-75 and the FID Inception: `moh forward` on weights written by
-#                this torch (tests/fixtures/gen/make_torch.py re-run now) vs that torch's outputs, fp32, max rel ≤ 1e-5;
+#   forward      DiT-S/2, MoH-DiT-S/2-75, MoH-DiT-Pixel/4-75, MoH-ViT-Nano-50, TransNeXt-Micro and the FID Inception:
+#                `moh forward` on weights written by this torch (tests/fixtures/gen/make_torch.py and
+#                transnext_torch.py re-run now) vs that torch's outputs, fp32, max rel ≤ 1e-5;
 #                our torch.save reader on this torch's zip and legacy files, bit-exact
 #   vae          diffusers.AutoencoderKL (sd-vae-ft-ema config, random weights) vs `moh forward --model sd-vae`:
 #                posterior mean, log-variance and decoded image, max rel ≤ 1e-5
@@ -45,6 +46,14 @@ forward)
   run "$MOH" forward --model MoH-DiT-S/2-75 --weights "$tmp/large/moh_dit_s2_75_train.pt" --weights-key ema \
     --input "$tmp/large/moh_dit_s2_75_io.safetensors" --output "$tmp/moh.safetensors"
   compare "$tmp/large/moh_dit_s2_75_io.safetensors" "$tmp/moh.safetensors"
+  # TransNeXt / MoH-ViT against the Python port written from the specs (official keys, native unfold path): the
+  # MoH-ViT-Nano-50 (32 px: all-shared, h_s = 1 and two-stage layers) and TransNeXt-Micro (64 px, MHA, patch 4)
+  run "$PY" tests/fixtures/gen/transnext_torch.py "$tmp/vit"
+  for pair in MoH-ViT-Nano-50:moh_vit_nano_50 TransNeXt-Micro:transnext_micro; do
+    run "$MOH" forward --model "${pair%%:*}" --weights "$tmp/vit/${pair#*:}.safetensors" \
+      --input "$tmp/vit/${pair#*:}_io.safetensors" --output "$tmp/vit/${pair#*:}_out.safetensors"
+    compare "$tmp/vit/${pair#*:}_io.safetensors" "$tmp/vit/${pair#*:}_out.safetensors"
+  done
   run "$MOH" forward --model fid-inception --weights "$tmp/large/inception_legacy.pth" \
     --input "$tmp/large/inception_io.safetensors" --output "$tmp/inception.safetensors"
   compare "$tmp/large/inception_io.safetensors" "$tmp/inception.safetensors"
