@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The C++ training step against the official-structure PyTorch step (bench/pytorch_moh_dit_step.py) on the same
-# LibTorch and machine, interleaved (moh, python, moh, python per row) so drift hits both alike; prints the medians
-# and the ratio python / moh (> 1: the toolkit is faster) as a Markdown table, JSON rows to $OUT.
+# The C++ training step against the official-structure PyTorch step (bench/pytorch_moh_dit_step.py,
+# bench/pytorch_moh_vit_step.py) on the same LibTorch and machine, interleaved (moh, python, moh, python per row) so
+# drift hits both alike; prints the medians and the ratio python / moh (> 1: the toolkit is faster) as a Markdown
+# table, JSON rows to $OUT.
 #   LibTorch 2.x : build-torch2/moh  vs .venv/bin/python (pip torch 2.14.1: the very libtorch_cpu.so moh links)
 #   LibTorch 1.13: build/moh         vs /usr/bin/python3 with Debian's python3-torch (apt; the same libtorch 1.13)
-# Rows: training step (batch 8, 32×32×4) of MoH-DiT-S/2-90 and DiT-S/2; a DDIM-50 CFG-4 sampling chain (batch 8).
-# usage: bash bench/compare_python.sh [rows regex]      e.g. 'train' or 'sample.*1.13' (a pair whose side is missing
+# Rows: training step (batch 8, 32×32×4) of MoH-DiT-S/2-90 and DiT-S/2; training step (batch 4, 224 px) of
+# MoH-ViT-S-75 ("vit"; moh with its default attention_path auto); a DDIM-50 CFG-4 sampling chain (batch 8).
+# usage: bash bench/compare_python.sh [rows regex]      e.g. 'train' or 'vit.*2.x' (a pair whose side is missing
 #        is skipped)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,20 +17,25 @@ mkdir -p "$(dirname "$OUT")"
 echo "| LibTorch | row | moh s (2 rounds) | python s (2 rounds) | python / moh |"
 echo "|---|---|---|---|---|"
 
-# row KIND LABEL MOH PY MODEL PRECISION   (KIND: train = one optimizer step, sample = one DDIM-50 CFG chain)
+# row KIND LABEL MOH PY MODEL PRECISION   (KIND: train / vit = one optimizer step, sample = one DDIM-50 CFG chain)
 row() {
   local kind=$1 label=$2 moh=$3 py=$4 model=$5 prec=$6
   [[ "$kind $label $model $prec" =~ $ONLY ]] || return 0
   local a=() b=() margs pargs
+  local script=bench/pytorch_moh_dit_step.py shape=(--batch 8)
   if [ "$kind" = train ]; then
+    margs=(bench train --steps 3 --warmup 1 --img-size 32) pargs=(--steps 3 --warmup 1)
+  elif [ "$kind" = vit ]; then
+    script=bench/pytorch_moh_vit_step.py shape=(--batch 4 --img-size 224)
     margs=(bench train --steps 3 --warmup 1) pargs=(--steps 3 --warmup 1)
   else
-    margs=(bench sample --chain ddim50 --cfg-scale 4 --steps 1 --warmup 0) pargs=(--chain ddim50 --steps 1 --warmup 0)
+    margs=(bench sample --chain ddim50 --cfg-scale 4 --steps 1 --warmup 0 --img-size 32)
+    pargs=(--chain ddim50 --steps 1 --warmup 0)
   fi
   for round in 1 2; do
-    a+=("$("$moh" "${margs[@]}" --model "$model" --batch 8 --img-size 32 --precision "$prec" --json 2>/dev/null |
+    a+=("$("$moh" "${margs[@]}" --model "$model" "${shape[@]}" --precision "$prec" --json 2>/dev/null |
       python3 -c 'import json,sys; print(json.load(sys.stdin)["step_s"])')")
-    b+=("$("$py" bench/pytorch_moh_dit_step.py "${pargs[@]}" --model "$model" --batch 8 --precision "$prec" |
+    b+=("$("$py" "$script" "${pargs[@]}" --model "$model" "${shape[@]}" --precision "$prec" |
       python3 -c 'import json,sys; print(json.load(sys.stdin)["step_s"])')")
   done
   python3 - "$label" "$kind $model $prec" "${a[@]}" "${b[@]}" "$OUT" "$("$moh" --version | sed -n 2p)" <<'PY'
@@ -48,10 +55,12 @@ grep -q -E 'avx512_bf16|amx_bf16' /proc/cpuinfo && bf16=1
 pairs=()
 [ -x build-torch2/moh ] && [ -x .venv/bin/python ] && pairs+=("2.x build-torch2/moh .venv/bin/python")
 [ -x build/moh ] && /usr/bin/python3 -c 'import torch' 2>/dev/null && pairs+=("1.13 build/moh /usr/bin/python3")
-for kind in train sample; do
+for kind in train vit sample; do
+  models=(MoH-DiT-S/2-90 DiT-S/2)
+  [ "$kind" = vit ] && models=(MoH-ViT-S-75)
   for pair in "${pairs[@]}"; do
     read -r label moh py <<<"$pair"
-    for m in MoH-DiT-S/2-90 DiT-S/2; do
+    for m in "${models[@]}"; do
       row "$kind" "$label" "$moh" "$py" "$m" fp32
       [ -z "$bf16" ] || row "$kind" "$label" "$moh" "$py" "$m" bf16
     done

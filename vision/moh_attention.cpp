@@ -118,6 +118,17 @@ AttentionOutput MoHAttentionImpl::forward_with_path(const at::Tensor& x, Attenti
   out.aux_loss = routing.aux_loss;
   out.routed = routing.routed;
 
+  path = choose_attention_path(path, static_cast<double>(options.active_heads()) / static_cast<double>(h), N);
+  const bool sparse = path == AttentionPath::sparse && routing.routed.defined();
+  at::Tensor mixed;  // (B, N, h·d)
+  if (!sparse && options.mode != AttentionMode::moa) {
+    // Dense: one qkv product for Q, K and V of every head (as the official module), then every head attends.
+    auto qkvx = qkv->forward(x).view({B, N, 3, h, d}).permute({2, 0, 3, 1, 4});  // (3, B, h, N, d)
+    mixed = mix_heads_dense(qkvx[0], qkvx[1], qkvx[2], routing.gates, scale, options.fused);
+    out.out = proj->forward(mixed);  // (B, N, C)
+    return out;
+  }
+
   // Keys/values of every head (they cannot shrink: any selected query attends to all of them).
   at::Tensor k, v;          // (B, h_kv, N, d)
   at::Tensor wq, bq;        // query projection (inner, C) / (inner)
@@ -135,14 +146,11 @@ AttentionOutput MoHAttentionImpl::forward_with_path(const at::Tensor& x, Attenti
     wq = w.narrow(0, 0, inner), bq = b.defined() ? b.narrow(0, 0, inner) : b;
   }
 
-  at::Tensor mixed;  // (B, N, h·d)
-  path = choose_attention_path(path, static_cast<double>(options.active_heads()) / static_cast<double>(h), N);
-  const bool sparse = path == AttentionPath::sparse && routing.routed.defined();
   if (sparse) {
     QuerySource qs;
     qs.x = x_flat, qs.wq = wq, qs.bq = bq;  // queries projected only for selected pairs
     mixed = mix_heads_sparse(qs, k, v, routing.gates, routing.routed, h, router.shared, scale, options.fused);
-  } else {
+  } else {  // MoA, dense: queries of every head, keys/values shared by all heads
     at::Tensor qh = at::linear(x, wq, bq).view({B, N, h, d}).transpose(1, 2);  // (B, h, N, d)
     mixed = mix_heads_dense(qh, k, v, routing.gates, scale, options.fused);
   }

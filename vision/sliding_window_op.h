@@ -1,15 +1,17 @@
 #pragma once
-// Autograd operations over the CUDA sliding-window kernels (vision/cuda/sliding_window.cu) for TransNeXt's
-// aggregated attention. Present in builds with MOH_CUDA_KERNELS (a CUDA LibTorch); elsewhere available() is false
-// and the model keeps its LibTorch path (im2col + matmul), which is also the reference the GPU parity test uses.
+// TransNeXt's 3×3 sliding-window attention as two autograd operations, without the 9× neighbour tensors of the
+// im2col path: CPU loops here (every build) and the CUDA kernels of vision/cuda/sliding_window.cu (builds with
+// MOH_CUDA_KERNELS, a CUDA LibTorch). The im2col + matmul path of vision/transnext.cpp (the official native code's
+// unfold) and the neighbour-by-neighbour reference stay beside them; tests/vision/test_transnext.cpp checks all three.
 #include <ATen/ATen.h>
 
 namespace moh::vision {
 
-/// Whether the kernels were built in.
-bool sliding_window_kernels_available();
+/// Whether the window operations run on `device` (CPU: always; CUDA: builds with the kernels).
+bool sliding_window_kernels_available(const at::Device& device);
 
-/// q, k: (B, h, N, d) CUDA tensors with N = H·W → logits (B, h, N, 9): q · k of the 3×3 zero-padded neighbourhood.
+/// q, k: (B, h, N, d) with N = H·W (the channel dim contiguous on the CPU; any strides otherwise) → logits
+/// (B, h, N, 9): q · k of the 3×3 zero-padded neighbourhood, neighbour z = 3·(dy+1) + (dx+1).
 at::Tensor sliding_window_qk(const at::Tensor& q, const at::Tensor& k, int64_t H, int64_t W);
 
 /// w: (B, h, N, 9), v: (B, h, N, d) → (B, h, N, d): the w-weighted sum of the neighbours' values.

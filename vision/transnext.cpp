@@ -110,16 +110,12 @@ void TransNeXtOptions::validate() const {
 
 AttentionPath choose_aggregated_path(AttentionPath requested, double active, int64_t tokens) {
   if (requested != AttentionPath::automatic) return requested;
-  // Measured (docs/BENCHMARKS.md, "MoH-ViT sparse attention"): LibTorch 2.x, at MoH-ViT-B-50 / S-75 shapes the
-  // sparse aggregated layers (196 and 784 tokens, 50–75 % active) take 0.58–0.64× the dense layer step; at 49 tokens
-  // (stage 4) 1.02–1.06×; beyond 75 % active nothing was measured. LibTorch 1.13: layers 0.78–0.99×, but the whole
-  // MoH-ViT-B-50 step 1.01× dense, so dense stays.
-#if TORCH_VERSION_MAJOR >= 2
-  return tokens >= 196 && active <= 0.75 ? AttentionPath::sparse : AttentionPath::dense;
-#else
+  // Measured (docs/BENCHMARKS.md, "MoH-ViT attention: window ops and the sparse path"), training step (forward + backward) of one layer at the
+  // MoH-ViT-B-50 / S-75 shapes: since the dense path runs its 3×3 window through the sliding-window ops, the sparse
+  // layers take 1.02–1.50× the dense ones on LibTorch 2.14.1 and 1.09–1.60× on 1.13 (apart from one noisy 1.13
+  // stage-4 row, 0.74×); only forward alone gains (0.87× at B-50 stage 3). So training layers stay dense.
   (void)active, (void)tokens;
   return AttentionPath::dense;
-#endif
 }
 
 std::pair<at::Tensor, at::Tensor> relative_position_cpb(int64_t qh, int64_t qw, int64_t kh, int64_t kw, int64_t ph,
@@ -229,8 +225,10 @@ AttentionOutput TransNeXtAttentionImpl::run(const at::Tensor& x, const at::Tenso
     at::Tensor attn_local;  // (B, h, N, 9)
     at::Tensor k_nb, v_nb;  // (B, h, N, d, 9)
     std::vector<at::Tensor> k_shift, v_shift;  // reference: per neighbour (B, h, N, d)
-    // CUDA builds: the sliding-window kernels (options.fused); the im2col path below is their parity reference.
-    const bool kernels = !reference && options.fused && x.is_cuda() && sliding_window_kernels_available();
+    // The sliding-window ops (CPU; CUDA builds with options.fused); the im2col path below is the official native
+    // code's unfold, kept beside them with a parity test (window_kernels = false).
+    const bool kernels = !reference && window_kernels && (x.is_cpu() || options.fused) &&
+                         sliding_window_kernels_available(x.device());
     if (kernels) {
       k_nb = k_loc.permute({0, 2, 1, 3}), v_nb = v_loc.permute({0, 2, 1, 3});  // (B, h, N, d) maps, not neighbours
       attn_local = sliding_window_qk(qs, k_nb, H, W);                            // (B, h, N, 9)

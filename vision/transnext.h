@@ -54,7 +54,7 @@ struct TransNeXtOptions {
 };
 
 /// The path `automatic` resolves to for a TransNeXt attention layer (aggregated or stage-4 full attention) with
-/// `active` = (h_s + K) / h of its heads on over `tokens` queries (docs/BENCHMARKS.md, "MoH-ViT sparse attention");
+/// `active` = (h_s + K) / h of its heads on over `tokens` queries (docs/BENCHMARKS.md, "MoH-ViT attention: window ops and the sparse path");
 /// dense and sparse are returned as given.
 AttentionPath choose_aggregated_path(AttentionPath requested, double active, int64_t tokens);
 
@@ -82,6 +82,9 @@ struct TransNeXtAttentionImpl : torch::nn::Module {
   at::Tensor seq_length_scale, padding_mask;  // non-persistent buffers: (N, 1), (N, 9)
   at::Tensor neighbours;                      // (N, 9) token index of each window slot, −1 outside the map
   HeadRouter router;
+  /// Dense aggregated path: the 3×3 window through the sliding-window ops (vision/sliding_window_op.h; CPU, and CUDA
+  /// with options.fused) rather than im2col + matmul (the official native code's unfold; false = that path).
+  bool window_kernels = true;
 
  private:
   AttentionOutput run(const at::Tensor& x, const at::Tensor& cpb_table, const at::Tensor& cpb_index, bool reference);
