@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <sstream>
+#include <vector>
 
 #include "core/error.h"
+#include "datasets/resample.h"
 
 #ifdef MOH_WITH_OPENCV
 #include <opencv2/imgproc.hpp>
@@ -37,6 +39,16 @@ at::Tensor to_normalised_chw(const at::Tensor& hwc, const SampleTransformOptions
   return out;
 }
 
+// Mirrors a contiguous uint8 (H, W, C) image left–right in place.
+void flip_columns_(at::Tensor& hwc) {
+  const int64_t H = hwc.size(0), W = hwc.size(1), C = hwc.size(2);
+  uint8_t* p = hwc.data_ptr<uint8_t>();
+  for (int64_t y = 0; y < H; ++y) {
+    uint8_t* row = p + y * W * C;
+    for (int64_t a = 0, b = W - 1; a < b; ++a, --b) std::swap_ranges(row + a * C, row + a * C + C, row + b * C);
+  }
+}
+
 #ifdef MOH_WITH_OPENCV
 cv::Mat as_mat(const at::Tensor& hwc) {  // a view of a contiguous uint8 (H, W, C) tensor
   TORCH_CHECK(hwc.dim() == 3 && hwc.scalar_type() == at::kByte && hwc.is_contiguous(), "expected contiguous uint8 HWC");
@@ -48,11 +60,6 @@ at::Tensor from_mat(const cv::Mat& m) {
   cv::Mat view(m.rows, m.cols, m.type(), t.data_ptr());
   m.copyTo(view);
   return t;
-}
-at::Tensor resize(const at::Tensor& hwc, int64_t h, int64_t w) {
-  cv::Mat out;
-  cv::resize(as_mat(hwc), out, cv::Size(static_cast<int>(w), static_cast<int>(h)), 0, 0, cv::INTER_CUBIC);
-  return from_mat(out.reshape(static_cast<int>(hwc.size(2))));
 }
 // Affine warp with the matrix mapping output to input pixel coordinates (PIL's Image.transform convention).
 at::Tensor warp(const at::Tensor& hwc, const cv::Matx23d& out_to_in) {
@@ -67,7 +74,6 @@ at::Tensor warp(const at::Tensor& hwc, const cv::Matx23d& out_to_in) {
 [[noreturn]] void no_opencv() {
   throw UserError("augmentation", "this build has no OpenCV (MOH_WITH_OPENCV=OFF)", "rebuild with OpenCV for ImageFolder training");
 }
-at::Tensor resize(const at::Tensor&, int64_t, int64_t) { no_opencv(); }
 #endif
 
 // PIL's grayscale (L = (299 R + 587 G + 114 B) / 1000) as float (H, W, 1).
@@ -80,6 +86,22 @@ at::Tensor luminance(const at::Tensor& f) {
 at::Tensor blend(const at::Tensor& degenerate, const at::Tensor& img_f, double factor) {
   return (degenerate + (img_f - degenerate) * factor).clamp(0, 255).round().to(at::kByte).contiguous();
 }
+
+// AutoContrast of float pixels f given the per-channel extremes lo / hi (1, 1, C): stretched to [0, 255], floored; a
+// flat channel is kept.
+at::Tensor autocontrast_map(const at::Tensor& f, const at::Tensor& lo, const at::Tensor& hi) {
+  const at::Tensor span = hi - lo;
+  const at::Tensor out = ((f - lo) * (255.0 / span.clamp_min(1))).clamp(0, 255).floor();
+  return at::where(span > 0, out, f).to(at::kByte).contiguous();
+}
+
+// PIL ImageEnhance.Contrast's degenerate value: the rounded mean of the grey image.
+double contrast_mean(const at::Tensor& f) { return std::floor(luminance(f).mean().item<double>() + 0.5); }
+
+bool is_increasing(const std::string& op) { return op.size() > 10 && op.compare(op.size() - 10, 10, "Increasing") == 0; }
+std::string op_base(const std::string& op) { return is_increasing(op) ? op.substr(0, op.size() - 10) : op; }
+// timm's enhance level → factor (the "Increasing" form is signed around 1).
+double enhance_factor(bool increasing, double level, int sign) { return increasing ? 1.0 + sign * level * 0.9 : level * 1.8 + 0.1; }
 
 // PIL ImageOps.equalize on one channel.
 void equalize_channel(uint8_t* p, int64_t n, int64_t stride) {
@@ -144,19 +166,15 @@ const std::vector<std::string>& rand_augment_ops(bool increasing) {
   return increasing ? inc : standard;
 }
 
-at::Tensor rand_augment_op(const at::Tensor& image, const std::string& op, double m, int sign) {
+at::Tensor rand_augment_op_reference(const at::Tensor& image, const std::string& op, double m, int sign) {
   const at::Tensor img = image.contiguous();
   const double level = std::clamp(m, 0.0, kMaxLevel) / kMaxLevel;  // timm's level / _LEVEL_DENOM
   const int64_t H = img.size(0), W = img.size(1), C = img.size(2);
-  auto enhance_factor = [&](bool increasing) { return increasing ? 1.0 + sign * level * 0.9 : level * 1.8 + 0.1; };
-  const bool inc = op.size() > 10 && op.compare(op.size() - 10, 10, "Increasing") == 0;
-  const std::string base = inc ? op.substr(0, op.size() - 10) : op;
+  const bool inc = is_increasing(op);
+  const std::string base = op_base(op);
   if (base == "AutoContrast") {
-    at::Tensor f = img.to(at::kFloat);
-    at::Tensor lo = f.amin({0, 1}, true), hi = f.amax({0, 1}, true);  // per channel
-    at::Tensor span = hi - lo;
-    at::Tensor out = ((f - lo) * (255.0 / span.clamp_min(1))).clamp(0, 255).floor();
-    return at::where(span > 0, out, f).to(at::kByte).contiguous();
+    const at::Tensor f = img.to(at::kFloat);
+    return autocontrast_map(f, f.amin({0, 1}, true), f.amax({0, 1}, true));  // per channel
   }
   if (base == "Equalize") {
     at::Tensor out = img.clone();
@@ -180,12 +198,10 @@ at::Tensor rand_augment_op(const at::Tensor& image, const std::string& op, doubl
     return at::where(i < 128, (i + add).clamp_max(255), i).to(at::kByte).contiguous();
   }
   const at::Tensor f = img.to(at::kFloat);
-  if (base == "Color") return C == 1 ? img.clone() : blend(luminance(f), f, enhance_factor(inc));
-  if (base == "Contrast") {
-    const double mean = std::floor(luminance(f).mean().item<double>() + 0.5);  // PIL: rounded mean of the L image
-    return blend(at::full_like(f, mean), f, enhance_factor(inc));
-  }
-  if (base == "Brightness") return blend(at::zeros_like(f), f, enhance_factor(inc));
+  const double factor = enhance_factor(inc, level, sign);
+  if (base == "Color") return C == 1 ? img.clone() : blend(luminance(f), f, factor);
+  if (base == "Contrast") return blend(at::full_like(f, contrast_mean(f)), f, factor);
+  if (base == "Brightness") return blend(at::zeros_like(f), f, factor);
   if (base == "Sharpness") {
     // PIL ImageFilter.SMOOTH ([[1,1,1],[1,5,1],[1,1,1]] / 13) inside, the original on the 1-pixel border.
     at::Tensor chw = f.permute({2, 0, 1}).unsqueeze(1);  // (C, 1, H, W)
@@ -194,7 +210,7 @@ at::Tensor rand_augment_op(const at::Tensor& image, const std::string& op, doubl
     at::Tensor sm = at::conv2d(chw, k / 13.0).round();  // (C, 1, H−2, W−2)
     at::Tensor degenerate = f.clone();
     if (H > 2 && W > 2) degenerate.narrow(0, 1, H - 2).narrow(1, 1, W - 2).copy_(sm.squeeze(1).permute({1, 2, 0}));
-    return blend(degenerate, f, enhance_factor(inc));
+    return blend(degenerate, f, factor);
   }
 #ifdef MOH_WITH_OPENCV
   if (base == "Rotate") {  // PIL rotate: counter-clockwise by the angle about the centre
@@ -213,6 +229,90 @@ at::Tensor rand_augment_op(const at::Tensor& image, const std::string& op, doubl
     no_opencv();
 #endif
   throw UserError("RandAugment", "unknown operation '" + op + "'", "see rand_augment_ops()");
+}
+
+namespace {
+
+// lut (256, 1, C) uint8 applied per channel to a contiguous (H, W, C) image.
+at::Tensor apply_lut(const at::Tensor& img, const at::Tensor& lut) {
+  const int64_t C = img.size(2), n = img.numel() / C;
+  at::Tensor out = at::empty_like(img);
+  const uint8_t *s = img.data_ptr<uint8_t>(), *l = lut.data_ptr<uint8_t>();
+  uint8_t* d = out.data_ptr<uint8_t>();
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t c = 0; c < C; ++c) d[i * C + c] = l[s[i * C + c] * C + c];
+  return out;
+}
+
+// The 256 values of every channel as a (256, 1, C) image: a pointwise operation applied to it is its lookup table.
+at::Tensor value_ramp(int64_t C) { return at::arange(256, at::kInt).to(at::kByte).view({256, 1, 1}).expand({256, 1, C}).contiguous(); }
+
+// The reference's blend for one value: degenerate + (v − degenerate) · factor in float, clamped, rounded half to even.
+inline uint8_t blend_value(float degenerate, float v, float factor) {
+  const float t = std::min(std::max(degenerate + (v - degenerate) * factor, 0.f), 255.f);
+  return static_cast<uint8_t>(std::nearbyint(t));
+}
+
+}  // namespace
+
+at::Tensor rand_augment_op(const at::Tensor& image, const std::string& op, double m, int sign) {
+  const std::string base = op_base(op);
+  const at::Tensor img = image.contiguous();
+  const int64_t C = img.size(2), n = img.size(0) * img.size(1);
+  // Pointwise operations: the reference applied to the 256 values gives their table.
+  if (base == "Invert" || base == "Posterize" || base == "Solarize" || base == "SolarizeAdd" || base == "Brightness")
+    return apply_lut(img, rand_augment_op_reference(value_ramp(C), op, m, sign));
+  const double level = std::clamp(m, 0.0, kMaxLevel) / kMaxLevel;
+  const double factor = enhance_factor(is_increasing(op), level, sign);
+  const uint8_t* s = img.data_ptr<uint8_t>();
+  if (base == "AutoContrast") {  // per-channel extremes by a loop, then the reference's map as a table
+    std::vector<float> lo(static_cast<size_t>(C), 255.f), hi(static_cast<size_t>(C), 0.f);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t c = 0; c < C; ++c) {
+        const auto v = static_cast<float>(s[i * C + c]);
+        lo[static_cast<size_t>(c)] = std::min(lo[static_cast<size_t>(c)], v);
+        hi[static_cast<size_t>(c)] = std::max(hi[static_cast<size_t>(c)], v);
+      }
+    const at::Tensor lo_t = at::tensor(lo).view({1, 1, C}), hi_t = at::tensor(hi).view({1, 1, C});
+    return apply_lut(img, autocontrast_map(value_ramp(C).to(at::kFloat), lo_t, hi_t));
+  }
+  if (base == "Contrast") {
+    const at::Tensor ramp = value_ramp(C).to(at::kFloat);
+    return apply_lut(img, blend(at::full_like(ramp, contrast_mean(img.to(at::kFloat))), ramp, factor));
+  }
+  const auto fac = static_cast<float>(factor);  // the reference multiplies float pixels by the factor as a float
+  if (base == "Color" && C == 3) {  // degenerate: the float luminance of each pixel, as luminance()
+    at::Tensor out = at::empty_like(img);
+    uint8_t* d = out.data_ptr<uint8_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      const uint8_t* p = s + i * 3;
+      const float l = static_cast<float>(p[0]) * 0.299f + static_cast<float>(p[1]) * 0.587f + static_cast<float>(p[2]) * 0.114f;
+      for (int c = 0; c < 3; ++c) d[i * 3 + c] = blend_value(l, static_cast<float>(p[c]), fac);
+    }
+    return out;
+  }
+  if (base == "Sharpness") {
+    // SMOOTH inside: round(S / 13) of the integer sum S (weights 1 … 5 … 1); S / 13 is never within 1/26 of a half,
+    // so this equals the reference's rounded float convolution exactly. The 1-pixel border keeps the pixel.
+    const int64_t H = img.size(0), W = img.size(1);
+    at::Tensor out = at::empty_like(img);
+    uint8_t* d = out.data_ptr<uint8_t>();
+    for (int64_t y = 0; y < H; ++y)
+      for (int64_t x = 0; x < W; ++x)
+        for (int64_t c = 0; c < C; ++c) {
+          const int64_t idx = (y * W + x) * C + c;
+          float degenerate = s[idx];
+          if (y > 0 && y < H - 1 && x > 0 && x < W - 1) {
+            int sum = 4 * s[idx];
+            for (int dy = -1; dy <= 1; ++dy)
+              for (int dx = -1; dx <= 1; ++dx) sum += s[idx + (dy * W + dx) * C];
+            degenerate = static_cast<float>((2 * sum + 13) / 26);
+          }
+          d[idx] = blend_value(degenerate, static_cast<float>(s[idx]), fac);
+        }
+    return out;
+  }
+  return rand_augment_op_reference(img, op, m, sign);  // Equalize (a loop already), Color on grey, the OpenCV warps
 }
 
 at::Tensor rand_augment(const at::Tensor& image, const RandAugmentSpec& spec, AugRng& rng) {
@@ -251,13 +351,13 @@ std::array<int64_t, 4> random_resized_crop_box(int64_t H, int64_t W, const Sampl
 
 at::Tensor train_transform(const at::Tensor& image, const SampleTransformOptions& o, AugRng& rng) {
   at::Tensor img = image;
-  if (o.random_resized_crop) {
+  if (o.random_resized_crop) {  // torchvision resized_crop: crop, then resize the crop (read in place)
     const auto [top, left, h, w] = random_resized_crop_box(img.size(0), img.size(1), o, rng);
-    img = resize(img.narrow(0, top, h).narrow(1, left, w).contiguous(), o.size, o.size);
+    img = resize_bicubic(img.narrow(0, top, h).narrow(1, left, w), o.size, o.size);
   } else if (img.size(0) != o.size || img.size(1) != o.size) {
-    img = resize(img.contiguous(), o.size, o.size);
+    img = resize_bicubic(img, o.size, o.size);
   }
-  if (o.hflip > 0 && uniform(rng, 0, 1) < o.hflip) img = img.flip(1).contiguous();
+  if (o.hflip > 0 && uniform(rng, 0, 1) < o.hflip) flip_columns_(img);
   img = rand_augment(img, o.rand_augment, rng);
   at::Tensor x = to_normalised_chw(img, o);
   if (o.erase_prob > 0) random_erase_(x, o.erase_prob, rng);
@@ -270,10 +370,10 @@ at::Tensor eval_transform(const at::Tensor& image, const SampleTransformOptions&
   // torchvision Resize(int): the short side becomes `scale`, the long side keeps the aspect ratio (truncated).
   const int64_t nh = H <= W ? scale : static_cast<int64_t>(static_cast<double>(scale) * H / W);
   const int64_t nw = H <= W ? static_cast<int64_t>(static_cast<double>(scale) * W / H) : scale;
-  at::Tensor img = (nh == H && nw == W) ? image.contiguous() : resize(image.contiguous(), nh, nw);
-  const int64_t top = static_cast<int64_t>(std::lround(static_cast<double>(nh - o.size) / 2.0));
-  const int64_t left = static_cast<int64_t>(std::lround(static_cast<double>(nw - o.size) / 2.0));
-  return to_normalised_chw(img.narrow(0, top, o.size).narrow(1, left, o.size).contiguous(), o);
+  // torchvision CenterCrop: int(round((n − size) / 2)), Python's round (half to even). Only the crop is resized.
+  const auto top = static_cast<int64_t>(std::nearbyint(static_cast<double>(nh - o.size) / 2.0));
+  const auto left = static_cast<int64_t>(std::nearbyint(static_cast<double>(nw - o.size) / 2.0));
+  return to_normalised_chw(resize_bicubic(image, nh, nw, {top, left, o.size, o.size}), o);
 }
 
 void random_erase_(at::Tensor& image, double p, AugRng& rng) {

@@ -70,6 +70,22 @@ TEST(Augment, PixelOperationsExactValues) {
 }
 
 #ifdef MOH_WITH_OPENCV
+// The loops (lookup tables built by the reference on the 256 values; Color and Sharpness per pixel) give the bytes
+// of the whole-tensor reference for every operation, magnitude and sign, on noise, a smooth ramp and grey images.
+TEST(Augment, RandAugmentLoopsEqualReference) {
+  at::manual_seed(11);
+  const std::vector<at::Tensor> images{at::randint(0, 256, {29, 31, 3}, at::kByte), test_image(24, 20, 3),
+                                       at::randint(40, 90, {17, 13, 3}, at::kByte),  // narrow range: AutoContrast
+                                       at::randint(0, 256, {19, 23, 1}, at::kByte), at::full({6, 5, 3}, 77, at::kByte)};
+  for (const bool inc : {false, true})
+    for (const auto& op : rand_augment_ops(inc))
+      for (const double m : {0.0, 3.7, 9.0, 10.0})
+        for (const int sign : {-1, 1})
+          for (size_t i = 0; i < images.size(); ++i)
+            EXPECT_TRUE(rand_augment_op(images[i], op, m, sign).equal(rand_augment_op_reference(images[i], op, m, sign)))
+                << op << " m " << m << " sign " << sign << " image " << i;
+}
+
 TEST(Augment, GeometricOperations) {
   const at::Tensor img = test_image(20, 20, 3);
   // TranslateXRel at m = 10: 0.45 · 20 = 9 pixels; output column x shows input column x + 9, the rest is the fill.

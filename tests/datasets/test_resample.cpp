@@ -1,0 +1,85 @@
+// Pillow-exact bicubic resizing: the vectorised windowed path against the per-pixel reference on many shapes, both
+// against Pillow 13.0.0 itself (tests/fixtures/pillow/bicubic.safetensors, made by tests/fixtures/gen/make_pillow.py),
+// and the evaluation transform against torchvision's Resize + CenterCrop.
+#include <random>
+
+#include "core/safetensors.h"
+#include "datasets/augment.h"
+#include "datasets/resample.h"
+#include "tests/test_util.h"
+
+namespace moh::datasets {
+namespace {
+
+at::Tensor noisy_image(std::mt19937& rng, int64_t H, int64_t W, int64_t C) {
+  at::Tensor t = at::empty({H, W, C}, at::kByte);
+  uint8_t* p = t.data_ptr<uint8_t>();
+  std::uniform_int_distribution<int> u(0, 255);
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<uint8_t>(u(rng));
+  return t;
+}
+
+SafetensorsFile pillow_fixture() {
+  return load_safetensors(std::string(MOH_SOURCE_DIR) + "/tests/fixtures/pillow/bicubic.safetensors");
+}
+
+TEST(Resample, FastPathEqualsReferenceOnManyShapes) {
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int64_t> size(1, 90);
+  for (int trial = 0; trial < 60; ++trial) {
+    const int64_t C = trial % 3 == 0 ? 1 : 3, H = size(rng), W = size(rng);
+    const int64_t oh = trial % 5 == 0 ? H : size(rng), ow = trial % 7 == 0 ? W : size(rng);  // one-axis cases too
+    const at::Tensor img = noisy_image(rng, H, W, C);
+    EXPECT_TRUE(resize_bicubic(img, oh, ow).equal(resize_bicubic_reference(img, oh, ow)))
+        << H << "x" << W << "x" << C << " -> " << oh << "x" << ow;
+  }
+}
+
+TEST(Resample, CropViewsAndWindowsAreExact) {
+  std::mt19937 rng(5);
+  const at::Tensor big = noisy_image(rng, 70, 90, 3);
+  // A crop read in place (row stride of the big image) = the same crop made contiguous.
+  const at::Tensor crop = big.narrow(0, 7, 41).narrow(1, 13, 55);
+  ASSERT_FALSE(crop.is_contiguous());
+  EXPECT_TRUE(resize_bicubic(crop, 32, 32).equal(resize_bicubic_reference(crop.contiguous(), 32, 32)));
+  // Any window of the output = that window of the whole output (each output pixel has its own taps).
+  const at::Tensor full = resize_bicubic_reference(big, 47, 61);
+  for (const PixelWindow w : {PixelWindow{0, 0, 47, 61}, PixelWindow{8, 15, 32, 32}, PixelWindow{46, 60, 1, 1},
+                              PixelWindow{0, 29, 47, 1}, PixelWindow{5, 0, 3, 61}}) {
+    EXPECT_TRUE(resize_bicubic(big, 47, 61, w).equal(full.narrow(0, w.top, w.height).narrow(1, w.left, w.width)))
+        << w.top << "," << w.left << " " << w.height << "x" << w.width;
+  }
+  // Windows of one-axis resizes and of no resize at all.
+  EXPECT_TRUE(resize_bicubic(big, 70, 33, {10, 4, 20, 20})
+                  .equal(resize_bicubic_reference(big, 70, 33).narrow(0, 10, 20).narrow(1, 4, 20)));
+  EXPECT_TRUE(resize_bicubic(big, 31, 90, {1, 50, 20, 20})
+                  .equal(resize_bicubic_reference(big, 31, 90).narrow(0, 1, 20).narrow(1, 50, 20)));
+  EXPECT_TRUE(resize_bicubic(big, 70, 90, {3, 4, 5, 6}).equal(big.narrow(0, 3, 5).narrow(1, 4, 6)));
+  EXPECT_THROW(resize_bicubic(big, 47, 61, {40, 0, 8, 61}), c10::Error);
+}
+
+TEST(Resample, MatchesPillowBitForBit) {
+  const SafetensorsFile f = pillow_fixture();
+  int cases = 0;
+  for (int i = 0; f.tensors.count("in_" + std::to_string(i)); ++i, ++cases) {
+    const at::Tensor in = f.tensors.at("in_" + std::to_string(i)), want = f.tensors.at("out_" + std::to_string(i));
+    EXPECT_TRUE(resize_bicubic(in, want.size(0), want.size(1)).equal(want)) << "case " << i;
+    EXPECT_TRUE(resize_bicubic_reference(in, want.size(0), want.size(1)).equal(want)) << "case " << i;
+  }
+  EXPECT_EQ(cases, 6);
+}
+
+TEST(Resample, EvalTransformMatchesTorchvision) {
+  // Resize(37, BICUBIC) + CenterCrop(32) of a 75 x 105 image; the crop offsets 2.5 / 9.5 round half to even as
+  // Python's round does. Identity normalisation, so the floats are the pixels / 255.
+  const SafetensorsFile f = pillow_fixture();
+  SampleTransformOptions o;
+  o.size = 32, o.crop_pct = 0.86;  // floor(32 / 0.86) = 37
+  o.mean = {0, 0, 0}, o.std = {1, 1, 1};
+  const at::Tensor x = eval_transform(f.tensors.at("eval_in"), o);  // (3, 32, 32)
+  const at::Tensor pixels = (x * 255).round().to(at::kByte).permute({1, 2, 0});
+  EXPECT_TRUE(pixels.equal(f.tensors.at("eval_out")));
+}
+
+}  // namespace
+}  // namespace moh::datasets
