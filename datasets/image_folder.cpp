@@ -1,6 +1,7 @@
 #include "datasets/image_folder.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 
@@ -8,6 +9,7 @@
 #include "core/error.h"
 #include "core/run_context.h"
 #include "datasets/image_decode.h"
+#include "datasets/resample.h"
 
 #ifdef MOH_WITH_OPENCV
 #include <opencv2/imgcodecs.hpp>
@@ -188,12 +190,11 @@ at::Tensor decode_center_crop(const std::string& path, int64_t size) {
   cv::Mat m = cv::Mat(static_cast<int>(d.pixels.size(0)), static_cast<int>(d.pixels.size(1)), CV_8UC3,
                       d.pixels.data_ptr()).clone();
   while (std::min(m.rows, m.cols) >= 2 * size) cv::resize(m, m, cv::Size(m.cols / 2, m.rows / 2), 0, 0, cv::INTER_AREA);
+  // Then Pillow's bicubic to the short side `size` (Python's round: half to even), computing only the centre crop.
   const double scale = static_cast<double>(size) / std::min(m.rows, m.cols);
-  cv::resize(m, m, cv::Size(static_cast<int>(std::lround(m.cols * scale)), static_cast<int>(std::lround(m.rows * scale))), 0, 0,
-             cv::INTER_CUBIC);
-  const int top = (m.rows - static_cast<int>(size)) / 2, left = (m.cols - static_cast<int>(size)) / 2;
-  cv::Mat crop = m(cv::Rect(left, top, static_cast<int>(size), static_cast<int>(size))).clone();
-  return at::from_blob(crop.data, {size, size, 3}, at::kByte).clone();
+  const auto nh = static_cast<int64_t>(std::nearbyint(m.rows * scale)), nw = static_cast<int64_t>(std::nearbyint(m.cols * scale));
+  const at::Tensor halved = at::from_blob(m.data, {m.rows, m.cols, 3}, at::kByte);
+  return resize_bicubic(halved, nh, nw, {(nh - size) / 2, (nw - size) / 2, size, size});
 #endif
 }
 

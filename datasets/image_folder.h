@@ -50,8 +50,9 @@ at::Tensor decode_image(const std::string& path, int64_t channels);
 
 /// Decodes one image to RGB and applies ADM's center_crop_arr (DiT's training transform): halve with a box filter
 /// while the short side is ≥ 2·size, resize bicubically so the short side equals size, crop the centre. Returns
-/// (size, size, 3) uint8, or an undefined tensor when the file cannot be decoded. OpenCV's bicubic (a = −0.75) stands
-/// in for PIL's (a = −0.5), so pixels differ slightly from the official pipeline.
+/// (size, size, 3) uint8, or an undefined tensor when the file cannot be decoded. The bicubic step is Pillow's bit for
+/// bit (datasets/resample.h); the halving uses OpenCV's area average where ADM uses PIL's BOX, which can round
+/// differently.
 at::Tensor decode_center_crop(const std::string& path, int64_t size);
 
 /// Writes a labelled image set as an ImageFolder split: <dir>/<class name>/<index:06d>.<format> (class names given per
