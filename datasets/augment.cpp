@@ -6,11 +6,9 @@
 #include <vector>
 
 #include "core/error.h"
+#include "datasets/affine.h"
 #include "datasets/resample.h"
 
-#ifdef MOH_WITH_OPENCV
-#include <opencv2/imgproc.hpp>
-#endif
 
 namespace moh::datasets {
 
@@ -49,32 +47,20 @@ void flip_columns_(at::Tensor& hwc) {
   }
 }
 
-#ifdef MOH_WITH_OPENCV
-cv::Mat as_mat(const at::Tensor& hwc) {  // a view of a contiguous uint8 (H, W, C) tensor
-  TORCH_CHECK(hwc.dim() == 3 && hwc.scalar_type() == at::kByte && hwc.is_contiguous(), "expected contiguous uint8 HWC");
-  return cv::Mat(static_cast<int>(hwc.size(0)), static_cast<int>(hwc.size(1)), CV_8UC(static_cast<int>(hwc.size(2))),
-                 hwc.data_ptr());
+// timm's geometric operations as PIL affine coefficients (output → input): Rotate (PIL's rotate about the centre),
+// ShearX / ShearY (factor level · 0.3), TranslateXRel / TranslateYRel (level · 0.45 of the width / height). False for
+// the other operations.
+bool geometric_coeffs(const std::string& base, double level, int sign, int64_t H, int64_t W, AffineCoeffs& a) {
+  const double s = sign;
+  if (base == "Rotate") a = pil_rotate_coeffs(s * level * 30.0, H, W);
+  else if (base == "ShearX") a = {1, s * level * 0.3, 0, 0, 1, 0};
+  else if (base == "ShearY") a = {1, 0, 0, s * level * 0.3, 1, 0};
+  else if (base == "TranslateXRel") a = {1, 0, s * level * 0.45 * static_cast<double>(W), 0, 1, 0};
+  else if (base == "TranslateYRel") a = {1, 0, 0, 0, 1, s * level * 0.45 * static_cast<double>(H)};
+  else return false;
+  return true;
 }
-at::Tensor from_mat(const cv::Mat& m) {
-  at::Tensor t = at::empty({m.rows, m.cols, m.channels()}, at::kByte);
-  cv::Mat view(m.rows, m.cols, m.type(), t.data_ptr());
-  m.copyTo(view);
-  return t;
-}
-// Affine warp with the matrix mapping output to input pixel coordinates (PIL's Image.transform convention).
-at::Tensor warp(const at::Tensor& hwc, const cv::Matx23d& out_to_in) {
-  const cv::Mat src = as_mat(hwc);
-  cv::Mat out;
-  const cv::Scalar fill(124, 116, 104);  // timm's img_mean fill: the ImageNet mean in 0–255
-  cv::warpAffine(src, out, cv::Mat(out_to_in), src.size(), cv::INTER_CUBIC | cv::WARP_INVERSE_MAP, cv::BORDER_CONSTANT,
-                 fill);
-  return from_mat(out.reshape(src.channels()));
-}
-#else
-[[noreturn]] void no_opencv() {
-  throw UserError("augmentation", "this build has no OpenCV (MOH_WITH_OPENCV=OFF)", "rebuild with OpenCV for ImageFolder training");
-}
-#endif
+constexpr std::array<uint8_t, 3> kFill{124, 116, 104};  // timm's img_mean fill: the ImageNet mean in 0–255
 
 // PIL's grayscale (L = (299 R + 587 G + 114 B) / 1000) as float (H, W, 1).
 at::Tensor luminance(const at::Tensor& f) {
@@ -212,22 +198,8 @@ at::Tensor rand_augment_op_reference(const at::Tensor& image, const std::string&
     if (H > 2 && W > 2) degenerate.narrow(0, 1, H - 2).narrow(1, 1, W - 2).copy_(sm.squeeze(1).permute({1, 2, 0}));
     return blend(degenerate, f, factor);
   }
-#ifdef MOH_WITH_OPENCV
-  if (base == "Rotate") {  // PIL rotate: counter-clockwise by the angle about the centre
-    const double angle = sign * level * 30.0;
-    const cv::Mat r = cv::getRotationMatrix2D(cv::Point2f(static_cast<float>(W) / 2.f, static_cast<float>(H) / 2.f), angle, 1.0);
-    cv::Mat inv;
-    cv::invertAffineTransform(r, inv);
-    return warp(img, cv::Matx23d(inv));
-  }
-  if (base == "ShearX") return warp(img, cv::Matx23d(1, sign * level * 0.3, 0, 0, 1, 0));
-  if (base == "ShearY") return warp(img, cv::Matx23d(1, 0, 0, sign * level * 0.3, 1, 0));
-  if (base == "TranslateXRel") return warp(img, cv::Matx23d(1, 0, sign * level * 0.45 * W, 0, 1, 0));
-  if (base == "TranslateYRel") return warp(img, cv::Matx23d(1, 0, 0, 0, 1, sign * level * 0.45 * H));
-#else
-  if (base == "Rotate" || base == "ShearX" || base == "ShearY" || base == "TranslateXRel" || base == "TranslateYRel")
-    no_opencv();
-#endif
+  AffineCoeffs a;
+  if (geometric_coeffs(base, level, sign, H, W, a)) return affine_bicubic_reference(img, a, kFill);
   throw UserError("RandAugment", "unknown operation '" + op + "'", "see rand_augment_ops()");
 }
 
@@ -247,10 +219,42 @@ at::Tensor apply_lut(const at::Tensor& img, const at::Tensor& lut) {
 // The 256 values of every channel as a (256, 1, C) image: a pointwise operation applied to it is its lookup table.
 at::Tensor value_ramp(int64_t C) { return at::arange(256, at::kInt).to(at::kByte).view({256, 1, 1}).expand({256, 1, C}).contiguous(); }
 
-// The reference's blend for one value: degenerate + (v − degenerate) · factor in float, clamped, rounded half to even.
+// Rounding half to even of |t| < 2^22, as std::nearbyint in the default rounding mode: adding 1.5 · 2^23 leaves no
+// fraction bits, so the addition itself rounds. std::nearbyint is a library call on baseline x86-64.
+inline float round_half_even_small(float t) {
+  constexpr float kShift = 12582912.f;  // 1.5 · 2^23 (this file is never built with -ffast-math)
+  return (t + kShift) - kShift;
+}
+// The reference's blend for one value: degenerate + (v − degenerate) · factor in float, clamped to [0, 255], rounded
+// half to even. Rounded first, then clamped as an integer (the same value: rounding is monotone and 0, 255 are
+// integers), so that the loops below have no float compares and vectorise.
 inline uint8_t blend_value(float degenerate, float v, float factor) {
-  const float t = std::min(std::max(degenerate + (v - degenerate) * factor, 0.f), 255.f);
-  return static_cast<uint8_t>(std::nearbyint(t));
+  int i = static_cast<int>(round_half_even_small(degenerate + (v - degenerate) * factor));
+  i = i < 0 ? 0 : i;
+  return static_cast<uint8_t>(i > 255 ? 255 : i);
+}
+
+// ImageEnhance.Color on n RGB pixels: the degenerate image is the float luminance of each pixel.
+__attribute__((target_clones("avx2", "default")))
+void color_pixels(const uint8_t* __restrict s, uint8_t* __restrict d, int64_t n, float fac) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t* p = s + i * 3;
+    const float l = static_cast<float>(p[0]) * 0.299f + static_cast<float>(p[1]) * 0.587f + static_cast<float>(p[2]) * 0.114f;
+    for (int c = 0; c < 3; ++c) d[i * 3 + c] = blend_value(l, static_cast<float>(p[c]), fac);
+  }
+}
+
+// ImageEnhance.Sharpness on the interior of one row (elements [C, (W − 1)·C) of the flat row): the degenerate value
+// is SMOOTH's round(S / 13) of the integer sum S (weights 1 … 5 … 1). S / 13 is never within 1/26 of a half and the
+// float product's error is below 1e-3, so this equals the reference's rounded float convolution exactly.
+__attribute__((target_clones("avx2", "default")))
+void sharpness_row(const uint8_t* __restrict up, const uint8_t* __restrict mid, const uint8_t* __restrict down,
+                   uint8_t* __restrict d, int64_t W, int64_t C, float fac) {
+  for (int64_t j = C; j < (W - 1) * C; ++j) {
+    const int sum = up[j - C] + up[j] + up[j + C] + mid[j - C] + 5 * mid[j] + mid[j + C] + down[j - C] + down[j] + down[j + C];
+    const float degenerate = round_half_even_small(static_cast<float>(sum) * (1.f / 13.f));
+    d[j] = blend_value(degenerate, static_cast<float>(mid[j]), fac);
+  }
 }
 
 }  // namespace
@@ -266,13 +270,16 @@ at::Tensor rand_augment_op(const at::Tensor& image, const std::string& op, doubl
   const double factor = enhance_factor(is_increasing(op), level, sign);
   const uint8_t* s = img.data_ptr<uint8_t>();
   if (base == "AutoContrast") {  // per-channel extremes by a loop, then the reference's map as a table
-    std::vector<float> lo(static_cast<size_t>(C), 255.f), hi(static_cast<size_t>(C), 0.f);
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t c = 0; c < C; ++c) {
-        const auto v = static_cast<float>(s[i * C + c]);
-        lo[static_cast<size_t>(c)] = std::min(lo[static_cast<size_t>(c)], v);
-        hi[static_cast<size_t>(c)] = std::max(hi[static_cast<size_t>(c)], v);
+    std::vector<float> lo(static_cast<size_t>(C)), hi(static_cast<size_t>(C));
+    for (int64_t c = 0; c < C; ++c) {  // integer extremes of one channel (vectorises; float compares would branch)
+      uint8_t l = 255, h = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const uint8_t v = s[i * C + c];
+        l = v < l ? v : l;
+        h = v > h ? v : h;
       }
+      lo[static_cast<size_t>(c)] = l, hi[static_cast<size_t>(c)] = h;
+    }
     const at::Tensor lo_t = at::tensor(lo).view({1, 1, C}), hi_t = at::tensor(hi).view({1, 1, C});
     return apply_lut(img, autocontrast_map(value_ramp(C).to(at::kFloat), lo_t, hi_t));
   }
@@ -283,36 +290,20 @@ at::Tensor rand_augment_op(const at::Tensor& image, const std::string& op, doubl
   const auto fac = static_cast<float>(factor);  // the reference multiplies float pixels by the factor as a float
   if (base == "Color" && C == 3) {  // degenerate: the float luminance of each pixel, as luminance()
     at::Tensor out = at::empty_like(img);
-    uint8_t* d = out.data_ptr<uint8_t>();
-    for (int64_t i = 0; i < n; ++i) {
-      const uint8_t* p = s + i * 3;
-      const float l = static_cast<float>(p[0]) * 0.299f + static_cast<float>(p[1]) * 0.587f + static_cast<float>(p[2]) * 0.114f;
-      for (int c = 0; c < 3; ++c) d[i * 3 + c] = blend_value(l, static_cast<float>(p[c]), fac);
-    }
+    color_pixels(s, out.data_ptr<uint8_t>(), n, fac);
     return out;
   }
-  if (base == "Sharpness") {
-    // SMOOTH inside: round(S / 13) of the integer sum S (weights 1 … 5 … 1); S / 13 is never within 1/26 of a half,
-    // so this equals the reference's rounded float convolution exactly. The 1-pixel border keeps the pixel.
-    const int64_t H = img.size(0), W = img.size(1);
-    at::Tensor out = at::empty_like(img);
+  if (base == "Sharpness") {  // the 1-pixel border keeps the pixel (the blend of a value with itself)
+    const int64_t H = img.size(0), W = img.size(1), row = W * C;
+    at::Tensor out = img.clone();
     uint8_t* d = out.data_ptr<uint8_t>();
-    for (int64_t y = 0; y < H; ++y)
-      for (int64_t x = 0; x < W; ++x)
-        for (int64_t c = 0; c < C; ++c) {
-          const int64_t idx = (y * W + x) * C + c;
-          float degenerate = s[idx];
-          if (y > 0 && y < H - 1 && x > 0 && x < W - 1) {
-            int sum = 4 * s[idx];
-            for (int dy = -1; dy <= 1; ++dy)
-              for (int dx = -1; dx <= 1; ++dx) sum += s[idx + (dy * W + dx) * C];
-            degenerate = static_cast<float>((2 * sum + 13) / 26);
-          }
-          d[idx] = blend_value(degenerate, static_cast<float>(s[idx]), fac);
-        }
+    if (W > 2)
+      for (int64_t y = 1; y < H - 1; ++y) sharpness_row(s + (y - 1) * row, s + y * row, s + (y + 1) * row, d + y * row, W, C, fac);
     return out;
   }
-  return rand_augment_op_reference(img, op, m, sign);  // Equalize (a loop already), Color on grey, the OpenCV warps
+  AffineCoeffs a;
+  if (geometric_coeffs(base, level, sign, img.size(0), img.size(1), a)) return affine_bicubic(img, a, kFill);
+  return rand_augment_op_reference(img, op, m, sign);  // Equalize (a loop already), Color on grey
 }
 
 at::Tensor rand_augment(const at::Tensor& image, const RandAugmentSpec& spec, AugRng& rng) {

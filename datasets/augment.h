@@ -9,8 +9,8 @@
 //          label smoothing folded into the soft targets (timm Mixup, mode "batch", correct_lam)
 // Every random draw comes from a generator the caller seeds per (seed, epoch, sample), so results do not depend on
 // threads. Images are uint8 HWC (1 or 3 channels); outputs are float CHW. The resizes are Pillow's bicubic bit for bit
-// (datasets/resample.h), as torchvision / timm compute them on PIL images; RandAugment's geometric operations run on
-// OpenCV (bicubic with a = −0.75 where PIL uses −0.5), so those pixels differ slightly from the official pipeline.
+// (datasets/resample.h), as torchvision / timm compute them on PIL images, and so are RandAugment's geometric
+// operations (PIL's bicubic affine transform and rotate, datasets/affine.h).
 #include <ATen/ATen.h>
 
 #include <array>
@@ -68,9 +68,11 @@ at::Tensor rand_augment(const at::Tensor& image, const RandAugmentSpec& spec, Au
 /// inspection: AutoContrast, Equalize, Invert, Rotate, Posterize[Increasing], Solarize[Increasing], SolarizeAdd,
 /// Color/Contrast/Brightness/Sharpness[Increasing], ShearX, ShearY, TranslateXRel, TranslateYRel.
 /// Plain loops: pointwise operations as lookup tables built by the reference on the 256 values, Color and Sharpness
-/// per pixel; the bytes equal `rand_augment_op_reference` (tested).
+/// per pixel (vectorised), the geometric ones by `affine_bicubic`; the bytes equal `rand_augment_op_reference`
+/// (tested).
 at::Tensor rand_augment_op(const at::Tensor& image, const std::string& op, double magnitude, int sign);
-/// The same operation as whole-tensor LibTorch expressions (and OpenCV warps): the reference of the loops above.
+/// The same operation as whole-tensor LibTorch expressions (and `affine_bicubic_reference`): the reference of the
+/// loops above.
 at::Tensor rand_augment_op_reference(const at::Tensor& image, const std::string& op, double magnitude, int sign);
 /// The op names of the standard (false) or increasing (true) set, in timm's order.
 const std::vector<std::string>& rand_augment_ops(bool increasing);

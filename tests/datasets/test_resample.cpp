@@ -1,9 +1,10 @@
-// Pillow-exact bicubic resizing: the vectorised windowed path against the per-pixel reference on many shapes, both
+// Pillow-exact bicubic resizing and affine transforms: the vectorised windowed path against the per-pixel reference on many shapes, both
 // against Pillow 13.0.0 itself (tests/fixtures/pillow/bicubic.safetensors, made by tests/fixtures/gen/make_pillow.py),
 // and the evaluation transform against torchvision's Resize + CenterCrop.
 #include <random>
 
 #include "core/safetensors.h"
+#include "datasets/affine.h"
 #include "datasets/augment.h"
 #include "datasets/resample.h"
 #include "tests/test_util.h"
@@ -79,6 +80,55 @@ TEST(Resample, EvalTransformMatchesTorchvision) {
   const at::Tensor x = eval_transform(f.tensors.at("eval_in"), o);  // (3, 32, 32)
   const at::Tensor pixels = (x * 255).round().to(at::kByte).permute({1, 2, 0});
   EXPECT_TRUE(pixels.equal(f.tensors.at("eval_out")));
+}
+
+constexpr std::array<uint8_t, 3> kFill{124, 116, 104};
+
+TEST(Affine, FastPathEqualsReference) {
+  std::mt19937 rng(9);
+  std::uniform_int_distribution<int64_t> size(1, 60);
+  std::uniform_real_distribution<double> u(-1, 1);
+  for (int trial = 0; trial < 80; ++trial) {
+    const int64_t H = size(rng), W = size(rng);
+    const at::Tensor img = noisy_image(rng, H, W, 3);
+    AffineCoeffs a;
+    switch (trial % 6) {  // RandAugment's kinds (dy = 0, dx = 0, both, neither), integer shifts, a general map
+      case 0: a = pil_rotate_coeffs(30 * u(rng), H, W); break;
+      case 1: a = {1, 0.3 * u(rng), 0, 0, 1, 0}; break;
+      case 2: a = {1, 0, 0, 0.3 * u(rng), 1, 0}; break;
+      case 3: a = {1, 0, 0.45 * static_cast<double>(W) * u(rng), 0, 1, 0}; break;
+      case 4: a = {1, 0, std::round(8 * u(rng)), 0, 1, std::round(8 * u(rng))}; break;
+      default: a = {1 + 0.2 * u(rng), 0.3 * u(rng), 3 * u(rng), 0.3 * u(rng), 1 + 0.2 * u(rng), 3 * u(rng)};
+    }
+    EXPECT_TRUE(affine_bicubic(img, a, kFill).equal(affine_bicubic_reference(img, a, kFill)))
+        << "trial " << trial << " " << H << "x" << W;
+  }
+  // A rotation by 0 / 90 / 180 degrees lands on pixel centres: the pixels themselves, moved.
+  const at::Tensor sq = noisy_image(rng, 16, 16, 3);
+  EXPECT_TRUE(affine_bicubic(sq, pil_rotate_coeffs(0, 16, 16), kFill).equal(sq));
+  EXPECT_TRUE(affine_bicubic(sq, pil_rotate_coeffs(180, 16, 16), kFill).equal(sq.flip({0, 1})));
+  EXPECT_TRUE(affine_bicubic(sq, pil_rotate_coeffs(-270, 16, 16), kFill).equal(sq.transpose(0, 1).flip(0)));
+}
+
+TEST(Affine, MatchesPillowBitForBit) {
+  // Image.rotate / Image.transform(AFFINE) with BICUBIC and timm's fill colour, written by Pillow 13.0.0
+  // (tests/fixtures/gen/make_pillow_affine.py): rotations both ways, shears, translations, grey images.
+  const SafetensorsFile f = load_safetensors(std::string(MOH_SOURCE_DIR) + "/tests/fixtures/pillow/affine.safetensors");
+  int cases = 0;
+  for (int i = 0; f.tensors.count("in_" + std::to_string(i)); ++i, ++cases) {
+    const std::string k = std::to_string(i);
+    const at::Tensor in = f.tensors.at("in_" + k), want = f.tensors.at("out_" + k);
+    AffineCoeffs a;
+    if (f.tensors.count("angle_" + k)) {
+      a = pil_rotate_coeffs(f.tensors.at("angle_" + k).item<double>(), in.size(0), in.size(1));
+    } else {
+      const at::Tensor c = f.tensors.at("coeffs_" + k);
+      for (int j = 0; j < 6; ++j) a[static_cast<size_t>(j)] = c[j].item<double>();
+    }
+    EXPECT_TRUE(affine_bicubic_reference(in, a, kFill).equal(want)) << "case " << i;
+    EXPECT_TRUE(affine_bicubic(in, a, kFill).equal(want)) << "case " << i;
+  }
+  EXPECT_EQ(cases, 13);
 }
 
 }  // namespace
