@@ -53,10 +53,16 @@ inline v4d cubic4(v4d v1, v4d v2, v4d v3, v4d v4, double d) {
   return p1 + d * (p2 + d * (p3 + d * p4));
 }
 // One pixel of the padded RGBx copy as 32-bit lanes (one 4-byte load, widened), and as doubles.
+typedef uint8_t v16u8 __attribute__((vector_size(16)));
+typedef uint32_t v4u32 __attribute__((vector_size(16)));
 inline v4i load_pixel_i(const uint8_t* p) {
-  v4u8 b;
-  std::memcpy(&b, p, 4);
-  return __builtin_convertvector(b, v4i);
+  uint32_t word;
+  std::memcpy(&word, p, 4);
+  const v4u32 w = {word, 0, 0, 0};
+  // Zero extension of the 4 bytes as one byte shuffle (pshufb where the target has it; lane 16 is a zero byte).
+  const v16u8 b = __builtin_shuffle(reinterpret_cast<const v16u8&>(w), v16u8{},
+                                    v16u8{0, 16, 16, 16, 1, 16, 16, 16, 2, 16, 16, 16, 3, 16, 16, 16});
+  return reinterpret_cast<const v4i&>(b);
 }
 inline v4d load_pixel(const uint8_t* p) { return __builtin_convertvector(load_pixel_i(p), v4d); }
 // The horizontal cubic of one input row at byte offsets cx[0..3]. On uint8 samples Pillow's p2 … p4 are integer
@@ -69,6 +75,48 @@ inline v4d row_cubic(const uint8_t* row, const int64_t* cx, double dx) {
   return p1 + dx * (p2 + dx * (p3 + dx * p4));
 }
 
+// Where one output row samples the input: per pixel, whether the sample is inside the image, the second tap of each
+// axis and the fractions, four pixels at a time. Each lane does the same IEEE operations as source_point and the
+// reference's per-pixel code; floor is the truncation corrected downwards (exact: |x| < 2^31 after the clamp).
+typedef double v4dx __attribute__((vector_size(32), aligned(8)));  // unaligned loads / stores of 4 doubles
+typedef int64_t v4l __attribute__((vector_size(32)));
+
+struct RowSamples {
+  std::vector<double> dx, dy;
+  std::vector<int32_t> ix, iy, inside;
+  void resize(int64_t W) {
+    const auto n = static_cast<size_t>((W + 3) / 4 * 4);  // whole vectors: lanes past W are computed and unused
+    dx.resize(n), dy.resize(n), ix.resize(n), iy.resize(n), inside.resize(n);
+  }
+};
+
+inline v4d floor4(v4d v) {
+  const v4d t = __builtin_convertvector(__builtin_convertvector(v, v4i), v4d);
+  return t > v ? t - 1.0 : t;
+}
+
+__attribute__((target_clones("avx2", "default")))
+void row_samples(const AffineCoeffs& coeffs, int64_t y, int64_t H, int64_t W, RowSamples& rs) {
+  const double a0 = coeffs[0], a2 = coeffs[2], a3 = coeffs[3], a5 = coeffs[5];
+  const double yin = static_cast<double>(y) + 0.5, Wd = static_cast<double>(W), Hd = static_cast<double>(H);
+  const double by = coeffs[1] * yin, cy = coeffs[4] * yin;
+  for (int64_t x = 0; x < W; x += 4) {
+    const double x0 = static_cast<double>(x) + 0.5;
+    const v4d xin = {x0, x0 + 1.0, x0 + 2.0, x0 + 3.0};
+    const v4d xx = a0 * xin + by + a2, yy = a3 * xin + cy + a5;
+    const v4l in = (xx >= 0.0) & (xx < Wd) & (yy >= 0.0) & (yy < Hd);
+    // Outside the image the taps are not used; the clamps only keep the conversions defined.
+    v4d xi = xx < -4.0 ? -4.0 : xx, yi = yy < -4.0 ? -4.0 : yy;
+    xi = (xi > Wd + 4.0 ? Wd + 4.0 : xi) - 0.5, yi = (yi > Hd + 4.0 ? Hd + 4.0 : yi) - 0.5;
+    const v4d fx = floor4(xi), fy = floor4(yi);
+    const v4dx dx = xi - fx, dy = yi - fy;
+    const v4i ix = __builtin_convertvector(fx, v4i), iy = __builtin_convertvector(fy, v4i), inside = __builtin_convertvector(in, v4i);
+    const auto i = static_cast<size_t>(x);
+    std::memcpy(&rs.dx[i], &dx, sizeof dx), std::memcpy(&rs.dy[i], &dy, sizeof dy);
+    std::memcpy(&rs.ix[i], &ix, sizeof ix), std::memcpy(&rs.iy[i], &iy, sizeof iy), std::memcpy(&rs.inside[i], &inside, sizeof inside);
+  }
+}
+
 // RGB fast path on an RGBx copy (4 bytes per pixel, so a pixel is one load). Rows are clamped where Pillow's loop
 // repeats the previous row's value: the two agree, because a sample inside the image has its second row in
 // [−1, H − 1] (tests/datasets/test_resample.cpp compares the paths).
@@ -77,35 +125,41 @@ void affine_rgb(const uint8_t* __restrict in, uint8_t* __restrict out, int64_t H
                 const uint8_t* fill_rgb) {
   const AffineCoeffs a = coeffs;  // copies: stores through `out` could alias them otherwise
   const uint8_t fill[4] = {fill_rgb[0], fill_rgb[1], fill_rgb[2], 0};
-  const double Wd = static_cast<double>(W), Hd = static_cast<double>(H);
   const int64_t stride = W * 4;
-  for (int64_t y = 0; y < H; ++y)
+  thread_local RowSamples rs;
+  rs.resize(W);
+  for (int64_t y = 0; y < H; ++y) {
+    row_samples(a, y, H, W, rs);
     for (int64_t x = 0; x < W; ++x) {
       uint8_t* o = out + (y * W + x) * 3;  // written 4 bytes at a time: the 4th is the next pixel's (or the slack byte)
-      double xx, yy;
-      source_point(a, x, y, xx, yy);
-      if (xx < 0.0 || xx >= Wd || yy < 0.0 || yy >= Hd) {
+      if (!rs.inside[static_cast<size_t>(x)]) {
         std::memcpy(o, fill, 4);
         continue;
       }
-      const double xi = xx - 0.5, yi = yy - 0.5, fx = std::floor(xi), fy = std::floor(yi);
-      const double dx = xi - fx, dy = yi - fy;
-      const auto ix = static_cast<int64_t>(fx), iy = static_cast<int64_t>(fy);  // the second tap of each axis
-      const int64_t cx[4] = {clamp_index(ix - 1, W) * 4, clamp_index(ix, W) * 4, clamp_index(ix + 1, W) * 4,
-                             clamp_index(ix + 2, W) * 4};
+      const double dx = rs.dx[static_cast<size_t>(x)], dy = rs.dy[static_cast<size_t>(x)];
+      const int64_t ix = rs.ix[static_cast<size_t>(x)], iy = rs.iy[static_cast<size_t>(x)];  // each axis' second tap
       v4d v;
       if (dy == 0.0) {  // cubic(…, 0) is its second sample exactly: only row iy (inside the image) counts
         const uint8_t* row = in + iy * stride;
-        v = dx == 0.0 ? load_pixel(row + ix * 4) : row_cubic(row, cx, dx);
+        if (dx == 0.0) {
+          v = load_pixel(row + ix * 4);
+        } else {
+          const int64_t cx[4] = {clamp_index(ix - 1, W) * 4, clamp_index(ix, W) * 4, clamp_index(ix + 1, W) * 4,
+                                 clamp_index(ix + 2, W) * 4};
+          v = row_cubic(row, cx, dx);
+        }
       } else {
         const uint8_t* r0 = in + clamp_index(iy - 1, H) * stride;
         const uint8_t* r1 = in + clamp_index(iy, H) * stride;
         const uint8_t* r2 = in + clamp_index(iy + 1, H) * stride;
         const uint8_t* r3 = in + clamp_index(iy + 2, H) * stride;
-        if (dx == 0.0)  // each row's cubic is its pixel at column ix (inside the image)
+        if (dx == 0.0) {  // each row's cubic is its pixel at column ix (inside the image)
           v = cubic4(load_pixel(r0 + ix * 4), load_pixel(r1 + ix * 4), load_pixel(r2 + ix * 4), load_pixel(r3 + ix * 4), dy);
-        else
+        } else {
+          const int64_t cx[4] = {clamp_index(ix - 1, W) * 4, clamp_index(ix, W) * 4, clamp_index(ix + 1, W) * 4,
+                                 clamp_index(ix + 2, W) * 4};
           v = cubic4(row_cubic(r0, cx, dx), row_cubic(r1, cx, dx), row_cubic(r2, cx, dx), row_cubic(r3, cx, dx), dy);
+        }
       }
       v4i t = __builtin_convertvector(v, v4i);  // truncation toward zero, then the clamp (clip_truncate per lane)
       t = t < 0 ? 0 : t;
@@ -113,6 +167,7 @@ void affine_rgb(const uint8_t* __restrict in, uint8_t* __restrict out, int64_t H
       const v4u8 bytes = __builtin_convertvector(t, v4u8);
       std::memcpy(o, &bytes, 4);
     }
+  }
 }
 
 }  // namespace
@@ -172,12 +227,17 @@ at::Tensor affine_bicubic(const at::Tensor& hwc, const AffineCoeffs& a, const st
   thread_local std::vector<uint8_t> rgbx;  // loader threads reuse their buffer
   rgbx.resize(static_cast<size_t>(H * W * 4));
   const uint8_t* s = img.data_ptr<uint8_t>();
-  for (int64_t i = 0; i < H * W; ++i) {  // RGB → RGBx; a 4-byte read past the last pixel is avoided
-    uint32_t px = 0;
-    std::memcpy(&px, s + i * 3, i + 1 < H * W ? 4 : 3);
-    px &= 0x00FFFFFFu;  // little-endian: the 4th byte (next pixel's R) cleared
-    std::memcpy(rgbx.data() + i * 4, &px, 4);
+  const int64_t n = H * W;
+  if (n == 0) return img.clone();
+  uint8_t* d = rgbx.data();
+  for (int64_t i = 0; i + 1 < n; ++i) {  // RGB → RGBx as 4-byte moves (the 4th byte, the next pixel's R, cleared)
+    uint32_t px;
+    std::memcpy(&px, s + i * 3, 4);
+    px &= 0x00FFFFFFu;  // little-endian
+    std::memcpy(d + i * 4, &px, 4);
   }
+  d[(n - 1) * 4] = s[(n - 1) * 3], d[(n - 1) * 4 + 1] = s[(n - 1) * 3 + 1], d[(n - 1) * 4 + 2] = s[(n - 1) * 3 + 2];
+  d[(n - 1) * 4 + 3] = 0;  // the last pixel: no read past the image
   // One slack byte after the pixels: the fast path writes each pixel as 4 bytes.
   at::Tensor out = at::empty({H * W * 3 + 1}, at::kByte).narrow(0, 0, H * W * 3).view({H, W, 3});
   affine_rgb(rgbx.data(), out.data_ptr<uint8_t>(), H, W, a, fill.data());

@@ -55,11 +55,13 @@ struct SampleTransformOptions {
 /// torchvision RandomResizedCrop.get_params: the crop box (top, left, height, width) of an H×W image.
 std::array<int64_t, 4> random_resized_crop_box(int64_t H, int64_t W, const SampleTransformOptions& o, AugRng& rng);
 
-/// The training transform of one decoded image (H, W, C) uint8 → (C, size, size) float, normalised.
-at::Tensor train_transform(const at::Tensor& image, const SampleTransformOptions& o, AugRng& rng);
+/// The training transform of one decoded image (H, W, C) uint8 → (C, size, size) float, normalised. With `out` (a
+/// contiguous float (C, size, size) tensor, e.g. one row of a batch) the result is written there and returned.
+at::Tensor train_transform(const at::Tensor& image, const SampleTransformOptions& o, AugRng& rng, at::Tensor out = {});
 
-/// The evaluation transform (resize short side to size / crop_pct, centre crop) → (C, size, size) float, normalised.
-at::Tensor eval_transform(const at::Tensor& image, const SampleTransformOptions& o);
+/// The evaluation transform (resize short side to size / crop_pct, centre crop) → (C, size, size) float, normalised;
+/// `out` as for train_transform.
+at::Tensor eval_transform(const at::Tensor& image, const SampleTransformOptions& o, at::Tensor out = {});
 
 /// Applies RandAugment to an (H, W, C) uint8 image (returns a new image of the same shape).
 at::Tensor rand_augment(const at::Tensor& image, const RandAugmentSpec& spec, AugRng& rng);

@@ -121,8 +121,8 @@ DecodedImage decode_jpeg(const std::string& bytes, int64_t channels) {
                             : too_large(fw, fh);
     return out;
   }
-  at::Tensor t = at::from_blob(buf, {h, w, c}, at::kByte).clone();
-  std::free(buf);
+  // The tensor takes the buffer over (freed with it): no copy of the decoded pixels.
+  at::Tensor t = at::from_blob(buf, {h, w, c}, [](void* p) { std::free(p); }, at::TensorOptions(at::kByte));
   if (rc == 4) {  // Adobe CMYK (stored inverted): R = C·K/255, G = M·K/255, B = Y·K/255
     const at::Tensor f = t.to(at::kFloat), k = f.narrow(2, 3, 1);
     t = (f.narrow(2, 0, 3) * k / 255.0).round().clamp(0, 255).to(at::kByte);

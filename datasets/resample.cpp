@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "core/error.h"
@@ -94,7 +95,10 @@ __attribute__((target_clones("avx2", "default"), optimize("no-loop-unroll-and-ja
 void combine_rows(uint8_t* __restrict out, const uint8_t* const* rows, const int32_t* w, int64_t taps, int64_t n) {
   constexpr int64_t kBlock = 64;
   int64_t i = 0;
-  for (; i + kBlock <= n; i += kBlock) {
+  // The last partial block is computed as a whole block ending at n (recomputing some outputs; out never aliases
+  // the rows), so a row of 672 values does not end in 32 scalar sums.
+  for (bool last = false; !last && i < n && n >= kBlock; i += kBlock) {
+    if (i + kBlock >= n) i = n - kBlock, last = true;
     int32_t acc[kBlock];
     for (int64_t j = 0; j < kBlock; ++j) acc[j] = kHalf;
     for (int64_t k = 0; k < taps; ++k) {
@@ -111,14 +115,26 @@ void combine_rows(uint8_t* __restrict out, const uint8_t* const* rows, const int
   }
 }
 
-// dst (cols, rows, C) ← src rows × cols pixels (row stride `src_stride` bytes, C bytes per pixel).
+// dst (cols, rows, C) ← src rows × cols pixels (row stride `src_stride` bytes, C bytes per pixel). Column by
+// column, so the writes are sequential; RGB pixels move as one 4-byte load and store each: the 4th byte stored is
+// overwritten by the next pixel's (or, after a column's last pixel, by the next column's first), and the last column
+// moves 3 bytes at a time, so nothing is read past the source's last pixel or written past dst's end.
 template <int C>
-void transpose_pixels(uint8_t* dst, const uint8_t* src, int64_t rows, int64_t cols, int64_t src_stride) {
-  for (int64_t y = 0; y < rows; ++y) {
-    const uint8_t* s = src + y * src_stride;
-    uint8_t* d = dst + y * C;
-    for (int64_t x = 0; x < cols; ++x)
-      for (int c = 0; c < C; ++c) d[x * rows * C + c] = s[x * C + c];
+void transpose_pixels(uint8_t* __restrict dst, const uint8_t* __restrict src, int64_t rows, int64_t cols,
+                      int64_t src_stride) {
+  for (int64_t x = 0; x < cols; ++x) {
+    const uint8_t* s = src + x * C;
+    uint8_t* d = dst + x * rows * C;
+    if (C == 3 && x + 1 < cols) {
+      for (int64_t y = 0; y < rows; ++y) {
+        uint32_t px;
+        std::memcpy(&px, s + y * src_stride, 4);
+        std::memcpy(d + y * 3, &px, 4);
+      }
+    } else {
+      for (int64_t y = 0; y < rows; ++y)
+        for (int c = 0; c < C; ++c) d[y * C + c] = s[y * src_stride + c];
+    }
   }
 }
 

@@ -52,8 +52,9 @@ StreamLoader::~StreamLoader() {
 std::pair<at::Tensor, at::Tensor> StreamLoader::build(int64_t batch) {
   const auto m = static_cast<int64_t>(order_.size());
   const int64_t begin = batch * o_.batch_size, end = std::min(begin + o_.batch_size, m);
-  std::vector<at::Tensor> xs;
+  at::Tensor x;  // (B, C, S, S): each sample is transformed straight into its row
   at::Tensor y = at::empty({end - begin}, at::kLong);
+  int64_t* labels = y.data_ptr<int64_t>();
   for (int64_t p = begin; p < end; ++p) {
     // The sample's global position in the epoch: seeds its augmentation identically on any world size.
     const int64_t global = static_cast<int64_t>(o_.rank) + static_cast<int64_t>(o_.world) * p;
@@ -81,10 +82,12 @@ std::pair<at::Tensor, at::Tensor> StreamLoader::build(int64_t batch) {
     if (!img.defined())
       throw UserError("data.root", "16 unreadable images in a row near " + index_.files[static_cast<size_t>(file)],
                       "check the dataset tree");
-    xs.push_back(o_.train ? train_transform(img, tf_, rng) : eval_transform(img, tf_));
-    y[p - begin] = index_.labels[static_cast<size_t>(file)];
+    if (!x.defined()) x = at::empty({end - begin, img.size(2), tf_.size, tf_.size}, at::kFloat);
+    if (o_.train) train_transform(img, tf_, rng, x[p - begin]);
+    else eval_transform(img, tf_, x[p - begin]);
+    labels[p - begin] = index_.labels[static_cast<size_t>(file)];
   }
-  return {at::stack(xs), y};
+  return {x, y};
 }
 
 void StreamLoader::work(int w) {
