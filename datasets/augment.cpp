@@ -61,15 +61,6 @@ at::Tensor to_normalised_chw(const at::Tensor& hwc, const SampleTransformOptions
   return out;
 }
 
-// Mirrors a contiguous uint8 (H, W, C) image left–right in place.
-void flip_columns_(at::Tensor& hwc) {
-  const int64_t H = hwc.size(0), W = hwc.size(1), C = hwc.size(2);
-  uint8_t* p = hwc.data_ptr<uint8_t>();
-  for (int64_t y = 0; y < H; ++y) {
-    uint8_t* row = p + y * W * C;
-    for (int64_t a = 0, b = W - 1; a < b; ++a, --b) std::swap_ranges(row + a * C, row + a * C + C, row + b * C);
-  }
-}
 
 // timm's geometric operations as PIL affine coefficients (output → input): Rotate (PIL's rotate about the centre),
 // ShearX / ShearY (factor level · 0.3), TranslateXRel / TranslateYRel (level · 0.45 of the width / height). False for
@@ -366,13 +357,15 @@ std::array<int64_t, 4> random_resized_crop_box(int64_t H, int64_t W, const Sampl
 
 at::Tensor train_transform(const at::Tensor& image, const SampleTransformOptions& o, AugRng& rng, at::Tensor out) {
   at::Tensor img = image;
-  if (o.random_resized_crop) {  // torchvision resized_crop: crop, then resize the crop (read in place)
-    const auto [top, left, h, w] = random_resized_crop_box(img.size(0), img.size(1), o, rng);
-    img = resize_bicubic(img.narrow(0, top, h).narrow(1, left, w), o.size, o.size);
-  } else if (img.size(0) != o.size || img.size(1) != o.size) {
-    img = resize_bicubic(img, o.size, o.size);
+  std::array<int64_t, 4> box{0, 0, img.size(0), img.size(1)};  // torchvision resized_crop: crop, then resize the crop
+  if (o.random_resized_crop) box = random_resized_crop_box(img.size(0), img.size(1), o, rng);
+  const bool flip = o.hflip > 0 && uniform(rng, 0, 1) < o.hflip;  // RandomHorizontalFlip, folded into the resize
+  if (o.random_resized_crop || img.size(0) != o.size || img.size(1) != o.size) {
+    img = resize_bicubic(img.narrow(0, box[0], box[2]).narrow(1, box[1], box[3]), o.size, o.size, {}, flip);
+  } else if (flip) {
+    img = img.contiguous().clone();  // the caller's image stays as it is
+    mirror_columns_(img);
   }
-  if (o.hflip > 0 && uniform(rng, 0, 1) < o.hflip) flip_columns_(img);
   img = rand_augment(img, o.rand_augment, rng);
   at::Tensor x = to_normalised_chw(img, o, std::move(out));
   if (o.erase_prob > 0) random_erase_(x, o.erase_prob, rng);

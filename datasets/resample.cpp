@@ -154,7 +154,18 @@ uint8_t* scratch(int slot, int64_t bytes) {
 
 }  // namespace
 
-at::Tensor resize_bicubic(const at::Tensor& hwc, int64_t out_h, int64_t out_w, const PixelWindow& window) {
+void mirror_columns_(at::Tensor& hwc) {
+  TORCH_CHECK(hwc.dim() == 3 && hwc.scalar_type() == at::kByte && hwc.is_contiguous(),
+              "mirror_columns_: expected a contiguous uint8 (H, W, C) image");
+  const int64_t H = hwc.size(0), W = hwc.size(1), C = hwc.size(2);
+  uint8_t* p = hwc.data_ptr<uint8_t>();
+  for (int64_t y = 0; y < H; ++y) {
+    uint8_t* row = p + y * W * C;
+    for (int64_t a = 0, b = W - 1; a < b; ++a, --b) std::swap_ranges(row + a * C, row + a * C + C, row + b * C);
+  }
+}
+
+at::Tensor resize_bicubic(const at::Tensor& hwc, int64_t out_h, int64_t out_w, const PixelWindow& window, bool mirror) {
   at::Tensor keep;
   const Source s = source_of(hwc, keep);
   check_sizes(s, out_h, out_w);
@@ -197,7 +208,11 @@ at::Tensor resize_bicubic(const at::Tensor& hwc, int64_t out_h, int64_t out_w, c
                    R * C);
     }
     uint8_t* dst = vertical ? scratch(0, R * w * C) : o;  // the block is no longer needed
-    transpose(dst, cols, w, R, R * C, C);  // (w, R, C) → (R, w, C)
+    if (mirror)  // (w, R, C) → (R, w, C), the columns read last to first
+      transpose(dst, cols + (w - 1) * R * C, w, R, -R * C, C);
+    else
+      transpose(dst, cols, w, R, R * C, C);  // (w, R, C) → (R, w, C)
+    mirror = false;  // done
     if (!vertical) return out;
     mid = dst, mid_stride = w * C;
   } else {
@@ -205,6 +220,7 @@ at::Tensor resize_bicubic(const at::Tensor& hwc, int64_t out_h, int64_t out_w, c
   }
   if (!vertical) {  // neither pass: the window of the source itself
     for (int64_t y = 0; y < h; ++y) std::copy_n(mid + y * mid_stride, w * C, o + y * w * C);
+    if (mirror) mirror_columns_(out);
     return out;
   }
   // Vertical pass: each output row is a sum of mid rows.
@@ -214,6 +230,7 @@ at::Tensor resize_bicubic(const at::Tensor& hwc, int64_t out_h, int64_t out_w, c
     for (int64_t k = 0; k < tv.count[ii]; ++k) rows[static_cast<size_t>(k)] = mid + (tv.start[ii] + k - y0) * mid_stride;
     combine_rows(o + i * w * C, rows.data(), tv.w.data() + static_cast<int64_t>(ii) * tv.ksize, tv.count[ii], w * C);
   }
+  if (mirror) mirror_columns_(out);  // the width did not change: no pass to fold the flip into
   return out;
 }
 

@@ -23,8 +23,13 @@ struct PixelWindow {
 
 /// Pillow `Image.resize((out_w, out_h), BICUBIC)` of a uint8 (H, W, C) image, C = 1 or 3 (any row stride, packed
 /// pixels: a crop view is read in place), returning only `window` of the (out_h, out_w) result as a contiguous
-/// (h, w, C) tensor.
-at::Tensor resize_bicubic(const at::Tensor& hwc, int64_t out_h, int64_t out_w, const PixelWindow& window = {});
+/// (h, w, C) tensor; `mirror` returns it flipped left–right (Image.transpose(FLIP_LEFT_RIGHT) of the result), which
+/// costs nothing when the width changes: the horizontal pass's columns are written back in reverse order.
+at::Tensor resize_bicubic(const at::Tensor& hwc, int64_t out_h, int64_t out_w, const PixelWindow& window = {},
+                          bool mirror = false);
+
+/// Mirrors a contiguous uint8 (H, W, C) image left–right in place.
+void mirror_columns_(at::Tensor& hwc);
 
 /// The same, whole output, by Pillow's per-pixel loops: the reference `resize_bicubic` is tested against.
 at::Tensor resize_bicubic_reference(const at::Tensor& hwc, int64_t out_h, int64_t out_w);

@@ -1,8 +1,11 @@
 #include "datasets/stream_loader.h"
 
 #include <algorithm>
-
+#include <cstdlib>
 #include <iostream>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include "core/error.h"
 #include "datasets/image_decode.h"
@@ -27,6 +30,28 @@ std::vector<int64_t> repeated_order(int64_t n, int64_t repeats, uint64_t seed, i
   return mine;
 }
 
+namespace {
+
+// glibc returns freed memory above 128 KB (or at the top of a thread's heap) to the system, so every decoded image,
+// intermediate and batch would come back as fresh pages: page faults and zeroing cost the 1-core train pipeline
+// ~6 % and eval ~14 % (docs/BENCHMARKS.md). Keep allocations below 32 MB in the heap and the freed memory there
+// (up to 256 MB spare, heaps grown 64 MB at a time). Once per process, and only where the user has not tuned
+// malloc through the environment.
+void keep_freed_memory() {
+#ifdef __GLIBC__
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (const char* v : {"GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"})
+      if (std::getenv(v)) return;
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 256 << 20);
+    mallopt(M_TOP_PAD, 64 << 20);
+  });
+#endif
+}
+
+}  // namespace
+
 StreamLoader::StreamLoader(const ImageFolderIndex& index, SampleTransformOptions transform, StreamOptions options)
     : index_(index), tf_(std::move(transform)), o_(options) {
   int64_t n = static_cast<int64_t>(index.files.size());
@@ -36,6 +61,7 @@ StreamLoader::StreamLoader(const ImageFolderIndex& index, SampleTransformOptions
   num_batches_ = o_.drop_last ? m / o_.batch_size : (m + o_.batch_size - 1) / o_.batch_size;
   bad_budget_ = static_cast<int64_t>(o_.max_bad_fraction * static_cast<double>(m));
   next_ = std::min(o_.start_batch, num_batches_);
+  keep_freed_memory();
   const int workers = std::max(1, o_.workers);
   for (int w = 0; w < workers; ++w) threads_.emplace_back([this, w] { work(w); });
 }
@@ -47,6 +73,19 @@ StreamLoader::~StreamLoader() {
   }
   cv_.notify_all();
   for (auto& t : threads_) t.join();
+}
+
+// A batch tensor of these sizes: one from the pool that only the pool refers to (no tensor or view of its storage
+// elsewhere: the consumer has let go of it), else a new one, kept in the pool while it holds fewer than a batch per
+// worker plus the prefetch plus the consumer's two. Batches of 128 images are 77 MB: reusing them saves ~19k page
+// faults each.
+at::Tensor StreamLoader::batch_tensor(at::IntArrayRef sizes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const at::Tensor& t : pool_)
+    if (t.use_count() == 1 && t.storage().use_count() == 1 && t.sizes() == sizes) return t;
+  at::Tensor t = at::empty(sizes, at::kFloat);
+  if (static_cast<int>(pool_.size()) < std::max(1, o_.workers) + o_.prefetch + 2) pool_.push_back(t);
+  return t;
 }
 
 std::pair<at::Tensor, at::Tensor> StreamLoader::build(int64_t batch) {
@@ -82,7 +121,7 @@ std::pair<at::Tensor, at::Tensor> StreamLoader::build(int64_t batch) {
     if (!img.defined())
       throw UserError("data.root", "16 unreadable images in a row near " + index_.files[static_cast<size_t>(file)],
                       "check the dataset tree");
-    if (!x.defined()) x = at::empty({end - begin, img.size(2), tf_.size, tf_.size}, at::kFloat);
+    if (!x.defined()) x = batch_tensor({end - begin, img.size(2), tf_.size, tf_.size});
     if (o_.train) train_transform(img, tf_, rng, x[p - begin]);
     else eval_transform(img, tf_, x[p - begin]);
     labels[p - begin] = index_.labels[static_cast<size_t>(file)];

@@ -60,6 +60,7 @@ class StreamLoader : public BatchStream {
  private:
   void work(int w);
   std::pair<at::Tensor, at::Tensor> build(int64_t batch);
+  at::Tensor batch_tensor(at::IntArrayRef sizes);
   const ImageFolderIndex& index_;
   SampleTransformOptions tf_;
   StreamOptions o_;
@@ -75,6 +76,7 @@ class StreamLoader : public BatchStream {
   std::string first_bad_;  ///< "file: why" of the first unreadable file (under mu_)
   bool reported_ = false;
   std::vector<std::thread> threads_;
+  std::vector<at::Tensor> pool_;  ///< batch tensors handed out before, reused once nothing else refers to them (under mu_)
 };
 
 }  // namespace moh::datasets

@@ -3,6 +3,7 @@
 // streaming ImageFolder loader (order, resume, corrupt files).
 #include "core/error.h"
 #include "datasets/augment.h"
+#include "datasets/resample.h"
 #include "datasets/stream_loader.h"
 #include "tests/test_util.h"
 
@@ -154,6 +155,29 @@ TEST(Augment, TrainAndEvalTransforms) {
   EXPECT_EQ(e.sizes(), (at::IntArrayRef{3, 32, 32}));
   EXPECT_NEAR(e[0][5][5].item<double>(), (1.0 - kImageNetMean[0]) / kImageNetStd[0], 1e-5);
   EXPECT_NEAR(e[2][31][0].item<double>(), (1.0 - kImageNetMean[2]) / kImageNetStd[2], 1e-5);
+  // Crop + resize + flip = the pieces composed by hand with the same draws (box, then the flip coin), flips included;
+  // an image already at the size is flipped without touching the caller's tensor.
+  SampleTransformOptions plain;
+  plain.size = 32, plain.mean = {0, 0, 0}, plain.std = {1, 1, 1};
+  int flipped = 0;
+  for (uint64_t seed = 0; seed < 12; ++seed) {
+    AugRng r(seed), r2(seed);
+    const at::Tensor got = ((train_transform(img, plain, r) * 255).round().to(at::kByte)).permute({1, 2, 0});
+    const auto [top, left, h, w] = random_resized_crop_box(60, 80, plain, r2);
+    const bool flip = std::uniform_real_distribution<double>(0, 1)(r2) < plain.hflip;
+    flipped += flip;
+    const at::Tensor want = resize_bicubic_reference(img.narrow(0, top, h).narrow(1, left, w).contiguous(), 32, 32);
+    EXPECT_TRUE(got.equal(flip ? want.flip(1) : want)) << seed;
+  }
+  EXPECT_GT(flipped, 0);
+  EXPECT_LT(flipped, 12);
+  plain.random_resized_crop = false;
+  const at::Tensor sq = test_image(32, 32, 3), before = sq.clone();
+  for (uint64_t seed = 0; seed < 4; ++seed) {
+    AugRng r(seed);
+    train_transform(sq, plain, r);
+  }
+  EXPECT_TRUE(sq.equal(before));
   // A grey image keeps one channel.
   SampleTransformOptions g = o;
   g.mean = {0.5}, g.std = {0.5};
@@ -271,6 +295,31 @@ TEST(Augment, StreamLoaderOrderResumeAndCorruptFiles) {
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_TRUE(a[i].first.equal(b[i].first)) << i;  // thread count does not change batches
     EXPECT_TRUE(a[i].second.equal(b[i].second)) << i;
+  }
+  // Batch tensors are reused once the consumer lets go of them: batches (or views of them) still held stay intact,
+  // and batches copied and dropped at once equal them.
+  StreamOptions small = single;
+  small.batch_size = 1, small.prefetch = 1;
+  const auto [held, bad_h] = all(small);
+  std::vector<at::Tensor> views, copies;
+  {
+    StreamLoader l(index, tf, small);
+    at::Tensor x, y;
+    for (int i = 0; l.next(x, y); ++i) {
+      copies.push_back(x.clone());
+      // Held storage must not be reused: a detached alias (its own TensorImpl, no link to x) and a narrowed view.
+      if (i % 3 == 0) views.push_back(x.detach());
+      if (i % 3 == 1) views.push_back(x.narrow(1, 1, 1));
+    }
+  }
+  ASSERT_EQ(copies.size(), held.size());
+  for (size_t i = 0; i < held.size(); ++i) {
+    EXPECT_TRUE(copies[i].equal(held[i].first)) << i;
+    if (i % 3 == 0) {
+      EXPECT_TRUE(views[i / 3 * 2].equal(held[i].first)) << i;
+    } else if (i % 3 == 1) {
+      EXPECT_TRUE(views[i / 3 * 2 + 1].equal(held[i].first.narrow(1, 1, 1))) << i;
+    }
   }
   StreamOptions resumed = o;
   resumed.start_batch = 1;

@@ -31,8 +31,11 @@ TEST(Resample, FastPathEqualsReferenceOnManyShapes) {
     const int64_t C = trial % 3 == 0 ? 1 : 3, H = size(rng), W = size(rng);
     const int64_t oh = trial % 5 == 0 ? H : size(rng), ow = trial % 7 == 0 ? W : size(rng);  // one-axis cases too
     const at::Tensor img = noisy_image(rng, H, W, C);
-    EXPECT_TRUE(resize_bicubic(img, oh, ow).equal(resize_bicubic_reference(img, oh, ow)))
-        << H << "x" << W << "x" << C << " -> " << oh << "x" << ow;
+    const at::Tensor ref = resize_bicubic_reference(img, oh, ow);
+    EXPECT_TRUE(resize_bicubic(img, oh, ow).equal(ref)) << H << "x" << W << "x" << C << " -> " << oh << "x" << ow;
+    // The flip folded into the resize (or applied after it, when the width does not change) = flipping the result.
+    EXPECT_TRUE(resize_bicubic(img, oh, ow, {}, true).equal(ref.flip(1)))
+        << "mirrored " << H << "x" << W << "x" << C << " -> " << oh << "x" << ow;
   }
 }
 
@@ -56,6 +59,8 @@ TEST(Resample, CropViewsAndWindowsAreExact) {
   EXPECT_TRUE(resize_bicubic(big, 31, 90, {1, 50, 20, 20})
                   .equal(resize_bicubic_reference(big, 31, 90).narrow(0, 1, 20).narrow(1, 50, 20)));
   EXPECT_TRUE(resize_bicubic(big, 70, 90, {3, 4, 5, 6}).equal(big.narrow(0, 3, 5).narrow(1, 4, 6)));
+  EXPECT_TRUE(resize_bicubic(crop, 32, 32, {2, 3, 20, 25}, true).equal(
+      resize_bicubic_reference(crop.contiguous(), 32, 32).narrow(0, 2, 20).narrow(1, 3, 25).flip(1)));  // window, mirrored
   EXPECT_THROW(resize_bicubic(big, 47, 61, {40, 0, 8, 61}), c10::Error);
 }
 
