@@ -384,6 +384,30 @@ at::Tensor eval_transform(const at::Tensor& image, const SampleTransformOptions&
   return to_normalised_chw(resize_bicubic(image, nh, nw, {top, left, o.size, o.size}), o, std::move(out));
 }
 
+namespace {
+
+// n standard normal floats by the Box–Muller transform in blocks of 16, laid out as torch's normal_ lays its blocks
+// out (d[i] = r·cos θ, d[i + 8] = r·sin θ from the uniforms u[i], u[i + 8]). Each 64-bit draw gives two 24-bit
+// uniforms; 1 − u ∈ (0, 1] keeps the logarithm finite.
+void fill_standard_normal(float* d, int64_t n, AugRng& rng) {
+  constexpr float kTwoPi = 6.28318530717958647692f, kUnit = 1.0f / 16777216.0f;
+  for (int64_t i = 0; i < n; i += 16) {
+    float u[16], z[16];
+    for (int k = 0; k < 16; k += 2) {
+      const uint64_t bits = rng();
+      u[k] = static_cast<float>(bits >> 40) * kUnit;
+      u[k + 1] = static_cast<float>((bits >> 8) & 0xFFFFFFu) * kUnit;
+    }
+    for (int k = 0; k < 8; ++k) {
+      const float r = std::sqrt(-2.0f * std::log(1.0f - u[k])), theta = kTwoPi * u[k + 8];
+      z[k] = r * std::cos(theta), z[k + 8] = r * std::sin(theta);
+    }
+    std::copy_n(z, std::min<int64_t>(16, n - i), d + i);
+  }
+}
+
+}  // namespace
+
 void random_erase_(at::Tensor& image, double p, AugRng& rng) {
   if (uniform(rng, 0, 1) >= p) return;
   const int64_t C = image.size(0), H = image.size(1), W = image.size(2);
@@ -395,11 +419,17 @@ void random_erase_(at::Tensor& image, double p, AugRng& rng) {
     const auto w = static_cast<int64_t>(std::lround(std::sqrt(target / aspect)));
     if (w < W && h < H && w > 0 && h > 0) {
       const int64_t top = randint(rng, 0, H - h), left = randint(rng, 0, W - w);
-      at::Tensor noise = at::empty({C, h, w}, at::kFloat);
-      std::normal_distribution<float> n01(0.f, 1.f);
-      float* d = noise.data_ptr<float>();
-      for (int64_t i = 0; i < noise.numel(); ++i) d[i] = n01(rng);
-      image.narrow(1, top, h).narrow(2, left, w).copy_(noise);
+      thread_local std::vector<float> noise;  // (C, h, w) per-pixel normal noise (timm's mode "pixel")
+      noise.resize(static_cast<size_t>(C * h * w));
+      fill_standard_normal(noise.data(), C * h * w, rng);
+      if (image.is_contiguous() && image.scalar_type() == at::kFloat) {  // rows copied straight into the image
+        float* d = image.data_ptr<float>();
+        for (int64_t c = 0; c < C; ++c)
+          for (int64_t y = 0; y < h; ++y)
+            std::copy_n(noise.data() + (c * h + y) * w, w, d + (c * H + top + y) * W + left);
+      } else {
+        image.narrow(1, top, h).narrow(2, left, w).copy_(at::from_blob(noise.data(), {C, h, w}, at::kFloat));
+      }
       return;
     }
   }

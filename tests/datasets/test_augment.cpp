@@ -204,6 +204,26 @@ TEST(Augment, RandomErasing) {
     }
   }
   EXPECT_GE(erased, 45);  // ten attempts per image almost always find a box
+  // The noise is standard normal: moments and tail masses of ~10^6 values (mean ± 0.005, std ± 0.005, the tails within
+  // 5 standard errors), and a non-contiguous image gets the same kind of noise through the copy.
+  std::vector<at::Tensor> values;
+  for (int i = 0; i < 60; ++i) {
+    at::Tensor z = at::zeros({3, 200, 200});
+    random_erase_(z, 1.0, rng);
+    values.push_back(z.masked_select(z.ne(0)));
+  }
+  at::Tensor t = at::zeros({3, 200, 200}).transpose(1, 2);
+  random_erase_(t, 1.0, rng);
+  values.push_back(t.masked_select(t.ne(0)));
+  const at::Tensor v = at::cat(values).to(at::kDouble);
+  const double n = static_cast<double>(v.numel());
+  ASSERT_GT(n, 5e5);
+  EXPECT_NEAR(v.mean().item<double>(), 0.0, 0.005);
+  EXPECT_NEAR(v.std().item<double>(), 1.0, 0.005);
+  const double p2 = v.abs().gt(2.0).sum().item<double>() / n, p3 = v.abs().gt(3.0).sum().item<double>() / n;
+  EXPECT_NEAR(p2, 0.0455, 5 * std::sqrt(0.0455 / n));
+  EXPECT_NEAR(p3, 0.0027, 5 * std::sqrt(0.0027 / n));
+  EXPECT_GT(v.abs().max().item<double>(), 4.0);
 }
 
 TEST(Augment, MixupAndCutmixTargets) {
