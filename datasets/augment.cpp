@@ -9,7 +9,6 @@
 #include "datasets/affine.h"
 #include "datasets/resample.h"
 
-
 namespace moh::datasets {
 
 namespace {
@@ -55,12 +54,13 @@ at::Tensor to_normalised_chw(const at::Tensor& hwc, const SampleTransformOptions
   if (C == 3) {  // one pass over the pixels, three planes written (the compiler de-interleaves the bytes)
     normalise_rgb_planes(s, d, n, scale, shift);
   } else {
-    for (int64_t c = 0; c < C; ++c)
-      for (int64_t i = 0; i < n; ++i) d[c * n + i] = static_cast<float>(s[i * C + c]) * scale[std::min<int64_t>(c, 2)] + shift[std::min<int64_t>(c, 2)];
+    for (int64_t c = 0; c < C; ++c) {
+      const float sc = scale[std::min<int64_t>(c, 2)], sh = shift[std::min<int64_t>(c, 2)];
+      for (int64_t i = 0; i < n; ++i) d[c * n + i] = static_cast<float>(s[i * C + c]) * sc + sh;
+    }
   }
   return out;
 }
-
 
 // timm's geometric operations as PIL affine coefficients (output → input): Rotate (PIL's rotate about the centre),
 // ShearX / ShearY (factor level · 0.3), TranslateXRel / TranslateYRel (level · 0.45 of the width / height). False for

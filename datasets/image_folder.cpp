@@ -180,6 +180,18 @@ at::Tensor decode_image(const std::string& path, int64_t channels) {
 #endif
 }
 
+at::Tensor center_crop_arr(const at::Tensor& hwc, int64_t size) {
+  TORCH_CHECK(size > 0 && hwc.dim() == 3, "center_crop_arr: expected an (H, W, C) image and a positive size");
+  at::Tensor img = hwc;
+  while (std::min(img.size(0), img.size(1)) >= 2 * size)
+    img = resize_pillow(img, img.size(0) / 2, img.size(1) / 2, PillowFilter::kBox);
+  const int64_t H = img.size(0), W = img.size(1);
+  const double scale = static_cast<double>(size) / static_cast<double>(std::min(H, W));
+  const auto nh = static_cast<int64_t>(std::nearbyint(static_cast<double>(H) * scale));  // round half to even
+  const auto nw = static_cast<int64_t>(std::nearbyint(static_cast<double>(W) * scale));
+  return resize_bicubic(img, nh, nw, {(nh - size) / 2, (nw - size) / 2, size, size});
+}
+
 at::Tensor decode_center_crop(const std::string& path, int64_t size) {
 #ifndef MOH_WITH_OPENCV
   (void)path, (void)size;
@@ -187,14 +199,7 @@ at::Tensor decode_center_crop(const std::string& path, int64_t size) {
 #else
   DecodedImage d = read_image(path, 3);
   if (!d.ok()) return {};
-  cv::Mat m = cv::Mat(static_cast<int>(d.pixels.size(0)), static_cast<int>(d.pixels.size(1)), CV_8UC3,
-                      d.pixels.data_ptr()).clone();
-  while (std::min(m.rows, m.cols) >= 2 * size) cv::resize(m, m, cv::Size(m.cols / 2, m.rows / 2), 0, 0, cv::INTER_AREA);
-  // Then Pillow's bicubic to the short side `size` (Python's round: half to even), computing only the centre crop.
-  const double scale = static_cast<double>(size) / std::min(m.rows, m.cols);
-  const auto nh = static_cast<int64_t>(std::nearbyint(m.rows * scale)), nw = static_cast<int64_t>(std::nearbyint(m.cols * scale));
-  const at::Tensor halved = at::from_blob(m.data, {m.rows, m.cols, 3}, at::kByte);
-  return resize_bicubic(halved, nh, nw, {(nh - size) / 2, (nw - size) / 2, size, size});
+  return center_crop_arr(d.pixels, size);
 #endif
 }
 

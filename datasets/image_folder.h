@@ -48,11 +48,13 @@ ImageSet load_image_folder(const std::string& root, const std::string& split, in
 /// file cannot be decoded or is damaged (datasets/image_decode.h says why).
 at::Tensor decode_image(const std::string& path, int64_t channels);
 
-/// Decodes one image to RGB and applies ADM's center_crop_arr (DiT's training transform): halve with a box filter
-/// while the short side is ≥ 2·size, resize bicubically so the short side equals size, crop the centre. Returns
-/// (size, size, 3) uint8, or an undefined tensor when the file cannot be decoded. The bicubic step is Pillow's bit for
-/// bit (datasets/resample.h); the halving uses OpenCV's area average where ADM uses PIL's BOX, which can round
-/// differently.
+/// ADM's center_crop_arr (DiT's training transform) of a uint8 (H, W, C) image: halve (W // 2, H // 2) with Pillow's
+/// BOX filter while the short side is ≥ 2·size, resize with BICUBIC so the short side is size (Python's round of
+/// the scaled sides), crop the centre ((H − size) // 2, (W − size) // 2). Returns (size, size, C) uint8, Pillow's
+/// bytes bit for bit (datasets/resample.h); only the crop window of the last resize is computed.
+at::Tensor center_crop_arr(const at::Tensor& hwc, int64_t size);
+
+/// Decodes one image to RGB and applies center_crop_arr; an undefined tensor when the file cannot be decoded.
 at::Tensor decode_center_crop(const std::string& path, int64_t size);
 
 /// Writes a labelled image set as an ImageFolder split: <dir>/<class name>/<index:06d>.<format> (class names given per

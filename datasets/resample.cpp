@@ -14,14 +14,17 @@ namespace {
 constexpr int kPrecisionBits = 32 - 8 - 2;  // Pillow's fixed point for 8-bit images: 22 fractional bits
 constexpr int32_t kHalf = int32_t{1} << (kPrecisionBits - 1);
 constexpr double kBicubicA = -0.5;          // Pillow's cubic (Keys) parameter; OpenCV uses −0.75
-constexpr double kBicubicSupport = 2.0;
 
+// Pillow's filters on the distance x (in input pixels, scaled by the antialiasing factor) and their supports.
 double bicubic(double x) {
   x = std::abs(x);
   if (x < 1.0) return ((kBicubicA + 2.0) * x - (kBicubicA + 3.0)) * x * x + 1.0;
   if (x < 2.0) return (((x - 5.0) * x + 8.0) * x - 4.0) * kBicubicA;
   return 0.0;
 }
+double box(double x) { return x > -0.5 && x <= 0.5 ? 1.0 : 0.0; }
+double filter_value(PillowFilter f, double x) { return f == PillowFilter::kBox ? box(x) : bicubic(x); }
+double filter_support(PillowFilter f) { return f == PillowFilter::kBox ? 0.5 : 2.0; }
 
 // Fixed-point sum → uint8: arithmetic shift, then clamp (Pillow's clip8).
 inline uint8_t clip8(int32_t v) { return static_cast<uint8_t>(std::min(std::max(v >> kPrecisionBits, 0), 255)); }
@@ -34,10 +37,10 @@ struct Taps {
   std::vector<int32_t> w;
 };
 
-Taps bicubic_taps(int64_t in_size, int64_t out_size) {
+Taps filter_taps(int64_t in_size, int64_t out_size, PillowFilter f) {
   const double scale = static_cast<double>(in_size) / static_cast<double>(out_size);
   const double filterscale = std::max(scale, 1.0);  // widen the kernel when shrinking (antialias)
-  const double support = kBicubicSupport * filterscale;
+  const double support = filter_support(f) * filterscale;
   Taps t;
   t.ksize = static_cast<int64_t>(std::ceil(support)) * 2 + 1;
   t.start.resize(static_cast<size_t>(out_size));
@@ -53,7 +56,7 @@ Taps bicubic_taps(int64_t in_size, int64_t out_size) {
     const int64_t n = hi - lo;
     double sum = 0;
     for (int64_t x = 0; x < n; ++x) {
-      k[static_cast<size_t>(x)] = bicubic((static_cast<double>(x + lo) - center + 0.5) * ss);
+      k[static_cast<size_t>(x)] = filter_value(f, (static_cast<double>(x + lo) - center + 0.5) * ss);
       sum += k[static_cast<size_t>(x)];
     }
     for (int64_t x = 0; x < n; ++x) {
@@ -165,7 +168,8 @@ void mirror_columns_(at::Tensor& hwc) {
   }
 }
 
-at::Tensor resize_bicubic(const at::Tensor& hwc, int64_t out_h, int64_t out_w, const PixelWindow& window, bool mirror) {
+at::Tensor resize_pillow(const at::Tensor& hwc, int64_t out_h, int64_t out_w, PillowFilter filter, const PixelWindow& window,
+                         bool mirror) {
   at::Tensor keep;
   const Source s = source_of(hwc, keep);
   check_sizes(s, out_h, out_w);
@@ -175,7 +179,8 @@ at::Tensor resize_bicubic(const at::Tensor& hwc, int64_t out_h, int64_t out_w, c
               "resize_bicubic: window outside the ", out_h, "x", out_w, " output");
   const int64_t C = s.C;
   const bool horizontal = out_w != s.W, vertical = out_h != s.H;
-  const Taps tv = vertical ? bicubic_taps(s.H, out_h) : Taps{}, th = horizontal ? bicubic_taps(s.W, out_w) : Taps{};
+  const Taps tv = vertical ? filter_taps(s.H, out_h, filter) : Taps{};
+  const Taps th = horizontal ? filter_taps(s.W, out_w, filter) : Taps{};
   // Source rows the window needs: the vertical taps of its rows (or the rows themselves).
   int64_t y0 = top, y1 = top + h;
   if (vertical) {
@@ -234,61 +239,59 @@ at::Tensor resize_bicubic(const at::Tensor& hwc, int64_t out_h, int64_t out_w, c
   return out;
 }
 
-at::Tensor resize_bicubic_reference(const at::Tensor& hwc, int64_t out_h, int64_t out_w) {
+namespace {
+
+// Pillow's vertical pass, per value: `in` holds rows y0, y0 + 1, ... of the (horizontally resized) image, row_values
+// bytes each.
+at::Tensor vertical_pass_reference(const uint8_t* in, int64_t y0, int64_t row_values, int64_t out_h, int64_t out_w,
+                                   int64_t C, const Taps& tv) {
+  at::Tensor out = at::empty({out_h, out_w, C}, at::kByte);
+  uint8_t* o = out.data_ptr<uint8_t>();
+  for (int64_t y = 0; y < out_h; ++y)
+    for (int64_t x = 0; x < out_w * C; ++x) {
+      int32_t acc = kHalf;
+      for (int64_t k = 0; k < tv.count[static_cast<size_t>(y)]; ++k)
+        acc += static_cast<int32_t>(in[(tv.start[static_cast<size_t>(y)] - y0 + k) * row_values + x]) *
+               tv.w[static_cast<size_t>(y * tv.ksize + k)];
+      o[y * out_w * C + x] = clip8(acc);
+    }
+  return out;
+}
+
+}  // namespace
+
+at::Tensor resize_pillow_reference(const at::Tensor& hwc, int64_t out_h, int64_t out_w, PillowFilter filter) {
   at::Tensor keep;
   const Source s = source_of(hwc, keep);
   check_sizes(s, out_h, out_w);
   const int64_t C = s.C;
   // Pillow's ImagingResampleInner: horizontal over the rows the vertical pass uses, then vertical.
   at::Tensor img = keep.contiguous();
-  if (out_w != s.W) {
-    const Taps th = bicubic_taps(s.W, out_w);
-    int64_t y0 = 0, y1 = s.H;
-    Taps tv;
-    if (out_h != s.H) {
-      tv = bicubic_taps(s.H, out_h);
-      y0 = tv.start[0], y1 = tv.start.back() + tv.count.back();
-    }
-    at::Tensor tmp = at::empty({y1 - y0, out_w, C}, at::kByte);
-    const uint8_t* in = img.data_ptr<uint8_t>();
-    uint8_t* t = tmp.data_ptr<uint8_t>();
-    for (int64_t y = y0; y < y1; ++y)
-      for (int64_t x = 0; x < out_w; ++x)
-        for (int64_t c = 0; c < C; ++c) {
-          int32_t acc = kHalf;
-          for (int64_t k = 0; k < th.count[static_cast<size_t>(x)]; ++k)
-            acc += static_cast<int32_t>(in[(y * s.W + th.start[static_cast<size_t>(x)] + k) * C + c]) *
-                   th.w[static_cast<size_t>(x * th.ksize + k)];
-          t[((y - y0) * out_w + x) * C + c] = clip8(acc);
-        }
-    if (out_h == s.H) return tmp;
-    // The vertical pass then reads tmp with its bounds shifted by y0.
-    at::Tensor out = at::empty({out_h, out_w, C}, at::kByte);
-    uint8_t* o = out.data_ptr<uint8_t>();
-    for (int64_t y = 0; y < out_h; ++y)
-      for (int64_t x = 0; x < out_w * C; ++x) {
-        int32_t acc = kHalf;
-        for (int64_t k = 0; k < tv.count[static_cast<size_t>(y)]; ++k)
-          acc += static_cast<int32_t>(t[(tv.start[static_cast<size_t>(y)] - y0 + k) * out_w * C + x]) *
-                 tv.w[static_cast<size_t>(y * tv.ksize + k)];
-        o[y * out_w * C + x] = clip8(acc);
-      }
-    return out;
+  if (out_w == s.W) {
+    if (out_h == s.H) return img.clone();
+    return vertical_pass_reference(img.data_ptr<uint8_t>(), 0, s.W * C, out_h, out_w, C, filter_taps(s.H, out_h, filter));
   }
-  if (out_h == s.H) return img.clone();
-  const Taps tv = bicubic_taps(s.H, out_h);
-  at::Tensor out = at::empty({out_h, out_w, C}, at::kByte);
+  const Taps th = filter_taps(s.W, out_w, filter);
+  int64_t y0 = 0, y1 = s.H;
+  Taps tv;
+  if (out_h != s.H) {
+    tv = filter_taps(s.H, out_h, filter);
+    y0 = tv.start[0], y1 = tv.start.back() + tv.count.back();
+  }
+  at::Tensor tmp = at::empty({y1 - y0, out_w, C}, at::kByte);
   const uint8_t* in = img.data_ptr<uint8_t>();
-  uint8_t* o = out.data_ptr<uint8_t>();
-  for (int64_t y = 0; y < out_h; ++y)
-    for (int64_t x = 0; x < out_w * C; ++x) {
-      int32_t acc = kHalf;
-      for (int64_t k = 0; k < tv.count[static_cast<size_t>(y)]; ++k)
-        acc += static_cast<int32_t>(in[(tv.start[static_cast<size_t>(y)] + k) * s.W * C + x]) *
-               tv.w[static_cast<size_t>(y * tv.ksize + k)];
-      o[y * out_w * C + x] = clip8(acc);
-    }
-  return out;
+  uint8_t* t = tmp.data_ptr<uint8_t>();
+  for (int64_t y = y0; y < y1; ++y)
+    for (int64_t x = 0; x < out_w; ++x)
+      for (int64_t c = 0; c < C; ++c) {
+        int32_t acc = kHalf;
+        for (int64_t k = 0; k < th.count[static_cast<size_t>(x)]; ++k)
+          acc += static_cast<int32_t>(in[(y * s.W + th.start[static_cast<size_t>(x)] + k) * C + c]) *
+                 th.w[static_cast<size_t>(x * th.ksize + k)];
+        t[((y - y0) * out_w + x) * C + c] = clip8(acc);
+      }
+  if (out_h == s.H) return tmp;
+  return vertical_pass_reference(t, y0, out_w * C, out_h, out_w, C, tv);  // tmp's first row is source row y0
 }
 
 }  // namespace moh::datasets

@@ -6,6 +6,7 @@
 #include "core/safetensors.h"
 #include "datasets/affine.h"
 #include "datasets/augment.h"
+#include "datasets/image_folder.h"
 #include "datasets/resample.h"
 #include "tests/test_util.h"
 
@@ -85,6 +86,33 @@ TEST(Resample, EvalTransformMatchesTorchvision) {
   const at::Tensor x = eval_transform(f.tensors.at("eval_in"), o);  // (3, 32, 32)
   const at::Tensor pixels = (x * 255).round().to(at::kByte).permute({1, 2, 0});
   EXPECT_TRUE(pixels.equal(f.tensors.at("eval_out")));
+}
+
+TEST(Resample, BoxAndCenterCropArrMatchPillowBitForBit) {
+  const SafetensorsFile f = load_safetensors(std::string(MOH_SOURCE_DIR) + "/tests/fixtures/pillow/box.safetensors");
+  int cases = 0, crops = 0;
+  for (int i = 0; f.tensors.count("in_" + std::to_string(i)); ++i, ++cases) {
+    const at::Tensor in = f.tensors.at("in_" + std::to_string(i)), want = f.tensors.at("out_" + std::to_string(i));
+    EXPECT_TRUE(resize_pillow(in, want.size(0), want.size(1), PillowFilter::kBox).equal(want)) << "case " << i;
+    EXPECT_TRUE(resize_pillow_reference(in, want.size(0), want.size(1), PillowFilter::kBox).equal(want)) << "case " << i;
+  }
+  // ADM's center_crop_arr: BOX halvings, then the bicubic resize's centre window.
+  for (int j = 0; f.tensors.count("crop_in_" + std::to_string(j)); ++j, ++crops) {
+    const at::Tensor in = f.tensors.at("crop_in_" + std::to_string(j)), want = f.tensors.at("crop_out_" + std::to_string(j));
+    const int64_t size = f.tensors.at("crop_size_" + std::to_string(j)).item<int64_t>();
+    EXPECT_TRUE(center_crop_arr(in, size).equal(want)) << "crop case " << j;
+  }
+  EXPECT_EQ(cases, 6);
+  EXPECT_EQ(crops, 5);
+  // The fast path equals the reference with BOX on many shapes too.
+  std::mt19937 rng(13);
+  std::uniform_int_distribution<int64_t> sz(1, 70);
+  for (int trial = 0; trial < 30; ++trial) {
+    const int64_t H = sz(rng), W = sz(rng), oh = sz(rng), ow = sz(rng);
+    const at::Tensor img = noisy_image(rng, H, W, 3);
+    EXPECT_TRUE(resize_pillow(img, oh, ow, PillowFilter::kBox).equal(resize_pillow_reference(img, oh, ow, PillowFilter::kBox)))
+        << H << "x" << W << " -> " << oh << "x" << ow;
+  }
 }
 
 constexpr std::array<uint8_t, 3> kFill{124, 116, 104};
