@@ -7,7 +7,7 @@
 #   LibTorch 1.13: build/moh         vs /usr/bin/python3 with Debian's python3-torch (apt; the same libtorch 1.13)
 # Rows: training step (batch 8, 32×32×4) of MoH-DiT-S/2-90 and DiT-S/2; training step (batch 4, 224 px) of
 # MoH-ViT-S-75 ("vit"; moh with its default attention_path auto); a DDIM-50 CFG-4 sampling chain (batch 8).
-# usage: bash bench/compare_python.sh [rows regex]      e.g. 'train' or 'vit.*2.x' (a pair whose side is missing
+# usage: [MOH_BENCH_BF16=1] bash bench/compare_python.sh [rows regex]      e.g. 'train' or 'vit.*2.x' (a pair whose side is missing
 #        is skipped)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,7 +50,8 @@ print(f"| {label} | {row} | {float(a1):.2f} / {float(a2):.2f} | {float(b1):.2f} 
 PY
 }
 
-bf16=""
+# bf16 rows where the CPU has native bf16 products, or on request (MOH_BENCH_BF16=1: emulated on AVX2, both sides alike)
+bf16=${MOH_BENCH_BF16:-}
 grep -q -E 'avx512_bf16|amx_bf16' /proc/cpuinfo && bf16=1
 pairs=()
 [ -x build-torch2/moh ] && [ -x .venv/bin/python ] && pairs+=("2.x build-torch2/moh .venv/bin/python")

@@ -75,6 +75,14 @@ inline v4d row_cubic(const uint8_t* row, const int64_t* cx, double dx) {
   return p1 + dx * (p2 + dx * (p3 + dx * p4));
 }
 
+// Byte offsets (RGBx) of the four clamped columns around the second tap ix: ix − 1 … ix + 2.
+struct ColumnTaps {
+  int64_t offset[4];
+};
+inline ColumnTaps column_taps(int64_t ix, int64_t W) {
+  return {{clamp_index(ix - 1, W) * 4, clamp_index(ix, W) * 4, clamp_index(ix + 1, W) * 4, clamp_index(ix + 2, W) * 4}};
+}
+
 // Where one output row samples the input: per pixel, whether the sample is inside the image, the second tap of each
 // axis and the fractions, four pixels at a time. Each lane does the same IEEE operations as source_point and the
 // reference's per-pixel code; floor is the truncation corrected downwards (exact: |x| < 2^31 after the clamp).
@@ -144,9 +152,8 @@ void affine_rgb(const uint8_t* __restrict in, uint8_t* __restrict out, int64_t H
         if (dx == 0.0) {
           v = load_pixel(row + ix * 4);
         } else {
-          const int64_t cx[4] = {clamp_index(ix - 1, W) * 4, clamp_index(ix, W) * 4, clamp_index(ix + 1, W) * 4,
-                                 clamp_index(ix + 2, W) * 4};
-          v = row_cubic(row, cx, dx);
+          const ColumnTaps cx = column_taps(ix, W);
+          v = row_cubic(row, cx.offset, dx);
         }
       } else {
         const uint8_t* r0 = in + clamp_index(iy - 1, H) * stride;
@@ -156,9 +163,9 @@ void affine_rgb(const uint8_t* __restrict in, uint8_t* __restrict out, int64_t H
         if (dx == 0.0) {  // each row's cubic is its pixel at column ix (inside the image)
           v = cubic4(load_pixel(r0 + ix * 4), load_pixel(r1 + ix * 4), load_pixel(r2 + ix * 4), load_pixel(r3 + ix * 4), dy);
         } else {
-          const int64_t cx[4] = {clamp_index(ix - 1, W) * 4, clamp_index(ix, W) * 4, clamp_index(ix + 1, W) * 4,
-                                 clamp_index(ix + 2, W) * 4};
-          v = cubic4(row_cubic(r0, cx, dx), row_cubic(r1, cx, dx), row_cubic(r2, cx, dx), row_cubic(r3, cx, dx), dy);
+          const ColumnTaps cx = column_taps(ix, W);
+          v = cubic4(row_cubic(r0, cx.offset, dx), row_cubic(r1, cx.offset, dx), row_cubic(r2, cx.offset, dx),
+                     row_cubic(r3, cx.offset, dx), dy);
         }
       }
       v4i t = __builtin_convertvector(v, v4i);  // truncation toward zero, then the clamp (clip_truncate per lane)
