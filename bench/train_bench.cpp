@@ -80,7 +80,7 @@ Common parse_common(cxxopts::Options& opts, int argc, char** argv, bool& help) {
       "attention-path", "MoH path of the attention layers: auto, dense or sparse", cxxopts::value<std::string>()->default_value("auto"))(
       "img-size", "input side in pixels/latents (0 = the variant's)", cxxopts::value<int64_t>()->default_value("0"))(
       "device", "auto, cpu or cuda[:N]", cxxopts::value<std::string>()->default_value("auto"))(
-      "peak-tflops", "device peak for MFU (0 = known GPU table / measured GEMM)", cxxopts::value<double>()->default_value("0"))(
+      "peak-tflops", "device peak for MFU (0 = a GEMM measured in this run)", cxxopts::value<double>()->default_value("0"))(
       "profile", "print the N operators with the most self time of one step", cxxopts::value<int64_t>()->default_value("0"))(
       "json", "print one JSON object")("h,help", "show this help");
   Common c;
@@ -138,7 +138,12 @@ void add_flops(nlohmann::json& out, const Common& c, double fwd_flops, double st
                             : c.ctx.precision == Precision::bf16 ? at::kBFloat16 : at::kHalf;
   double peak = c.peak_tflops;
   std::string source = "--peak-tflops";
-  if (peak <= 0) {
+  if (peak <= 0 && dt == at::kBFloat16 && !c.ctx.device.is_cuda() && !cpu_has_native_bf16()) {
+    // LibTorch's bf16 product here is a scalar fallback that the step's own (smaller, transposed) products outrun:
+    // an MFU against it came out above 100 %. The fp32 product is what this machine's GEMMs can do.
+    peak = gemm_tflops(c.ctx, at::kFloat, 2048);
+    source = "measured fp32 GEMM (no native bf16 on this CPU)";
+  } else if (peak <= 0) {
     peak = gemm_tflops(c.ctx, dt, c.ctx.device.is_cuda() ? 8192 : 2048);
     source = "measured GEMM";
   }

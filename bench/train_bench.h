@@ -5,8 +5,9 @@
 //                                              FLOPs counted by FlopCounter, achieved TFLOP/s and MFU;
 //   moh bench sample --model NAME --batch B   a DiT reverse chain with CFG (default 250 DDPM steps) — images/s.
 // MFU = 3 × forward FLOPs × images/s / peak (the usual convention: backward ≈ 2 × forward). The peak is --peak-tflops,
-// else a table entry for known GPUs, else (CPU) the rate of a large matrix product measured in the same run, so the
-// CPU figure says how close the step comes to what the GEMMs of this machine allow.
+// else the rate of a large matrix product in the run's precision measured in the same run (fp32 for bf16 on a CPU
+// without native bf16, whose bf16 product is a slow fallback), so the figure says how close the step comes to what
+// the GEMMs of this machine allow.
 namespace moh::bench {
 
 /// `moh bench train ...` (see --help).
