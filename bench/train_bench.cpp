@@ -138,14 +138,12 @@ void add_flops(nlohmann::json& out, const Common& c, double fwd_flops, double st
                             : c.ctx.precision == Precision::bf16 ? at::kBFloat16 : at::kHalf;
   double peak = c.peak_tflops;
   std::string source = "--peak-tflops";
-  if (peak <= 0 && dt == at::kBFloat16 && !c.ctx.device.is_cuda() && !cpu_has_native_bf16()) {
-    // LibTorch's bf16 product here is a scalar fallback that the step's own (smaller, transposed) products outrun:
-    // an MFU against it came out above 100 %. The fp32 product is what this machine's GEMMs can do.
-    peak = gemm_tflops(c.ctx, at::kFloat, 2048);
-    source = "measured fp32 GEMM (no native bf16 on this CPU)";
-  } else if (peak <= 0) {
-    peak = gemm_tflops(c.ctx, dt, c.ctx.device.is_cuda() ? 8192 : 2048);
-    source = "measured GEMM";
+  // Without native bf16, LibTorch's bf16 product is a scalar fallback that the step's own (smaller, transposed)
+  // products outrun (an MFU against it came out above 100 %): the fp32 product is what this machine's GEMMs can do.
+  const bool bf16_fallback = dt == at::kBFloat16 && !c.ctx.device.is_cuda() && !cpu_has_native_bf16();
+  if (peak <= 0) {
+    peak = gemm_tflops(c.ctx, bf16_fallback ? at::kFloat : dt, c.ctx.device.is_cuda() ? 8192 : 2048);
+    source = bf16_fallback ? "measured fp32 GEMM (no native bf16 on this CPU)" : "measured GEMM";
   }
   const double img_s = out["img_per_s"].get<double>();
   out["fwd_gflops_per_img"] = fwd_flops / static_cast<double>(c.batch) / 1e9;
