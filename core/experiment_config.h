@@ -94,7 +94,7 @@ struct DataConfig {
   int64_t batch_size = 128;       ///< global batch (summed over ranks and accumulation steps)
   int64_t num_workers = 2;
   double max_bad_fraction = 0.01;
-  int64_t limit_train = 0;        ///< use only the first N training images (0 = all)
+  int64_t limit_train = 0;        ///< use a seeded random subset of N training images (0 = all)
   int64_t limit_val = 0;
   int64_t eval_batch_size = 256;
   int64_t shift = 0;              ///< small-image augmentation: random translation of up to ±shift pixels
@@ -110,8 +110,8 @@ struct DataConfig {
     v.field("batch_size", batch_size, "global batch size per optimizer step");
     v.field("num_workers", num_workers, "decoding/augmentation threads");
     v.field("max_bad_fraction", max_bad_fraction, "fraction of unreadable images tolerated before it is an error");
-    v.field("limit_train", limit_train, "use only the first N training images (0 = all)");
-    v.field("limit_val", limit_val, "use only the first N validation images (0 = all)");
+    v.field("limit_train", limit_train, "use a seeded random subset of N training images (0 = all)");
+    v.field("limit_val", limit_val, "use a seeded random subset of N validation images (0 = all)");
     v.field("eval_batch_size", eval_batch_size, "batch size for evaluation");
     v.field("shift", shift, "training augmentation for small images: random translation of up to ±N pixels");
     v.field("hflip", hflip, "training augmentation for small images: random horizontal flip (p = 0.5)");

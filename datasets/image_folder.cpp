@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/run_context.h"
 #include "datasets/image_decode.h"
+#include "datasets/loader.h"
 #include "datasets/resample.h"
 
 #ifdef MOH_WITH_OPENCV
@@ -75,10 +76,19 @@ ImageFolderIndex scan_image_folder(const std::string& root, const std::string& s
   return idx;
 }
 
+void limit_image_folder(ImageFolderIndex& index, int64_t limit, uint64_t seed) {
+  const auto n = static_cast<int64_t>(index.files.size());
+  if (limit <= 0 || limit >= n) return;
+  ImageFolderIndex kept;
+  for (int64_t i : limited_subset(n, limit, seed))
+    kept.files.push_back(index.files[static_cast<size_t>(i)]), kept.labels.push_back(index.labels[static_cast<size_t>(i)]);
+  index.files = std::move(kept.files), index.labels = std::move(kept.labels);
+}
+
 ImageSet load_image_folder(const std::string& root, const std::string& split, int64_t channels, int64_t size,
-                           double max_bad_fraction, DecodeReport* report, int64_t limit) {
+                           double max_bad_fraction, DecodeReport* report, int64_t limit, uint64_t seed) {
 #ifndef MOH_WITH_OPENCV
-  (void)root, (void)split, (void)channels, (void)size, (void)max_bad_fraction, (void)report, (void)limit;
+  (void)root, (void)split, (void)channels, (void)size, (void)max_bad_fraction, (void)report, (void)limit, (void)seed;
   throw UserError("data.dataset image_folder", "needs OpenCV, which this build was configured without",
                   "rebuild with -DMOH_WITH_OPENCV=ON");
 #else
@@ -86,8 +96,8 @@ ImageSet load_image_folder(const std::string& root, const std::string& split, in
   if (!idx.empty_classes.empty())
     std::cerr << "warning: " << root << "/" << split << ": " << idx.empty_classes.size()
               << " class folder(s) without images (kept as labels): " << join(idx.empty_classes) << "\n";
-  int64_t n = static_cast<int64_t>(idx.files.size());
-  if (limit > 0 && limit < n) n = limit;
+  limit_image_folder(idx, limit, seed);
+  const auto n = static_cast<int64_t>(idx.files.size());
   std::vector<DecodedImage> decoded(static_cast<size_t>(n));
   at::parallel_for(0, n, 16, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) decoded[static_cast<size_t>(i)] = read_image(idx.files[static_cast<size_t>(i)], channels);

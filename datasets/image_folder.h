@@ -24,6 +24,10 @@ struct ImageFolderIndex {
 /// UserError.
 ImageFolderIndex scan_image_folder(const std::string& root, const std::string& split);
 
+/// Keeps limited_subset(files, limit, seed) of an index (data.limit_train / limit_val: a seeded subset of a
+/// class-sorted tree, not its first classes); nothing changes when limit is 0 or covers every file.
+void limit_image_folder(ImageFolderIndex& index, int64_t limit, uint64_t seed);
+
 /// The sorted class folder names of <root>/<split> (labels are their indices); a missing split folder is a UserError.
 std::vector<std::string> class_folders(const std::string& root, const std::string& split);
 
@@ -40,9 +44,11 @@ struct DecodeReport {
 
 /// Decodes a split into memory: grey (N, S, S) when channels == 1, else RGB (N, S, S, 3). Images whose size differs
 /// from `size` are resized with area interpolation (size = 0: the first image's size, which all must share).
-/// Throws UserError when the unreadable fraction exceeds max_bad_fraction.
+/// Throws UserError when the unreadable fraction exceeds max_bad_fraction. `limit` > 0 decodes a seeded subset
+/// (limit_image_folder).
 ImageSet load_image_folder(const std::string& root, const std::string& split, int64_t channels, int64_t size,
-                           double max_bad_fraction, DecodeReport* report = nullptr, int64_t limit = 0);
+                           double max_bad_fraction, DecodeReport* report = nullptr, int64_t limit = 0,
+                           uint64_t seed = 0);
 
 /// Decodes one image file: (H, W, 1) grey when channels == 1, else (H, W, 3) RGB, uint8; an undefined tensor when the
 /// file cannot be decoded or is damaged (datasets/image_decode.h says why).

@@ -1,6 +1,8 @@
 #include "datasets/latents.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <mutex>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -73,66 +75,127 @@ LatentShard read_latent_shard(const std::string& dir, const LatentMeta& meta, in
   return s;
 }
 
-LatentLoader::LatentLoader(std::string dir, const LatentMeta& meta, int64_t batch_size, uint64_t seed, int64_t epoch,
-                           int64_t limit, int64_t window, int rank, int world, int64_t start_batch)
-    : dir_(std::move(dir)), meta_(meta), batch_(batch_size), seed_(seed), epoch_(epoch), window_(std::max<int64_t>(1, window)),
-      rank_(rank), world_(world) {
+namespace {
+// Shard files kept open at once (an ImageNet extraction has ~310 shards of 4,096); beyond it readers are reopened.
+constexpr size_t kMaxOpenShards = 512;
+const char* const kMomentNames[4] = {"mean", "std", "mean_flip", "std_flip"};
+}  // namespace
+
+struct LatentStore::Shard {
+  std::string path;
+  int64_t rows = 0;
+  mutable std::mutex mu;
+  mutable std::unique_ptr<SafetensorsReader> reader;  // opened on first use
+  mutable const SafetensorsEntry* moments[4] = {nullptr, nullptr, nullptr, nullptr};
+};
+
+namespace {
+// Opens a shard and checks its tensors against the metadata (names, dtypes, shapes); returns the reader.
+std::unique_ptr<SafetensorsReader> open_shard(const std::string& dir, const LatentMeta& meta, int64_t i,
+                                              const SafetensorsEntry* moments[4], const SafetensorsEntry** labels) {
+  const std::string path = latent_shard_path(dir, i);
+  if (!fs::exists(path)) throw UserError("latents " + dir, "shard " + std::to_string(i) + " is missing", "extraction unfinished? re-run it");
+  auto r = std::make_unique<SafetensorsReader>(path);
+  const int64_t n = meta.shards.at(static_cast<size_t>(i));
+  auto get = [&](const char* name, at::ScalarType dtype, const std::vector<int64_t>& shape) {
+    const SafetensorsEntry* e = r->find(name);
+    if (!e) throw UserError(path, std::string("no tensor '") + name + "'", kHint);
+    if (e->dtype != dtype || e->shape != shape)
+      throw UserError(path, std::string("tensor '") + name + "' is " + c10::toString(e->dtype) + " " + c10::str(e->shape) +
+                                ", expected " + c10::toString(dtype) + " " + c10::str(shape), kHint);
+    return e;
+  };
+  const std::vector<int64_t> shape{n, meta.channels, meta.size, meta.size};
+  for (int k = 0; k < 4; ++k) moments[k] = get(kMomentNames[k], at::kHalf, shape);
+  if (labels) *labels = get("labels", at::kLong, {n});
+  return r;
+}
+}  // namespace
+
+LatentStore::LatentStore(std::string dir, const LatentMeta& meta) : dir_(std::move(dir)), meta_(meta) {
+  first_.push_back(0);
+  for (int64_t n : meta_.shards) first_.push_back(first_.back() + n);
+  labels_.resize(static_cast<size_t>(meta_.count));
+  for (int64_t s = 0; s < meta_.num_shards(); ++s) {
+    auto sh = std::make_unique<Shard>();
+    sh->path = latent_shard_path(dir_, s), sh->rows = meta_.shards[static_cast<size_t>(s)];
+    const SafetensorsEntry* lab = nullptr;
+    auto reader = open_shard(dir_, meta_, s, sh->moments, &lab);
+    reader->read_rows(*lab, 0, sh->rows, labels_.data() + first_[static_cast<size_t>(s)]);
+    if (static_cast<size_t>(s) < kMaxOpenShards) sh->reader = std::move(reader);
+    shards_.push_back(std::move(sh));
+  }
+  for (int64_t y : labels_)
+    if (y < 0) throw UserError("latents " + dir_, "negative label " + std::to_string(y), kHint);
+}
+
+LatentStore::~LatentStore() = default;
+
+const LatentStore::Shard& LatentStore::shard(int64_t s) const {
+  const Shard& sh = *shards_[static_cast<size_t>(s)];
+  std::lock_guard<std::mutex> lock(sh.mu);
+  if (!sh.reader) {  // beyond kMaxOpenShards: open for this read (the file handle closes with the next batch's)
+    const SafetensorsEntry* m[4];
+    sh.reader = open_shard(dir_, meta_, s, m, nullptr);
+    for (int k = 0; k < 4; ++k) sh.moments[k] = m[k];
+  }
+  return sh;
+}
+
+void LatentStore::read(const std::vector<int64_t>& index, at::Tensor& mean, at::Tensor& std, at::Tensor& mean_flip,
+                       at::Tensor& std_flip) const {
+  const auto n = static_cast<int64_t>(index.size());
+  const std::vector<int64_t> shape{n, meta_.channels, meta_.size, meta_.size};
+  at::Tensor* out[4] = {&mean, &std, &mean_flip, &std_flip};
+  for (auto* t : out) *t = at::empty(shape, at::kHalf);
+  const int64_t row_bytes = meta_.channels * meta_.size * meta_.size * 2;
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t i = index[static_cast<size_t>(j)];
+    TORCH_CHECK(i >= 0 && i < meta_.count, "LatentStore::read: image index out of range");
+    const auto s = static_cast<int64_t>(std::upper_bound(first_.begin(), first_.end(), i) - first_.begin()) - 1;
+    const Shard& sh = shard(s);
+    for (int k = 0; k < 4; ++k)
+      sh.reader->read_rows(*sh.moments[k], i - first_[static_cast<size_t>(s)], 1,
+                           static_cast<char*>(out[k]->data_ptr()) + j * row_bytes);
+  }
+  if (meta_.num_shards() > static_cast<int64_t>(kMaxOpenShards))  // close what opened beyond the budget
+    for (size_t s = kMaxOpenShards; s < shards_.size(); ++s) {
+      std::lock_guard<std::mutex> lock(shards_[s]->mu);
+      shards_[s]->reader.reset();
+    }
+}
+
+LatentLoader::LatentLoader(std::shared_ptr<const LatentStore> store, int64_t batch_size, uint64_t seed, int64_t epoch,
+                           int64_t limit, int rank, int world, int64_t start_batch)
+    : store_(std::move(store)), batch_(batch_size), next_batch_(start_batch), rank_(rank), world_(world) {
   if (batch_ <= 0) throw UserError("config: data.batch_size", "must be positive", "");
-  count_ = limit > 0 ? std::min(limit, meta_.count) : meta_.count;
-  int64_t needed = 0;  // shards past a limit are never read
-  for (int64_t first = 0; needed < meta_.num_shards() && first < count_; ++needed) {
-    offsets_.push_back(first);
-    first += meta_.shards[static_cast<size_t>(needed)];
-  }
-  order_ = epoch_order(needed, seed, epoch, /*shuffle=*/true);
-  for (int64_t b = 0; b < start_batch && ensure_batch(); ++b) pos_ += batch_, served_ += batch_;
-}
-
-bool LatentLoader::refill() {
-  // Pools the leftovers with the next `window` shards and shuffles the pool.
-  std::vector<at::Tensor> m, s, mf, sf, l;
-  if (mean_.defined() && pos_ < mean_.size(0)) {
-    m.push_back(mean_.slice(0, pos_)), s.push_back(std_.slice(0, pos_)), mf.push_back(mean_flip_.slice(0, pos_));
-    sf.push_back(std_flip_.slice(0, pos_)), l.push_back(labels_.slice(0, pos_));
-  }
-  const size_t before = m.size();
-  for (int64_t k = 0; k < window_ && next_shard_ < order_.size(); ++k, ++next_shard_) {
-    const int64_t i = order_[next_shard_];
-    LatentShard sh = read_latent_shard(dir_, meta_, i);
-    const int64_t keep = std::min(sh.labels.size(0), count_ - offsets_[static_cast<size_t>(i)]);  // a limit cuts the last shard
-    m.push_back(sh.mean.narrow(0, 0, keep)), s.push_back(sh.std.narrow(0, 0, keep));
-    mf.push_back(sh.mean_flip.narrow(0, 0, keep)), sf.push_back(sh.std_flip.narrow(0, 0, keep));
-    l.push_back(sh.labels.narrow(0, 0, keep));
-  }
-  if (m.size() == before) return false;
-  mean_ = at::cat(m), std_ = at::cat(s), mean_flip_ = at::cat(mf), std_flip_ = at::cat(sf), labels_ = at::cat(l);
-  const std::vector<int64_t> perm = epoch_order(mean_.size(0), mix_seed(seed_, next_shard_), epoch_, /*shuffle=*/true);
-  const at::Tensor idx = at::tensor(perm, at::kLong);
-  mean_ = mean_.index_select(0, idx), std_ = std_.index_select(0, idx);
-  mean_flip_ = mean_flip_.index_select(0, idx), std_flip_ = std_flip_.index_select(0, idx);
-  labels_ = labels_.index_select(0, idx);
-  pos_ = 0;
-  return true;
-}
-
-bool LatentLoader::ensure_batch() {
-  if (served_ + batch_ > count_) return false;
-  while (!mean_.defined() || mean_.size(0) - pos_ < batch_)
-    if (!refill()) return false;
-  return true;
+  const std::vector<int64_t> subset = limited_subset(store_->count(), limit, seed);
+  const std::vector<int64_t> perm = epoch_order(static_cast<int64_t>(subset.size()), seed, epoch, /*shuffle=*/true);
+  order_.reserve(subset.size());
+  for (int64_t p : perm) order_.push_back(subset[static_cast<size_t>(p)]);
 }
 
 bool LatentLoader::next(at::Tensor& z, at::Tensor& labels) {
-  if (!ensure_batch()) return false;
-  auto take = [&](const at::Tensor& t) { return t.slice(0, pos_, pos_ + batch_).to(at::kFloat); };
-  const at::Tensor flip = (at::rand({batch_}) < 0.5).view({batch_, 1, 1, 1});  // (B,1,1,1) mirror choice
-  const at::Tensor mean = at::where(flip, take(mean_flip_), take(mean_));
-  const at::Tensor std = at::where(flip, take(std_flip_), take(std_));
-  z = (mean + std * at::randn_like(mean)) * meta_.scale;  // (B, C, H, W)
-  labels = labels_.slice(0, pos_, pos_ + batch_).clone();
-  if (world_ > 1) z = z.slice(0, rank_, batch_, world_), labels = labels.slice(0, rank_, batch_, world_);  // rank's rows
-  pos_ += batch_;
-  served_ += batch_;
+  if (next_batch_ >= num_batches()) return false;
+  const int64_t first = next_batch_ * batch_;
+  std::vector<int64_t> mine;  // this rank's rows of the global batch, as image indices
+  for (int64_t j = rank_; j < batch_; j += world_) mine.push_back(order_[static_cast<size_t>(first + j)]);
+  at::Tensor m, s, mf, sf;
+  store_->read(mine, m, s, mf, sf);
+  const auto rows = static_cast<int64_t>(mine.size());
+  // Draws of the global batch (every rank alike), then this rank's rows: (B,1,1,1) mirror choice, ε (B, C, H, W).
+  const LatentMeta& meta = store_->meta();
+  at::Tensor flip = at::rand({batch_}) < 0.5;
+  at::Tensor eps = at::randn({batch_, meta.channels, meta.size, meta.size});
+  if (world_ > 1) flip = flip.slice(0, rank_, batch_, world_), eps = eps.slice(0, rank_, batch_, world_);
+  flip = flip.view({rows, 1, 1, 1});
+  const at::Tensor mean = at::where(flip, mf.to(at::kFloat), m.to(at::kFloat));
+  const at::Tensor std = at::where(flip, sf.to(at::kFloat), s.to(at::kFloat));
+  z = (mean + std * eps) * meta.scale;  // (B, C, H, W)
+  labels = at::empty({rows}, at::kLong);
+  int64_t* y = labels.data_ptr<int64_t>();
+  for (int64_t j = 0; j < rows; ++j) y[j] = store_->label(mine[static_cast<size_t>(j)]);
+  ++next_batch_;
   return true;
 }
 

@@ -12,6 +12,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -44,42 +45,57 @@ struct LatentShard {
 /// Reads shard i, checking names, dtypes and shapes against the metadata.
 LatentShard read_latent_shard(const std::string& dir, const LatentMeta& meta, int64_t i);
 
-/// Shuffled batches of latents for one epoch, streamed shard by shard: the shard order is a permutation drawn from
-/// (seed, epoch), `window` shards at a time are pooled and shuffled, and leftovers carry over so every batch is
-/// full (the last incomplete batch of the epoch is dropped). Each item becomes z = scale · (m + s · ε), with (m, s)
-/// the moments of the image or, with probability ½, of its mirror; ε and the mirror choice come from the global
-/// generator, so a resumed run (which restores it) draws the same latents.
-/// Data parallel (world > 1): every rank streams the same global batches of `batch_size` and serves its rows
-/// rank, rank + world, ... (the draws are those of one process; all ranks share one generator).
+/// A latent directory opened for random access: the labels of every image in memory (8 bytes each), the shards'
+/// headers checked once, and their moments read row by row on demand (pread), so memory does not grow with the
+/// dataset. Shared by the epochs of a run.
+class LatentStore {
+ public:
+  LatentStore(std::string dir, const LatentMeta& meta);
+  ~LatentStore();
+  const LatentMeta& meta() const { return meta_; }
+  int64_t count() const { return meta_.count; }
+  /// Label of image i (0 ≤ i < count, in directory order).
+  int64_t label(int64_t i) const { return labels_[static_cast<size_t>(i)]; }
+  /// Copies the moments of images `index` into rows of mean, std, mean_flip, std_flip (each (n, C, H, W) float16).
+  void read(const std::vector<int64_t>& index, at::Tensor& mean, at::Tensor& std, at::Tensor& mean_flip,
+            at::Tensor& std_flip) const;
+
+ private:
+  struct Shard;
+  const Shard& shard(int64_t s) const;
+  std::string dir_;
+  LatentMeta meta_;
+  std::vector<int64_t> first_;   // index of each shard's first image, plus count at the end
+  std::vector<int64_t> labels_;  // (count)
+  std::vector<std::unique_ptr<Shard>> shards_;
+};
+
+/// Batches of latents for one epoch with DiT's statistics (train.py: DistributedSampler(shuffle=True), a fresh
+/// permutation of the whole set every epoch): epoch e serves a permutation of the training images drawn from
+/// (seed, e), in global batches of `batch_size` (the last incomplete one dropped), read image by image from the
+/// shards, so a class-sorted directory (an ImageFolder tree extracted in order) still gives batches of every class
+/// and only one batch is ever in memory. `limit` > 0 trains on limited_subset(count, limit, seed).
+/// Each item becomes z = scale · (m + s · ε), with (m, s) the moments of the image or, with probability ½, of its
+/// mirror; the mirror choices and ε are drawn for the whole global batch from the global CPU generator, so a resumed
+/// run (which restores it) and any number of ranks draw what one process draws.
+/// Data parallel (world > 1): rank r serves rows r, r + world, ... of every global batch and reads only those.
 class LatentLoader : public BatchStream {
  public:
   /// `start_batch` > 0 (a run resumed inside an epoch) skips the epoch's first batches without drawing from the
   /// global generator: the resumed run's restored generator then draws what the uninterrupted epoch drew.
-  LatentLoader(std::string dir, const LatentMeta& meta, int64_t batch_size, uint64_t seed, int64_t epoch, int64_t limit,
-               int64_t window = 4, int rank = 0, int world = 1, int64_t start_batch = 0);
-  int64_t num_batches() const override { return count_ / batch_; }
-  /// Images used per epoch (the first `limit` of the directory, or all).
-  int64_t count() const { return count_; }
+  LatentLoader(std::shared_ptr<const LatentStore> store, int64_t batch_size, uint64_t seed, int64_t epoch, int64_t limit,
+               int rank = 0, int world = 1, int64_t start_batch = 0);
+  int64_t num_batches() const override { return static_cast<int64_t>(order_.size()) / batch_; }
+  /// Images used per epoch (the subset when limited, or all).
+  int64_t count() const { return static_cast<int64_t>(order_.size()); }
   /// The next batch: z (B, C, H, W) float32 and labels (B) int64 (B = batch_size / world); false at the end.
   bool next(at::Tensor& z, at::Tensor& labels) override;
 
  private:
-  bool refill();
-  bool ensure_batch();  // pools shards until a batch is available; false at the end of the epoch
-
-  std::string dir_;
-  LatentMeta meta_;
-  int64_t batch_, count_, served_ = 0;
-  std::vector<int64_t> order_;    // shard order
-  std::vector<int64_t> offsets_;  // index of each used shard's first image
-  size_t next_shard_ = 0;
-  uint64_t seed_;
-  int64_t epoch_;
-  int64_t window_;
+  std::shared_ptr<const LatentStore> store_;
+  int64_t batch_, next_batch_;
+  std::vector<int64_t> order_;  // the epoch's image indices (directory order), in serving order
   int rank_, world_;
-  // pooled, shuffled items not yet served
-  at::Tensor mean_, std_, mean_flip_, std_flip_, labels_;
-  int64_t pos_ = 0;
 };
 
 }  // namespace moh::datasets

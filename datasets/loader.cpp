@@ -36,6 +36,15 @@ std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, bool s
   return order;
 }
 
+std::vector<int64_t> limited_subset(int64_t n, int64_t limit, uint64_t seed) {
+  if (limit <= 0 || limit >= n) return epoch_order(n, seed, 0, /*shuffle=*/false);
+  constexpr uint64_t kSubsetStream = 0x73756273ull;  // "subs": a stream of its own, unrelated to the epoch orders
+  std::vector<int64_t> pick = epoch_order(n, mix_seed(seed, kSubsetStream), 0, /*shuffle=*/true);
+  pick.resize(static_cast<size_t>(limit));
+  std::sort(pick.begin(), pick.end());
+  return pick;
+}
+
 std::pair<at::Tensor, at::Tensor> make_batch(const ImageSet& set, const std::vector<int64_t>& indices,
                                              const ClassifierTransform& tf, bool train, uint64_t seed, int64_t epoch) {
   const int64_t B = static_cast<int64_t>(indices.size());

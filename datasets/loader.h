@@ -36,6 +36,10 @@ uint64_t mix_seed(uint64_t a, uint64_t b);
 /// The sample order of an epoch (Fisher–Yates with a seeded splitmix generator), this rank's share.
 std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, bool shuffle, int rank = 0, int world = 1);
 
+/// The first `limit` items of a seeded permutation of n, ascending (data.limit_train / limit_val: a random subset that
+/// does not depend on the epoch, so a class-sorted source keeps every class); all n items when limit is 0 or ≥ n.
+std::vector<int64_t> limited_subset(int64_t n, int64_t limit, uint64_t seed);
+
 /// Builds a float batch (B, C, S, S) and labels (B) from the given sample indices. `train` enables the random
 /// shift/flip, seeded per sample from (seed, epoch, index).
 std::pair<at::Tensor, at::Tensor> make_batch(const ImageSet& set, const std::vector<int64_t>& indices,

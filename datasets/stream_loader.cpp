@@ -54,8 +54,7 @@ void keep_freed_memory() {
 
 StreamLoader::StreamLoader(const ImageFolderIndex& index, SampleTransformOptions transform, StreamOptions options)
     : index_(index), tf_(std::move(transform)), o_(options) {
-  int64_t n = static_cast<int64_t>(index.files.size());
-  if (o_.limit > 0) n = std::min(n, o_.limit);
+  const auto n = static_cast<int64_t>(index.files.size());  // a limit is applied to the index (limit_image_folder)
   order_ = repeated_order(n, o_.train ? o_.repeats : 1, o_.seed, o_.epoch, o_.train, o_.rank, o_.world);
   const auto m = static_cast<int64_t>(order_.size());
   num_batches_ = o_.drop_last ? m / o_.batch_size : (m + o_.batch_size - 1) / o_.batch_size;

@@ -38,7 +38,6 @@ struct StreamOptions {
   int prefetch = 2;             ///< batches ready ahead of the consumer (beyond one per worker)
   int64_t repeats = 1;          ///< repeated augmentation (RASampler); 1 = off
   int64_t channels = 3;         ///< 1 = grey, 3 = RGB
-  int64_t limit = 0;            ///< use only the first N files (0 = all)
   int rank = 0, world = 1;
   double max_bad_fraction = 0.01;  ///< data.max_bad_fraction: tolerated share of unreadable files in an epoch
   std::string root;                ///< for messages

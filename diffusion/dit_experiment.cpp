@@ -60,6 +60,7 @@ DiTTrainData::DiTTrainData(const ExperimentConfig& cfg, const DiTOptions& mo)
     if (static_cast<int64_t>(latent_meta_.classes.size()) > mo.num_classes)
       throw UserError("config: model.num_classes", std::to_string(mo.num_classes) + " classes, the latents have " +
                                                        std::to_string(latent_meta_.classes.size()), "");
+    latents_ = std::make_shared<const datasets::LatentStore>(cfg.data.root, latent_meta_);  // every shard's header checked
     return;
   }
   pixels_ = datasets::load_split(cfg, true, mo.in_channels);
@@ -85,9 +86,9 @@ int64_t DiTTrainData::size() const {
 
 std::unique_ptr<BatchStream> DiTTrainData::epoch(int64_t epoch, int rank, int world, int64_t start_batch) const {
   const auto seed = static_cast<uint64_t>(cfg_.train.seed);
-  if (latent_)  // streamed shard by shard; every rank draws the global batch and keeps its rows
-    return std::make_unique<datasets::LatentLoader>(cfg_.data.root, latent_meta_, cfg_.data.batch_size, seed, epoch,
-                                                    cfg_.data.limit_train, 4, rank, world, start_batch);
+  if (latent_)  // a permutation of the whole set per epoch; every rank draws the global batch and reads its rows
+    return std::make_unique<datasets::LatentLoader>(latents_, cfg_.data.batch_size, seed, epoch, cfg_.data.limit_train,
+                                                    rank, world, start_batch);
   return std::make_unique<datasets::EpochLoader>(pixels_, tf_, cfg_.data.batch_size / world, /*train=*/true, seed, epoch,
                                                  start_batch, true, 2, rank, world);  // the rank's strided share of every batch
 }

@@ -35,6 +35,7 @@ class DiTTrainData {
   ExperimentConfig cfg_;
   bool latent_ = false;
   datasets::LatentMeta latent_meta_;
+  std::shared_ptr<const datasets::LatentStore> latents_;  // opened once: labels in memory, moments read per batch
   datasets::ImageSet pixels_;
   datasets::ClassifierTransform tf_;
 };

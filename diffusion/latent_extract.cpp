@@ -11,6 +11,7 @@
 #include "core/sha256.h"
 #include "datasets/fashion_mnist.h"
 #include "datasets/image_folder.h"
+#include "datasets/loader.h"
 
 namespace moh::diffusion {
 
@@ -36,24 +37,28 @@ class SplitReader {
       throw UserError("config: data.dataset", "latents are extracted from images", "use fashion_mnist or image_folder");
     }
     const int64_t limit = split == "train" ? cfg.data.limit_train : cfg.data.limit_val;
-    if (limit > 0) count_ = std::min(count_, limit);
+    pick_ = datasets::limited_subset(count_, limit, static_cast<uint64_t>(cfg.train.seed));  // a seeded subset, sorted
+    count_ = static_cast<int64_t>(pick_.size());
   }
   int64_t size() const { return count_; }
   const std::vector<std::string>& classes() const { return classes_; }
 
-  /// Images [begin, end): (n, S, S, 3) uint8 and labels; undecodable files are left out and counted.
+  /// Images [begin, end) of the (limited) split: (n, S, S, 3) uint8 and labels; undecodable files are left out and
+  /// counted.
   void read(int64_t begin, int64_t end, at::Tensor& images, at::Tensor& labels, int64_t& bad) {
     if (set_.images.defined()) {  // in-memory grey images: replicate to RGB, bicubic resize to S
-      at::Tensor x = set_.images.slice(0, begin, end).to(at::kFloat);  // (n, H, W)
+      const at::Tensor rows = at::tensor(std::vector<int64_t>(pick_.begin() + begin, pick_.begin() + end), at::kLong);
+      at::Tensor x = set_.images.index_select(0, rows).to(at::kFloat);  // (n, H, W)
       x = x.unsqueeze(1).expand({-1, 3, -1, -1});
       if (x.size(2) != size_) x = at::upsample_bicubic2d(x, {size_, size_}, false).clamp(0, 255);
       images = x.round().to(at::kByte).permute({0, 2, 3, 1}).contiguous();
-      labels = set_.labels.slice(0, begin, end).clone();
+      labels = set_.labels.index_select(0, rows);
       return;
     }
     std::vector<at::Tensor> im;
     std::vector<int64_t> lab;
-    for (int64_t i = begin; i < end; ++i) {
+    for (int64_t j = begin; j < end; ++j) {
+      const int64_t i = pick_[static_cast<size_t>(j)];
       at::Tensor t = datasets::decode_center_crop(index_.files[static_cast<size_t>(i)], size_);
       if (!t.defined()) {
         if (bad++ < 5) std::cerr << "warning: cannot decode " << index_.files[static_cast<size_t>(i)] << ", skipped\n";
@@ -68,6 +73,7 @@ class SplitReader {
 
  private:
   int64_t size_, count_ = 0;
+  std::vector<int64_t> pick_;  // source index of each image read
   datasets::ImageSet set_;
   datasets::ImageFolderIndex index_;
   std::vector<std::string> classes_;
@@ -104,7 +110,11 @@ datasets::LatentMeta extract_latents(const ExperimentConfig& cfg, AutoencoderKL&
     const int64_t begin = k * o.shard_size, end = std::min(n, begin + o.shard_size);
     const std::string path = datasets::latent_shard_path(o.out, k);
     if (fs::exists(path)) {  // left by an interrupted run (shards are written atomically)
-      meta.shards.push_back(load_safetensors(path).tensors.at("labels").size(0));
+      const SafetensorsReader kept(path);
+      const SafetensorsEntry* labels = kept.find("labels");
+      if (!labels || labels->shape.size() != 1)
+        throw UserError("extract-latents --out " + o.out, path + " has no labels", "remove it and extract again");
+      meta.shards.push_back(labels->shape[0]);
       progress.advance(end - begin, "kept");
       continue;
     }

@@ -79,6 +79,8 @@ ClassifierSplit::ClassifierSplit(const ExperimentConfig& cfg, const TransNeXtOpt
   if (cfg.data.root.empty()) throw UserError("config: data.root", "image_folder needs a root", "<root>/{train,val}/<class>/*");
   const std::string split = train ? "train" : "val";
   index_ = datasets::scan_image_folder(cfg.data.root, split);
+  datasets::limit_image_folder(index_, train ? cfg.data.limit_train : cfg.data.limit_val,
+                               static_cast<uint64_t>(cfg.train.seed));
   if (!index_.empty_classes.empty())
     std::cerr << "warning: " << cfg.data.root << "/" << split << ": " << index_.empty_classes.size()
               << " class folder(s) without images (kept as labels)\n";
@@ -99,9 +101,7 @@ ClassifierSplit::ClassifierSplit(const ExperimentConfig& cfg, const TransNeXtOpt
 
 int64_t ClassifierSplit::size() const {
   if (!stream_) return set_.size();
-  const auto n = static_cast<int64_t>(index_.files.size());
-  const int64_t limit = train_ ? cfg_.data.limit_train : cfg_.data.limit_val;
-  return limit > 0 ? std::min(n, limit) : n;
+  return static_cast<int64_t>(index_.files.size());  // already limited
 }
 
 std::unique_ptr<datasets::BatchStream> ClassifierSplit::epoch(int64_t epoch, int64_t batch_size, bool train,
@@ -115,7 +115,6 @@ std::unique_ptr<datasets::BatchStream> ClassifierSplit::epoch(int64_t epoch, int
   o.batch_size = batch_size, o.train = train, o.seed = seed, o.epoch = epoch, o.start_batch = start_batch;
   o.drop_last = drop_last, o.workers = static_cast<int>(std::max<int64_t>(1, cfg_.data.num_workers));
   o.repeats = cfg_.augment.repeated, o.channels = model_.in_chans;
-  o.limit = train ? cfg_.data.limit_train : cfg_.data.limit_val;
   o.rank = rank, o.world = world;
   o.max_bad_fraction = cfg_.data.max_bad_fraction, o.root = cfg_.data.root;
   return std::make_unique<datasets::StreamLoader>(index_, stream_tf_, o);
