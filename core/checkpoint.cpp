@@ -1,6 +1,7 @@
 #include "core/checkpoint.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <ATen/core/Generator.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -33,29 +34,57 @@ TensorMap module_tensors(const torch::nn::Module& module) {
   return out;
 }
 
-void load_module_tensors(torch::nn::Module& module, const TensorMap& tensors, const std::string& origin,
-                         bool allow_missing) {
+namespace {
+
+// Assigns a module's parameters and buffers by name from a source: `shape(name)` is null when the source lacks the
+// name, `read(name)` gives its values; `names` lists every name of the source (for "unexpected" errors).
+template <class Shape, class Read>
+void assign_module(torch::nn::Module& module, const std::vector<std::string>& names, const std::string& origin,
+                   bool allow_missing, Shape&& shape, Read&& read) {
   torch::NoGradGuard ng;
   std::set<std::string> seen;
   auto assign = [&](const std::string& name, at::Tensor& dst) {
-    auto it = tensors.find(name);
-    if (it == tensors.end()) {
+    const std::vector<int64_t>* s = shape(name);
+    if (!s) {
       // BatchNorm's step counter is absent from many official files (PyTorch fills it in the same way).
       if (allow_missing || (name.size() >= 20 && name.compare(name.size() - 20, 20, ".num_batches_tracked") == 0)) return;
       throw UserError("weights " + origin, "missing tensor '" + name + "'",
                       "the file does not match this model (or pass --allow-missing)");
     }
-    if (it->second.sizes() != dst.sizes())
-      throw UserError("weights " + origin, "tensor '" + name + "' has shape " + c10::str(it->second.sizes()) +
-                                               ", the model expects " + c10::str(dst.sizes()), "wrong model variant?");
-    dst.copy_(it->second);
+    if (*s != dst.sizes().vec())
+      throw UserError("weights " + origin, "tensor '" + name + "' has shape " + c10::str(c10::IntArrayRef(*s)) + ", the model expects " +
+                                               c10::str(dst.sizes()), "wrong model variant?");
+    dst.copy_(read(name));
     seen.insert(name);
   };
   for (auto& p : module.named_parameters()) assign(p.key(), p.value());
   for (auto& b : module.named_buffers()) assign(b.key(), b.value());
-  for (const auto& [name, t] : tensors)
+  for (const auto& name : names)
     if (!seen.count(name))
       throw UserError("weights " + origin, "unexpected tensor '" + name + "'", "the file does not match this model");
+}
+
+}  // namespace
+
+void load_module_tensors(torch::nn::Module& module, const TensorMap& tensors, const std::string& origin,
+                         bool allow_missing) {
+  std::vector<std::string> names;
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& [name, t] : tensors) names.push_back(name), shapes[name] = t.sizes().vec();
+  assign_module(
+      module, names, origin, allow_missing,
+      [&](const std::string& n) { auto it = shapes.find(n); return it == shapes.end() ? nullptr : &it->second; },
+      [&](const std::string& n) { return tensors.at(n); });
+}
+
+void load_module_file(torch::nn::Module& module, const std::string& path, bool allow_missing) {
+  const SafetensorsReader file(path);
+  std::vector<std::string> names;
+  for (const auto& e : file.entries()) names.push_back(e.name);
+  assign_module(
+      module, names, path, allow_missing,
+      [&](const std::string& n) { const SafetensorsEntry* e = file.find(n); return e ? &e->shape : nullptr; },
+      [&](const std::string& n) { return file.read(*file.find(n)); });  // one tensor in memory at a time
 }
 
 namespace {
@@ -130,6 +159,24 @@ void set_cpu_rng_state(const at::Tensor& state) {
   gen.set_state(state.contiguous().clone());
 }
 
+at::Tensor device_rng_state(const c10::Device& device) {
+  at::Generator gen = at::globalContext().defaultGenerator(device);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void set_device_rng_state(const c10::Device& device, const at::Tensor& state) {
+  at::Generator gen = at::globalContext().defaultGenerator(device);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state.contiguous().clone());
+}
+
+void seed_device_rng(const c10::Device& device, uint64_t seed) {
+  at::Generator gen = at::globalContext().defaultGenerator(device);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_current_seed(seed);
+}
+
 std::string save_checkpoint(const std::string& run_dir, const TrainerState& state, const TensorMap& model,
                             const TensorMap& optimizer, const std::string& config_yaml, const TensorMap& rng,
                             const TensorMap& ema) {
@@ -146,7 +193,7 @@ std::string save_checkpoint(const std::string& run_dir, const TrainerState& stat
     save_safetensors(dir.path() + "/rng.safetensors", rng);
     if (!ema.empty()) save_safetensors(dir.path() + "/ema.safetensors", ema, {{"format", "pt"}});
     nlohmann::json j{{"format_version", kCheckpointFormat}, {"step", state.step}, {"epoch", state.epoch},
-                     {"batch", state.batch}, {"best_metric", state.best_metric}};
+                     {"batch", state.batch}, {"skipped", state.skipped}, {"best_metric", state.best_metric}};
     write_file_atomic(dir.path() + "/trainer_state.json", j.dump(1) + "\n");
     write_file_atomic(dir.path() + "/config.resolved.yaml", config_yaml);
     dir.commit();
@@ -156,14 +203,14 @@ std::string save_checkpoint(const std::string& run_dir, const TrainerState& stat
 }
 
 CheckpointWeights load_checkpoint_weights(torch::nn::Module& module, const Checkpoint& ckpt, bool ema, bool require_ema) {
-  if (ema && ckpt.ema.empty() && require_ema)
+  if (ema && !ckpt.has_ema && require_ema)
     throw UserError("checkpoint " + ckpt.dir, "has no EMA weights", "train with train.ema_decay > 0, or drop --ema");
-  if (ema && !ckpt.ema.empty()) {
-    load_module_tensors(module, ckpt.ema, ckpt.dir + "/ema.safetensors");
-    return {"ema", ckpt.dir + "/ema.safetensors"};
-  }
-  load_module_tensors(module, ckpt.model, ckpt.dir);
-  return {"model", ckpt.dir + "/model.safetensors"};
+  const bool use_ema = ema && ckpt.has_ema;
+  const std::string file = ckpt.dir + (use_ema ? "/ema.safetensors" : "/model.safetensors");
+  const TensorMap& loaded = use_ema ? ckpt.ema : ckpt.model;
+  if (!loaded.empty()) load_module_tensors(module, loaded, file);
+  else load_module_file(module, file);  // a checkpoint opened without its tensors: read this file alone
+  return {use_ema ? "ema" : "model", file};
 }
 
 std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
@@ -212,7 +259,7 @@ void check_checkpoint_rng(const TensorMap& rng, const std::string& origin) {
 
 }  // namespace
 
-Checkpoint load_checkpoint(const std::string& path) {
+Checkpoint load_checkpoint(const std::string& path, bool tensors) {
   std::string dir = path;
   if (!fs::exists(dir + "/trainer_state.json")) {
     auto latest = latest_checkpoint(path);
@@ -229,17 +276,23 @@ Checkpoint load_checkpoint(const std::string& path) {
     c.state.step = j.at("step").get<int64_t>();
     c.state.epoch = j.at("epoch").get<int64_t>();
     c.state.batch = j.value("batch", int64_t{0});  // absent in checkpoints taken at epoch ends before it existed
+    c.state.skipped = j.value("skipped", int64_t{0});
     c.state.best_metric = j.value("best_metric", 0.0);
   } catch (const nlohmann::json::exception& e) {
     throw UserError("checkpoint " + dir + "/trainer_state.json", std::string("malformed: ") + e.what(), "");
   }
-  c.model = load_safetensors(dir + "/model.safetensors").tensors;
-  c.optimizer = load_safetensors(dir + "/optimizer.safetensors").tensors;
-  c.rng = load_safetensors(dir + "/rng.safetensors").tensors;
-  if (fs::exists(dir + "/ema.safetensors")) c.ema = load_safetensors(dir + "/ema.safetensors").tensors;
+  c.has_ema = fs::exists(dir + "/ema.safetensors");
   c.config_yaml = read_file(dir + "/config.resolved.yaml", "checkpoint");
-  check_checkpoint_rng(c.rng, dir + "/rng.safetensors");
-  if (c.state.step < 0 || c.state.epoch < 0 || c.state.batch < 0)
+  if (tensors) {
+    c.model = load_safetensors(dir + "/model.safetensors").tensors;
+    c.optimizer = load_safetensors(dir + "/optimizer.safetensors").tensors;
+    c.rng = load_safetensors(dir + "/rng.safetensors").tensors;
+    if (c.has_ema) c.ema = load_safetensors(dir + "/ema.safetensors").tensors;
+    check_checkpoint_rng(c.rng, dir + "/rng.safetensors");
+  } else if (!fs::is_regular_file(dir + "/model.safetensors")) {
+    throw UserError("checkpoint " + dir, "has no model.safetensors", "the checkpoint is incomplete");
+  }
+  if (c.state.step < 0 || c.state.epoch < 0 || c.state.batch < 0 || c.state.skipped < 0 || c.state.skipped > c.state.batch)
     throw UserError("checkpoint " + dir + "/trainer_state.json", "negative step, epoch or batch",
                     "the checkpoint is damaged");
   return c;
@@ -261,10 +314,10 @@ void truncate_metrics(const std::string& path, int64_t step) {
 }
 
 TensorMap load_weights_tensors(const std::string& path, const std::string& key) {
-  if (fs::is_directory(path)) {
-    Checkpoint c = load_checkpoint(path);
-    if (key.empty() || key == "model") return c.model;
-    if (key == "ema" && !c.ema.empty()) return c.ema;
+  if (fs::is_directory(path)) {  // one of this toolkit's checkpoints: only the file asked for is read
+    const Checkpoint c = load_checkpoint(path, /*tensors=*/false);
+    if (key.empty() || key == "model") return load_safetensors(c.dir + "/model.safetensors").tensors;
+    if (key == "ema" && c.has_ema) return load_safetensors(c.dir + "/ema.safetensors").tensors;
     throw UserError("weights " + path, "checkpoint has no '" + key + "' weights", key == "ema" ? "this run kept no EMA" : "use model or ema");
   }
   // .safetensors, or any torch.save file (zip or legacy): official checkpoints load as they are.

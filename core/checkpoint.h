@@ -27,6 +27,10 @@ TensorMap module_tensors(const torch::nn::Module& module);
 void load_module_tensors(torch::nn::Module& module, const TensorMap& tensors, const std::string& origin,
                          bool allow_missing = false);
 
+/// Loads a .safetensors file into a module by name, one tensor at a time (peak memory: the module plus its largest
+/// tensor, not the module plus the file); the same errors as load_module_tensors.
+void load_module_file(torch::nn::Module& module, const std::string& path, bool allow_missing = false);
+
 /// AdamW/Adam state by parameter name: "<name>.exp_avg", "<name>.exp_avg_sq", "<name>.step".
 TensorMap optimizer_tensors(torch::optim::Optimizer& optimizer, const torch::nn::Module& module);
 /// Restores optimizer_tensors() output into an optimizer built over the same module.
@@ -36,11 +40,17 @@ void load_optimizer_tensors(torch::optim::Optimizer& optimizer, const torch::nn:
 /// The CPU random generator state as a tensor (uint8), and its inverse.
 at::Tensor cpu_rng_state();
 void set_cpu_rng_state(const at::Tensor& state);
+/// The default generator of a CUDA device: its state (uint8), the inverse, and a fresh seed (a run on a GPU saves
+/// and restores it beside the CPU's, so the draws made on the device are not replayed after a resume).
+at::Tensor device_rng_state(const c10::Device& device);
+void set_device_rng_state(const c10::Device& device, const at::Tensor& state);
+void seed_device_rng(const c10::Device& device, uint64_t seed);
 
 /// Everything a checkpoint holds besides tensors.
 struct TrainerState {
   int64_t step = 0, epoch = 0;  ///< optimizer steps done; epoch to run next
   int64_t batch = 0;            ///< batches of `epoch` already done (a checkpoint taken inside an epoch: interrupt)
+  int64_t skipped = 0;          ///< of those, batches whose optimizer step was skipped (fp16 overflow)
   double best_metric = 0;       ///< best value of the task's first evaluation metric (classifiers: top-1)
 };
 
@@ -55,7 +65,8 @@ struct Checkpoint {
   std::string dir;
   TrainerState state;
   TensorMap model, optimizer, rng;
-  TensorMap ema;  ///< EMA weights (official names), empty if the run keeps none
+  TensorMap ema;  ///< EMA weights (official names), empty if the run keeps none or they were not loaded
+  bool has_ema = false;  ///< the checkpoint holds ema.safetensors
   std::string config_yaml;
 };
 
@@ -64,13 +75,16 @@ struct CheckpointWeights {
   std::string which, file;
 };
 /// Loads a checkpoint's EMA weights into `module` when `ema` is asked for and the checkpoint kept one, else its
-/// trained weights; with `require_ema` a checkpoint without EMA is a UserError instead.
+/// trained weights; with `require_ema` a checkpoint without EMA is a UserError instead. A checkpoint opened without
+/// its tensors reads that one file, tensor by tensor.
 CheckpointWeights load_checkpoint_weights(torch::nn::Module& module, const Checkpoint& ckpt, bool ema, bool require_ema);
 
 /// The directory named by <run_dir>/checkpoints/latest, if any.
 std::optional<std::string> latest_checkpoint(const std::string& run_dir);
 /// Loads a checkpoint directory (or a run directory: its latest checkpoint). Truncated/corrupt files are UserErrors.
-Checkpoint load_checkpoint(const std::string& path);
+/// `tensors` = false reads only its state and config (sampling and evaluation then load the one weights file they
+/// use with load_checkpoint_weights: an XL/2 training state is ~4× its EMA weights).
+Checkpoint load_checkpoint(const std::string& path, bool tensors = true);
 
 /// The resume decision of a trainer, taken before anything touches the run directory: "auto" = its latest checkpoint
 /// if any (a damaged `latest`, or checkpoints without one, is a UserError: never a silent restart), a path = that

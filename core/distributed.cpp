@@ -23,9 +23,12 @@ namespace {
 class LocalGroup : public Group {
  public:
   LocalGroup() : Group(0, 1) {}
-  void allreduce_sum_(std::vector<at::Tensor>&) override {}
-  void broadcast_(std::vector<at::Tensor>&, int) override {}
+  std::string backend() const override { return "local"; }
   void barrier() override {}
+
+ protected:
+  void backend_allreduce_sum_(std::vector<at::Tensor>&) override {}
+  void backend_broadcast_(std::vector<at::Tensor>&, int) override {}
 };
 
 std::string env_or(const char* name, const std::string& fallback) {
@@ -38,9 +41,16 @@ std::string env_or(const char* name, const std::string& fallback) {
 template <class PG>
 class C10dGroup : public Group {
  public:
-  C10dGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<PG> pg, int rank, int world)
-      : Group(rank, world), store_(std::move(store)), pg_(std::move(pg)) {}
-  void allreduce_sum_(std::vector<at::Tensor>& tensors) override {
+  C10dGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<PG> pg, int rank, int world, c10::Device device,
+            std::string name)
+      : Group(rank, world, device), store_(std::move(store)), pg_(std::move(pg)), name_(std::move(name)) {}
+  std::string backend() const override { return name_; }
+  void barrier() override {
+    run("barrier", [&] { pg_->barrier()->wait(); });
+  }
+
+ protected:
+  void backend_allreduce_sum_(std::vector<at::Tensor>& tensors) override {
     run("all-reduce", [&] {
       std::vector<std::vector<at::Tensor>> args;
       for (auto& t : tensors) args.push_back({t});
@@ -49,7 +59,7 @@ class C10dGroup : public Group {
       for (auto& w : works) w->wait();
     });
   }
-  void broadcast_(std::vector<at::Tensor>& tensors, int root) override {
+  void backend_broadcast_(std::vector<at::Tensor>& tensors, int root) override {
     run("broadcast", [&] {
       c10d::BroadcastOptions o;
       o.rootRank = root;
@@ -58,9 +68,6 @@ class C10dGroup : public Group {
         pg_->broadcast(one, o)->wait();
       }
     });
-  }
-  void barrier() override {
-    run("barrier", [&] { pg_->barrier()->wait(); });
   }
 
  private:
@@ -79,6 +86,7 @@ class C10dGroup : public Group {
   }
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<PG> pg_;
+  std::string name_;
 };
 #endif
 
@@ -132,14 +140,37 @@ std::shared_ptr<Group> Group::join(const RunContext& ctx) {
     auto opts = c10d::ProcessGroupNCCL::Options::create();
     opts->timeout = timeout;
     auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, ctx.rank, ctx.world, opts);
-    return std::make_shared<C10dGroup<c10d::ProcessGroupNCCL>>(store, pg, ctx.rank, ctx.world);
+    return std::make_shared<C10dGroup<c10d::ProcessGroupNCCL>>(store, pg, ctx.rank, ctx.world, ctx.device, "nccl");
   }
 #endif
   auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
   opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(host == "localhost" ? "127.0.0.1" : host));
   auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, ctx.rank, ctx.world, opts);
-  return std::make_shared<C10dGroup<c10d::ProcessGroupGloo>>(store, pg, ctx.rank, ctx.world);
+  return std::make_shared<C10dGroup<c10d::ProcessGroupGloo>>(store, pg, ctx.rank, ctx.world, c10::Device(c10::kCPU),
+                                                             "gloo");
 #endif
+}
+
+template <class Op>
+void Group::on_backend(std::vector<at::Tensor>& tensors, Op&& op) {
+  std::vector<at::Tensor> moved;
+  moved.reserve(tensors.size());
+  for (const auto& t : tensors) moved.push_back(to_backend(t));
+  op(moved);
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (!moved[i].is_same(tensors[i])) tensors[i].copy_(from_backend(moved[i], tensors[i].device()));
+}
+
+void Group::allreduce_sum_(std::vector<at::Tensor>& tensors) {
+  if (world_ == 1 || tensors.empty()) return;
+  torch::NoGradGuard ng;
+  on_backend(tensors, [&](std::vector<at::Tensor>& t) { backend_allreduce_sum_(t); });
+}
+
+void Group::broadcast_(std::vector<at::Tensor>& tensors, int root) {
+  if (world_ == 1 || tensors.empty()) return;
+  torch::NoGradGuard ng;
+  on_backend(tensors, [&](std::vector<at::Tensor>& t) { backend_broadcast_(t, root); });
 }
 
 std::vector<double> Group::sum(const std::vector<double>& values) {
@@ -152,7 +183,6 @@ std::vector<double> Group::sum(const std::vector<double>& values) {
 
 void Group::broadcast_module(torch::nn::Module& module) {
   if (world_ == 1) return;
-  torch::NoGradGuard ng;
   std::vector<at::Tensor> all;
   for (auto& p : module.parameters()) all.push_back(p.detach());
   for (auto& b : module.buffers()) all.push_back(b);
@@ -199,36 +229,53 @@ at::Tensor Group::gather_cat(const at::Tensor& block) {
   counts[static_cast<size_t>(rank_)] = static_cast<double>(block.size(0));
   counts = sum(counts);
   const auto longest = static_cast<int64_t>(*std::max_element(counts.begin(), counts.end()));
-  // Every rank writes its block into its own slot of a zero tensor; the sum is the gather.
-  const bool integral = !block.is_floating_point();
+  // Every rank writes its block into its own slot of a zero tensor; the sum is the gather (one writer per slot, so
+  // the block's own dtype cannot overflow).
   std::vector<int64_t> shape{world_, longest};
   for (int64_t d = 1; d < block.dim(); ++d) shape.push_back(block.size(d));
-  at::Tensor slots = at::zeros(shape, block.options().dtype(integral ? at::kLong : block.scalar_type()));
-  slots[rank_].narrow(0, 0, block.size(0)).copy_(block);
-  std::vector<at::Tensor> t{slots};
+  std::vector<at::Tensor> t{at::zeros(shape, block.options())};
+  t[0][rank_].narrow(0, 0, block.size(0)).copy_(block);
   allreduce_sum_(t);
   std::vector<at::Tensor> parts;
   for (int r = 0; r < world_; ++r) parts.push_back(t[0][r].narrow(0, 0, static_cast<int64_t>(counts[static_cast<size_t>(r)])));
-  return at::cat(parts).to(block.scalar_type());
+  return at::cat(parts);
 }
 
-at::Tensor gather_rank_rng(Group& group) { return group.gather_cat(cpu_rng_state().unsqueeze(0)); }
+std::map<std::string, at::Tensor> gather_rng_states(Group& group, const c10::Device& device, bool per_rank) {
+  std::map<std::string, at::Tensor> out{{"cpu", cpu_rng_state()}};
+  if (device.is_cuda()) out["cuda"] = device_rng_state(device);
+  if (per_rank) {
+    out["cpu_ranks"] = group.gather_cat(out["cpu"].unsqueeze(0));
+    if (device.is_cuda()) out["cuda_ranks"] = group.gather_cat(out["cuda"].unsqueeze(0));
+  }
+  return out;
+}
 
 void restore_rank_rng(Group& group, const std::map<std::string, at::Tensor>* rng, uint64_t seed, int64_t step,
-                      bool per_rank) {
+                      bool per_rank, const c10::Device& device) {
+  const bool cuda = device.is_cuda();
   if (rng && rng->count("cpu")) set_cpu_rng_state(rng->at("cpu"));
+  if (cuda && rng && rng->count("cuda")) set_device_rng_state(device, rng->at("cuda"));
   if (!per_rank || group.rank() == 0) return;
   const auto r = static_cast<uint64_t>(group.rank());
   if (!rng) {
-    at::manual_seed(seed + 1000 * r);
+    at::manual_seed(seed + 1000 * r);  // the CPU's and every GPU's generator
     return;
   }
-  const auto it = rng->find("cpu_ranks");
-  if (it != rng->end() && it->second.dim() == 2 && it->second.size(0) == group.world()) {
-    set_cpu_rng_state(it->second[group.rank()].contiguous());
-  } else {
-    at::manual_seed(seed + 1000 * r + 7919 * static_cast<uint64_t>(step));
-  }
+  const uint64_t reseed = seed + 1000 * r + 7919 * static_cast<uint64_t>(step);  // another world size: fresh streams
+  auto own_row = [&](const char* key) {
+    const auto it = rng->find(key);
+    return it != rng->end() && it->second.dim() == 2 && it->second.size(0) == group.world()
+               ? it->second[group.rank()].contiguous()
+               : at::Tensor();
+  };
+  const at::Tensor cpu_row = own_row("cpu_ranks");
+  if (cpu_row.defined()) set_cpu_rng_state(cpu_row);
+  else at::manual_seed(reseed);
+  if (!cuda) return;
+  const at::Tensor cuda_row = own_row("cuda_ranks");
+  if (cuda_row.defined()) set_device_rng_state(device, cuda_row);
+  else seed_device_rng(device, reseed);
 }
 
 }  // namespace moh::dist

@@ -22,6 +22,9 @@ namespace moh::dist {
 bool available();
 
 /// The process group of a run (or a single-process stand-in).
+/// Every collective hands the backend tensors on the backend's device(): the host for Gloo, the rank's GPU for NCCL
+/// (which refuses host tensors). Callers pass tensors from anywhere; the group copies them over and back, and tensors
+/// already on that device (gradients of a GPU model under NCCL) travel without a copy.
 class Group {
  public:
   /// Joins the group described by ctx (rank, world) and MASTER_ADDR / MASTER_PORT; world 1 → a no-op group.
@@ -32,11 +35,15 @@ class Group {
   int rank() const { return rank_; }
   int world() const { return world_; }
   bool is_main() const { return rank_ == 0; }
+  /// Where the backend wants the tensors of a collective (CPU for Gloo and the single-process group).
+  const c10::Device& device() const { return device_; }
+  /// The backend's name: "local", "gloo", "nccl" (or a test's fake).
+  virtual std::string backend() const = 0;
 
   /// Sums each tensor over the ranks, in place (the tensors must have the same shapes on every rank).
-  virtual void allreduce_sum_(std::vector<at::Tensor>& tensors) = 0;
+  void allreduce_sum_(std::vector<at::Tensor>& tensors);
   /// Copies root's tensors to every rank, in place.
-  virtual void broadcast_(std::vector<at::Tensor>& tensors, int root = 0) = 0;
+  void broadcast_(std::vector<at::Tensor>& tensors, int root = 0);
   /// Waits for every rank.
   virtual void barrier() = 0;
 
@@ -47,22 +54,38 @@ class Group {
   /// Replaces each parameter's gradient by its mean over the ranks, reducing in flat buckets of ≈ bucket_bytes
   /// (all buckets in flight at once). Parameters without a gradient contribute zeros.
   void average_gradients(const std::vector<at::Tensor>& params, int64_t bucket_bytes = 25 << 20);
-  /// Concatenates each rank's (n_r, ...) block along dim 0 in rank order (blocks may differ in length).
+  /// Concatenates each rank's (n_r, ...) block along dim 0 in rank order (blocks may differ in length), in the
+  /// block's own dtype (small things only: generator states, counts; samples go through per-rank files).
   at::Tensor gather_cat(const at::Tensor& block);
 
  protected:
-  Group(int rank, int world) : rank_(rank), world_(world) {}
+  Group(int rank, int world, c10::Device device = c10::Device(c10::kCPU)) : rank_(rank), world_(world), device_(device) {}
+  /// The backend's operations: every tensor is on device() (the public calls above make sure of it).
+  virtual void backend_allreduce_sum_(std::vector<at::Tensor>& tensors) = 0;
+  virtual void backend_broadcast_(std::vector<at::Tensor>& tensors, int root) = 0;
+  /// `t`'s values on device() (t itself when it is there already), and a backend tensor's values on `device`. A test
+  /// group that simulates a device without data overrides both.
+  virtual at::Tensor to_backend(const at::Tensor& t) { return t.device() == device_ ? t : t.to(device_); }
+  virtual at::Tensor from_backend(const at::Tensor& t, const c10::Device& device) { return t.to(device); }
   int rank_, world_;
+  c10::Device device_;
+
+ private:
+  // Runs `op` on backend copies of `tensors` and writes the results back into them where a copy was made.
+  template <class Op>
+  void on_backend(std::vector<at::Tensor>& tensors, Op&& op);
 };
 
-/// Every rank's CPU generator state stacked in rank order, (world, L) uint8 (a collective: all ranks call it).
-at::Tensor gather_rank_rng(Group& group);
+/// The generator states a checkpoint keeps: "cpu" (this rank's CPU generator) and, on a GPU, "cuda" (the device's);
+/// with per_rank, every rank's as "cpu_ranks" / "cuda_ranks" (world, L) in rank order. A collective: all ranks call it.
+std::map<std::string, at::Tensor> gather_rng_states(Group& group, const c10::Device& device, bool per_rank);
 
-/// Sets this rank's CPU generator at the start of a run. per_rank = false: every rank keeps one common stream
-/// (rank 0's state from the checkpoint). per_rank = true: ranks draw independently — a fresh run reseeds rank r > 0
-/// with seed + 1000·r; a resumed run restores each rank's own state from `cpu_ranks` when the world size is the same,
-/// else reseeds ranks r > 0 from (seed, r, step). `rng` = the checkpoint's rng map, or null for a fresh run.
+/// Sets this rank's generators (the CPU's and, on a GPU, the device's) at the start of a run. per_rank = false: every
+/// rank keeps one common stream (rank 0's states from the checkpoint). per_rank = true: ranks draw independently — a
+/// fresh run reseeds rank r > 0 with seed + 1000·r; a resumed run restores each rank's own states from
+/// `cpu_ranks` / `cuda_ranks` when the world size is the same, else reseeds ranks r > 0 from (seed, r, step).
+/// `rng` = the checkpoint's rng map, or null for a fresh run.
 void restore_rank_rng(Group& group, const std::map<std::string, at::Tensor>* rng, uint64_t seed, int64_t step,
-                      bool per_rank);
+                      bool per_rank, const c10::Device& device = c10::Device(c10::kCPU));
 
 }  // namespace moh::dist

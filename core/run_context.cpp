@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/Version.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <thread>
 #include <torch/cuda.h>
@@ -63,6 +64,9 @@ RunContext RunContext::create(const std::string& device, Precision precision, ui
   } else {
     throw UserError("device " + device, "expected auto, cpu, cuda or cuda:N", "");
   }
+  // This rank's GPU is the current one (torch.cuda.set_device): allocations without an explicit index, NCCL's
+  // communicators and the CUDA generator then all belong to it.
+  if (ctx.device.is_cuda()) c10::impl::getDeviceGuardImpl(c10::kCUDA)->setDevice(ctx.device);
   if (precision == Precision::automatic)
     precision = ctx.device.is_cuda() || cpu_has_native_bf16() ? Precision::bf16 : Precision::fp32;
   if (precision == Precision::fp16 && !ctx.device.is_cuda())

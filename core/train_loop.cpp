@@ -46,16 +46,6 @@ std::unique_ptr<torch::optim::AdamW> make_optimizer(const ExperimentConfig& cfg,
   return std::make_unique<torch::optim::AdamW>(std::move(groups), base);
 }
 
-// Sums named values over ranks and divides by the world size (rank means → global means).
-Scalars global_mean(dist::Group& group, const Scalars& sums, double count) {
-  std::vector<double> v;
-  for (const auto& [k, x] : sums) v.push_back(x);
-  v = group.sum(v);
-  Scalars out;
-  for (size_t i = 0; i < sums.size(); ++i) out.emplace_back(sums[i].first, v[i] / group.world() / count);
-  return out;
-}
-
 }  // namespace
 
 double scalar(const Scalars& s, const std::string& name) {
@@ -71,6 +61,25 @@ double learning_rate_at(const ExperimentConfig& cfg, double t) {
   if (t < warm) return cfg.schedule.warmup_lr + t * (base - cfg.schedule.warmup_lr) / warm;
   const double T = static_cast<double>(cfg.train.epochs);
   return cfg.schedule.min_lr + 0.5 * (base - cfg.schedule.min_lr) * (1.0 + std::cos(kPi * std::min(t, T) / T));
+}
+
+double step_learning_rate(const ExperimentConfig& cfg, int64_t epoch, int64_t batch, int64_t skipped,
+                          int64_t steps_per_epoch) {
+  if (cfg.schedule.unit == ScheduleUnit::epoch) return learning_rate_at(cfg, static_cast<double>(epoch));
+  return learning_rate_at(cfg, static_cast<double>(epoch) + static_cast<double>(batch - skipped) /
+                                                             static_cast<double>(steps_per_epoch));
+}
+
+bool complete_optimizer_step(torch::optim::Optimizer& optimizer, torch::nn::Module& model, GradScaler& scaler,
+                             double clip, ModelEma* ema, TrainerState& state) {
+  const bool took = finish_optimizer_step(optimizer, model.parameters(), scaler, clip);
+  if (!took) {
+    ++state.skipped;
+    return false;
+  }
+  if (ema) ema->update(model, state.step);
+  ++state.step;
+  return true;
 }
 
 const std::vector<std::string>& config_keys_fixed_on_resume() {
@@ -116,216 +125,311 @@ std::string check_resume_config(const std::string& checkpoint_yaml, const std::s
 
 }  // namespace
 
-LoopResult run_training(const ExperimentConfig& cfg, const TrainArgs& args, const TaskFactory& make_task) {
-  const auto t_start = Clock::now();
-  RunContext ctx = RunContext::create(cfg.train.device, cfg.train.precision, static_cast<uint64_t>(cfg.train.seed));
-  const std::string run_dir = args.run_dir.empty() ? "runs/" + cfg.name : args.run_dir;
-  check_output_dir(run_dir, "--run-dir " + run_dir);
-  const int64_t world = ctx.world, local_batch = cfg.data.batch_size / world;
+namespace {
+
+// One training run from its config to its last checkpoint, laid out as guided-diffusion's TrainLoop: the constructor
+// checks and loads everything before the run directory is touched; run() → run_epoch → run_step → optimize,
+// log_window, end_epoch (evaluate, best, save).
+class TrainLoop {
+ public:
+  TrainLoop(const ExperimentConfig& cfg, const TrainArgs& args, const TaskFactory& make_task);
+  LoopResult run();
+
+ private:
+  void build_model_and_optimizer();
+  void load_start_state();
+  void take_first_batch();
+  void start_writing();
+  void run_epoch(int64_t epoch);
+  void run_step(at::Tensor x, at::Tensor y, int64_t epoch, int64_t batch, int64_t steps_per_epoch);
+  void add_to_window(const LossTensors& losses, int64_t images, bool took);
+  void log_window(int64_t epoch);
+  void end_epoch(int64_t epoch);
+  std::string save();
+  bool stop_requested();
+
+  const ExperimentConfig& cfg_;
+  const TrainArgs& args_;
+  RunContext ctx_;
+  std::string run_dir_, config_changes_, config_yaml_;
+  std::optional<Checkpoint> resume_;
+  std::unique_ptr<RunDirLock> lock_;
+  std::shared_ptr<dist::Group> group_;
+  std::unique_ptr<TrainTask> task_;
+  std::shared_ptr<torch::nn::Module> model_;
+  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  std::unique_ptr<ModelEma> ema_;  // only when the run keeps one (train.ema_decay > 0)
+  std::unique_ptr<GradScaler> scaler_;
+  TrainerState state_;
+  bool per_rank_ = false;
+  std::unique_ptr<BatchStream> first_loader_;  // the first epoch's loader and batch, taken before anything is written
+  at::Tensor first_x_, first_y_;
+  bool first_pending_ = false;
+  MetricsWriter metrics_;
+  std::unique_ptr<ConsoleLog> console_;  // the run's log.txt mirrors what rank 0 prints from start_writing on
+  std::unique_ptr<Progress> progress_;
+  LossTensors window_;  // losses of the logging window, summed on the device
+  int64_t window_steps_ = 0, window_images_ = 0, window_skipped_ = 0;
+  Clock::time_point window_start_;
+  double lr_ = 0;
+  std::string status_;  // the bar's "loss=… lr=…", refreshed at each metrics line
+  bool stop_ = false, interrupted_ = false;
+  LoopResult result_;
+  const Clock::time_point start_ = Clock::now();
+};
+
+TrainLoop::TrainLoop(const ExperimentConfig& cfg, const TrainArgs& args, const TaskFactory& make_task)
+    : cfg_(cfg), args_(args),
+      ctx_(RunContext::create(cfg.train.device, cfg.train.precision, static_cast<uint64_t>(cfg.train.seed))) {
+  run_dir_ = args.run_dir.empty() ? "runs/" + cfg.name : args.run_dir;
+  check_output_dir(run_dir_, "--run-dir " + run_dir_);
+  const int64_t world = ctx_.world, local_batch = cfg.data.batch_size / world;
   if (cfg.data.batch_size % world != 0 || local_batch % cfg.train.accum_steps != 0)
     throw UserError("config: data.batch_size", std::to_string(cfg.data.batch_size) + " does not split into " +
                                                    std::to_string(world) + " ranks × " +
                                                    std::to_string(cfg.train.accum_steps) + " accumulation steps",
                     "use a multiple of world size × train.accum_steps");
-
   // Resume decision before anything touches the run directory (every rank decides alike, then rank 0 writes).
-  std::optional<Checkpoint> resume = resolve_resume(run_dir, args.resume);
-  const std::string changes =
-      resume ? check_resume_config(resume->config_yaml, to_yaml(cfg), resume->dir, args.allow_config_change, resume->state)
-             : "";
+  resume_ = resolve_resume(run_dir_, args.resume);
+  if (resume_)
+    config_changes_ = check_resume_config(resume_->config_yaml, to_yaml(cfg), resume_->dir, args.allow_config_change,
+                                          resume_->state);
   // One writer per run directory: an existing one is locked at once (a second process is refused before it loads
-  // any data); a new one only once every input has been checked (below), so a refused run creates nothing.
-  std::unique_ptr<RunDirLock> lock;
-  if (ctx.is_main() && fs::exists(run_dir)) lock = std::make_unique<RunDirLock>(run_dir);
-  const std::shared_ptr<dist::Group> group = dist::Group::join(ctx);
-  group->barrier();
-  const std::unique_ptr<TrainTask> task = make_task(ctx);
-  if (task->train_examples() < cfg.data.batch_size)
+  // any data); a new one only once every input has been checked (start_writing), so a refused run creates nothing.
+  if (ctx_.is_main() && fs::exists(run_dir_)) lock_ = std::make_unique<RunDirLock>(run_dir_);
+  group_ = args.group ? args.group : dist::Group::join(ctx_);
+  group_->barrier();
+  task_ = make_task(ctx_);
+  if (task_->train_examples() < cfg.data.batch_size)
     throw UserError("config: data.batch_size", std::to_string(cfg.data.batch_size) + " is larger than the training set (" +
-                                                   std::to_string(task->train_examples()) + " examples)",
+                                                   std::to_string(task_->train_examples()) + " examples)",
                     "lower data.batch_size or raise data.limit_train");
+  build_model_and_optimizer();
+  load_start_state();
+  take_first_batch();
+}
 
-  torch::manual_seed(cfg.train.seed);
-  const std::shared_ptr<torch::nn::Module> model = task->build_model();
-  model->to(ctx.device);
-  const std::unique_ptr<torch::optim::AdamW> optimizer = make_optimizer(cfg, *model, *task);
-  TrainerState state;
-  GradScaler scaler(ctx.precision);
-  std::unique_ptr<ModelEma> ema;  // only when the run keeps one (train.ema_decay > 0)
-  if (cfg.train.ema_decay > 0) {
-    ema = std::make_unique<ModelEma>(task->build_model(), cfg.train.ema_decay, cfg.train.ema_warmup);
-    ema->module().to(ctx.device);
+void TrainLoop::build_model_and_optimizer() {
+  torch::manual_seed(cfg_.train.seed);
+  model_ = task_->build_model();
+  model_->to(ctx_.device);
+  optimizer_ = make_optimizer(cfg_, *model_, *task_);
+  scaler_ = std::make_unique<GradScaler>(ctx_.precision);
+  if (cfg_.train.ema_decay > 0) {
+    ema_ = std::make_unique<ModelEma>(task_->build_model(), cfg_.train.ema_decay, cfg_.train.ema_warmup);
+    ema_->module().to(ctx_.device);
   }
-  if (!resume && !cfg.model.weights.empty())
-    load_initial_weights(*model, cfg.model.weights, cfg.model.weights_key, cfg.model.weights_allow_missing);
-  const bool resumed_ema = resume && ema && !resume->ema.empty();
-  if (resume) {
-    load_module_tensors(*model, resume->model, resume->dir);
-    load_optimizer_tensors(*optimizer, *model, resume->optimizer, resume->dir);
-    if (resume->rng.count("amp_scaler")) scaler.load_state(resume->rng.at("amp_scaler"));
-    if (resumed_ema) load_module_tensors(ema->module(), resume->ema, resume->dir + "/ema.safetensors");
-    state = resume->state;
+}
+
+// Initial weights or the checkpoint's state, rank 0's weights on every rank, and the random state.
+void TrainLoop::load_start_state() {
+  if (!resume_ && !cfg_.model.weights.empty())
+    load_initial_weights(*model_, cfg_.model.weights, cfg_.model.weights_key, cfg_.model.weights_allow_missing);
+  const bool resumed_ema = resume_ && ema_ && !resume_->ema.empty();
+  if (resume_) {
+    load_module_tensors(*model_, resume_->model, resume_->dir);
+    load_optimizer_tensors(*optimizer_, *model_, resume_->optimizer, resume_->dir);
+    if (resume_->rng.count("amp_scaler")) scaler_->load_state(resume_->rng.at("amp_scaler"));
+    if (resumed_ema) load_module_tensors(ema_->module(), resume_->ema, resume_->dir + "/ema.safetensors");
+    state_ = resume_->state;
   }
-  group->broadcast_module(*model);  // every rank starts from rank 0's weights
-  if (ema && !resumed_ema) ema->copy_from(*model);
-  const bool per_rank = task->per_rank_rng();
-  dist::restore_rank_rng(*group, resume ? &resume->rng : nullptr, static_cast<uint64_t>(cfg.train.seed), state.step,
-                         per_rank);
-  // The first epoch's batches start before the run directory is written: data errors found in the first batch (e.g.
-  // damaged files of a streamed tree beyond data.max_bad_fraction) refuse the run without touching it. The loaders
-  // draw from the global generator only in next(), so the order of random draws is that of a loop without this.
-  std::unique_ptr<BatchStream> first_loader;
-  at::Tensor first_x, first_y;
-  bool first_pending = false;
-  if (state.epoch < cfg.train.epochs) {
-    first_loader = task->train_batches(state.epoch, ctx.rank, ctx.world, state.batch);
-    if (state.batch > first_loader->num_batches())
-      throw UserError("--resume " + resume->dir, "taken at batch " + std::to_string(state.batch) + " of epoch " +
-                                                     std::to_string(state.epoch + 1) + ", which has only " +
-                                                     std::to_string(first_loader->num_batches()) + " batches",
-                      "the training data changed since the checkpoint");
-    first_pending = first_loader->next(first_x, first_y);
-  }
-  // Every input has been checked: from here on only runtime failures remain.
-  const std::string config_yaml = to_yaml(cfg);
-  MetricsWriter metrics;
-  std::unique_ptr<ConsoleLog> console;  // the run's log.txt mirrors what rank 0 prints from here on
-  if (group->is_main()) {
-    if (!lock) lock = std::make_unique<RunDirLock>(run_dir);
-    const bool restart = !resume && args.resume == "auto" && fs::exists(run_dir + "/metrics.jsonl");
-    metrics = start_run_dir(run_dir, config_yaml, resume ? std::optional<int64_t>(state.step) : std::nullopt);
-    console = std::make_unique<ConsoleLog>(run_dir + "/log.txt");
-    std::cerr << "[" << utc_timestamp() << "] moh train " << cfg.name << "\n";
-    if (resume) std::cerr << "resuming " << resume->dir << " at epoch " << state.epoch << ", step " << state.step << "\n";
-    if (!changes.empty()) std::cerr << changes << "\n";
+  group_->broadcast_module(*model_);  // every rank starts from rank 0's weights
+  if (ema_ && !resumed_ema) ema_->copy_from(*model_);
+  per_rank_ = task_->per_rank_rng();
+  dist::restore_rank_rng(*group_, resume_ ? &resume_->rng : nullptr, static_cast<uint64_t>(cfg_.train.seed), state_.step,
+                         per_rank_, ctx_.device);
+}
+
+// The first epoch's batches start before the run directory is written: data errors found in the first batch (e.g.
+// damaged files of a streamed tree beyond data.max_bad_fraction) refuse the run without touching it. The loaders
+// draw from the global generator only in next(), so the order of random draws is that of a loop without this.
+void TrainLoop::take_first_batch() {
+  if (state_.epoch >= cfg_.train.epochs) return;
+  first_loader_ = task_->train_batches(state_.epoch, ctx_.rank, ctx_.world, state_.batch);
+  if (state_.batch > first_loader_->num_batches())
+    throw UserError("--resume " + resume_->dir, "taken at batch " + std::to_string(state_.batch) + " of epoch " +
+                                                   std::to_string(state_.epoch + 1) + ", which has only " +
+                                                   std::to_string(first_loader_->num_batches()) + " batches",
+                    "the training data changed since the checkpoint");
+  first_pending_ = first_loader_->next(first_x_, first_y_);
+}
+
+// Every input has been checked: from here on only runtime failures remain.
+void TrainLoop::start_writing() {
+  config_yaml_ = to_yaml(cfg_);
+  if (group_->is_main()) {
+    if (!lock_) lock_ = std::make_unique<RunDirLock>(run_dir_);
+    const bool restart = !resume_ && args_.resume == "auto" && fs::exists(run_dir_ + "/metrics.jsonl");
+    metrics_ = start_run_dir(run_dir_, config_yaml_, resume_ ? std::optional<int64_t>(state_.step) : std::nullopt);
+    console_ = std::make_unique<ConsoleLog>(run_dir_ + "/log.txt");
+    std::cerr << "[" << utc_timestamp() << "] moh train " << cfg_.name << "\n";
+    if (resume_) std::cerr << "resuming " << resume_->dir << " at epoch " << state_.epoch << ", step " << state_.step << "\n";
+    if (!config_changes_.empty()) std::cerr << config_changes_ << "\n";
     if (restart)
-      std::cerr << "note: " << run_dir << " has no checkpoint yet (stopped before its first one): starting at step 0\n";
-    if (const std::string w = slow_bf16_warning(ctx); !w.empty()) std::cerr << "warning: " << w << "\n";
-    std::cerr << "model " << task->describe() << ", " << precision_summary(cfg.train.precision, ctx) << ", run dir "
-              << run_dir << (world > 1 ? ", " + std::to_string(world) + " data-parallel ranks" : std::string()) << "\n";
+      std::cerr << "note: " << run_dir_ << " has no checkpoint yet (stopped before its first one): starting at step 0\n";
+    if (const std::string w = slow_bf16_warning(ctx_); !w.empty()) std::cerr << "warning: " << w << "\n";
+    std::cerr << "model " << task_->describe() << ", " << precision_summary(cfg_.train.precision, ctx_) << ", run dir "
+              << run_dir_ << (ctx_.world > 1 ? ", " + std::to_string(ctx_.world) + " data-parallel ranks" : std::string())
+              << "\n";
   }
+  // One bar for the whole run: batches b/S (S = epochs × batches per epoch, capped by train.max_steps), the rate of
+  // this process's batches, and the ETA of the rest of the run.
+  const int64_t done = state_.epoch * (first_loader_ ? first_loader_->num_batches() : 0) + state_.batch;
+  int64_t total = first_loader_ ? cfg_.train.epochs * first_loader_->num_batches() : done;
+  if (cfg_.train.max_steps > 0) total = std::min(total, cfg_.train.max_steps);
+  progress_ = std::make_unique<Progress>("", total, "step", group_->is_main() ? -1 : 2, std::min(done, total));
+}
 
-  // Every rank takes part (the per-rank RNG gather is a collective); rank 0 writes, atomically.
-  auto checkpoint = [&]() -> std::string {
-    TensorMap rng{{"cpu", cpu_rng_state()}, {"amp_scaler", scaler.state()}};
-    if (per_rank) rng["cpu_ranks"] = dist::gather_rank_rng(*group);
-    if (!group->is_main()) return "";
-    return save_checkpoint(run_dir, state, module_tensors(*model), optimizer_tensors(*optimizer, *model), config_yaml,
-                           rng, ema ? module_tensors(ema->module()) : TensorMap{});
-  };
-  LoopResult result;
-  result.run_dir = run_dir;
-  result.best_metric = state.best_metric;
-  bool stop = false;
-  // One bar for the whole run: global step s/S (S = epochs × steps per epoch, capped by train.max_steps), the rate of
-  // this process's steps, and the ETA of the rest of the run.
-  int64_t total_steps = first_loader ? cfg.train.epochs * first_loader->num_batches() : state.step;
-  if (cfg.train.max_steps > 0) total_steps = std::min(total_steps, cfg.train.max_steps);
-  Progress progress("", total_steps, "step", group->is_main() ? -1 : 2, state.step);
+LoopResult TrainLoop::run() {
+  start_writing();
+  result_.run_dir = run_dir_;
+  result_.best_metric = state_.best_metric;
   // Ctrl-C / SIGTERM: every rank learns of a request at the same step (a collective), and all stop there together.
-  const StopOnSignal stop_on_signal(/*quiet=*/!group->is_main());
-  auto stop_requested = [&] { return group->sum({StopOnSignal::requested() != 0 ? 1.0 : 0.0})[0] > 0; };
-  bool interrupted = false;
-  for (int64_t epoch = state.epoch; epoch < cfg.train.epochs && !stop; ++epoch) {
-    const int64_t first_batch = first_loader ? state.batch : 0;  // a run resumed inside an epoch
-    const std::unique_ptr<BatchStream> loader =
-        first_loader ? std::move(first_loader) : task->train_batches(epoch, ctx.rank, ctx.world, 0);
-    const int64_t steps_per_epoch = loader->num_batches();
-    if (steps_per_epoch == 0) throw UserError("config: data.batch_size", "larger than the training set", "");
-    progress.set_label("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(cfg.train.epochs) + " step");
-    model->train();
-    Scalars sums;  // losses summed over the logging window
-    int64_t logged = 0, images = 0;
-    auto t_log = Clock::now();
-    double lr = 0;
-    // The metrics line of the window so far (every log_every_steps steps, and the partial window at an epoch's end).
-    auto log_window = [&] {
-      const double secs = seconds_since(t_log);
-      result.losses = global_mean(*group, sums, static_cast<double>(logged));
-      nlohmann::json line{{"step", state.step}, {"epoch", epoch}, {"lr", lr}, {"img_per_s", images / std::max(secs, 1e-9)}};
-      for (const auto& [k, v] : result.losses) line[k] = v;
-      metrics.write(line);
-      sums.clear(), logged = images = 0;
-      t_log = Clock::now();
-    };
-    at::Tensor x, y;
-    auto next_batch = [&] {
-      if (!first_pending) return loader->next(x, y);
-      x = std::move(first_x), y = std::move(first_y), first_pending = false;
-      return true;
-    };
-    int64_t batches_done = steps_per_epoch;  // where in this epoch a stop on a signal leaves it
-    for (int64_t b = first_batch; next_batch(); ++b) {
-      const double t = cfg.schedule.unit == ScheduleUnit::epoch ? static_cast<double>(epoch)
-                                                                 : epoch + static_cast<double>(b) / steps_per_epoch;
-      lr = learning_rate_at(cfg, t);
-      for (auto& g : optimizer->param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
-      const int64_t batch = x.size(0);
-      const Scalars losses = task->backward(*model, std::move(x), std::move(y), {epoch, b, state.step}, scaler);
-      group->average_gradients(model->parameters());  // no-op on one process
-      finish_optimizer_step(*optimizer, model->parameters(), scaler, cfg.optim.clip_grad);
-      if (ema) ema->update(*model, state.step);
-      ++state.step;
-      if (sums.empty()) sums = losses;
-      else
-        for (size_t i = 0; i < sums.size(); ++i) sums[i].second += losses[i].second;
-      ++logged, images += batch * world;
-      char status[96];
-      std::snprintf(status, sizeof status, "loss=%.4f lr=%.2e", scalar(losses, "loss"), lr);
-      progress.advance(1, status);
-      if (state.step % cfg.train.log_every_steps == 0) log_window();
-      if (cfg.train.max_steps > 0 && state.step >= cfg.train.max_steps) {
-        stop = true;
-        break;
-      }
-      if (stop_requested()) {
-        stop = interrupted = true, batches_done = b + 1;
-        break;
-      }
-    }
-    if (logged > 0) log_window();  // every run with a step has a metrics line, and the summary its real loss
-    progress.end_line();
-    if (interrupted) {  // resume continues at batch b + 1 of this epoch (its end-of-epoch work still to come)
-      state.epoch = epoch, state.batch = batches_done;
-      result.checkpoint = checkpoint();
-      group->barrier();
+  const StopOnSignal stop_on_signal(/*quiet=*/!group_->is_main());
+  for (int64_t epoch = state_.epoch; epoch < cfg_.train.epochs && !stop_; ++epoch) run_epoch(epoch);
+  if (interrupted_) result_.stop_signal = StopOnSignal::requested() != 0 ? StopOnSignal::requested() : SIGINT;
+  result_.steps = state_.step;
+  result_.best_metric = state_.best_metric;
+  result_.seconds = seconds_since(start_);
+  return result_;
+}
+
+void TrainLoop::run_epoch(int64_t epoch) {
+  const int64_t first_batch = first_loader_ ? state_.batch : 0;  // a run resumed inside an epoch
+  const std::unique_ptr<BatchStream> loader =
+      first_loader_ ? std::move(first_loader_) : task_->train_batches(epoch, ctx_.rank, ctx_.world, 0);
+  const int64_t steps_per_epoch = loader->num_batches();
+  if (steps_per_epoch == 0) throw UserError("config: data.batch_size", "larger than the training set", "");
+  if (first_batch == 0) state_.skipped = 0;
+  progress_->set_label("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(cfg_.train.epochs) + " step");
+  model_->train();
+  window_start_ = Clock::now();
+  at::Tensor x, y;
+  auto next_batch = [&] {
+    if (!first_pending_) return loader->next(x, y);
+    x = std::move(first_x_), y = std::move(first_y_), first_pending_ = false;
+    return true;
+  };
+  int64_t batches_done = steps_per_epoch;  // where in this epoch a stop on a signal leaves it
+  for (int64_t b = first_batch; next_batch(); ++b) {
+    run_step(std::move(x), std::move(y), epoch, b, steps_per_epoch);
+    if (cfg_.train.max_steps > 0 && state_.step >= cfg_.train.max_steps) {
+      stop_ = true;
       break;
     }
-    const bool last = stop || epoch + 1 == cfg.train.epochs;
-    state.epoch = epoch + 1, state.batch = 0;
-    bool best = false;
-    if (last || (epoch + 1) % cfg.train.eval_every_epochs == 0) {
-      const Scalars ev = task->evaluate(model, *group);
-      if (!ev.empty()) {
-        result.final_eval = ev;
-        nlohmann::json line{{"step", state.step}, {"epoch", epoch}};
-        for (const auto& [k, v] : ev) line[k] = v;
-        if (ema) {
-          result.final_eval_ema = task->evaluate(ema->ptr(), *group);
-          for (const auto& [k, v] : result.final_eval_ema) line[k + "_ema"] = v;
-        }
-        metrics.write(line);
-        if (group->is_main()) std::cerr << task->eval_message(epoch, ev, result.final_eval_ema) << "\n";
-        best = ev.front().second > state.best_metric;
-        if (best) state.best_metric = ev.front().second;
-      }
+    if (stop_requested()) {
+      stop_ = interrupted_ = true, batches_done = b + 1;
+      break;
     }
-    std::string saved;
-    if (best || last || (epoch + 1) % cfg.train.ckpt_every_epochs == 0) {
-      saved = checkpoint();
-      if (best && group->is_main()) write_file_atomic(run_dir + "/checkpoints/best", fs::path(saved).filename().string() + "\n");
-    }
-    if (!last && stop_requested()) {  // a signal during the evaluation or the checkpoint: stop at the epoch's end
-      stop = interrupted = true;
-      result.checkpoint = saved.empty() ? checkpoint() : saved;
-    }
-    group->barrier();  // no rank runs ahead of the checkpoint it may resume from
   }
-  if (interrupted) result.stop_signal = StopOnSignal::requested() != 0 ? StopOnSignal::requested() : SIGINT;
-  result.steps = state.step;
-  result.best_metric = state.best_metric;
-  result.seconds = seconds_since(t_start);
-  return result;
+  if (window_steps_ > 0) log_window(epoch);  // every run with a step has a metrics line, and the summary its loss
+  progress_->end_line();
+  if (interrupted_) {  // resume continues at batch b + 1 of this epoch (its end-of-epoch work still to come)
+    state_.epoch = epoch, state_.batch = batches_done;
+    result_.checkpoint = save();
+    group_->barrier();
+    return;
+  }
+  end_epoch(epoch);
+}
+
+// One batch: the learning rate at this point, the task's forward/backward, gradient averaging and the optimizer
+// step. EMA, schedule and step counter advance only when the step was taken (an fp16 overflow skips it), as
+// guided-diffusion's run_step.
+void TrainLoop::run_step(at::Tensor x, at::Tensor y, int64_t epoch, int64_t b, int64_t steps_per_epoch) {
+  lr_ = step_learning_rate(cfg_, epoch, b, state_.skipped, steps_per_epoch);
+  for (auto& g : optimizer_->param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr_);
+  const int64_t images = x.size(0) * ctx_.world;
+  const LossTensors losses = task_->backward(*model_, std::move(x), std::move(y), {epoch, b, state_.step}, *scaler_);
+  group_->average_gradients(model_->parameters());  // no-op on one process
+  const bool took = complete_optimizer_step(*optimizer_, *model_, *scaler_, cfg_.optim.clip_grad, ema_.get(), state_);
+  add_to_window(losses, images, took);
+  progress_->advance(1, status_);
+  if (took && state_.step % cfg_.train.log_every_steps == 0) log_window(epoch);
+}
+
+void TrainLoop::add_to_window(const LossTensors& losses, int64_t images, bool took) {
+  if (window_.empty()) {
+    for (const auto& [name, v] : losses) window_.emplace_back(name, v.detach().to(at::kDouble));
+  } else {
+    for (size_t i = 0; i < window_.size(); ++i) window_[i].second = window_[i].second + losses[i].second.detach();
+  }
+  ++window_steps_, window_images_ += images, window_skipped_ += took ? 0 : 1;
+}
+
+// The metrics line of the window so far (every log_every_steps steps, and the partial window at an epoch's end):
+// the only place the losses are read from the device.
+void TrainLoop::log_window(int64_t epoch) {
+  const double secs = seconds_since(window_start_);
+  std::vector<at::Tensor> parts;
+  for (const auto& [name, v] : window_) parts.push_back(v.reshape({1}));
+  const at::Tensor host = at::cat(parts).to(at::kCPU, at::kDouble).contiguous();
+  std::vector<double> sums(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
+  sums = group_->sum(sums);
+  result_.losses.clear();
+  for (size_t i = 0; i < window_.size(); ++i)
+    result_.losses.emplace_back(window_[i].first, sums[i] / group_->world() / static_cast<double>(window_steps_));
+  nlohmann::json line{{"step", state_.step}, {"epoch", epoch}, {"lr", lr_},
+                      {"img_per_s", window_images_ / std::max(secs, 1e-9)}};
+  for (const auto& [k, v] : result_.losses) line[k] = v;
+  if (window_skipped_ > 0) line["skipped_steps"] = window_skipped_;
+  metrics_.write(line);
+  char status[96];
+  std::snprintf(status, sizeof status, "loss=%.4f lr=%.2e", scalar(result_.losses, "loss"), lr_);
+  status_ = status;
+  window_.clear(), window_steps_ = window_images_ = window_skipped_ = 0;
+  window_start_ = Clock::now();
+}
+
+// The end of an epoch: evaluation (model and EMA) at the cadence, the best pointer, the checkpoint.
+void TrainLoop::end_epoch(int64_t epoch) {
+  const bool last = stop_ || epoch + 1 == cfg_.train.epochs;
+  state_.epoch = epoch + 1, state_.batch = 0, state_.skipped = 0;
+  bool best = false;
+  if (last || (epoch + 1) % cfg_.train.eval_every_epochs == 0) {
+    const Scalars ev = task_->evaluate(model_, *group_);
+    if (!ev.empty()) {
+      result_.final_eval = ev;
+      nlohmann::json line{{"step", state_.step}, {"epoch", epoch}};
+      for (const auto& [k, v] : ev) line[k] = v;
+      if (ema_) {
+        result_.final_eval_ema = task_->evaluate(ema_->ptr(), *group_);
+        for (const auto& [k, v] : result_.final_eval_ema) line[k + "_ema"] = v;
+      }
+      metrics_.write(line);
+      if (group_->is_main()) std::cerr << task_->eval_message(epoch, ev, result_.final_eval_ema) << "\n";
+      best = ev.front().second > state_.best_metric;
+      if (best) state_.best_metric = ev.front().second;
+    }
+  }
+  std::string saved;
+  if (best || last || (epoch + 1) % cfg_.train.ckpt_every_epochs == 0) {
+    saved = save();
+    if (best && group_->is_main())
+      write_file_atomic(run_dir_ + "/checkpoints/best", fs::path(saved).filename().string() + "\n");
+  }
+  if (!last && stop_requested()) {  // a signal during the evaluation or the checkpoint: stop at the epoch's end
+    stop_ = interrupted_ = true;
+    result_.checkpoint = saved.empty() ? save() : saved;
+  }
+  group_->barrier();  // no rank runs ahead of the checkpoint it may resume from
+}
+
+// Every rank takes part (the per-rank generator gather is a collective); rank 0 writes, atomically.
+std::string TrainLoop::save() {
+  TensorMap rng = dist::gather_rng_states(*group_, ctx_.device, per_rank_);
+  rng["amp_scaler"] = scaler_->state();
+  if (!group_->is_main()) return "";
+  return save_checkpoint(run_dir_, state_, module_tensors(*model_), optimizer_tensors(*optimizer_, *model_),
+                         config_yaml_, rng, ema_ ? module_tensors(ema_->module()) : TensorMap{});
+}
+
+bool TrainLoop::stop_requested() { return group_->sum({StopOnSignal::requested() != 0 ? 1.0 : 0.0})[0] > 0; }
+
+}  // namespace
+
+LoopResult run_training(const ExperimentConfig& cfg, const TrainArgs& args, const TaskFactory& make_task) {
+  return TrainLoop(cfg, args, make_task).run();
 }
 
 }  // namespace moh

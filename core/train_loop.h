@@ -15,7 +15,9 @@
 
 #include "core/amp.h"
 #include "core/batch_stream.h"
+#include "core/checkpoint.h"
 #include "core/distributed.h"
+#include "core/ema.h"
 #include "core/experiment_config.h"
 #include "core/run_context.h"
 
@@ -26,6 +28,9 @@ struct TrainArgs {
   std::string run_dir;  ///< "" = runs/<config name>
   std::string resume;   ///< "" (fresh; refuses an existing run), "auto" (latest checkpoint if any) or a directory
   bool allow_config_change = false;  ///< resume although the data or batch settings differ from the checkpoint's
+  /// The process group to train in instead of joining the one the environment describes (tests: a group that
+  /// records what its collectives are handed).
+  std::shared_ptr<dist::Group> group;
 };
 
 /// What a resumed run may not change (the checkpoint's weights would not fit), and what it changes only when asked
@@ -33,8 +38,12 @@ struct TrainArgs {
 const std::vector<std::string>& config_keys_fixed_on_resume();
 const std::vector<std::string>& config_keys_guarded_on_resume();
 
-/// Named scalars in a fixed order: the losses of a step ("loss" first), the metrics of an evaluation.
+/// Named scalars in a fixed order: the mean losses of a logging window ("loss" first), the metrics of an evaluation.
 using Scalars = std::vector<std::pair<std::string, double>>;
+/// The losses of one step as named 0-dim tensors on the run's device, detached ("loss" first). The loop sums them
+/// there and reads them only when it writes a metrics line, so no step waits for the device between its forward
+/// and its backward (DiT's train.py reads its loss once per step, after the optimizer step).
+using LossTensors = std::vector<std::pair<std::string, at::Tensor>>;
 /// The value named `name` (0 if absent).
 double scalar(const Scalars& s, const std::string& name);
 
@@ -43,10 +52,22 @@ double scalar(const Scalars& s, const std::string& name);
 /// (DiT).
 double learning_rate_at(const ExperimentConfig& cfg, double t);
 
+/// The learning rate for batch `batch` of `epoch` (of `steps_per_epoch`), when `skipped` of the epoch's earlier
+/// optimizer steps were skipped (fp16 overflow): a step-unit schedule advances with the steps taken, not the batches.
+double step_learning_rate(const ExperimentConfig& cfg, int64_t epoch, int64_t batch, int64_t skipped,
+                          int64_t steps_per_epoch);
+
+/// The optimizer half of a training step: unscale, clip and step (finish_optimizer_step, core/amp.h); then, only when
+/// the step was taken, the EMA update and state.step += 1 — a skipped step (inf/NaN gradients under fp16 loss
+/// scaling) adds to state.skipped and changes nothing else (guided-diffusion: `if took_step: update_ema(); ...`).
+/// Returns whether the step was taken.
+bool complete_optimizer_step(torch::optim::Optimizer& optimizer, torch::nn::Module& model, GradScaler& scaler,
+                             double clip, ModelEma* ema, TrainerState& state);
+
 /// Where in the run a training step is.
 struct StepInfo {
   int64_t epoch = 0, batch = 0;  ///< epoch and batch index within it
-  int64_t step = 0;              ///< optimizer steps done before this one
+  int64_t step = 0;              ///< optimizer steps taken before this one (steps skipped by fp16 overflow excluded)
 };
 
 /// What a model family supplies to the loop. Built after the run context and the resume decision, before the model.
@@ -73,9 +94,9 @@ class TrainTask {
   /// Training examples per epoch (before the split over ranks): the loop refuses a batch larger than this.
   virtual int64_t train_examples() const = 0;
   /// Forward and scaled backward of one optimizer step on the rank's batch (gradients accumulate in the model's
-  /// parameters); returns the step's losses ("loss" first), means over the rank's batch.
-  virtual Scalars backward(torch::nn::Module& model, at::Tensor x, at::Tensor y, const StepInfo& at,
-                           const GradScaler& scaler) = 0;
+  /// parameters); returns the step's losses ("loss" first), means over the rank's batch, without reading them.
+  virtual LossTensors backward(torch::nn::Module& model, at::Tensor x, at::Tensor y, const StepInfo& at,
+                               const GradScaler& scaler) = 0;
   /// Metrics on held-out data, the same on every rank (the first is the one a run's best checkpoint maximises);
   /// empty = the family does not evaluate during training.
   virtual Scalars evaluate(const std::shared_ptr<torch::nn::Module>& model, dist::Group& group) {

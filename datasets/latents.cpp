@@ -101,8 +101,8 @@ std::unique_ptr<SafetensorsReader> open_shard(const std::string& dir, const Late
     const SafetensorsEntry* e = r->find(name);
     if (!e) throw UserError(path, std::string("no tensor '") + name + "'", kHint);
     if (e->dtype != dtype || e->shape != shape)
-      throw UserError(path, std::string("tensor '") + name + "' is " + c10::toString(e->dtype) + " " + c10::str(e->shape) +
-                                ", expected " + c10::toString(dtype) + " " + c10::str(shape), kHint);
+      throw UserError(path, std::string("tensor '") + name + "' is " + c10::toString(e->dtype) + " " + c10::str(c10::IntArrayRef(e->shape)) +
+                                ", expected " + c10::toString(dtype) + " " + c10::str(c10::IntArrayRef(shape)), kHint);
     return e;
   };
   const std::vector<int64_t> shape{n, meta.channels, meta.size, meta.size};

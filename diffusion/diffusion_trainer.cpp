@@ -24,12 +24,11 @@ class DiTTask : public TrainTask {
     return data_.epoch(epoch, rank, world, start_batch);
   }
   int64_t train_examples() const override { return data_.size(); }
-  Scalars backward(torch::nn::Module& model, at::Tensor x0, at::Tensor y, const StepInfo&,
-                   const GradScaler& scaler) override {
+  LossTensors backward(torch::nn::Module& model, at::Tensor x0, at::Tensor y, const StepInfo&,
+                       const GradScaler& scaler) override {
     DiT net(std::dynamic_pointer_cast<DiTImpl>(model.shared_from_this()));
-    const DiffusionStepLosses l = diffusion_backward(net, diffusion_, x0.to(ctx_.device), y.to(ctx_.device),
-                                                     cfg_.train.moh_loss_coeff, ctx_, scaler, ctx_.rank, ctx_.world);
-    return {{"loss", l.loss}, {"mse", l.mse}, {"vb", l.vb}, {"aux", l.aux}};
+    return diffusion_backward(net, diffusion_, x0.to(ctx_.device), y.to(ctx_.device), cfg_.train.moh_loss_coeff, ctx_,
+                              scaler, ctx_.rank, ctx_.world);
   }
 
  private:
@@ -42,18 +41,26 @@ class DiTTask : public TrainTask {
 
 }  // namespace
 
-DiffusionStepLosses diffusion_backward(DiT& model, const GaussianDiffusion& diffusion, const at::Tensor& x0,
-                                       const at::Tensor& y, double beta, const RunContext& ctx, const GradScaler& scaler,
-                                       int rank, int world) {
-  const int64_t B = x0.size(0), G = B * world;  // local and global batch
-  auto mine = [&](const at::Tensor& global) { return world == 1 ? global : global.slice(0, rank, G, world); };
-  std::vector<int64_t> shape = x0.sizes().vec();
+DiffusionDraws draw_training_noise(const std::vector<int64_t>& local_shape, int64_t num_steps, double drop_prob,
+                                   int rank, int world, const c10::Device& device) {
+  const int64_t B = local_shape.at(0), G = B * world;  // local and global batch
+  auto mine = [&](const at::Tensor& global) {
+    return (world == 1 ? global : global.slice(0, rank, G, world)).to(device);
+  };
+  std::vector<int64_t> shape = local_shape;
   shape[0] = G;
-  const at::Tensor t = mine(at::randint(0, diffusion.num_steps(), {G}, at::kLong)).to(x0.device());  // (B)
-  const at::Tensor noise = mine(at::randn(shape, x0.options()));
-  at::Tensor drop;  // DiT's token_drop, drawn here so every rank sees its rows of the global draw
-  const double p = model->y_embedder->dropout_prob;
-  if (model->is_training() && p > 0) drop = mine(at::rand({G}, at::kFloat) < p).to(x0.device());
+  DiffusionDraws d;
+  d.t = mine(at::randint(0, num_steps, {G}, at::kLong));  // (B)
+  d.noise = mine(at::randn(shape, at::kFloat));          // (B, C, H, W)
+  if (drop_prob > 0) d.drop = mine(at::rand({G}, at::kFloat) < drop_prob);  // DiT's token_drop, drawn here
+  return d;
+}
+
+LossTensors diffusion_backward(DiT& model, const GaussianDiffusion& diffusion, const at::Tensor& x0, const at::Tensor& y,
+                               double beta, const RunContext& ctx, const GradScaler& scaler, int rank, int world) {
+  const double p = model->is_training() ? model->y_embedder->dropout_prob : 0.0;
+  const DiffusionDraws d = draw_training_noise(x0.sizes().vec(), diffusion.num_steps(), p, rank, world, x0.device());
+  const at::Tensor &t = d.t, &drop = d.drop, noise = d.noise.to(x0.scalar_type());
   const at::Tensor xt = diffusion.q_sample(x0, t, noise);
   DiTOutput out;
   {
@@ -62,12 +69,9 @@ DiffusionStepLosses diffusion_backward(DiT& model, const GaussianDiffusion& diff
   }
   const GaussianDiffusion::Losses l = diffusion.training_losses(out.out.to(at::kFloat), x0, xt, t, noise);
   at::Tensor loss = l.loss.mean();
-  DiffusionStepLosses r;
-  r.loss = loss.item<double>(), r.mse = l.mse.mean().item<double>(), r.vb = l.vb.mean().item<double>();
-  if (out.aux_loss.defined()) {
-    r.aux = out.aux_loss.item<double>();
-    loss = loss + beta * out.aux_loss.to(at::kFloat);
-  }
+  const at::Tensor aux = out.aux_loss.defined() ? out.aux_loss.to(at::kFloat) : at::zeros({}, loss.options());
+  LossTensors r{{"loss", loss.detach()}, {"mse", l.mse.mean().detach()}, {"vb", l.vb.mean().detach()}, {"aux", aux.detach()}};
+  if (out.aux_loss.defined()) loss = loss + beta * aux;
   scaler.scale(loss).backward();
   return r;
 }

@@ -13,18 +13,23 @@
 
 namespace moh::diffusion {
 
-/// Losses of one training step (batch means).
-struct DiffusionStepLosses {
-  double loss = 0, mse = 0, vb = 0, aux = 0;
+/// The random draws of one DiT training step, in DiT's order: t ~ U{0..T−1} (B), the noise (B, C, H, W) and, when
+/// drop_prob > 0, the class-dropout mask (B) bool. They are drawn for the global batch (B·world rows) from the global
+/// CPU generator, whatever the device — its state is in every checkpoint, so a resumed GPU run does not replay
+/// noise, and any device and process count draw the same numbers — and this rank's rows r, r + world, ... are
+/// copied to `device`.
+struct DiffusionDraws {
+  at::Tensor t, noise, drop;
 };
-/// The forward/backward half of a DiT training step on clean data x0 (B, C, H, W) with labels y: t ~ U{0..T−1},
-/// noise and the class-dropout mask drawn in DiT's order, q_sample, forward under autocast, hybrid loss in fp32 +
-/// β·aux, scaled backward. The optimizer half is finish_optimizer_step (core/amp.h). Data parallel (world > 1): x0
-/// holds the rank's samples r, r + world, ... of the global batch; the draws are made for the whole global batch
-/// (one common generator on every rank) and the rank's rows taken, so the step equals a single process's.
-DiffusionStepLosses diffusion_backward(DiT& model, const GaussianDiffusion& diffusion, const at::Tensor& x0,
-                                       const at::Tensor& y, double beta, const RunContext& ctx, const GradScaler& scaler,
-                                       int rank = 0, int world = 1);
+DiffusionDraws draw_training_noise(const std::vector<int64_t>& local_shape, int64_t num_steps, double drop_prob,
+                                   int rank, int world, const c10::Device& device);
+
+/// The forward/backward half of a DiT training step on clean data x0 (B, C, H, W) with labels y: the draws above,
+/// q_sample, forward under autocast, hybrid loss in fp32 + β·aux, scaled backward. The optimizer half is
+/// finish_optimizer_step (core/amp.h). Data parallel (world > 1): x0 holds the rank's samples r, r + world, ... of
+/// the global batch, so the step equals a single process's. Returns loss, mse, vb, aux (0-dim, on the device).
+LossTensors diffusion_backward(DiT& model, const GaussianDiffusion& diffusion, const at::Tensor& x0, const at::Tensor& y,
+                               double beta, const RunContext& ctx, const GradScaler& scaler, int rank = 0, int world = 1);
 
 /// The DiT task for run_training().
 std::unique_ptr<TrainTask> make_dit_task(const ExperimentConfig& cfg, const RunContext& ctx);

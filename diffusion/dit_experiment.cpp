@@ -94,7 +94,7 @@ std::unique_ptr<BatchStream> DiTTrainData::epoch(int64_t epoch, int rank, int wo
 }
 
 LoadedDiT load_dit_checkpoint(const std::string& path, bool prefer_ema) {
-  Checkpoint ckpt = load_checkpoint(path);
+  Checkpoint ckpt = load_checkpoint(path, /*tensors=*/false);  // the weights file used is read below, alone
   LoadedDiT r;
   r.cfg = parse_experiment(ckpt.config_yaml, ckpt.dir + "/config.resolved.yaml");
   bool known = false;

@@ -34,8 +34,8 @@ class ClassifierTask : public TrainTask {
     return train_.epoch(epoch, cfg_.data.batch_size / world, /*train=*/true, start_batch, true, rank, world);
   }
   int64_t train_examples() const override { return train_.size(); }
-  Scalars backward(torch::nn::Module& model, at::Tensor x, at::Tensor y, const StepInfo& at,
-                   const GradScaler& scaler) override {
+  LossTensors backward(torch::nn::Module& model, at::Tensor x, at::Tensor y, const StepInfo& at,
+                       const GradScaler& scaler) override {
     if (mixup_.enabled()) {  // one λ per batch, drawn from (seed, epoch, batch): the same after a resume
       datasets::AugRng rng(datasets::mix_seed(
           datasets::mix_seed(static_cast<uint64_t>(cfg_.train.seed) ^ 0x6d697875ull, static_cast<uint64_t>(at.epoch)),
@@ -43,9 +43,8 @@ class ClassifierTask : public TrainTask {
       y = datasets::mixup_batch_(x, y, mixup_, rng);
     }
     TransNeXt net(as_impl(model));
-    const StepLosses l = classifier_backward(net, x.to(ctx_.device), y.to(ctx_.device), cfg_.train.accum_steps,
-                                             cfg_.train.moh_loss_coeff, cfg_.train.label_smoothing, ctx_, scaler);
-    return {{"loss", l.loss}, {"aux", l.aux}};
+    return classifier_backward(net, x.to(ctx_.device), y.to(ctx_.device), cfg_.train.accum_steps,
+                               cfg_.train.moh_loss_coeff, cfg_.train.label_smoothing, ctx_, scaler);
   }
   Scalars evaluate(const std::shared_ptr<torch::nn::Module>& model, dist::Group& group) override {
     TransNeXt net(std::dynamic_pointer_cast<TransNeXtImpl>(model));
@@ -82,9 +81,9 @@ EvalResult eval_result(const Scalars& s) {
 
 }  // namespace
 
-StepLosses classifier_backward(TransNeXt& model, const at::Tensor& x, const at::Tensor& y, int64_t accum, double beta,
-                               double label_smoothing, const RunContext& ctx, const GradScaler& scaler) {
-  StepLosses r;
+LossTensors classifier_backward(TransNeXt& model, const at::Tensor& x, const at::Tensor& y, int64_t accum, double beta,
+                                double label_smoothing, const RunContext& ctx, const GradScaler& scaler) {
+  at::Tensor task_sum = at::zeros({}, x.options().dtype(at::kDouble)), aux_sum = at::zeros_like(task_sum);
   const int64_t micro = x.size(0) / accum;
   for (int64_t a = 0; a < accum; ++a) {
     ClassifierOutput out;
@@ -95,14 +94,14 @@ StepLosses classifier_backward(TransNeXt& model, const at::Tensor& x, const at::
     const at::Tensor target = y.narrow(0, a * micro, micro);  // class indices, or soft targets after Mixup
     at::Tensor loss = at::cross_entropy_loss(out.logits.to(at::kFloat), target, {}, at::Reduction::Mean, -100,
                                              target.is_floating_point() ? 0.0 : label_smoothing);
-    r.loss += loss.item<double>() / accum;
+    task_sum += loss.detach();
     if (out.aux_loss.defined()) {
-      r.aux += out.aux_loss.item<double>() / accum;
+      aux_sum += out.aux_loss.detach();
       loss = loss + beta * out.aux_loss.to(at::kFloat);  // L = L_task + β · mean_layers(l_aux)
     }
     scaler.scale(loss / static_cast<double>(accum)).backward();
   }
-  return r;
+  return {{"loss", task_sum / static_cast<double>(accum)}, {"aux", aux_sum / static_cast<double>(accum)}};
 }
 
 std::unique_ptr<TrainTask> make_classifier_task(const ExperimentConfig& cfg, const RunContext& ctx) {

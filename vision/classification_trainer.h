@@ -10,15 +10,12 @@
 
 namespace moh::vision {
 
-/// Task and load-balance loss of one optimizer step (means over its micro-batches).
-struct StepLosses {
-  double loss = 0, aux = 0;
-};
 /// The forward/backward half of a training step: the batch (x, y) is split into `accum` micro-batches, each runs
 /// forward under autocast, cross-entropy (label smoothing) + β·aux in fp32, scaled backward; gradients accumulate in
 /// the parameters. Floating-point y (B, classes) are soft targets (Mixup/CutMix, smoothing already folded in). The
-/// optimizer half is finish_optimizer_step (core/amp.h).
-StepLosses classifier_backward(TransNeXt& model, const at::Tensor& x, const at::Tensor& y, int64_t accum, double beta,
+/// optimizer half is finish_optimizer_step (core/amp.h). Returns the task and load-balance losses (means over the
+/// micro-batches; 0-dim, on the device).
+LossTensors classifier_backward(TransNeXt& model, const at::Tensor& x, const at::Tensor& y, int64_t accum, double beta,
                                double label_smoothing, const RunContext& ctx, const GradScaler& scaler);
 
 /// The classification task for run_training().

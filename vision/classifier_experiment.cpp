@@ -177,7 +177,7 @@ EvalResult evaluate_sharded(TransNeXt& model, const ClassifierSplit& split, int6
 }
 
 LoadedClassifier load_classifier_checkpoint(const std::string& path, bool ema) {
-  Checkpoint ckpt = load_checkpoint(path);
+  Checkpoint ckpt = load_checkpoint(path, /*tensors=*/false);  // the weights file used is read below, alone
   LoadedClassifier r;
   r.cfg = parse_experiment(ckpt.config_yaml, ckpt.dir + "/config.resolved.yaml");
   bool known = false;

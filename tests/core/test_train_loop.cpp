@@ -1,10 +1,13 @@
 // The one training loop (core/train_loop.h) with a toy task that knows nothing of either model family: exact resume,
 // the EMA only when asked for, the best-checkpoint pointer, the metric lines and the schedule.
 #include <torch/nn/modules/linear.h>
+#include <torch/optim/adamw.h>
 
 #include <nlohmann/json.hpp>
 
 #include <csignal>
+#include <limits>
+#include <map>
 
 #include "core/atomic_io.h"
 #include "core/checkpoint.h"
@@ -51,13 +54,14 @@ class ToyTask : public TrainTask {
     return std::make_unique<Batches>(x_, y_, 16, epoch, start);
   }
   int64_t train_examples() const override { return x_.size(0); }
-  Scalars backward(torch::nn::Module& model, at::Tensor x, at::Tensor y, const StepInfo& at, const GradScaler& scaler) override {
+  LossTensors backward(torch::nn::Module& model, at::Tensor x, at::Tensor y, const StepInfo& at,
+                       const GradScaler& scaler) override {
     if (at.step == signal_at_step) std::raise(SIGINT);  // Ctrl-C during this step (the loop's handler takes it)
     auto& lin = dynamic_cast<torch::nn::LinearImpl&>(model);
     const at::Tensor noise = 0.01 * at::randn_like(x);  // a draw from the generator the loop saves and restores
     at::Tensor loss = (lin.forward(x + noise) - y).pow(2).mean();
     scaler.scale(loss).backward();
-    return {{"loss", loss.item<double>()}, {"half", loss.item<double>() / 2}};
+    return {{"loss", loss.detach()}, {"half", loss.detach() / 2}};
   }
   Scalars evaluate(const std::shared_ptr<torch::nn::Module>& model, dist::Group&) override {
     torch::NoGradGuard ng;
@@ -198,6 +202,104 @@ TEST(TrainLoop, RefusesToOverwriteARun) {
   const ExperimentConfig cfg = toy_config(d, "max_steps: 2");
   run(cfg, d.file("run"));
   EXPECT_THROW(run(cfg, d.file("run")), UserError);
+}
+
+// fp16 loss scaling on the CPU with an injected non-finite gradient: the skipped step leaves the weights, the EMA and
+// the step counter as they were (the skip is counted), the learning rate of the next batch is that of the step not
+// taken, and the next finite step advances all three.
+TEST(TrainLoop, SkippedStepsAdvanceNeitherEmaNorScheduleNorCounter) {
+  torch::manual_seed(3);
+  torch::nn::Linear model(3, 2), copy(3, 2);
+  ModelEma ema(copy.ptr(), 0.9, false);
+  ema.copy_from(*model);
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(0.1));
+  GradScaler scaler(Precision::fp16);  // enabled: scale 2^16, skips inf/NaN steps
+  TrainerState state;
+  state.step = 7;
+  auto snapshot = [](torch::nn::Module& m) { return module_tensors(m); };
+  auto same = [](const TensorMap& a, const TensorMap& b) {
+    for (const auto& [k, v] : a)
+      if (!torch::equal(v, b.at(k))) return false;
+    return true;
+  };
+  const TensorMap w0 = snapshot(*model), e0 = snapshot(ema.module());
+  model->weight.mutable_grad() = at::full({2, 3}, std::numeric_limits<float>::quiet_NaN());
+  model->bias.mutable_grad() = at::ones({2});
+  EXPECT_FALSE(complete_optimizer_step(opt, *model, scaler, 1.0, &ema, state));
+  EXPECT_TRUE(same(snapshot(*model), w0));
+  EXPECT_TRUE(same(snapshot(ema.module()), e0));
+  EXPECT_EQ(state.step, 7);
+  EXPECT_EQ(state.skipped, 1);
+  EXPECT_EQ(scaler.current_scale(), 32768.0);
+  ExperimentConfig cfg;  // warm-up over the first epoch of 10 batches: the lr moves with every step taken
+  cfg.optim.lr = 1e-3, cfg.schedule.kind = LrSchedule::cosine, cfg.schedule.unit = ScheduleUnit::step;
+  cfg.schedule.warmup_epochs = 1, cfg.schedule.warmup_lr = 0, cfg.train.epochs = 3;
+  EXPECT_DOUBLE_EQ(step_learning_rate(cfg, 0, 5, 1, 10), step_learning_rate(cfg, 0, 4, 0, 10));
+  EXPECT_LT(step_learning_rate(cfg, 0, 5, 1, 10), step_learning_rate(cfg, 0, 5, 0, 10));
+  model->weight.mutable_grad() = at::ones({2, 3}) * scaler.current_scale();
+  model->bias.mutable_grad() = at::ones({2}) * scaler.current_scale();
+  EXPECT_TRUE(complete_optimizer_step(opt, *model, scaler, 1.0, &ema, state));
+  EXPECT_FALSE(same(snapshot(*model), w0));
+  EXPECT_FALSE(same(snapshot(ema.module()), e0));
+  EXPECT_EQ(state.step, 8);
+  EXPECT_EQ(state.skipped, 1);
+}
+
+// A group whose backend lives on a device other than the host (the `meta` device stands in for a GPU: it holds no
+// data, so the group keeps each tensor's values aside while "on the device"). It records the device of every tensor
+// its collectives are handed; under NCCL a host tensor there is an error at the first step.
+class MetaBackendGroup : public dist::Group {
+ public:
+  explicit MetaBackendGroup(int world) : Group(0, world, c10::Device(c10::kMeta)) {}
+  std::string backend() const override { return "fake (meta device)"; }
+  void barrier() override {}
+  int64_t handed = 0, on_host = 0;
+
+ protected:
+  void backend_allreduce_sum_(std::vector<at::Tensor>& t) override { record(t); }  // the other ranks add zeros
+  void backend_broadcast_(std::vector<at::Tensor>& t, int) override { record(t); }
+  at::Tensor to_backend(const at::Tensor& t) override {
+    at::Tensor m = at::empty(t.sizes(), t.options().device(device_));
+    values_[m.unsafeGetTensorImpl()] = t.detach().clone();
+    return m;
+  }
+  at::Tensor from_backend(const at::Tensor& t, const c10::Device& device) override {
+    return values_.at(t.unsafeGetTensorImpl()).to(device);
+  }
+
+ private:
+  void record(const std::vector<at::Tensor>& t) {
+    for (const auto& x : t) ++handed, on_host += x.device().is_cpu();
+  }
+  std::map<const void*, at::Tensor> values_;
+};
+
+TEST(Distributed, CollectivesGetTensorsOnTheBackendDevice) {
+  auto group = std::make_shared<MetaBackendGroup>(2);
+  EXPECT_EQ(group->sum({1.0, 2.0}), (std::vector<double>{1.0, 2.0}));
+  torch::nn::Linear lin(3, 2);
+  group->broadcast_module(*lin);
+  (lin->weight.sum() * 2).backward();
+  group->average_gradients(lin->parameters());
+  EXPECT_TRUE(torch::equal(lin->weight.grad(), at::ones({2, 3})));  // (2 + 0) / 2 ranks
+  const at::Tensor block = at::arange(6, at::kByte).view({2, 3});
+  EXPECT_TRUE(torch::equal(group->gather_cat(block), block));
+  EXPECT_EQ(group->gather_cat(block).scalar_type(), at::kByte);  // no widened copy
+  const auto states = dist::gather_rng_states(*group, c10::Device(c10::kCPU), /*per_rank=*/true);
+  EXPECT_TRUE(torch::equal(states.at("cpu_ranks")[0], states.at("cpu")));
+  // A whole run of the loop as rank 0 of 2 (model on the host, collectives on the "device").
+  const int64_t before = group->handed;
+  setenv("WORLD_SIZE", "2", 1), setenv("RANK", "0", 1);
+  test::TempDir d;
+  TrainArgs args{d.file("run"), ""};
+  args.group = group;
+  const LoopResult r = run_training(toy_config(d, "ema_decay: 0.9"), args, [](const RunContext&) {
+    return std::make_unique<ToyTask>();
+  });
+  unsetenv("WORLD_SIZE"), unsetenv("RANK");
+  EXPECT_EQ(r.steps, 12);
+  EXPECT_GT(group->handed - before, 12 * 2);  // gradients and the stop check of every step, metrics, states
+  EXPECT_EQ(group->on_host, 0) << "of " << group->handed << " tensors handed to collectives";
 }
 
 // timm CosineLRScheduler as the TransNeXt recipe configures it (per-epoch t, warm-up, cosine over t / epochs).

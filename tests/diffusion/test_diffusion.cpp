@@ -3,6 +3,8 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/checkpoint.h"
+#include "diffusion/diffusion_trainer.h"
 #include "diffusion/dit.h"
 #include "diffusion/gaussian_diffusion.h"
 #include "tests/test_util.h"
@@ -187,6 +189,29 @@ TEST(Diffusion, RespacingMapsMatchSpec) {
   EXPECT_THROW(space_timesteps(1000, "ddim999"), UserError);
   EXPECT_THROW(space_timesteps(1000, "2000"), UserError);
   EXPECT_THROW(space_timesteps(1000, "fast"), UserError);
+}
+
+// The training draws (t, noise, label drops) come from the global CPU generator whatever the device: the `meta`
+// device stands in for a GPU (drawing there would leave the CPU generator untouched, so a checkpoint's generator
+// state would not describe what a resumed GPU run must draw next). Two ranks draw the rows of one process's batch.
+TEST(DiffusionTrainer, DrawsComeFromTheCpuGeneratorWhateverTheDevice) {
+  const std::vector<int64_t> shape{4, 3, 2, 2};
+  torch::manual_seed(21);
+  const DiffusionDraws cpu = draw_training_noise(shape, 1000, 0.1, 0, 1, c10::Device(c10::kCPU));
+  const at::Tensor after_cpu = cpu_rng_state();
+  torch::manual_seed(21);
+  const DiffusionDraws dev = draw_training_noise(shape, 1000, 0.1, 0, 1, c10::Device(c10::kMeta));
+  EXPECT_TRUE(dev.noise.is_meta() && dev.t.is_meta() && dev.drop.is_meta());
+  EXPECT_TRUE(torch::equal(cpu_rng_state(), after_cpu)) << "the device run drew elsewhere than the CPU generator";
+  EXPECT_EQ(cpu.noise.sizes(), at::IntArrayRef(shape));
+  for (int r = 0; r < 2; ++r) {
+    torch::manual_seed(21);
+    const DiffusionDraws half = draw_training_noise({2, 3, 2, 2}, 1000, 0.1, r, 2, c10::Device(c10::kCPU));
+    EXPECT_TRUE(torch::equal(half.noise, cpu.noise.slice(0, r, 4, 2)));
+    EXPECT_TRUE(torch::equal(half.t, cpu.t.slice(0, r, 4, 2)));
+    EXPECT_TRUE(torch::equal(half.drop, cpu.drop.slice(0, r, 4, 2)));
+    EXPECT_TRUE(torch::equal(cpu_rng_state(), after_cpu)) << "rank " << r << " drew the whole global batch";
+  }
 }
 
 }  // namespace
