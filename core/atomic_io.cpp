@@ -82,30 +82,48 @@ static std::string parent_of(const std::string& path) {
   return p.empty() ? "." : p.string();
 }
 
-void write_file_atomic(const std::string& path, const std::string& bytes) {
-  std::string tmp = path + unique_suffix();
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) throw std::runtime_error("cannot create " + tmp + ": " + std::strerror(errno));
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      int e = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw std::runtime_error("cannot write " + tmp + ": " + std::strerror(e));
-    }
+AtomicFileWriter::AtomicFileWriter(std::string path) : path_(std::move(path)), tmp_(path_ + unique_suffix()) {
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw std::runtime_error("cannot create " + tmp_ + ": " + std::strerror(errno));
+}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (fd_ < 0) return;
+  ::close(fd_);
+  ::unlink(tmp_.c_str());
+}
+
+void AtomicFileWriter::write(const void* data, size_t bytes) {
+  const auto* p = static_cast<const char*>(data);
+  for (size_t done = 0; done < bytes;) {
+    const ssize_t n = ::write(fd_, p + done, bytes - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw std::runtime_error("cannot write " + tmp_ + ": " + std::strerror(errno));
     done += static_cast<size_t>(n);
   }
-  ::fsync(fd);
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int e = errno;
-    ::unlink(tmp.c_str());
-    throw std::runtime_error("cannot rename " + tmp + " to " + path + ": " + std::strerror(e));
+}
+
+void AtomicFileWriter::commit() {
+  const bool synced = ::fsync(fd_) == 0;
+  const int e = errno;
+  ::close(fd_);
+  fd_ = -1;
+  if (!synced && e != EINVAL) {
+    ::unlink(tmp_.c_str());
+    throw std::runtime_error("cannot write " + tmp_ + ": " + std::strerror(e));
   }
-  fsync_path(parent_of(path));
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    const int re = errno;
+    ::unlink(tmp_.c_str());
+    throw std::runtime_error("cannot rename " + tmp_ + " to " + path_ + ": " + std::strerror(re));
+  }
+  fsync_path(parent_of(path_));
+}
+
+void write_file_atomic(const std::string& path, const std::string& bytes) {
+  AtomicFileWriter f(path);
+  f.write(bytes.data(), bytes.size());
+  f.commit();
 }
 
 AtomicDir::AtomicDir(std::string final_path, bool replace) : final_(std::move(final_path)), replace_(replace) {

@@ -12,6 +12,22 @@ std::string read_file(const std::string& path, const std::string& what = "file")
 /// Writes `bytes` to `path` atomically, replacing any previous file only once the new one is on disk.
 void write_file_atomic(const std::string& path, const std::string& bytes);
 
+/// A file written piece by piece under a temporary name and moved into place by commit() (fsync, rename, fsync of the
+/// parent); destroyed before commit(), the temporary file is removed. For files too large to build in memory.
+class AtomicFileWriter {
+ public:
+  explicit AtomicFileWriter(std::string path);
+  ~AtomicFileWriter();
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+  void write(const void* data, size_t bytes);
+  void commit();
+
+ private:
+  std::string path_, tmp_;
+  int fd_ = -1;
+};
+
 /// fsync of a file or directory (best effort on filesystems that do not support it for directories).
 void fsync_path(const std::string& path);
 

@@ -27,6 +27,13 @@ namespace moh {
 
 namespace fs = std::filesystem;
 
+TensorMap module_tensor_views(const torch::nn::Module& module) {
+  TensorMap out;
+  for (const auto& p : module.named_parameters()) out[p.key()] = p.value().detach();
+  for (const auto& b : module.named_buffers()) out[b.key()] = b.value().detach();
+  return out;
+}
+
 TensorMap module_tensors(const torch::nn::Module& module) {
   TensorMap out;
   for (const auto& p : module.named_parameters()) out[p.key()] = p.value().detach().to(at::kCPU).clone();
@@ -106,8 +113,8 @@ template <class State>
 bool save_state(torch::optim::OptimizerParamState* s, const std::string& name, TensorMap& out) {
   auto* st = dynamic_cast<State*>(s);
   if (!st) return false;
-  out[name + ".exp_avg"] = st->exp_avg().to(at::kCPU).clone();
-  out[name + ".exp_avg_sq"] = st->exp_avg_sq().to(at::kCPU).clone();
+  out[name + ".exp_avg"] = st->exp_avg().detach();  // views of the live state (saved before the next step)
+  out[name + ".exp_avg_sq"] = st->exp_avg_sq().detach();
   out[name + ".step"] = at::tensor(static_cast<int64_t>(st->step()), at::kLong);
   return true;
 }

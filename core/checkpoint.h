@@ -21,6 +21,8 @@ constexpr int kCheckpointFormat = 1;
 
 /// Named parameters and buffers of a module as a TensorMap (CPU copies, official names).
 TensorMap module_tensors(const torch::nn::Module& module);
+/// The same as detached views of the live tensors (on their device, no copy): for writing a checkpoint at once.
+TensorMap module_tensor_views(const torch::nn::Module& module);
 
 /// Loads tensors into a module by name. Missing/unexpected names and shape mismatches are UserErrors naming them
 /// (unless allow_missing, which tolerates missing entries).
@@ -31,7 +33,8 @@ void load_module_tensors(torch::nn::Module& module, const TensorMap& tensors, co
 /// tensor, not the module plus the file); the same errors as load_module_tensors.
 void load_module_file(torch::nn::Module& module, const std::string& path, bool allow_missing = false);
 
-/// AdamW/Adam state by parameter name: "<name>.exp_avg", "<name>.exp_avg_sq", "<name>.step".
+/// AdamW/Adam state by parameter name: "<name>.exp_avg", "<name>.exp_avg_sq" (views of the live state, on its device:
+/// write them before the next step), "<name>.step".
 TensorMap optimizer_tensors(torch::optim::Optimizer& optimizer, const torch::nn::Module& module);
 /// Restores optimizer_tensors() output into an optimizer built over the same module.
 void load_optimizer_tensors(torch::optim::Optimizer& optimizer, const torch::nn::Module& module, const TensorMap& t,

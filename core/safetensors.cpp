@@ -121,34 +121,52 @@ std::string safetensors_dtype(at::ScalarType t) {
   throw std::invalid_argument(std::string("safetensors: unsupported dtype ") + c10::toString(t));
 }
 
-std::string safetensors_bytes(const TensorMap& tensors, const MetadataMap& metadata) {
+namespace {
+
+// The 8-byte length and the JSON header (padded to 8 bytes) of `tensors` laid out in name order; nothing is copied.
+std::string header_bytes(const TensorMap& tensors, const MetadataMap& metadata) {
   json header = json::object();
-  std::vector<at::Tensor> data;
   uint64_t offset = 0;
-  for (const auto& [name, t0] : tensors) {
+  for (const auto& [name, t] : tensors) {
     if (name == "__metadata__") throw std::invalid_argument("safetensors: reserved tensor name __metadata__");
-    at::Tensor t = t0.detach().to(at::kCPU).contiguous();
-    uint64_t nbytes = static_cast<uint64_t>(t.numel()) * t.element_size();
+    const uint64_t nbytes = static_cast<uint64_t>(t.numel()) * t.element_size();
     header[name] = {{"dtype", safetensors_dtype(t.scalar_type())},
                     {"shape", t.sizes().vec()},
                     {"data_offsets", {offset, offset + nbytes}}};
     offset += nbytes;
-    data.push_back(t);
   }
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::string text = header.dump();
   while (text.size() % 8 != 0) text.push_back(' ');  // align the data section to 8 bytes
   std::string out;
-  out.reserve(8 + text.size() + offset);
-  uint64_t n = text.size();
+  const uint64_t n = text.size();
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
-  out += text;
-  for (const auto& t : data) out.append(static_cast<const char*>(t.data_ptr()), t.numel() * t.element_size());
+  return out + text;
+}
+
+// Each tensor as contiguous host bytes, one at a time (a GPU tensor is copied over alone).
+template <class Sink>
+void for_each_tensor_bytes(const TensorMap& tensors, Sink&& sink) {
+  for (const auto& [name, t0] : tensors) {
+    const at::Tensor t = t0.detach().to(at::kCPU).contiguous();
+    sink(static_cast<const char*>(t.data_ptr()), static_cast<size_t>(t.numel()) * t.element_size());
+  }
+}
+
+}  // namespace
+
+std::string safetensors_bytes(const TensorMap& tensors, const MetadataMap& metadata) {
+  std::string out = header_bytes(tensors, metadata);
+  for_each_tensor_bytes(tensors, [&](const char* p, size_t n) { out.append(p, n); });
   return out;
 }
 
 void save_safetensors(const std::string& path, const TensorMap& tensors, const MetadataMap& metadata) {
-  write_file_atomic(path, safetensors_bytes(tensors, metadata));
+  AtomicFileWriter f(path);  // streamed: peak memory is the largest tensor, not the file
+  const std::string head = header_bytes(tensors, metadata);
+  f.write(head.data(), head.size());
+  for_each_tensor_bytes(tensors, [&](const char* p, size_t n) { f.write(p, n); });
+  f.commit();
 }
 
 namespace {

@@ -420,8 +420,9 @@ std::string TrainLoop::save() {
   TensorMap rng = dist::gather_rng_states(*group_, ctx_.device, per_rank_);
   rng["amp_scaler"] = scaler_->state();
   if (!group_->is_main()) return "";
-  return save_checkpoint(run_dir_, state_, module_tensors(*model_), optimizer_tensors(*optimizer_, *model_),
-                         config_yaml_, rng, ema_ ? module_tensors(ema_->module()) : TensorMap{});
+  // Views of the live tensors, streamed to disk one at a time (an XL/2 state is ~11 GB).
+  return save_checkpoint(run_dir_, state_, module_tensor_views(*model_), optimizer_tensors(*optimizer_, *model_),
+                         config_yaml_, rng, ema_ ? module_tensor_views(ema_->module()) : TensorMap{});
 }
 
 bool TrainLoop::stop_requested() { return group_->sum({StopOnSignal::requested() != 0 ? 1.0 : 0.0})[0] > 0; }

@@ -1,7 +1,9 @@
 #include "datasets/npz.h"
 
 #include <zip.h>
+#include <zlib.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -130,12 +132,12 @@ NpyHeader parse_npy_header(const std::string& bytes, const std::string& origin) 
   return h;
 }
 
-std::string npy_bytes(const at::Tensor& tensor) {
-  const at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
+std::string npy_header(at::ScalarType dtype, const std::vector<int64_t>& dims) {
+  const auto rank = static_cast<int64_t>(dims.size());
   std::string shape = "(";
-  for (int64_t i = 0; i < t.dim(); ++i) shape += std::to_string(t.size(i)) + (t.dim() == 1 ? ",)" : i + 1 < t.dim() ? ", " : ")");
-  if (t.dim() == 0) shape = "()";
-  std::string dict = "{'descr': '" + descr_of(t.scalar_type()) + "', 'fortran_order': False, 'shape': " + shape + ", }";
+  for (int64_t i = 0; i < rank; ++i) shape += std::to_string(dims[i]) + (rank == 1 ? ",)" : i + 1 < rank ? ", " : ")");
+  if (rank == 0) shape = "()";
+  std::string dict = "{'descr': '" + descr_of(dtype) + "', 'fortran_order': False, 'shape': " + shape + ", }";
   const size_t total = kNpyMagicLen + 4 + dict.size() + 1;
   dict.append((kNpyAlign - total % kNpyAlign) % kNpyAlign, ' ');
   dict += '\n';
@@ -145,6 +147,12 @@ std::string npy_bytes(const at::Tensor& tensor) {
   out += static_cast<char>(dict.size() & 0xff);
   out += static_cast<char>(dict.size() >> 8);
   out += dict;
+  return out;
+}
+
+std::string npy_bytes(const at::Tensor& tensor) {
+  const at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
+  std::string out = npy_header(t.scalar_type(), t.sizes().vec());
   out.append(static_cast<const char*>(t.data_ptr()), t.nbytes());
   return out;
 }
@@ -161,6 +169,16 @@ at::Tensor parse_npy(const std::string& bytes, const std::string& origin) {
 }
 
 void save_npz(const std::string& path, const std::map<std::string, at::Tensor>& arrays, NpzCompression compression) {
+  if (compression == NpzCompression::stored) {  // np.savez's layout, written by the streaming writer
+    NpzWriter w(path);
+    for (const auto& [name, tensor] : arrays) {
+      w.begin(name, tensor.scalar_type(), tensor.sizes().vec());
+      w.write_rows(tensor);
+      w.end();
+    }
+    w.close();
+    return;
+  }
   namespace fs = std::filesystem;
   const fs::path final_path(path);
   if (final_path.has_parent_path()) fs::create_directories(final_path.parent_path());
@@ -195,6 +213,125 @@ void save_npz(const std::string& path, const std::map<std::string, at::Tensor>& 
   fsync_path(tmp);
   fs::rename(tmp, final_path);
   if (final_path.has_parent_path()) fsync_path(final_path.parent_path().string());
+}
+
+// ---- streamed writing (np.savez layout with Zip64 sizes) --------------------------------------------------------
+
+namespace {
+constexpr uint16_t kZipVersion = 45;  // 4.5: Zip64
+constexpr uint16_t kDosDate2020 = (40 << 9) | (1 << 5) | 1;  // 2020-01-01 (kNpzMemberTime), time 00:00
+
+// Little-endian fields of a zip header.
+struct ZipBytes {
+  std::string b;
+  ZipBytes& u16(uint64_t v) { return put(v, 2); }
+  ZipBytes& u32(uint64_t v) { return put(v, 4); }
+  ZipBytes& u64(uint64_t v) { return put(v, 8); }
+  ZipBytes& put(uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) b.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+    return *this;
+  }
+};
+}  // namespace
+
+NpzWriter::NpzWriter(std::string path) : path_(std::move(path)) {
+  namespace fs = std::filesystem;
+  const fs::path final_path(path_);
+  if (final_path.has_parent_path()) fs::create_directories(final_path.parent_path());
+  tmp_ = path_ + ".tmp-" + std::to_string(::getpid());
+  file_ = std::fopen(tmp_.c_str(), "wb");
+  if (!file_) throw std::runtime_error("npz " + path_ + ": cannot create: " + std::strerror(errno));
+}
+
+NpzWriter::~NpzWriter() {
+  if (!file_) return;
+  std::fclose(file_);
+  std::remove(tmp_.c_str());
+}
+
+void NpzWriter::put(const void* data, size_t bytes) {
+  if (bytes > 0 && std::fwrite(data, 1, bytes, file_) != bytes)
+    throw std::runtime_error("npz " + path_ + ": write failed: " + std::strerror(errno));
+  pos_ += bytes;
+}
+
+void NpzWriter::begin(const std::string& name, at::ScalarType dtype, const std::vector<int64_t>& shape) {
+  TORCH_CHECK(file_ && !open_member_, "NpzWriter::begin: closed, or a member is open");
+  const std::string header = npy_header(dtype, shape), entry = name + ".npy";
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  Member m{entry, pos_, header.size() + static_cast<uint64_t>(numel) * c10::elementSize(dtype), 0};
+  // Local header with the sizes in its Zip64 field (known in advance); the CRC is patched in by end().
+  ZipBytes h;
+  h.u32(0x04034b50).u16(kZipVersion).u16(0).u16(0).u16(0).u16(kDosDate2020).u32(0).u32(0xffffffff).u32(0xffffffff);
+  h.u16(entry.size()).u16(20);
+  h.b += entry;
+  h.u16(0x0001).u16(16).u64(m.size).u64(m.size);
+  put(h.b.data(), h.b.size());
+  m.crc = static_cast<uint32_t>(crc32(0L, reinterpret_cast<const Bytef*>(header.data()), static_cast<uInt>(header.size())));
+  put(header.data(), header.size());
+  members_.push_back(m);
+  open_member_ = true, dtype_ = dtype, shape_ = shape;
+  rows_left_ = shape.empty() ? 1 : shape[0];
+}
+
+void NpzWriter::write_rows(const at::Tensor& rows) {
+  TORCH_CHECK(open_member_, "NpzWriter::write_rows: no member is open");
+  const at::Tensor t = rows.detach().to(at::kCPU).contiguous();
+  const int64_t n = shape_.empty() ? 1 : t.size(0);
+  TORCH_CHECK(t.scalar_type() == dtype_ && n <= rows_left_, "NpzWriter::write_rows: dtype or row count");
+  if (!shape_.empty())
+    TORCH_CHECK(std::vector<int64_t>(t.sizes().begin() + 1, t.sizes().end()) ==
+                    std::vector<int64_t>(shape_.begin() + 1, shape_.end()), "NpzWriter::write_rows: row shape");
+  const auto* p = static_cast<const Bytef*>(t.data_ptr());
+  for (size_t done = 0; done < t.nbytes();) {  // zlib's crc32 takes at most 4 GB per call
+    const size_t chunk = std::min<size_t>(t.nbytes() - done, size_t{1} << 30);
+    members_.back().crc = static_cast<uint32_t>(crc32(members_.back().crc, p + done, static_cast<uInt>(chunk)));
+    done += chunk;
+  }
+  put(t.data_ptr(), t.nbytes());
+  rows_left_ -= n;
+}
+
+void NpzWriter::end() {
+  TORCH_CHECK(open_member_ && rows_left_ == 0, "NpzWriter::end: rows missing from member ", members_.back().name);
+  const Member& m = members_.back();
+  ZipBytes crc;
+  crc.u32(m.crc);
+  if (std::fseek(file_, static_cast<long>(m.offset + 14), SEEK_SET) != 0 || std::fwrite(crc.b.data(), 1, 4, file_) != 4 ||
+      std::fseek(file_, 0, SEEK_END) != 0)
+    throw std::runtime_error("npz " + path_ + ": write failed: " + std::strerror(errno));
+  open_member_ = false;
+}
+
+void NpzWriter::close() {
+  TORCH_CHECK(file_ && !open_member_, "NpzWriter::close: a member is still open");
+  const uint64_t cd_start = pos_;
+  for (const Member& m : members_) {
+    ZipBytes c;
+    c.u32(0x02014b50).u16(kZipVersion).u16(kZipVersion).u16(0).u16(0).u16(0).u16(kDosDate2020).u32(m.crc);
+    c.u32(0xffffffff).u32(0xffffffff).u16(m.name.size()).u16(28).u16(0).u16(0).u16(0).u32(0).u32(0xffffffff);
+    c.b += m.name;
+    c.u16(0x0001).u16(24).u64(m.size).u64(m.size).u64(m.offset);
+    put(c.b.data(), c.b.size());
+  }
+  const uint64_t cd_size = pos_ - cd_start, eocd64 = pos_;
+  ZipBytes e;
+  e.u32(0x06064b50).u64(44).u16(kZipVersion).u16(kZipVersion).u32(0).u32(0).u64(members_.size()).u64(members_.size());
+  e.u64(cd_size).u64(cd_start);
+  e.u32(0x07064b50).u32(0).u64(eocd64).u32(1);
+  e.u32(0x06054b50).u16(0).u16(0).u16(0xffff).u16(0xffff).u32(0xffffffff).u32(0xffffffff).u16(0);
+  put(e.b.data(), e.b.size());
+  const bool flushed = std::fflush(file_) == 0 && ::fsync(::fileno(file_)) == 0;
+  const bool closed = std::fclose(file_) == 0;
+  file_ = nullptr;
+  if (!flushed || !closed) {
+    std::remove(tmp_.c_str());
+    throw std::runtime_error("npz " + path_ + ": write failed: " + std::strerror(errno));
+  }
+  std::filesystem::rename(tmp_, path_);
+  const std::filesystem::path parent = std::filesystem::path(path_).parent_path();
+  if (!parent.empty()) fsync_path(parent.string());
 }
 
 // ---- reading ------------------------------------------------------------------------------------------------------

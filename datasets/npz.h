@@ -5,6 +5,8 @@
 // sample batch never has to fit in memory twice. Malformed input is a UserError naming the file and member.
 #include <ATen/ATen.h>
 
+#include <cstdio>
+
 #include <map>
 #include <memory>
 #include <string>
@@ -23,7 +25,9 @@ struct NpyHeader {
 
 /// Parses the header of a .npy byte buffer (magic, version 1/2/3, dict with descr/fortran_order/shape).
 NpyHeader parse_npy_header(const std::string& bytes, const std::string& origin);
-/// The .npy encoding of a CPU tensor (version 1.0 header padded to 64 bytes, like numpy).
+/// The .npy header of an array (version 1.0, padded to 64 bytes, like numpy); the C-order data follows it.
+std::string npy_header(at::ScalarType dtype, const std::vector<int64_t>& shape);
+/// The .npy encoding of a CPU tensor.
 std::string npy_bytes(const at::Tensor& tensor);
 /// Decodes a whole .npy buffer.
 at::Tensor parse_npy(const std::string& bytes, const std::string& origin);
@@ -35,6 +39,43 @@ enum class NpzCompression { stored, deflated };
 /// `path` only when complete.
 void save_npz(const std::string& path, const std::map<std::string, at::Tensor>& arrays,
               NpzCompression compression = NpzCompression::stored);
+
+/// Writes an .npz whose members are streamed in blocks of rows: each member is declared with its dtype and shape,
+/// then its rows arrive in order (numpy's np.savez layout: stored .npy members, Zip64 sizes, so archives above 4 GB —
+/// 50,000 images of 256² — open with np.load). Memory holds one block, never the array. The archive appears under
+/// `path` only when close() has written it completely (a temporary file, fsync, rename); destroyed before close(),
+/// the writer removes its temporary file.
+class NpzWriter {
+ public:
+  explicit NpzWriter(std::string path);
+  ~NpzWriter();
+  NpzWriter(const NpzWriter&) = delete;
+  NpzWriter& operator=(const NpzWriter&) = delete;
+  /// Starts member `name` (.npy appended) of the given dtype and shape.
+  void begin(const std::string& name, at::ScalarType dtype, const std::vector<int64_t>& shape);
+  /// The member's next rows: (n, shape[1:]...) of its dtype.
+  void write_rows(const at::Tensor& rows);
+  /// Ends the member (every row must have arrived).
+  void end();
+  /// Writes the central directory and moves the archive into place.
+  void close();
+
+ private:
+  struct Member {
+    std::string name;
+    uint64_t offset = 0, size = 0;
+    uint32_t crc = 0;
+  };
+  void put(const void* data, size_t bytes);
+  std::string path_, tmp_;
+  std::FILE* file_ = nullptr;
+  uint64_t pos_ = 0;
+  std::vector<Member> members_;
+  bool open_member_ = false;
+  at::ScalarType dtype_ = at::kByte;
+  std::vector<int64_t> shape_;
+  int64_t rows_left_ = 0;
+};
 
 /// Reads one member of an .npz sequentially in blocks of rows (axis 0).
 class NpyRowReader {

@@ -38,6 +38,12 @@ void validate_dit_experiment(const ExperimentConfig& cfg, bool training) {
                                                   std::to_string(physical_memory_bytes() >> 30) + " GiB",
                     "lower model.img_size or data.batch_size");
   if (cfg.train.accum_steps != 1) throw UserError("config: train.accum_steps", "must be 1 for diffusion training", "");
+  if (cfg.sampling.cfg_scale > 1.0 && o.class_dropout_prob <= 0)
+    throw UserError("config: sampling.cfg_scale", cfg.model.name + " has no null class (class_dropout_prob = 0)",
+                    "set sampling.cfg_scale=1");
+  if (cfg.sampling.cfg_scale > 1.0 && cfg.sampling.cfg_channels == CfgChannels::three && o.in_channels < 3)
+    throw UserError("config: sampling.cfg_channels", "three (DiT's latent quirk) needs at least 3 channels, the model has " +
+                                                         std::to_string(o.in_channels), "set sampling.cfg_channels=all");
   space_timesteps(cfg.diffusion.steps, cfg.sampling.steps);  // "sampling.steps" must respace diffusion.steps
   if (!training) return;
   const bool latent = cfg.data.dataset == DatasetKind::latents;
@@ -91,6 +97,18 @@ std::unique_ptr<BatchStream> DiTTrainData::epoch(int64_t epoch, int rank, int wo
                                                     rank, world, start_batch);
   return std::make_unique<datasets::EpochLoader>(pixels_, tf_, cfg_.data.batch_size / world, /*train=*/true, seed, epoch,
                                                  start_batch, true, 2, rank, world);  // the rank's strided share of every batch
+}
+
+AutoencoderKL load_sampling_vae(const ExperimentConfig& cfg, const RunContext& ctx) {
+  if (cfg.diffusion.vae != VaeKind::sd) return AutoencoderKL(nullptr);
+  if (cfg.diffusion.vae_weights.empty())
+    throw UserError("config: diffusion.vae_weights", "is empty, but vae: sd samples must be decoded",
+                    "set it to sd-vae-ft-ema's diffusion_pytorch_model.safetensors");
+  AutoencoderKL vae;
+  load_sd_vae(vae, cfg.diffusion.vae_weights);
+  vae->eval();
+  vae->to(ctx.device);
+  return vae;
 }
 
 LoadedDiT load_dit_checkpoint(const std::string& path, bool prefer_ema) {

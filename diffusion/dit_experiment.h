@@ -8,7 +8,9 @@
 #include "core/experiment_config.h"
 #include "datasets/latents.h"
 #include "datasets/loader.h"
+#include "core/run_context.h"
 #include "diffusion/dit.h"
+#include "diffusion/sd_vae.h"
 
 namespace moh::diffusion {
 
@@ -48,6 +50,10 @@ struct LoadedDiT {
   std::string weights;       ///< "ema" or "model": which weights were loaded
   int64_t step = 0;          ///< optimizer steps of the checkpoint
 };
+/// The decoder of a latent experiment's samples (diffusion.vae: sd; eval mode, on ctx.device), or an empty holder
+/// for pixel-space models. UserError when diffusion.vae_weights is not set.
+AutoencoderKL load_sampling_vae(const ExperimentConfig& cfg, const RunContext& ctx);
+
 /// Loads a DiT checkpoint (checkpoint or run directory) for sampling: the EMA weights when `prefer_ema` and the
 /// checkpoint kept an EMA (what DiT samples from), else the trained weights. A classifier checkpoint is a UserError.
 LoadedDiT load_dit_checkpoint(const std::string& path, bool prefer_ema = true);

@@ -1,10 +1,15 @@
 #pragma once
-// Seeded, data-parallel sampling of a labelled set of images (DiT's sample.py / sample_ddp.py): batch k is seeded by
-// (seed, k), so its noise and the chain's draws do not depend on other batches; rank r samples batches r, r + world,
-// ... and the images are gathered in batch order, so any number of ranks produces exactly one process's images.
+// Seeded, data-parallel sampling of a labelled set of images into one ADM .npz (DiT's sample_ddp.py: every rank
+// writes its images, one process merges them). Batch k is seeded by (seed, k), so its noise and the chain's draws do
+// not depend on other batches or on the number of ranks; rank r samples batches r, r + world, ... and writes each as
+// a part file (PARTS/batch_NNNNNN.npy, written atomically). Parts already on disk are kept, so an interrupted run
+// resumes where it stopped (with any number of ranks). Rank 0 then streams the parts in batch order into the .npz:
+// memory holds one batch, whatever the number of samples.
 #include <ATen/ATen.h>
 
 #include <functional>
+#include <string>
+#include <vector>
 
 #include "core/distributed.h"
 #include "core/run_context.h"
@@ -15,19 +20,31 @@ namespace moh::diffusion {
 
 /// What to sample and how.
 struct SampleSetOptions {
-  SampleOptions chain;      ///< sampler, eta, CFG
+  SampleOptions chain;  ///< sampler, eta, CFG
   int64_t batch_size = 100;
   uint64_t seed = 0;
 };
 
-/// Samples one image per label (N) with `model` on `chain`, decoding latents with `vae` when it is set (z / 0.18215,
-/// DiT's sample.py). `on_step` is called after every chain step of this rank. Returns the (N, H, W, C) uint8 images
-/// on every rank (C = the model's channels, 3 after the VAE).
-at::Tensor sample_images(DiT& model, const GaussianDiffusion& chain, AutoencoderKL& vae, const at::Tensor& labels,
-                         const SampleSetOptions& o, const RunContext& ctx, dist::Group& group,
-                         const std::function<void()>& on_step = {});
+/// The part file of batch k.
+std::string sample_part_path(const std::string& parts_dir, int64_t batch);
 
-/// Chain steps this rank runs for `n` labels (for its progress bar).
-int64_t sample_images_steps(int64_t n, const SampleSetOptions& o, const GaussianDiffusion& chain, const dist::Group& group);
+/// The batches of `n` labels without a part file yet, ascending.
+std::vector<int64_t> missing_sample_batches(int64_t n, const std::string& parts_dir, int64_t batch_size);
+/// This rank's share of them (every world-th, from its rank: the ranks finish within one batch of each other).
+std::vector<int64_t> rank_share(const std::vector<int64_t>& batches, const dist::Group& group);
+
+/// Samples `batches` of `labels` (N) with `model` on `chain` into part files (b, H, W, C) uint8, decoding latents
+/// with `vae` when it is set (z / 0.18215, DiT's sample.py); C is the model's channels (3 after the VAE).
+/// `on_step` is called after every chain step.
+void sample_parts(DiT& model, const GaussianDiffusion& chain, AutoencoderKL& vae, const at::Tensor& labels,
+                  const std::vector<int64_t>& batches, const SampleSetOptions& o, const RunContext& ctx,
+                  const std::string& parts_dir, const std::function<void()>& on_step = {});
+
+/// Streams the parts of `labels` (N) into `out_npz` in ADM's layout (arr_0 (N, H, W, 3) uint8, grey replicated to
+/// RGB; arr_1 labels int64), one batch in memory at a time; `on_batch(first_row, images)` sees each batch on its way
+/// (e.g. to pick grid tiles). A missing or mis-shaped part is a runtime error naming it.
+void merge_sample_parts(const std::string& parts_dir, const at::Tensor& labels, int64_t batch_size,
+                        const std::string& out_npz,
+                        const std::function<void(int64_t, const at::Tensor&)>& on_batch = {});
 
 }  // namespace moh::diffusion

@@ -24,11 +24,9 @@ at::Tensor sample_loop(DiT& model, const GaussianDiffusion& chain, const at::Ten
   torch::NoGradGuard ng;
   const DiTOptions& mo = model->options;
   const bool cfg = o.cfg_scale > 1.0;
-  if (cfg && mo.class_dropout_prob <= 0)
-    throw UserError("sampling.cfg_scale", "the model has no null class (class_dropout_prob = 0)", "use cfg_scale 1");
-  if (cfg && o.cfg_channels == CfgChannels::three && mo.in_channels < 3)
-    throw UserError("sampling.cfg_channels", "three (DiT's latent quirk) needs at least 3 channels, the model has " +
-                                                 std::to_string(mo.in_channels), "use cfg_channels: all");
+  // Configs are checked by validate_dit_experiment; these are the invariants forward_with_cfg relies on.
+  TORCH_CHECK(!cfg || mo.class_dropout_prob > 0, "sample_loop: CFG needs a null class");
+  TORCH_CHECK(!cfg || o.cfg_channels != CfgChannels::three || mo.in_channels >= 3, "sample_loop: cfg_channels three needs 3 channels");
   const int64_t n = noise.size(0);
   at::Tensor x = cfg ? at::cat({noise, noise}) : noise;
   at::Tensor y = labels.to(noise.device(), at::kLong);

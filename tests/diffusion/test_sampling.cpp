@@ -2,12 +2,17 @@
 // forward_with_cfg, DDPM/DDIM sampling determinism, and the diffusion trainer's exact resume.
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
+#include <fstream>
+
 #include "core/atomic_io.h"
 #include "core/checkpoint.h"
 #include "core/error.h"
 #include "datasets/fashion_mnist.h"
 #include "diffusion/diffusion_process.h"
 #include "diffusion/diffusion_trainer.h"
+#include "datasets/npz.h"
+#include "diffusion/sample_set.h"
 #include "diffusion/sampler.h"
 #include "diffusion/sd_vae.h"
 #include "tests/test_util.h"
@@ -124,6 +129,75 @@ TEST(Sampling, DdimEtaZeroIsDeterministicAndDdpmFollowsTheSeed) {
   // uint8 conversion as sample_ddp: clamp(127.5·x + 128) truncated.
   at::Tensor u = to_uint8_nhwc(torch::tensor({-1.0f, 0.0f, 0.999f, 2.0f}).view({1, 1, 1, 4}));
   EXPECT_TRUE(u.flatten().equal(torch::tensor({0, 128, 255, 255}, torch::kByte)));
+}
+
+// Peak resident memory since the last reset (VmHWM; writing 5 to clear_refs resets it, Linux ≥ 4.0), in bytes;
+// -1 where /proc does not allow it.
+int64_t reset_peak_rss() {
+  std::ofstream clear("/proc/self/clear_refs");
+  clear << "5";
+  return clear ? 0 : -1;
+}
+int64_t peak_rss_bytes() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  return -1;
+}
+
+// Per-batch part files, a run interrupted after some of them and resumed (in another order of ranks), and the
+// streamed merge: the .npz equals the images of one uninterrupted process, in uint8.
+TEST(SampleSet, PartsResumeAndMergeExactly) {
+  test::TempDir d;
+  DiT model = tiny_dit(1, true);
+  const GaussianDiffusion chain = GaussianDiffusion::respaced(1000, "ddim2");
+  AutoencoderKL no_vae{nullptr};
+  RunContext ctx;
+  SampleSetOptions o;
+  o.chain.sampler = SamplerKind::ddim, o.batch_size = 3, o.seed = 9;
+  const at::Tensor labels = at::arange(10, at::kLong).remainder(10);  // 4 batches: 3, 3, 3, 1
+  const std::string whole = d.file("whole"), split = d.file("split");
+  sample_parts(model, chain, no_vae, labels, missing_sample_batches(10, whole, 3), o, ctx, whole);
+  sample_parts(model, chain, no_vae, labels, {2, 0}, o, ctx, split);  // "killed" after two batches
+  EXPECT_EQ(missing_sample_batches(10, split, 3), (std::vector<int64_t>{1, 3}));
+  sample_parts(model, chain, no_vae, labels, missing_sample_batches(10, split, 3), o, ctx, split);
+  std::vector<at::Tensor> seen;
+  merge_sample_parts(whole, labels, 3, d.file("a.npz"), [&](int64_t first, const at::Tensor& b) {
+    EXPECT_EQ(first, static_cast<int64_t>(seen.size()) * 3);
+    seen.push_back(b);
+  });
+  merge_sample_parts(split, labels, 3, d.file("b.npz"));
+  datasets::NpzReader a(d.file("a.npz")), b(d.file("b.npz"));
+  const at::Tensor images = a.read("arr_0");
+  EXPECT_EQ(images.sizes(), (at::IntArrayRef{10, 8, 8, 3}));
+  EXPECT_EQ(images.scalar_type(), at::kByte);
+  EXPECT_TRUE(torch::equal(images, b.read("arr_0")));
+  EXPECT_TRUE(torch::equal(images, at::cat(seen)));
+  EXPECT_TRUE(torch::equal(a.read("arr_1"), labels));
+  EXPECT_TRUE(torch::equal(images.select(3, 0), images.select(3, 2)));  // grey replicated to RGB
+  std::filesystem::remove(sample_part_path(split, 1));
+  EXPECT_THROW(merge_sample_parts(split, labels, 3, d.file("c.npz")), std::runtime_error);
+  EXPECT_FALSE(std::filesystem::exists(d.file("c.npz")));
+}
+
+// 2,000 images of 64×64×3 (24.6 MB as uint8; an int64 copy would be 197 MB) merged from batches of 100: the merge's
+// peak memory stays well below the whole set, so it holds one batch at a time and never widens it.
+TEST(SampleSet, MergeHoldsOneBatchAtATime) {
+  test::TempDir d;
+  const std::string parts = d.file("parts");
+  std::filesystem::create_directories(parts);
+  for (int64_t k = 0; k < 20; ++k)
+    write_file_atomic(sample_part_path(parts, k),
+                      datasets::npy_bytes(at::full({100, 64, 64, 3}, static_cast<int>(k), at::kByte)));
+  const at::Tensor labels = at::arange(2000, at::kLong);
+  if (reset_peak_rss() < 0) GTEST_SKIP() << "no /proc/self/clear_refs";
+  const int64_t before = peak_rss_bytes();
+  merge_sample_parts(parts, labels, 100, d.file("s.npz"));
+  const int64_t growth = peak_rss_bytes() - before;
+  EXPECT_LT(growth, 12 << 20) << "peak grew by " << growth << " bytes";
+  datasets::NpzReader r(d.file("s.npz"));
+  auto rows = r.rows("arr_0");
+  for (int64_t k = 0; k < 20; ++k) ASSERT_TRUE(torch::equal(rows->next(100), at::full({100, 64, 64, 3}, static_cast<int>(k), at::kByte)));
 }
 
 TEST(DiffusionTrainer, ResumeIsExactWithEma) {

@@ -1,4 +1,4 @@
-#include "eval/image_grid.h"
+#include "datasets/image_grid.h"
 
 #include "core/atomic_io.h"
 
@@ -9,7 +9,7 @@
 #include <opencv2/imgproc.hpp>
 #endif
 
-namespace moh::eval {
+namespace moh::datasets {
 
 bool write_grid(const std::string& path, const at::Tensor& images, int64_t cols, int scale,
                 const std::vector<std::string>& row_labels, const std::vector<std::string>& tile_labels) {
@@ -64,4 +64,4 @@ bool write_grid(const std::string& path, const at::Tensor& images, int64_t cols,
 }
 
 
-}  // namespace moh::eval
+}  // namespace moh::datasets

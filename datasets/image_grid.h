@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-namespace moh::eval {
+namespace moh::datasets {
 
 /// Writes (rows × cols) uint8 NHWC images as one PNG, scaled up by an integer factor (nearest), with an optional
 /// text label left of each row and/or a caption under each tile (`tile_labels`, one per image, for rows of mixed
@@ -14,4 +14,4 @@ namespace moh::eval {
 bool write_grid(const std::string& path, const at::Tensor& images, int64_t cols, int scale,
                 const std::vector<std::string>& row_labels, const std::vector<std::string>& tile_labels = {});
 
-}  // namespace moh::eval
+}  // namespace moh::datasets

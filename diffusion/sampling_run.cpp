@@ -1,0 +1,253 @@
+#include "diffusion/sampling_run.h"
+
+#include <torch/utils.h>
+
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/atomic_io.h"
+#include "core/checkpoint.h"
+#include "core/distributed.h"
+#include "core/error.h"
+#include "core/progress.h"
+#include "core/run_context.h"
+#include "datasets/fashion_mnist.h"
+#include "datasets/image_grid.h"
+#include "diffusion/dit_experiment.h"
+#include "diffusion/experiment.h"
+#include "diffusion/sample_set.h"
+
+namespace moh::diffusion {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// The grid shows at most kGridCols images of a row and kGridRows rows (a 50k-sample run stays a small PNG).
+constexpr int64_t kGridCols = 16, kGridRows = 32;
+
+// The model to sample and the experiment it belongs to.
+struct SamplingModel {
+  DiT model{nullptr};
+  ExperimentConfig cfg;
+  std::string weights = "untrained";  // "ema", "model", a weights file, or untrained
+  int64_t step = -1;
+};
+
+// A checkpoint's EMA (or --raw trained) weights, read alone; only sampling.* may change.
+SamplingModel checkpoint_model(const SamplingRequest& r) {
+  LoadedDiT loaded = load_dit_checkpoint(r.checkpoint, !r.raw);
+  SamplingModel m{loaded.model, loaded.cfg, loaded.weights, loaded.step};
+  for (const auto& s : r.sets)
+    if (s.rfind("sampling.", 0) != 0)
+      throw UserError("--set " + s, "only sampling.* can be changed when sampling a checkpoint", "e.g. sampling.cfg_scale=4");
+  if (!r.config.empty()) {
+    const ExperimentConfig named = load_experiment(r.config, r.sets);
+    validate_experiment(named);
+    if (named.model.name != m.cfg.model.name)
+      throw UserError("checkpoint " + r.checkpoint, "was trained as " + m.cfg.model.name + ", the config describes " +
+                                                        named.model.name, "pass the matching config, or only --checkpoint");
+    m.cfg.sampling = named.sampling;
+  } else if (!r.sets.empty()) {
+    m.cfg = with_overrides(m.cfg, r.sets);
+  }
+  validate_experiment(m.cfg);
+  return m;
+}
+
+// CONFIG.yaml's model: untrained, or initialised from model.weights (e.g. the official DiT-XL-2-256x256.pt).
+SamplingModel config_model(const SamplingRequest& r) {
+  if (r.config.empty())
+    throw UserError("moh sample", "--untrained / --weights need CONFIG.yaml", "moh sample CONFIG.yaml --weights DiT-XL-2-256x256.pt");
+  SamplingModel m;
+  m.cfg = load_experiment(r.config, r.sets);
+  validate_experiment(m.cfg);
+  if (model_family(m.cfg.model.name) != ModelFamily::dit)
+    throw UserError("config: model.name", m.cfg.model.name + " is not a DiT variant", "moh info --list");
+  torch::manual_seed(m.cfg.train.seed);
+  m.model = DiT(dit_options_for(m.cfg));
+  if (!r.untrained && !m.cfg.model.weights.empty()) {
+    load_initial_weights(*m.model, m.cfg.model.weights, m.cfg.model.weights_key, m.cfg.model.weights_allow_missing);
+    m.weights = m.cfg.model.weights + (m.cfg.model.weights_key.empty() ? "" : " [" + m.cfg.model.weights_key + "]");
+  }
+  m.model->eval();
+  return m;
+}
+
+std::vector<int64_t> parse_label_list(const std::string& mode, int64_t num_classes) {
+  std::vector<int64_t> list;
+  if (mode == "balanced" || mode == "random") return list;
+  std::stringstream ss(mode);
+  for (std::string item; std::getline(ss, item, ',');) {
+    if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos || item.size() > 9 ||
+        std::stoll(item) >= num_classes)
+      throw UserError("--labels " + mode, "'" + item + "' is not a class index below " + std::to_string(num_classes),
+                      "balanced, random or a list like 1,2,3");
+    list.push_back(std::stoll(item));
+  }
+  return list;
+}
+
+// Everything that decides the images: parts on disk from another plan must not be mixed in.
+nlohmann::json sampling_plan(const SamplingModel& m, const SamplingRequest& r, const at::Tensor& labels) {
+  const SamplingConfig& sc = m.cfg.sampling;
+  const at::Tensor l = labels.contiguous();
+  std::string label_bytes(static_cast<const char*>(l.data_ptr()), l.nbytes());
+  return {{"model", m.cfg.model.name}, {"checkpoint", r.checkpoint}, {"weights", m.weights}, {"step", m.step},
+          {"sampler", sc.sampler == SamplerKind::ddpm ? "ddpm" : "ddim"}, {"steps", sc.steps}, {"eta", sc.eta},
+          {"cfg_scale", sc.cfg_scale}, {"cfg_channels", sc.cfg_channels == CfgChannels::three ? "three" : "all"},
+          {"clip_denoised", sc.clip_denoised}, {"seed", sc.seed}, {"batch_size", sc.batch_size},
+          {"count", labels.size(0)}, {"labels", r.labels}, {"labels_hash", std::hash<std::string>{}(label_bytes)}};
+}
+
+// Refuses parts of another sampling run in DIR/parts (before any work); rank 0 records this run's plan there.
+void check_parts_plan(const std::string& parts, const nlohmann::json& plan, const std::string& out, dist::Group& group) {
+  const std::string path = parts + "/plan.json";
+  if (fs::exists(path)) {
+    nlohmann::json old;
+    try {
+      old = nlohmann::json::parse(read_file(path));
+    } catch (const nlohmann::json::exception&) {
+      throw UserError("--out " + out, path + " is damaged", "remove " + parts + " to start the sampling afresh");
+    }
+    for (const auto& [k, v] : plan.items())
+      if (old.value(k, nlohmann::json()) != v)
+        throw UserError("--out " + out, "holds parts of another sampling run (" + k + ": " + old.value(k, nlohmann::json()).dump() +
+                                            " there, " + v.dump() + " now)",
+                        "remove " + parts + " or choose another --out");
+  }
+  group.barrier();  // every rank has looked before rank 0 writes
+  if (group.is_main() && !fs::exists(path)) {
+    fs::create_directories(parts);
+    write_file_atomic(path, plan.dump(1) + "\n");
+  }
+}
+
+std::vector<std::string> class_names_for(const SamplingRequest& r, const ExperimentConfig& cfg, int64_t num_classes) {
+  std::vector<std::string> names;
+  if (!r.class_names_file.empty()) {
+    std::stringstream lines(read_file(r.class_names_file, "--class-names"));
+    for (std::string l; std::getline(lines, l);) names.push_back(l);
+  } else if (cfg.data.dataset == DatasetKind::fashion_mnist && num_classes == 10) {
+    names = datasets::fashion_mnist_classes();
+  }
+  return names;
+}
+
+// The grid: balanced labels give one class per row (a row label), others a caption under every tile.
+struct GridLayout {
+  int64_t cols = 0;
+  std::vector<int64_t> shown;  // sample indices, in tile order
+  std::vector<std::string> row_labels, tile_labels;
+};
+
+GridLayout grid_layout(const std::string& mode, const at::Tensor& labels, int64_t per_class, int64_t num_classes,
+                       const std::vector<std::string>& names) {
+  auto name_of = [&](int64_t k) {
+    return k < static_cast<int64_t>(names.size()) ? names[static_cast<size_t>(k)] : "class " + std::to_string(k);
+  };
+  const int64_t n = labels.size(0), row_len = mode == "balanced" ? per_class : kGridCols;
+  GridLayout g;
+  g.cols = std::min(row_len, kGridCols);
+  for (int64_t r = 0; r * row_len < n && r < kGridRows; ++r) {
+    for (int64_t c = 0; c < g.cols && r * row_len + c < n; ++c) {
+      g.shown.push_back(r * row_len + c);
+      if (mode != "balanced") g.tile_labels.push_back(name_of(labels[r * row_len + c].item<int64_t>()));
+    }
+    if (mode == "balanced") g.row_labels.push_back(name_of(r % num_classes));
+  }
+  return g;
+}
+
+}  // namespace
+
+at::Tensor sampling_labels(const std::string& mode, int64_t n, int64_t num_classes, int64_t per_class) {
+  if (mode == "random") return at::randint(0, num_classes, {n}, at::kLong);  // sample_ddp: random classes
+  const std::vector<int64_t> list = parse_label_list(mode, num_classes);
+  if (!list.empty()) {
+    const auto len = static_cast<int64_t>(list.size());
+    return at::tensor(list, at::kLong).repeat({(n + len - 1) / len}).narrow(0, 0, n);
+  }
+  return at::arange(n, at::kLong).div(per_class, "floor").remainder(num_classes);  // rows of per_class
+}
+
+namespace {
+
+// Samples this rank's share of the batches not on disk yet into part files; returns how many were on disk.
+int64_t sample_missing_parts(SamplingModel& m, AutoencoderKL& vae, const at::Tensor& labels, const RunContext& ctx,
+                             dist::Group& group, const std::string& parts) {
+  const SamplingConfig& sc = m.cfg.sampling;
+  m.model->to(ctx.device);
+  const GaussianDiffusion chain = GaussianDiffusion::respaced(m.cfg.diffusion.steps, sc.steps);
+  SampleSetOptions so;
+  so.chain = {sc.sampler, sc.eta, sc.cfg_scale, sc.cfg_channels, sc.clip_denoised};
+  so.batch_size = sc.batch_size, so.seed = static_cast<uint64_t>(sc.seed);
+  const int64_t n = labels.size(0), batches = (n + sc.batch_size - 1) / sc.batch_size;
+  const std::vector<int64_t> missing = missing_sample_batches(n, parts, sc.batch_size);
+  group.barrier();  // every rank listed the parts before any is written
+  const std::vector<int64_t> mine = rank_share(missing, group);
+  Progress progress("sampling", static_cast<int64_t>(mine.size()) * chain.num_steps(), "step", group.is_main() ? -1 : 2);
+  sample_parts(m.model, chain, vae, labels, mine, so, ctx, parts, [&] { progress.advance(); });
+  progress.finish();
+  group.barrier();  // every part is on disk
+  return batches - static_cast<int64_t>(missing.size());
+}
+
+// Rank 0: samples.npz streamed from the parts (the grid's tiles picked on the way), grid.png, sampling.json.
+void write_sampling_outputs(const SamplingModel& m, const SamplingRequest& r, const at::Tensor& labels,
+                            nlohmann::json info, SamplingSummary& out) {
+  const SamplingConfig& sc = m.cfg.sampling;
+  const DiTOptions& mo = m.model->options;
+  const GridLayout grid = grid_layout(r.labels, labels, sc.per_class, mo.num_classes,
+                                      class_names_for(r, m.cfg, mo.num_classes));
+  std::vector<at::Tensor> tiles;
+  size_t next = 0;
+  const std::string parts = r.out + "/parts";
+  merge_sample_parts(parts, labels, sc.batch_size, r.out + "/samples.npz", [&](int64_t first, const at::Tensor& images) {
+    for (; next < grid.shown.size() && grid.shown[next] < first + images.size(0); ++next)
+      tiles.push_back(images[grid.shown[next] - first].clone());
+  });
+  fs::remove_all(parts);
+  out.grid = datasets::write_grid(r.out + "/grid.png", at::stack(tiles), grid.cols, mo.input_size < 64 ? 3 : 1,
+                                  grid.row_labels, grid.tile_labels);
+  info["chain_steps"] = GaussianDiffusion::respaced(m.cfg.diffusion.steps, sc.steps).num_steps();
+  info["seconds"] = out.seconds;
+  info["checkpoint"] = r.checkpoint.empty() ? "untrained" : r.checkpoint;
+  if (m.step < 0) info["step"] = nullptr;
+  write_file_atomic(r.out + "/sampling.json", info.dump(1) + "\n");
+}
+
+}  // namespace
+
+SamplingSummary run_sampling(const SamplingRequest& r) {
+  check_output_dir(r.out, "--out " + r.out);  // before the model is even loaded
+  if (r.checkpoint.empty() && !r.untrained && !r.weights)
+    throw UserError("moh sample", "missing --checkpoint", "pass a DiT run, or CONFIG.yaml --untrained for a baseline");
+  SamplingModel m = r.checkpoint.empty() ? config_model(r) : checkpoint_model(r);
+  if (!r.class_names_file.empty()) class_names_for(r, m.cfg, 0);  // a missing file is refused before any work
+  const DiTOptions& mo = m.model->options;
+  const std::vector<int64_t> list = parse_label_list(r.labels, mo.num_classes);
+  const int64_t n = r.num_samples            ? *r.num_samples
+                    : !list.empty()          ? static_cast<int64_t>(list.size())
+                                             : mo.num_classes * m.cfg.sampling.per_class;
+  if (n <= 0) throw UserError("--num-samples", "must be > 0", "");
+  const RunContext ctx = RunContext::create(r.device, Precision::fp32, static_cast<uint64_t>(m.cfg.sampling.seed));
+  AutoencoderKL vae = load_sampling_vae(m.cfg, ctx);
+  torch::manual_seed(static_cast<uint64_t>(m.cfg.sampling.seed));  // random labels: from the seed
+  const at::Tensor labels = sampling_labels(r.labels, n, mo.num_classes, m.cfg.sampling.per_class);
+  const auto group = dist::Group::join(ctx);
+  const nlohmann::json plan = sampling_plan(m, r, labels);
+  check_parts_plan(r.out + "/parts", plan, r.out, *group);
+  SamplingSummary out{r.out, m.weights, m.step, n};
+  const auto start = std::chrono::steady_clock::now();
+  out.resumed_batches = sample_missing_parts(m, vae, labels, ctx, *group, r.out + "/parts");
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  out.main = group->is_main();
+  if (out.main) write_sampling_outputs(m, r, labels, plan, out);
+  return out;
+}
+
+}  // namespace moh::diffusion
