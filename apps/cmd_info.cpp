@@ -1,4 +1,5 @@
-// `moh info --list` lists every registered model variant; `moh info --model NAME [--json]` builds it and reports
+// `moh info --attention-paths` prints which MoH layers `attention_path: auto` runs sparse; `moh info --list` lists
+// every registered model variant; `moh info --model NAME [--json]` builds it and reports
 // parameters, MoH layers and the active-head ratio (layer-weighted, as the paper counts "activated heads").
 #include <iomanip>
 #include <iostream>
@@ -8,6 +9,7 @@
 #include "apps/commands.h"
 #include "core/run_context.h"
 #include "diffusion/dit.h"
+#include "diffusion/experiment.h"
 #include "vision/transnext.h"
 
 namespace moh::apps {
@@ -63,13 +65,19 @@ int cmd_info(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "Model variants: list them, or build one and report its size and MoH layout");
   opts.add_options()("list", "list every registered variant")("model", "variant name, e.g. MoH-ViT-B-75 or MoH-DiT-XL/2-90",
                                                                cxxopts::value<std::string>())(
-      "json", "machine-readable output")("h,help", "show this help");
+      "json", "machine-readable output")(
+      "attention-paths", "the table of what attention_path: auto runs in each MoH layer of the paper variants")(
+      "h,help", "show this help");
   auto args = parse_or_throw(opts, argc, argv);
   if (args.count("help")) {
     std::cout << opts.help() << std::endl;
     return 0;
   }
   const bool json = args.count("json") > 0;
+  if (args.count("attention-paths")) {
+    std::cout << attention_path_table();
+    return 0;
+  }
   if (args.count("model")) {
     ModelSummary s = summarize(args["model"].as<std::string>());
     if (json) {

@@ -125,9 +125,7 @@ int vit_attention_bench_main(int argc, char** argv) {
                      {"shared", r.shared}, {"topk", r.topk}, {"active", r.active}, {"batch", r.batch},
                      {"mode", r.mode}, {"fwd_ms", r.fwd_ms}, {"fwdbwd_ms", r.fwdbwd_ms},
                      {"fwd_vs_dense", r.fwd_vs_dense}, {"fwdbwd_vs_dense", r.fwdbwd_vs_dense},
-                     {"fwd_vs_mha", r.fwd_vs_mha}, {"fwdbwd_vs_mha", r.fwdbwd_vs_mha},
-                     {"auto_picks", config::to_string(vision::choose_aggregated_path(AttentionPath::automatic,
-                                                                                     r.active, r.tokens))}});
+                     {"fwd_vs_mha", r.fwd_vs_mha}, {"fwdbwd_vs_mha", r.fwdbwd_vs_mha}});
     std::cout << out.dump(1) << std::endl;
   } else {
     std::cout << "| stage | tokens | C/h | batch | mode | active (h_s+K)/h | fwd ms | × dense | × MHA | fwd+bwd ms | "

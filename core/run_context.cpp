@@ -4,6 +4,9 @@
 #include <ATen/Parallel.h>
 #include <ATen/Version.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#ifdef MOH_TORCH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
 
 #include <thread>
 #include <torch/cuda.h>
@@ -74,6 +77,19 @@ RunContext RunContext::create(const std::string& device, Precision precision, ui
   ctx.precision = precision;
   ctx.seed = seed;
   return ctx;
+}
+
+DeviceMemory device_memory(const std::string& device) {
+  const bool gpu = device.rfind("cuda", 0) == 0 || (device == "auto" && cuda_available());
+#ifdef MOH_TORCH_CUDA
+  if (gpu && cuda_available()) {
+    const int index = device.size() > 5 && device[4] == ':' ? std::atoi(device.c_str() + 5) : 0;
+    if (index >= 0 && index < at::cuda::device_count())
+      return {static_cast<int64_t>(at::cuda::getDeviceProperties(index)->totalGlobalMem), "GPU cuda:" + std::to_string(index)};
+  }
+#endif
+  (void)gpu;
+  return {physical_memory_bytes(), "this machine"};
 }
 
 int64_t physical_memory_bytes() {

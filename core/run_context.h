@@ -40,6 +40,14 @@ std::string cpu_model_name();
 /// Physical memory of this machine in bytes (sysconf), for refusing sizes that cannot be allocated before any work.
 int64_t physical_memory_bytes();
 
+/// The memory of the device a run's `device` setting (auto|cpu|cuda|cuda:N) resolves to: the GPU's total memory, or
+/// this machine's (auto without a visible GPU, cpu), with a name for messages ("GPU cuda:0", "this machine").
+struct DeviceMemory {
+  int64_t bytes = 0;
+  std::string name;
+};
+DeviceMemory device_memory(const std::string& device);
+
 /// Toolkit version string ("0.1.0").
 std::string toolkit_version();
 /// LibTorch version string ("1.13.1").

@@ -24,24 +24,34 @@ DiTOptions dit_options_for(const ExperimentConfig& cfg) {
   return o;
 }
 
-void validate_dit_experiment(const ExperimentConfig& cfg, bool training) {
-  const DiTOptions o = dit_options_for(cfg);
-  // One attention map of one layer for a rank's batch (a lower bound of what training holds) must fit the machine.
-  const double tokens = static_cast<double>(o.grid_size()) * static_cast<double>(o.grid_size());
-  const double bytes = static_cast<double>(cfg.data.batch_size / std::max<int64_t>(1, cfg.train.processes)) *
-                       static_cast<double>(o.num_heads) * tokens * tokens * 4.0;
-  if (bytes > static_cast<double>(physical_memory_bytes()))
-    throw UserError("config: model.img_size", std::to_string(static_cast<int64_t>(tokens)) + " tokens at batch " +
-                                                  std::to_string(cfg.data.batch_size) + " need at least " +
+double attention_map_bytes(const DiTOptions& o, int64_t rank_batch) {
+  int64_t heads = 0;  // the widest layer (MoH-DiT-L/XL: 24-head layers above num_heads = 16)
+  for (int64_t i = 0; i < o.depth; ++i) heads = std::max(heads, o.layer(i).num_heads);
+  const double tokens = static_cast<double>(o.num_patches());
+  return static_cast<double>(rank_batch) * static_cast<double>(heads) * tokens * tokens * 4.0;
+}
+
+void check_attention_memory(const DiTOptions& o, int64_t rank_batch, const DeviceMemory& memory) {
+  const double bytes = attention_map_bytes(o, rank_batch);
+  if (bytes > static_cast<double>(memory.bytes))
+    throw UserError("config: model.img_size", std::to_string(o.num_patches()) + " tokens at " + std::to_string(rank_batch) +
+                                                  " images per rank need at least " +
                                                   std::to_string(static_cast<int64_t>(bytes / (1 << 30))) +
-                                                  " GiB for one attention map, more than this machine's " +
-                                                  std::to_string(physical_memory_bytes() >> 30) + " GiB",
+                                                  " GiB for one attention map, more than the " +
+                                                  std::to_string(memory.bytes >> 30) + " GiB of " + memory.name,
                     "lower model.img_size or data.batch_size");
+}
+
+void validate_dit_experiment(const ExperimentConfig& cfg, bool training, bool sampling) {
+  const DiTOptions o = dit_options_for(cfg);
+  // One attention map of the widest layer for a rank's batch (a lower bound of what training holds) must fit the
+  // memory of the device the run trains on.
+  check_attention_memory(o, cfg.data.batch_size / std::max<int64_t>(1, cfg.train.processes), device_memory(cfg.train.device));
   if (cfg.train.accum_steps != 1) throw UserError("config: train.accum_steps", "must be 1 for diffusion training", "");
-  if (cfg.sampling.cfg_scale > 1.0 && o.class_dropout_prob <= 0)
+  if (sampling && cfg.sampling.cfg_scale > 1.0 && o.class_dropout_prob <= 0)
     throw UserError("config: sampling.cfg_scale", cfg.model.name + " has no null class (class_dropout_prob = 0)",
                     "set sampling.cfg_scale=1");
-  if (cfg.sampling.cfg_scale > 1.0 && cfg.sampling.cfg_channels == CfgChannels::three && o.in_channels < 3)
+  if (sampling && cfg.sampling.cfg_scale > 1.0 && cfg.sampling.cfg_channels == CfgChannels::three && o.in_channels < 3)
     throw UserError("config: sampling.cfg_channels", "three (DiT's latent quirk) needs at least 3 channels, the model has " +
                                                          std::to_string(o.in_channels), "set sampling.cfg_channels=all");
   space_timesteps(cfg.diffusion.steps, cfg.sampling.steps);  // "sampling.steps" must respace diffusion.steps

@@ -17,10 +17,16 @@ namespace moh::diffusion {
 /// The model of a diffusion experiment: the variant with model.num_classes / model.img_size / attention_path applied.
 DiTOptions dit_options_for(const ExperimentConfig& cfg);
 
+/// Bytes of one fp32 attention map of the widest layer for `rank_batch` images: a lower bound of training memory.
+double attention_map_bytes(const DiTOptions& o, int64_t rank_batch);
+/// UserError (config: model.img_size) when that map does not fit `memory`.
+void check_attention_memory(const DiTOptions& o, int64_t rank_batch, const DeviceMemory& memory);
+
 /// Every rule of a DiT experiment beyond ExperimentConfig::validate(): model overrides, accumulation, VAE vs dataset,
 /// the sampling respacing. Reads no data; run by `moh config` and before any work by every command. Without
 /// `training` (moh extract-latents: the data are still images) the VAE-vs-dataset rule is left out.
-void validate_dit_experiment(const ExperimentConfig& cfg, bool training = true);
+/// With `sampling`, the rules of classifier-free guidance too (a null class; cfg_channels three needs 3 channels).
+void validate_dit_experiment(const ExperimentConfig& cfg, bool training = true, bool sampling = false);
 
 /// The training data of a DiT experiment: Fashion-MNIST / image folders decoded into memory (pixels in [−1, 1],
 /// DiT's ToTensor + Normalize(0.5, 0.5), optional flip) or latents written by `moh extract-latents`. The constructor

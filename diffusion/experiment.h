@@ -27,14 +27,21 @@ std::vector<std::string> all_model_names();
 /// `what` names the input in the error (e.g. "--model X"; default "model 'X'").
 ModelFamily model_family(const std::string& name, const std::string& what = "");
 
-/// What an experiment file is used for: training (and `moh config`, `moh sample`, `moh eval`), or encoding its
-/// images with `moh extract-latents` (a DiT config whose data are still images).
-enum class ExperimentUse { train, extract_latents };
+/// What an experiment file is used for: training (and `moh config`, `moh eval`), sampling (`moh sample`: the training
+/// rules plus those of classifier-free guidance), or encoding its images with `moh extract-latents` (a DiT config
+/// whose data are still images).
+enum class ExperimentUse { train, sample, extract_latents };
 
 /// Every rule of an experiment that ExperimentConfig::validate() cannot know: the family's model overrides and its
 /// own rules (classifiers: no sparse attention path, per-stage attention, RandAugment spec; DiTs: no attention
 /// overrides or accumulation, VAE vs dataset, the sampling respacing). A trainable family is required (sd-vae and
 /// fid-inception are not experiments). Reads no data; UserErrors only.
 void validate_experiment(const ExperimentConfig& cfg, ExperimentUse use = ExperimentUse::train);
+
+/// The markdown table of what `attention_path: auto` runs in each MoH layer of the paper variants (MoH-DiT at 256 px
+/// and XL at 512 px, the Fashion-MNIST pixel model, MoH-ViT at 224 px) on a CPU with LibTorch 2.x, with LibTorch
+/// 1.13, and on a GPU — the same text in every build (`moh info --attention-paths`; README and docs/BENCHMARKS.md
+/// carry it, and a test compares them).
+std::string attention_path_table();
 
 }  // namespace moh

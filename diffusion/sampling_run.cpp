@@ -46,7 +46,7 @@ SamplingModel checkpoint_model(const SamplingRequest& r) {
       throw UserError("--set " + s, "only sampling.* can be changed when sampling a checkpoint", "e.g. sampling.cfg_scale=4");
   if (!r.config.empty()) {
     const ExperimentConfig named = load_experiment(r.config, r.sets);
-    validate_experiment(named);
+    validate_experiment(named, ExperimentUse::sample);
     if (named.model.name != m.cfg.model.name)
       throw UserError("checkpoint " + r.checkpoint, "was trained as " + m.cfg.model.name + ", the config describes " +
                                                         named.model.name, "pass the matching config, or only --checkpoint");
@@ -54,7 +54,7 @@ SamplingModel checkpoint_model(const SamplingRequest& r) {
   } else if (!r.sets.empty()) {
     m.cfg = with_overrides(m.cfg, r.sets);
   }
-  validate_experiment(m.cfg);
+  validate_experiment(m.cfg, ExperimentUse::sample);
   return m;
 }
 
@@ -64,7 +64,7 @@ SamplingModel config_model(const SamplingRequest& r) {
     throw UserError("moh sample", "--untrained / --weights need CONFIG.yaml", "moh sample CONFIG.yaml --weights DiT-XL-2-256x256.pt");
   SamplingModel m;
   m.cfg = load_experiment(r.config, r.sets);
-  validate_experiment(m.cfg);
+  validate_experiment(m.cfg, ExperimentUse::sample);
   if (model_family(m.cfg.model.name) != ModelFamily::dit)
     throw UserError("config: model.name", m.cfg.model.name + " is not a DiT variant", "moh info --list");
   torch::manual_seed(m.cfg.train.seed);

@@ -292,6 +292,13 @@ for f in configs/*/*.yaml; do
   if "$MOH" config "$f" >/dev/null 2>"$tmp/cfgerr"; then pass=$((pass + 1)); else echo "FAIL: $f: $(cat "$tmp/cfgerr")"; fails=$((fails + 1)); fi
 done
 
+# The attention-path tables of README.md and docs/BENCHMARKS.md are `moh info --attention-paths`.
+for f in README.md docs/BENCHMARKS.md; do
+  if diff <(sed -n '/^<!-- moh info --attention-paths: begin -->$/,/^<!-- moh info --attention-paths: end -->$/p' "$f" | sed '1d;$d') \
+          <("$MOH" info --attention-paths) >/dev/null; then pass=$((pass + 1)); else
+    echo "FAIL: the attention-path table of $f differs from moh info --attention-paths (run scripts/gen_attention_paths_md.sh)"
+    fails=$((fails + 1)); fi
+done
 # docs/CONFIG.md is generated from the schema: fail when they drift apart.
 if diff <(tail -n +7 docs/CONFIG.md) <("$MOH" config --schema --markdown) >/dev/null; then pass=$((pass + 1)); else
   echo "FAIL: docs/CONFIG.md differs from moh config --schema --markdown (run scripts/gen_config_md.sh)"; fails=$((fails + 1)); fi

@@ -30,15 +30,25 @@ at::Tensor attend_plain(const at::Tensor& q, const at::Tensor& k, const at::Tens
 
 }  // namespace
 
-AttentionPath choose_attention_path(AttentionPath requested, double active, int64_t tokens) {
-  if (requested != AttentionPath::automatic) return requested;
-#if TORCH_VERSION_MAJOR >= 2
-  const bool sparse = (tokens >= 1024 && active <= 0.85) || (tokens >= 256 && active <= 0.6);
-  return sparse ? AttentionPath::sparse : AttentionPath::dense;
-#else
-  (void)active, (void)tokens;  // 1.13's gathers and small batched products: sparse is not reliably faster
+AttentionPath auto_attention_path(double active, int64_t tokens, PathTarget target) {
+  switch (target) {
+    case PathTarget::cpu_libtorch2: {
+      const bool sparse = (tokens >= 1024 && active <= 0.85) || (tokens >= 256 && active <= 0.6);
+      return sparse ? AttentionPath::sparse : AttentionPath::dense;
+    }
+    case PathTarget::cpu_libtorch1:  // 1.13's gathers and small batched products: sparse is not reliably faster
+    case PathTarget::cuda:           // the CPU rules were measured on a 2-core CPU only
+      return AttentionPath::dense;
+  }
   return AttentionPath::dense;
-#endif
+}
+
+AttentionPath choose_attention_path(AttentionPath requested, double active, int64_t tokens, const c10::Device& device) {
+  if (requested != AttentionPath::automatic) return requested;
+  const PathTarget target = !device.is_cpu()          ? PathTarget::cuda
+                            : TORCH_VERSION_MAJOR >= 2 ? PathTarget::cpu_libtorch2
+                                                       : PathTarget::cpu_libtorch1;
+  return auto_attention_path(active, tokens, target);
 }
 
 at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, const at::Tensor& bias,
@@ -75,69 +85,71 @@ at::Tensor mix_heads_dense(const at::Tensor& q, const at::Tensor& k, const at::T
   return o.reshape({B, N, h * d});
 }
 
-at::Tensor index_tensor(const std::vector<int64_t>& v, const at::Device& device) {
-  return at::tensor(v, at::TensorOptions().dtype(at::kLong)).to(device);
+namespace {
+
+// Every selected pair as (group g = b·h + head, token n), in ascending token order within each group: the routed
+// pairs of `routed` (B·N, K) and, with all_shared, every token of heads [0, shared). (T·K [+ T·shared]) each.
+std::pair<at::Tensor, at::Tensor> selected_pairs(const at::Tensor& routed, int64_t N, int64_t h, int64_t hs,
+                                                 bool all_shared) {
+  const auto opts = routed.options().dtype(at::kLong);
+  const int64_t T = routed.size(0), K = routed.size(1);
+  at::Tensor t = at::arange(T, opts).repeat_interleave(K);            // (T·K) token row of each routed pair
+  at::Tensor g = (t.div(N, "floor") * h + hs) + routed.reshape({-1}).to(at::kLong);
+  if (all_shared && hs > 0) {
+    at::Tensor ts = at::arange(T, opts).repeat_interleave(hs);         // (T·hs)
+    at::Tensor gs = ts.div(N, "floor") * h + at::arange(hs, opts).repeat({T});
+    t = at::cat({ts, t}), g = at::cat({gs, g});
+  }
+  return {g, t.remainder(N)};
 }
+
+// Host plan of the buckets from the pair counts: groups by descending count (stable), cut where a count falls below
+// `fill` of the bucket's first (the last bucket takes the rest).
+std::vector<std::vector<int64_t>> plan_buckets(const std::vector<int64_t>& count, double fill, int max_buckets) {
+  std::vector<int64_t> order(count.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return count[a] > count[b]; });
+  std::vector<std::vector<int64_t>> plan;
+  for (size_t pos = 0; pos < order.size() && count[order[pos]] > 0;) {
+    const int64_t M = count[order[pos]];
+    const bool last = plan.size() + 1 >= static_cast<size_t>(std::max(1, max_buckets));
+    std::vector<int64_t> groups;
+    for (; pos < order.size() && count[order[pos]] > 0 && (last || count[order[pos]] >= fill * M); ++pos)
+      groups.push_back(order[pos]);
+    plan.push_back(std::move(groups));
+  }
+  return plan;
+}
+
+}  // namespace
 
 std::vector<PairBucket> bucket_pairs(const at::Tensor& routed, int64_t B, int64_t N, int64_t h, int64_t hs,
                                      bool all_shared, double fill, int max_buckets) {
-  const int64_t T = B * N, E = h - hs, scratch_row = T * h;
-  // Group g = b·h + head holds the tokens n that use that head, ascending n.
-  const int64_t G = B * h;
-  std::vector<int64_t> count(G, 0);
-  at::Tensor sel;
-  const int64_t* sel_p = nullptr;
-  const int64_t K = routed.defined() ? routed.size(1) : 0;
-  if (K > 0) {
-    TORCH_CHECK(routed.size(0) == T, "bucket_pairs: routed must be (B·N, K)");
-    sel = routed.to(at::kCPU, at::kLong).contiguous();
-    sel_p = sel.data_ptr<int64_t>();
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t s = 0; s < K; ++s) {
-        TORCH_CHECK(sel_p[t * K + s] >= 0 && sel_p[t * K + s] < E, "bucket_pairs: routed index out of range");
-        ++count[(t / N) * h + hs + sel_p[t * K + s]];
-      }
-  }
-  if (all_shared)
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t j = 0; j < hs; ++j) count[b * h + j] = N;
-  std::vector<int64_t> start(G + 1, 0);
-  for (int64_t g = 0; g < G; ++g) start[g + 1] = start[g] + count[g];
-  std::vector<int64_t> tokens(start[G]);
-  {
-    std::vector<int64_t> fill(start.begin(), start.end() - 1);
-    for (int64_t t = 0; t < T; ++t) {
-      const int64_t b = t / N, n = t % N;
-      if (all_shared)
-        for (int64_t j = 0; j < hs; ++j) tokens[fill[b * h + j]++] = n;
-      for (int64_t s = 0; s < K; ++s) tokens[fill[b * h + hs + sel_p[t * K + s]]++] = n;
-    }
-  }
-  std::vector<int64_t> order(G);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return count[a] > count[b]; });
+  const int64_t G = B * h, scratch_row = B * N * h;
+  TORCH_CHECK(routed.dim() == 2 && routed.size(0) == B * N, "bucket_pairs: routed must be (B·N, K)");
+  const auto [g, n] = selected_pairs(routed, N, h, hs, all_shared);
+  const at::Tensor tokens = n.index_select(0, std::get<1>(at::sort(g, /*stable=*/true, 0, false)));  // by group, n asc.
+  const at::Tensor counts_dev = at::bincount(g, {}, G);
+  TORCH_CHECK(counts_dev.size(0) == G, "bucket_pairs: routed index out of range");
+  const at::Tensor counts_host = counts_dev.to(at::kCPU).contiguous();  // the one host read: (B·h) counts
+  const std::vector<int64_t> count(counts_host.data_ptr<int64_t>(), counts_host.data_ptr<int64_t>() + G);
+  std::vector<int64_t> start(G, 0);
+  for (int64_t k = 1; k < G; ++k) start[k] = start[k - 1] + count[k - 1];
   std::vector<PairBucket> buckets;
-  size_t pos = 0;
-  while (pos < order.size() && count[order[pos]] > 0) {
-    const int64_t M = count[order[pos]];
-    size_t end = pos;
-    const bool last = buckets.size() + 1 >= static_cast<size_t>(std::max(1, max_buckets));
-    while (end < order.size() && count[order[end]] > 0 && (last || count[order[end]] >= fill * M)) ++end;
+  for (const std::vector<int64_t>& groups : plan_buckets(count, fill, max_buckets)) {
+    const auto Gb = static_cast<int64_t>(groups.size());
+    std::vector<int64_t> host(3 * Gb);  // group ids, counts, starts: uploaded once
+    for (int64_t i = 0; i < Gb; ++i) host[i] = groups[i], host[Gb + i] = count[groups[i]], host[2 * Gb + i] = start[groups[i]];
+    const at::Tensor meta = at::tensor(host, at::kLong).to(routed.device()).view({3, Gb, 1});
+    const at::Tensor gid = meta[0], c = meta[1], st = meta[2];       // (Gb, 1) each
     PairBucket bk;
-    bk.groups = static_cast<int64_t>(end - pos), bk.rows = M;
-    bk.token.resize(bk.groups * M), bk.gate_row.resize(bk.groups * M), bk.out_row.resize(bk.groups * M);
-    for (int64_t i = 0; i < bk.groups; ++i) {
-      const int64_t g = order[pos + i], b = g / h, head = g % h, c = count[g];
-      bk.batch.push_back(b), bk.head.push_back(head);
-      for (int64_t m = 0; m < M; ++m) {
-        const int64_t n = tokens[start[g] + std::min(m, c - 1)];  // padding repeats a valid row, never read back
-        bk.token[i * M + m] = n;
-        bk.gate_row[i * M + m] = (b * N + n) * h + head;
-        bk.out_row[i * M + m] = m < c ? bk.gate_row[i * M + m] : scratch_row;
-      }
-    }
+    bk.groups = Gb, bk.rows = count[groups[0]];
+    const at::Tensor m = at::arange(bk.rows, g.options()).view({1, bk.rows});  // (1, M)
+    bk.token = tokens.index_select(0, (st + at::minimum(m, c - 1)).reshape({-1})).view({Gb, bk.rows});
+    bk.batch = gid.div(h, "floor").view({Gb}), bk.head = gid.remainder(h).view({Gb});
+    bk.gate_row = (bk.batch.view({Gb, 1}) * N + bk.token) * h + bk.head.view({Gb, 1});  // (Gb, M)
+    bk.out_row = at::where(m < c, bk.gate_row, at::full_like(bk.gate_row, scratch_row));
     buckets.push_back(std::move(bk));
-    pos = end;
   }
   return buckets;
 }
@@ -177,34 +189,24 @@ at::Tensor mix_heads_sparse(const QuerySource& queries, const at::Tensor& k, con
   if (routed.defined() && routed.numel() > 0) {
     for (const PairBucket& bk : bucket_pairs(routed, B, N, h, hs, false, kBucketFill, kMaxBuckets)) {
       const int64_t Gb = bk.groups, M = bk.rows;
-      std::vector<int64_t> q_index(Gb * M), kv_index(Gb);
-      for (int64_t i = 0; i < Gb; ++i) {
-        const int64_t b = bk.batch[i], head = bk.head[i];
-        kv_index[i] = b * hkv + (hkv == h ? head : 0);
-        for (int64_t m = 0; m < M; ++m) {
-          const int64_t n = bk.token[i * M + m];
-          q_index[i * M + m] = queries.q.defined() ? (b * h + head) * N + n : b * N + n;
-        }
-      }
-      const at::Device dev = k.device();
-      at::Tensor qi = index_tensor(q_index, dev);
+      const at::Tensor kv_index = hkv == h ? bk.batch * hkv + bk.head : bk.batch * hkv;  // (Gb)
+      const at::Tensor qi = (queries.q.defined() ? (bk.batch * h + bk.head).view({Gb, 1}) : bk.batch.view({Gb, 1})) * N +
+                            bk.token;  // (Gb, M) rows of q (B·h·N, d) or of x (B·N, C)
       at::Tensor q;  // (Gb, M, d)
       if (queries.q.defined()) {
-        q = queries.q.reshape({B * h * N, d}).index_select(0, qi).view({Gb, M, d});
+        q = queries.q.reshape({B * h * N, d}).index_select(0, qi.reshape({-1})).view({Gb, M, d});
       } else {
         const int64_t C = queries.x.size(1);
-        at::Tensor hidx = index_tensor(bk.head, dev);
-        at::Tensor x_rows = queries.x.index_select(0, qi).view({Gb, M, C});                   // (Gb, M, C)
-        at::Tensor w = queries.wq.view({h, d, C}).index_select(0, hidx).transpose(1, 2);      // (Gb, C, d)
+        at::Tensor x_rows = queries.x.index_select(0, qi.reshape({-1})).view({Gb, M, C});        // (Gb, M, C)
+        at::Tensor w = queries.wq.view({h, d, C}).index_select(0, bk.head).transpose(1, 2);      // (Gb, C, d)
         if (queries.bq.defined())
-          q = at::baddbmm(queries.bq.view({h, 1, d}).index_select(0, hidx), x_rows, w);       // (Gb, M, d)
+          q = at::baddbmm(queries.bq.view({h, 1, d}).index_select(0, bk.head), x_rows, w);       // (Gb, M, d)
         else
           q = at::bmm(x_rows, w);
       }
-      at::Tensor ki = index_tensor(kv_index, dev);
-      at::Tensor o = attend(q, k_rows.index_select(0, ki), v_rows.index_select(0, ki), scale, {}, fused);  // (Gb,M,d)
-      o = o * gates_flat.index_select(0, index_tensor(bk.gate_row, dev)).view({Gb, M, 1});
-      out.index_copy_(0, index_tensor(bk.out_row, dev), o.reshape({Gb * M, d}));  // scatter (padding -> scratch)
+      at::Tensor o = attend(q, k_rows.index_select(0, kv_index), v_rows.index_select(0, kv_index), scale, {}, fused);
+      o = o * gates_flat.index_select(0, bk.gate_row.reshape({-1})).view({Gb, M, 1});  // (Gb, M, d)
+      out.index_copy_(0, bk.out_row.reshape({-1}), o.reshape({Gb * M, d}));  // scatter (padding -> scratch)
     }
   }
 

@@ -20,12 +20,19 @@ namespace moh::vision {
 constexpr bool kFusedAttentionAvailable =
     TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1);
 
-/// The path `automatic` resolves to for a MoH layer with `active` = (h_s + K) / h of its heads on, over sequences of
-/// `tokens`: the faster of dense and sparse for a training step (forward + backward) as measured on this LibTorch
-/// (docs/BENCHMARKS.md, "attention_path: auto"); dense and sparse are returned as given. The rule, LibTorch 2.x:
-/// sparse when tokens ≥ 1024 and active ≤ 0.85, or tokens ≥ 256 and active ≤ 0.6, else dense (short sequences,
-/// nearly all heads on); LibTorch 1.13: always dense (its sparse path won in only some shapes, inconsistently).
-AttentionPath choose_attention_path(AttentionPath requested, double active, int64_t tokens);
+/// The path `automatic` resolves to for a DiT MoH layer with `active` = (h_s + K) / h of its heads on, over sequences
+/// of `tokens`, on `device`: the faster of dense and sparse for a training step (forward + backward) as measured on
+/// this LibTorch on a CPU (docs/BENCHMARKS.md, "attention_path: auto"); dense and sparse are returned as given. The
+/// CPU rule, LibTorch 2.x: sparse when tokens ≥ 1024 and active ≤ 0.85, or tokens ≥ 256 and active ≤ 0.6, else
+/// dense; LibTorch 1.13: always dense. On a GPU: dense (no rule has been measured on one yet).
+AttentionPath choose_attention_path(AttentionPath requested, double active, int64_t tokens,
+                                    const c10::Device& device = c10::Device(c10::kCPU));
+
+/// Where a rule of `automatic` is asked about: a CPU with LibTorch 1.x or 2.x, or a CUDA device.
+enum class PathTarget { cpu_libtorch1, cpu_libtorch2, cuda };
+/// The rule behind choose_attention_path for any target (the build's own target is what a run uses; the others let
+/// `moh info --attention-paths` print one table whatever the build).
+AttentionPath auto_attention_path(double active, int64_t tokens, PathTarget target);
 
 /// softmax(q kᵀ · scale + bias) v over the last two dims: q (..., Nq, d), k/v (..., Nk, d), bias broadcastable to
 /// (..., Nq, Nk). With `fused` and LibTorch ≥ 2.1 this calls scaled_dot_product_attention (flash/mem-efficient on
@@ -39,23 +46,22 @@ at::Tensor mix_heads_dense(const at::Tensor& q, const at::Tensor& k, const at::T
                            double scale, bool fused = false);
 
 /// The sparse paths' layout: the selected (token, head) pairs grouped by (batch, head); groups of similar size share
-/// one padded bucket (Gb groups × M slots). Host-side indices, built once per call.
+/// one padded bucket (Gb groups × M slots). Index tensors (int64) on the routing's device, built there.
 struct PairBucket {
   int64_t groups = 0, rows = 0;  ///< Gb, M
-  std::vector<int64_t> batch, head;  ///< per group: b, head index in [0, h)
-  std::vector<int64_t> token;        ///< per slot (Gb·M): token position n; padding repeats the group's last token
-  std::vector<int64_t> gate_row;     ///< per slot: (b·N + n)·h + head, the pair's row in (B·N·h)-shaped tensors
-  std::vector<int64_t> out_row;      ///< per slot: gate_row, or B·N·h (one scratch row) for padding slots
+  at::Tensor batch, head;        ///< (Gb): b, head index in [0, h)
+  at::Tensor token;              ///< (Gb, M): token position n; padding repeats the group's last token
+  at::Tensor gate_row;           ///< (Gb, M): (b·N + n)·h + head, the pair's row in (B·N·h)-shaped tensors
+  at::Tensor out_row;            ///< (Gb, M): gate_row, or B·N·h (one scratch row) for padding slots
 };
 
 /// Buckets the pairs of `routed` (B·N, K) (indices into the routed pool: head = shared + index); with `all_shared`,
 /// heads [0, shared) join as groups holding every token. Empty groups are dropped.
 /// Groups whose counts are within `fill` of a bucket's largest share it; the last of `max_buckets` takes the rest.
+/// The pairs are sorted and gathered on the routing's device; the one host read is the (B·h) pair counts per
+/// group, which decide the buckets' shapes (padded sizes cannot be known without it).
 std::vector<PairBucket> bucket_pairs(const at::Tensor& routed, int64_t B, int64_t N, int64_t h, int64_t shared,
                                      bool all_shared, double fill = 0.95, int max_buckets = 8);
-
-/// A host index vector as an int64 tensor on `device`.
-at::Tensor index_tensor(const std::vector<int64_t>& v, const at::Device& device);
 
 /// Where the sparse path gets its queries: either all heads' queries precomputed (`q`, (B, h, N, d)), or the layer
 /// input and the query projection (`x` (B·N, C), `wq` (h·d, C), `bq` (h·d) or undefined) so that queries are

@@ -41,12 +41,13 @@ void validate_classifier_experiment(const ExperimentConfig& cfg) {
   const int64_t side = (o.img_size + o.patch_size - 1) / o.patch_size;
   const double bytes = static_cast<double>(cfg.data.batch_size / std::max<int64_t>(1, cfg.train.processes)) *
                        static_cast<double>(o.embed_dims[0]) * static_cast<double>(side * side) * 4.0;
-  if (bytes > static_cast<double>(physical_memory_bytes()))
+  const DeviceMemory memory = device_memory(cfg.train.device);  // the GPU's, or this machine's
+  if (bytes > static_cast<double>(memory.bytes))
     throw UserError("config: model.img_size", std::to_string(o.img_size) + " px at batch " +
                                                   std::to_string(cfg.data.batch_size) + " needs at least " +
                                                   std::to_string(static_cast<int64_t>(bytes / (1 << 30))) +
-                                                  " GiB for the first stage alone, more than this machine's " +
-                                                  std::to_string(physical_memory_bytes() >> 30) + " GiB",
+                                                  " GiB for the first stage alone, more than the " +
+                                                  std::to_string(memory.bytes >> 30) + " GiB of " + memory.name,
                     "lower model.img_size or data.batch_size");
   datasets::RandAugmentSpec::parse(cfg.augment.rand_augment, "config: augment.rand_augment");
 }

@@ -118,7 +118,7 @@ AttentionOutput MoHAttentionImpl::forward_with_path(const at::Tensor& x, Attenti
   out.aux_loss = routing.aux_loss;
   out.routed = routing.routed;
 
-  path = choose_attention_path(path, static_cast<double>(options.active_heads()) / static_cast<double>(h), N);
+  path = choose_attention_path(path, static_cast<double>(options.active_heads()) / static_cast<double>(h), N, x.device());
   const bool sparse = path == AttentionPath::sparse && routing.routed.defined();
   at::Tensor mixed;  // (B, N, h·d)
   if (!sparse && options.mode != AttentionMode::moa) {

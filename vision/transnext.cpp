@@ -108,16 +108,6 @@ void TransNeXtOptions::validate() const {
   if (num_classes <= 0 || in_chans <= 0) throw UserError(what, "num_classes and in_chans must be positive", "");
 }
 
-AttentionPath choose_aggregated_path(AttentionPath requested, double active, int64_t tokens) {
-  if (requested != AttentionPath::automatic) return requested;
-  // Measured (docs/BENCHMARKS.md, "MoH-ViT attention: window ops and the sparse path"), training step (forward + backward) of one layer at the
-  // MoH-ViT-B-50 / S-75 shapes: since the dense path runs its 3×3 window through the sliding-window ops, the sparse
-  // layers take 1.02–1.50× the dense ones on LibTorch 2.14.1 and 1.09–1.60× on 1.13 (apart from one noisy 1.13
-  // stage-4 row, 0.74×); only forward alone gains (0.87× at B-50 stage 3). So training layers stay dense.
-  (void)active, (void)tokens;
-  return AttentionPath::dense;
-}
-
 std::pair<at::Tensor, at::Tensor> relative_position_cpb(int64_t qh, int64_t qw, int64_t kh, int64_t kw, int64_t ph,
                                                         int64_t pw) {
   auto axis = [](int64_t q, int64_t k) {
@@ -200,9 +190,7 @@ AttentionOutput TransNeXtAttentionImpl::run(const at::Tensor& x, const at::Tenso
   if (options.mode != AttentionMode::mha) routing = router.route(x.reshape({B * N, C}), is_training());
   out.aux_loss = routing.aux_loss;
   out.routed = routing.routed;
-  const AttentionPath path =
-      choose_aggregated_path(options.path, static_cast<double>(options.active_heads()) / static_cast<double>(h), N);
-  if (!reference && path == AttentionPath::sparse && routing.routed.defined()) {
+  if (!reference && options.path == AttentionPath::sparse && routing.routed.defined()) {  // automatic: dense
     out.out = proj->forward(mix_sparse(x, tau, len_scale, table, index, routing));
     return out;
   }
@@ -334,17 +322,14 @@ at::Tensor TransNeXtAttentionImpl::mix_sparse(const at::Tensor& x, const at::Ten
   // which costs more than padding the routed groups to their largest count (shared groups hold every token).
   for (const PairBucket& bk : bucket_pairs(routing.routed, B, N, h, router.shared, true, kBucketFill, kMaxBuckets)) {
     const int64_t Gb = bk.groups, M = bk.rows;
-    std::vector<int64_t> bias_row(Gb * M), group(Gb);
-    for (int64_t i = 0; i < Gb; ++i) {
-      group[i] = bk.batch[i] * h + bk.head[i];
-      for (int64_t m = 0; m < M; ++m) bias_row[i * M + m] = bk.head[i] * N + bk.token[i * M + m];
-    }
-    const at::Tensor hidx = index_tensor(bk.head, dev), gidx = index_tensor(group, dev);
-    const at::Tensor tok = index_tensor(bk.token, dev), pair = index_tensor(bk.gate_row, dev);
+    const at::Tensor& hidx = bk.head;                                      // (Gb)
+    const at::Tensor gidx = bk.batch * h + bk.head;                        // (Gb) rows of keys / values
+    const at::Tensor tok = bk.token.reshape({-1}), pair = bk.gate_row.reshape({-1});  // (Gb·M)
+    const at::Tensor bias_row = (bk.head.view({Gb, 1}) * N + bk.token).reshape({-1});  // (Gb·M) rows of bias_rows
     at::Tensor qn = l2n(q_rows.index_select(0, pair).view({Gb, M, d}));  // (Gb, M, d)
     at::Tensor ls = aggregated ? len_scale.index_select(0, tok).view({Gb, M, 1}) : len_scale;
     at::Tensor qs = (qn + query_embedding.index_select(0, hidx)) * tau.index_select(0, hidx) * ls;  // (Gb, M, d)
-    at::Tensor global = at::baddbmm(bias_rows.index_select(0, index_tensor(bias_row, dev)).view({Gb, M, -1}), qs,
+    at::Tensor global = at::baddbmm(bias_rows.index_select(0, bias_row).view({Gb, M, -1}), qs,
                                     keys.index_select(0, gidx).transpose(1, 2));  // (Gb, M, Nk)
     at::Tensor o;  // (Gb, M, d)
     if (!aggregated) {
@@ -353,7 +338,7 @@ at::Tensor TransNeXtAttentionImpl::mix_sparse(const at::Tensor& x, const at::Ten
       // Window rows: (b·N + neighbour)·h + head, or the zero row T·h outside the map.
       at::Tensor nb = nbr.index_select(0, tok).view({Gb, M, kWindowArea});  // neighbour token, −1 outside
       at::Tensor outside = nb.lt(0);
-      at::Tensor rows = (index_tensor(bk.batch, dev).view({Gb, 1, 1}) * N + nb) * h + hidx.view({Gb, 1, 1});
+      at::Tensor rows = (bk.batch.view({Gb, 1, 1}) * N + nb) * h + hidx.view({Gb, 1, 1});
       rows = rows.masked_fill(outside, T * h);
       at::Tensor kv_nb = local.index_select(0, rows.reshape({-1})).view({Gb, M, kWindowArea, 2 * d});
       at::Tensor k_nb = kv_nb.narrow(-1, 0, d), v_nb = kv_nb.narrow(-1, d, d);  // (Gb, M, 9, d)
@@ -367,7 +352,7 @@ at::Tensor TransNeXtAttentionImpl::mix_sparse(const at::Tensor& x, const at::Ten
           at::bmm(attn.narrow(-1, kWindowArea, attn.size(-1) - kWindowArea), values.index_select(0, gidx));
     }
     o = o * gates_flat.index_select(0, pair).view({Gb, M, 1});
-    out.index_copy_(0, index_tensor(bk.out_row, dev), o.reshape({Gb * M, d}).to(out.scalar_type()));
+    out.index_copy_(0, bk.out_row.reshape({-1}), o.reshape({Gb * M, d}).to(out.scalar_type()));
   }
   return out.narrow(0, 0, T * h).view({B, N, C});
 }

@@ -38,7 +38,10 @@ struct TransNeXtOptions {
   std::array<int64_t, 4> topk{0, 0, 0, 0};          ///< MoH K (MoA: experts) per stage
   double drop_path_rate = 0.0;
   bool qkv_bias = true;
-  AttentionPath attention_path = AttentionPath::automatic;  ///< MoH layers: dense, sparse or per-layer automatic
+  /// MoH layers: dense, sparse, or automatic = dense for every classifier layer (no sparse training layer measured
+  /// faster than its dense one since the dense window runs through the sliding-window ops: docs/BENCHMARKS.md,
+  /// "MoH-ViT attention"); sparse stays available (inference-only gains at stage 3).
+  AttentionPath attention_path = AttentionPath::automatic;
 
   /// Feature-map side of stage i at the input size (and at the pretraining size).
   int64_t stage_size(int64_t i) const;
@@ -52,11 +55,6 @@ struct TransNeXtOptions {
   /// Throws UserError (sizes not divisible, 1×1 maps that would make the CPB coordinates NaN, bad MoH splits).
   void validate() const;
 };
-
-/// The path `automatic` resolves to for a TransNeXt attention layer (aggregated or stage-4 full attention) with
-/// `active` = (h_s + K) / h of its heads on over `tokens` queries (docs/BENCHMARKS.md, "MoH-ViT attention: window ops and the sparse path");
-/// dense and sparse are returned as given.
-AttentionPath choose_aggregated_path(AttentionPath requested, double active, int64_t tokens);
 
 /// Log-spaced continuous relative position coordinates between a query grid and the pooled key grid
 /// (`get_relative_position_cpb`): returns (table (T, 2) of unique coordinates, index (Nq·Nk) into it).

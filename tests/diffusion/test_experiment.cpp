@@ -1,6 +1,7 @@
 // The experiment level (diffusion/experiment.h): one decision of a model name's family with one "did you mean" over
 // every variant table, and one semantic validation that refuses what training would refuse (what `moh config` runs).
 #include "core/error.h"
+#include "diffusion/dit_experiment.h"
 #include "diffusion/experiment.h"
 #include "tests/test_util.h"
 
@@ -65,9 +66,29 @@ TEST(Experiment, ValidationRefusesWhatTrainingRefuses) {
     }
     EXPECT_NE(e.find(why), std::string::npos) << yaml << "\n  gave: '" << e << "'";
   }
+  // Guidance rules apply when sampling: a 1-channel pixel model trains with the defaults but cannot guide 3 channels.
+  const std::string three = dit + "sampling: {cfg_scale: 4.0, cfg_channels: three}";
+  EXPECT_NO_THROW(validate_experiment(config(three)));
+  EXPECT_NE(error_of([&] { validate_experiment(config(three), ExperimentUse::sample); }).find("needs at least 3 channels"),
+            std::string::npos);
   // extract-latents reads images for a vae: sd config
   EXPECT_NO_THROW(validate_experiment(config("model: {name: DiT-S/2}\ndiffusion: {vae: sd}\ndata: {dataset: fashion_mnist}"),
                                       ExperimentUse::extract_latents));
+}
+
+// The memory guard counts the widest layer's heads (MoH-DiT-XL/2-90's top layers have 24 heads, num_heads says 16)
+// against the memory of the device the run trains on (a GPU's is smaller than its host's).
+TEST(Experiment, MemoryGuardUsesTheWidestLayerAndTheDevice) {
+  diffusion::DiTOptions o = diffusion::dit_options("MoH-DiT-XL/2-90");
+  o.input_size = 64;  // 512 px: 1,024 tokens
+  const double per_head = 1024.0 * 1024.0 * 4.0;  // one image, one head
+  EXPECT_DOUBLE_EQ(diffusion::attention_map_bytes(o, 1), 24 * per_head);
+  const auto budget = static_cast<int64_t>(20 * per_head * 32);  // fits 16 heads × 32 images, not 24 heads
+  EXPECT_NE(error_of([&] { diffusion::check_attention_memory(o, 32, {budget, "GPU cuda:0"}); }).find("GiB of GPU cuda:0"),
+            std::string::npos);
+  EXPECT_EQ(error_of([&] { diffusion::check_attention_memory(o, 16, {budget, "GPU cuda:0"}); }), "");
+  EXPECT_EQ(device_memory("cpu").bytes, physical_memory_bytes());
+  EXPECT_EQ(device_memory("cpu").name, "this machine");
 }
 
 }  // namespace
