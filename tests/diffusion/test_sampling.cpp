@@ -123,9 +123,10 @@ TEST(Sampling, DdimEtaZeroIsDeterministicAndDdpmFollowsTheSeed) {
   EXPECT_EQ(steps, 5);
   EXPECT_TRUE(c.equal(d));
   EXPECT_FALSE(c.equal(a));
-  // DiT's three-channel guidance is refused on 1-channel data rather than guiding a variance channel.
+  // DiT's three-channel guidance on 1-channel data would guide a variance channel: configs are refused by
+  // validate_experiment (ExperimentUse::sample, tests/diffusion/test_experiment.cpp); the loop checks its invariant.
   ddim.cfg_channels = CfgChannels::three;
-  EXPECT_THROW(sample_loop(m, chain, noise, labels, ddim), UserError);
+  EXPECT_THROW(sample_loop(m, chain, noise, labels, ddim), c10::Error);
   // uint8 conversion as sample_ddp: clamp(127.5·x + 128) truncated.
   at::Tensor u = to_uint8_nhwc(torch::tensor({-1.0f, 0.0f, 0.999f, 2.0f}).view({1, 1, 1, 4}));
   EXPECT_TRUE(u.flatten().equal(torch::tensor({0, 128, 255, 255}, torch::kByte)));
