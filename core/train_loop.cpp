@@ -142,7 +142,7 @@ class TrainLoop {
   void start_writing();
   void run_epoch(int64_t epoch);
   void run_step(at::Tensor x, at::Tensor y, int64_t epoch, int64_t batch, int64_t steps_per_epoch);
-  void add_to_window(const LossTensors& losses, int64_t images, bool took);
+  void add_to_window(const LossTensors& losses, int64_t images, int64_t classes, bool took);
   void log_window(int64_t epoch);
   void end_epoch(int64_t epoch);
   std::string save();
@@ -169,7 +169,7 @@ class TrainLoop {
   std::unique_ptr<ConsoleLog> console_;  // the run's log.txt mirrors what rank 0 prints from start_writing on
   std::unique_ptr<Progress> progress_;
   LossTensors window_;  // losses of the logging window, summed on the device
-  int64_t window_steps_ = 0, window_images_ = 0, window_skipped_ = 0;
+  int64_t window_steps_ = 0, window_images_ = 0, window_skipped_ = 0, window_classes_ = 0;
   Clock::time_point window_start_;
   double lr_ = 0;
   std::string status_;  // the bar's "loss=… lr=…", refreshed at each metrics line
@@ -340,21 +340,23 @@ void TrainLoop::run_step(at::Tensor x, at::Tensor y, int64_t epoch, int64_t b, i
   lr_ = step_learning_rate(cfg_, epoch, b, state_.skipped, steps_per_epoch);
   for (auto& g : optimizer_->param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr_);
   const int64_t images = x.size(0) * ctx_.world;
+  // Distinct classes in this rank's batch (hard labels only): a class-sorted data stream shows here at once.
+  const int64_t classes = y.dim() == 1 && !y.is_floating_point() ? std::get<0>(at::_unique(y)).size(0) : 0;
   const LossTensors losses = task_->backward(*model_, std::move(x), std::move(y), {epoch, b, state_.step}, *scaler_);
   group_->average_gradients(model_->parameters());  // no-op on one process
   const bool took = complete_optimizer_step(*optimizer_, *model_, *scaler_, cfg_.optim.clip_grad, ema_.get(), state_);
-  add_to_window(losses, images, took);
+  add_to_window(losses, images, classes, took);
   progress_->advance(1, status_);
   if (took && state_.step % cfg_.train.log_every_steps == 0) log_window(epoch);
 }
 
-void TrainLoop::add_to_window(const LossTensors& losses, int64_t images, bool took) {
+void TrainLoop::add_to_window(const LossTensors& losses, int64_t images, int64_t classes, bool took) {
   if (window_.empty()) {
     for (const auto& [name, v] : losses) window_.emplace_back(name, v.detach().to(at::kDouble));
   } else {
     for (size_t i = 0; i < window_.size(); ++i) window_[i].second = window_[i].second + losses[i].second.detach();
   }
-  ++window_steps_, window_images_ += images, window_skipped_ += took ? 0 : 1;
+  ++window_steps_, window_images_ += images, window_skipped_ += took ? 0 : 1, window_classes_ += classes;
 }
 
 // The metrics line of the window so far (every log_every_steps steps, and the partial window at an epoch's end):
@@ -373,11 +375,12 @@ void TrainLoop::log_window(int64_t epoch) {
                       {"img_per_s", window_images_ / std::max(secs, 1e-9)}};
   for (const auto& [k, v] : result_.losses) line[k] = v;
   if (window_skipped_ > 0) line["skipped_steps"] = window_skipped_;
+  if (window_classes_ > 0) line["classes_per_batch"] = static_cast<double>(window_classes_) / window_steps_;
   metrics_.write(line);
   char status[96];
   std::snprintf(status, sizeof status, "loss=%.4f lr=%.2e", scalar(result_.losses, "loss"), lr_);
   status_ = status;
-  window_.clear(), window_steps_ = window_images_ = window_skipped_ = 0;
+  window_.clear(), window_steps_ = window_images_ = window_skipped_ = window_classes_ = 0;
   window_start_ = Clock::now();
 }
 
