@@ -111,6 +111,18 @@ static void print_usage() {
   std::cout << "\nglobal: --help, --version\n";
 }
 
+// "2 intra-op (OpenMP, idle workers sleep: OMP_WAIT_POLICY=passive, set by moh); OpenBLAS pool: 2 threads".
+static std::string threads_line() {
+  const ThreadSetup t = thread_setup();
+  std::string s = std::to_string(t.intra_op) + " intra-op (" + t.backend;
+  if (t.backend == "OpenMP")
+    s += t.wait_policy.empty() ? ", idle workers spin (libgomp default)"
+                               : ", OMP_WAIT_POLICY=" + t.wait_policy + (t.set_by_moh ? ", set by moh" : ", yours");
+  s += "; OMP_NUM_THREADS overrides)";
+  if (t.blas_threads > 0) s += "; OpenBLAS pool: " + std::to_string(t.blas_threads) + " threads";
+  return s;
+}
+
 static void print_version() {
   BlasInfo blas = detect_blas();
   std::cout << "moh " << toolkit_version() << "\n"
@@ -121,7 +133,7 @@ static void print_version() {
                                                                       : std::string("none visible")))
             << ")\n"
             << "BLAS: " << blas.name << (blas.path.empty() ? "" : " (" + blas.path + ")") << "\n"
-            << "CPU threads: " << at::get_num_threads() << " (OMP_NUM_THREADS overrides)\n"
+            << "CPU threads: " << threads_line() << "\n"
             << "data parallel: " << (dist::available() ? "c10d (Gloo)" : "off (no c10d/Gloo headers at build time)") << "\n";
 }
 
@@ -160,6 +172,7 @@ int main(int argc, char** argv) {
   const std::string rank = rank_env && std::strcmp(rank_env, "0") != 0 ? rank_env : "";
   const std::string prefix = rank.empty() ? "error: " : "error: rank " + rank + ": ";
   try {
+    moh::reexec_with_sleeping_openmp(argv);  // Debian's LibTorch + OpenBLAS: before any OpenMP region runs
     moh::configure_cpu_threads();
     return moh::apps::run(argc, argv);
   } catch (const moh::UserError& e) {

@@ -10,7 +10,8 @@
 # doubled batch [cond | null], guidance scale 4 on the first 3 ε channels), guided-diffusion's DDIM (η = 0) over the
 # respaced timesteps, as `moh bench sample --chain ddimN --cfg-scale 4`.
 # usage: .venv/bin/python bench/pytorch_moh_dit_step.py [--model MoH-DiT-S/2-90|DiT-S/2] [--batch 8] [--steps 3]
-#        [--warmup 1] [--threads N] [--precision fp32|bf16] [--chain ddim50]   prints one JSON line {"step_s": ...}
+#        [--warmup 1] [--threads N] [--precision fp32|bf16] [--loss hybrid|square] [--chain ddim50]
+#        prints one JSON line {"step_s": ...}
 import argparse, json, math, os, sys, time
 
 import torch
@@ -29,12 +30,18 @@ p.add_argument("--model", default="MoH-DiT-S/2-90", choices=sorted(VARIANTS))
 p.add_argument("--batch", type=int, default=8)
 p.add_argument("--steps", type=int, default=3)
 p.add_argument("--warmup", type=int, default=1)
-p.add_argument("--threads", type=int, default=os.cpu_count())
+p.add_argument("--threads", type=int, default=0,
+               help="intra-op threads (0: torch's own default, as the official code runs; Debian's 1.13 says 1 and runs "
+                    "its products on OpenBLAS's own pool; setting 2 there made this script 1.7x slower)")
+p.add_argument("--loss", default="hybrid", choices=["hybrid", "square"],
+               help="hybrid: guided-diffusion's mse + vb (what moh bench train runs); square: out.square().mean(), the "
+                    "loss of the official-code timing protocol")
 p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
 p.add_argument("--chain", default="", help="ddimN: time a CFG sampling chain instead of a training step")
 p.add_argument("--cfg-scale", type=float, default=4.0)
 a = p.parse_args()
-torch.set_num_threads(a.threads)
+if a.threads > 0:
+    torch.set_num_threads(a.threads)
 torch.manual_seed(0)
 
 AUX = []  # the official code's class-level LOAD_BALANCING_LOSSES list
@@ -99,6 +106,9 @@ def discretized_ll(x, means, log_scales):
 
 
 def training_loss(x0, y):
+    if a.loss == "square":
+        AUX.clear()
+        return model(x0, torch.randint(0, T, (x0.shape[0],)), y).square().mean()
     t = torch.randint(0, T, (x0.shape[0],))
     noise = torch.randn_like(x0)
     xt = at(ac.sqrt(), t, x0) * x0 + at((1 - ac).sqrt(), t, x0) * noise

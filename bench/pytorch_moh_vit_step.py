@@ -25,10 +25,12 @@ p.add_argument("--batch", type=int, default=4)
 p.add_argument("--img-size", type=int, default=0, help="0 = the variant's own (224; 32 for the Nano models)")
 p.add_argument("--steps", type=int, default=3)
 p.add_argument("--warmup", type=int, default=1)
-p.add_argument("--threads", type=int, default=os.cpu_count())
+p.add_argument("--threads", type=int, default=0,
+               help="intra-op threads (0: torch's own default, as the official code runs; see pytorch_moh_dit_step.py)")
 p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
 a = p.parse_args()
-torch.set_num_threads(a.threads)
+if a.threads > 0:
+    torch.set_num_threads(a.threads)
 torch.manual_seed(0)
 
 v = ref.VARIANTS[a.model]

@@ -12,6 +12,7 @@
 #include <torch/cuda.h>
 #include <torch/version.h>
 
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -188,6 +189,35 @@ BlasInfo detect_blas() {
     if (file.rfind("libblis", 0) == 0) info = {"BLIS", path, false};
   }
   return info;
+}
+
+namespace {
+// openblas_get_num_threads of the OpenBLAS mapped into this process, or 0.
+int openblas_threads() {
+  using Fn = int (*)();
+  auto fn = reinterpret_cast<Fn>(::dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  return fn ? fn() : 0;
+}
+bool openmp_backend() { return at::get_parallel_info().find("ATen parallel backend: OpenMP") != std::string::npos; }
+}  // namespace
+
+ThreadSetup thread_setup() {
+  ThreadSetup t;
+  t.intra_op = at::get_num_threads();
+  t.backend = openmp_backend() ? "OpenMP" : "native";
+  if (const char* w = std::getenv("OMP_WAIT_POLICY")) t.wait_policy = w;
+  t.blas_threads = detect_blas().name == "OpenBLAS" ? openblas_threads() : 0;
+  t.set_by_moh = std::getenv("MOH_THREADS_SET") != nullptr;
+  return t;
+}
+
+void reexec_with_sleeping_openmp(char** argv) {
+  if (std::getenv("MOH_THREADS_SET") || std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT")) return;
+  if (!openmp_backend() || detect_blas().name != "OpenBLAS" || openblas_threads() <= 1) return;
+  ::setenv("OMP_WAIT_POLICY", "passive", 1);
+  ::setenv("MOH_THREADS_SET", "1", 1);
+  ::execv("/proc/self/exe", argv);  // returns only on failure: go on with the spinning default
+  ::unsetenv("OMP_WAIT_POLICY");
 }
 
 int configure_cpu_threads() {

@@ -63,6 +63,23 @@ std::string libtorch_cuda_build();
 /// Returns the thread count in effect.
 int configure_cpu_threads();
 
+/// How the CPU's thread pools are set up, for `moh --version` and benchmark records.
+struct ThreadSetup {
+  int intra_op = 1;               ///< LibTorch's intra-op threads
+  std::string backend;            ///< "OpenMP" or "native"
+  std::string wait_policy;        ///< OMP_WAIT_POLICY in effect ("" = libgomp's default: spin, then sleep)
+  int blas_threads = 0;           ///< OpenBLAS's own pthread pool (0 = the BLAS runs on the intra-op threads)
+  bool set_by_moh = false;        ///< the wait policy was set by the re-exec below, not by the user
+};
+ThreadSetup thread_setup();
+
+/// LibTorch's intra-op pool is OpenMP and, in Debian's build, matrix products run on OpenBLAS's own pthread pool:
+/// idle OpenMP workers spin (libgomp's default) on the cores OpenBLAS computes on. With OMP_WAIT_POLICY=passive
+/// they sleep; libgomp reads it only when it starts, so when it is needed and not set by the user, this re-executes
+/// the program with it set (once: MOH_THREADS_SET guards). Returns when nothing was needed (MKL builds, user
+/// settings) or the re-exec failed.
+void reexec_with_sleeping_openmp(char** argv);
+
 /// Which BLAS LibTorch's matrix products run on.
 struct BlasInfo {
   std::string name;  ///< "OpenBLAS", "reference BLAS (slow)", "MKL", "unknown"
