@@ -32,12 +32,12 @@ at::Tensor attend_plain(const at::Tensor& q, const at::Tensor& k, const at::Tens
 
 AttentionPath auto_attention_path(double active, int64_t tokens, PathTarget target) {
   switch (target) {
-    case PathTarget::cpu_libtorch2: {
+    case PathTarget::cpu_libtorch2:
+    case PathTarget::cpu_libtorch1: {  // 1.13 measured with its thread pools right (docs/BENCHMARKS.md): same rule
       const bool sparse = (tokens >= 1024 && active <= 0.85) || (tokens >= 256 && active <= 0.6);
       return sparse ? AttentionPath::sparse : AttentionPath::dense;
     }
-    case PathTarget::cpu_libtorch1:  // 1.13's gathers and small batched products: sparse is not reliably faster
-    case PathTarget::cuda:           // the CPU rules were measured on a 2-core CPU only
+    case PathTarget::cuda:  // the CPU rule was measured on a 2-core CPU only
       return AttentionPath::dense;
   }
   return AttentionPath::dense;

@@ -165,16 +165,16 @@ TEST(MoHAttention, AutoPathFollowsTheMeasuredRule) {
   EXPECT_EQ(choose_attention_path(AttentionPath::sparse, 0.9, 16), AttentionPath::sparse);
   EXPECT_EQ(pick(0.5, 64), AttentionPath::dense);    // short sequences: gathers cost more than they save
   EXPECT_EQ(pick(0.92, 1024), AttentionPath::dense);  // nearly every head on
-  const bool torch2 = TORCH_VERSION_MAJOR >= 2;  // 1.13: always dense
-  EXPECT_EQ(pick(0.5, 1024), torch2 ? AttentionPath::sparse : AttentionPath::dense);
-  EXPECT_EQ(pick(0.5, 256), torch2 ? AttentionPath::sparse : AttentionPath::dense);
-  EXPECT_EQ(pick(0.75, 1024), torch2 ? AttentionPath::sparse : AttentionPath::dense);
+  EXPECT_EQ(pick(0.5, 1024), AttentionPath::sparse);  // the same rule on both LibTorch versions
+  EXPECT_EQ(pick(0.5, 256), AttentionPath::sparse);
+  EXPECT_EQ(pick(0.75, 1024), AttentionPath::sparse);
   EXPECT_EQ(pick(1.0, 4096), AttentionPath::dense);
   // On a GPU (any device but the host; `meta` stands in) auto is dense until a rule measured there exists.
   EXPECT_EQ(choose_attention_path(AttentionPath::automatic, 0.5, 1024, c10::Device(c10::kMeta)), AttentionPath::dense);
   EXPECT_EQ(choose_attention_path(AttentionPath::sparse, 0.5, 1024, c10::Device(c10::kMeta)), AttentionPath::sparse);
   EXPECT_EQ(auto_attention_path(0.5, 1024, PathTarget::cuda), AttentionPath::dense);
-  EXPECT_EQ(auto_attention_path(0.5, 1024, PathTarget::cpu_libtorch1), AttentionPath::dense);
+  EXPECT_EQ(auto_attention_path(0.5, 1024, PathTarget::cpu_libtorch1), AttentionPath::sparse);
+  EXPECT_EQ(auto_attention_path(0.92, 1024, PathTarget::cpu_libtorch1), AttentionPath::dense);
   EXPECT_EQ(auto_attention_path(0.5, 1024, PathTarget::cpu_libtorch2), AttentionPath::sparse);
 
   MoHAttentionOptions o(32, 4);
