@@ -84,14 +84,19 @@ void load_module_tensors(torch::nn::Module& module, const TensorMap& tensors, co
       [&](const std::string& n) { return tensors.at(n); });
 }
 
-void load_module_file(torch::nn::Module& module, const std::string& path, bool allow_missing) {
+void load_module_file(torch::nn::Module& module, const std::string& path, bool allow_missing,
+                      const std::function<std::string(const std::string&)>& rename) {
   const SafetensorsReader file(path);
   std::vector<std::string> names;
-  for (const auto& e : file.entries()) names.push_back(e.name);
+  std::map<std::string, const SafetensorsEntry*> by_name;  // the module's names
+  for (const auto& e : file.entries()) {
+    names.push_back(rename ? rename(e.name) : e.name);
+    by_name[names.back()] = &e;
+  }
   assign_module(
       module, names, path, allow_missing,
-      [&](const std::string& n) { const SafetensorsEntry* e = file.find(n); return e ? &e->shape : nullptr; },
-      [&](const std::string& n) { return file.read(*file.find(n)); });  // one tensor in memory at a time
+      [&](const std::string& n) { auto it = by_name.find(n); return it == by_name.end() ? nullptr : &it->second->shape; },
+      [&](const std::string& n) { return file.read(*by_name.at(n)); });  // one tensor in memory at a time
 }
 
 namespace {

@@ -7,6 +7,7 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -31,7 +32,9 @@ void load_module_tensors(torch::nn::Module& module, const TensorMap& tensors, co
 
 /// Loads a .safetensors file into a module by name, one tensor at a time (peak memory: the module plus its largest
 /// tensor, not the module plus the file); the same errors as load_module_tensors.
-void load_module_file(torch::nn::Module& module, const std::string& path, bool allow_missing = false);
+/// `rename` maps the file's names to the module's (e.g. an older naming scheme).
+void load_module_file(torch::nn::Module& module, const std::string& path, bool allow_missing = false,
+                      const std::function<std::string(const std::string&)>& rename = {});
 
 /// AdamW/Adam state by parameter name: "<name>.exp_avg", "<name>.exp_avg_sq" (views of the live state, on its device:
 /// write them before the next step), "<name>.step".

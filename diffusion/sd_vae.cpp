@@ -162,17 +162,19 @@ LatentPosterior AutoencoderKLImpl::encode(const at::Tensor& images) {
 
 at::Tensor AutoencoderKLImpl::decode(const at::Tensor& latents) { return decoder->forward(post_quant_conv->forward(latents)); }
 
-TensorMap normalize_vae_keys(const TensorMap& tensors) {
+std::string normalize_vae_key(const std::string& name) {
   static const std::vector<std::pair<std::string, std::string>> kLegacy{
       {".query.", ".to_q."}, {".key.", ".to_k."}, {".value.", ".to_v."}, {".proj_attn.", ".to_out.0."}};
+  std::string n = name;
+  if (n.find(".attentions.") != std::string::npos)
+    for (const auto& [from, to] : kLegacy)
+      if (auto p = n.find(from); p != std::string::npos) n.replace(p, from.size(), to);
+  return n;
+}
+
+TensorMap normalize_vae_keys(const TensorMap& tensors) {
   TensorMap out;
-  for (const auto& [name, t] : tensors) {
-    std::string n = name;
-    if (n.find(".attentions.") != std::string::npos)
-      for (const auto& [from, to] : kLegacy)
-        if (auto p = n.find(from); p != std::string::npos) n.replace(p, from.size(), to);
-    out[n] = t;
-  }
+  for (const auto& [name, t] : tensors) out[normalize_vae_key(name)] = t;
   return out;
 }
 
@@ -181,6 +183,8 @@ void load_sd_vae(AutoencoderKL& vae, const std::string& path) {
     throw UserError("vae weights " + path, "no such file",
                     "download stabilityai/sd-vae-ft-ema (diffusion_pytorch_model.safetensors) from Hugging Face and set "
                     "diffusion.vae_weights");
+  const bool safetensors = path.size() > 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0;
+  if (safetensors) return load_module_file(*vae, path, false, normalize_vae_key);  // one tensor in memory at a time
   load_module_tensors(*vae, normalize_vae_keys(load_weights_file(path, "")), path);
 }
 

@@ -132,6 +132,8 @@ TORCH_MODULE(AutoencoderKL);
 
 /// Renames legacy diffusers attention keys (query/key/value/proj_attn → to_q/to_k/to_v/to_out.0).
 TensorMap normalize_vae_keys(const TensorMap& tensors);
+/// The same for one name.
+std::string normalize_vae_key(const std::string& name);
 
 /// Loads diffusers AutoencoderKL weights (.safetensors or torch.save .bin/.pt, either attention naming). A missing file is a UserError
 /// saying where the weights come from; missing/unexpected tensors are named.
