@@ -8,8 +8,7 @@
 #include "apps/cli.h"
 #include "apps/commands.h"
 #include "core/train_loop.h"
-#include "diffusion/diffusion_trainer.h"
-#include "vision/classification_trainer.h"
+#include "diffusion/experiment.h"
 
 namespace moh::apps {
 
@@ -33,10 +32,7 @@ int cmd_train(int argc, char** argv) {
   }
   const TrainArgs ta{args["run-dir"].as<std::string>(), args["resume"].as<std::string>(),
                      args.count("allow-config-change") > 0};
-  const bool dit = model_family(cfg.model.name) == ModelFamily::dit;  // config_from_args checked it is trainable
-  const LoopResult r = run_training(cfg, ta, [&](const RunContext& ctx) {
-    return dit ? diffusion::make_dit_task(cfg, ctx) : vision::make_classifier_task(cfg, ctx);
-  });
+  const LoopResult r = run_training(cfg, ta, task_factory(cfg));  // config_from_args validated it
   const char* rank = std::getenv("RANK");
   const bool main_rank = !rank || std::string(rank) == "0";
   if (r.stop_signal != 0) {  // Ctrl-C / SIGTERM: the checkpoint is saved; say how to go on (exit 128 + signal)

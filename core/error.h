@@ -18,7 +18,6 @@ constexpr int kExitUserError = 2;
 class UserError : public std::runtime_error {
  public:
   UserError(std::string what, std::string why, std::string hint = "");
-  const std::string& subject() const { return what_; }
   const std::string& reason() const { return why_; }
   const std::string& hint() const { return hint_; }
 

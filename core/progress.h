@@ -48,7 +48,6 @@ class MetricsWriter {
   explicit MetricsWriter(const std::string& path, bool truncate = false);
   /// Appends one line (a default-constructed writer, as on non-main ranks, writes nothing).
   void write(const nlohmann::json& record);
-  bool is_open() const { return !path_.empty(); }
 
  private:
   std::string path_;

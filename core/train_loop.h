@@ -30,7 +30,7 @@ struct TrainArgs {
   bool allow_config_change = false;  ///< resume although the data or batch settings differ from the checkpoint's
   /// The process group to train in instead of joining the one the environment describes (tests: a group that
   /// records what its collectives are handed).
-  std::shared_ptr<dist::Group> group;
+  std::shared_ptr<dist::Group> group = nullptr;
 };
 
 /// What a resumed run may not change (the checkpoint's weights would not fit), and what it changes only when asked

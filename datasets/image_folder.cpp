@@ -180,16 +180,6 @@ void write_image_folder(const std::string& dir, const ImageSet& set, const std::
 #endif
 }
 
-at::Tensor decode_image(const std::string& path, int64_t channels) {
-#ifndef MOH_WITH_OPENCV
-  (void)path, (void)channels;
-  throw UserError("image decoding", "needs OpenCV, which this build was configured without", "rebuild with -DMOH_WITH_OPENCV=ON");
-#else
-  DecodedImage d = read_image(path, channels);
-  return d.pixels;
-#endif
-}
-
 at::Tensor center_crop_arr(const at::Tensor& hwc, int64_t size) {
   TORCH_CHECK(size > 0 && hwc.dim() == 3, "center_crop_arr: expected an (H, W, C) image and a positive size");
   at::Tensor img = hwc;

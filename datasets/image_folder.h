@@ -50,10 +50,6 @@ ImageSet load_image_folder(const std::string& root, const std::string& split, in
                            double max_bad_fraction, DecodeReport* report = nullptr, int64_t limit = 0,
                            uint64_t seed = 0);
 
-/// Decodes one image file: (H, W, 1) grey when channels == 1, else (H, W, 3) RGB, uint8; an undefined tensor when the
-/// file cannot be decoded or is damaged (datasets/image_decode.h says why).
-at::Tensor decode_image(const std::string& path, int64_t channels);
-
 /// ADM's center_crop_arr (DiT's training transform) of a uint8 (H, W, C) image: halve (W // 2, H // 2) with Pillow's
 /// BOX filter while the short side is ≥ 2·size, resize with BICUBIC so the short side is size (Python's round of
 /// the scaled sides), crop the centre ((H − size) // 2, (W − size) // 2). Returns (size, size, C) uint8, Pillow's

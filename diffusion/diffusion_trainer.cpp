@@ -80,10 +80,4 @@ std::unique_ptr<TrainTask> make_dit_task(const ExperimentConfig& cfg, const RunC
   return std::make_unique<DiTTask>(cfg, ctx);
 }
 
-DiffusionTrainResult train_diffusion(const ExperimentConfig& cfg, const TrainArgs& args) {
-  validate_dit_experiment(cfg);
-  const LoopResult r = run_training(cfg, args, [&](const RunContext& ctx) { return make_dit_task(cfg, ctx); });
-  return {r.run_dir, r.steps, scalar(r.losses, "loss"), r.seconds};
-}
-
 }  // namespace moh::diffusion

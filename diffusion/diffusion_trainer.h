@@ -34,15 +34,4 @@ LossTensors diffusion_backward(DiT& model, const GaussianDiffusion& diffusion, c
 /// The DiT task for run_training().
 std::unique_ptr<TrainTask> make_dit_task(const ExperimentConfig& cfg, const RunContext& ctx);
 
-/// Result of a diffusion training run.
-struct DiffusionTrainResult {
-  std::string run_dir;
-  int64_t steps = 0;
-  double loss = 0;  ///< mean loss over the last logging window
-  double seconds = 0;
-};
-
-/// Runs (or resumes) DiT training as configured.
-DiffusionTrainResult train_diffusion(const ExperimentConfig& cfg, const TrainArgs& args);
-
 }  // namespace moh::diffusion

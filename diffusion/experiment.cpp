@@ -2,7 +2,9 @@
 
 #include "core/error.h"
 #include "diffusion/dit.h"
+#include "diffusion/diffusion_trainer.h"
 #include "diffusion/dit_experiment.h"
+#include "vision/classification_trainer.h"
 #include "vision/classifier_experiment.h"
 #include "vision/attention_core.h"
 #include "vision/transnext.h"
@@ -72,6 +74,23 @@ std::string dit_path_rows(const std::string& name, int64_t image_px, int64_t lat
 }
 
 }  // namespace
+
+TaskFactory task_factory(const ExperimentConfig& cfg) {
+  switch (model_family(cfg.model.name, "config: model.name '" + cfg.model.name + "'")) {
+    case ModelFamily::classifier:
+      return [cfg](const RunContext& ctx) { return vision::make_classifier_task(cfg, ctx); };
+    case ModelFamily::dit:
+      return [cfg](const RunContext& ctx) { return diffusion::make_dit_task(cfg, ctx); };
+    default:
+      throw UserError("config: model.name", cfg.model.name + " is a fixed network, not a trainable experiment",
+                      "pick a classifier or DiT variant (moh info --list)");
+  }
+}
+
+LoopResult train_experiment(const ExperimentConfig& cfg, const TrainArgs& args) {
+  validate_experiment(cfg);
+  return run_training(cfg, args, task_factory(cfg));
+}
 
 std::string attention_path_table() {
   std::string t =

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/experiment_config.h"
+#include "core/train_loop.h"
 
 namespace moh {
 
@@ -37,6 +38,12 @@ enum class ExperimentUse { train, sample, extract_latents };
 /// overrides or accumulation, VAE vs dataset, the sampling respacing). A trainable family is required (sd-vae and
 /// fid-inception are not experiments). Reads no data; UserErrors only.
 void validate_experiment(const ExperimentConfig& cfg, ExperimentUse use = ExperimentUse::train);
+
+/// The training task of an experiment's family (classifier or DiT), for run_training.
+TaskFactory task_factory(const ExperimentConfig& cfg);
+
+/// The one way into training: validate_experiment, then run_training with the family's task.
+LoopResult train_experiment(const ExperimentConfig& cfg, const TrainArgs& args);
 
 /// The markdown table of what `attention_path: auto` runs in each MoH layer of the paper variants (MoH-DiT at 256 px
 /// and XL at 512 px, the Fashion-MNIST pixel model, MoH-ViT at 224 px) on a CPU with LibTorch 2.x, with LibTorch

@@ -4,12 +4,13 @@
 #   2. train a pixel-space MoH-DiT from YAML and sample 10 images per class with classifier-free guidance,
 #   3. compute the FID report of those samples with the trained classifier as the feature network.
 # Full run: ≤ 30 min on a fresh 2-core machine. DEMO_QUICK=1: the same with few steps (a few minutes; used by a test).
-# Environment: DEMO_OUT (default runs/demo), DEMO_SKIP_SETUP=1 + MOH=path/to/moh to use an existing build.
+# Environment: DEMO_OUT (default runs/demo), DEMO_SKIP_SETUP=1 + MOH=path/to/moh to use an existing build,
+#   MOH_LIBTORCH=pip to build and run against the pinned pip LibTorch 2.x (build-torch2/) instead of Debian's 1.13.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
 if [ "${DEMO_SKIP_SETUP:-0}" != 1 ]; then MOH_BUILD_TARGETS=${MOH_BUILD_TARGETS:-moh} bash scripts/setup.sh; fi
-MOH=${MOH:-build/moh}
+if [ "${MOH_LIBTORCH:-debian}" = pip ]; then MOH=${MOH:-build-torch2/moh}; else MOH=${MOH:-build/moh}; fi
 echo "== setup + build: $(( $(date +%s) - start )) s"
 OUT=${DEMO_OUT:-runs/demo}
 if [ "${DEMO_QUICK:-0}" = 1 ]; then

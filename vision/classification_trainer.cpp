@@ -75,10 +75,6 @@ class ClassifierTask : public TrainTask {
   datasets::MixupOptions mixup_;
 };
 
-EvalResult eval_result(const Scalars& s) {
-  return {scalar(s, "top1"), scalar(s, "top5"), scalar(s, "val_loss"), 0};
-}
-
 }  // namespace
 
 LossTensors classifier_backward(TransNeXt& model, const at::Tensor& x, const at::Tensor& y, int64_t accum, double beta,
@@ -106,15 +102,6 @@ LossTensors classifier_backward(TransNeXt& model, const at::Tensor& x, const at:
 
 std::unique_ptr<TrainTask> make_classifier_task(const ExperimentConfig& cfg, const RunContext& ctx) {
   return std::make_unique<ClassifierTask>(cfg, ctx);
-}
-
-TrainResult train_classifier(const ExperimentConfig& cfg, const TrainArgs& args) {
-  validate_classifier_experiment(cfg);
-  const LoopResult r = run_training(cfg, args, [&](const RunContext& ctx) { return make_classifier_task(cfg, ctx); });
-  TrainResult out;
-  out.final_eval = eval_result(r.final_eval), out.final_eval_ema = eval_result(r.final_eval_ema);
-  out.best_top1 = r.best_metric, out.steps = r.steps, out.run_dir = r.run_dir, out.seconds = r.seconds;
-  return out;
 }
 
 }  // namespace moh::vision

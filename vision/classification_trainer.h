@@ -21,17 +21,4 @@ LossTensors classifier_backward(TransNeXt& model, const at::Tensor& x, const at:
 /// The classification task for run_training().
 std::unique_ptr<TrainTask> make_classifier_task(const ExperimentConfig& cfg, const RunContext& ctx);
 
-/// Result of a training run.
-struct TrainResult {
-  EvalResult final_eval;
-  EvalResult final_eval_ema;  ///< of the EMA weights (train.ema_decay > 0), else empty
-  double best_top1 = 0;
-  int64_t steps = 0;
-  std::string run_dir;
-  double seconds = 0;
-};
-
-/// Runs (or resumes) classifier training as configured.
-TrainResult train_classifier(const ExperimentConfig& cfg, const TrainArgs& args);
-
 }  // namespace moh::vision

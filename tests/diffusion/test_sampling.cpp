@@ -11,6 +11,7 @@
 #include "datasets/fashion_mnist.h"
 #include "diffusion/diffusion_process.h"
 #include "diffusion/diffusion_trainer.h"
+#include "diffusion/experiment.h"
 #include "datasets/npz.h"
 #include "diffusion/sample_set.h"
 #include "diffusion/sampler.h"
@@ -212,14 +213,14 @@ optim: {lr: 1.0e-3, weight_decay: 0.0, clip_grad: 0.0}
 schedule: {kind: constant, warmup_epochs: 0}
 train: {epochs: 2, ema_decay: 0.9, log_every_steps: 1, seed: 4}
 )"));
-  DiffusionTrainResult full = train_diffusion(cfg, {d.file("full"), ""});
+  const LoopResult full = train_experiment(cfg, {d.file("full"), ""});
   EXPECT_EQ(full.steps, 6);
   ExperimentConfig first = cfg;
   first.train.max_steps = 3;  // 48 / 16 = 3 steps: stop at the end of epoch 1
-  train_diffusion(first, {d.file("split"), ""});
-  DiffusionTrainResult resumed = train_diffusion(cfg, {d.file("split"), "auto"});
+  train_experiment(first, {d.file("split"), ""});
+  const LoopResult resumed = train_experiment(cfg, {d.file("split"), "auto"});
   EXPECT_EQ(resumed.steps, full.steps);
-  EXPECT_EQ(resumed.loss, full.loss);
+  EXPECT_EQ(scalar(resumed.losses, "loss"), scalar(full.losses, "loss"));
   Checkpoint a = load_checkpoint(d.file("full")), b = load_checkpoint(d.file("split"));
   ASSERT_FALSE(a.ema.empty());
   for (const auto& [k, v] : a.model) EXPECT_TRUE(torch::equal(v, b.model.at(k))) << k;
@@ -249,7 +250,7 @@ optim: {lr: 1.0e-3, weight_decay: 0.0, clip_grad: 0.0}
 schedule: {kind: constant, warmup_epochs: 0}
 train: {epochs: 1, ema_decay: 0.0, seed: 4}
 )"));
-  train_diffusion(cfg, {d.file("run"), ""});
+  train_experiment(cfg, {d.file("run"), ""});
   const Checkpoint c = load_checkpoint(d.file("run"));
   EXPECT_TRUE(c.ema.empty());
   EXPECT_FALSE(std::filesystem::exists(c.dir + "/ema.safetensors"));

@@ -5,6 +5,7 @@
 #include "core/checkpoint.h"
 #include "core/error.h"
 #include "datasets/loader.h"
+#include "diffusion/experiment.h"
 #include "tests/test_util.h"
 #include "vision/classification_trainer.h"
 
@@ -42,15 +43,15 @@ TEST(ClassificationTrainer, ResumeIsExact) {
   if (!have_fashion_mnist()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
   test::TempDir d;
   ExperimentConfig cfg = tiny_config(d);
-  TrainResult full = train_classifier(cfg, {d.file("full"), ""});
+  const LoopResult full = train_experiment(cfg, {d.file("full"), ""});
   ExperimentConfig first = cfg;
   first.train.max_steps = 4;  // 256 / 64 = 4 steps: stop at the end of epoch 1
-  train_classifier(first, {d.file("split"), ""});
-  EXPECT_THROW(train_classifier(cfg, {d.file("split"), ""}), UserError);  // never overwrites an existing run
-  TrainResult resumed = train_classifier(cfg, {d.file("split"), "auto"});
+  train_experiment(first, {d.file("split"), ""});
+  EXPECT_THROW(train_experiment(cfg, {d.file("split"), ""}), UserError);  // never overwrites an existing run
+  const LoopResult resumed = train_experiment(cfg, {d.file("split"), "auto"});
   EXPECT_EQ(resumed.steps, full.steps);
-  EXPECT_EQ(resumed.final_eval.top1, full.final_eval.top1);
-  EXPECT_EQ(resumed.final_eval.loss, full.final_eval.loss);
+  EXPECT_EQ(scalar(resumed.final_eval, "top1"), scalar(full.final_eval, "top1"));
+  EXPECT_EQ(scalar(resumed.final_eval, "val_loss"), scalar(full.final_eval, "val_loss"));
   TensorMap a = load_checkpoint(d.file("full")).model, b = load_checkpoint(d.file("split")).model;
   ASSERT_EQ(a.size(), b.size());
   for (const auto& [k, v] : a) EXPECT_TRUE(torch::equal(v, b.at(k))) << k;
