@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/experiment_config.h"
-#include "diffusion/experiment.h"
+#include "diffusion/model_registry.h"
 
 namespace moh::apps {
 

@@ -1,4 +1,5 @@
-// `moh bench <what>`: the benchmarks of bench/ from the main binary (attention, vit-attention, eval, train, sample, data).
+// `moh bench <what>`: the benchmarks of bench/ from the main binary (attention, vit-attention, eval, train, sample,
+// data).
 #include <cstring>
 #include <iostream>
 
@@ -14,7 +15,8 @@ namespace moh::apps {
 
 int cmd_bench(int argc, char** argv) {
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
-    std::cout << "usage: moh bench attention|vit-attention|eval|train|sample|data [--json] ...   (moh bench <what> --help)\n";
+    std::cout
+        << "usage: moh bench attention|vit-attention|eval|train|sample|data [--json] ...   (moh bench <what> --help)\n";
     return argc < 2 ? kExitUserError : kExitOk;
   }
   std::string what = argv[1];
@@ -27,7 +29,8 @@ int cmd_bench(int argc, char** argv) {
   if (what == "sample") return bench::sample_bench_main(static_cast<int>(args.size()), args.data());
   if (what == "vit-attention") return bench::vit_attention_bench_main(static_cast<int>(args.size()), args.data());
   if (what == "data") return bench::data_bench_main(static_cast<int>(args.size()), args.data());
-  throw UserError("moh bench", "unknown benchmark '" + what + "'", "available: attention, vit-attention, eval, train, sample, data");
+  throw UserError("moh bench", "unknown benchmark '" + what + "'",
+                  "available: attention, vit-attention, eval, train, sample, data");
 }
 
 }  // namespace moh::apps

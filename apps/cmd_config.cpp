@@ -17,8 +17,8 @@ static void print_schema(bool markdown) {
         std::cout << "| **" << r.key << "** | section | | " << r.help << " |\n";
         continue;
       }
-      std::cout << "| `" << r.key << "` | " << r.type << " | " << (r.required ? "*required*" : "`" + r.default_value + "`")
-                << " | " << r.help << " |\n";
+      std::cout << "| `" << r.key << "` | " << r.type << " | "
+                << (r.required ? "*required*" : "`" + r.default_value + "`") << " | " << r.help << " |\n";
     }
     return;
   }
@@ -33,7 +33,8 @@ static void print_schema(bool markdown) {
 }
 
 int cmd_config(int argc, char** argv) {
-  cxxopts::Options opts(argv[0], "Validate an experiment YAML (base: inheritance, --set overrides) and print it resolved");
+  cxxopts::Options opts(argv[0],
+                        "Validate an experiment YAML (base: inheritance, --set overrides) and print it resolved");
   add_config_args(opts);
   opts.add_options()("schema", "print every key with type, default and meaning")(
       "markdown", "with --schema: a Markdown table")("h,help", "show this help");

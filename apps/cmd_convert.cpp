@@ -21,13 +21,14 @@ int cmd_convert(int argc, char** argv) {
   opts.add_options()("in,ckpt", "torch.save .pt/.pth/.bin (zip or legacy), .safetensors, or a checkpoint/run directory",
                      cxxopts::value<std::string>())(
       "key", "entry of a nested checkpoint: ema, model, state_dict, ... (directories: model or ema)",
-      cxxopts::value<std::string>()->default_value(""))("out", "output .safetensors file", cxxopts::value<std::string>())(
-      "h,help", "show this help");
+      cxxopts::value<std::string>()->default_value(""))("out", "output .safetensors file",
+                                                        cxxopts::value<std::string>())("h,help", "show this help");
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
   for (const char* required : {"in", "out"})
     if (!args.count(required)) throw UserError(argv[0], std::string("missing --") + required, "see --help");
-  const std::string in = args["in"].as<std::string>(), out = args["out"].as<std::string>(), key = args["key"].as<std::string>();
+  const std::string in = args["in"].as<std::string>(), out = args["out"].as<std::string>(),
+                    key = args["key"].as<std::string>();
   if (out.size() < 12 || out.compare(out.size() - 12, 12, ".safetensors") != 0)
     throw UserError("--out " + out, "must end in .safetensors", "e.g. --out model.safetensors");
   if (std::filesystem::exists(out) && std::filesystem::exists(in) && std::filesystem::equivalent(in, out))
@@ -37,9 +38,10 @@ int cmd_convert(int argc, char** argv) {
   if (tensors.empty()) throw UserError("--in " + in, "holds no tensors", "wrong --key?");
   int64_t params = 0;
   for (const auto& [name, t] : tensors) params += t.numel();
-  if (auto parent = std::filesystem::path(out).parent_path(); !parent.empty()) std::filesystem::create_directories(parent);
-  save_safetensors(out, tensors, {{"format", "pt"}, {"source", std::filesystem::path(in).filename().string()},
-                                  {"key", key}});
+  if (auto parent = std::filesystem::path(out).parent_path(); !parent.empty())
+    std::filesystem::create_directories(parent);
+  save_safetensors(out, tensors,
+                   {{"format", "pt"}, {"source", std::filesystem::path(in).filename().string()}, {"key", key}});
   std::cout << "wrote " << out << ": " << tensors.size() << " tensors, " << params << " values" << std::endl;
   return kExitOk;
 }
@@ -48,8 +50,9 @@ int cmd_compare(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "Compare two weights sources tensor by tensor (max relative error in the inf-norm)");
   opts.add_options()("a", "first weights source (file or checkpoint/run directory)", cxxopts::value<std::string>())(
       "b", "second weights source", cxxopts::value<std::string>())(
-      "key", "entry of nested checkpoints / directories (model, ema, ...)", cxxopts::value<std::string>()->default_value(""))(
-      "tol", "largest accepted relative error (exit 1 above it)", cxxopts::value<double>()->default_value("0"))(
+      "key", "entry of nested checkpoints / directories (model, ema, ...)",
+      cxxopts::value<std::string>()->default_value(""))("tol", "largest accepted relative error (exit 1 above it)",
+                                                        cxxopts::value<double>()->default_value("0"))(
       "worst", "also list the N tensors with the largest errors", cxxopts::value<int>()->default_value("0"))(
       "l2", "judge --tol by the whole model's ||A − B||₂ / ||B||₂ instead of the worst tensor's max error")(
       "h,help", "show this help");
@@ -75,16 +78,20 @@ int cmd_compare(int argc, char** argv) {
     const double denom = std::max(y.abs().max().item<double>(), 1e-30);
     const double err = x.numel() ? (x - y).abs().max().item<double>() / denom : 0.0;
     errors.emplace_back(err, name);
-    diff2 += (x - y).square().sum().item<double>(), norm2 += y.square().sum().item<double>();
-    if (err > worst || worst_name.empty()) worst = err, worst_name = name;
+    diff2 += (x - y).square().sum().item<double>();
+    norm2 += y.square().sum().item<double>();
+    if (err > worst || worst_name.empty()) {
+      worst = err;
+      worst_name = name;
+    }
   }
   if (b.size() != a.size()) {
     std::cout << "B has " << b.size() << " tensors, A " << a.size() << "\n";
     return kExitRuntime;
   }
   const double l2 = std::sqrt(diff2) / std::max(std::sqrt(norm2), 1e-30);
-  std::cout << a.size() << " tensors, max relative error " << worst << " (" << worst_name << "), model L2 relative error "
-            << l2 << "\n";
+  std::cout << a.size() << " tensors, max relative error " << worst << " (" << worst_name
+            << "), model L2 relative error " << l2 << "\n";
   std::sort(errors.rbegin(), errors.rend());
   for (size_t i = 0; i < errors.size() && static_cast<int>(i) < args["worst"].as<int>(); ++i)
     std::cout << "  " << errors[i].first << "  " << errors[i].second << "\n";

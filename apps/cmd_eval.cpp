@@ -1,13 +1,13 @@
 // `moh eval CONFIG.yaml --checkpoint PATH [--json] [--out DIR]`: top-1 / top-5 / loss of a trained classifier on the
 // configured validation split.
 #include <iostream>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "apps/cli.h"
 #include "apps/commands.h"
-#include "core/checkpoint.h"
 #include "core/atomic_io.h"
+#include "core/checkpoint.h"
 #include "eval/report.h"
 #include "vision/classifier_experiment.h"
 
@@ -16,12 +16,15 @@ namespace moh::apps {
 int cmd_eval(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "Evaluate a classifier checkpoint on the configured validation split");
   add_config_args(opts);
-  opts.add_options()("checkpoint,ckpt", "checkpoint or run directory (its config is used when CONFIG.yaml is not "
-                                        "given), or give CONFIG.yaml --weights FILE", cxxopts::value<std::string>())(
+  opts.add_options()("checkpoint,ckpt",
+                     "checkpoint or run directory (its config is used when CONFIG.yaml is not "
+                     "given), or give CONFIG.yaml --weights FILE",
+                     cxxopts::value<std::string>())(
       "device", "auto, cpu, cuda or cuda:N (default: the config's train.device)", cxxopts::value<std::string>())(
-      "batch,batch-size", "= data.eval_batch_size", cxxopts::value<std::string>())(
-      "json", "print JSON")("ema", "evaluate the checkpoint's EMA weights (train.ema_decay > 0)")("out", "write report.json and report.md into this directory",
-                            cxxopts::value<std::string>()->default_value(""))("h,help", "show this help");
+      "batch,batch-size", "= data.eval_batch_size", cxxopts::value<std::string>())("json", "print JSON")(
+      "ema", "evaluate the checkpoint's EMA weights (train.ema_decay > 0)")(
+      "out", "write report.json and report.md into this directory", cxxopts::value<std::string>()->default_value(""))(
+      "h,help", "show this help");
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
   const std::string out = args["out"].as<std::string>();
@@ -37,22 +40,29 @@ int cmd_eval(int argc, char** argv) {
   } else if (loaded) {  // the run's own experiment: its validation split, with --set / --batch applied
     cfg = with_overrides(loaded->cfg, sets, "checkpoint " + loaded->dir + "/config.resolved.yaml");
   } else {
-    throw UserError(argv[0], "missing --checkpoint PATH", "a checkpoint or run directory, or CONFIG.yaml --weights FILE (e.g. an official .pth)");
+    throw UserError(argv[0], "missing --checkpoint PATH",
+                    "a checkpoint or run directory, or CONFIG.yaml --weights FILE (e.g. an official .pth)");
   }
   validate_experiment(cfg, ExperimentUse::train);
   if (!loaded && cfg.model.weights.empty())
-    throw UserError(argv[0], "missing --checkpoint PATH", "a checkpoint or run directory, or --weights FILE (e.g. an official .pth)");
+    throw UserError(argv[0], "missing --checkpoint PATH",
+                    "a checkpoint or run directory, or --weights FILE (e.g. an official .pth)");
   RunContext ctx = RunContext::create(args.count("device") ? args["device"].as<std::string>() : cfg.train.device,
                                       Precision::fp32, 0);
   vision::TransNeXt model{nullptr};
   std::string source, weights = "model", model_name = cfg.model.name;
   int64_t step = -1;  // unknown for --weights files
   if (loaded) {
-    model = loaded->model, source = loaded->dir, weights = loaded->weights, step = loaded->step, model_name = loaded->cfg.model.name;
+    model = loaded->model;
+    source = loaded->dir;
+    weights = loaded->weights;
+    step = loaded->step;
+    model_name = loaded->cfg.model.name;
   } else {  // official or converted weights, e.g. a TransNeXt / MoH-ViT .pth with --weights-key model
     model = vision::TransNeXt(vision::classifier_options_for(cfg));
     load_initial_weights(*model, cfg.model.weights, cfg.model.weights_key, cfg.model.weights_allow_missing);
-    source = cfg.model.weights, weights = cfg.model.weights_key.empty() ? "file" : cfg.model.weights_key;
+    source = cfg.model.weights;
+    weights = cfg.model.weights_key.empty() ? "file" : cfg.model.weights_key;
   }
   const vision::TransNeXtOptions mo = model->options;
   model->to(ctx.device);
@@ -77,15 +87,15 @@ int cmd_eval(int argc, char** argv) {
     }
   }
   if (args.count("json")) {
-    nlohmann::json j{{"checkpoint", source}, {"weights", weights}, {"top1", r.top1}, {"top5", r.top5}, {"loss", r.loss},
-                     {"count", r.count}};
+    nlohmann::json j{{"checkpoint", source}, {"weights", weights}, {"top1", r.top1},
+                     {"top5", r.top5},       {"loss", r.loss},     {"count", r.count}};
     if (step >= 0) j["step"] = step;
     std::cout << j.dump(1) << std::endl;
   } else {
     std::cout << source << " (" << weights << " weights" << (step >= 0 ? ", step " + std::to_string(step) : "")
-              << "): top-1 " << eval::format_metric("top1", r.top1) << " %, top-5 " << eval::format_metric("top5", r.top5)
-              << " %, loss " << eval::format_metric("loss", r.loss) << " over " << r.count
-              << " images\n";
+              << "): top-1 " << eval::format_metric("top1", r.top1) << " %, top-5 "
+              << eval::format_metric("top5", r.top5) << " %, loss " << eval::format_metric("loss", r.loss) << " over "
+              << r.count << " images\n";
   }
   return 0;
 }

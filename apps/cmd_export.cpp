@@ -16,8 +16,8 @@ int cmd_export_images(int argc, char** argv) {
   opts.add_options()("images", "labelled source: fashion_mnist:train|test[:N] or an .npz with arr_1 labels",
                      cxxopts::value<std::string>())("out", "split directory to create, e.g. fm_tree/train",
                                                     cxxopts::value<std::string>())(
-      "format", "png (lossless) or jpg (quality 95, as ImageNet's files)", cxxopts::value<std::string>()->default_value("png"))(
-      "h,help", "show this help");
+      "format", "png (lossless) or jpg (quality 95, as ImageNet's files)",
+      cxxopts::value<std::string>()->default_value("png"))("h,help", "show this help");
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
   for (const char* required : {"images", "out"})
@@ -27,7 +27,8 @@ int cmd_export_images(int argc, char** argv) {
   if (format != "png" && format != "jpg") throw UserError("--format " + format, "unknown image format", "png or jpg");
   check_output_dir(out, "--out " + out);
   auto source = datasets::open_image_source(spec);
-  if (!source->has_labels()) throw UserError("--images " + spec, "has no labels", "an ImageFolder needs one class per image");
+  if (!source->has_labels())
+    throw UserError("--images " + spec, "has no labels", "an ImageFolder needs one class per image");
   std::vector<at::Tensor> images, labels;
   for (datasets::ImageBlock b; source->next(4096, b);) images.push_back(b.images), labels.push_back(b.labels);
   datasets::ImageSet set{at::cat(images), at::cat(labels)};
@@ -40,7 +41,8 @@ int cmd_export_images(int argc, char** argv) {
     for (char& c : n)
       if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-') c = '_';
     char prefix[32];
-    std::snprintf(prefix, sizeof prefix, "%0*lld_", classes > 100 ? 4 : 2, static_cast<long long>(k));  // sorted = label order
+    std::snprintf(prefix, sizeof prefix, "%0*lld_", classes > 100 ? 4 : 2,
+                  static_cast<long long>(k));  // sorted = label order
     names.push_back(prefix + n);
   }
   datasets::write_image_folder(out, set, names, format);

@@ -16,7 +16,8 @@ int cmd_extract_latents(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "Encode a dataset split with the SD-VAE into latent shards for DiT training");
   add_config_args(opts);
   opts.add_options()("out", "directory to write (shards already there from an interrupted run are kept)",
-                     cxxopts::value<std::string>())("split", "train or val", cxxopts::value<std::string>()->default_value("train"))(
+                     cxxopts::value<std::string>())("split", "train or val",
+                                                    cxxopts::value<std::string>()->default_value("train"))(
       "shard-size", "images per shard", cxxopts::value<int64_t>()->default_value("4096"))(
       "batch", "images per VAE forward", cxxopts::value<int64_t>()->default_value("16"))(
       "device", "cpu, cuda or cuda:N", cxxopts::value<std::string>()->default_value("cpu"))("h,help", "show this help");

@@ -22,8 +22,10 @@ std::string fmt(const nlohmann::json& m, const char* key) {
 
 int cmd_fid(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "FID / sFID / IS / precision / recall of samples against a reference (ADM evaluator)");
-  opts.add_options()("samples", "samples: PATH.npz (arr_0 uint8 NHWC, optional arr_1 labels), an image folder, or "
-                                "fashion_mnist:train|test[:N]", cxxopts::value<std::string>())(
+  opts.add_options()("samples",
+                     "samples: PATH.npz (arr_0 uint8 NHWC, optional arr_1 labels), an image folder, or "
+                     "fashion_mnist:train|test[:N]",
+                     cxxopts::value<std::string>())(
       "ref", "reference: same kinds, or an .npz with mu/sigma[/mu_s/sigma_s] statistics (moh ref-stats, ADM batches)",
       cxxopts::value<std::string>())(
       "features", "feature network: inception:WEIGHTS(.pth|.safetensors) or classifier:CHECKPOINT_OR_RUN_DIR",
@@ -32,8 +34,8 @@ int cmd_fid(int argc, char** argv) {
       "is-mode", "adm (splits of 5000 in order) or fidelity (torch-fidelity: 10 shuffled splits, mean ± std)",
       cxxopts::value<std::string>()->default_value("adm"))(
       "resize", "Inception resize: tf1 (ADM / torch-fidelity) or pytorch (pytorch-fid)",
-      cxxopts::value<std::string>()->default_value("tf1"))(
-      "batch,batch-size", "images per forward pass", cxxopts::value<int64_t>()->default_value("64"))(
+      cxxopts::value<std::string>()->default_value("tf1"))("batch,batch-size", "images per forward pass",
+                                                           cxxopts::value<int64_t>()->default_value("64"))(
       "device", "auto, cpu, cuda or cuda:N", cxxopts::value<std::string>()->default_value("auto"))(
       "out", "write report.json and report.md into this directory", cxxopts::value<std::string>()->default_value(""))(
       "save-features", "store the raw feature arrays in this .npz", cxxopts::value<std::string>()->default_value(""))(
@@ -43,8 +45,7 @@ int cmd_fid(int argc, char** argv) {
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
   for (const char* required : {"samples", "ref", "features"})
-    if (!args.count(required))
-      throw UserError(argv[0], std::string("missing --") + required, "see moh fid --help");
+    if (!args.count(required)) throw UserError(argv[0], std::string("missing --") + required, "see moh fid --help");
   eval::GenerativeEvalOptions o;
   o.samples = args["samples"].as<std::string>();
   o.reference = args["ref"].as<std::string>();
@@ -52,13 +53,15 @@ int cmd_fid(int argc, char** argv) {
   o.save_features = args["save-features"].as<std::string>();
   o.metrics = eval::parse_metric_set(args["metrics"].as<std::string>());
   const std::string is_mode = args["is-mode"].as<std::string>(), resize = args["resize"].as<std::string>();
-  if (is_mode != "adm" && is_mode != "fidelity") throw UserError("--is-mode " + is_mode, "unknown mode", "adm or fidelity");
+  if (is_mode != "adm" && is_mode != "fidelity")
+    throw UserError("--is-mode " + is_mode, "unknown mode", "adm or fidelity");
   if (resize != "tf1" && resize != "pytorch") throw UserError("--resize " + resize, "unknown mode", "tf1 or pytorch");
   o.is_mode = is_mode == "adm" ? eval::ISMode::adm : eval::ISMode::fidelity;
   o.resize = resize == "tf1" ? eval::InceptionResize::tf1 : eval::InceptionResize::pytorch;
   o.batch_size = args["batch"].as<int64_t>();
   if (o.batch_size < 1) throw UserError("--batch", "must be at least 1", "");
-  if (!args["out"].as<std::string>().empty()) check_output_dir(args["out"].as<std::string>(), "--out " + args["out"].as<std::string>());
+  if (!args["out"].as<std::string>().empty())
+    check_output_dir(args["out"].as<std::string>(), "--out " + args["out"].as<std::string>());
   if (!o.save_features.empty()) check_output_file(o.save_features, "--save-features " + o.save_features);
   RunContext ctx = RunContext::create(args["device"].as<std::string>(), Precision::fp32, 0);
 
@@ -74,27 +77,33 @@ int cmd_fid(int argc, char** argv) {
               << report["samples"]["count"] << " samples, " << report["feature_net"]["feature_net"].get<std::string>()
               << ")\n";
     if (report.contains("sample_accuracy"))
-      std::cout << "sample accuracy " << eval::format_metric("top1", report["sample_accuracy"]["top1"].get<double>()) << " %\n";
+      std::cout << "sample accuracy " << eval::format_metric("top1", report["sample_accuracy"]["top1"].get<double>())
+                << " %\n";
     if (!out.empty()) std::cout << "report: " << out << "/report.md\n";
   }
   return 0;
 }
 
 int cmd_ref_stats(int argc, char** argv) {
-  cxxopts::Options opts(argv[0], "Precompute reference statistics (mu, sigma, mu_s, sigma_s, P/R features) for moh fid");
-  opts.add_options()("images", "PATH.npz, an image folder, or fashion_mnist:train|test[:N]", cxxopts::value<std::string>())(
-      "out", "output .npz", cxxopts::value<std::string>())(
-      "features", "inception:WEIGHTS(.pth|.safetensors) or classifier:CHECKPOINT_OR_RUN_DIR", cxxopts::value<std::string>())(
-      "resize", "Inception resize: tf1 or pytorch", cxxopts::value<std::string>()->default_value("tf1"))(
+  cxxopts::Options opts(argv[0],
+                        "Precompute reference statistics (mu, sigma, mu_s, sigma_s, P/R features) for moh fid");
+  opts.add_options()("images", "PATH.npz, an image folder, or fashion_mnist:train|test[:N]",
+                     cxxopts::value<std::string>())("out", "output .npz", cxxopts::value<std::string>())(
+      "features", "inception:WEIGHTS(.pth|.safetensors) or classifier:CHECKPOINT_OR_RUN_DIR",
+      cxxopts::value<std::string>())("resize", "Inception resize: tf1 or pytorch",
+                                     cxxopts::value<std::string>()->default_value("tf1"))(
       "batch", "images per forward pass", cxxopts::value<int64_t>()->default_value("64"))(
-      "device", "auto, cpu, cuda or cuda:N", cxxopts::value<std::string>()->default_value("auto"))("h,help", "show this help");
+      "device", "auto, cpu, cuda or cuda:N", cxxopts::value<std::string>()->default_value("auto"))("h,help",
+                                                                                                   "show this help");
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
   for (const char* required : {"images", "out", "features"})
-    if (!args.count(required)) throw UserError(argv[0], std::string("missing --") + required, "see moh ref-stats --help");
+    if (!args.count(required))
+      throw UserError(argv[0], std::string("missing --") + required, "see moh ref-stats --help");
   const std::string resize = args["resize"].as<std::string>(), out = args["out"].as<std::string>();
   if (resize != "tf1" && resize != "pytorch") throw UserError("--resize " + resize, "unknown mode", "tf1 or pytorch");
-  if (out.size() < 5 || out.compare(out.size() - 4, 4, ".npz") != 0) throw UserError("--out " + out, "must end in .npz", "");
+  if (out.size() < 5 || out.compare(out.size() - 4, 4, ".npz") != 0)
+    throw UserError("--out " + out, "must end in .npz", "");
   check_output_file(out, "--out " + out);
   const int64_t batch = args["batch"].as<int64_t>();
   if (batch < 1) throw UserError("--batch", "must be at least 1", "");

@@ -50,7 +50,9 @@ extern "C" void on_launcher_signal(int sig) {
   g_signals = g_signals + 1;
 }
 
-bool is_stop_code(int code) { return code == 128 + SIGINT || code == 128 + SIGTERM; }
+bool is_stop_code(int code) {
+  return code == 128 + SIGINT || code == 128 + SIGTERM;
+}
 
 }  // namespace
 
@@ -68,17 +70,19 @@ int cmd_launch(int argc, char** argv) {
   opts.add_options()("nproc,nproc_per_node,nproc-per-node", "number of processes (torchrun: --nproc_per_node)",
                      cxxopts::value<int>()->default_value("2"))(
       "master-port,master_port", "TCPStore port (0 = a free one)", cxxopts::value<int>()->default_value("0"))(
-      "nnodes", "machines taking part: this launcher runs one machine (1)", cxxopts::value<std::string>()->default_value("1"))(
-      "node_rank,node-rank", "this machine's index: 0 (one machine)", cxxopts::value<int>()->default_value("0"))(
+      "nnodes", "machines taking part: this launcher runs one machine (1)",
+      cxxopts::value<std::string>()->default_value("1"))("node_rank,node-rank", "this machine's index: 0 (one machine)",
+                                                         cxxopts::value<int>()->default_value("0"))(
       "master_addr,master-addr", "rendezvous host: this machine (127.0.0.1 / localhost)",
       cxxopts::value<std::string>()->default_value("127.0.0.1"))(
       "standalone", "torchrun's single-machine flag (always the case here)")("h,help", "show this help");
   auto args = parse_or_throw(opts, split, argv);
   if (args.count("help")) {
-    std::cout << opts.help() << "\nThe command to run comes after `--`, as with torchrun:\n"
-              << "  moh launch --nproc_per_node 2 -- train configs/fashion_mnist/moh_vit_nano.yaml --run-dir runs/nano_ddp\n"
-              << "  moh launch --nproc 4 -- sample --ckpt runs/dit --num-samples 1000 --out samples/dit\n"
-              << "Each process gets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (docs/DISTRIBUTED.md).\n";
+    std::cout
+        << opts.help() << "\nThe command to run comes after `--`, as with torchrun:\n"
+        << "  moh launch --nproc_per_node 2 -- train configs/fashion_mnist/moh_vit_nano.yaml --run-dir runs/nano_ddp\n"
+        << "  moh launch --nproc 4 -- sample --ckpt runs/dit --num-samples 1000 --out samples/dit\n"
+        << "Each process gets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (docs/DISTRIBUTED.md).\n";
     return 0;
   }
   const std::string nnodes = args["nnodes"].as<std::string>(), addr = args["master_addr"].as<std::string>();
@@ -91,7 +95,8 @@ int cmd_launch(int argc, char** argv) {
                     "for several machines use torchrun or Slurm");
   const int n = args["nproc"].as<int>();
   if (n < 1 || n > 512) throw UserError("--nproc", "must be in 1..512, got " + std::to_string(n), "");
-  if (split + 1 >= argc) throw UserError(argv[0], "no command after --", "e.g. moh launch --nproc 2 -- train CONFIG.yaml");
+  if (split + 1 >= argc)
+    throw UserError(argv[0], "no command after --", "e.g. moh launch --nproc 2 -- train CONFIG.yaml");
   const std::string cmd = argv[split + 1];
   if (cmd != "train" && cmd != "sample" && cmd != "eval")
     throw UserError(argv[0], "cannot launch '" + cmd + "' data-parallel", "commands: train, sample, eval");
@@ -112,7 +117,8 @@ int launch_local(int n, int port, const std::vector<std::string>& args, const st
   std::vector<pid_t> pids;
   const pid_t launcher = ::getpid();
   // Ctrl-C reaches the launcher alone (the ranks get their own process group below) and is forwarded once per press.
-  struct sigaction sa {}, old_int{}, old_term{};
+  struct sigaction sa {
+  }, old_int{}, old_term{};
   sa.sa_handler = on_launcher_signal;
   sigemptyset(&sa.sa_mask);  // no SA_RESTART: waitpid returns EINTR and the loop forwards the signal
   g_signals = 0;
@@ -122,12 +128,14 @@ int launch_local(int n, int port, const std::vector<std::string>& args, const st
     const pid_t pid = ::fork();
     if (pid < 0) throw std::runtime_error("fork failed: " + std::string(std::strerror(errno)));
     if (pid == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a launcher killed with -9 takes its ranks along
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);                  // a launcher killed with -9 takes its ranks along
       if (::getppid() != launcher) ::_exit(kExitRuntime);  // it died before prctl took effect
       ::setpgid(0, 0);
       ::sigaction(SIGINT, &old_int, nullptr), ::sigaction(SIGTERM, &old_term, nullptr);
-      if (resume_prefix.empty()) ::unsetenv("MOH_RESUME_PREFIX");
-      else ::setenv("MOH_RESUME_PREFIX", resume_prefix.c_str(), 1);
+      if (resume_prefix.empty())
+        ::unsetenv("MOH_RESUME_PREFIX");
+      else
+        ::setenv("MOH_RESUME_PREFIX", resume_prefix.c_str(), 1);
       ::setenv("RANK", std::to_string(r).c_str(), 1);
       ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
       ::setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
@@ -175,7 +183,10 @@ int launch_local(int n, int port, const std::vector<std::string>& args, const st
     if (pid < 0) break;
     int rank = -1;
     for (int r = 0; r < n; ++r)
-      if (pids[static_cast<size_t>(r)] == pid) rank = r, pids[static_cast<size_t>(r)] = -1;
+      if (pids[static_cast<size_t>(r)] == pid) {
+        rank = r;
+        pids[static_cast<size_t>(r)] = -1;
+      }
     if (rank < 0) continue;
     --alive;
     const int code = WIFEXITED(status) ? WEXITSTATUS(status) : kExitRuntime;
@@ -184,7 +195,8 @@ int launch_local(int n, int port, const std::vector<std::string>& args, const st
       continue;
     }
     if (code != kExitOk && !stopping) {
-      if (WIFSIGNALED(status)) std::cerr << "error: rank " << rank << " was killed by signal " << WTERMSIG(status) << "\n";
+      if (WIFSIGNALED(status))
+        std::cerr << "error: rank " << rank << " was killed by signal " << WTERMSIG(status) << "\n";
       result = code;
       stopping = true;
       const bool wait_for_rank0 = code == kExitUserError && rank != 0 && pids[0] > 0;

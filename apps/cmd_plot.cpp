@@ -13,11 +13,9 @@
 #include "core/atomic_io.h"
 #include "core/error.h"
 #include "core/progress.h"
-#include "diffusion/dit_experiment.h"
-#include "diffusion/experiment.h"
+#include "diffusion/model_registry.h"
 #include "eval/line_chart.h"
 #include "eval/report.h"
-#include "vision/classifier_experiment.h"
 
 namespace moh::apps {
 
@@ -40,13 +38,11 @@ RunCurves read_run(const std::string& dir) {
   r.name = fs::path(dir).filename().string();
   if (r.name.empty()) r.name = fs::path(dir).parent_path().filename().string();
   if (fs::is_regular_file(dir + "/config.resolved.yaml")) {
-    const ExperimentConfig cfg = parse_experiment(read_file(dir + "/config.resolved.yaml"), dir + "/config.resolved.yaml");
+    const ExperimentConfig cfg =
+        parse_experiment(read_file(dir + "/config.resolved.yaml"), dir + "/config.resolved.yaml");
     r.model = cfg.model.name;
-    const ModelFamily family = model_family(cfg.model.name, "config: model.name");
-    double ratio = -1;
-    if (family == ModelFamily::classifier) ratio = vision::classifier_options_for(cfg).active_ratio();
-    if (family == ModelFamily::dit) ratio = diffusion::dit_options_for(cfg).active_ratio();
-    if (ratio >= 0) r.active = eval::format_metric("top1", ratio * 100) + " %";
+    const double ratio = experiment_family(cfg).active_ratio(cfg);
+    r.active = eval::format_metric("top1", ratio * 100) + " %";
   }
   std::istringstream in(read_file(dir + "/metrics.jsonl", "metrics"));
   double last_elapsed = 0, session_max = 0;
@@ -63,8 +59,13 @@ RunCurves read_run(const std::string& dir) {
     const double step = j["step"].get<double>();
     if (j.contains("elapsed_s") && j["elapsed_s"].is_number()) {  // elapsed_s restarts at every resume
       const double e = j["elapsed_s"].get<double>();
-      if (e < last_elapsed) r.wall_s += session_max, session_max = 0;
-      session_max = std::max(session_max, e), last_elapsed = e, r.timed = true;
+      if (e < last_elapsed) {
+        r.wall_s += session_max;
+        session_max = 0;
+      }
+      session_max = std::max(session_max, e);
+      last_elapsed = e;
+      r.timed = true;
     }
     const bool training = j.contains("loss");
     for (const auto& [k, v] : j.items()) {
@@ -106,22 +107,27 @@ int cmd_plot(int argc, char** argv) {
   if (print_help_if_asked(opts, args)) return 0;
   if (!args.count("runs")) throw UserError(argv[0], "missing RUN_DIR", "e.g. moh plot runs/nano runs/mha_nano");
   const auto dirs = args["runs"].as<std::vector<std::string>>();
-  const std::string out = args.count("out") ? args["out"].as<std::string>() : dirs.size() == 1 ? dirs[0] + "/plots" : "plots";
+  const std::string out = args.count("out")  ? args["out"].as<std::string>()
+                          : dirs.size() == 1 ? dirs[0] + "/plots"
+                                             : "plots";
   check_output_dir(out, "--out " + out);
   std::vector<RunCurves> runs;
   for (const auto& d : dirs) runs.push_back(read_run(d));
 
   eval::ChartPanel loss{"training loss (mean over each logging window)", "optimizer step", "loss", {}, false};
-  eval::ChartPanel parts{"loss parts: mse / vb (DiT), aux = MoH load-balance loss before beta", "optimizer step", "value", {}, false};
+  eval::ChartPanel parts{
+      "loss parts: mse / vb (DiT), aux = MoH load-balance loss before beta", "optimizer step", "value", {}, false};
   eval::ChartPanel lr{"learning rate", "optimizer step", "lr (log scale)", {}, true};
-  eval::ChartPanel top1{"validation top-1 (a run with an EMA adds '<run> ema')", "optimizer step", "top-1 (%)", {}, false};
+  eval::ChartPanel top1{
+      "validation top-1 (a run with an EMA adds '<run> ema')", "optimizer step", "top-1 (%)", {}, false};
   for (const auto& r : runs) {
     if (r.train.count("loss")) loss.series.push_back(series(r.name, r.train.at("loss")));
     for (const char* k : {"mse", "vb", "aux"})
       if (r.train.count(k)) parts.series.push_back(series(r.name + " " + k, r.train.at(k)));
     if (r.train.count("lr")) lr.series.push_back(series(r.name, r.train.at("lr")));
     for (const char* k : {"top1", "top1_ema"})
-      if (r.eval.count(k)) top1.series.push_back(series(r.name + (std::string(k) == "top1" ? "" : " ema"), r.eval.at(k)));
+      if (r.eval.count(k))
+        top1.series.push_back(series(r.name + (std::string(k) == "top1" ? "" : " ema"), r.eval.at(k)));
   }
   std::filesystem::create_directories(out);
   const bool png = eval::write_line_chart(out + "/curves.png", {loss, parts, lr, top1});

@@ -15,44 +15,56 @@ namespace moh::apps {
 int cmd_sample(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "Class-conditional samples of a DiT / MoH-DiT with classifier-free guidance");
   add_config_args(opts);
-  opts.add_options()("checkpoint,ckpt", "DiT checkpoint or run directory (its config is used; CONFIG.yaml, if given, must "
-                                   "name the same model)", cxxopts::value<std::string>())(
-      "untrained", "sample a freshly initialised model of CONFIG.yaml (a baseline)")(
-      "raw", "use the raw weights instead of the EMA")(
-      "num-samples,num-fid-samples", "images to generate (default: every class × sampling.per_class)", cxxopts::value<int64_t>())(
+  opts.add_options()("checkpoint,ckpt",
+                     "DiT checkpoint or run directory (its config is used; CONFIG.yaml, if given, must "
+                     "name the same model)",
+                     cxxopts::value<std::string>())("untrained",
+                                                    "sample a freshly initialised model of CONFIG.yaml (a baseline)")(
+      "raw", "use the raw weights instead of the EMA")("num-samples,num-fid-samples",
+                                                       "images to generate (default: every class × sampling.per_class)",
+                                                       cxxopts::value<int64_t>())(
       "labels", "class labels: balanced (default: rows of per_class), random, or a list 1,2,3 (cycled)",
-      cxxopts::value<std::string>()->default_value("balanced"))(
-      "cfg-scale", "= sampling.cfg_scale", cxxopts::value<std::string>())(
+      cxxopts::value<std::string>()->default_value("balanced"))("cfg-scale", "= sampling.cfg_scale",
+                                                                cxxopts::value<std::string>())(
       "cfg-channels", "= sampling.cfg_channels (three|all)", cxxopts::value<std::string>())(
       "sampler", "= sampling.sampler (ddpm|ddim)", cxxopts::value<std::string>())(
-      "steps,num-sampling-steps", "= sampling.steps (250, ddim50, ...; DiT's --num-sampling-steps)", cxxopts::value<std::string>())(
-      "seed", "= sampling.seed", cxxopts::value<std::string>())(
-      "batch,batch-size", "= sampling.batch_size (per batch file; every rank samples whole batches)", cxxopts::value<std::string>())(
-      "class-names", "text file with one class name per line (label order), for the grid's captions",
-      cxxopts::value<std::string>())(
+      "steps,num-sampling-steps", "= sampling.steps (250, ddim50, ...; DiT's --num-sampling-steps)",
+      cxxopts::value<std::string>())("seed", "= sampling.seed", cxxopts::value<std::string>())(
+      "batch,batch-size", "= sampling.batch_size (per batch file; every rank samples whole batches)",
+      cxxopts::value<std::string>())("class-names",
+                                     "text file with one class name per line (label order), for the grid's captions",
+                                     cxxopts::value<std::string>())(
       "out", "output directory", cxxopts::value<std::string>()->default_value("samples"))(
-      "device", "auto, cpu, cuda or cuda:N", cxxopts::value<std::string>()->default_value("auto"))("h,help", "show this help");
+      "device", "auto, cpu, cuda or cuda:N", cxxopts::value<std::string>()->default_value("auto"))("h,help",
+                                                                                                   "show this help");
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
   diffusion::SamplingRequest r;
   r.sets = config_overrides(args);
-  for (const auto& [flag, key] : std::vector<std::pair<std::string, std::string>>{
-           {"cfg-scale", "cfg_scale"}, {"cfg-channels", "cfg_channels"}, {"sampler", "sampler"}, {"steps", "steps"},
-           {"seed", "seed"}, {"batch", "batch_size"}})
+  for (const auto& [flag, key] : std::vector<std::pair<std::string, std::string>>{{"cfg-scale", "cfg_scale"},
+                                                                                  {"cfg-channels", "cfg_channels"},
+                                                                                  {"sampler", "sampler"},
+                                                                                  {"steps", "steps"},
+                                                                                  {"seed", "seed"},
+                                                                                  {"batch", "batch_size"}})
     if (args.count(flag)) r.sets.push_back("sampling." + key + "=" + args[flag].as<std::string>());
   if (args.count("checkpoint")) r.checkpoint = args["checkpoint"].as<std::string>();
   if (args.count("config")) r.config = args["config"].as<std::string>();
   if (args.count("num-samples")) r.num_samples = args["num-samples"].as<int64_t>();
   if (args.count("class-names")) r.class_names_file = args["class-names"].as<std::string>();
-  r.untrained = args.count("untrained") > 0, r.weights = args.count("weights") > 0, r.raw = args.count("raw") > 0;
-  r.labels = args["labels"].as<std::string>(), r.out = args["out"].as<std::string>();
+  r.untrained = args.count("untrained") > 0;
+  r.weights = args.count("weights") > 0;
+  r.raw = args.count("raw") > 0;
+  r.labels = args["labels"].as<std::string>();
+  r.out = args["out"].as<std::string>();
   r.device = args["device"].as<std::string>();
   const diffusion::SamplingSummary s = diffusion::run_sampling(r);
   if (!s.main) return kExitOk;  // rank 0 wrote the merged .npz
   std::cout << "wrote " << s.out << "/samples.npz (" << s.count << " images) from the " << s.weights << " weights"
             << (s.step >= 0 ? " of step " + std::to_string(s.step) : std::string())
             << (s.grid ? ", " + s.out + "/grid.png" : std::string(" (no grid: built without OpenCV)"))
-            << (s.resumed_batches > 0 ? ", " + std::to_string(s.resumed_batches) + " batches resumed from parts" : std::string())
+            << (s.resumed_batches > 0 ? ", " + std::to_string(s.resumed_batches) + " batches resumed from parts"
+                                      : std::string())
             << " in " << s.seconds << " s\n";
   return 0;
 }

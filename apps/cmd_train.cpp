@@ -8,7 +8,7 @@
 #include "apps/cli.h"
 #include "apps/commands.h"
 #include "core/train_loop.h"
-#include "diffusion/experiment.h"
+#include "diffusion/model_registry.h"
 
 namespace moh::apps {
 
@@ -32,13 +32,13 @@ int cmd_train(int argc, char** argv) {
   }
   const TrainArgs ta{args["run-dir"].as<std::string>(), args["resume"].as<std::string>(),
                      args.count("allow-config-change") > 0};
-  const LoopResult r = run_training(cfg, ta, task_factory(cfg));  // config_from_args validated it
+  const LoopResult r = train_experiment(cfg, ta);
   const char* rank = std::getenv("RANK");
   const bool main_rank = !rank || std::string(rank) == "0";
   if (r.stop_signal != 0) {  // Ctrl-C / SIGTERM: the checkpoint is saved; say how to go on (exit 128 + signal)
     if (main_rank)
-      std::cerr << "stopped at step " << r.steps << ": checkpoint " << r.checkpoint << "\nresume with: "
-                << resume_command(argc, argv, r.run_dir) << std::endl;
+      std::cerr << "stopped at step " << r.steps << ": checkpoint " << r.checkpoint
+                << "\nresume with: " << resume_command(argc, argv, r.run_dir) << std::endl;
     return 128 + r.stop_signal;
   }
   if (!main_rank) return 0;  // only rank 0 prints the result line

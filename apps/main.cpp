@@ -6,9 +6,9 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <filesystem>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 
 #include "apps/cli.h"
@@ -27,12 +27,14 @@ const std::vector<Command>& commands() {
       {"eval", "top-1 / top-5 of a classifier checkpoint", cmd_eval},
       {"sample", "class-conditional samples of a DiT / MoH-DiT (CFG) as ADM .npz + grid.png", cmd_sample},
       {"fid", "FID / sFID / IS / precision / recall of samples vs a reference (ADM evaluator)", cmd_fid},
-      {"extract-latents", "encode a dataset once with the SD-VAE into latent shards for DiT training", cmd_extract_latents},
+      {"extract-latents", "encode a dataset once with the SD-VAE into latent shards for DiT training",
+       cmd_extract_latents},
       {"ref-stats", "precompute reference statistics for moh fid", cmd_ref_stats},
       {"export-images", "write a labelled image source as an ImageFolder split of PNGs", cmd_export_images},
       {"convert", "weights (torch.save .pt/.pth, checkpoint dir) -> safetensors with official names", cmd_convert},
       {"plot", "loss / lr / top-1 curves of runs (PNG, overlaid) and a Markdown table across them", cmd_plot},
-      {"compare", "max relative error between two weights sources, tensor by tensor (--tol: exit 1 above)", cmd_compare},
+      {"compare", "max relative error between two weights sources, tensor by tensor (--tol: exit 1 above)",
+       cmd_compare},
       {"forward", "one forward pass of a network on safetensors inputs (parity checks against PyTorch)", cmd_forward},
       {"launch", "run train/sample/eval as N data-parallel processes here (like torchrun)", cmd_launch},
       {"bench", "benchmarks: `moh bench attention|eval|train|sample|data [--json]`", cmd_bench},
@@ -47,7 +49,11 @@ cxxopts::ParseResult parse_or_throw(cxxopts::Options& options, int argc, char** 
     // "Option ‘chekpoint’ does not exist": suggest the nearest flag of this command.
     std::string what = e.what(), name;
     size_t b = what.find("\xe2\x80\x98"), end = what.find("\xe2\x80\x99"), q = 3;  // ‘name’ (or 'name')
-    if (b == std::string::npos) b = what.find('\''), end = what.find('\'', b + 1), q = 1;
+    if (b == std::string::npos) {
+      b = what.find('\'');
+      end = what.find('\'', b + 1);
+      q = 1;
+    }
     if (b != std::string::npos && end != std::string::npos && end > b + q) name = what.substr(b + q, end - b - q);
     std::vector<std::string> flags;
     for (const auto& g : options.groups())
@@ -64,10 +70,13 @@ cxxopts::ParseResult parse_or_throw(cxxopts::Options& options, int argc, char** 
 void add_config_args(cxxopts::Options& options) {
   options.add_options()("config", "experiment YAML file", cxxopts::value<std::string>())(
       "set", "override a key: --set optim.lr=5e-4 (repeatable)", cxxopts::value<std::vector<std::string>>())(
-      "weights", "initialise the model from this file (= --set model.weights=...): torch.save .pt/.pth/.bin, "
-                 ".safetensors or a checkpoint dir", cxxopts::value<std::string>())(
-      "weights-key", "entry of a nested checkpoint: ema, model, state_dict (= model.weights_key)",
-      cxxopts::value<std::string>())("allow-missing", "tolerate tensors the weights lack (= model.weights_allow_missing)");
+      "weights",
+      "initialise the model from this file (= --set model.weights=...): torch.save .pt/.pth/.bin, "
+      ".safetensors or a checkpoint dir",
+      cxxopts::value<std::string>())("weights-key",
+                                     "entry of a nested checkpoint: ema, model, state_dict (= model.weights_key)",
+                                     cxxopts::value<std::string>())(
+      "allow-missing", "tolerate tensors the weights lack (= model.weights_allow_missing)");
   options.parse_positional({"config"});
   options.positional_help("CONFIG.yaml");
 }
@@ -99,7 +108,9 @@ namespace {
 std::string g_invoked_as = "moh";
 }
 
-const std::string& invoked_as() { return g_invoked_as; }
+const std::string& invoked_as() {
+  return g_invoked_as;
+}
 
 static void print_usage() {
   std::cout << "moh " << toolkit_version() << " — Mixture-of-Head attention toolkit (MoH-ViT, MoH-DiT, FID tools)\n\n"
@@ -127,14 +138,16 @@ static void print_version() {
   BlasInfo blas = detect_blas();
   std::cout << "moh " << toolkit_version() << "\n"
             << "LibTorch " << libtorch_version() << " ("
-            << (libtorch_cuda_build().empty() ? std::string("CPU-only build")
-                                              : "CUDA " + libtorch_cuda_build() + " build, GPU: " +
-                                                    (cuda_available() ? std::to_string(torch::cuda::device_count()) + " visible"
-                                                                      : std::string("none visible")))
+            << (libtorch_cuda_build().empty()
+                    ? std::string("CPU-only build")
+                    : "CUDA " + libtorch_cuda_build() + " build, GPU: " +
+                          (cuda_available() ? std::to_string(torch::cuda::device_count()) + " visible"
+                                            : std::string("none visible")))
             << ")\n"
             << "BLAS: " << blas.name << (blas.path.empty() ? "" : " (" + blas.path + ")") << "\n"
             << "CPU threads: " << threads_line() << "\n"
-            << "data parallel: " << (dist::available() ? "c10d (Gloo)" : "off (no c10d/Gloo headers at build time)") << "\n";
+            << "data parallel: " << (dist::available() ? "c10d (Gloo)" : "off (no c10d/Gloo headers at build time)")
+            << "\n";
 }
 
 static int run(int argc, char** argv) {
@@ -184,8 +197,8 @@ int main(int argc, char** argv) {
     const std::error_code c = e.code();
     const bool runtime = c == std::errc::no_space_on_device || c == std::errc::io_error || c.value() == EDQUOT;
     if (rank.empty() || runtime)
-      std::cerr << prefix << (e.path1().empty() ? std::string("filesystem") : e.path1().string()) << ": "
-                << c.message() << (runtime ? "" : " (check the path)") << std::endl;
+      std::cerr << prefix << (e.path1().empty() ? std::string("filesystem") : e.path1().string()) << ": " << c.message()
+                << (runtime ? "" : " (check the path)") << std::endl;
     return runtime ? moh::kExitRuntime : moh::kExitUserError;
   } catch (const c10::Error& e) {
     std::cerr << prefix << e.what_without_backtrace() << std::endl;

@@ -138,11 +138,20 @@ std::vector<AttentionBenchRow> run_attention_bench(const AttentionBenchOptions& 
         std::vector<double> fwdbwd = interleaved_medians(fb, o.warmup, o.runs);
         auto emit = [&](size_t i, double active, const Case& c) {
           AttentionBenchRow r;
-          r.scope = scope, r.mode = c.mode, r.seq = seq, r.dim = dim, r.heads = heads, r.batch = B;
-          r.shared = c.hs, r.topk = c.k, r.active = active;
+          r.scope = scope;
+          r.mode = c.mode;
+          r.seq = seq;
+          r.dim = dim;
+          r.heads = heads;
+          r.batch = B;
+          r.shared = c.hs;
+          r.topk = c.k;
+          r.active = active;
           r.active_actual = c.mode == "mha" ? 1.0 : static_cast<double>(c.hs + c.k) / heads;
-          r.fwd_ms = fwd[i], r.fwdbwd_ms = fwdbwd[i];
-          r.fwd_ratio = fwd[i] / fwd[0], r.fwdbwd_ratio = fwdbwd[i] / fwdbwd[0];
+          r.fwd_ms = fwd[i];
+          r.fwdbwd_ms = fwdbwd[i];
+          r.fwd_ratio = fwd[i] / fwd[0];
+          r.fwdbwd_ratio = fwdbwd[i] / fwdbwd[0];
           rows.push_back(r);
           if (log) {
             std::ostringstream s;
@@ -170,8 +179,10 @@ static std::vector<T> parse_list(const std::string& s, const std::string& flag) 
   std::string item;
   while (std::getline(ss, item, ',')) {
     try {
-      if constexpr (std::is_integral_v<T>) out.push_back(static_cast<T>(std::stoll(item)));
-      else out.push_back(static_cast<T>(std::stod(item)));
+      if constexpr (std::is_integral_v<T>)
+        out.push_back(static_cast<T>(std::stoll(item)));
+      else
+        out.push_back(static_cast<T>(std::stod(item)));
     } catch (...) {
       throw UserError("--" + flag, "expected a comma-separated list of numbers, got \"" + s + "\"", "");
     }
@@ -181,14 +192,16 @@ static std::vector<T> parse_list(const std::string& s, const std::string& flag) 
 
 int attention_bench_main(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "MHA vs MoH dense vs MoH sparse attention timings (median of --runs after --warmup)");
-  opts.add_options()("json", "print rows as a JSON list")("seqs", "sequence lengths", cxxopts::value<std::string>()->default_value("196,256,1024,4096"))(
+  opts.add_options()("json", "print rows as a JSON list")(
+      "seqs", "sequence lengths", cxxopts::value<std::string>()->default_value("196,256,1024,4096"))(
       "dims", "dim:heads pairs", cxxopts::value<std::string>()->default_value("384:6,768:12"))(
       "actives", "active-head fractions", cxxopts::value<std::string>()->default_value("0.5,0.75,0.9"))(
       "scopes", "core,module", cxxopts::value<std::string>()->default_value("core,module"))(
       "runs", "timed runs (median)", cxxopts::value<int>()->default_value("10"))(
       "warmup", "untimed runs before timing", cxxopts::value<int>()->default_value("0"))(
-      "batch", "batch at seq <= 256 (divided by 4 per 4x longer sequence, at least 1)", cxxopts::value<int64_t>()->default_value("8"))(
-      "threads", "intra-op threads (0 = LibTorch default)", cxxopts::value<int>()->default_value("0"))(
+      "batch", "batch at seq <= 256 (divided by 4 per 4x longer sequence, at least 1)",
+      cxxopts::value<int64_t>()->default_value("8"))("threads", "intra-op threads (0 = LibTorch default)",
+                                                     cxxopts::value<int>()->default_value("0"))(
       "fused", "attend with scaled_dot_product_attention (LibTorch >= 2.1) instead of matmul-softmax-matmul")(
       "h,help", "show this help");
   cxxopts::ParseResult args;
@@ -197,9 +210,16 @@ int attention_bench_main(int argc, char** argv) {
   o.seqs = parse_list<int64_t>(args["seqs"].as<std::string>(), "seqs");
   o.actives = parse_list<double>(args["actives"].as<std::string>(), "actives");
   o.dims.clear();
-  for (const auto& p : [&] { std::vector<std::string> v; std::stringstream ss(args["dims"].as<std::string>()); std::string i; while (std::getline(ss, i, ',')) v.push_back(i); return v; }()) {
+  for (const auto& p : [&] {
+         std::vector<std::string> v;
+         std::stringstream ss(args["dims"].as<std::string>());
+         std::string i;
+         while (std::getline(ss, i, ',')) v.push_back(i);
+         return v;
+       }()) {
     auto colon = p.find(':');
-    if (colon == std::string::npos) throw UserError("--dims", "expected dim:heads pairs, got \"" + p + "\"", "e.g. 384:6,768:12");
+    if (colon == std::string::npos)
+      throw UserError("--dims", "expected dim:heads pairs, got \"" + p + "\"", "e.g. 384:6,768:12");
     o.dims.push_back({std::stoll(p.substr(0, colon)), std::stoll(p.substr(colon + 1))});
   }
   o.scopes.clear();
@@ -222,24 +242,35 @@ int attention_bench_main(int argc, char** argv) {
     nlohmann::json out = nlohmann::json::array();
     const nlohmann::json machine = machine_record();
     for (const auto& r : rows)
-      out.push_back({{"machine", machine}, {"scope", r.scope}, {"seq", r.seq}, {"dim", r.dim}, {"heads", r.heads}, {"batch", r.batch},
-                     {"active", r.active}, {"active_actual", r.active_actual}, {"shared", r.shared},
-                     {"topk", r.topk}, {"mode", r.mode}, {"fused", o.fused}, {"fwd_ms", r.fwd_ms},
+      out.push_back({{"machine", machine},
+                     {"scope", r.scope},
+                     {"seq", r.seq},
+                     {"dim", r.dim},
+                     {"heads", r.heads},
+                     {"batch", r.batch},
+                     {"active", r.active},
+                     {"active_actual", r.active_actual},
+                     {"shared", r.shared},
+                     {"topk", r.topk},
+                     {"mode", r.mode},
+                     {"fused", o.fused},
+                     {"fwd_ms", r.fwd_ms},
                      {"fwdbwd_ms", r.fwdbwd_ms},
-                     {"fwd_ratio", r.fwd_ratio}, {"fwdbwd_ratio", r.fwdbwd_ratio},
+                     {"fwd_ratio", r.fwd_ratio},
+                     {"fwdbwd_ratio", r.fwdbwd_ratio},
                      // what attention_path: auto runs for this layer shape (module scope: per call)
                      {"auto_picks", config::to_string(vision::choose_attention_path(AttentionPath::automatic,
-                                                                                     r.active_actual, r.seq))}});
+                                                                                    r.active_actual, r.seq))}});
     std::cout << out.dump(1) << std::endl;
   } else {
-    std::cout << "| scope | seq | dim/heads | batch | mode | active (h_s+K)/h | fwd ms | fwd ratio | fwd+bwd ms | fwd+bwd ratio |\n"
+    std::cout << "| scope | seq | dim/heads | batch | mode | active (h_s+K)/h | fwd ms | fwd ratio | fwd+bwd ms | "
+                 "fwd+bwd ratio |\n"
               << "|---|---|---|---|---|---|---|---|---|---|\n";
     for (const auto& r : rows)
       std::cout << std::fixed << std::setprecision(2) << "| " << r.scope << " | " << r.seq << " | " << r.dim << "/"
-                << r.heads << " | " << r.batch << " | " << r.mode << " | " << r.active_actual << " ("
-                << r.shared << "+" << r.topk << ") | " << r.fwd_ms << " | " << std::setprecision(3) << r.fwd_ratio
-                << " | " << std::setprecision(2) << r.fwdbwd_ms << " | " << std::setprecision(3) << r.fwdbwd_ratio
-                << " |\n";
+                << r.heads << " | " << r.batch << " | " << r.mode << " | " << r.active_actual << " (" << r.shared << "+"
+                << r.topk << ") | " << r.fwd_ms << " | " << std::setprecision(3) << r.fwd_ratio << " | "
+                << std::setprecision(2) << r.fwdbwd_ms << " | " << std::setprecision(3) << r.fwdbwd_ratio << " |\n";
   }
   return 0;
 }

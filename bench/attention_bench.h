@@ -28,7 +28,7 @@ struct AttentionBenchOptions {
   std::vector<double> actives{0.5, 0.75, 0.9};
   std::vector<std::string> scopes{"core", "module"};
   int warmup = 0, runs = 10;  ///< the median of 10 already ignores a slow first (page-faulting) run
-  int64_t batch = 8;        ///< batch at seq ≤ 256; divided by 4 per 4x longer sequence (8, 2, 1), at least 1
+  int64_t batch = 8;          ///< batch at seq ≤ 256; divided by 4 per 4x longer sequence (8, 2, 1), at least 1
   uint64_t seed = 0;
   bool fused = false;  ///< attention through scaled_dot_product_attention (LibTorch ≥ 2.1) instead of the plain path
 };

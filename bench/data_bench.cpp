@@ -88,7 +88,11 @@ double ours(const datasets::ImageFolderIndex& index, bool train, int workers, in
     tf.erase_prob = 0.25;
   }
   datasets::StreamOptions o;
-  o.batch_size = batch, o.train = train, o.seed = 1, o.workers = workers, o.prefetch = workers;
+  o.batch_size = batch;
+  o.train = train;
+  o.seed = 1;
+  o.workers = workers;
+  o.prefetch = workers;
   o.root = "bench";
   datasets::ImageFolderIndex first = index;  // the bench's first `images` files
   first.files.resize(std::min(first.files.size(), static_cast<size_t>(images)));
@@ -123,14 +127,15 @@ int data_bench_main(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "Input pipeline throughput (JPEG decode + ImageNet train / eval transforms)");
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   opts.add_options()("root", "ImageFolder tree with a train/ split (default: generate an ImageNet-like one)",
-                     cxxopts::value<std::string>()->default_value(""))(
-      "images", "images per measurement", cxxopts::value<int64_t>()->default_value("512"))(
+                     cxxopts::value<std::string>()->default_value(""))("images", "images per measurement",
+                                                                       cxxopts::value<int64_t>()->default_value("512"))(
       "workers", "loader threads of the all-cores rows", cxxopts::value<int>()->default_value(std::to_string(cores)))(
-      "batch", "batch size", cxxopts::value<int64_t>()->default_value("32"))(
-      "rounds", "interleaved rounds", cxxopts::value<int>()->default_value("2"))(
+      "batch", "batch size", cxxopts::value<int64_t>()->default_value("32"))("rounds", "interleaved rounds",
+                                                                             cxxopts::value<int>()->default_value("2"))(
       "python", "also run bench/torchvision_data.py with this Python (e.g. .venv/bin/python) between our rows",
       cxxopts::value<std::string>()->default_value(""))(
-      "script", "path of torchvision_data.py", cxxopts::value<std::string>()->default_value("bench/torchvision_data.py"))(
+      "script", "path of torchvision_data.py",
+      cxxopts::value<std::string>()->default_value("bench/torchvision_data.py"))(
       "keep", "write the generated tree here and keep it", cxxopts::value<std::string>()->default_value(""))(
       "json", "print one JSON object")("h,help", "show this help");
   cxxopts::ParseResult args;
@@ -167,8 +172,13 @@ int data_bench_main(int argc, char** argv) {
   cv::setNumThreads(1);
   nlohmann::json out{{"what", "data"},
                      {"machine", machine_record()},
-                     {"images", images}, {"batch", batch}, {"root", scratch.empty() ? tree.root : "generated (removed)"}};
-  if (tree.mean_kb > 0) out["mean_jpeg_kb"] = tree.mean_kb, out["mean_megapixels"] = tree.mean_px / 1e6;
+                     {"images", images},
+                     {"batch", batch},
+                     {"root", scratch.empty() ? tree.root : "generated (removed)"}};
+  if (tree.mean_kb > 0) {
+    out["mean_jpeg_kb"] = tree.mean_kb;
+    out["mean_megapixels"] = tree.mean_px / 1e6;
+  }
   nlohmann::json rows = nlohmann::json::array();
   for (const bool train : {true, false})
     for (const int w : {1, workers}) {
@@ -187,7 +197,8 @@ int data_bench_main(int argc, char** argv) {
       row["ours_per_core"] = sum_ours / rounds / w;
       if (!python.empty()) row["ratio"] = sum_ours / sum_tv;
       if (!args.count("json")) {
-        std::printf("%-5s %2d core%s  ours %7.1f img/s", train ? "train" : "eval", w, w > 1 ? "s" : " ", sum_ours / rounds);
+        std::printf("%-5s %2d core%s  ours %7.1f img/s", train ? "train" : "eval", w, w > 1 ? "s" : " ",
+                    sum_ours / rounds);
         if (!python.empty()) std::printf("  torchvision %7.1f img/s  ratio %.2f", sum_tv / rounds, sum_ours / sum_tv);
         std::printf("\n");
       }

@@ -42,7 +42,7 @@ at::Tensor synthetic_features(int64_t n, int64_t d, double shift) {
 int eval_bench_main(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "Evaluator timings: statistics, Fréchet distance, precision/recall, Inception img/s");
   opts.add_options()("json", "print one JSON object")("dim", "feature dimension",
-                                                       cxxopts::value<int64_t>()->default_value("2048"))(
+                                                      cxxopts::value<int64_t>()->default_value("2048"))(
       "n", "feature rows for the statistics", cxxopts::value<int64_t>()->default_value("10000"))(
       "pr-n", "rows of each set for precision/recall (0 = skip)", cxxopts::value<int64_t>()->default_value("5000"))(
       "images", "images through the Inception network (0 = skip)", cxxopts::value<int64_t>()->default_value("32"))(
@@ -58,7 +58,11 @@ int eval_bench_main(int argc, char** argv) {
     throw UserError(argv[0], "sizes must be positive", "see --help");
   RunContext ctx = RunContext::create(args["device"].as<std::string>(), Precision::fp32, 0);
   torch::manual_seed(0);
-  nlohmann::json out{{"machine", machine_record()}, {"threads", at::get_num_threads()}, {"dim", d}, {"n", n}, {"device", ctx.device.str()}};
+  nlohmann::json out{{"machine", machine_record()},
+                     {"threads", at::get_num_threads()},
+                     {"dim", d},
+                     {"n", n},
+                     {"device", ctx.device.str()}};
 
   const at::Tensor fa = synthetic_features(n, d, 0.0), fb = synthetic_features(n, d, 0.1);
   eval::GaussianStats a, b;
@@ -96,12 +100,13 @@ int eval_bench_main(int argc, char** argv) {
     std::cout << out.dump(1) << std::endl;
   } else {
     std::cout << "statistics " << n << "x" << d << ": " << out["stats_s"].get<double>() << " s\n"
-              << "Fréchet distance (" << d << "-d, median of " << runs << "): " << out["frechet_s"].get<double>() << " s\n";
+              << "Fréchet distance (" << d << "-d, median of " << runs << "): " << out["frechet_s"].get<double>()
+              << " s\n";
     if (out.contains("pr_s"))
       std::cout << "precision/recall " << prn << " vs " << prn << ": " << out["pr_s"].get<double>() << " s\n";
     if (out.contains("inception_img_per_s"))
-      std::cout << "Inception forward (256² uint8 → 299, batch " << batch << "): "
-                << out["inception_img_per_s"].get<double>() << " img/s\n";
+      std::cout << "Inception forward (256² uint8 → 299, batch " << batch
+                << "): " << out["inception_img_per_s"].get<double>() << " img/s\n";
   }
   return 0;
 }

@@ -53,7 +53,8 @@ double call_flops(const at::RecordFunction& fn) {
       const int64_t k = w[d + 2];
       out_pixels *= static_cast<double>((x[d + 2] + 2 * pad[d] - dil[d] * (k - 1) - 1) / stride[d] + 1);
     }
-    return 2.0 * static_cast<double>(x[0]) * static_cast<double>(w[0]) * out_pixels * static_cast<double>(w[1]) * kernel;
+    return 2.0 * static_cast<double>(x[0]) * static_cast<double>(w[0]) * out_pixels * static_cast<double>(w[1]) *
+           kernel;
   }
   // Fused attention kernels (LibTorch 2.x): q (B, H, N, d), k (B, H, M, d): QKᵀ and AV = 4·B·H·N·M·d; the backward
   // recomputes QKᵀ and runs four more products (2.5x).
@@ -108,9 +109,13 @@ FlopCounter::FlopCounter() {
   handle_ = at::addGlobalCallback(at::RecordFunctionCallback(flop_start).needsInputs(true));
 }
 
-FlopCounter::~FlopCounter() { at::removeCallback(handle_); }
+FlopCounter::~FlopCounter() {
+  at::removeCallback(handle_);
+}
 
-double FlopCounter::flops() const { return static_cast<double>(g_flops.load()); }
+double FlopCounter::flops() const {
+  return static_cast<double>(g_flops.load());
+}
 
 OpProfiler::OpProfiler() {
   {
@@ -120,7 +125,9 @@ OpProfiler::OpProfiler() {
   handle_ = at::addGlobalCallback(at::RecordFunctionCallback(prof_start, prof_end));
 }
 
-OpProfiler::~OpProfiler() { at::removeCallback(handle_); }
+OpProfiler::~OpProfiler() {
+  at::removeCallback(handle_);
+}
 
 std::vector<OpTime> OpProfiler::table() const {
   std::vector<OpTime> rows;

@@ -16,10 +16,8 @@
 #include "core/amp.h"
 #include "core/error.h"
 #include "core/run_context.h"
-#include "diffusion/diffusion_trainer.h"
-#include "diffusion/experiment.h"
+#include "diffusion/model_registry.h"
 #include "diffusion/sampler.h"
-#include "vision/classification_trainer.h"
 
 namespace moh::bench {
 
@@ -31,7 +29,9 @@ void sync(const RunContext& ctx) {
   if (ctx.device.is_cuda()) at::zeros({1}, at::TensorOptions().device(ctx.device)).cpu();  // waits for the stream
 }
 
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 // A product this long is long enough to time (and the largest size is not tried once one takes longer).
 constexpr double kGemmProbeSeconds = 0.05;
@@ -76,20 +76,25 @@ Common parse_common(cxxopts::Options& opts, int argc, char** argv, bool& help) {
       "batch", "images per step", cxxopts::value<int64_t>()->default_value("8"))(
       "steps", "timed repetitions (median reported)", cxxopts::value<int64_t>()->default_value("5"))(
       "warmup", "untimed repetitions first", cxxopts::value<int64_t>()->default_value("2"))(
-      "precision", "fp32, bf16 (autocast), fp16 (CUDA, loss scaling) or auto (bf16 on CUDA / CPUs with native bf16)", cxxopts::value<std::string>()->default_value("fp32"))(
-      "attention-path", "MoH path of the attention layers: auto, dense or sparse", cxxopts::value<std::string>()->default_value("auto"))(
+      "precision", "fp32, bf16 (autocast), fp16 (CUDA, loss scaling) or auto (bf16 on CUDA / CPUs with native bf16)",
+      cxxopts::value<std::string>()->default_value("fp32"))("attention-path",
+                                                            "MoH path of the attention layers: auto, dense or sparse",
+                                                            cxxopts::value<std::string>()->default_value("auto"))(
       "img-size", "input side in pixels/latents (0 = the variant's)", cxxopts::value<int64_t>()->default_value("0"))(
       "device", "auto, cpu or cuda[:N]", cxxopts::value<std::string>()->default_value("auto"))(
-      "peak-tflops", "device peak for MFU (0 = a GEMM measured in this run)", cxxopts::value<double>()->default_value("0"))(
-      "profile", "print the N operators with the most self time of one step", cxxopts::value<int64_t>()->default_value("0"))(
-      "json", "print one JSON object")("h,help", "show this help");
+      "peak-tflops", "device peak for MFU (0 = a GEMM measured in this run)",
+      cxxopts::value<double>()->default_value("0"))(
+      "profile", "print the N operators with the most self time of one step",
+      cxxopts::value<int64_t>()->default_value("0"))("json", "print one JSON object")("h,help", "show this help");
   Common c;
   help = !parse_bench_flags(opts, argc, argv, c.args);
   if (help) return c;
   if (!c.args.count("model")) throw UserError(argv[0], "--model is required", "e.g. --model MoH-DiT-S/2-90");
   c.model = c.args["model"].as<std::string>();
-  c.batch = c.args["batch"].as<int64_t>(), c.steps = c.args["steps"].as<int64_t>();
-  c.warmup = c.args["warmup"].as<int64_t>(), c.profile = c.args["profile"].as<int64_t>();
+  c.batch = c.args["batch"].as<int64_t>();
+  c.steps = c.args["steps"].as<int64_t>();
+  c.warmup = c.args["warmup"].as<int64_t>();
+  c.profile = c.args["profile"].as<int64_t>();
   c.peak_tflops = c.args["peak-tflops"].as<double>();
   c.json = c.args.count("json") > 0;
   if (c.batch < 1 || c.steps < 1 || c.warmup < 0 || c.profile < 0 || c.peak_tflops < 0)
@@ -112,9 +117,15 @@ nlohmann::json time_steps(const Common& c, F&& step) {
     sync(c.ctx);
     t.push_back(seconds_since(s));
   }
-  nlohmann::json out{{"machine", machine_record()}, {"model", c.model}, {"batch", c.batch}, {"device", c.ctx.device.str()},
-                     {"precision", config::to_string(c.ctx.precision)}, {"threads", at::get_num_threads()},
-                     {"libtorch", libtorch_version()}, {"step_s", median(t)}, {"step_s_min", *std::min_element(t.begin(), t.end())},
+  nlohmann::json out{{"machine", machine_record()},
+                     {"model", c.model},
+                     {"batch", c.batch},
+                     {"device", c.ctx.device.str()},
+                     {"precision", config::to_string(c.ctx.precision)},
+                     {"threads", at::get_num_threads()},
+                     {"libtorch", libtorch_version()},
+                     {"step_s", median(t)},
+                     {"step_s_min", *std::min_element(t.begin(), t.end())},
                      {"img_per_s", static_cast<double>(c.batch) / median(t)}};
   if (c.profile > 0) {
     std::vector<OpTime> rows;
@@ -134,8 +145,9 @@ nlohmann::json time_steps(const Common& c, F&& step) {
 
 // Adds FLOP and MFU fields: fwd_flops counted on one forward pass of the batch.
 void add_flops(nlohmann::json& out, const Common& c, double fwd_flops, double step_flops) {
-  const at::ScalarType dt = c.ctx.precision == Precision::fp32 ? at::kFloat
-                            : c.ctx.precision == Precision::bf16 ? at::kBFloat16 : at::kHalf;
+  const at::ScalarType dt = c.ctx.precision == Precision::fp32   ? at::kFloat
+                            : c.ctx.precision == Precision::bf16 ? at::kBFloat16
+                                                                 : at::kHalf;
   double peak = c.peak_tflops;
   std::string source = "--peak-tflops";
   // Without native bf16, LibTorch's bf16 product is a scalar fallback that the step's own (smaller, transposed)
@@ -187,8 +199,9 @@ void print(const nlohmann::json& out, bool json) {
     if (out.contains(k)) std::cout << "  " << std::left << std::setw(20) << k << out[k].get<double>() << "\n";
   if (out.contains("profile"))
     for (const auto& r : out["profile"])
-      std::cout << "  " << std::right << std::setw(10) << std::fixed << std::setprecision(2) << r["self_ms"].get<double>()
-                << " ms " << std::setw(6) << r["calls"].get<int64_t>() << "x  " << r["op"].get<std::string>() << "\n";
+      std::cout << "  " << std::right << std::setw(10) << std::fixed << std::setprecision(2)
+                << r["self_ms"].get<double>() << " ms " << std::setw(6) << r["calls"].get<int64_t>() << "x  "
+                << r["op"].get<std::string>() << "\n";
 }
 
 int64_t resolved_size(const Common& c, int64_t variant) {
@@ -204,50 +217,19 @@ int train_bench_main(int argc, char** argv) {
   Common c = parse_common(opts, argc, argv, help);
   if (help) return 0;
   torch::manual_seed(0);
-  const auto dev = at::TensorOptions().device(c.ctx.device);
-  const GradScaler scaler_proto(c.ctx.precision);
-  nlohmann::json out;
-  if (model_family(c.model, "--model " + c.model) == ModelFamily::dit) {
-    diffusion::DiTOptions o = diffusion::dit_options(c.model);
-    o.input_size = resolved_size(c, o.input_size);
-    o.path = config::enum_from_string<AttentionPath>(c.args["attention-path"].as<std::string>(), "--attention-path");
-    diffusion::DiT model(o);
-    model->to(c.ctx.device);
-    model->train();
-    torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-4).weight_decay(0));
-    GradScaler scaler = scaler_proto;
-    const diffusion::GaussianDiffusion chain = diffusion::GaussianDiffusion::base(1000);
-    const at::Tensor x0 = at::randn({c.batch, o.in_channels, o.input_size, o.input_size}, dev);
-    const at::Tensor y = at::randint(0, o.num_classes, {c.batch}, dev.dtype(at::kLong));
-    auto step = [&] {
-      diffusion::diffusion_backward(model, chain, x0, y, 0.01, c.ctx, scaler);
-      finish_optimizer_step(opt, model->parameters(), scaler, 0.0);
-    };
-    const at::Tensor t = at::randint(0, 1000, {c.batch}, dev.dtype(at::kLong));
-    out = time_and_count(c, step, [&] { model->forward(x0, t, y); });
-    out["attention_path"] = config::to_string(o.path);
-    out["input"] = {o.in_channels, o.input_size, o.input_size};
-  } else {
-    vision::TransNeXtOptions o = vision::classifier_options(c.model);
-    o.img_size = resolved_size(c, o.img_size);
-    o.attention_path =
-        config::enum_from_string<AttentionPath>(c.args["attention-path"].as<std::string>(), "--attention-path");
-    o.validate();
-    vision::TransNeXt model(o);
-    model->to(c.ctx.device);
-    model->train();
-    torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.05));
-    GradScaler scaler = scaler_proto;
-    const at::Tensor x = at::randn({c.batch, o.in_chans, o.img_size, o.img_size}, dev);
-    const at::Tensor y = at::randint(0, o.num_classes, {c.batch}, dev.dtype(at::kLong));
-    auto step = [&] {
-      vision::classifier_backward(model, x, y, 1, 0.01, 0.1, c.ctx, scaler);
-      finish_optimizer_step(opt, model->parameters(), scaler, 1.0);
-    };
-    out = time_and_count(c, step, [&] { model->forward(x); });
-    out["attention_path"] = config::to_string(o.attention_path);
-    out["input"] = {o.in_chans, o.img_size, o.img_size};
-  }
+  BenchRequest r;
+  r.name = c.model;
+  r.ctx = c.ctx;
+  r.batch = c.batch;
+  r.img_size = c.args["img-size"].as<int64_t>();
+  r.path = config::enum_from_string<AttentionPath>(c.args["attention-path"].as<std::string>(), "--attention-path");
+  const ModelFamily& family = find_model_family(c.model, "--model " + c.model);
+  if (!family.bench_step)
+    throw UserError("--model", c.model + " is a fixed network", "pick a classifier or DiT variant");
+  const BenchStep b = family.bench_step(r);
+  nlohmann::json out = time_and_count(c, b.step, b.forward);
+  out["attention_path"] = b.attention_path;
+  out["input"] = b.input;
   out["what"] = "train_step";
   print(out, c.json);
   return 0;
@@ -261,9 +243,7 @@ int sample_bench_main(int argc, char** argv) {
   bool help = false;
   Common c = parse_common(opts, argc, argv, help);
   if (help) return 0;
-  if (model_family(c.model, "--model " + c.model) != ModelFamily::dit)
-    throw UserError("--model", c.model + " is not a DiT variant", "sampling benchmarks DiT / MoH-DiT");
-  diffusion::DiTOptions o = diffusion::dit_options(c.model);
+  diffusion::DiTOptions o = diffusion::dit_options(c.model);  // a UserError for any other name
   o.input_size = resolved_size(c, o.input_size);
   o.path = config::enum_from_string<AttentionPath>(c.args["attention-path"].as<std::string>(), "--attention-path");
   torch::manual_seed(0);

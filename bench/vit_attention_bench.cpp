@@ -99,12 +99,21 @@ int vit_attention_bench_main(int argc, char** argv) {
       }
     for (size_t m = 0; m < modes.size(); ++m) {
       Row r;
-      r.stage = i + 1, r.tokens = N, r.dim = moh.dim, r.heads = moh.num_heads, r.batch = B, r.mode = modes[m];
-      r.shared = m ? moh.shared_heads : 0, r.topk = m ? moh.topk : 0;
+      r.stage = i + 1;
+      r.tokens = N;
+      r.dim = moh.dim;
+      r.heads = moh.num_heads;
+      r.batch = B;
+      r.mode = modes[m];
+      r.shared = m ? moh.shared_heads : 0;
+      r.topk = m ? moh.topk : 0;
       r.active = m ? static_cast<double>(moh.active_heads()) / static_cast<double>(moh.num_heads) : 1.0;
-      r.fwd_ms = tf[m], r.fwdbwd_ms = tb[m];
-      r.fwd_vs_dense = tf[m] / tf[1], r.fwdbwd_vs_dense = tb[m] / tb[1];
-      r.fwd_vs_mha = tf[m] / tf[0], r.fwdbwd_vs_mha = tb[m] / tb[0];
+      r.fwd_ms = tf[m];
+      r.fwdbwd_ms = tb[m];
+      r.fwd_vs_dense = tf[m] / tf[1];
+      r.fwdbwd_vs_dense = tb[m] / tb[1];
+      r.fwd_vs_mha = tf[m] / tf[0];
+      r.fwdbwd_vs_mha = tb[m] / tb[0];
       rows.push_back(r);
       std::ostringstream s;
       s << std::fixed << std::setprecision(3) << "stage " << r.stage << " N=" << N << " C=" << r.dim << " h=" << r.heads
@@ -120,12 +129,24 @@ int vit_attention_bench_main(int argc, char** argv) {
     nlohmann::json out = nlohmann::json::array();
     const nlohmann::json machine = machine_record();
     for (const auto& r : rows)
-      out.push_back({{"machine", machine}, {"model", args["model"].as<std::string>()}, {"img_size", o.img_size},
-                     {"stage", r.stage}, {"tokens", r.tokens}, {"dim", r.dim}, {"heads", r.heads},
-                     {"shared", r.shared}, {"topk", r.topk}, {"active", r.active}, {"batch", r.batch},
-                     {"mode", r.mode}, {"fwd_ms", r.fwd_ms}, {"fwdbwd_ms", r.fwdbwd_ms},
-                     {"fwd_vs_dense", r.fwd_vs_dense}, {"fwdbwd_vs_dense", r.fwdbwd_vs_dense},
-                     {"fwd_vs_mha", r.fwd_vs_mha}, {"fwdbwd_vs_mha", r.fwdbwd_vs_mha}});
+      out.push_back({{"machine", machine},
+                     {"model", args["model"].as<std::string>()},
+                     {"img_size", o.img_size},
+                     {"stage", r.stage},
+                     {"tokens", r.tokens},
+                     {"dim", r.dim},
+                     {"heads", r.heads},
+                     {"shared", r.shared},
+                     {"topk", r.topk},
+                     {"active", r.active},
+                     {"batch", r.batch},
+                     {"mode", r.mode},
+                     {"fwd_ms", r.fwd_ms},
+                     {"fwdbwd_ms", r.fwdbwd_ms},
+                     {"fwd_vs_dense", r.fwd_vs_dense},
+                     {"fwdbwd_vs_dense", r.fwdbwd_vs_dense},
+                     {"fwd_vs_mha", r.fwd_vs_mha},
+                     {"fwdbwd_vs_mha", r.fwdbwd_vs_mha}});
     std::cout << out.dump(1) << std::endl;
   } else {
     std::cout << "| stage | tokens | C/h | batch | mode | active (h_s+K)/h | fwd ms | × dense | × MHA | fwd+bwd ms | "

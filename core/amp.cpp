@@ -8,17 +8,31 @@
 namespace moh {
 
 namespace {
-at::ScalarType autocast_dtype(Precision p) { return p == Precision::fp16 ? at::kHalf : at::kBFloat16; }
+at::ScalarType autocast_dtype(Precision p) {
+  return p == Precision::fp16 ? at::kHalf : at::kBFloat16;
+}
 
 // LibTorch 2.4 replaced the per-device autocast setters by ones taking the device type.
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-bool is_enabled(bool cuda) { return at::autocast::is_autocast_enabled(cuda ? at::kCUDA : at::kCPU); }
-void set_enabled(bool cuda, bool on) { at::autocast::set_autocast_enabled(cuda ? at::kCUDA : at::kCPU, on); }
-at::ScalarType get_dtype(bool cuda) { return at::autocast::get_autocast_dtype(cuda ? at::kCUDA : at::kCPU); }
-void set_dtype(bool cuda, at::ScalarType t) { at::autocast::set_autocast_dtype(cuda ? at::kCUDA : at::kCPU, t); }
+bool is_enabled(bool cuda) {
+  return at::autocast::is_autocast_enabled(cuda ? at::kCUDA : at::kCPU);
+}
+void set_enabled(bool cuda, bool on) {
+  at::autocast::set_autocast_enabled(cuda ? at::kCUDA : at::kCPU, on);
+}
+at::ScalarType get_dtype(bool cuda) {
+  return at::autocast::get_autocast_dtype(cuda ? at::kCUDA : at::kCPU);
+}
+void set_dtype(bool cuda, at::ScalarType t) {
+  at::autocast::set_autocast_dtype(cuda ? at::kCUDA : at::kCPU, t);
+}
 #else
-bool is_enabled(bool cuda) { return cuda ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled(); }
-void set_enabled(bool cuda, bool on) { cuda ? at::autocast::set_enabled(on) : at::autocast::set_cpu_enabled(on); }
+bool is_enabled(bool cuda) {
+  return cuda ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
+}
+void set_enabled(bool cuda, bool on) {
+  cuda ? at::autocast::set_enabled(on) : at::autocast::set_cpu_enabled(on);
+}
 at::ScalarType get_dtype(bool cuda) {
   return cuda ? at::autocast::get_autocast_gpu_dtype() : at::autocast::get_autocast_cpu_dtype();
 }
@@ -63,7 +77,10 @@ bool GradScaler::unscale_and_update(const std::vector<at::Tensor>& params) {
     growth_tracker_ = 0;
     return false;
   }
-  if (++growth_tracker_ == 2000) scale_ *= 2.0, growth_tracker_ = 0;
+  if (++growth_tracker_ == 2000) {
+    scale_ *= 2.0;
+    growth_tracker_ = 0;
+  }
   return true;
 }
 

@@ -40,9 +40,10 @@ void check_output_dir(const std::string& dir, const std::string& what) {
   while (!existing.empty()) {
     const fs::file_status st = fs::status(existing, ec);
     if (ec && ec != std::errc::no_such_file_or_directory) {
-      const std::string why = ec == std::errc::too_many_symbolic_link_levels ? "a symbolic link loop at " + existing.string()
-                              : ec == std::errc::not_a_directory ? existing.string() + " lies under a file, not a directory"
-                                                                  : existing.string() + ": " + ec.message();
+      const std::string why =
+          ec == std::errc::too_many_symbolic_link_levels ? "a symbolic link loop at " + existing.string()
+          : ec == std::errc::not_a_directory             ? existing.string() + " lies under a file, not a directory"
+                                                         : existing.string() + ": " + ec.message();
       throw UserError(what, why, "choose another path");
     }
     if (fs::exists(st)) {

@@ -54,13 +54,16 @@ void assign_module(torch::nn::Module& module, const std::vector<std::string>& na
     const std::vector<int64_t>* s = shape(name);
     if (!s) {
       // BatchNorm's step counter is absent from many official files (PyTorch fills it in the same way).
-      if (allow_missing || (name.size() >= 20 && name.compare(name.size() - 20, 20, ".num_batches_tracked") == 0)) return;
+      if (allow_missing || (name.size() >= 20 && name.compare(name.size() - 20, 20, ".num_batches_tracked") == 0))
+        return;
       throw UserError("weights " + origin, "missing tensor '" + name + "'",
                       "the file does not match this model (or pass --allow-missing)");
     }
     if (*s != dst.sizes().vec())
-      throw UserError("weights " + origin, "tensor '" + name + "' has shape " + c10::str(c10::IntArrayRef(*s)) + ", the model expects " +
-                                               c10::str(dst.sizes()), "wrong model variant?");
+      throw UserError("weights " + origin,
+                      "tensor '" + name + "' has shape " + c10::str(c10::IntArrayRef(*s)) + ", the model expects " +
+                          c10::str(dst.sizes()),
+                      "wrong model variant?");
     dst.copy_(read(name));
     seen.insert(name);
   };
@@ -80,7 +83,10 @@ void load_module_tensors(torch::nn::Module& module, const TensorMap& tensors, co
   for (const auto& [name, t] : tensors) names.push_back(name), shapes[name] = t.sizes().vec();
   assign_module(
       module, names, origin, allow_missing,
-      [&](const std::string& n) { auto it = shapes.find(n); return it == shapes.end() ? nullptr : &it->second; },
+      [&](const std::string& n) {
+        auto it = shapes.find(n);
+        return it == shapes.end() ? nullptr : &it->second;
+      },
       [&](const std::string& n) { return tensors.at(n); });
 }
 
@@ -95,7 +101,10 @@ void load_module_file(torch::nn::Module& module, const std::string& path, bool a
   }
   assign_module(
       module, names, path, allow_missing,
-      [&](const std::string& n) { auto it = by_name.find(n); return it == by_name.end() ? nullptr : &it->second->shape; },
+      [&](const std::string& n) {
+        auto it = by_name.find(n);
+        return it == by_name.end() ? nullptr : &it->second->shape;
+      },
       [&](const std::string& n) { return file.read(*by_name.at(n)); });  // one tensor in memory at a time
 }
 
@@ -204,8 +213,12 @@ std::string save_checkpoint(const std::string& run_dir, const TrainerState& stat
     save_safetensors(dir.path() + "/optimizer.safetensors", optimizer);
     save_safetensors(dir.path() + "/rng.safetensors", rng);
     if (!ema.empty()) save_safetensors(dir.path() + "/ema.safetensors", ema, {{"format", "pt"}});
-    nlohmann::json j{{"format_version", kCheckpointFormat}, {"step", state.step}, {"epoch", state.epoch},
-                     {"batch", state.batch}, {"skipped", state.skipped}, {"best_metric", state.best_metric}};
+    nlohmann::json j{{"format_version", kCheckpointFormat},
+                     {"step", state.step},
+                     {"epoch", state.epoch},
+                     {"batch", state.batch},
+                     {"skipped", state.skipped},
+                     {"best_metric", state.best_metric}};
     write_file_atomic(dir.path() + "/trainer_state.json", j.dump(1) + "\n");
     write_file_atomic(dir.path() + "/config.resolved.yaml", config_yaml);
     dir.commit();
@@ -214,14 +227,17 @@ std::string save_checkpoint(const std::string& run_dir, const TrainerState& stat
   return final_dir;
 }
 
-CheckpointWeights load_checkpoint_weights(torch::nn::Module& module, const Checkpoint& ckpt, bool ema, bool require_ema) {
+CheckpointWeights load_checkpoint_weights(torch::nn::Module& module, const Checkpoint& ckpt, bool ema,
+                                          bool require_ema) {
   if (ema && !ckpt.has_ema && require_ema)
     throw UserError("checkpoint " + ckpt.dir, "has no EMA weights", "train with train.ema_decay > 0, or drop --ema");
   const bool use_ema = ema && ckpt.has_ema;
   const std::string file = ckpt.dir + (use_ema ? "/ema.safetensors" : "/model.safetensors");
   const TensorMap& loaded = use_ema ? ckpt.ema : ckpt.model;
-  if (!loaded.empty()) load_module_tensors(module, loaded, file);
-  else load_module_file(module, file);  // a checkpoint opened without its tensors: read this file alone
+  if (!loaded.empty())
+    load_module_tensors(module, loaded, file);
+  else
+    load_module_file(module, file);  // a checkpoint opened without its tensors: read this file alone
   return {use_ema ? "ema" : "model", file};
 }
 
@@ -236,14 +252,15 @@ std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
   // A checkpoint of this run: a plain name under checkpoints/ (written as 7 digits), never a path elsewhere.
   const bool plain = !name.empty() && name.find('/') == std::string::npos && name != "." && name != "..";
   const std::string dir = run_dir + "/checkpoints/" + name;
-  const std::string hint = "restore that checkpoint, or resume from one explicitly with --resume " + run_dir +
-                           "/checkpoints/<step>";
+  const std::string hint =
+      "restore that checkpoint, or resume from one explicitly with --resume " + run_dir + "/checkpoints/<step>";
   if (!plain)
     throw UserError("run directory " + run_dir, "checkpoints/latest names '" + name + "', not a checkpoint of this run",
                     hint);
   if (!fs::is_directory(dir, ec) || !fs::is_regular_file(dir + "/trainer_state.json", ec))
-    throw UserError("run directory " + run_dir, "checkpoints/latest names '" + name + "', which is " +
-                                                    (fs::exists(dir, ec) ? "not a complete checkpoint" : "missing"),
+    throw UserError("run directory " + run_dir,
+                    "checkpoints/latest names '" + name + "', which is " +
+                        (fs::exists(dir, ec) ? "not a complete checkpoint" : "missing"),
                     hint);
   return dir;
 }
@@ -259,9 +276,11 @@ void check_checkpoint_rng(const TensorMap& rng, const std::string& origin) {
     return t.scalar_type() == at::kByte && t.dim() == dim && t.size(dim - 1) == n;
   };
   if (!rng.count("cpu") || !state_ok(rng.at("cpu"), 1))
-    throw UserError("checkpoint " + origin, "'cpu' is not a CPU generator state (" + std::to_string(n) + " bytes, uint8)", hint);
+    throw UserError("checkpoint " + origin,
+                    "'cpu' is not a CPU generator state (" + std::to_string(n) + " bytes, uint8)", hint);
   if (rng.count("cpu_ranks") && (!state_ok(rng.at("cpu_ranks"), 2) || rng.at("cpu_ranks").size(0) < 1))
-    throw UserError("checkpoint " + origin, "'cpu_ranks' is not a (ranks, " + std::to_string(n) + ") uint8 matrix", hint);
+    throw UserError("checkpoint " + origin, "'cpu_ranks' is not a (ranks, " + std::to_string(n) + ") uint8 matrix",
+                    hint);
   if (rng.count("amp_scaler")) {
     const at::Tensor& s = rng.at("amp_scaler");
     if (!s.is_floating_point() || s.numel() != 2 || !at::isfinite(s).all().item<bool>() || s[0].item<double>() <= 0)
@@ -275,7 +294,9 @@ Checkpoint load_checkpoint(const std::string& path, bool tensors) {
   std::string dir = path;
   if (!fs::exists(dir + "/trainer_state.json")) {
     auto latest = latest_checkpoint(path);
-    if (!latest) throw UserError("checkpoint " + path, "not a checkpoint or run directory", "no trainer_state.json or checkpoints/latest");
+    if (!latest)
+      throw UserError("checkpoint " + path, "not a checkpoint or run directory",
+                      "no trainer_state.json or checkpoints/latest");
     dir = *latest;
   }
   Checkpoint c;
@@ -304,7 +325,8 @@ Checkpoint load_checkpoint(const std::string& path, bool tensors) {
   } else if (!fs::is_regular_file(dir + "/model.safetensors")) {
     throw UserError("checkpoint " + dir, "has no model.safetensors", "the checkpoint is incomplete");
   }
-  if (c.state.step < 0 || c.state.epoch < 0 || c.state.batch < 0 || c.state.skipped < 0 || c.state.skipped > c.state.batch)
+  if (c.state.step < 0 || c.state.epoch < 0 || c.state.batch < 0 || c.state.skipped < 0 ||
+      c.state.skipped > c.state.batch)
     throw UserError("checkpoint " + dir + "/trainer_state.json", "negative step, epoch or batch",
                     "the checkpoint is damaged");
   return c;
@@ -330,7 +352,8 @@ TensorMap load_weights_tensors(const std::string& path, const std::string& key) 
     const Checkpoint c = load_checkpoint(path, /*tensors=*/false);
     if (key.empty() || key == "model") return load_safetensors(c.dir + "/model.safetensors").tensors;
     if (key == "ema" && c.has_ema) return load_safetensors(c.dir + "/ema.safetensors").tensors;
-    throw UserError("weights " + path, "checkpoint has no '" + key + "' weights", key == "ema" ? "this run kept no EMA" : "use model or ema");
+    throw UserError("weights " + path, "checkpoint has no '" + key + "' weights",
+                    key == "ema" ? "this run kept no EMA" : "use model or ema");
   }
   // .safetensors, or any torch.save file (zip or legacy): official checkpoints load as they are.
   return load_weights_file(path, key);
@@ -338,7 +361,8 @@ TensorMap load_weights_tensors(const std::string& path, const std::string& key) 
 
 void load_initial_weights(torch::nn::Module& module, const std::string& path, const std::string& key,
                           bool allow_missing) {
-  load_module_tensors(module, load_weights_tensors(path, key), path + (key.empty() ? "" : " [" + key + "]"), allow_missing);
+  load_module_tensors(module, load_weights_tensors(path, key), path + (key.empty() ? "" : " [" + key + "]"),
+                      allow_missing);
 }
 
 RunDirLock::RunDirLock(const std::string& run_dir) {
@@ -365,7 +389,8 @@ MetricsWriter start_run_dir(const std::string& run_dir, const std::string& confi
                             std::optional<int64_t> resumed_step) {
   fs::create_directories(run_dir + "/config_history");
   char name[48];
-  std::snprintf(name, sizeof name, "/config_history/from_step_%07lld.yaml", static_cast<long long>(resumed_step.value_or(0)));
+  std::snprintf(name, sizeof name, "/config_history/from_step_%07lld.yaml",
+                static_cast<long long>(resumed_step.value_or(0)));
   write_file_atomic(run_dir + name, config_yaml);  // the config in effect from that step on (resumes keep the earlier)
   write_file_atomic(run_dir + "/config.resolved.yaml", config_yaml);
   if (resumed_step) truncate_metrics(run_dir + "/metrics.jsonl", *resumed_step);
@@ -386,7 +411,8 @@ std::optional<Checkpoint> resolve_resume(const std::string& run_dir, const std::
   }
   if (!resume.empty()) return load_checkpoint(resume);
   if (fs::exists(run_dir + "/checkpoints") || fs::exists(run_dir + "/metrics.jsonl"))
-    throw UserError("run directory " + run_dir, "already holds a run", "continue it with --resume auto, or choose --run-dir");
+    throw UserError("run directory " + run_dir, "already holds a run",
+                    "continue it with --resume auto, or choose --run-dir");
   return std::nullopt;
 }
 

@@ -71,7 +71,7 @@ struct Checkpoint {
   std::string dir;
   TrainerState state;
   TensorMap model, optimizer, rng;
-  TensorMap ema;  ///< EMA weights (official names), empty if the run keeps none or they were not loaded
+  TensorMap ema;         ///< EMA weights (official names), empty if the run keeps none or they were not loaded
   bool has_ema = false;  ///< the checkpoint holds ema.safetensors
   std::string config_yaml;
 };
@@ -83,7 +83,8 @@ struct CheckpointWeights {
 /// Loads a checkpoint's EMA weights into `module` when `ema` is asked for and the checkpoint kept one, else its
 /// trained weights; with `require_ema` a checkpoint without EMA is a UserError instead. A checkpoint opened without
 /// its tensors reads that one file, tensor by tensor.
-CheckpointWeights load_checkpoint_weights(torch::nn::Module& module, const Checkpoint& ckpt, bool ema, bool require_ema);
+CheckpointWeights load_checkpoint_weights(torch::nn::Module& module, const Checkpoint& ckpt, bool ema,
+                                          bool require_ema);
 
 /// The directory named by <run_dir>/checkpoints/latest, if any.
 std::optional<std::string> latest_checkpoint(const std::string& run_dir);

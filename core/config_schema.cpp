@@ -22,7 +22,8 @@ std::string shortest_double(double v) {
   // %g writes 50 as "5e+01" at the shortest precision: print plain decimals for ordinary magnitudes.
   const double a = std::fabs(v);
   if (s.find('e') != std::string::npos && a >= 1e-4 && a < 1e15) {
-    const int digits = static_cast<int>(s.find('e') - (s[0] == '-' ? 1 : 0) - (s.find('.') != std::string::npos ? 1 : 0));
+    const int digits =
+        static_cast<int>(s.find('e') - (s[0] == '-' ? 1 : 0) - (s.find('.') != std::string::npos ? 1 : 0));
     const int exponent = static_cast<int>(std::floor(std::log10(a)));
     std::snprintf(buf, sizeof buf, "%.*f", std::max(0, digits - 1 - exponent), v);
     if (std::strtod(buf, nullptr) == v) s = buf;
@@ -64,8 +65,11 @@ std::string describe_node(const YAML::Node& n) {
 }
 
 Reader::Reader(YAML::Node node, std::string origin, std::string prefix)
-    : node_(std::move(node)), origin_(std::move(origin)), prefix_(std::move(prefix)),
-      known_(&own_known_), present_(&own_present_) {
+    : node_(std::move(node)),
+      origin_(std::move(origin)),
+      prefix_(std::move(prefix)),
+      known_(&own_known_),
+      present_(&own_present_) {
   if (node_.IsDefined() && !node_.IsNull() && !node_.IsMap())
     throw UserError("config " + origin_, "expected a map of keys at the top level, got " + describe_node(node_));
   if (node_.IsMap())
@@ -74,8 +78,7 @@ Reader::Reader(YAML::Node node, std::string origin, std::string prefix)
 
 Reader::Reader(YAML::Node node, std::string origin, std::string prefix, std::vector<std::string>* known,
                std::vector<std::string>* present)
-    : node_(std::move(node)), origin_(std::move(origin)), prefix_(std::move(prefix)), known_(known),
-      present_(present) {
+    : node_(std::move(node)), origin_(std::move(origin)), prefix_(std::move(prefix)), known_(known), present_(present) {
   if (node_.IsMap())
     for (const auto& kv : node_) present_->push_back(prefix_ + kv.first.as<std::string>());
 }
@@ -138,8 +141,8 @@ static YAML::Node load_tree_rec(const fs::path& path, std::vector<fs::path>& cha
   YAML::Node base_key = node["base"];
   if (!base_key.IsDefined()) return node;
   if (!base_key.IsScalar())
-    throw UserError("config " + path.string() + ": base", "expected a relative path string, got " +
-                                                               describe_node(base_key));
+    throw UserError("config " + path.string() + ": base",
+                    "expected a relative path string, got " + describe_node(base_key));
   fs::path base_path = path.parent_path() / base_key.Scalar();
   node.remove("base");
   chain.push_back(canon);

@@ -61,12 +61,18 @@ E enum_from_string(const std::string& name, const std::string& what) {
 /// Human type name used in messages and the schema.
 template <class T>
 std::string type_name() {
-  if constexpr (std::is_same_v<T, bool>) return "bool";
-  else if constexpr (std::is_integral_v<T>) return "integer";
-  else if constexpr (std::is_floating_point_v<T>) return "number";
-  else if constexpr (std::is_same_v<T, std::string>) return "string";
-  else if constexpr (std::is_enum_v<T>) return enum_choices<T>();
-  else return "list of " + type_name<typename T::value_type>();
+  if constexpr (std::is_same_v<T, bool>)
+    return "bool";
+  else if constexpr (std::is_integral_v<T>)
+    return "integer";
+  else if constexpr (std::is_floating_point_v<T>)
+    return "number";
+  else if constexpr (std::is_same_v<T, std::string>)
+    return "string";
+  else if constexpr (std::is_enum_v<T>)
+    return enum_choices<T>();
+  else
+    return "list of " + type_name<typename T::value_type>();
 }
 
 /// Short text of a YAML node for "got ..." messages.
@@ -79,13 +85,23 @@ void check_number(double v, const std::string& text, const std::string& what);
 /// Converts one YAML node to T (strict), throwing UserError(`what`) on a type mismatch.
 template <class T>
 T decode(const YAML::Node& n, const std::string& what) {
-  auto fail = [&]() -> T { throw UserError(what, "expected " + [] {
-                                     if constexpr (std::is_same_v<T, bool>) return std::string("true or false");
-                                     else if constexpr (std::is_integral_v<T>) return std::string("an integer");
-                                     else if constexpr (std::is_floating_point_v<T>) return std::string("a number");
-                                     else if constexpr (std::is_same_v<T, std::string>) return std::string("a string");
-                                     else return "a " + type_name<T>();
-                                   }() + ", got " + describe_node(n)); };
+  auto fail = [&]() -> T {
+    throw UserError(
+        what, "expected " +
+                  [] {
+                    if constexpr (std::is_same_v<T, bool>)
+                      return std::string("true or false");
+                    else if constexpr (std::is_integral_v<T>)
+                      return std::string("an integer");
+                    else if constexpr (std::is_floating_point_v<T>)
+                      return std::string("a number");
+                    else if constexpr (std::is_same_v<T, std::string>)
+                      return std::string("a string");
+                    else
+                      return "a " + type_name<T>();
+                  }() +
+                  ", got " + describe_node(n));
+  };
   if constexpr (std::is_enum_v<T>) {
     if (!n.IsScalar()) return fail();
     return enum_from_string<T>(n.Scalar(), what);
@@ -152,8 +168,7 @@ class Reader {
     known_->push_back(path);
     YAML::Node n = node_.IsMap() ? node_[key] : YAML::Node();
     if (!n.IsDefined() || (n.IsNull() && !std::is_same_v<T, std::string>)) {
-      if (need == Need::required)
-        throw UserError("config " + origin_, "missing required key '" + path + "'", help);
+      if (need == Need::required) throw UserError("config " + origin_, "missing required key '" + path + "'", help);
       return;
     }
     value = decode<T>(n, "config " + origin_ + ": " + path);
@@ -210,7 +225,8 @@ struct SchemaRow {
 /// struct -> list of documented keys (run on a default-constructed struct, so values are the defaults).
 class SchemaLister {
  public:
-  explicit SchemaLister(std::vector<SchemaRow>* rows, std::string prefix = "") : rows_(rows), prefix_(std::move(prefix)) {}
+  explicit SchemaLister(std::vector<SchemaRow>* rows, std::string prefix = "")
+      : rows_(rows), prefix_(std::move(prefix)) {}
   template <class T>
   void field(const char* key, const T& value, const char* help, Need need = Need::optional) {
     YAML::Emitter e;

@@ -77,8 +77,8 @@ class C10dGroup : public Group {
       f();
     } catch (const c10::Error& e) {
       throw std::runtime_error(std::string("data-parallel ") + what + " failed on rank " + std::to_string(rank_) +
-                               " of " + std::to_string(world_) + " (another rank died or timed out): " +
-                               e.what_without_backtrace());
+                               " of " + std::to_string(world_) +
+                               " (another rank died or timed out): " + e.what_without_backtrace());
     } catch (const std::exception& e) {
       throw std::runtime_error(std::string("data-parallel ") + what + " failed on rank " + std::to_string(rank_) +
                                " of " + std::to_string(world_) + " (another rank died or timed out): " + e.what());
@@ -132,8 +132,8 @@ std::shared_ptr<Group> Group::join(const RunContext& ctx) {
   try {
     store = c10::make_intrusive<c10d::TCPStore>(host, so);
   } catch (const std::exception& e) {
-    throw std::runtime_error("rank " + std::to_string(ctx.rank) + ": cannot join the TCPStore at " + host + ":" + port_s +
-                             ": " + e.what());
+    throw std::runtime_error("rank " + std::to_string(ctx.rank) + ": cannot join the TCPStore at " + host + ":" +
+                             port_s + ": " + e.what());
   }
 #ifdef USE_C10D_NCCL
   if (ctx.device.is_cuda()) {
@@ -237,7 +237,8 @@ at::Tensor Group::gather_cat(const at::Tensor& block) {
   t[0][rank_].narrow(0, 0, block.size(0)).copy_(block);
   allreduce_sum_(t);
   std::vector<at::Tensor> parts;
-  for (int r = 0; r < world_; ++r) parts.push_back(t[0][r].narrow(0, 0, static_cast<int64_t>(counts[static_cast<size_t>(r)])));
+  for (int r = 0; r < world_; ++r)
+    parts.push_back(t[0][r].narrow(0, 0, static_cast<int64_t>(counts[static_cast<size_t>(r)])));
   return at::cat(parts);
 }
 
@@ -270,12 +271,16 @@ void restore_rank_rng(Group& group, const std::map<std::string, at::Tensor>* rng
                : at::Tensor();
   };
   const at::Tensor cpu_row = own_row("cpu_ranks");
-  if (cpu_row.defined()) set_cpu_rng_state(cpu_row);
-  else at::manual_seed(reseed);
+  if (cpu_row.defined())
+    set_cpu_rng_state(cpu_row);
+  else
+    at::manual_seed(reseed);
   if (!cuda) return;
   const at::Tensor cuda_row = own_row("cuda_ranks");
-  if (cuda_row.defined()) set_device_rng_state(device, cuda_row);
-  else seed_device_rng(device, reseed);
+  if (cuda_row.defined())
+    set_device_rng_state(device, cuda_row);
+  else
+    seed_device_rng(device, reseed);
 }
 
 }  // namespace moh::dist

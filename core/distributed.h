@@ -59,7 +59,8 @@ class Group {
   at::Tensor gather_cat(const at::Tensor& block);
 
  protected:
-  Group(int rank, int world, c10::Device device = c10::Device(c10::kCPU)) : rank_(rank), world_(world), device_(device) {}
+  Group(int rank, int world, c10::Device device = c10::Device(c10::kCPU))
+      : rank_(rank), world_(world), device_(device) {}
   /// The backend's operations: every tensor is on device() (the public calls above make sure of it).
   virtual void backend_allreduce_sum_(std::vector<at::Tensor>& tensors) = 0;
   virtual void backend_broadcast_(std::vector<at::Tensor>& tensors, int root) = 0;

@@ -37,7 +37,10 @@ std::string nearest_name(const std::string& key, const std::vector<std::string>&
   size_t best_d = static_cast<size_t>(-1);
   for (const auto& c : candidates) {
     size_t d = edit_distance(key, c);
-    if (d < best_d) best_d = d, best = c;
+    if (d < best_d) {
+      best_d = d;
+      best = c;
+    }
   }
   // Plausible typo: at most a third of the key's length, and never more than 4 edits.
   size_t limit = std::max<size_t>(2, std::min<size_t>(4, key.size() / 3));

@@ -12,8 +12,8 @@ const config::EnumTable<AttentionMode>& enum_table(AttentionMode) {
   return t;
 }
 const config::EnumTable<AttentionPath>& enum_table(AttentionPath) {
-  static const config::EnumTable<AttentionPath> t{{AttentionPath::dense, "dense"}, {AttentionPath::sparse, "sparse"},
-                                                       {AttentionPath::automatic, "auto"}};
+  static const config::EnumTable<AttentionPath> t{
+      {AttentionPath::dense, "dense"}, {AttentionPath::sparse, "sparse"}, {AttentionPath::automatic, "auto"}};
   return t;
 }
 const config::EnumTable<Precision>& enum_table(Precision) {
@@ -78,7 +78,8 @@ void ExperimentConfig::validate(const std::string& origin) const {
     bad("schedule.warmup_epochs", "longer than train.epochs", "shorten the warm-up");
   if (data.batch_size <= 0) bad("data.batch_size", "must be > 0", "e.g. 128");
   if (train.accum_steps <= 0) bad("train.accum_steps", "must be >= 1", "");
-  if (train.processes < 1 || train.processes > 512) bad("train.processes", "must be in 1..512", "1 = this process only");
+  if (train.processes < 1 || train.processes > 512)
+    bad("train.processes", "must be in 1..512", "1 = this process only");
   if (data.batch_size % train.accum_steps != 0)
     bad("train.accum_steps", "must divide data.batch_size", "pick a divisor of the global batch");
   if (data.num_workers < 0) bad("data.num_workers", "must be >= 0", "");
@@ -97,16 +98,20 @@ void ExperimentConfig::validate(const std::string& origin) const {
   if (model.num_classes < 0) bad("model.num_classes", "must be >= 0 (0 = variant default)", "");
   if (model.img_size < 0) bad("model.img_size", "must be >= 0 (0 = variant default)", "");
   if (model.img_size > kMaxImageSize)
-    bad("model.img_size", "must be <= " + std::to_string(kMaxImageSize) + " px, got " + std::to_string(model.img_size), "");
+    bad("model.img_size", "must be <= " + std::to_string(kMaxImageSize) + " px, got " + std::to_string(model.img_size),
+        "");
   if (data.num_workers > 256) bad("data.num_workers", "must be <= 256, got " + std::to_string(data.num_workers), "");
   if (train.processes > 1 && data.batch_size % train.processes != 0)
-    bad("data.batch_size", std::to_string(data.batch_size) + " does not split into " +
-                               std::to_string(train.processes) + " processes (train.processes)", "use a multiple of it");
+    bad("data.batch_size",
+        std::to_string(data.batch_size) + " does not split into " + std::to_string(train.processes) +
+            " processes (train.processes)",
+        "use a multiple of it");
   if (model.drop_path >= 1) bad("model.drop_path", "must be < 1", "e.g. 0.1");
   if (diffusion.steps < 2) bad("diffusion.steps", "must be >= 2", "DiT uses 1000");
   if (sampling.steps.empty()) bad("sampling.steps", "must not be empty", "e.g. \"250\" or \"ddim50\"");
   if (!(sampling.eta >= 0)) bad("sampling.eta", "must be >= 0", "0 = deterministic DDIM");
-  if (!(sampling.cfg_scale >= 1)) bad("sampling.cfg_scale", "must be >= 1 (1 = no guidance)", "DiT's FID setting is 1.5");
+  if (!(sampling.cfg_scale >= 1))
+    bad("sampling.cfg_scale", "must be >= 1 (1 = no guidance)", "DiT's FID setting is 1.5");
   if (sampling.per_class <= 0) bad("sampling.per_class", "must be > 0", "");
   if (sampling.batch_size <= 0) bad("sampling.batch_size", "must be > 0", "");
   const AugmentConfig& a = augment;
@@ -114,14 +119,18 @@ void ExperimentConfig::validate(const std::string& origin) const {
     bad("augment.scale", "expected [min, max] with 0 < min <= max <= 1", "e.g. [0.08, 1.0]");
   if (a.ratio.size() != 2 || !(a.ratio[0] > 0 && a.ratio[0] <= a.ratio[1]))
     bad("augment.ratio", "expected [min, max] with 0 < min <= max", "e.g. [0.75, 1.3333]");
-  for (const auto& [key, p] : {std::pair<const char*, double>{"augment.hflip", a.hflip}, {"augment.erase_prob", a.erase_prob},
-                               {"augment.mixup_prob", a.mixup_prob}, {"augment.mixup_switch_prob", a.mixup_switch_prob}})
+  for (const auto& [key, p] : {std::pair<const char*, double>{"augment.hflip", a.hflip},
+                               {"augment.erase_prob", a.erase_prob},
+                               {"augment.mixup_prob", a.mixup_prob},
+                               {"augment.mixup_switch_prob", a.mixup_switch_prob}})
     if (!(p >= 0 && p <= 1)) bad(key, "must be a probability in [0, 1]", "");
-  if (a.mixup < 0 || a.cutmix < 0) bad(a.mixup < 0 ? "augment.mixup" : "augment.cutmix", "alpha must be >= 0 (0 = off)", "the recipe: 0.8 / 1.0");
+  if (a.mixup < 0 || a.cutmix < 0)
+    bad(a.mixup < 0 ? "augment.mixup" : "augment.cutmix", "alpha must be >= 0 (0 = off)", "the recipe: 0.8 / 1.0");
   if (a.repeated < 1) bad("augment.repeated", "must be >= 1 (1 = off)", "the recipe uses 3");
   if (!(a.eval_crop_pct > 0 && a.eval_crop_pct <= 1)) bad("augment.eval_crop_pct", "must be in (0, 1]", "0.875");
   if (data.loader == LoaderKind::stream && data.dataset != DatasetKind::image_folder)
-    bad("data.loader", "stream reads image_folder datasets", "use data.loader: memory for " + config::to_string(data.dataset));
+    bad("data.loader", "stream reads image_folder datasets",
+        "use data.loader: memory for " + config::to_string(data.dataset));
   if (data.loader == LoaderKind::memory && (!a.rand_augment.empty() || a.repeated > 1))
     bad(a.repeated > 1 ? "augment.repeated" : "augment.rand_augment", "applies to data.loader: stream",
         "set data.loader: stream (image_folder) or remove it");
@@ -163,14 +172,17 @@ ExperimentConfig with_overrides(const ExperimentConfig& cfg, const std::vector<s
   return out;
 }
 
-std::string to_yaml(const ExperimentConfig& cfg) { return config::write_struct(cfg); }
+std::string to_yaml(const ExperimentConfig& cfg) {
+  return config::write_struct(cfg);
+}
 
 namespace {
 
 // Dotted key -> flow-style YAML text of every leaf (lists are leaves).
 void flatten(const YAML::Node& n, const std::string& prefix, std::map<std::string, std::string>& out) {
   if (n.IsMap()) {
-    for (const auto& kv : n) flatten(kv.second, prefix.empty() ? kv.first.Scalar() : prefix + "." + kv.first.Scalar(), out);
+    for (const auto& kv : n)
+      flatten(kv.second, prefix.empty() ? kv.first.Scalar() : prefix + "." + kv.first.Scalar(), out);
     return;
   }
   YAML::Emitter e;
@@ -192,8 +204,10 @@ std::vector<ConfigChange> config_changes(const std::string& before_yaml, const s
   for (const auto& [k, v] : a) {
     if (k == "name") continue;
     auto it = b.find(k);
-    if (it == b.end()) out.push_back({k, v, "(absent)"});
-    else if (it->second != v) out.push_back({k, v, it->second});
+    if (it == b.end())
+      out.push_back({k, v, "(absent)"});
+    else if (it->second != v)
+      out.push_back({k, v, it->second});
   }
   for (const auto& [k, v] : b)
     if (k != "name" && !a.count(k)) out.push_back({k, "(absent)", v});

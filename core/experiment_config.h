@@ -22,7 +22,8 @@ const config::EnumTable<AttentionMode>& enum_table(AttentionMode);
 
 /// Execution path of MoH attention: `dense` computes every head then gates (the official code, the reference);
 /// `sparse` computes only the selected (token, head) pairs; `automatic` ("auto", the default) lets each layer pick
-/// the faster of the two from its active-head ratio and sequence length (vision/attention_core.h: choose_attention_path).
+/// the faster of the two from its active-head ratio and sequence length (vision/attention_core.h:
+/// choose_attention_path).
 enum class AttentionPath { dense, sparse, automatic };
 const config::EnumTable<AttentionPath>& enum_table(AttentionPath);
 
@@ -62,27 +63,30 @@ const config::EnumTable<CfgChannels>& enum_table(CfgChannels);
 
 /// `model:` — which network and how its attention runs.
 struct ModelConfig {
-  std::string name;                        ///< registry name, e.g. "MoH-ViT-S-75" (`moh info --list`)
-  std::vector<AttentionMode> attention;    ///< per-stage override of the head mixing; empty = variant default
+  std::string name;                      ///< registry name, e.g. "MoH-ViT-S-75" (`moh info --list`)
+  std::vector<AttentionMode> attention;  ///< per-stage override of the head mixing; empty = variant default
   AttentionPath attention_path = AttentionPath::automatic;
-  int64_t num_classes = 0;                 ///< 0 = variant default
-  int64_t img_size = 0;                    ///< 0 = variant default
-  double drop_path = -1.0;                 ///< < 0 = variant default
-  std::string weights;                     ///< initialise from this file (safetensors or torch.save)
-  std::string weights_key;                 ///< key inside a nested checkpoint (ema|model|state_dict)
-  bool weights_allow_missing = false;      ///< tolerate tensors the weights file lacks (e.g. pos_embed)
+  int64_t num_classes = 0;             ///< 0 = variant default
+  int64_t img_size = 0;                ///< 0 = variant default
+  double drop_path = -1.0;             ///< < 0 = variant default
+  std::string weights;                 ///< initialise from this file (safetensors or torch.save)
+  std::string weights_key;             ///< key inside a nested checkpoint (ema|model|state_dict)
+  bool weights_allow_missing = false;  ///< tolerate tensors the weights file lacks (e.g. pos_embed)
 
   template <class V>
   void visit(V& v) {
     v.field("name", name, "model variant from the registry (`moh info --list`)", config::Need::required);
     v.field("attention", attention, "per-stage head mixing override (mha|moh|moa); empty = the variant's own");
-    v.field("attention_path", attention_path, "MoH execution path of the attention layers (DiT and classifier): auto (per layer, the faster path for its active ratio and length), dense (official, gates all heads) or sparse (selected pairs only)");
+    v.field("attention_path", attention_path,
+            "MoH execution path of the attention layers (DiT and classifier): auto (per layer, the faster path for its "
+            "active ratio and length), dense (official, gates all heads) or sparse (selected pairs only)");
     v.field("num_classes", num_classes, "classifier outputs / DiT label classes; 0 = variant default");
     v.field("img_size", img_size, "input resolution in pixels; 0 = variant default");
     v.field("drop_path", drop_path, "stochastic-depth rate at the last block; negative = variant default");
     v.field("weights", weights, "initialise from this weights file (.safetensors or torch.save .pt/.pth)");
     v.field("weights_key", weights_key, "entry inside a nested checkpoint to load (ema, model, state_dict)");
-    v.field("weights_allow_missing", weights_allow_missing, "keep initialised values for tensors the weights file lacks");
+    v.field("weights_allow_missing", weights_allow_missing,
+            "keep initialised values for tensors the weights file lacks");
   }
 };
 
@@ -90,22 +94,24 @@ struct ModelConfig {
 struct DataConfig {
   DatasetKind dataset = DatasetKind::fashion_mnist;
   LoaderKind loader = LoaderKind::memory;
-  std::string root;               ///< "" = dataset default (/usr/share/datasets/fashion-mnist)
-  int64_t batch_size = 128;       ///< global batch (summed over ranks and accumulation steps)
+  std::string root;          ///< "" = dataset default (/usr/share/datasets/fashion-mnist)
+  int64_t batch_size = 128;  ///< global batch (summed over ranks and accumulation steps)
   int64_t num_workers = 2;
   double max_bad_fraction = 0.01;
-  int64_t limit_train = 0;        ///< use a seeded random subset of N training images (0 = all)
+  int64_t limit_train = 0;  ///< use a seeded random subset of N training images (0 = all)
   int64_t limit_val = 0;
   int64_t eval_batch_size = 256;
-  int64_t shift = 0;              ///< small-image augmentation: random translation of up to ±shift pixels
-  bool hflip = false;             ///< small-image augmentation: random horizontal flip
+  int64_t shift = 0;   ///< small-image augmentation: random translation of up to ±shift pixels
+  bool hflip = false;  ///< small-image augmentation: random horizontal flip
 
   template <class V>
   void visit(V& v) {
-    v.field("dataset", dataset, "reader: fashion_mnist (IDX gz), image_folder (<root>/{train,val}/<class>/*) or latents "
-                                 "(shards of moh extract-latents in <root>, DiT training)");
-    v.field("loader", loader, "classification input: memory (decode the split once; small sets, data.shift/hflip "
-                               "augmentation) or stream (image_folder decoded per batch with the augment: section)");
+    v.field("dataset", dataset,
+            "reader: fashion_mnist (IDX gz), image_folder (<root>/{train,val}/<class>/*) or latents "
+            "(shards of moh extract-latents in <root>, DiT training)");
+    v.field("loader", loader,
+            "classification input: memory (decode the split once; small sets, data.shift/hflip "
+            "augmentation) or stream (image_folder decoded per batch with the augment: section)");
     v.field("root", root, "dataset directory; empty = the reader's default");
     v.field("batch_size", batch_size, "global batch size per optimizer step");
     v.field("num_workers", num_workers, "decoding/augmentation threads");
@@ -135,7 +141,8 @@ struct AugmentConfig {
 
   template <class V>
   void visit(V& v) {
-    v.field("random_resized_crop", random_resized_crop, "stream: RandomResizedCrop to the model size (bicubic); off = resize");
+    v.field("random_resized_crop", random_resized_crop,
+            "stream: RandomResizedCrop to the model size (bicubic); off = resize");
     v.field("scale", scale, "stream: RandomResizedCrop area range [min, max]");
     v.field("ratio", ratio, "stream: RandomResizedCrop aspect-ratio range [min, max]");
     v.field("hflip", hflip, "stream: horizontal-flip probability");
@@ -146,7 +153,8 @@ struct AugmentConfig {
     v.field("mixup_prob", mixup_prob, "probability of mixing a batch");
     v.field("mixup_switch_prob", mixup_switch_prob, "probability of CutMix instead of Mixup when both are on");
     v.field("repeated", repeated, "stream: repeated augmentation count (DeiT RASampler); 1 = off");
-    v.field("eval_crop_pct", eval_crop_pct, "stream: evaluation resizes the short side to size / crop_pct, then centre-crops");
+    v.field("eval_crop_pct", eval_crop_pct,
+            "stream: evaluation resizes the short side to size / crop_pct, then centre-crops");
   }
 };
 
@@ -190,32 +198,36 @@ struct ScheduleConfig {
 struct TrainConfig {
   int64_t epochs = 300;
   int64_t accum_steps = 1;
-  int64_t processes = 1;  ///< data-parallel processes `moh train` starts itself when not launched by torchrun/moh launch
-  double moh_loss_coeff = 0.01;   ///< beta of the MoH load-balance loss (paper Eq. 8)
+  int64_t processes =
+      1;  ///< data-parallel processes `moh train` starts itself when not launched by torchrun/moh launch
+  double moh_loss_coeff = 0.01;  ///< beta of the MoH load-balance loss (paper Eq. 8)
   int64_t seed = 0;
   Precision precision = Precision::fp32;
   std::string device = "auto";
-  double ema_decay = 0.0;         ///< 0 = no EMA
-  bool ema_warmup = false;        ///< decay_t = min(decay, (1 + t) / (10 + t)) instead of a constant decay
+  double ema_decay = 0.0;   ///< 0 = no EMA
+  bool ema_warmup = false;  ///< decay_t = min(decay, (1 + t) / (10 + t)) instead of a constant decay
   int64_t ckpt_every_epochs = 1;
   int64_t log_every_steps = 50;
   double label_smoothing = 0.1;
   int64_t eval_every_epochs = 1;
-  int64_t max_steps = 0;          ///< stop after this many optimizer steps (0 = run all epochs)
+  int64_t max_steps = 0;  ///< stop after this many optimizer steps (0 = run all epochs)
 
   template <class V>
   void visit(V& v) {
     v.field("epochs", epochs, "number of training epochs");
     v.field("accum_steps", accum_steps, "gradient accumulation steps per optimizer step");
-    v.field("processes", processes, "data-parallel processes moh train starts on this machine (as moh launch --nproc N) "
-                                    "unless already launched; on CPUs small models train faster as N 1-thread processes");
+    v.field("processes", processes,
+            "data-parallel processes moh train starts on this machine (as moh launch --nproc N) "
+            "unless already launched; on CPUs small models train faster as N 1-thread processes");
     v.field("moh_loss_coeff", moh_loss_coeff, "beta: weight of the MoH load-balance loss (mean over routed layers)");
     v.field("seed", seed, "global random seed");
-    v.field("precision", precision, "forward precision: fp32, bf16 (autocast on CPU or CUDA), fp16 (CUDA, loss scaling) "
-                                    "or auto (bf16 on CUDA and on CPUs with native bf16, else fp32)");
+    v.field("precision", precision,
+            "forward precision: fp32, bf16 (autocast on CPU or CUDA), fp16 (CUDA, loss scaling) "
+            "or auto (bf16 on CUDA and on CPUs with native bf16, else fp32)");
     v.field("device", device, "auto, cpu, cuda or cuda:N");
     v.field("ema_decay", ema_decay, "EMA decay of the weights; 0 = no EMA");
-    v.field("ema_warmup", ema_warmup, "EMA decay min(ema_decay, (1+step)/(10+step)) for short runs; off = constant (DiT)");
+    v.field("ema_warmup", ema_warmup,
+            "EMA decay min(ema_decay, (1+step)/(10+step)) for short runs; off = constant (DiT)");
     v.field("ckpt_every_epochs", ckpt_every_epochs, "write a checkpoint every N epochs");
     v.field("log_every_steps", log_every_steps, "write a metrics line every N optimizer steps");
     v.field("label_smoothing", label_smoothing, "label smoothing of the classification loss");
@@ -226,7 +238,7 @@ struct TrainConfig {
 
 /// `diffusion:` — the Gaussian diffusion process of a DiT experiment (DiT: linear β, T = 1000, learned σ, hybrid loss).
 struct DiffusionConfig {
-  int64_t steps = 1000;    ///< T of the training chain
+  int64_t steps = 1000;  ///< T of the training chain
   VaeKind vae = VaeKind::none;
   std::string vae_weights;  ///< diffusers AutoencoderKL file (vae: sd)
 
@@ -234,7 +246,8 @@ struct DiffusionConfig {
   void visit(V& v) {
     v.field("steps", steps, "diffusion steps T of the training chain (linear beta schedule scaled by 1000/T)");
     v.field("vae", vae, "latent space: none = pixel-space diffusion, sd = SD kl-f8 latents (scale 0.18215)");
-    v.field("vae_weights", vae_weights, "vae: sd weights, e.g. sd-vae-ft-ema/diffusion_pytorch_model.safetensors (or .bin)");
+    v.field("vae_weights", vae_weights,
+            "vae: sd weights, e.g. sd-vae-ft-ema/diffusion_pytorch_model.safetensors (or .bin)");
   }
 };
 
@@ -243,9 +256,9 @@ struct SamplingConfig {
   SamplerKind sampler = SamplerKind::ddpm;
   std::string steps = "250";  ///< respacing spec: "250", "ddim50", "10,15,20"
   double eta = 0.0;
-  double cfg_scale = 1.5;     ///< 1 = no guidance (no batch doubling)
+  double cfg_scale = 1.5;  ///< 1 = no guidance (no batch doubling)
   CfgChannels cfg_channels = CfgChannels::three;
-  bool clip_denoised = false; ///< clamp predicted x0 to [−1, 1] each step (pixel models; DiT's latents: never)
+  bool clip_denoised = false;  ///< clamp predicted x0 to [−1, 1] each step (pixel models; DiT's latents: never)
   int64_t per_class = 10;
   int64_t batch_size = 64;
   int64_t seed = 0;
@@ -256,8 +269,10 @@ struct SamplingConfig {
     v.field("steps", steps, "timestep respacing: \"250\", \"ddim50\" or per-section counts \"10,15,20\"");
     v.field("eta", eta, "DDIM noise (0 = deterministic)");
     v.field("cfg_scale", cfg_scale, "classifier-free guidance scale; 1 = off");
-    v.field("cfg_channels", cfg_channels, "guide the first 3 output channels (three, DiT-exact) or all eps channels (all)");
-    v.field("clip_denoised", clip_denoised, "clamp the predicted x0 to [-1, 1] at every step (pixel space; DiT: false)");
+    v.field("cfg_channels", cfg_channels,
+            "guide the first 3 output channels (three, DiT-exact) or all eps channels (all)");
+    v.field("clip_denoised", clip_denoised,
+            "clamp the predicted x0 to [-1, 1] at every step (pixel space; DiT: false)");
     v.field("per_class", per_class, "images per class written by moh sample");
     v.field("batch_size", batch_size, "images per sampling batch (before CFG doubling)");
     v.field("seed", seed, "sampling seed");

@@ -50,8 +50,12 @@ StopOnSignal::~StopOnSignal() {
   ::sigaction(SIGTERM, &g_old_term, nullptr);
 }
 
-int StopOnSignal::requested() { return g_signal; }
+int StopOnSignal::requested() {
+  return g_signal;
+}
 
-void StopOnSignal::request(int sig) { g_signal = sig; }
+void StopOnSignal::request(int sig) {
+  g_signal = sig;
+}
 
 }  // namespace moh

@@ -35,23 +35,38 @@ PyRef PyValue::get(const std::string& key) const {
 
 std::string PyValue::describe() const {
   switch (kind) {
-    case Kind::none: return "None";
-    case Kind::boolean: return boolean ? "True" : "False";
-    case Kind::integer: return "int " + std::to_string(integer);
-    case Kind::big_integer: return "int (" + std::to_string(text.size()) + " bytes)";
-    case Kind::floating: return "float " + std::to_string(floating);
-    case Kind::string: return "str '" + (text.size() > 40 ? text.substr(0, 40) + "..." : text) + "'";
-    case Kind::bytes: return "bytes (" + std::to_string(text.size()) + ")";
-    case Kind::list: return "list of " + std::to_string(items.size());
-    case Kind::tuple: return "tuple of " + std::to_string(items.size());
-    case Kind::set: return "set of " + std::to_string(items.size());
-    case Kind::dict: return "dict with " + std::to_string(entries.size()) + " keys";
+    case Kind::none:
+      return "None";
+    case Kind::boolean:
+      return boolean ? "True" : "False";
+    case Kind::integer:
+      return "int " + std::to_string(integer);
+    case Kind::big_integer:
+      return "int (" + std::to_string(text.size()) + " bytes)";
+    case Kind::floating:
+      return "float " + std::to_string(floating);
+    case Kind::string:
+      return "str '" + (text.size() > 40 ? text.substr(0, 40) + "..." : text) + "'";
+    case Kind::bytes:
+      return "bytes (" + std::to_string(text.size()) + ")";
+    case Kind::list:
+      return "list of " + std::to_string(items.size());
+    case Kind::tuple:
+      return "tuple of " + std::to_string(items.size());
+    case Kind::set:
+      return "set of " + std::to_string(items.size());
+    case Kind::dict:
+      return "dict with " + std::to_string(entries.size()) + " keys";
     case Kind::tensor:
-      return tensor.defined() ? "tensor " + std::string(c10::toString(tensor.scalar_type())) + " " + c10::str(tensor.sizes())
-                              : "tensor";
-    case Kind::storage: return "storage";
-    case Kind::global: return "class " + text;
-    case Kind::object: return "object " + text;
+      return tensor.defined()
+                 ? "tensor " + std::string(c10::toString(tensor.scalar_type())) + " " + c10::str(tensor.sizes())
+                 : "tensor";
+    case Kind::storage:
+      return "storage";
+    case Kind::global:
+      return "class " + text;
+    case Kind::object:
+      return "object " + text;
   }
   return "?";
 }
@@ -66,17 +81,24 @@ PyRef make(Kind k) {
 
 /// Element type of a torch storage class ("torch.FloatStorage", ...).
 at::ScalarType storage_dtype(const std::string& name, const std::string& origin) {
-  static const std::map<std::string, at::ScalarType> table = {
-      {"torch.FloatStorage", at::kFloat},     {"torch.DoubleStorage", at::kDouble}, {"torch.HalfStorage", at::kHalf},
-      {"torch.BFloat16Storage", at::kBFloat16}, {"torch.LongStorage", at::kLong},   {"torch.IntStorage", at::kInt},
-      {"torch.ShortStorage", at::kShort},     {"torch.CharStorage", at::kChar},     {"torch.ByteStorage", at::kByte},
-      {"torch.BoolStorage", at::kBool},       {"torch.UntypedStorage", at::kByte},
-      {"torch.ComplexFloatStorage", at::kComplexFloat}, {"torch.ComplexDoubleStorage", at::kComplexDouble}};
+  static const std::map<std::string, at::ScalarType> table = {{"torch.FloatStorage", at::kFloat},
+                                                              {"torch.DoubleStorage", at::kDouble},
+                                                              {"torch.HalfStorage", at::kHalf},
+                                                              {"torch.BFloat16Storage", at::kBFloat16},
+                                                              {"torch.LongStorage", at::kLong},
+                                                              {"torch.IntStorage", at::kInt},
+                                                              {"torch.ShortStorage", at::kShort},
+                                                              {"torch.CharStorage", at::kChar},
+                                                              {"torch.ByteStorage", at::kByte},
+                                                              {"torch.BoolStorage", at::kBool},
+                                                              {"torch.UntypedStorage", at::kByte},
+                                                              {"torch.ComplexFloatStorage", at::kComplexFloat},
+                                                              {"torch.ComplexDoubleStorage", at::kComplexDouble}};
   auto it = table.find(name);
-  if (it == table.end()) throw UserError(origin, "unsupported storage type '" + name + "'", "re-save with a standard dtype");
+  if (it == table.end())
+    throw UserError(origin, "unsupported storage type '" + name + "'", "re-save with a standard dtype");
   return it->second;
 }
-
 
 namespace {
 
@@ -86,13 +108,19 @@ class Unpickler {
   using PersistentLoad = std::function<PyRef(const PyRef&)>;
   Unpickler(const uint8_t* data, size_t size, size_t start, std::string origin, PersistentLoad persistent,
             std::vector<PendingTensor>* tensors)
-      : d_(data), n_(size), p_(start), origin_(std::move(origin)), persistent_(std::move(persistent)), tensors_(tensors) {}
+      : d_(data),
+        n_(size),
+        p_(start),
+        origin_(std::move(origin)),
+        persistent_(std::move(persistent)),
+        tensors_(tensors) {}
 
   PyRef run();
   size_t position() const { return p_; }
 
  private:
-  [[noreturn]] void fail(const std::string& why, const std::string& hint = "not a valid torch.save file, or truncated") const {
+  [[noreturn]] void fail(const std::string& why,
+                         const std::string& hint = "not a valid torch.save file, or truncated") const {
     throw UserError(origin_, why + " (pickle byte " + std::to_string(p_) + ")", hint);
   }
   void need(size_t k) const {
@@ -230,7 +258,8 @@ PyRef Unpickler::rebuild_tensor(const std::vector<PyRef>& args) {
   // _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad, backward_hooks[, metadata])
   // _rebuild_tensor(storage, storage_offset, size, stride)
   if (args.size() < 4) fail("tensor rebuild with " + std::to_string(args.size()) + " arguments");
-  if (!args[0] || args[0]->kind != Kind::storage) fail("tensor rebuilt from " + (args[0] ? args[0]->describe() : "null"));
+  if (!args[0] || args[0]->kind != Kind::storage)
+    fail("tensor rebuilt from " + (args[0] ? args[0]->describe() : "null"));
   PendingTensor t;
   t.value = make(Kind::tensor);
   t.storage = args[0];
@@ -273,7 +302,8 @@ PyRef Unpickler::call(const PyRef& callable, const std::vector<PyRef>& args, int
   if (name == "builtins.set" || name == "__builtin__.set" || name == "builtins.frozenset" || name == "torch.Size" ||
       name == "builtins.tuple") {
     PyRef s = make(name == "torch.Size" || name == "builtins.tuple" ? Kind::tuple : Kind::set);
-    if (!args.empty() && args[0] && (args[0]->kind == Kind::list || args[0]->kind == Kind::tuple)) s->items = args[0]->items;
+    if (!args.empty() && args[0] && (args[0]->kind == Kind::list || args[0]->kind == Kind::tuple))
+      s->items = args[0]->items;
     return s;
   }
   // Anything else is kept as an opaque record (argparse.Namespace, numpy scalars, torch.device, modules, ...).
@@ -288,29 +318,60 @@ PyRef Unpickler::run() {
     need(1);
     const uint8_t op = d_[p_++];
     switch (op) {
-      case 0x80: need(1), ++p_; break;                   // PROTO
-      case 0x95: read_le(8); break;                       // FRAME (ignored: data is already in memory)
-      case '.': {                                         // STOP
-        if (!marks_.empty() || stack_.size() != 1) fail("pickle ended with " + std::to_string(stack_.size()) + " values on the stack");
+      case 0x80:
+        need(1), ++p_;
+        break;  // PROTO
+      case 0x95:
+        read_le(8);
+        break;     // FRAME (ignored: data is already in memory)
+      case '.': {  // STOP
+        if (!marks_.empty() || stack_.size() != 1)
+          fail("pickle ended with " + std::to_string(stack_.size()) + " values on the stack");
         return pop();
       }
-      case '(': marks_.push_back(stack_.size()); break;   // MARK
-      case '0': pop(); break;                             // POP
-      case '1': pop_mark(); break;                        // POP_MARK
-      case '2': push(top()); break;                       // DUP
-      case 'N': push(make(Kind::none)); break;
-      case 0x88: case 0x89: {                             // NEWTRUE / NEWFALSE
+      case '(':
+        marks_.push_back(stack_.size());
+        break;  // MARK
+      case '0':
+        pop();
+        break;  // POP
+      case '1':
+        pop_mark();
+        break;  // POP_MARK
+      case '2':
+        push(top());
+        break;  // DUP
+      case 'N':
+        push(make(Kind::none));
+        break;
+      case 0x88:
+      case 0x89: {  // NEWTRUE / NEWFALSE
         PyRef b = make(Kind::boolean);
         b->boolean = op == 0x88;
         push(b);
         break;
       }
-      case 'J': push(make_int(static_cast<int32_t>(read_le(4)))); break;   // BININT
-      case 'K': push(make_int(static_cast<int64_t>(read_le(1)))); break;   // BININT1
-      case 'M': push(make_int(static_cast<int64_t>(read_le(2)))); break;   // BININT2
-      case 0x8a: { uint64_t k = read_le(1); push(make_long(read_bytes(k))); break; }  // LONG1
-      case 0x8b: { uint64_t k = read_le(4); push(make_long(read_bytes(k))); break; }  // LONG4
-      case 'I': case 'L': {                                // INT / LONG (text)
+      case 'J':
+        push(make_int(static_cast<int32_t>(read_le(4))));
+        break;  // BININT
+      case 'K':
+        push(make_int(static_cast<int64_t>(read_le(1))));
+        break;  // BININT1
+      case 'M':
+        push(make_int(static_cast<int64_t>(read_le(2))));
+        break;  // BININT2
+      case 0x8a: {
+        uint64_t k = read_le(1);
+        push(make_long(read_bytes(k)));
+        break;
+      }  // LONG1
+      case 0x8b: {
+        uint64_t k = read_le(4);
+        push(make_long(read_bytes(k)));
+        break;
+      }  // LONG4
+      case 'I':
+      case 'L': {  // INT / LONG (text)
         std::string s = read_line();
         if (!s.empty() && s.back() == 'L') s.pop_back();
         if (op == 'I' && (s == "00" || s == "01")) {
@@ -329,7 +390,7 @@ PyRef Unpickler::run() {
         }
         break;
       }
-      case 'G': {                                          // BINFLOAT (big-endian double)
+      case 'G': {  // BINFLOAT (big-endian double)
         need(8);
         uint64_t u = 0;
         for (int i = 0; i < 8; ++i) u = (u << 8) | d_[p_ + i];
@@ -339,7 +400,7 @@ PyRef Unpickler::run() {
         push(f);
         break;
       }
-      case 'F': {                                          // FLOAT (text)
+      case 'F': {  // FLOAT (text)
         std::string s = read_line();
         PyRef f = make(Kind::floating);
         try {
@@ -350,25 +411,69 @@ PyRef Unpickler::run() {
         push(f);
         break;
       }
-      case 'X': { uint64_t k = read_le(4); push(make_string(read_bytes(k))); break; }      // BINUNICODE
-      case 0x8c: { uint64_t k = read_le(1); push(make_string(read_bytes(k))); break; }     // SHORT_BINUNICODE
-      case 0x8d: { uint64_t k = read_le(8); push(make_string(read_bytes(k))); break; }     // BINUNICODE8
-      case 'T': { uint64_t k = read_le(4); push(make_string(read_bytes(k))); break; }      // BINSTRING
-      case 'U': { uint64_t k = read_le(1); push(make_string(read_bytes(k))); break; }      // SHORT_BINSTRING
-      case 'B': { uint64_t k = read_le(4); push(make_string(read_bytes(k), Kind::bytes)); break; }   // BINBYTES
-      case 'C': { uint64_t k = read_le(1); push(make_string(read_bytes(k), Kind::bytes)); break; }   // SHORT_BINBYTES
-      case 0x8e: { uint64_t k = read_le(8); push(make_string(read_bytes(k), Kind::bytes)); break; }  // BINBYTES8
-      case ']': push(make(Kind::list)); break;
-      case '}': push(make(Kind::dict)); break;
-      case ')': push(make(Kind::tuple)); break;
-      case 0x8f: push(make(Kind::set)); break;            // EMPTY_SET
-      case 'l': case 't': case 0x91: {                    // LIST / TUPLE / FROZENSET (from mark)
+      case 'X': {
+        uint64_t k = read_le(4);
+        push(make_string(read_bytes(k)));
+        break;
+      }  // BINUNICODE
+      case 0x8c: {
+        uint64_t k = read_le(1);
+        push(make_string(read_bytes(k)));
+        break;
+      }  // SHORT_BINUNICODE
+      case 0x8d: {
+        uint64_t k = read_le(8);
+        push(make_string(read_bytes(k)));
+        break;
+      }  // BINUNICODE8
+      case 'T': {
+        uint64_t k = read_le(4);
+        push(make_string(read_bytes(k)));
+        break;
+      }  // BINSTRING
+      case 'U': {
+        uint64_t k = read_le(1);
+        push(make_string(read_bytes(k)));
+        break;
+      }  // SHORT_BINSTRING
+      case 'B': {
+        uint64_t k = read_le(4);
+        push(make_string(read_bytes(k), Kind::bytes));
+        break;
+      }  // BINBYTES
+      case 'C': {
+        uint64_t k = read_le(1);
+        push(make_string(read_bytes(k), Kind::bytes));
+        break;
+      }  // SHORT_BINBYTES
+      case 0x8e: {
+        uint64_t k = read_le(8);
+        push(make_string(read_bytes(k), Kind::bytes));
+        break;
+      }  // BINBYTES8
+      case ']':
+        push(make(Kind::list));
+        break;
+      case '}':
+        push(make(Kind::dict));
+        break;
+      case ')':
+        push(make(Kind::tuple));
+        break;
+      case 0x8f:
+        push(make(Kind::set));
+        break;  // EMPTY_SET
+      case 'l':
+      case 't':
+      case 0x91: {  // LIST / TUPLE / FROZENSET (from mark)
         PyRef v = make(op == 'l' ? Kind::list : op == 't' ? Kind::tuple : Kind::set);
         v->items = pop_mark();
         push(v);
         break;
       }
-      case 0x85: case 0x86: case 0x87: {                  // TUPLE1/2/3
+      case 0x85:
+      case 0x86:
+      case 0x87: {  // TUPLE1/2/3
         PyRef v = make(Kind::tuple);
         const size_t k = op - 0x84;
         v->items.resize(k);
@@ -376,7 +481,7 @@ PyRef Unpickler::run() {
         push(v);
         break;
       }
-      case 'd': {                                          // DICT (from mark)
+      case 'd': {  // DICT (from mark)
         std::vector<PyRef> kv = pop_mark();
         if (kv.size() % 2) fail("DICT with an odd number of items");
         PyRef v = make(Kind::dict);
@@ -384,64 +489,78 @@ PyRef Unpickler::run() {
         push(v);
         break;
       }
-      case 'a': { PyRef v = pop(); append(top(), {v}); break; }   // APPEND
-      case 'e': case 0x90: {                                      // APPENDS / ADDITEMS
+      case 'a': {
+        PyRef v = pop();
+        append(top(), {v});
+        break;
+      }  // APPEND
+      case 'e':
+      case 0x90: {  // APPENDS / ADDITEMS
         std::vector<PyRef> vs = pop_mark();
         append(top(), std::move(vs));
         break;
       }
-      case 's': {                                          // SETITEM
+      case 's': {  // SETITEM
         PyRef v = pop(), k = pop();
         set_item(top(), k, v);
         break;
       }
-      case 'u': {                                          // SETITEMS
+      case 'u': {  // SETITEMS
         std::vector<PyRef> kv = pop_mark();
         if (kv.size() % 2) fail("SETITEMS with an odd number of items");
         PyRef target = top();
         for (size_t i = 0; i < kv.size(); i += 2) set_item(target, kv[i], kv[i + 1]);
         break;
       }
-      case 'c': {                                          // GLOBAL
+      case 'c': {  // GLOBAL
         std::string module = read_line(), name = read_line();
         push(make_string(module + "." + name, Kind::global));
         break;
       }
-      case 0x93: {                                         // STACK_GLOBAL
+      case 0x93: {  // STACK_GLOBAL
         PyRef name = pop(), module = pop();
         if (name->kind != Kind::string || module->kind != Kind::string) fail("STACK_GLOBAL of non-strings");
         push(make_string(module->text + "." + name->text, Kind::global));
         break;
       }
-      case 'R': {                                          // REDUCE
+      case 'R': {  // REDUCE
         PyRef args = pop(), callable = pop();
         if (args->kind != Kind::tuple) fail("REDUCE arguments are " + args->describe());
         push(call(callable, args->items));
         break;
       }
-      case 0x81: case 0x92: {                              // NEWOBJ / NEWOBJ_EX
-        if (op == 0x92) pop();                             // kwargs
+      case 0x81:
+      case 0x92: {              // NEWOBJ / NEWOBJ_EX
+        if (op == 0x92) pop();  // kwargs
         PyRef args = pop(), cls = pop();
         if (args->kind != Kind::tuple) fail("NEWOBJ arguments are " + args->describe());
         push(call(cls, args->items));
         break;
       }
-      case 'b': {                                          // BUILD
+      case 'b': {  // BUILD
         PyRef state = pop();
         PyRef& target = top();
-        if (target->kind == Kind::dict || target->kind == Kind::object || target->kind == Kind::list) target->state = state;
-        break;                                             // tensors etc.: state is not needed
+        if (target->kind == Kind::dict || target->kind == Kind::object || target->kind == Kind::list)
+          target->state = state;
+        break;  // tensors etc.: state is not needed
       }
-      case 'Q': case 'P': {                                // BINPERSID / PERSID
+      case 'Q':
+      case 'P': {  // BINPERSID / PERSID
         PyRef pid = op == 'Q' ? pop() : make_string(read_line());
         if (!persistent_) fail("persistent id outside the object pickle");
         push(persistent_(pid));
         break;
       }
-      case 'q': memo_put(read_le(1)); break;              // BINPUT
-      case 'r': memo_put(read_le(4)); break;              // LONG_BINPUT
-      case 0x94: memo_put(memo_.size()); break;           // MEMOIZE
-      case 'p': {                                          // PUT (text)
+      case 'q':
+        memo_put(read_le(1));
+        break;  // BINPUT
+      case 'r':
+        memo_put(read_le(4));
+        break;  // LONG_BINPUT
+      case 0x94:
+        memo_put(memo_.size());
+        break;     // MEMOIZE
+      case 'p': {  // PUT (text)
         std::string s = read_line();
         try {
           memo_put(std::stoull(s));
@@ -450,9 +569,13 @@ PyRef Unpickler::run() {
         }
         break;
       }
-      case 'h': push(memo_get(read_le(1))); break;        // BINGET
-      case 'j': push(memo_get(read_le(4))); break;        // LONG_BINGET
-      case 'g': {                                          // GET (text)
+      case 'h':
+        push(memo_get(read_le(1)));
+        break;  // BINGET
+      case 'j':
+        push(memo_get(read_le(4)));
+        break;     // LONG_BINGET
+      case 'g': {  // GET (text)
         std::string s = read_line();
         try {
           push(memo_get(std::stoull(s)));
@@ -465,18 +588,18 @@ PyRef Unpickler::run() {
         char hex[8];
         std::snprintf(hex, sizeof hex, "0x%02x", op);
         --p_;
-        fail(std::string("unsupported pickle opcode ") + hex,
-             "only the pickle subset torch.save writes for checkpoints is read; re-save the state_dict with torch.save");
+        fail(
+            std::string("unsupported pickle opcode ") + hex,
+            "only the pickle subset torch.save writes for checkpoints is read; re-save the state_dict with torch.save");
       }
     }
   }
 }
 
-
 }  // namespace
 
-PyRef unpickle(const uint8_t* data, size_t size, size_t start, const std::string& origin, const PersistentLoad& persistent,
-               std::vector<PendingTensor>& tensors, size_t& end) {
+PyRef unpickle(const uint8_t* data, size_t size, size_t start, const std::string& origin,
+               const PersistentLoad& persistent, std::vector<PendingTensor>& tensors, size_t& end) {
   Unpickler u(data, size, start, origin, persistent, &tensors);
   PyRef v = u.run();
   end = u.position();
@@ -487,7 +610,8 @@ PyRef unpickle(const uint8_t* data, size_t size, size_t start, const std::string
 void materialize(std::vector<PendingTensor>& tensors, const std::string& origin) {
   for (PendingTensor& t : tensors) {
     const PyValue& st = *t.storage;
-    if (!st.tensor.defined()) throw UserError(origin, "a tensor refers to a storage that is not in the file", "truncated file?");
+    if (!st.tensor.defined())
+      throw UserError(origin, "a tensor refers to a storage that is not in the file", "truncated file?");
     const int64_t es = static_cast<int64_t>(c10::elementSize(st.dtype));
     const int64_t nbytes = st.tensor.numel();
     if (nbytes % es) throw UserError(origin, "storage size is not a multiple of its element size", "corrupt file");
@@ -507,14 +631,15 @@ void materialize(std::vector<PendingTensor>& tensors, const std::string& origin)
     __int128 last = t.offset;
     for (size_t i = 0; i < t.size.size(); ++i) last += static_cast<__int128>(t.size[i] - 1) * t.stride[i];
     if (last >= numel)
-      throw UserError(origin, "tensor " + c10::str(t.size) + " extends past its storage of " + std::to_string(numel) + " elements",
-                      "corrupt file");
+      throw UserError(
+          origin, "tensor " + c10::str(t.size) + " extends past its storage of " + std::to_string(numel) + " elements",
+          "corrupt file");
     at::Tensor keep = st.tensor;
-    at::Tensor typed = at::from_blob(keep.data_ptr(), {numel}, [keep](void*) {}, options);
+    at::Tensor typed = at::from_blob(
+        keep.data_ptr(), {numel}, [keep](void*) {}, options);
     t.value->tensor = typed.as_strided(t.size, t.stride, t.offset);
   }
 }
-
 
 /// Makes a storage value from raw bytes (bool bytes normalised to 0/1).
 PyRef make_storage(at::Tensor bytes, at::ScalarType dtype) {

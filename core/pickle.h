@@ -20,8 +20,23 @@ using PyRef = std::shared_ptr<PyValue>;
 
 /// One unpickled value.
 struct PyValue {
-  enum class Kind { none, boolean, integer, big_integer, floating, string, bytes, list, tuple, set, dict, tensor, storage,
-                    global, object };
+  enum class Kind {
+    none,
+    boolean,
+    integer,
+    big_integer,
+    floating,
+    string,
+    bytes,
+    list,
+    tuple,
+    set,
+    dict,
+    tensor,
+    storage,
+    global,
+    object
+  };
   Kind kind = Kind::none;
   bool boolean = false;
   int64_t integer = 0;
@@ -30,9 +45,9 @@ struct PyValue {
                                                  ///< global and object: the qualified class name "module.Name"
   std::vector<PyRef> items;                      ///< list / tuple / set; object: constructor arguments
   std::vector<std::pair<PyRef, PyRef>> entries;  ///< dict, in insertion order
-  PyRef state;                                   ///< dict: instance attributes (OrderedDict's `_metadata`); object: BUILD state
-  at::Tensor tensor;                             ///< tensor: the value; storage: its bytes (1-D uint8)
-  at::ScalarType dtype = at::kByte;              ///< storage: element type
+  PyRef state;                       ///< dict: instance attributes (OrderedDict's `_metadata`); object: BUILD state
+  at::Tensor tensor;                 ///< tensor: the value; storage: its bytes (1-D uint8)
+  at::ScalarType dtype = at::kByte;  ///< storage: element type
 
   ~PyValue();  // iterative: deeply nested input cannot overflow the stack
   /// The value stored under string key `key` of a dict, or null.
@@ -63,8 +78,8 @@ using PersistentLoad = std::function<PyRef(const PyRef&)>;
 
 /// Runs one pickle that starts at byte `start` of `data`; returns its value and sets `end` to the byte after its
 /// STOP. Tensors rebuilt on the way are appended to `tensors` (materialize them once their storages are loaded).
-PyRef unpickle(const uint8_t* data, size_t size, size_t start, const std::string& origin, const PersistentLoad& persistent,
-               std::vector<PendingTensor>& tensors, size_t& end);
+PyRef unpickle(const uint8_t* data, size_t size, size_t start, const std::string& origin,
+               const PersistentLoad& persistent, std::vector<PendingTensor>& tensors, size_t& end);
 
 /// Turns every pending tensor into a strided view of its storage, after checking that it stays inside it.
 void materialize(std::vector<PendingTensor>& tensors, const std::string& origin);

@@ -4,14 +4,14 @@
 
 #include <cctype>
 #include <cmath>
-#include <ctime>
-#include <mutex>
-#include <streambuf>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <iostream>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <streambuf>
 
 namespace moh {
 
@@ -22,9 +22,15 @@ constexpr double kTtyIntervalSeconds = 0.1;
 constexpr int kBarWidth = 24;
 
 Progress::Progress(std::string label, int64_t total, std::string unit, int interactive, int64_t initial)
-    : label_(std::move(label)), unit_(std::move(unit)), total_(total), done_(initial), initial_(initial),
-      tty_(interactive < 0 ? ::isatty(STDERR_FILENO) != 0 : interactive == 1), silent_(interactive == 2),
-      start_(std::chrono::steady_clock::now()), last_print_(start_) {}
+    : label_(std::move(label)),
+      unit_(std::move(unit)),
+      total_(total),
+      done_(initial),
+      initial_(initial),
+      tty_(interactive < 0 ? ::isatty(STDERR_FILENO) != 0 : interactive == 1),
+      silent_(interactive == 2),
+      start_(std::chrono::steady_clock::now()),
+      last_print_(start_) {}
 
 Progress::~Progress() {
   if (open_) std::cerr << "\n";
@@ -105,7 +111,8 @@ void MetricsWriter::write(const nlohmann::json& record) {
   if (path_.empty()) return;
   nlohmann::json line = record;
   line["time"] = utc_timestamp();
-  line["elapsed_s"] = std::round(std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count() * 1000) / 1000;
+  line["elapsed_s"] =
+      std::round(std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count() * 1000) / 1000;
   std::ofstream f(path_, std::ios::app);
   f << line.dump() << "\n";
   f.flush();
@@ -137,16 +144,20 @@ class ConsoleLog::Tee : public std::streambuf {
     if (c == EOF) return 0;
     std::lock_guard<std::mutex> lock(mu_);
     original_->sputc(static_cast<char>(c));
-    if (c == '\n') write_line();
-    else line_.push_back(static_cast<char>(c));
+    if (c == '\n')
+      write_line();
+    else
+      line_.push_back(static_cast<char>(c));
     return c;
   }
   std::streamsize xsputn(const char* s, std::streamsize n) override {
     std::lock_guard<std::mutex> lock(mu_);
     original_->sputn(s, n);
     for (std::streamsize i = 0; i < n; ++i) {
-      if (s[i] == '\n') write_line();
-      else line_.push_back(s[i]);
+      if (s[i] == '\n')
+        write_line();
+      else
+        line_.push_back(s[i]);
     }
     return n;
   }
@@ -158,7 +169,8 @@ class ConsoleLog::Tee : public std::streambuf {
     for (size_t e; (e = l.find('\033')) != std::string::npos;) {  // drop ANSI sequences such as ESC[K
       size_t end = e + 1;
       if (end < l.size() && l[end] == '[')
-        while (++end < l.size() && !std::isalpha(static_cast<unsigned char>(l[end]))) {}
+        while (++end < l.size() && !std::isalpha(static_cast<unsigned char>(l[end]))) {
+        }
       l.erase(e, std::min(l.size(), end + 1) - e);
     }
     line_.clear();
@@ -175,6 +187,8 @@ ConsoleLog::ConsoleLog(const std::string& path) : tee_(std::make_unique<Tee>(std
   std::cerr.rdbuf(tee_.get());
 }
 
-ConsoleLog::~ConsoleLog() { std::cerr.rdbuf(tee_->original()); }
+ConsoleLog::~ConsoleLog() {
+  std::cerr.rdbuf(tee_->original());
+}
 
 }  // namespace moh

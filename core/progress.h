@@ -34,7 +34,7 @@ class Progress {
   void render(bool final_line, const std::string& status);
   std::string label_, unit_, last_status_;
   int64_t total_, done_ = 0, initial_ = 0, rendered_ = -1;  // rendered_: done_ at the last printed line
-  bool tty_, silent_, finished_ = false, open_ = false;  // open_: a terminal bar drawn without its newline
+  bool tty_, silent_, finished_ = false, open_ = false;     // open_: a terminal bar drawn without its newline
   std::chrono::steady_clock::time_point start_, last_print_;
 };
 

@@ -8,23 +8,22 @@
 #include <ATen/cuda/CUDAContext.h>
 #endif
 
-#include <thread>
 #include <torch/cuda.h>
 #include <torch/version.h>
+#include <thread>
 
 #include <dlfcn.h>
 #include <unistd.h>
 
 #include <cstdlib>
-#include <limits>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <mutex>
 #include <sstream>
 
 #include "core/error.h"
 #include "moh_version.h"
-
 
 namespace moh {
 
@@ -60,11 +59,12 @@ RunContext RunContext::create(const std::string& device, Precision precision, ui
                       build.empty() ? "this LibTorch " + libtorch_version() + " is CPU-only"
                                     : "no CUDA GPU is visible (LibTorch " + libtorch_version() + " is a CUDA " + build +
                                           " build; check nvidia-smi and CUDA_VISIBLE_DEVICES)",
-                      build.empty() ? "use device: cpu, or build against a CUDA LibTorch: MOH_LIBTORCH=pip scripts/setup.sh"
-                                    : "use device: cpu");
+                      build.empty()
+                          ? "use device: cpu, or build against a CUDA LibTorch: MOH_LIBTORCH=pip scripts/setup.sh"
+                          : "use device: cpu");
     }
-    ctx.device = device == "cuda" ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(ctx.local_rank))
-                                  : c10::Device(device);
+    ctx.device =
+        device == "cuda" ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(ctx.local_rank)) : c10::Device(device);
   } else {
     throw UserError("device " + device, "expected auto, cpu, cuda or cuda:N", "");
   }
@@ -86,7 +86,8 @@ DeviceMemory device_memory(const std::string& device) {
   if (gpu && cuda_available()) {
     const int index = device.size() > 5 && device[4] == ':' ? std::atoi(device.c_str() + 5) : 0;
     if (index >= 0 && index < at::cuda::device_count())
-      return {static_cast<int64_t>(at::cuda::getDeviceProperties(index)->totalGlobalMem), "GPU cuda:" + std::to_string(index)};
+      return {static_cast<int64_t>(at::cuda::getDeviceProperties(index)->totalGlobalMem),
+              "GPU cuda:" + std::to_string(index)};
   }
 #endif
   (void)gpu;
@@ -98,19 +99,23 @@ int64_t physical_memory_bytes() {
   return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : std::numeric_limits<int64_t>::max();
 }
 
-std::string toolkit_version() { return MOH_VERSION; }
+std::string toolkit_version() {
+  return MOH_VERSION;
+}
 
 std::string libtorch_version() {
   return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
          std::to_string(TORCH_VERSION_PATCH);
 }
 
-bool cuda_available() { return torch::cuda::is_available(); }
+bool cuda_available() {
+  return torch::cuda::is_available();
+}
 
 std::string precision_summary(Precision requested, const RunContext& ctx) {
   std::string s = config::to_string(ctx.precision);
   if (requested == Precision::automatic)
-    s += ctx.device.is_cuda() ? " (auto: CUDA)"
+    s += ctx.device.is_cuda()    ? " (auto: CUDA)"
          : cpu_has_native_bf16() ? " (auto: this CPU has native bf16)"
                                  : " (auto: no native bf16 on this CPU)";
   return s;
@@ -198,7 +203,9 @@ int openblas_threads() {
   auto fn = reinterpret_cast<Fn>(::dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
   return fn ? fn() : 0;
 }
-bool openmp_backend() { return at::get_parallel_info().find("ATen parallel backend: OpenMP") != std::string::npos; }
+bool openmp_backend() {
+  return at::get_parallel_info().find("ATen parallel backend: OpenMP") != std::string::npos;
+}
 }  // namespace
 
 ThreadSetup thread_setup() {

@@ -27,11 +27,11 @@ struct RunContext {
 /// The run's precision for its start line: "fp32", "bf16 (auto: CUDA)", "fp32 (auto: no native bf16 on this CPU)".
 std::string precision_summary(Precision requested, const RunContext& ctx);
 /// A one-line warning (without "warning: ") when bf16 autocast runs on a CPU without native bf16, where bf16 matrix
-/// products are several times slower than fp32 (~100x in LibTorch 2.14's fallback GEMM); "" otherwise.
+/// products are many times slower than fp32 (LibTorch's fallback GEMM); "" otherwise.
 std::string slow_bf16_warning(const RunContext& ctx);
 
 /// Whether this CPU has native bf16 arithmetic (avx512_bf16 or amx_bf16 in /proc/cpuinfo): where LibTorch's CPU
-/// bf16 autocast is faster than fp32 (measured: 1.55x on such a CPU; ~6x slower than fp32 on an AVX2-only CPU).
+/// bf16 autocast beats fp32 (on an AVX2-only CPU it is several times slower; docs/BENCHMARKS.md).
 bool cpu_has_native_bf16();
 
 /// The CPU's model name (/proc/cpuinfo "model name"; "unknown" elsewhere), for benchmark records.
@@ -65,11 +65,11 @@ int configure_cpu_threads();
 
 /// How the CPU's thread pools are set up, for `moh --version` and benchmark records.
 struct ThreadSetup {
-  int intra_op = 1;               ///< LibTorch's intra-op threads
-  std::string backend;            ///< "OpenMP" or "native"
-  std::string wait_policy;        ///< OMP_WAIT_POLICY in effect ("" = libgomp's default: spin, then sleep)
-  int blas_threads = 0;           ///< OpenBLAS's own pthread pool (0 = the BLAS runs on the intra-op threads)
-  bool set_by_moh = false;        ///< the wait policy was set by the re-exec below, not by the user
+  int intra_op = 1;         ///< LibTorch's intra-op threads
+  std::string backend;      ///< "OpenMP" or "native"
+  std::string wait_policy;  ///< OMP_WAIT_POLICY in effect ("" = libgomp's default: spin, then sleep)
+  int blas_threads = 0;     ///< OpenBLAS's own pthread pool (0 = the BLAS runs on the intra-op threads)
+  bool set_by_moh = false;  ///< the wait policy was set by the re-exec below, not by the user
 };
 ThreadSetup thread_setup();
 

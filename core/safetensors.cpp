@@ -4,13 +4,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <torch/version.h>
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <torch/version.h>
 #include <vector>
 
 #include "core/atomic_io.h"
@@ -33,18 +33,18 @@ struct DtypeEntry {
 
 // Every dtype the safetensors format and this LibTorch share (the format's names; safetensors.torch's table).
 const std::vector<DtypeEntry>& dtype_table() {
-  static const std::vector<DtypeEntry> t{
-      {"F64", at::kDouble, 8}, {"F32", at::kFloat, 4}, {"F16", at::kHalf, 2},  {"BF16", at::kBFloat16, 2},
-      {"I64", at::kLong, 8},   {"I32", at::kInt, 4},   {"I16", at::kShort, 2}, {"I8", at::kChar, 1},
-      {"U8", at::kByte, 1},    {"BOOL", at::kBool, 1}, {"C64", at::kComplexFloat, 8},
+  static const std::vector<DtypeEntry> t {
+    {"F64", at::kDouble, 8}, {"F32", at::kFloat, 4}, {"F16", at::kHalf, 2}, {"BF16", at::kBFloat16, 2},
+        {"I64", at::kLong, 8}, {"I32", at::kInt, 4}, {"I16", at::kShort, 2}, {"I8", at::kChar, 1}, {"U8", at::kByte, 1},
+        {"BOOL", at::kBool, 1}, {"C64", at::kComplexFloat, 8},
 #if MOH_TORCH_AT_LEAST(2, 1)
-      {"F8_E4M3", at::kFloat8_e4m3fn, 1}, {"F8_E5M2", at::kFloat8_e5m2, 1},
+        {"F8_E4M3", at::kFloat8_e4m3fn, 1}, {"F8_E5M2", at::kFloat8_e5m2, 1},
 #endif
 #if MOH_TORCH_AT_LEAST(2, 2)
-      {"F8_E4M3FNUZ", at::kFloat8_e4m3fnuz, 1}, {"F8_E5M2FNUZ", at::kFloat8_e5m2fnuz, 1},
+        {"F8_E4M3FNUZ", at::kFloat8_e4m3fnuz, 1}, {"F8_E5M2FNUZ", at::kFloat8_e5m2fnuz, 1},
 #endif
 #if MOH_TORCH_AT_LEAST(2, 3)
-      {"U16", at::kUInt16, 2}, {"U32", at::kUInt32, 4}, {"U64", at::kUInt64, 8},
+        {"U16", at::kUInt16, 2}, {"U32", at::kUInt32, 4}, {"U64", at::kUInt64, 8},
 #endif
   };
   return t;
@@ -80,15 +80,17 @@ SafetensorsEntry parse_entry(const std::string& tw, const std::string& name, con
     if (dt == e.name) entry = &e;
   if (!entry) {
     if (const char* needs = newer_libtorch_for(dt))
-      throw UserError(tw, "unsupported dtype " + dt + " in LibTorch " + std::to_string(TORCH_VERSION_MAJOR) + "." +
-                              std::to_string(TORCH_VERSION_MINOR),
+      throw UserError(tw,
+                      "unsupported dtype " + dt + " in LibTorch " + std::to_string(TORCH_VERSION_MAJOR) + "." +
+                          std::to_string(TORCH_VERSION_MINOR),
                       std::string("needs LibTorch ") + needs + " or newer (MOH_LIBTORCH=pip scripts/setup.sh)");
     throw UserError(tw, "unsupported dtype " + dt, "supported: " + supported_dtype_list());
   }
   const json& shape = v["shape"];
   if (!shape.is_array()) throw UserError(tw, "shape is not a list", hint);
   SafetensorsEntry out;
-  out.name = name, out.dtype = entry->type;
+  out.name = name;
+  out.dtype = entry->type;
   uint64_t numel = 1;
   for (const auto& d : shape) {
     if (!d.is_number_unsigned() && !(d.is_number_integer() && d.get<int64_t>() >= 0))
@@ -103,13 +105,18 @@ SafetensorsEntry parse_entry(const std::string& tw, const std::string& name, con
   const json& off = v["data_offsets"];
   if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
     throw UserError(tw, "data_offsets must be two non-negative integers", hint);
-  out.begin = off[0].get<uint64_t>(), out.end = off[1].get<uint64_t>();
+  out.begin = off[0].get<uint64_t>();
+  out.end = off[1].get<uint64_t>();
   if (out.begin > out.end || out.end > data_size)
-    throw UserError(tw, "data_offsets [" + std::to_string(out.begin) + ", " + std::to_string(out.end) +
-                            "] fall outside the data section of " + std::to_string(data_size) + " bytes", hint);
+    throw UserError(tw,
+                    "data_offsets [" + std::to_string(out.begin) + ", " + std::to_string(out.end) +
+                        "] fall outside the data section of " + std::to_string(data_size) + " bytes",
+                    hint);
   if (out.end - out.begin != numel * entry->bytes)
-    throw UserError(tw, "data_offsets span " + std::to_string(out.end - out.begin) + " bytes but the shape needs " +
-                            std::to_string(numel * entry->bytes), hint);
+    throw UserError(tw,
+                    "data_offsets span " + std::to_string(out.end - out.begin) + " bytes but the shape needs " +
+                        std::to_string(numel * entry->bytes),
+                    hint);
   return out;
 }
 
@@ -288,7 +295,8 @@ void SafetensorsReader::read_rows(const SafetensorsEntry& e, int64_t row, int64_
   const int64_t rows = e.shape.empty() ? 1 : e.shape[0];
   TORCH_CHECK(row >= 0 && count >= 0 && row + count <= rows, "safetensors read_rows: rows out of range");
   const uint64_t row_bytes = rows == 0 ? 0 : (e.end - e.begin) / static_cast<uint64_t>(rows);
-  if (count > 0) pread_all(dst, row_bytes * static_cast<uint64_t>(count), header_.data_start + e.begin + row_bytes * row);
+  if (count > 0)
+    pread_all(dst, row_bytes * static_cast<uint64_t>(count), header_.data_start + e.begin + row_bytes * row);
 }
 
 SafetensorsFile load_safetensors(const std::string& path) {

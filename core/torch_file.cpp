@@ -54,7 +54,8 @@ class ZipArchive {
   at::Tensor read(const std::string& name) const {
     zip_stat_t st;
     zip_stat_init(&st);
-    if (zip_stat(z_, name.c_str(), 0, &st) != 0) throw UserError(origin_, "archive has no entry '" + name + "'", "truncated file?");
+    if (zip_stat(z_, name.c_str(), 0, &st) != 0)
+      throw UserError(origin_, "archive has no entry '" + name + "'", "truncated file?");
     if (!(st.valid & ZIP_STAT_SIZE) || !(st.valid & ZIP_STAT_COMP_SIZE) || st.comp_size > size_ ||
         st.size > 1100 * st.comp_size + 4096)
       throw UserError(origin_, "entry '" + name + "' has an impossible size", "corrupt archive");
@@ -78,7 +79,8 @@ class ZipArchive {
     std::string why = r < 0 ? zip_file_strerror(f) : "";
     int rc = zip_fclose(f);
     if (r != 0 || rc != 0)
-      throw UserError(origin_, "entry '" + name + "' is corrupt" + (why.empty() ? "" : ": " + why), "CRC mismatch: damaged file");
+      throw UserError(origin_, "entry '" + name + "' is corrupt" + (why.empty() ? "" : ": " + why),
+                      "CRC mismatch: damaged file");
     return out;
   }
 
@@ -102,7 +104,8 @@ TorchFile parse_zip(const std::string& bytes, const std::string& origin) {
   if (zip.has(prefix + "byteorder")) {
     at::Tensor bo = zip.read(prefix + "byteorder");
     std::string order(static_cast<const char*>(bo.data_ptr()), static_cast<size_t>(bo.numel()));
-    if (order != "little") throw UserError(origin, "byte order '" + order + "' is not supported", "re-save on a little-endian machine");
+    if (order != "little")
+      throw UserError(origin, "byte order '" + order + "' is not supported", "re-save on a little-endian machine");
   }
   at::Tensor pkl = zip.read(prefix + "data.pkl");
   std::map<std::string, PyRef> storages;
@@ -117,14 +120,16 @@ TorchFile parse_zip(const std::string& bytes, const std::string& origin) {
     if (it != storages.end()) return it->second;
     if (key.empty() || key.find('/') != std::string::npos || key.find("..") != std::string::npos)
       throw UserError(origin, "malformed storage key '" + key + "'", "corrupt file");
-    PyRef s = pickle::make_storage(zip.read(prefix + "data/" + key), pickle::storage_dtype(pid->items[1]->text, origin));
+    PyRef s =
+        pickle::make_storage(zip.read(prefix + "data/" + key), pickle::storage_dtype(pid->items[1]->text, origin));
     storages[key] = s;
     return s;
   };
   const auto* data = static_cast<const uint8_t*>(pkl.data_ptr());
   size_t end = 0;
-  TorchFile out{pickle::unpickle(data, static_cast<size_t>(pkl.numel()), 0, origin + " data.pkl", persistent, tensors, end),
-                "zip"};
+  TorchFile out{
+      pickle::unpickle(data, static_cast<size_t>(pkl.numel()), 0, origin + " data.pkl", persistent, tensors, end),
+      "zip"};
   pickle::materialize(tensors, origin);
   return out;
 }
@@ -152,7 +157,8 @@ TorchFile parse_legacy(const std::string& bytes, const std::string& origin) {
   PyRef m = pickle::unpickle(d, n, p, origin, nullptr, tensors, p);
   static const std::string kMagic("\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19", 10);  // 0x1950a86a20f9469cfc6c
   if (m->kind != Kind::big_integer || m->text != kMagic)
-    throw UserError(origin, "not a torch.save file (legacy magic number missing)", "expected a .pt/.pth written by torch.save");
+    throw UserError(origin, "not a torch.save file (legacy magic number missing)",
+                    "expected a .pt/.pth written by torch.save");
   PyRef version = pickle::unpickle(d, n, p, origin, nullptr, tensors, p);
   if (version->kind != Kind::integer || version->integer != 1001)
     throw UserError(origin, "unsupported legacy protocol version", "re-save with a recent torch.save");
@@ -165,8 +171,8 @@ TorchFile parse_legacy(const std::string& bytes, const std::string& origin) {
   auto persistent = [&](const PyRef& pid) -> PyRef {
     // ('storage', storage_type, root_key, location, numel, view_metadata)
     if (pid->kind != Kind::tuple || pid->items.size() < 6 || pid->items[0]->kind != Kind::string ||
-        pid->items[0]->text != "storage" || pid->items[1]->kind != Kind::global || pid->items[2]->kind != Kind::string ||
-        pid->items[4]->kind != Kind::integer)
+        pid->items[0]->text != "storage" || pid->items[1]->kind != Kind::global ||
+        pid->items[2]->kind != Kind::string || pid->items[4]->kind != Kind::integer)
       throw UserError(origin, "unsupported persistent id " + pid->describe(), "not a torch.save storage reference");
     const std::string& key = pid->items[2]->text;
     const at::ScalarType dtype = pickle::storage_dtype(pid->items[1]->text, origin);
@@ -195,7 +201,8 @@ TorchFile parse_legacy(const std::string& bytes, const std::string& origin) {
     for (int i = 0; i < 8; ++i) count |= uint64_t(d[p + i]) << (8 * i);
     p += 8;
     const uint64_t es = c10::elementSize(it->second.dtype);
-    if (count > (n - p) / es) throw UserError(origin, "storage '" + k->text + "' runs past the end of the file", "truncated file");
+    if (count > (n - p) / es)
+      throw UserError(origin, "storage '" + k->text + "' runs past the end of the file", "truncated file");
     PyRef fresh = pickle::make_storage(pickle::bytes_tensor(d + p, count * es), it->second.dtype);
     it->second.storage->tensor = fresh->tensor;
     p += count * es;
@@ -225,7 +232,8 @@ TorchFile parse_torch_file(const std::string& bytes, const std::string& origin) 
   if (bytes.size() >= 2 && uint8_t(bytes[0]) == 0x80) return parse_legacy(bytes, origin);
   if (bytes.size() > 262 && bytes.compare(257, 5, "ustar") == 0)
     throw UserError(origin, "tar-format torch file (PyTorch < 0.4)", "re-save it with a recent torch.save");
-  throw UserError(origin, "not a torch.save file (neither a zip archive nor a pickle)", "expected a .pt/.pth/.bin written by torch.save");
+  throw UserError(origin, "not a torch.save file (neither a zip archive nor a pickle)",
+                  "expected a .pt/.pth/.bin written by torch.save");
 }
 
 TorchFile load_torch_file(const std::string& path) {
@@ -253,11 +261,12 @@ TensorMap torch_state_dict(const TorchFile& file, const std::string& key, const 
       const size_t dot = key.find('.', start);
       const std::string part = key.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
       if (node->kind != Kind::dict && node->kind != Kind::object)
-        throw UserError(origin, "key '" + part + "' asked of a " + node->describe(), "check --weights-key / model.weights_key");
+        throw UserError(origin, "key '" + part + "' asked of a " + node->describe(),
+                        "check --weights-key / model.weights_key");
       PyRef next = node->get(part);
-      if (!next && node->kind == Kind::object && node->state && node->state->kind == Kind::dict) next = node->state->get(part);
-      if (!next)
-        throw UserError(origin, "no entry '" + part + "'", "entries: " + join(keys_of(node)));
+      if (!next && node->kind == Kind::object && node->state && node->state->kind == Kind::dict)
+        next = node->state->get(part);
+      if (!next) throw UserError(origin, "no entry '" + part + "'", "entries: " + join(keys_of(node)));
       node = next;
       if (dot == std::string::npos) break;
       start = dot + 1;
@@ -268,12 +277,15 @@ TensorMap torch_state_dict(const TorchFile& file, const std::string& key, const 
                       "choose an entry with --weights-key / model.weights_key: " + join(keys_of(node)));
     throw UserError(origin, "holds a " + node->describe() + ", not a state_dict", "save model.state_dict() instead");
   }
-  if (node->kind != Kind::dict) throw UserError(origin, "entry '" + key + "' is a " + node->describe(), "not a state_dict");
+  if (node->kind != Kind::dict)
+    throw UserError(origin, "entry '" + key + "' is a " + node->describe(), "not a state_dict");
   TensorMap out;
   for (const auto& [k, v] : node->entries) {
-    if (!k || k->kind != Kind::string) throw UserError(origin, "state_dict key is a " + (k ? k->describe() : "null"), "not a state_dict");
+    if (!k || k->kind != Kind::string)
+      throw UserError(origin, "state_dict key is a " + (k ? k->describe() : "null"), "not a state_dict");
     if (!v || v->kind != Kind::tensor)
-      throw UserError(origin, "entry '" + k->text + "' is a " + (v ? v->describe() : "null"), "not a state_dict of tensors");
+      throw UserError(origin, "entry '" + k->text + "' is a " + (v ? v->describe() : "null"),
+                      "not a state_dict of tensors");
     out[k->text] = v->tensor;
   }
   bool all_module = !out.empty();
@@ -290,14 +302,15 @@ TensorMap load_weights_file(const std::string& path, const std::string& key) {
   if (fs::is_directory(path)) throw UserError(path, "is a directory", "give a .safetensors or torch.save file");
   if (!fs::exists(path)) throw UserError(path, "no such file", "check the path");
   if (path.size() > 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0) {
-    if (!key.empty()) throw UserError(path, "a weights key applies to nested torch.save checkpoints", "drop the key for .safetensors");
+    if (!key.empty())
+      throw UserError(path, "a weights key applies to nested torch.save checkpoints", "drop the key for .safetensors");
     return load_safetensors(path).tensors;
   }
   std::string bytes = read_file(path);
   if (!looks_like_torch_file(bytes)) {
     // A safetensors file with another extension still loads.
-    if (bytes.size() >= 9 && bytes[8] == '{' && key.empty()) return parse_safetensors(
-        reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), path).tensors;
+    if (bytes.size() >= 9 && bytes[8] == '{' && key.empty())
+      return parse_safetensors(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), path).tensors;
   }
   return torch_state_dict(parse_torch_file(bytes, path), key, path);
 }

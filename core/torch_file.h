@@ -37,7 +37,8 @@ TorchFile load_torch_file(const std::string& path);
 
 /// The state_dict inside a loaded file: the root itself when it maps names to tensors, else the dict under `key`
 /// (e.g. "ema", "model", "state_dict"; dots descend: "checkpoint.model"). A common DataParallel prefix "module." is
-/// removed. Non-tensor entries of a state_dict are an error, as is a nested file without `key` (the hint lists the keys).
+/// removed. Non-tensor entries of a state_dict are an error, as is a nested file without `key` (the hint lists the
+/// keys).
 TensorMap torch_state_dict(const TorchFile& file, const std::string& key, const std::string& origin);
 
 /// Loads the named tensors of any supported weights file: .safetensors (key must be empty) or torch.save (zip/legacy).

@@ -6,11 +6,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <optional>
-#include <csignal>
 
 #include "core/atomic_io.h"
 #include "core/checkpoint.h"
@@ -28,7 +28,9 @@ namespace {
 constexpr double kPi = 3.14159265358979323846;
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 // AdamW over the model's parameters: those the task decays, then (if any) the rest with weight_decay 0.
 std::unique_ptr<torch::optim::AdamW> make_optimizer(const ExperimentConfig& cfg, torch::nn::Module& model,
@@ -42,7 +44,8 @@ std::unique_ptr<torch::optim::AdamW> make_optimizer(const ExperimentConfig& cfg,
   std::vector<torch::optim::OptimizerParamGroup> groups;
   groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(base));
   if (!plain.empty())
-    groups.emplace_back(plain, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(base).weight_decay(0.0)));
+    groups.emplace_back(
+        plain, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(base).weight_decay(0.0)));
   return std::make_unique<torch::optim::AdamW>(std::move(groups), base);
 }
 
@@ -66,8 +69,8 @@ double learning_rate_at(const ExperimentConfig& cfg, double t) {
 double step_learning_rate(const ExperimentConfig& cfg, int64_t epoch, int64_t batch, int64_t skipped,
                           int64_t steps_per_epoch) {
   if (cfg.schedule.unit == ScheduleUnit::epoch) return learning_rate_at(cfg, static_cast<double>(epoch));
-  return learning_rate_at(cfg, static_cast<double>(epoch) + static_cast<double>(batch - skipped) /
-                                                             static_cast<double>(steps_per_epoch));
+  return learning_rate_at(
+      cfg, static_cast<double>(epoch) + static_cast<double>(batch - skipped) / static_cast<double>(steps_per_epoch));
 }
 
 bool complete_optimizer_step(torch::optim::Optimizer& optimizer, torch::nn::Module& model, GradScaler& scaler,
@@ -89,8 +92,9 @@ const std::vector<std::string>& config_keys_fixed_on_resume() {
 }
 
 const std::vector<std::string>& config_keys_guarded_on_resume() {
-  static const std::vector<std::string> keys{"data.dataset", "data.root", "data.batch_size", "data.limit_train",
-                                             "train.processes", "train.accum_steps", "train.seed", "diffusion.steps"};
+  static const std::vector<std::string> keys{"data.dataset",     "data.root",       "data.batch_size",
+                                             "data.limit_train", "train.processes", "train.accum_steps",
+                                             "train.seed",       "diffusion.steps"};
   return keys;
 }
 
@@ -112,8 +116,9 @@ std::string check_resume_config(const std::string& checkpoint_yaml, const std::s
       throw UserError("--resume " + dir, c.key + " differs from the checkpoint's (" + c.before + " -> " + c.after + ")",
                       "the run would no longer be the same run; pass --allow-config-change to resume anyway");
     if (in(config_keys_guarded_on_resume(), c.key) && at.batch > 0)  // batch b of another data stream means nothing
-      throw UserError("--resume " + dir, c.key + " differs from the checkpoint's (" + c.before + " -> " + c.after +
-                                             "), and the checkpoint was taken inside epoch " + std::to_string(at.epoch + 1),
+      throw UserError("--resume " + dir,
+                      c.key + " differs from the checkpoint's (" + c.before + " -> " + c.after +
+                          "), and the checkpoint was taken inside epoch " + std::to_string(at.epoch + 1),
                       "data and batch settings change only at an epoch's end: resume unchanged to its end first");
   }
   if (changes.empty()) return "";
@@ -179,21 +184,22 @@ class TrainLoop {
 };
 
 TrainLoop::TrainLoop(const ExperimentConfig& cfg, const TrainArgs& args, const TaskFactory& make_task)
-    : cfg_(cfg), args_(args),
+    : cfg_(cfg),
+      args_(args),
       ctx_(RunContext::create(cfg.train.device, cfg.train.precision, static_cast<uint64_t>(cfg.train.seed))) {
   run_dir_ = args.run_dir.empty() ? "runs/" + cfg.name : args.run_dir;
   check_output_dir(run_dir_, "--run-dir " + run_dir_);
   const int64_t world = ctx_.world, local_batch = cfg.data.batch_size / world;
   if (cfg.data.batch_size % world != 0 || local_batch % cfg.train.accum_steps != 0)
-    throw UserError("config: data.batch_size", std::to_string(cfg.data.batch_size) + " does not split into " +
-                                                   std::to_string(world) + " ranks × " +
-                                                   std::to_string(cfg.train.accum_steps) + " accumulation steps",
+    throw UserError("config: data.batch_size",
+                    std::to_string(cfg.data.batch_size) + " does not split into " + std::to_string(world) +
+                        " ranks × " + std::to_string(cfg.train.accum_steps) + " accumulation steps",
                     "use a multiple of world size × train.accum_steps");
   // Resume decision before anything touches the run directory (every rank decides alike, then rank 0 writes).
   resume_ = resolve_resume(run_dir_, args.resume);
   if (resume_)
-    config_changes_ = check_resume_config(resume_->config_yaml, to_yaml(cfg), resume_->dir, args.allow_config_change,
-                                          resume_->state);
+    config_changes_ =
+        check_resume_config(resume_->config_yaml, to_yaml(cfg), resume_->dir, args.allow_config_change, resume_->state);
   // One writer per run directory: an existing one is locked at once (a second process is refused before it loads
   // any data); a new one only once every input has been checked (start_writing), so a refused run creates nothing.
   if (ctx_.is_main() && fs::exists(run_dir_)) lock_ = std::make_unique<RunDirLock>(run_dir_);
@@ -201,8 +207,9 @@ TrainLoop::TrainLoop(const ExperimentConfig& cfg, const TrainArgs& args, const T
   group_->barrier();
   task_ = make_task(ctx_);
   if (task_->train_examples() < cfg.data.batch_size)
-    throw UserError("config: data.batch_size", std::to_string(cfg.data.batch_size) + " is larger than the training set (" +
-                                                   std::to_string(task_->train_examples()) + " examples)",
+    throw UserError("config: data.batch_size",
+                    std::to_string(cfg.data.batch_size) + " is larger than the training set (" +
+                        std::to_string(task_->train_examples()) + " examples)",
                     "lower data.batch_size or raise data.limit_train");
   build_model_and_optimizer();
   load_start_state();
@@ -236,8 +243,8 @@ void TrainLoop::load_start_state() {
   group_->broadcast_module(*model_);  // every rank starts from rank 0's weights
   if (ema_ && !resumed_ema) ema_->copy_from(*model_);
   per_rank_ = task_->per_rank_rng();
-  dist::restore_rank_rng(*group_, resume_ ? &resume_->rng : nullptr, static_cast<uint64_t>(cfg_.train.seed), state_.step,
-                         per_rank_, ctx_.device);
+  dist::restore_rank_rng(*group_, resume_ ? &resume_->rng : nullptr, static_cast<uint64_t>(cfg_.train.seed),
+                         state_.step, per_rank_, ctx_.device);
 }
 
 // The first epoch's batches start before the run directory is written: data errors found in the first batch (e.g.
@@ -247,9 +254,9 @@ void TrainLoop::take_first_batch() {
   if (state_.epoch >= cfg_.train.epochs) return;
   first_loader_ = task_->train_batches(state_.epoch, ctx_.rank, ctx_.world, state_.batch);
   if (state_.batch > first_loader_->num_batches())
-    throw UserError("--resume " + resume_->dir, "taken at batch " + std::to_string(state_.batch) + " of epoch " +
-                                                   std::to_string(state_.epoch + 1) + ", which has only " +
-                                                   std::to_string(first_loader_->num_batches()) + " batches",
+    throw UserError("--resume " + resume_->dir,
+                    "taken at batch " + std::to_string(state_.batch) + " of epoch " + std::to_string(state_.epoch + 1) +
+                        ", which has only " + std::to_string(first_loader_->num_batches()) + " batches",
                     "the training data changed since the checkpoint");
   first_pending_ = first_loader_->next(first_x_, first_y_);
 }
@@ -263,14 +270,16 @@ void TrainLoop::start_writing() {
     metrics_ = start_run_dir(run_dir_, config_yaml_, resume_ ? std::optional<int64_t>(state_.step) : std::nullopt);
     console_ = std::make_unique<ConsoleLog>(run_dir_ + "/log.txt");
     std::cerr << "[" << utc_timestamp() << "] moh train " << cfg_.name << "\n";
-    if (resume_) std::cerr << "resuming " << resume_->dir << " at epoch " << state_.epoch << ", step " << state_.step << "\n";
+    if (resume_)
+      std::cerr << "resuming " << resume_->dir << " at epoch " << state_.epoch << ", step " << state_.step << "\n";
     if (!config_changes_.empty()) std::cerr << config_changes_ << "\n";
     if (restart)
-      std::cerr << "note: " << run_dir_ << " has no checkpoint yet (stopped before its first one): starting at step 0\n";
+      std::cerr << "note: " << run_dir_
+                << " has no checkpoint yet (stopped before its first one): starting at step 0\n";
     if (const std::string w = slow_bf16_warning(ctx_); !w.empty()) std::cerr << "warning: " << w << "\n";
     std::cerr << "model " << task_->describe() << ", " << precision_summary(cfg_.train.precision, ctx_) << ", run dir "
-              << run_dir_ << (ctx_.world > 1 ? ", " + std::to_string(ctx_.world) + " data-parallel ranks" : std::string())
-              << "\n";
+              << run_dir_
+              << (ctx_.world > 1 ? ", " + std::to_string(ctx_.world) + " data-parallel ranks" : std::string()) << "\n";
   }
   // One bar for the whole run: batches b/S (S = epochs × batches per epoch, capped by train.max_steps), the rate of
   // this process's batches, and the ETA of the rest of the run.
@@ -307,7 +316,9 @@ void TrainLoop::run_epoch(int64_t epoch) {
   at::Tensor x, y;
   auto next_batch = [&] {
     if (!first_pending_) return loader->next(x, y);
-    x = std::move(first_x_), y = std::move(first_y_), first_pending_ = false;
+    x = std::move(first_x_);
+    y = std::move(first_y_);
+    first_pending_ = false;
     return true;
   };
   int64_t batches_done = steps_per_epoch;  // where in this epoch a stop on a signal leaves it
@@ -318,14 +329,16 @@ void TrainLoop::run_epoch(int64_t epoch) {
       break;
     }
     if (stop_requested()) {
-      stop_ = interrupted_ = true, batches_done = b + 1;
+      stop_ = interrupted_ = true;
+      batches_done = b + 1;
       break;
     }
   }
   if (window_steps_ > 0) log_window(epoch);  // every run with a step has a metrics line, and the summary its loss
   progress_->end_line();
   if (interrupted_) {  // resume continues at batch b + 1 of this epoch (its end-of-epoch work still to come)
-    state_.epoch = epoch, state_.batch = batches_done;
+    state_.epoch = epoch;
+    state_.batch = batches_done;
     result_.checkpoint = save();
     group_->barrier();
     return;
@@ -371,8 +384,8 @@ void TrainLoop::log_window(int64_t epoch) {
   result_.losses.clear();
   for (size_t i = 0; i < window_.size(); ++i)
     result_.losses.emplace_back(window_[i].first, sums[i] / group_->world() / static_cast<double>(window_steps_));
-  nlohmann::json line{{"step", state_.step}, {"epoch", epoch}, {"lr", lr_},
-                      {"img_per_s", window_images_ / std::max(secs, 1e-9)}};
+  nlohmann::json line{
+      {"step", state_.step}, {"epoch", epoch}, {"lr", lr_}, {"img_per_s", window_images_ / std::max(secs, 1e-9)}};
   for (const auto& [k, v] : result_.losses) line[k] = v;
   if (window_skipped_ > 0) line["skipped_steps"] = window_skipped_;
   if (window_classes_ > 0) line["classes_per_batch"] = static_cast<double>(window_classes_) / window_steps_;
@@ -387,7 +400,9 @@ void TrainLoop::log_window(int64_t epoch) {
 // The end of an epoch: evaluation (model and EMA) at the cadence, the best pointer, the checkpoint.
 void TrainLoop::end_epoch(int64_t epoch) {
   const bool last = stop_ || epoch + 1 == cfg_.train.epochs;
-  state_.epoch = epoch + 1, state_.batch = 0, state_.skipped = 0;
+  state_.epoch = epoch + 1;
+  state_.batch = 0;
+  state_.skipped = 0;
   bool best = false;
   if (last || (epoch + 1) % cfg_.train.eval_every_epochs == 0) {
     const Scalars ev = task_->evaluate(model_, *group_);
@@ -428,7 +443,9 @@ std::string TrainLoop::save() {
                          config_yaml_, rng, ema_ ? module_tensor_views(ema_->module()) : TensorMap{});
 }
 
-bool TrainLoop::stop_requested() { return group_->sum({StopOnSignal::requested() != 0 ? 1.0 : 0.0})[0] > 0; }
+bool TrainLoop::stop_requested() {
+  return group_->sum({StopOnSignal::requested() != 0 ? 1.0 : 0.0})[0] > 0;
+}
 
 }  // namespace
 

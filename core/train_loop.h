@@ -115,11 +115,11 @@ struct LoopResult {
   std::string run_dir;
   int64_t steps = 0;
   double seconds = 0;
-  Scalars losses;               ///< means over the last logging window
+  Scalars losses;                      ///< means over the last logging window
   Scalars final_eval, final_eval_ema;  ///< the last evaluation (empty when the task does not evaluate / no EMA)
-  double best_metric = 0;       ///< best value of final_eval's first metric over the run
-  int stop_signal = 0;          ///< SIGINT/SIGTERM when the run stopped early on a signal (its checkpoint is saved)
-  std::string checkpoint;       ///< the checkpoint written when stopping on a signal
+  double best_metric = 0;              ///< best value of final_eval's first metric over the run
+  int stop_signal = 0;     ///< SIGINT/SIGTERM when the run stopped early on a signal (its checkpoint is saved)
+  std::string checkpoint;  ///< the checkpoint written when stopping on a signal
 };
 
 /// Builds the task once the run context exists (data loading and data-vs-model checks happen there).

@@ -35,7 +35,9 @@ inline uint8_t clip_truncate(double v) {
   return static_cast<uint8_t>(i > 255 ? 255 : i);
 }
 
-inline int64_t clamp_index(int64_t i, int64_t n) { return i < 0 ? 0 : (i < n ? i : n - 1); }
+inline int64_t clamp_index(int64_t i, int64_t n) {
+  return i < 0 ? 0 : (i < n ? i : n - 1);
+}
 
 // The input position of output pixel (x, y), as Pillow's affine_transform computes it.
 inline void source_point(const AffineCoeffs& a, int64_t x, int64_t y, double& xx, double& yy) {
@@ -44,7 +46,7 @@ inline void source_point(const AffineCoeffs& a, int64_t x, int64_t y, double& xx
   yy = a[3] * xin + a[4] * yin + a[5];
 }
 
-typedef double v4d __attribute__((vector_size(32)));    // the three channels of a pixel (and one unused lane)
+typedef double v4d __attribute__((vector_size(32)));  // the three channels of a pixel (and one unused lane)
 typedef int32_t v4i __attribute__((vector_size(16)));
 typedef uint8_t v4u8 __attribute__((vector_size(4)));
 
@@ -64,14 +66,17 @@ inline v4i load_pixel_i(const uint8_t* p) {
                                     v16u8{0, 16, 16, 16, 1, 16, 16, 16, 2, 16, 16, 16, 3, 16, 16, 16});
   return reinterpret_cast<const v4i&>(b);
 }
-inline v4d load_pixel(const uint8_t* p) { return __builtin_convertvector(load_pixel_i(p), v4d); }
+inline v4d load_pixel(const uint8_t* p) {
+  return __builtin_convertvector(load_pixel_i(p), v4d);
+}
 // The horizontal cubic of one input row at byte offsets cx[0..3]. On uint8 samples Pillow's p2 … p4 are integer
 // expressions (C promotes the bytes to int), converted to double only for the polynomial: the same here.
 inline v4d row_cubic(const uint8_t* row, const int64_t* cx, double dx) {
   const v4i v1 = load_pixel_i(row + cx[0]), v2 = load_pixel_i(row + cx[1]), v3 = load_pixel_i(row + cx[2]),
             v4 = load_pixel_i(row + cx[3]);
   const v4d p1 = __builtin_convertvector(v2, v4d), p2 = __builtin_convertvector(-v1 + v3, v4d),
-            p3 = __builtin_convertvector(2 * (v1 - v2) + v3 - v4, v4d), p4 = __builtin_convertvector(-v1 + v2 - v3 + v4, v4d);
+            p3 = __builtin_convertvector(2 * (v1 - v2) + v3 - v4, v4d),
+            p4 = __builtin_convertvector(-v1 + v2 - v3 + v4, v4d);
   return p1 + dx * (p2 + dx * (p3 + dx * p4));
 }
 
@@ -103,8 +108,8 @@ inline v4d floor4(v4d v) {
   return t > v ? t - 1.0 : t;
 }
 
-__attribute__((target_clones("avx2", "default")))
-void row_samples(const AffineCoeffs& coeffs, int64_t y, int64_t H, int64_t W, RowSamples& rs) {
+__attribute__((target_clones("avx2", "default"))) void row_samples(const AffineCoeffs& coeffs, int64_t y, int64_t H,
+                                                                   int64_t W, RowSamples& rs) {
   const double a0 = coeffs[0], a2 = coeffs[2], a3 = coeffs[3], a5 = coeffs[5];
   const double yin = static_cast<double>(y) + 0.5, Wd = static_cast<double>(W), Hd = static_cast<double>(H);
   const double by = coeffs[1] * yin, cy = coeffs[4] * yin;
@@ -115,22 +120,25 @@ void row_samples(const AffineCoeffs& coeffs, int64_t y, int64_t H, int64_t W, Ro
     const v4l in = (xx >= 0.0) & (xx < Wd) & (yy >= 0.0) & (yy < Hd);
     // Outside the image the taps are not used; the clamps only keep the conversions defined.
     v4d xi = xx < -4.0 ? -4.0 : xx, yi = yy < -4.0 ? -4.0 : yy;
-    xi = (xi > Wd + 4.0 ? Wd + 4.0 : xi) - 0.5, yi = (yi > Hd + 4.0 ? Hd + 4.0 : yi) - 0.5;
+    xi = (xi > Wd + 4.0 ? Wd + 4.0 : xi) - 0.5;
+    yi = (yi > Hd + 4.0 ? Hd + 4.0 : yi) - 0.5;
     const v4d fx = floor4(xi), fy = floor4(yi);
     const v4dx dx = xi - fx, dy = yi - fy;
-    const v4i ix = __builtin_convertvector(fx, v4i), iy = __builtin_convertvector(fy, v4i), inside = __builtin_convertvector(in, v4i);
+    const v4i ix = __builtin_convertvector(fx, v4i), iy = __builtin_convertvector(fy, v4i),
+              inside = __builtin_convertvector(in, v4i);
     const auto i = static_cast<size_t>(x);
     std::memcpy(&rs.dx[i], &dx, sizeof dx), std::memcpy(&rs.dy[i], &dy, sizeof dy);
-    std::memcpy(&rs.ix[i], &ix, sizeof ix), std::memcpy(&rs.iy[i], &iy, sizeof iy), std::memcpy(&rs.inside[i], &inside, sizeof inside);
+    std::memcpy(&rs.ix[i], &ix, sizeof ix), std::memcpy(&rs.iy[i], &iy, sizeof iy),
+        std::memcpy(&rs.inside[i], &inside, sizeof inside);
   }
 }
 
 // RGB fast path on an RGBx copy (4 bytes per pixel, so a pixel is one load). Rows are clamped where Pillow's loop
 // repeats the previous row's value: the two agree, because a sample inside the image has its second row in
 // [−1, H − 1] (tests/datasets/test_resample.cpp compares the paths).
-__attribute__((target_clones("avx2", "default")))
-void affine_rgb(const uint8_t* __restrict in, uint8_t* __restrict out, int64_t H, int64_t W, const AffineCoeffs& coeffs,
-                const uint8_t* fill_rgb) {
+__attribute__((target_clones("avx2", "default"))) void affine_rgb(const uint8_t* __restrict in, uint8_t* __restrict out,
+                                                                  int64_t H, int64_t W, const AffineCoeffs& coeffs,
+                                                                  const uint8_t* fill_rgb) {
   const AffineCoeffs a = coeffs;  // copies: stores through `out` could alias them otherwise
   const uint8_t fill[4] = {fill_rgb[0], fill_rgb[1], fill_rgb[2], 0};
   const int64_t stride = W * 4;
@@ -161,7 +169,8 @@ void affine_rgb(const uint8_t* __restrict in, uint8_t* __restrict out, int64_t H
         const uint8_t* r2 = in + clamp_index(iy + 1, H) * stride;
         const uint8_t* r3 = in + clamp_index(iy + 2, H) * stride;
         if (dx == 0.0) {  // each row's cubic is its pixel at column ix (inside the image)
-          v = cubic4(load_pixel(r0 + ix * 4), load_pixel(r1 + ix * 4), load_pixel(r2 + ix * 4), load_pixel(r3 + ix * 4), dy);
+          v = cubic4(load_pixel(r0 + ix * 4), load_pixel(r1 + ix * 4), load_pixel(r2 + ix * 4), load_pixel(r3 + ix * 4),
+                     dy);
         } else {
           const ColumnTaps cx = column_taps(ix, W);
           v = cubic4(row_cubic(r0, cx.offset, dx), row_cubic(r1, cx.offset, dx), row_cubic(r2, cx.offset, dx),
@@ -186,7 +195,8 @@ AffineCoeffs pil_rotate_coeffs(double angle_deg, int64_t H, int64_t W) {
   double mod = std::fmod(angle_deg, 360.0);
   mod = mod < 0.0 ? mod + 360.0 : (mod == 0.0 ? 0.0 : mod);
   const double angle = -(mod * (M_PI / 180.0));  // math.radians, negated
-  AffineCoeffs m{round15(std::cos(angle)), round15(std::sin(angle)), 0.0, round15(-std::sin(angle)), round15(std::cos(angle)), 0.0};
+  AffineCoeffs m{round15(std::cos(angle)),  round15(std::sin(angle)), 0.0,
+                 round15(-std::sin(angle)), round15(std::cos(angle)), 0.0};
   const double cx = static_cast<double>(W) / 2.0, cy = static_cast<double>(H) / 2.0;
   m[2] = m[0] * -cx + m[1] * -cy + m[2] + cx;  // PIL: transform(−centre) then += centre
   m[5] = m[3] * -cx + m[4] * -cy + m[5] + cy;
@@ -214,8 +224,12 @@ at::Tensor affine_bicubic_reference(const at::Tensor& hwc, const AffineCoeffs& a
       const auto ix = static_cast<int64_t>(std::floor(xi)) - 1, iy = static_cast<int64_t>(std::floor(yi)) - 1;
       const double dx = xi - std::floor(xi), dy = yi - std::floor(yi);
       for (int64_t c = 0; c < C; ++c) {
-        auto at_xy = [&](int64_t row, int64_t k) { return static_cast<double>(in[(row * W + clamp_index(ix + k, W)) * C + c]); };
-        auto row_value = [&](int64_t row) { return cubic(at_xy(row, 0), at_xy(row, 1), at_xy(row, 2), at_xy(row, 3), dx); };
+        auto at_xy = [&](int64_t row, int64_t k) {
+          return static_cast<double>(in[(row * W + clamp_index(ix + k, W)) * C + c]);
+        };
+        auto row_value = [&](int64_t row) {
+          return cubic(at_xy(row, 0), at_xy(row, 1), at_xy(row, 2), at_xy(row, 3), dx);
+        };
         // Pillow: the first row is clamped; a later row outside the image repeats the previous row's value.
         double v[4];
         v[0] = row_value(clamp_index(iy, H));
@@ -228,7 +242,8 @@ at::Tensor affine_bicubic_reference(const at::Tensor& hwc, const AffineCoeffs& a
 }
 
 at::Tensor affine_bicubic(const at::Tensor& hwc, const AffineCoeffs& a, const std::array<uint8_t, 3>& fill) {
-  if (hwc.dim() != 3 || hwc.size(2) != 3 || hwc.scalar_type() != at::kByte) return affine_bicubic_reference(hwc, a, fill);
+  if (hwc.dim() != 3 || hwc.size(2) != 3 || hwc.scalar_type() != at::kByte)
+    return affine_bicubic_reference(hwc, a, fill);
   const at::Tensor img = hwc.contiguous();
   const int64_t H = img.size(0), W = img.size(1);
   thread_local std::vector<uint8_t> rgbx;  // loader threads reuse their buffer

@@ -15,15 +15,18 @@ namespace {
 
 constexpr double kMaxLevel = 10.0;
 
-double uniform(AugRng& rng, double a, double b) { return std::uniform_real_distribution<double>(a, b)(rng); }
+double uniform(AugRng& rng, double a, double b) {
+  return std::uniform_real_distribution<double>(a, b)(rng);
+}
 int64_t randint(AugRng& rng, int64_t lo, int64_t hi_inclusive) {
   return std::uniform_int_distribution<int64_t>(lo, hi_inclusive)(rng);
 }
 
 // Three float planes (x · scale[c] + shift[c]) from n interleaved RGB pixels, in one pass; compiled for AVX2 too,
 // where the byte de-interleaving vectorises well (the same float operations, so the same values).
-__attribute__((target_clones("avx2", "default")))
-void normalise_rgb_planes(const uint8_t* __restrict s, float* __restrict d, int64_t n, const float* scale, const float* shift) {
+__attribute__((target_clones("avx2", "default"))) void normalise_rgb_planes(const uint8_t* __restrict s,
+                                                                            float* __restrict d, int64_t n,
+                                                                            const float* scale, const float* shift) {
   const float s0 = scale[0], s1 = scale[1], s2 = scale[2], t0 = shift[0], t1 = shift[1], t2 = shift[2];
   float* __restrict d0 = d;
   float* __restrict d1 = d + n;
@@ -48,7 +51,8 @@ at::Tensor to_normalised_chw(const at::Tensor& hwc, const SampleTransformOptions
   float scale[3], shift[3];
   for (int64_t c = 0; c < C && c < 3; ++c) {
     const size_t k = std::min<size_t>(static_cast<size_t>(c), o.mean.size() - 1);
-    scale[c] = static_cast<float>(1.0 / (255.0 * o.std[k])), shift[c] = static_cast<float>(-o.mean[k] / o.std[k]);
+    scale[c] = static_cast<float>(1.0 / (255.0 * o.std[k]));
+    shift[c] = static_cast<float>(-o.mean[k] / o.std[k]);
   }
   const int64_t n = H * W;
   if (C == 3) {  // one pass over the pixels, three planes written (the compiler de-interleaves the bytes)
@@ -67,12 +71,18 @@ at::Tensor to_normalised_chw(const at::Tensor& hwc, const SampleTransformOptions
 // the other operations.
 bool geometric_coeffs(const std::string& base, double level, int sign, int64_t H, int64_t W, AffineCoeffs& a) {
   const double s = sign;
-  if (base == "Rotate") a = pil_rotate_coeffs(s * level * 30.0, H, W);
-  else if (base == "ShearX") a = {1, s * level * 0.3, 0, 0, 1, 0};
-  else if (base == "ShearY") a = {1, 0, 0, s * level * 0.3, 1, 0};
-  else if (base == "TranslateXRel") a = {1, 0, s * level * 0.45 * static_cast<double>(W), 0, 1, 0};
-  else if (base == "TranslateYRel") a = {1, 0, 0, 0, 1, s * level * 0.45 * static_cast<double>(H)};
-  else return false;
+  if (base == "Rotate")
+    a = pil_rotate_coeffs(s * level * 30.0, H, W);
+  else if (base == "ShearX")
+    a = {1, s * level * 0.3, 0, 0, 1, 0};
+  else if (base == "ShearY")
+    a = {1, 0, 0, s * level * 0.3, 1, 0};
+  else if (base == "TranslateXRel")
+    a = {1, 0, s * level * 0.45 * static_cast<double>(W), 0, 1, 0};
+  else if (base == "TranslateYRel")
+    a = {1, 0, 0, 0, 1, s * level * 0.45 * static_cast<double>(H)};
+  else
+    return false;
   return true;
 }
 constexpr std::array<uint8_t, 3> kFill{124, 116, 104};  // timm's img_mean fill: the ImageNet mean in 0–255
@@ -97,12 +107,20 @@ at::Tensor autocontrast_map(const at::Tensor& f, const at::Tensor& lo, const at:
 }
 
 // PIL ImageEnhance.Contrast's degenerate value: the rounded mean of the grey image.
-double contrast_mean(const at::Tensor& f) { return std::floor(luminance(f).mean().item<double>() + 0.5); }
+double contrast_mean(const at::Tensor& f) {
+  return std::floor(luminance(f).mean().item<double>() + 0.5);
+}
 
-bool is_increasing(const std::string& op) { return op.size() > 10 && op.compare(op.size() - 10, 10, "Increasing") == 0; }
-std::string op_base(const std::string& op) { return is_increasing(op) ? op.substr(0, op.size() - 10) : op; }
+bool is_increasing(const std::string& op) {
+  return op.size() > 10 && op.compare(op.size() - 10, 10, "Increasing") == 0;
+}
+std::string op_base(const std::string& op) {
+  return is_increasing(op) ? op.substr(0, op.size() - 10) : op;
+}
 // timm's enhance level → factor (the "Increasing" form is signed around 1).
-double enhance_factor(bool increasing, double level, int sign) { return increasing ? 1.0 + sign * level * 0.9 : level * 1.8 + 0.1; }
+double enhance_factor(bool increasing, double level, int sign) {
+  return increasing ? 1.0 + sign * level * 0.9 : level * 1.8 + 0.1;
+}
 
 // PIL ImageOps.equalize on one channel.
 void equalize_channel(uint8_t* p, int64_t n, int64_t stride) {
@@ -110,7 +128,11 @@ void equalize_channel(uint8_t* p, int64_t n, int64_t stride) {
   for (int64_t i = 0; i < n; ++i) ++h[p[i * stride]];
   int64_t last = 0, total = 0, nonzero = 0;
   for (int64_t v = 0; v < 256; ++v)
-    if (h[v]) last = h[v], total += h[v], ++nonzero;
+    if (h[v]) {
+      last = h[v];
+      total += h[v];
+      ++nonzero;
+    }
   if (nonzero <= 1) return;
   const int64_t step = (total - last) / 255;
   if (step == 0) return;
@@ -131,7 +153,9 @@ RandAugmentSpec RandAugmentSpec::parse(const std::string& spec, const std::strin
   std::stringstream ss(spec);
   std::string part;
   std::getline(ss, part, '-');
-  if (part != "rand") throw UserError(origin, "RandAugment spec must start with 'rand-', got '" + spec + "'", "e.g. rand-m9-mstd0.5-inc1");
+  if (part != "rand")
+    throw UserError(origin, "RandAugment spec must start with 'rand-', got '" + spec + "'",
+                    "e.g. rand-m9-mstd0.5-inc1");
   r.enabled = true;
   while (std::getline(ss, part, '-')) {
     auto value = [&](size_t skip) {
@@ -141,15 +165,23 @@ RandAugmentSpec RandAugmentSpec::parse(const std::string& spec, const std::strin
         if (used != part.size() - skip) throw std::invalid_argument(part);
         return v;
       } catch (const std::exception&) {
-        throw UserError(origin, "bad RandAugment part '" + part + "' in '" + spec + "'", "parts: mN, nN, mstdX, incN, pX");
+        throw UserError(origin, "bad RandAugment part '" + part + "' in '" + spec + "'",
+                        "parts: mN, nN, mstdX, incN, pX");
       }
     };
-    if (part.rfind("mstd", 0) == 0) r.magnitude_std = value(4);
-    else if (part.rfind("inc", 0) == 0) r.increasing = value(3) != 0;
-    else if (part[0] == 'm') r.magnitude = value(1);
-    else if (part[0] == 'n') r.num_ops = static_cast<int>(value(1));
-    else if (part[0] == 'p') r.prob = value(1);
-    else throw UserError(origin, "unknown RandAugment part '" + part + "' in '" + spec + "'", "parts: mN, nN, mstdX, incN, pX");
+    if (part.rfind("mstd", 0) == 0)
+      r.magnitude_std = value(4);
+    else if (part.rfind("inc", 0) == 0)
+      r.increasing = value(3) != 0;
+    else if (part[0] == 'm')
+      r.magnitude = value(1);
+    else if (part[0] == 'n')
+      r.num_ops = static_cast<int>(value(1));
+    else if (part[0] == 'p')
+      r.prob = value(1);
+    else
+      throw UserError(origin, "unknown RandAugment part '" + part + "' in '" + spec + "'",
+                      "parts: mN, nN, mstdX, incN, pX");
   }
   if (r.num_ops < 1 || r.magnitude < 0 || r.magnitude > kMaxLevel || r.magnitude_std < 0 || r.prob < 0 || r.prob > 1)
     throw UserError(origin, "RandAugment '" + spec + "' out of range", "n ≥ 1, 0 ≤ m ≤ 10, mstd ≥ 0, 0 ≤ p ≤ 1");
@@ -158,12 +190,23 @@ RandAugmentSpec RandAugmentSpec::parse(const std::string& spec, const std::strin
 
 const std::vector<std::string>& rand_augment_ops(bool increasing) {
   static const std::vector<std::string> standard{
-      "AutoContrast", "Equalize", "Invert", "Rotate", "Posterize", "Solarize", "SolarizeAdd", "Color", "Contrast",
-      "Brightness", "Sharpness", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel"};
-  static const std::vector<std::string> inc{
-      "AutoContrast", "Equalize", "Invert", "Rotate", "PosterizeIncreasing", "SolarizeIncreasing", "SolarizeAdd",
-      "ColorIncreasing", "ContrastIncreasing", "BrightnessIncreasing", "SharpnessIncreasing", "ShearX", "ShearY",
-      "TranslateXRel", "TranslateYRel"};
+      "AutoContrast", "Equalize",   "Invert",    "Rotate", "Posterize", "Solarize",      "SolarizeAdd",  "Color",
+      "Contrast",     "Brightness", "Sharpness", "ShearX", "ShearY",    "TranslateXRel", "TranslateYRel"};
+  static const std::vector<std::string> inc{"AutoContrast",
+                                            "Equalize",
+                                            "Invert",
+                                            "Rotate",
+                                            "PosterizeIncreasing",
+                                            "SolarizeIncreasing",
+                                            "SolarizeAdd",
+                                            "ColorIncreasing",
+                                            "ContrastIncreasing",
+                                            "BrightnessIncreasing",
+                                            "SharpnessIncreasing",
+                                            "ShearX",
+                                            "ShearY",
+                                            "TranslateXRel",
+                                            "TranslateYRel"};
   return increasing ? inc : standard;
 }
 
@@ -232,7 +275,9 @@ at::Tensor apply_lut(const at::Tensor& img, const at::Tensor& lut) {
 }
 
 // The 256 values of every channel as a (256, 1, C) image: a pointwise operation applied to it is its lookup table.
-at::Tensor value_ramp(int64_t C) { return at::arange(256, at::kInt).to(at::kByte).view({256, 1, 1}).expand({256, 1, C}).contiguous(); }
+at::Tensor value_ramp(int64_t C) {
+  return at::arange(256, at::kInt).to(at::kByte).view({256, 1, 1}).expand({256, 1, C}).contiguous();
+}
 
 // Rounding half to even of |t| < 2^22, as std::nearbyint in the default rounding mode: adding 1.5 · 2^23 leaves no
 // fraction bits, so the addition itself rounds. std::nearbyint is a library call on baseline x86-64.
@@ -250,11 +295,12 @@ inline uint8_t blend_value(float degenerate, float v, float factor) {
 }
 
 // ImageEnhance.Color on n RGB pixels: the degenerate image is the float luminance of each pixel.
-__attribute__((target_clones("avx2", "default")))
-void color_pixels(const uint8_t* __restrict s, uint8_t* __restrict d, int64_t n, float fac) {
+__attribute__((target_clones("avx2", "default"))) void color_pixels(const uint8_t* __restrict s, uint8_t* __restrict d,
+                                                                    int64_t n, float fac) {
   for (int64_t i = 0; i < n; ++i) {
     const uint8_t* p = s + i * 3;
-    const float l = static_cast<float>(p[0]) * 0.299f + static_cast<float>(p[1]) * 0.587f + static_cast<float>(p[2]) * 0.114f;
+    const float l =
+        static_cast<float>(p[0]) * 0.299f + static_cast<float>(p[1]) * 0.587f + static_cast<float>(p[2]) * 0.114f;
     for (int c = 0; c < 3; ++c) d[i * 3 + c] = blend_value(l, static_cast<float>(p[c]), fac);
   }
 }
@@ -262,11 +308,14 @@ void color_pixels(const uint8_t* __restrict s, uint8_t* __restrict d, int64_t n,
 // ImageEnhance.Sharpness on the interior of one row (elements [C, (W − 1)·C) of the flat row): the degenerate value
 // is SMOOTH's round(S / 13) of the integer sum S (weights 1 … 5 … 1). S / 13 is never within 1/26 of a half and the
 // float product's error is below 1e-3, so this equals the reference's rounded float convolution exactly.
-__attribute__((target_clones("avx2", "default")))
-void sharpness_row(const uint8_t* __restrict up, const uint8_t* __restrict mid, const uint8_t* __restrict down,
-                   uint8_t* __restrict d, int64_t W, int64_t C, float fac) {
+__attribute__((target_clones("avx2", "default"))) void sharpness_row(const uint8_t* __restrict up,
+                                                                     const uint8_t* __restrict mid,
+                                                                     const uint8_t* __restrict down,
+                                                                     uint8_t* __restrict d, int64_t W, int64_t C,
+                                                                     float fac) {
   for (int64_t j = C; j < (W - 1) * C; ++j) {
-    const int sum = up[j - C] + up[j] + up[j + C] + mid[j - C] + 5 * mid[j] + mid[j + C] + down[j - C] + down[j] + down[j + C];
+    const int sum =
+        up[j - C] + up[j] + up[j + C] + mid[j - C] + 5 * mid[j] + mid[j + C] + down[j - C] + down[j] + down[j + C];
     const float degenerate = round_half_even_small(static_cast<float>(sum) * (1.f / 13.f));
     d[j] = blend_value(degenerate, static_cast<float>(mid[j]), fac);
   }
@@ -303,7 +352,7 @@ at::Tensor rand_augment_op(const at::Tensor& image, const std::string& op, doubl
     return apply_lut(img, blend(at::full_like(ramp, contrast_mean(img.to(at::kFloat))), ramp, factor));
   }
   const auto fac = static_cast<float>(factor);  // the reference multiplies float pixels by the factor as a float
-  if (base == "Color" && C == 3) {  // degenerate: the float luminance of each pixel, as luminance()
+  if (base == "Color" && C == 3) {              // degenerate: the float luminance of each pixel, as luminance()
     at::Tensor out = at::empty_like(img);
     color_pixels(s, out.data_ptr<uint8_t>(), n, fac);
     return out;
@@ -313,7 +362,8 @@ at::Tensor rand_augment_op(const at::Tensor& image, const std::string& op, doubl
     at::Tensor out = img.clone();
     uint8_t* d = out.data_ptr<uint8_t>();
     if (W > 2)
-      for (int64_t y = 1; y < H - 1; ++y) sharpness_row(s + (y - 1) * row, s + y * row, s + (y + 1) * row, d + y * row, W, C, fac);
+      for (int64_t y = 1; y < H - 1; ++y)
+        sharpness_row(s + (y - 1) * row, s + y * row, s + (y + 1) * row, d + y * row, W, C, fac);
     return out;
   }
   AffineCoeffs a;
@@ -350,8 +400,10 @@ std::array<int64_t, 4> random_resized_crop_box(int64_t H, int64_t W, const Sampl
   // Fallback: the whole image cropped to the nearest allowed aspect ratio, centred.
   const double in_ratio = static_cast<double>(W) / static_cast<double>(H);
   int64_t w = W, h = H;
-  if (in_ratio < o.ratio_min) h = static_cast<int64_t>(std::lround(static_cast<double>(w) / o.ratio_min));
-  else if (in_ratio > o.ratio_max) w = static_cast<int64_t>(std::lround(static_cast<double>(h) * o.ratio_max));
+  if (in_ratio < o.ratio_min)
+    h = static_cast<int64_t>(std::lround(static_cast<double>(w) / o.ratio_min));
+  else if (in_ratio > o.ratio_max)
+    w = static_cast<int64_t>(std::lround(static_cast<double>(h) * o.ratio_max));
   return {(H - h) / 2, (W - w) / 2, h, w};
 }
 
@@ -444,15 +496,18 @@ at::Tensor mixup_batch_(at::Tensor& x, const at::Tensor& y, const MixupOptions& 
   double lam = 1.0;
   bool cutmix = false;
   if (o.enabled() && uniform(rng, 0, 1) < o.prob) {
-    if (o.mixup_alpha > 0 && o.cutmix_alpha > 0) cutmix = uniform(rng, 0, 1) < o.switch_prob;
-    else cutmix = o.cutmix_alpha > 0;
+    if (o.mixup_alpha > 0 && o.cutmix_alpha > 0)
+      cutmix = uniform(rng, 0, 1) < o.switch_prob;
+    else
+      cutmix = o.cutmix_alpha > 0;
     lam = beta(cutmix ? o.cutmix_alpha : o.mixup_alpha);
   }
   if (lam < 1.0) {
     const at::Tensor flipped = x.flip(0);
     if (cutmix) {  // a box of area ≈ (1 − λ) pasted from the reversed batch; λ corrected to the clipped box
       const double r = std::sqrt(1.0 - lam);
-      const auto ch = static_cast<int64_t>(static_cast<double>(H) * r), cw = static_cast<int64_t>(static_cast<double>(W) * r);
+      const auto ch = static_cast<int64_t>(static_cast<double>(H) * r),
+                 cw = static_cast<int64_t>(static_cast<double>(W) * r);
       const int64_t cy = randint(rng, 0, H - 1), cx = randint(rng, 0, W - 1);
       const int64_t y0 = std::clamp<int64_t>(cy - ch / 2, 0, H), y1 = std::clamp<int64_t>(cy + ch / 2, 0, H);
       const int64_t x0 = std::clamp<int64_t>(cx - cw / 2, 0, W), x1 = std::clamp<int64_t>(cx + cw / 2, 0, W);

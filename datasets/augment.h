@@ -29,11 +29,11 @@ constexpr std::array<double, 3> kImageNetStd{0.229, 0.224, 0.225};
 /// RandAugment settings parsed from timm's string form ("rand-m9-mstd0.5-inc1", "rand-n3-m10", "" = off).
 struct RandAugmentSpec {
   bool enabled = false;
-  int num_ops = 2;          ///< n: operations per image
-  double magnitude = 10;    ///< m in [0, 10]
-  double magnitude_std = 0; ///< mstd: Gaussian noise on m per op (0 = fixed)
-  bool increasing = false;  ///< inc1: the "increasing" op set (stronger with m for every op)
-  double prob = 0.5;        ///< each chosen op is applied with this probability
+  int num_ops = 2;           ///< n: operations per image
+  double magnitude = 10;     ///< m in [0, 10]
+  double magnitude_std = 0;  ///< mstd: Gaussian noise on m per op (0 = fixed)
+  bool increasing = false;   ///< inc1: the "increasing" op set (stronger with m for every op)
+  double prob = 0.5;         ///< each chosen op is applied with this probability
   /// Parses timm's string; an unknown part is a UserError naming it.
   static RandAugmentSpec parse(const std::string& spec, const std::string& origin);
 };
@@ -44,10 +44,10 @@ struct SampleTransformOptions {
   bool random_resized_crop = true;
   double scale_min = 0.08, scale_max = 1.0;
   double ratio_min = 3.0 / 4.0, ratio_max = 4.0 / 3.0;
-  double hflip = 0.5;              ///< probability
+  double hflip = 0.5;  ///< probability
   RandAugmentSpec rand_augment;
-  double erase_prob = 0.0;         ///< random erasing probability (mode "pixel", one box)
-  double crop_pct = 0.875;         ///< eval: short side resized to size / crop_pct, then centre-cropped
+  double erase_prob = 0.0;  ///< random erasing probability (mode "pixel", one box)
+  double crop_pct = 0.875;  ///< eval: short side resized to size / crop_pct, then centre-cropped
   std::vector<double> mean{kImageNetMean.begin(), kImageNetMean.end()};
   std::vector<double> std{kImageNetStd.begin(), kImageNetStd.end()};
 };

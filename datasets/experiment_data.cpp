@@ -10,7 +10,8 @@ ImageSet load_split(const ExperimentConfig& cfg, bool train, int64_t channels) {
   const int64_t limit = train ? cfg.data.limit_train : cfg.data.limit_val;
   const auto seed = static_cast<uint64_t>(cfg.train.seed);  // limits take a seeded subset (datasets/loader.h)
   if (cfg.data.dataset != DatasetKind::fashion_mnist) {
-    if (cfg.data.root.empty()) throw UserError("config: data.root", "image_folder needs a root", "<root>/{train,val}/<class>/*");
+    if (cfg.data.root.empty())
+      throw UserError("config: data.root", "image_folder needs a root", "<root>/{train,val}/<class>/*");
     return load_image_folder(cfg.data.root, train ? "train" : "val", channels, 0, cfg.data.max_bad_fraction, nullptr,
                              limit, seed);
   }

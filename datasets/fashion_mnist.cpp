@@ -68,8 +68,9 @@ at::Tensor read_idx(const std::string& path) {
   }
   const size_t header = 4 + 4 * static_cast<size_t>(rank);
   if (raw.size() != header + numel)
-    throw UserError(path, "IDX payload has " + std::to_string(raw.size() - header) + " bytes, header says " +
-                              std::to_string(numel), kPackageHint);
+    throw UserError(
+        path, "IDX payload has " + std::to_string(raw.size() - header) + " bytes, header says " + std::to_string(numel),
+        kPackageHint);
   at::Tensor t = at::empty(dims, at::kByte);
   std::memcpy(t.data_ptr(), u8 + header, numel);
   return t;
@@ -77,11 +78,13 @@ at::Tensor read_idx(const std::string& path) {
 
 ImageSet load_fashion_mnist(const std::string& split, const std::string& dir) {
   std::string prefix;
-  if (split == "train") prefix = "train";
-  else if (split == "test" || split == "val") prefix = "t10k";
-  else throw UserError("fashion-mnist split '" + split + "'", "unknown split", "use train or test");
-  if (!std::filesystem::is_directory(dir))
-    throw UserError("fashion-mnist directory " + dir, "not found", kPackageHint);
+  if (split == "train")
+    prefix = "train";
+  else if (split == "test" || split == "val")
+    prefix = "t10k";
+  else
+    throw UserError("fashion-mnist split '" + split + "'", "unknown split", "use train or test");
+  if (!std::filesystem::is_directory(dir)) throw UserError("fashion-mnist directory " + dir, "not found", kPackageHint);
   ImageSet set;
   set.images = read_idx(dir + "/" + prefix + "-images-idx3-ubyte.gz");
   set.labels = read_idx(dir + "/" + prefix + "-labels-idx1-ubyte.gz").to(at::kLong);

@@ -26,7 +26,9 @@ uint32_t be32(const unsigned char* p) {
   return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | uint32_t{p[3]};
 }
 
-bool has_prefix(const std::string& b, const char* magic, size_t n) { return b.size() >= n && std::memcmp(b.data(), magic, n) == 0; }
+bool has_prefix(const std::string& b, const char* magic, size_t n) {
+  return b.size() >= n && std::memcmp(b.data(), magic, n) == 0;
+}
 
 std::string too_large(int64_t w, int64_t h) {
   return "image of " + std::to_string(w) + "x" + std::to_string(h) + " pixels exceeds the " +
@@ -79,7 +81,8 @@ int jpeg_decode_raw(const unsigned char* data, unsigned long size, int grey, uns
   *full_w = static_cast<int>(cinfo.image_width), *full_h = static_cast<int>(cinfo.image_height);
   const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
   cinfo.out_color_space = cmyk ? JCS_CMYK : grey ? JCS_GRAYSCALE : JCS_RGB;
-  cinfo.scale_num = 1, cinfo.scale_denom = 1;
+  cinfo.scale_num = 1;
+  cinfo.scale_denom = 1;
   while (static_cast<int64_t>(cinfo.image_width / cinfo.scale_denom) * (cinfo.image_height / cinfo.scale_denom) >
          kMaxImagePixels) {
     if (cinfo.scale_denom == 8) {
@@ -116,13 +119,14 @@ DecodedImage decode_jpeg(const std::string& bytes, int64_t channels) {
   DecodedImage out;
   if (rc == 1 || rc == 2 || rc == 3) {
     std::free(buf);
-    out.problem = rc == 1 ? std::string("not a decodable JPEG (") + errors.message + ")"
+    out.problem = rc == 1   ? std::string("not a decodable JPEG (") + errors.message + ")"
                   : rc == 2 ? "truncated or corrupt JPEG data"
                             : too_large(fw, fh);
     return out;
   }
   // The tensor takes the buffer over (freed with it): no copy of the decoded pixels.
-  at::Tensor t = at::from_blob(buf, {h, w, c}, [](void* p) { std::free(p); }, at::TensorOptions(at::kByte));
+  at::Tensor t = at::from_blob(
+      buf, {h, w, c}, [](void* p) { std::free(p); }, at::TensorOptions(at::kByte));
   if (rc == 4) {  // Adobe CMYK (stored inverted): R = C·K/255, G = M·K/255, B = Y·K/255
     const at::Tensor f = t.to(at::kFloat), k = f.narrow(2, 3, 1);
     t = (f.narrow(2, 0, 3) * k / 255.0).round().clamp(0, 255).to(at::kByte);
@@ -136,7 +140,8 @@ DecodedImage decode_jpeg(const std::string& bytes, int64_t channels) {
 DecodedImage decode_with_opencv(const std::string& bytes, int64_t channels) {
   DecodedImage out;
   cv::Mat raw(1, static_cast<int>(bytes.size()), CV_8UC1, const_cast<char*>(bytes.data()));
-  cv::Mat m = cv::imdecode(raw, (channels == 1 ? cv::IMREAD_GRAYSCALE : cv::IMREAD_COLOR) | cv::IMREAD_IGNORE_ORIENTATION);
+  cv::Mat m =
+      cv::imdecode(raw, (channels == 1 ? cv::IMREAD_GRAYSCALE : cv::IMREAD_COLOR) | cv::IMREAD_IGNORE_ORIENTATION);
   if (m.empty()) {
     out.problem = "not a decodable image";
     return out;
@@ -181,7 +186,8 @@ bool png_intact(const std::string& b, std::string& why) {
 DecodedImage decode_image_bytes(const std::string& bytes, int64_t channels) {
 #ifndef MOH_WITH_OPENCV
   (void)bytes, (void)channels;
-  throw UserError("image decoding", "needs OpenCV, which this build was configured without", "rebuild with -DMOH_WITH_OPENCV=ON");
+  throw UserError("image decoding", "needs OpenCV, which this build was configured without",
+                  "rebuild with -DMOH_WITH_OPENCV=ON");
 #else
   DecodedImage out;
   if (has_prefix(bytes, "\xff\xd8\xff", 3)) return decode_jpeg(bytes, channels);

@@ -37,7 +37,8 @@ bool is_image_file(const fs::path& p) {
 std::vector<std::string> class_folders(const std::string& root, const std::string& split) {
   const fs::path dir = fs::path(root) / split;
   if (!fs::is_directory(dir))
-    throw UserError("data.root " + root, "has no '" + split + "' folder", "expected <root>/{train,val}/<class>/<image>");
+    throw UserError("data.root " + root, "has no '" + split + "' folder",
+                    "expected <root>/{train,val}/<class>/<image>");
   std::vector<std::string> classes;
   for (const auto& e : fs::directory_iterator(dir))
     if (e.is_directory()) classes.push_back(e.path().filename().string());
@@ -52,10 +53,12 @@ void check_same_classes(const std::string& root) {
   if (train == val) return;
   size_t i = 0;
   while (i < train.size() && i < val.size() && train[i] == val[i]) ++i;
-  const std::string t = i < train.size() ? "'" + train[i] + "'" : "nothing", v = i < val.size() ? "'" + val[i] + "'" : "nothing";
-  throw UserError("data.root " + root, "train and val have different class folders (" + std::to_string(train.size()) +
-                                           " vs " + std::to_string(val.size()) + "; label " + std::to_string(i) +
-                                           " is " + t + " in train, " + v + " in val)",
+  const std::string t = i < train.size() ? "'" + train[i] + "'" : "nothing",
+                    v = i < val.size() ? "'" + val[i] + "'" : "nothing";
+  throw UserError("data.root " + root,
+                  "train and val have different class folders (" + std::to_string(train.size()) + " vs " +
+                      std::to_string(val.size()) + "; label " + std::to_string(i) + " is " + t + " in train, " + v +
+                      " in val)",
                   "both splits need the same class folders, empty ones included");
 }
 
@@ -72,7 +75,8 @@ ImageFolderIndex scan_image_folder(const std::string& root, const std::string& s
     for (auto& f : files) idx.files.push_back(std::move(f)), idx.labels.push_back(static_cast<int64_t>(c));
   }
   if (idx.files.empty())
-    throw UserError("data.root " + root, "no images under " + dir.string(), "expected <root>/" + split + "/<class>/<image>");
+    throw UserError("data.root " + root, "no images under " + dir.string(),
+                    "expected <root>/" + split + "/<class>/<image>");
   return idx;
 }
 
@@ -81,8 +85,10 @@ void limit_image_folder(ImageFolderIndex& index, int64_t limit, uint64_t seed) {
   if (limit <= 0 || limit >= n) return;
   ImageFolderIndex kept;
   for (int64_t i : limited_subset(n, limit, seed))
-    kept.files.push_back(index.files[static_cast<size_t>(i)]), kept.labels.push_back(index.labels[static_cast<size_t>(i)]);
-  index.files = std::move(kept.files), index.labels = std::move(kept.labels);
+    kept.files.push_back(index.files[static_cast<size_t>(i)]),
+        kept.labels.push_back(index.labels[static_cast<size_t>(i)]);
+  index.files = std::move(kept.files);
+  index.labels = std::move(kept.labels);
 }
 
 ImageSet load_image_folder(const std::string& root, const std::string& split, int64_t channels, int64_t size,
@@ -100,7 +106,8 @@ ImageSet load_image_folder(const std::string& root, const std::string& split, in
   const auto n = static_cast<int64_t>(idx.files.size());
   std::vector<DecodedImage> decoded(static_cast<size_t>(n));
   at::parallel_for(0, n, 16, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) decoded[static_cast<size_t>(i)] = read_image(idx.files[static_cast<size_t>(i)], channels);
+    for (int64_t i = b; i < e; ++i)
+      decoded[static_cast<size_t>(i)] = read_image(idx.files[static_cast<size_t>(i)], channels);
   });
   DecodeReport r;
   for (int64_t i = 0; i < n; ++i) {
@@ -117,18 +124,20 @@ ImageSet load_image_folder(const std::string& root, const std::string& split, in
   if (report) *report = r;
   const double frac = n ? static_cast<double>(r.bad) / static_cast<double>(n) : 0.0;
   if (frac > max_bad_fraction || r.decoded == 0)
-    throw UserError("data.root " + root, std::to_string(r.bad) + " of " + std::to_string(n) + " images are unreadable (" +
-                                             join(r.bad_files) + ")", "above data.max_bad_fraction; fix or remove them");
+    throw UserError(
+        "data.root " + root,
+        std::to_string(r.bad) + " of " + std::to_string(n) + " images are unreadable (" + join(r.bad_files) + ")",
+        "above data.max_bad_fraction; fix or remove them");
   std::cerr << root << "/" << split << ": " << r.decoded << " images decoded, " << r.bad << " unreadable skipped"
             << (r.bad ? " (first: " + r.bad_files.front() + ")" : std::string()) << "\n";
   // The decoded split lives in memory: refuse what cannot fit rather than fail half-way.
   const double bytes = static_cast<double>(r.decoded) * static_cast<double>(size) * static_cast<double>(size) *
                        static_cast<double>(channels == 1 ? 1 : 3);
   if (bytes > 0.5 * static_cast<double>(physical_memory_bytes()))
-    throw UserError("data.root " + root, std::to_string(r.decoded) + " images of " + std::to_string(size) + "x" +
-                                             std::to_string(size) + " px need " +
-                                             std::to_string(static_cast<int64_t>(bytes / (1 << 20))) +
-                                             " MiB in memory, more than half of this machine's",
+    throw UserError("data.root " + root,
+                    std::to_string(r.decoded) + " images of " + std::to_string(size) + "x" + std::to_string(size) +
+                        " px need " + std::to_string(static_cast<int64_t>(bytes / (1 << 20))) +
+                        " MiB in memory, more than half of this machine's",
                     "use data.loader: stream (decodes per batch)");
   ImageSet set;
   std::vector<int64_t> shape{r.decoded, size, size};
@@ -141,7 +150,8 @@ ImageSet load_image_folder(const std::string& root, const std::string& split, in
     if (!d.ok()) continue;
     cv::Mat m(static_cast<int>(d.pixels.size(0)), static_cast<int>(d.pixels.size(1)), channels == 1 ? CV_8UC1 : CV_8UC3,
               d.pixels.data_ptr());
-    if (m.rows != size || m.cols != size) cv::resize(m, m, cv::Size(static_cast<int>(size), static_cast<int>(size)), 0, 0, cv::INTER_AREA);
+    if (m.rows != size || m.cols != size)
+      cv::resize(m, m, cv::Size(static_cast<int>(size), static_cast<int>(size)), 0, 0, cv::INTER_AREA);
     if (!m.isContinuous()) m = m.clone();
     std::memcpy(set.images[j].data_ptr(), m.data, m.total() * m.elemSize());
     set.labels[j] = idx.labels[static_cast<size_t>(i)];
@@ -195,7 +205,8 @@ at::Tensor center_crop_arr(const at::Tensor& hwc, int64_t size) {
 at::Tensor decode_center_crop(const std::string& path, int64_t size) {
 #ifndef MOH_WITH_OPENCV
   (void)path, (void)size;
-  throw UserError("image decoding", "needs OpenCV, which this build was configured without", "rebuild with -DMOH_WITH_OPENCV=ON");
+  throw UserError("image decoding", "needs OpenCV, which this build was configured without",
+                  "rebuild with -DMOH_WITH_OPENCV=ON");
 #else
   DecodedImage d = read_image(path, 3);
   if (!d.ok()) return {};

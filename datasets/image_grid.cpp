@@ -39,8 +39,10 @@ bool write_grid(const std::string& path, const at::Tensor& images, int64_t cols,
       out.rowRange(r * row_px, r * row_px + len).copyTo(with.rowRange(r * (row_px + band), r * (row_px + band) + len));
     }
     for (size_t i = 0; i < tile_labels.size() && static_cast<int64_t>(i) < imgs.size(0); ++i) {
-      const int r = static_cast<int>(static_cast<int64_t>(i) / cols), c = static_cast<int>(static_cast<int64_t>(i) % cols);
-      cv::putText(with, tile_labels[i], cv::Point(pad_px + c * col_px, r * (row_px + band) + row_px + pad_px + band - 6),
+      const int r = static_cast<int>(static_cast<int64_t>(i) / cols),
+                c = static_cast<int>(static_cast<int64_t>(i) % cols);
+      cv::putText(with, tile_labels[i],
+                  cv::Point(pad_px + c * col_px, r * (row_px + band) + row_px + pad_px + band - 6),
                   cv::FONT_HERSHEY_SIMPLEX, 0.33, cv::Scalar::all(0), 1, cv::LINE_AA);
     }
     out = with;
@@ -62,6 +64,5 @@ bool write_grid(const std::string& path, const at::Tensor& images, int64_t cols,
   return false;
 #endif
 }
-
 
 }  // namespace moh::datasets

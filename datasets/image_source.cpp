@@ -30,11 +30,13 @@ class NpzImageSource : public ImageSource {
     rows_ = npz_.rows("arr_0");
     const NpyHeader& h = rows_->header();
     if (h.dtype != at::kByte)
-      throw UserError("npz " + path + " member arr_0", std::string("dtype is ") + c10::toString(h.dtype) + ", expected uint8",
+      throw UserError("npz " + path + " member arr_0",
+                      std::string("dtype is ") + c10::toString(h.dtype) + ", expected uint8",
                       "images are stored as uint8 0..255");
     if (!(h.shape.size() == 4 && (h.shape[3] == 1 || h.shape[3] == 3)) && h.shape.size() != 3)
-      throw UserError("npz " + path + " member arr_0", "shape " + c10::str(at::IntArrayRef(h.shape)) +
-                                                           " is not (N, H, W, 3), (N, H, W, 1) or (N, H, W)", "NHWC layout");
+      throw UserError("npz " + path + " member arr_0",
+                      "shape " + c10::str(at::IntArrayRef(h.shape)) + " is not (N, H, W, 3), (N, H, W, 1) or (N, H, W)",
+                      "NHWC layout");
     if (npz_.has("arr_1")) {
       labels_ = npz_.read("arr_1");
       if (labels_.dim() != 1 || labels_.size(0) != h.shape[0] || !at::isIntegralType(labels_.scalar_type(), false))
@@ -96,7 +98,8 @@ class FolderSource : public ImageSource {
     for (const auto& e : std::filesystem::directory_iterator(dir)) {
       std::string ext = e.path().extension().string();
       std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
-      if (e.is_regular_file() && (ext == ".png" || ext == ".jpg" || ext == ".jpeg")) files_.push_back(e.path().string());
+      if (e.is_regular_file() && (ext == ".png" || ext == ".jpg" || ext == ".jpeg"))
+        files_.push_back(e.path().string());
     }
     std::sort(files_.begin(), files_.end());
     if (files_.empty()) throw UserError("images " + dir, "no .png/.jpg/.jpeg files in the folder", kSpecHint);
@@ -112,10 +115,14 @@ class FolderSource : public ImageSource {
       DecodedImage d = read_image(f, 3);
       if (!d.ok()) throw UserError("image " + f, d.problem, "remove or replace the file");
       const int64_t rows = d.pixels.size(0), cols = d.pixels.size(1);
-      if (height_ == 0) height_ = rows, width_ = cols;
+      if (height_ == 0) {
+        height_ = rows;
+        width_ = cols;
+      }
       if (rows != height_ || cols != width_)
-        throw UserError("image " + f, "is " + std::to_string(cols) + "x" + std::to_string(rows) + ", the first image is " +
-                                          std::to_string(width_) + "x" + std::to_string(height_),
+        throw UserError("image " + f,
+                        "is " + std::to_string(cols) + "x" + std::to_string(rows) + ", the first image is " +
+                            std::to_string(width_) + "x" + std::to_string(height_),
                         "all images of a folder must have the same size");
       imgs.push_back(d.pixels);
     }
@@ -163,8 +170,8 @@ std::unique_ptr<ImageSource> open_image_source(const std::string& spec) {
                     "rebuild with -DMOH_WITH_OPENCV=ON or pass an .npz");
 #endif
   }
-  throw UserError("images " + spec, std::filesystem::exists(spec) ? "not an .npz file or a folder" : "no such file or folder",
-                  kSpecHint);
+  throw UserError("images " + spec,
+                  std::filesystem::exists(spec) ? "not an .npz file or a folder" : "no such file or folder", kSpecHint);
 }
 
 }  // namespace moh::datasets

@@ -1,8 +1,8 @@
 #pragma once
 // Streams of uint8 images for evaluation and sampling tools, whatever they are stored in:
-//   PATH.npz              an ADM sample / reference batch: `arr_0` (N, H, W, C) or (N, H, W) uint8, optional `arr_1` labels
-//   DIR/                  a folder of PNG/JPEG files (sorted by name, decoded with OpenCV to RGB; all the same size)
-//   fashion_mnist:SPLIT   the embedded dataset (SPLIT = train|test, optionally `:N` for the first N images)
+//   PATH.npz              an ADM sample / reference batch: `arr_0` (N, H, W, C) or (N, H, W) uint8, optional `arr_1`
+//   labels DIR/                  a folder of PNG/JPEG files (sorted by name, decoded with OpenCV to RGB; all the same
+//   size) fashion_mnist:SPLIT   the embedded dataset (SPLIT = train|test, optionally `:N` for the first N images)
 // Every source yields (n, H, W, C) uint8 blocks in a fixed order, so features and reports are reproducible.
 #include <ATen/ATen.h>
 

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <mutex>
 #include <filesystem>
+#include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "core/atomic_io.h"
@@ -26,10 +26,9 @@ std::string latent_shard_path(const std::string& dir, int64_t i) {
 }
 
 void write_latent_meta(const std::string& dir, const LatentMeta& m) {
-  nlohmann::json j{{"format", "moh-latents"}, {"version", 1},       {"count", m.count},
-                   {"shards", m.shards},       {"channels", m.channels}, {"size", m.size},
-                   {"image_size", m.image_size}, {"scale", m.scale},       {"classes", m.classes},
-                   {"vae", m.vae},             {"vae_sha256", m.vae_sha256}, {"source", m.source}};
+  nlohmann::json j{{"format", "moh-latents"}, {"version", 1},   {"count", m.count},           {"shards", m.shards},
+                   {"channels", m.channels},  {"size", m.size}, {"image_size", m.image_size}, {"scale", m.scale},
+                   {"classes", m.classes},    {"vae", m.vae},   {"vae_sha256", m.vae_sha256}, {"source", m.source}};
   write_file_atomic(dir + "/meta.json", j.dump(1) + "\n");
 }
 
@@ -39,12 +38,18 @@ LatentMeta read_latent_meta(const std::string& dir) {
   LatentMeta m;
   try {
     auto j = nlohmann::json::parse(read_file(path));
-    if (j.at("format") != "moh-latents" || j.at("version") != 1) throw UserError(path, "not a moh-latents v1 directory", kHint);
-    m.count = j.at("count"), m.channels = j.at("channels"), m.size = j.at("size");
+    if (j.at("format") != "moh-latents" || j.at("version") != 1)
+      throw UserError(path, "not a moh-latents v1 directory", kHint);
+    m.count = j.at("count");
+    m.channels = j.at("channels");
+    m.size = j.at("size");
     m.shards = j.at("shards").get<std::vector<int64_t>>();
-    m.image_size = j.at("image_size"), m.scale = j.at("scale");
+    m.image_size = j.at("image_size");
+    m.scale = j.at("scale");
     m.classes = j.at("classes").get<std::vector<std::string>>();
-    m.vae = j.at("vae"), m.vae_sha256 = j.at("vae_sha256"), m.source = j.at("source");
+    m.vae = j.at("vae");
+    m.vae_sha256 = j.at("vae_sha256");
+    m.source = j.at("source");
   } catch (const nlohmann::json::exception& e) {
     throw UserError(path, std::string("malformed: ") + e.what(), kHint);
   }
@@ -57,15 +62,17 @@ LatentMeta read_latent_meta(const std::string& dir) {
 
 LatentShard read_latent_shard(const std::string& dir, const LatentMeta& meta, int64_t i) {
   const std::string path = latent_shard_path(dir, i);
-  if (!fs::exists(path)) throw UserError("latents " + dir, "shard " + std::to_string(i) + " is missing", "extraction unfinished? re-run it");
+  if (!fs::exists(path))
+    throw UserError("latents " + dir, "shard " + std::to_string(i) + " is missing", "extraction unfinished? re-run it");
   SafetensorsFile f = load_safetensors(path);
   const int64_t n = meta.shards.at(static_cast<size_t>(i));
   auto get = [&](const char* name, at::ScalarType dtype, std::vector<int64_t> shape) {
     auto it = f.tensors.find(name);
     if (it == f.tensors.end()) throw UserError(path, std::string("no tensor '") + name + "'", kHint);
     if (it->second.scalar_type() != dtype || it->second.sizes().vec() != shape)
-      throw UserError(path, std::string("tensor '") + name + "' is " + c10::toString(it->second.scalar_type()) + " " +
-                                c10::str(it->second.sizes()) + ", expected " + c10::toString(dtype) + " " + c10::str(shape),
+      throw UserError(path,
+                      std::string("tensor '") + name + "' is " + c10::toString(it->second.scalar_type()) + " " +
+                          c10::str(it->second.sizes()) + ", expected " + c10::toString(dtype) + " " + c10::str(shape),
                       kHint);
     return it->second;
   };
@@ -94,15 +101,19 @@ namespace {
 std::unique_ptr<SafetensorsReader> open_shard(const std::string& dir, const LatentMeta& meta, int64_t i,
                                               const SafetensorsEntry* moments[4], const SafetensorsEntry** labels) {
   const std::string path = latent_shard_path(dir, i);
-  if (!fs::exists(path)) throw UserError("latents " + dir, "shard " + std::to_string(i) + " is missing", "extraction unfinished? re-run it");
+  if (!fs::exists(path))
+    throw UserError("latents " + dir, "shard " + std::to_string(i) + " is missing", "extraction unfinished? re-run it");
   auto r = std::make_unique<SafetensorsReader>(path);
   const int64_t n = meta.shards.at(static_cast<size_t>(i));
   auto get = [&](const char* name, at::ScalarType dtype, const std::vector<int64_t>& shape) {
     const SafetensorsEntry* e = r->find(name);
     if (!e) throw UserError(path, std::string("no tensor '") + name + "'", kHint);
     if (e->dtype != dtype || e->shape != shape)
-      throw UserError(path, std::string("tensor '") + name + "' is " + c10::toString(e->dtype) + " " + c10::str(c10::IntArrayRef(e->shape)) +
-                                ", expected " + c10::toString(dtype) + " " + c10::str(c10::IntArrayRef(shape)), kHint);
+      throw UserError(path,
+                      std::string("tensor '") + name + "' is " + c10::toString(e->dtype) + " " +
+                          c10::str(c10::IntArrayRef(e->shape)) + ", expected " + c10::toString(dtype) + " " +
+                          c10::str(c10::IntArrayRef(shape)),
+                      kHint);
     return e;
   };
   const std::vector<int64_t> shape{n, meta.channels, meta.size, meta.size};
@@ -118,7 +129,8 @@ LatentStore::LatentStore(std::string dir, const LatentMeta& meta) : dir_(std::mo
   labels_.resize(static_cast<size_t>(meta_.count));
   for (int64_t s = 0; s < meta_.num_shards(); ++s) {
     auto sh = std::make_unique<Shard>();
-    sh->path = latent_shard_path(dir_, s), sh->rows = meta_.shards[static_cast<size_t>(s)];
+    sh->path = latent_shard_path(dir_, s);
+    sh->rows = meta_.shards[static_cast<size_t>(s)];
     const SafetensorsEntry* lab = nullptr;
     auto reader = open_shard(dir_, meta_, s, sh->moments, &lab);
     reader->read_rows(*lab, 0, sh->rows, labels_.data() + first_[static_cast<size_t>(s)]);
@@ -187,7 +199,10 @@ bool LatentLoader::next(at::Tensor& z, at::Tensor& labels) {
   const LatentMeta& meta = store_->meta();
   at::Tensor flip = at::rand({batch_}) < 0.5;
   at::Tensor eps = at::randn({batch_, meta.channels, meta.size, meta.size});
-  if (world_ > 1) flip = flip.slice(0, rank_, batch_, world_), eps = eps.slice(0, rank_, batch_, world_);
+  if (world_ > 1) {
+    flip = flip.slice(0, rank_, batch_, world_);
+    eps = eps.slice(0, rank_, batch_, world_);
+  }
   flip = flip.view({rows, 1, 1, 1});
   const at::Tensor mean = at::where(flip, mf.to(at::kFloat), m.to(at::kFloat));
   const at::Tensor std = at::where(flip, sf.to(at::kFloat), s.to(at::kFloat));

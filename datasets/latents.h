@@ -1,7 +1,8 @@
 #pragma once
 // Pre-extracted VAE latents (written by `moh extract-latents`, read by the DiT trainer with data.dataset: latents).
 // Layout of DIR:
-//   meta.json                {"format": "moh-latents", "version": 1, "count": N, "shards": [n0, n1, ...], "channels": C,
+//   meta.json                {"format": "moh-latents", "version": 1, "count": N, "shards": [n0, n1, ...], "channels":
+//   C,
 //                             "size": H, "scale": 0.18215, "image_size": P, "classes": [...], "vae": "<file name>",
 //                             "vae_sha256": "...", "source": "<data spec>"}
 //   shard_00000.safetensors  mean, std, mean_flip, std_flip (n, C, H, W) F16 — the VAE posterior of each image and of
@@ -83,8 +84,8 @@ class LatentLoader : public BatchStream {
  public:
   /// `start_batch` > 0 (a run resumed inside an epoch) skips the epoch's first batches without drawing from the
   /// global generator: the resumed run's restored generator then draws what the uninterrupted epoch drew.
-  LatentLoader(std::shared_ptr<const LatentStore> store, int64_t batch_size, uint64_t seed, int64_t epoch, int64_t limit,
-               int rank = 0, int world = 1, int64_t start_batch = 0);
+  LatentLoader(std::shared_ptr<const LatentStore> store, int64_t batch_size, uint64_t seed, int64_t epoch,
+               int64_t limit, int rank = 0, int world = 1, int64_t start_batch = 0);
   int64_t num_batches() const override { return static_cast<int64_t>(order_.size()) / batch_; }
   /// Images used per epoch (the subset when limited, or all).
   int64_t count() const { return static_cast<int64_t>(order_.size()); }

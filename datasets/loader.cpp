@@ -46,7 +46,7 @@ std::vector<int64_t> limited_subset(int64_t n, int64_t limit, uint64_t seed) {
 }
 
 std::pair<at::Tensor, at::Tensor> make_batch(const ImageSet& set, const std::vector<int64_t>& indices,
-                                             const ClassifierTransform& tf, bool train, uint64_t seed, int64_t epoch) {
+                                             const ImageTransform& tf, bool train, uint64_t seed, int64_t epoch) {
   const int64_t B = static_cast<int64_t>(indices.size());
   const bool color = set.images.dim() == 4;
   const int64_t H = set.images.size(1), W = set.images.size(2), C = color ? set.images.size(3) : 1, S = tf.size;
@@ -97,10 +97,16 @@ std::pair<at::Tensor, at::Tensor> make_batch(const ImageSet& set, const std::vec
   return {out, labels};
 }
 
-EpochLoader::EpochLoader(const ImageSet& set, ClassifierTransform tf, int64_t batch_size, bool train, uint64_t seed,
+EpochLoader::EpochLoader(const ImageSet& set, ImageTransform tf, int64_t batch_size, bool train, uint64_t seed,
                          int64_t epoch, int64_t start_batch, bool drop_last, int prefetch, int rank, int world)
-    : set_(set), tf_(tf), batch_size_(batch_size), epoch_(epoch), next_batch_(start_batch), train_(train),
-      seed_(seed), prefetch_(static_cast<size_t>(std::max(1, prefetch))) {
+    : set_(set),
+      tf_(tf),
+      batch_size_(batch_size),
+      epoch_(epoch),
+      next_batch_(start_batch),
+      train_(train),
+      seed_(seed),
+      prefetch_(static_cast<size_t>(std::max(1, prefetch))) {
   order_ = epoch_order(set.size(), seed, epoch, train, rank, world);
   const int64_t n = static_cast<int64_t>(order_.size());
   num_batches_ = drop_last ? n / batch_size : (n + batch_size - 1) / batch_size;

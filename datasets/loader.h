@@ -21,12 +21,12 @@ constexpr double kFashionMnistStd = 0.3530;
 
 using moh::BatchStream;  // core/batch_stream.h: what the training loop reads
 
-/// How images become model inputs.
-struct ClassifierTransform {
-  int64_t size = 32;       ///< output side; smaller images are zero-padded (centred) to it
-  int64_t shift = 0;       ///< training: random translation of up to ±shift pixels (zero fill)
-  bool hflip = false;      ///< training: horizontal flip with probability 0.5
-  double erase_prob = 0;   ///< training: random erasing (timm, mode pixel) after normalisation
+/// How images become model inputs (classifiers and pixel-space DiTs alike).
+struct ImageTransform {
+  int64_t size = 32;      ///< output side; smaller images are zero-padded (centred) to it
+  int64_t shift = 0;      ///< training: random translation of up to ±shift pixels (zero fill)
+  bool hflip = false;     ///< training: horizontal flip with probability 0.5
+  double erase_prob = 0;  ///< training: random erasing (timm, mode pixel) after normalisation
   double mean = kFashionMnistMean, std = kFashionMnistStd;
 };
 
@@ -43,12 +43,12 @@ std::vector<int64_t> limited_subset(int64_t n, int64_t limit, uint64_t seed);
 /// Builds a float batch (B, C, S, S) and labels (B) from the given sample indices. `train` enables the random
 /// shift/flip, seeded per sample from (seed, epoch, index).
 std::pair<at::Tensor, at::Tensor> make_batch(const ImageSet& set, const std::vector<int64_t>& indices,
-                                             const ClassifierTransform& tf, bool train, uint64_t seed, int64_t epoch);
+                                             const ImageTransform& tf, bool train, uint64_t seed, int64_t epoch);
 
 /// Iterates one epoch in batches, preparing up to `prefetch` batches ahead on a background thread.
 class EpochLoader : public BatchStream {
  public:
-  EpochLoader(const ImageSet& set, ClassifierTransform tf, int64_t batch_size, bool train, uint64_t seed, int64_t epoch,
+  EpochLoader(const ImageSet& set, ImageTransform tf, int64_t batch_size, bool train, uint64_t seed, int64_t epoch,
               int64_t start_batch = 0, bool drop_last = true, int prefetch = 2, int rank = 0, int world = 1);
   ~EpochLoader();
   /// Batches in the epoch (after drop_last).
@@ -59,7 +59,7 @@ class EpochLoader : public BatchStream {
  private:
   void produce();
   const ImageSet& set_;
-  ClassifierTransform tf_;
+  ImageTransform tf_;
   int64_t batch_size_, epoch_, next_batch_, num_batches_;
   bool train_;
   uint64_t seed_;

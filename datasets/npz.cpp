@@ -3,11 +3,11 @@
 #include <zip.h>
 #include <zlib.h>
 
+#include <unistd.h>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <unistd.h>
 
 #include "core/atomic_io.h"
 #include "core/error.h"
@@ -27,9 +27,9 @@ struct DtypeName {
   at::ScalarType type;
 };
 // Little-endian dtypes LibTorch can hold ('|' = byte order not applicable, '=' = native = little here).
-constexpr DtypeName kDtypes[] = {{"u1", at::kByte}, {"i1", at::kChar},  {"b1", at::kBool},   {"i2", at::kShort},
-                                 {"i4", at::kInt},  {"i8", at::kLong},  {"f2", at::kHalf},   {"f4", at::kFloat},
-                                 {"f8", at::kDouble}};
+constexpr DtypeName kDtypes[] = {{"u1", at::kByte},  {"i1", at::kChar},  {"b1", at::kBool},
+                                 {"i2", at::kShort}, {"i4", at::kInt},   {"i8", at::kLong},
+                                 {"f2", at::kHalf},  {"f4", at::kFloat}, {"f8", at::kDouble}};
 
 std::string descr_of(at::ScalarType t) {
   for (const auto& d : kDtypes)
@@ -109,7 +109,10 @@ NpyHeader parse_npy_header(const std::string& bytes, const std::string& origin) 
                     "little-endian u1/i1/b1/i2/i4/i8/f2/f4/f8 arrays are read");
   bool found = false;
   for (const auto& d : kDtypes)
-    if (descr.compare(1, 2, d.descr) == 0) h.dtype = d.type, found = true;
+    if (descr.compare(1, 2, d.descr) == 0) {
+      h.dtype = d.type;
+      found = true;
+    }
   if (!found)
     throw UserError(origin, "unsupported npy dtype '" + descr + "'", "u1/i1/b1/i2/i4/i8/f2/f4/f8 arrays are read");
 
@@ -161,8 +164,10 @@ at::Tensor parse_npy(const std::string& bytes, const std::string& origin) {
   const NpyHeader h = parse_npy_header(bytes, origin);
   const size_t need = static_cast<size_t>(h.numel()) * c10::elementSize(h.dtype);
   if (bytes.size() - h.data_offset != need)
-    throw UserError(origin, "npy data has " + std::to_string(bytes.size() - h.data_offset) + " bytes, the header says " +
-                                std::to_string(need), "truncated or corrupt file");
+    throw UserError(origin,
+                    "npy data has " + std::to_string(bytes.size() - h.data_offset) + " bytes, the header says " +
+                        std::to_string(need),
+                    "truncated or corrupt file");
   at::Tensor t = at::empty(h.shape, at::TensorOptions().dtype(h.dtype));
   if (need) std::memcpy(t.data_ptr(), bytes.data() + h.data_offset, need);
   return t;
@@ -218,7 +223,7 @@ void save_npz(const std::string& path, const std::map<std::string, at::Tensor>& 
 // ---- streamed writing (np.savez layout with Zip64 sizes) --------------------------------------------------------
 
 namespace {
-constexpr uint16_t kZipVersion = 45;  // 4.5: Zip64
+constexpr uint16_t kZipVersion = 45;                         // 4.5: Zip64
 constexpr uint16_t kDosDate2020 = (40 << 9) | (1 << 5) | 1;  // 2020-01-01 (kNpzMemberTime), time 00:00
 
 // Little-endian fields of a zip header.
@@ -268,10 +273,13 @@ void NpzWriter::begin(const std::string& name, at::ScalarType dtype, const std::
   h.b += entry;
   h.u16(0x0001).u16(16).u64(m.size).u64(m.size);
   put(h.b.data(), h.b.size());
-  m.crc = static_cast<uint32_t>(crc32(0L, reinterpret_cast<const Bytef*>(header.data()), static_cast<uInt>(header.size())));
+  m.crc =
+      static_cast<uint32_t>(crc32(0L, reinterpret_cast<const Bytef*>(header.data()), static_cast<uInt>(header.size())));
   put(header.data(), header.size());
   members_.push_back(m);
-  open_member_ = true, dtype_ = dtype, shape_ = shape;
+  open_member_ = true;
+  dtype_ = dtype;
+  shape_ = shape;
   rows_left_ = shape.empty() ? 1 : shape[0];
 }
 
@@ -282,7 +290,8 @@ void NpzWriter::write_rows(const at::Tensor& rows) {
   TORCH_CHECK(t.scalar_type() == dtype_ && n <= rows_left_, "NpzWriter::write_rows: dtype or row count");
   if (!shape_.empty())
     TORCH_CHECK(std::vector<int64_t>(t.sizes().begin() + 1, t.sizes().end()) ==
-                    std::vector<int64_t>(shape_.begin() + 1, shape_.end()), "NpzWriter::write_rows: row shape");
+                    std::vector<int64_t>(shape_.begin() + 1, shape_.end()),
+                "NpzWriter::write_rows: row shape");
   const auto* p = static_cast<const Bytef*>(t.data_ptr());
   for (size_t done = 0; done < t.nbytes();) {  // zlib's crc32 takes at most 4 GB per call
     const size_t chunk = std::min<size_t>(t.nbytes() - done, size_t{1} << 30);
@@ -298,8 +307,8 @@ void NpzWriter::end() {
   const Member& m = members_.back();
   ZipBytes crc;
   crc.u32(m.crc);
-  if (std::fseek(file_, static_cast<long>(m.offset + 14), SEEK_SET) != 0 || std::fwrite(crc.b.data(), 1, 4, file_) != 4 ||
-      std::fseek(file_, 0, SEEK_END) != 0)
+  if (std::fseek(file_, static_cast<long>(m.offset + 14), SEEK_SET) != 0 ||
+      std::fwrite(crc.b.data(), 1, 4, file_) != 4 || std::fseek(file_, 0, SEEK_END) != 0)
     throw std::runtime_error("npz " + path_ + ": write failed: " + std::strerror(errno));
   open_member_ = false;
 }
@@ -340,12 +349,14 @@ NpzReader::NpzReader(const std::string& path) : path_(path), zip_(nullptr) {
   if (!std::filesystem::is_regular_file(path)) throw UserError("npz " + path, "no such file", "check the path");
   int err = 0;
   zip_t* z = zip_open(path.c_str(), ZIP_RDONLY | ZIP_CHECKCONS, &err);
-  if (!z) throw UserError("npz " + path, "not a readable zip archive: " + zip_error_text(err), "truncated or not an .npz");
+  if (!z)
+    throw UserError("npz " + path, "not a readable zip archive: " + zip_error_text(err), "truncated or not an .npz");
   zip_ = z;
   const zip_int64_t n = zip_get_num_entries(z, 0);
   for (zip_int64_t i = 0; i < n; ++i) {
     std::string name = zip_get_name(z, static_cast<zip_uint64_t>(i), 0);
-    if (name.size() > 4 && name.compare(name.size() - 4, 4, ".npy") == 0) names_.push_back(name.substr(0, name.size() - 4));
+    if (name.size() > 4 && name.compare(name.size() - 4, 4, ".npy") == 0)
+      names_.push_back(name.substr(0, name.size() - 4));
   }
 }
 
@@ -361,7 +372,8 @@ void* NpzReader::open_member(const std::string& name, std::string& head) const {
   const std::string origin = "npz " + path_ + " member " + name;
   if (!has(name)) throw UserError(origin, "not in the archive", "members: " + join(names_));
   zip_file_t* f = zip_fopen(static_cast<zip_t*>(zip_), (name + ".npy").c_str(), 0);
-  if (!f) throw UserError(origin, std::string("cannot open: ") + zip_strerror(static_cast<zip_t*>(zip_)), "corrupt archive");
+  if (!f)
+    throw UserError(origin, std::string("cannot open: ") + zip_strerror(static_cast<zip_t*>(zip_)), "corrupt archive");
   // Read the fixed preamble, then the rest of the header.
   head.assign(12, '\0');
   zip_int64_t got = zip_fread(f, head.data(), 10);
@@ -417,7 +429,8 @@ std::unique_ptr<NpyRowReader> NpzReader::rows(const std::string& name) const {
     const uint64_t need = h.data_offset + static_cast<uint64_t>(h.numel()) * c10::elementSize(h.dtype);
     if (st.size != need) {
       zip_fclose(f);
-      throw UserError(origin, "member has " + std::to_string(st.size) + " bytes, its header needs " + std::to_string(need),
+      throw UserError(origin,
+                      "member has " + std::to_string(st.size) + " bytes, its header needs " + std::to_string(need),
                       "truncated or corrupt file");
     }
   }

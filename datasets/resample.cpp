@@ -13,7 +13,7 @@ namespace {
 
 constexpr int kPrecisionBits = 32 - 8 - 2;  // Pillow's fixed point for 8-bit images: 22 fractional bits
 constexpr int32_t kHalf = int32_t{1} << (kPrecisionBits - 1);
-constexpr double kBicubicA = -0.5;          // Pillow's cubic (Keys) parameter; OpenCV uses −0.75
+constexpr double kBicubicA = -0.5;  // Pillow's cubic (Keys) parameter; OpenCV uses −0.75
 
 // Pillow's filters on the distance x (in input pixels, scaled by the antialiasing factor) and their supports.
 double bicubic(double x) {
@@ -22,12 +22,20 @@ double bicubic(double x) {
   if (x < 2.0) return (((x - 5.0) * x + 8.0) * x - 4.0) * kBicubicA;
   return 0.0;
 }
-double box(double x) { return x > -0.5 && x <= 0.5 ? 1.0 : 0.0; }
-double filter_value(PillowFilter f, double x) { return f == PillowFilter::kBox ? box(x) : bicubic(x); }
-double filter_support(PillowFilter f) { return f == PillowFilter::kBox ? 0.5 : 2.0; }
+double box(double x) {
+  return x > -0.5 && x <= 0.5 ? 1.0 : 0.0;
+}
+double filter_value(PillowFilter f, double x) {
+  return f == PillowFilter::kBox ? box(x) : bicubic(x);
+}
+double filter_support(PillowFilter f) {
+  return f == PillowFilter::kBox ? 0.5 : 2.0;
+}
 
 // Fixed-point sum → uint8: arithmetic shift, then clamp (Pillow's clip8).
-inline uint8_t clip8(int32_t v) { return static_cast<uint8_t>(std::min(std::max(v >> kPrecisionBits, 0), 255)); }
+inline uint8_t clip8(int32_t v) {
+  return static_cast<uint8_t>(std::min(std::max(v >> kPrecisionBits, 0), 255));
+}
 
 // The taps of one axis, in_size → out_size: output i reads inputs [start[i], start[i] + count[i]) with weights
 // w[i * ksize + k] (22-bit fixed point).
@@ -101,7 +109,10 @@ void combine_rows(uint8_t* __restrict out, const uint8_t* const* rows, const int
   // The last partial block is computed as a whole block ending at n (recomputing some outputs; out never aliases
   // the rows), so a row of 672 values does not end in 32 scalar sums.
   for (bool last = false; !last && i < n && n >= kBlock; i += kBlock) {
-    if (i + kBlock >= n) i = n - kBlock, last = true;
+    if (i + kBlock >= n) {
+      i = n - kBlock;
+      last = true;
+    }
     int32_t acc[kBlock];
     for (int64_t j = 0; j < kBlock; ++j) acc[j] = kHalf;
     for (int64_t k = 0; k < taps; ++k) {
@@ -142,8 +153,10 @@ void transpose_pixels(uint8_t* __restrict dst, const uint8_t* __restrict src, in
 }
 
 void transpose(uint8_t* dst, const uint8_t* src, int64_t rows, int64_t cols, int64_t src_stride, int64_t C) {
-  if (C == 3) transpose_pixels<3>(dst, src, rows, cols, src_stride);
-  else transpose_pixels<1>(dst, src, rows, cols, src_stride);
+  if (C == 3)
+    transpose_pixels<3>(dst, src, rows, cols, src_stride);
+  else
+    transpose_pixels<1>(dst, src, rows, cols, src_stride);
 }
 
 // Per-thread scratch that only grows (loader threads resize thousands of images: no allocation, zero fill or page
@@ -168,8 +181,8 @@ void mirror_columns_(at::Tensor& hwc) {
   }
 }
 
-at::Tensor resize_pillow(const at::Tensor& hwc, int64_t out_h, int64_t out_w, PillowFilter filter, const PixelWindow& window,
-                         bool mirror) {
+at::Tensor resize_pillow(const at::Tensor& hwc, int64_t out_h, int64_t out_w, PillowFilter filter,
+                         const PixelWindow& window, bool mirror) {
   at::Tensor keep;
   const Source s = source_of(hwc, keep);
   check_sizes(s, out_h, out_w);
@@ -207,21 +220,22 @@ at::Tensor resize_pillow(const at::Tensor& hwc, int64_t out_h, int64_t out_w, Pi
     std::vector<const uint8_t*> rows(static_cast<size_t>(th.ksize));
     for (int64_t j = 0; j < w; ++j) {
       const auto jj = static_cast<size_t>(left + j);
-      for (int64_t k = 0; k < th.count[jj]; ++k)
-        rows[static_cast<size_t>(k)] = block + (th.start[jj] + k - x0) * R * C;
+      for (int64_t k = 0; k < th.count[jj]; ++k) rows[static_cast<size_t>(k)] = block + (th.start[jj] + k - x0) * R * C;
       combine_rows(cols + j * R * C, rows.data(), th.w.data() + static_cast<int64_t>(jj) * th.ksize, th.count[jj],
                    R * C);
     }
     uint8_t* dst = vertical ? scratch(0, R * w * C) : o;  // the block is no longer needed
-    if (mirror)  // (w, R, C) → (R, w, C), the columns read last to first
+    if (mirror)                                           // (w, R, C) → (R, w, C), the columns read last to first
       transpose(dst, cols + (w - 1) * R * C, w, R, -R * C, C);
     else
       transpose(dst, cols, w, R, R * C, C);  // (w, R, C) → (R, w, C)
-    mirror = false;  // done
+    mirror = false;                          // done
     if (!vertical) return out;
-    mid = dst, mid_stride = w * C;
+    mid = dst;
+    mid_stride = w * C;
   } else {
-    mid = s.data + y0 * s.row_stride + left * C, mid_stride = s.row_stride;
+    mid = s.data + y0 * s.row_stride + left * C;
+    mid_stride = s.row_stride;
   }
   if (!vertical) {  // neither pass: the window of the source itself
     for (int64_t y = 0; y < h; ++y) std::copy_n(mid + y * mid_stride, w * C, o + y * w * C);
@@ -232,7 +246,8 @@ at::Tensor resize_pillow(const at::Tensor& hwc, int64_t out_h, int64_t out_w, Pi
   std::vector<const uint8_t*> rows(static_cast<size_t>(tv.ksize));
   for (int64_t i = 0; i < h; ++i) {
     const auto ii = static_cast<size_t>(top + i);
-    for (int64_t k = 0; k < tv.count[ii]; ++k) rows[static_cast<size_t>(k)] = mid + (tv.start[ii] + k - y0) * mid_stride;
+    for (int64_t k = 0; k < tv.count[ii]; ++k)
+      rows[static_cast<size_t>(k)] = mid + (tv.start[ii] + k - y0) * mid_stride;
     combine_rows(o + i * w * C, rows.data(), tv.w.data() + static_cast<int64_t>(ii) * tv.ksize, tv.count[ii], w * C);
   }
   if (mirror) mirror_columns_(out);  // the width did not change: no pass to fold the flip into
@@ -269,14 +284,16 @@ at::Tensor resize_pillow_reference(const at::Tensor& hwc, int64_t out_h, int64_t
   at::Tensor img = keep.contiguous();
   if (out_w == s.W) {
     if (out_h == s.H) return img.clone();
-    return vertical_pass_reference(img.data_ptr<uint8_t>(), 0, s.W * C, out_h, out_w, C, filter_taps(s.H, out_h, filter));
+    return vertical_pass_reference(img.data_ptr<uint8_t>(), 0, s.W * C, out_h, out_w, C,
+                                   filter_taps(s.H, out_h, filter));
   }
   const Taps th = filter_taps(s.W, out_w, filter);
   int64_t y0 = 0, y1 = s.H;
   Taps tv;
   if (out_h != s.H) {
     tv = filter_taps(s.H, out_h, filter);
-    y0 = tv.start[0], y1 = tv.start.back() + tv.count.back();
+    y0 = tv.start[0];
+    y1 = tv.start.back() + tv.count.back();
   }
   at::Tensor tmp = at::empty({y1 - y0, out_w, C}, at::kByte);
   const uint8_t* in = img.data_ptr<uint8_t>();

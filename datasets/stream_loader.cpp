@@ -113,16 +113,20 @@ std::pair<at::Tensor, at::Tensor> StreamLoader::build(int64_t batch) {
         first = first_bad_;
       }
       if (bad > bad_budget_)
-        throw UserError("data.root " + o_.root, std::to_string(bad) + " unreadable images in an epoch of " +
-                                                    std::to_string(order_.size()) + " (first: " + first + ")",
-                        "above data.max_bad_fraction = " + std::to_string(o_.max_bad_fraction) + "; fix or remove them");
+        throw UserError(
+            "data.root " + o_.root,
+            std::to_string(bad) + " unreadable images in an epoch of " + std::to_string(order_.size()) +
+                " (first: " + first + ")",
+            "above data.max_bad_fraction = " + std::to_string(o_.max_bad_fraction) + "; fix or remove them");
     }
     if (!img.defined())
       throw UserError("data.root", "16 unreadable images in a row near " + index_.files[static_cast<size_t>(file)],
                       "check the dataset tree");
     if (!x.defined()) x = batch_tensor({end - begin, img.size(2), tf_.size, tf_.size});
-    if (o_.train) train_transform(img, tf_, rng, x[p - begin]);
-    else eval_transform(img, tf_, x[p - begin]);
+    if (o_.train)
+      train_transform(img, tf_, rng, x[p - begin]);
+    else
+      eval_transform(img, tf_, x[p - begin]);
     labels[p - begin] = index_.labels[static_cast<size_t>(file)];
   }
   return {x, y};
@@ -155,8 +159,8 @@ bool StreamLoader::next(at::Tensor& x, at::Tensor& y) {
   std::unique_lock<std::mutex> lock(mu_);
   if (next_ >= num_batches_) {
     if (bad_ > 0 && !reported_)
-      std::cerr << "warning: " << o_.root << ": " << bad_.load() << " unreadable image(s) replaced this epoch (first: "
-                << first_bad_ << ")\n";
+      std::cerr << "warning: " << o_.root << ": " << bad_.load()
+                << " unreadable image(s) replaced this epoch (first: " << first_bad_ << ")\n";
     reported_ = true;
     return false;
   }

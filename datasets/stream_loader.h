@@ -29,15 +29,15 @@ std::vector<int64_t> repeated_order(int64_t n, int64_t repeats, uint64_t seed, i
 /// How a StreamLoader runs.
 struct StreamOptions {
   int64_t batch_size = 128;
-  bool train = true;            ///< train transform + shuffling; false = eval transform, sequential
+  bool train = true;  ///< train transform + shuffling; false = eval transform, sequential
   uint64_t seed = 0;
   int64_t epoch = 0;
-  int64_t start_batch = 0;      ///< resume inside an epoch
+  int64_t start_batch = 0;  ///< resume inside an epoch
   bool drop_last = true;
-  int workers = 2;              ///< decoding/augmentation threads
-  int prefetch = 2;             ///< batches ready ahead of the consumer (beyond one per worker)
-  int64_t repeats = 1;          ///< repeated augmentation (RASampler); 1 = off
-  int64_t channels = 3;         ///< 1 = grey, 3 = RGB
+  int workers = 2;       ///< decoding/augmentation threads
+  int prefetch = 2;      ///< batches ready ahead of the consumer (beyond one per worker)
+  int64_t repeats = 1;   ///< repeated augmentation (RASampler); 1 = off
+  int64_t channels = 3;  ///< 1 = grey, 3 = RGB
   int rank = 0, world = 1;
   double max_bad_fraction = 0.01;  ///< data.max_bad_fraction: tolerated share of unreadable files in an epoch
   std::string root;                ///< for messages
@@ -75,7 +75,8 @@ class StreamLoader : public BatchStream {
   std::string first_bad_;  ///< "file: why" of the first unreadable file (under mu_)
   bool reported_ = false;
   std::vector<std::thread> threads_;
-  std::vector<at::Tensor> pool_;  ///< batch tensors handed out before, reused once nothing else refers to them (under mu_)
+  std::vector<at::Tensor>
+      pool_;  ///< batch tensors handed out before, reused once nothing else refers to them (under mu_)
 };
 
 }  // namespace moh::datasets

@@ -9,7 +9,10 @@ namespace {
 class DiTTask : public TrainTask {
  public:
   DiTTask(const ExperimentConfig& cfg, const RunContext& ctx)
-      : cfg_(cfg), ctx_(ctx), options_(dit_options_for(cfg)), data_(cfg, options_),
+      : cfg_(cfg),
+        ctx_(ctx),
+        options_(dit_options_for(cfg)),
+        data_(cfg, options_),
         diffusion_(GaussianDiffusion::base(cfg.diffusion.steps)) {}
 
   std::shared_ptr<torch::nn::Module> build_model() override { return DiT(options_).ptr(); }
@@ -50,14 +53,15 @@ DiffusionDraws draw_training_noise(const std::vector<int64_t>& local_shape, int6
   std::vector<int64_t> shape = local_shape;
   shape[0] = G;
   DiffusionDraws d;
-  d.t = mine(at::randint(0, num_steps, {G}, at::kLong));  // (B)
-  d.noise = mine(at::randn(shape, at::kFloat));          // (B, C, H, W)
+  d.t = mine(at::randint(0, num_steps, {G}, at::kLong));                    // (B)
+  d.noise = mine(at::randn(shape, at::kFloat));                             // (B, C, H, W)
   if (drop_prob > 0) d.drop = mine(at::rand({G}, at::kFloat) < drop_prob);  // DiT's token_drop, drawn here
   return d;
 }
 
-LossTensors diffusion_backward(DiT& model, const GaussianDiffusion& diffusion, const at::Tensor& x0, const at::Tensor& y,
-                               double beta, const RunContext& ctx, const GradScaler& scaler, int rank, int world) {
+LossTensors diffusion_backward(DiT& model, const GaussianDiffusion& diffusion, const at::Tensor& x0,
+                               const at::Tensor& y, double beta, const RunContext& ctx, const GradScaler& scaler,
+                               int rank, int world) {
   const double p = model->is_training() ? model->y_embedder->dropout_prob : 0.0;
   const DiffusionDraws d = draw_training_noise(x0.sizes().vec(), diffusion.num_steps(), p, rank, world, x0.device());
   const at::Tensor &t = d.t, &drop = d.drop, noise = d.noise.to(x0.scalar_type());
@@ -70,7 +74,8 @@ LossTensors diffusion_backward(DiT& model, const GaussianDiffusion& diffusion, c
   const GaussianDiffusion::Losses l = diffusion.training_losses(out.out.to(at::kFloat), x0, xt, t, noise);
   at::Tensor loss = l.loss.mean();
   const at::Tensor aux = out.aux_loss.defined() ? out.aux_loss.to(at::kFloat) : at::zeros({}, loss.options());
-  LossTensors r{{"loss", loss.detach()}, {"mse", l.mse.mean().detach()}, {"vb", l.vb.mean().detach()}, {"aux", aux.detach()}};
+  LossTensors r{
+      {"loss", loss.detach()}, {"mse", l.mse.mean().detach()}, {"vb", l.vb.mean().detach()}, {"aux", aux.detach()}};
   if (out.aux_loss.defined()) loss = loss + beta * aux;
   scaler.scale(loss).backward();
   return r;

@@ -7,9 +7,9 @@
 
 #include "core/amp.h"
 #include "core/train_loop.h"
-#include "diffusion/diffusion_process.h"
 #include "diffusion/dit.h"
 #include "diffusion/dit_experiment.h"
+#include "diffusion/gaussian_diffusion.h"
 
 namespace moh::diffusion {
 
@@ -28,8 +28,9 @@ DiffusionDraws draw_training_noise(const std::vector<int64_t>& local_shape, int6
 /// q_sample, forward under autocast, hybrid loss in fp32 + β·aux, scaled backward. The optimizer half is
 /// finish_optimizer_step (core/amp.h). Data parallel (world > 1): x0 holds the rank's samples r, r + world, ... of
 /// the global batch, so the step equals a single process's. Returns loss, mse, vb, aux (0-dim, on the device).
-LossTensors diffusion_backward(DiT& model, const GaussianDiffusion& diffusion, const at::Tensor& x0, const at::Tensor& y,
-                               double beta, const RunContext& ctx, const GradScaler& scaler, int rank = 0, int world = 1);
+LossTensors diffusion_backward(DiT& model, const GaussianDiffusion& diffusion, const at::Tensor& x0,
+                               const at::Tensor& y, double beta, const RunContext& ctx, const GradScaler& scaler,
+                               int rank = 0, int world = 1);
 
 /// The DiT task for run_training().
 std::unique_ptr<TrainTask> make_dit_task(const ExperimentConfig& cfg, const RunContext& ctx);

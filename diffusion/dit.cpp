@@ -13,14 +13,16 @@ namespace moh::diffusion {
 namespace nn = torch::nn;
 
 namespace {
-constexpr double kNormEps = 1e-6;         // DiT LayerNorm(elementwise_affine=False, eps=1e-6)
-constexpr double kEmbedInitStd = 0.02;    // label table and timestep MLP init
-constexpr int64_t kFrequencyDim = 256;    // timestep sinusoid features
+constexpr double kNormEps = 1e-6;       // DiT LayerNorm(elementwise_affine=False, eps=1e-6)
+constexpr double kEmbedInitStd = 0.02;  // label table and timestep MLP init
+constexpr int64_t kFrequencyDim = 256;  // timestep sinusoid features
 
 at::Tensor modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale) {
   return x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1);
 }
-at::Tensor layer_norm(const at::Tensor& x) { return at::layer_norm(x, {x.size(-1)}, {}, {}, kNormEps); }
+at::Tensor layer_norm(const at::Tensor& x) {
+  return at::layer_norm(x, {x.size(-1)}, {}, {}, kNormEps);
+}
 }  // namespace
 
 std::vector<int64_t> expand_runs(const LayerRuns& runs) {
@@ -38,8 +40,10 @@ vision::MoHAttentionOptions DiTOptions::layer(int64_t i) const {
   o.head_dim = head_dim > 0 ? head_dim : hidden_size / num_heads;
   o.qkv_bias = true;
   o.path = path;
-  if (attention == AttentionMode::moh) o.moh(at_layer(shared, 0), at_layer(topk, 0));
-  else if (attention == AttentionMode::moa) o.moa(at_layer(topk, 0));
+  if (attention == AttentionMode::moh)
+    o.moh(at_layer(shared, 0), at_layer(topk, 0));
+  else if (attention == AttentionMode::moa)
+    o.moa(at_layer(topk, 0));
   return o;
 }
 
@@ -62,18 +66,23 @@ int64_t DiTOptions::routed_layers() const {
 void DiTOptions::validate() const {
   const std::string what = "DiT options";
   if (input_size <= 0 || patch_size <= 0 || input_size % patch_size != 0)
-    throw UserError(what, "input_size " + std::to_string(input_size) + " is not a multiple of patch_size " +
-                              std::to_string(patch_size), "");
+    throw UserError(
+        what,
+        "input_size " + std::to_string(input_size) + " is not a multiple of patch_size " + std::to_string(patch_size),
+        "");
   if (hidden_size % 4 != 0) throw UserError(what, "hidden_size must be a multiple of 4 (2-D sin-cos embedding)", "");
   if (depth <= 0 || num_heads <= 0) throw UserError(what, "depth and num_heads must be positive", "");
   if (head_dim == 0 && hidden_size % num_heads != 0)
     throw UserError(what, "hidden_size is not divisible by num_heads", "set head_dim");
   for (const auto* runs : {&heads, &shared, &topk})
     if (!runs->empty() && static_cast<int64_t>(expand_runs(*runs).size()) != depth)
-      throw UserError(what, "a per-layer schedule has " + std::to_string(expand_runs(*runs).size()) +
-                                " entries for depth " + std::to_string(depth), "");
+      throw UserError(what,
+                      "a per-layer schedule has " + std::to_string(expand_runs(*runs).size()) + " entries for depth " +
+                          std::to_string(depth),
+                      "");
   if (num_classes <= 0) throw UserError(what, "num_classes must be positive", "");
-  if (class_dropout_prob < 0 || class_dropout_prob >= 1) throw UserError(what, "class_dropout_prob must be in [0,1)", "");
+  if (class_dropout_prob < 0 || class_dropout_prob >= 1)
+    throw UserError(what, "class_dropout_prob must be in [0,1)", "");
   for (int64_t i = 0; i < depth; ++i) layer(i).validate();
 }
 
@@ -81,7 +90,9 @@ MlpImpl::MlpImpl(int64_t dim, int64_t hidden) {
   fc1 = register_module("fc1", vision::Linear(dim, hidden));
   fc2 = register_module("fc2", vision::Linear(hidden, dim));
 }
-at::Tensor MlpImpl::forward(const at::Tensor& x) { return fc2->forward(at::gelu(fc1->forward(x), "tanh")); }
+at::Tensor MlpImpl::forward(const at::Tensor& x) {
+  return fc2->forward(at::gelu(fc1->forward(x), "tanh"));
+}
 
 PatchEmbedImpl::PatchEmbedImpl(int64_t in_channels, int64_t dim, int64_t patch) {
   proj = register_module("proj", nn::Conv2d(nn::Conv2dOptions(in_channels, dim, patch).stride(patch)));
@@ -97,9 +108,9 @@ TimestepEmbedderImpl::TimestepEmbedderImpl(int64_t dim, int64_t fdim) : frequenc
 at::Tensor TimestepEmbedderImpl::timestep_embedding(const at::Tensor& t, int64_t dim, double max_period) {
   const int64_t half = dim / 2;
   at::Tensor freqs = at::exp(-std::log(max_period) * at::arange(half, t.options().dtype(at::kFloat)) /
-                             static_cast<double>(half));                      // (half)
-  at::Tensor args = t.to(at::kFloat).unsqueeze(1) * freqs.unsqueeze(0);     // (N, half)
-  at::Tensor emb = at::cat({at::cos(args), at::sin(args)}, -1);             // cos first, then sin
+                             static_cast<double>(half));                 // (half)
+  at::Tensor args = t.to(at::kFloat).unsqueeze(1) * freqs.unsqueeze(0);  // (N, half)
+  at::Tensor emb = at::cat({at::cos(args), at::sin(args)}, -1);          // cos first, then sin
   if (dim % 2) emb = at::cat({emb, at::zeros_like(emb.narrow(1, 0, 1))}, -1);
   return emb;
 }
@@ -130,7 +141,7 @@ DiTBlockImpl::DiTBlockImpl(int64_t d, const vision::MoHAttentionOptions& attn_op
 }
 
 DiTOutput DiTBlockImpl::forward(const at::Tensor& x, const at::Tensor& c) {
-  auto mod = adaLN_modulation->forward(c).chunk(6, 1);  // shift/scale/gate for msa, then mlp; each (N, D)
+  auto mod = adaLN_modulation->forward(c).chunk(6, 1);              // shift/scale/gate for msa, then mlp; each (N, D)
   auto a = attn->forward(modulate(layer_norm(x), mod[0], mod[1]));  // router sees the modulated tokens
   at::Tensor h = x + mod[2].unsqueeze(1) * a.out;
   h = h + mod[5].unsqueeze(1) * mlp->forward(modulate(layer_norm(h), mod[3], mod[4]));
@@ -202,19 +213,23 @@ at::Tensor DiTImpl::unpatchify(const at::Tensor& x) const {
   return x.reshape({N, g, g, p, p, c}).permute({0, 5, 1, 3, 2, 4}).reshape({N, c, g * p, g * p});  // nhwpqc->nchpwq
 }
 
-DiTOutput DiTImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& y, const at::Tensor& force_drop) {
-  at::Tensor h = x_embedder->forward(x) + pos_embed;                            // (N, T, D)
-  at::Tensor c = t_embedder->forward(t) + y_embedder->forward(y, force_drop);   // (N, D)
+DiTOutput DiTImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& y,
+                           const at::Tensor& force_drop) {
+  at::Tensor h = x_embedder->forward(x) + pos_embed;                           // (N, T, D)
+  at::Tensor c = t_embedder->forward(t) + y_embedder->forward(y, force_drop);  // (N, D)
   at::Tensor aux_sum;
   int64_t routed = 0;
   for (auto& b : *blocks) {
     DiTOutput o = b->as<DiTBlockImpl>()->forward(h, c);
     h = o.out;
-    if (o.aux_loss.defined()) aux_sum = aux_sum.defined() ? aux_sum + o.aux_loss : o.aux_loss, ++routed;
+    if (o.aux_loss.defined()) {
+      aux_sum = aux_sum.defined() ? aux_sum + o.aux_loss : o.aux_loss;
+      ++routed;
+    }
   }
   DiTOutput out;
-  out.out = unpatchify(final_layer->forward(h, c));                            // (N, C_out, H, W)
-  if (routed > 0) out.aux_loss = aux_sum / static_cast<double>(routed);        // mean over routed layers
+  out.out = unpatchify(final_layer->forward(h, c));                      // (N, C_out, H, W)
+  if (routed > 0) out.aux_loss = aux_sum / static_cast<double>(routed);  // mean over routed layers
   return out;
 }
 
@@ -224,14 +239,19 @@ namespace {
 
 DiTOptions base(int64_t depth, int64_t hidden, int64_t heads, int64_t patch) {
   DiTOptions o;
-  o.depth = depth, o.hidden_size = hidden, o.num_heads = heads, o.patch_size = patch;
+  o.depth = depth;
+  o.hidden_size = hidden;
+  o.num_heads = heads;
+  o.patch_size = patch;
   return o;
 }
 
 DiTOptions moh_variant(DiTOptions o, int64_t head_dim, LayerRuns heads, LayerRuns shared, LayerRuns topk) {
   o.attention = AttentionMode::moh;
   o.head_dim = head_dim;
-  o.heads = std::move(heads), o.shared = std::move(shared), o.topk = std::move(topk);
+  o.heads = std::move(heads);
+  o.shared = std::move(shared);
+  o.topk = std::move(topk);
   return o;
 }
 
@@ -240,8 +260,12 @@ DiTOptions moh_variant(DiTOptions o, int64_t head_dim, LayerRuns heads, LayerRun
 const std::vector<std::pair<std::string, DiTOptions>>& dit_variants() {
   static const std::vector<std::pair<std::string, DiTOptions>> table = [] {
     std::vector<std::pair<std::string, DiTOptions>> t;
-    struct Size { const char* name; int64_t depth, hidden, heads; };
-    for (const Size& s : {Size{"S", 12, 384, 6}, Size{"B", 12, 768, 12}, Size{"L", 24, 1024, 16}, Size{"XL", 28, 1152, 16}})
+    struct Size {
+      const char* name;
+      int64_t depth, hidden, heads;
+    };
+    for (const Size& s :
+         {Size{"S", 12, 384, 6}, Size{"B", 12, 768, 12}, Size{"L", 24, 1024, 16}, Size{"XL", 28, 1152, 16}})
       for (int64_t p : {2, 4, 8})
         t.push_back({std::string("DiT-") + s.name + "/" + std::to_string(p), base(s.depth, s.hidden, s.heads, p)});
     // MoH-DiT schedules (MoH-DiT/models.py), as runs of (value, layers).
@@ -250,7 +274,8 @@ const std::vector<std::pair<std::string, DiTOptions>>& dit_variants() {
     t.push_back({"MoH-DiT-S/2-90", moh_variant(S, 64, {{6, 12}}, {{3, 8}, {6, 4}}, {{2, 8}, {0, 4}})});
     t.push_back({"MoH-DiT-S/2-75", moh_variant(S, 64, {{6, 12}}, {{2, 2}, {3, 8}, {6, 2}}, {{1, 6}, {2, 4}, {0, 2}})});
     t.push_back({"MoH-DiT-B/2-90", moh_variant(B, 64, {{12, 12}}, {{6, 5}, {7, 5}, {12, 2}}, {{4, 10}, {0, 2}})});
-    t.push_back({"MoH-DiT-B/2-75", moh_variant(B, 64, {{12, 12}}, {{4, 2}, {6, 8}, {12, 2}}, {{2, 2}, {3, 8}, {0, 2}})});
+    t.push_back(
+        {"MoH-DiT-B/2-75", moh_variant(B, 64, {{12, 12}}, {{4, 2}, {6, 8}, {12, 2}}, {{2, 2}, {3, 8}, {0, 2}})});
     const LayerRuns l_heads{{8, 8}, {16, 8}, {24, 8}}, xl_heads{{8, 9}, {16, 10}, {24, 9}};
     t.push_back({"MoH-DiT-L/2-90", moh_variant(L, 64, l_heads, {{8, 8}, {16, 16}}, {{0, 16}, {3, 8}})});
     t.push_back({"MoH-DiT-L/2-75", moh_variant(L, 64, l_heads, {{8, 16}, {12, 8}}, {{0, 8}, {4, 16}})});
@@ -259,7 +284,9 @@ const std::vector<std::pair<std::string, DiTOptions>>& dit_variants() {
     // Small pixel-space models for the embedded dataset (Fashion-MNIST 28×28 grey, 10 classes): 7×7 tokens of 4×4
     // pixels, 8 heads of 16 dims; MoH-75 keeps 4 shared + top-2 of 4 routed heads in every layer (6/8 active).
     DiTOptions px = base(6, 128, 8, 4);
-    px.input_size = 28, px.in_channels = 1, px.num_classes = 10;
+    px.input_size = 28;
+    px.in_channels = 1;
+    px.num_classes = 10;
     t.push_back({"DiT-Pixel/4", px});
     t.push_back({"MoH-DiT-Pixel/4-75", moh_variant(px, 16, {{8, 6}}, {{4, 6}}, {{2, 6}})});
     return t;
@@ -267,7 +294,9 @@ const std::vector<std::pair<std::string, DiTOptions>>& dit_variants() {
   return table;
 }
 
-DiTOptions dit_options(const std::string& name) { return find_variant(dit_variants(), name, "DiT variant"); }
+DiTOptions dit_options(const std::string& name) {
+  return find_variant(dit_variants(), name, "DiT variant");
+}
 
 DiTOptions dit_options_for_weights(DiTOptions o, const TensorMap& w) {
   auto shape = [&](const char* name) -> std::vector<int64_t> {

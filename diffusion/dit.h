@@ -14,8 +14,8 @@
 #include <utility>
 #include <vector>
 
-#include "vision/linear.h"
 #include "core/safetensors.h"
+#include "vision/linear.h"
 #include "vision/moh_attention.h"
 
 namespace moh::diffusion {
@@ -28,13 +28,13 @@ std::vector<int64_t> expand_runs(const LayerRuns& runs);
 
 /// Options of the DiT family. MoH variants give per-layer heads/shared/top-K schedules (head_dim fixed).
 struct DiTOptions {
-  int64_t input_size = 32;   ///< latent (or pixel) side length
+  int64_t input_size = 32;  ///< latent (or pixel) side length
   int64_t patch_size = 2;
   int64_t in_channels = 4;
   int64_t hidden_size = 1152;
   int64_t depth = 28;
-  int64_t num_heads = 16;    ///< heads of every layer unless `heads` is given
-  int64_t head_dim = 0;      ///< 0 = hidden_size / num_heads
+  int64_t num_heads = 16;  ///< heads of every layer unless `heads` is given
+  int64_t head_dim = 0;    ///< 0 = hidden_size / num_heads
   double mlp_ratio = 4.0;
   double class_dropout_prob = 0.1;
   int64_t num_classes = 1000;

@@ -4,7 +4,7 @@
 #include "core/error.h"
 #include "core/run_context.h"
 #include "datasets/experiment_data.h"
-#include "diffusion/gaussian_diffusion.h"
+#include "diffusion/diffusion_schedule.h"
 
 namespace moh::diffusion {
 
@@ -18,7 +18,8 @@ DiTOptions dit_options_for(const ExperimentConfig& cfg) {
     o.input_size = latent ? cfg.model.img_size / 8 : cfg.model.img_size;
   }
   if (!cfg.model.attention.empty())
-    throw UserError("config: model.attention", "per-stage overrides are for classifiers", "pick a DiT or MoH-DiT variant");
+    throw UserError("config: model.attention", "per-stage overrides are for classifiers",
+                    "pick a DiT or MoH-DiT variant");
   o.path = cfg.model.attention_path;
   o.validate();
   return o;
@@ -34,11 +35,11 @@ double attention_map_bytes(const DiTOptions& o, int64_t rank_batch) {
 void check_attention_memory(const DiTOptions& o, int64_t rank_batch, const DeviceMemory& memory) {
   const double bytes = attention_map_bytes(o, rank_batch);
   if (bytes > static_cast<double>(memory.bytes))
-    throw UserError("config: model.img_size", std::to_string(o.num_patches()) + " tokens at " + std::to_string(rank_batch) +
-                                                  " images per rank need at least " +
-                                                  std::to_string(static_cast<int64_t>(bytes / (1 << 30))) +
-                                                  " GiB for one attention map, more than the " +
-                                                  std::to_string(memory.bytes >> 30) + " GiB of " + memory.name,
+    throw UserError("config: model.img_size",
+                    std::to_string(o.num_patches()) + " tokens at " + std::to_string(rank_batch) +
+                        " images per rank need at least " + std::to_string(static_cast<int64_t>(bytes / (1 << 30))) +
+                        " GiB for one attention map, more than the " + std::to_string(memory.bytes >> 30) + " GiB of " +
+                        memory.name,
                     "lower model.img_size or data.batch_size");
 }
 
@@ -46,20 +47,24 @@ void validate_dit_experiment(const ExperimentConfig& cfg, bool training, bool sa
   const DiTOptions o = dit_options_for(cfg);
   // One attention map of the widest layer for a rank's batch (a lower bound of what training holds) must fit the
   // memory of the device the run trains on.
-  check_attention_memory(o, cfg.data.batch_size / std::max<int64_t>(1, cfg.train.processes), device_memory(cfg.train.device));
+  check_attention_memory(o, cfg.data.batch_size / std::max<int64_t>(1, cfg.train.processes),
+                         device_memory(cfg.train.device));
   if (cfg.train.accum_steps != 1) throw UserError("config: train.accum_steps", "must be 1 for diffusion training", "");
   if (sampling && cfg.sampling.cfg_scale > 1.0 && o.class_dropout_prob <= 0)
     throw UserError("config: sampling.cfg_scale", cfg.model.name + " has no null class (class_dropout_prob = 0)",
                     "set sampling.cfg_scale=1");
   if (sampling && cfg.sampling.cfg_scale > 1.0 && cfg.sampling.cfg_channels == CfgChannels::three && o.in_channels < 3)
-    throw UserError("config: sampling.cfg_channels", "three (DiT's latent quirk) needs at least 3 channels, the model has " +
-                                                         std::to_string(o.in_channels), "set sampling.cfg_channels=all");
+    throw UserError(
+        "config: sampling.cfg_channels",
+        "three (DiT's latent quirk) needs at least 3 channels, the model has " + std::to_string(o.in_channels),
+        "set sampling.cfg_channels=all");
   space_timesteps(cfg.diffusion.steps, cfg.sampling.steps);  // "sampling.steps" must respace diffusion.steps
   if (!training) return;
   const bool latent = cfg.data.dataset == DatasetKind::latents;
   if (cfg.diffusion.vae == VaeKind::sd && !latent)
-    throw UserError("config: data.dataset", "vae: sd trains from pre-extracted latents",
-                    "run `moh extract-latents CONFIG.yaml --out DIR`, then set data.dataset: latents and data.root: DIR");
+    throw UserError(
+        "config: data.dataset", "vae: sd trains from pre-extracted latents",
+        "run `moh extract-latents CONFIG.yaml --out DIR`, then set data.dataset: latents and data.root: DIR");
   if (latent && cfg.diffusion.vae != VaeKind::sd)
     throw UserError("config: diffusion.vae", "data.dataset: latents needs vae: sd", "set diffusion.vae: sd");
 }
@@ -69,30 +74,42 @@ DiTTrainData::DiTTrainData(const ExperimentConfig& cfg, const DiTOptions& mo)
   if (latent_) {
     latent_meta_ = datasets::read_latent_meta(cfg.data.root);
     if (latent_meta_.channels != mo.in_channels || latent_meta_.size != mo.input_size)
-      throw UserError("config: model", cfg.model.name + " takes " + std::to_string(mo.in_channels) + "×" +
-                                           std::to_string(mo.input_size) + "² latents, " + cfg.data.root + " holds " +
-                                           std::to_string(latent_meta_.channels) + "×" + std::to_string(latent_meta_.size) + "²",
+      throw UserError("config: model",
+                      cfg.model.name + " takes " + std::to_string(mo.in_channels) + "×" +
+                          std::to_string(mo.input_size) + "² latents, " + cfg.data.root + " holds " +
+                          std::to_string(latent_meta_.channels) + "×" + std::to_string(latent_meta_.size) + "²",
                       "set model.img_size to " + std::to_string(latent_meta_.image_size));
     if (static_cast<int64_t>(latent_meta_.classes.size()) > mo.num_classes)
-      throw UserError("config: model.num_classes", std::to_string(mo.num_classes) + " classes, the latents have " +
-                                                       std::to_string(latent_meta_.classes.size()), "");
-    latents_ = std::make_shared<const datasets::LatentStore>(cfg.data.root, latent_meta_);  // every shard's header checked
+      throw UserError(
+          "config: model.num_classes",
+          std::to_string(mo.num_classes) + " classes, the latents have " + std::to_string(latent_meta_.classes.size()),
+          "");
+    latents_ =
+        std::make_shared<const datasets::LatentStore>(cfg.data.root, latent_meta_);  // every shard's header checked
     return;
   }
   pixels_ = datasets::load_split(cfg, true, mo.in_channels);
-  tf_.size = mo.input_size, tf_.hflip = cfg.data.hflip, tf_.shift = 0;  // no padding: side = input size
-  tf_.mean = 0.5, tf_.std = 0.5;
+  tf_.size = mo.input_size;
+  tf_.hflip = cfg.data.hflip;
+  tf_.shift = 0;  // no padding: side = input size
+  tf_.mean = 0.5;
+  tf_.std = 0.5;
   if (pixels_.images.size(1) != mo.input_size || pixels_.images.size(2) != mo.input_size)
-    throw UserError("config: model", cfg.model.name + " takes " + std::to_string(mo.input_size) + " px images, the data is " +
-                                         std::to_string(pixels_.images.size(1)) + " px", "choose a matching variant");
+    throw UserError("config: model",
+                    cfg.model.name + " takes " + std::to_string(mo.input_size) + " px images, the data is " +
+                        std::to_string(pixels_.images.size(1)) + " px",
+                    "choose a matching variant");
   const int64_t channels = pixels_.images.dim() == 4 ? pixels_.images.size(3) : 1;
   if (channels != mo.in_channels)
-    throw UserError("config: model", cfg.model.name + " takes " + std::to_string(mo.in_channels) + " channels, the data has " +
-                                         std::to_string(channels), "choose a matching variant");
+    throw UserError("config: model",
+                    cfg.model.name + " takes " + std::to_string(mo.in_channels) + " channels, the data has " +
+                        std::to_string(channels),
+                    "choose a matching variant");
   const int64_t labels_max = pixels_.labels.max().item<int64_t>();
   if (labels_max >= mo.num_classes)
-    throw UserError("config: model.num_classes", std::to_string(mo.num_classes) + " classes, the data has labels up to " +
-                                                     std::to_string(labels_max), "");
+    throw UserError(
+        "config: model.num_classes",
+        std::to_string(mo.num_classes) + " classes, the data has labels up to " + std::to_string(labels_max), "");
 }
 
 int64_t DiTTrainData::size() const {
@@ -105,8 +122,9 @@ std::unique_ptr<BatchStream> DiTTrainData::epoch(int64_t epoch, int rank, int wo
   if (latent_)  // a permutation of the whole set per epoch; every rank draws the global batch and reads its rows
     return std::make_unique<datasets::LatentLoader>(latents_, cfg_.data.batch_size, seed, epoch, cfg_.data.limit_train,
                                                     rank, world, start_batch);
-  return std::make_unique<datasets::EpochLoader>(pixels_, tf_, cfg_.data.batch_size / world, /*train=*/true, seed, epoch,
-                                                 start_batch, true, 2, rank, world);  // the rank's strided share of every batch
+  return std::make_unique<datasets::EpochLoader>(pixels_, tf_, cfg_.data.batch_size / world, /*train=*/true, seed,
+                                                 epoch, start_batch, true, 2, rank,
+                                                 world);  // the rank's strided share of every batch
 }
 
 AutoencoderKL load_sampling_vae(const ExperimentConfig& cfg, const RunContext& ctx) {
@@ -128,9 +146,11 @@ LoadedDiT load_dit_checkpoint(const std::string& path, bool prefer_ema) {
   bool known = false;
   for (const auto& [n, o] : dit_variants()) known = known || n == r.cfg.model.name;
   if (!known)
-    throw UserError("checkpoint " + ckpt.dir, "holds a " + r.cfg.model.name + " classifier, not a DiT", "pass a DiT run");
+    throw UserError("checkpoint " + ckpt.dir, "holds a " + r.cfg.model.name + " classifier, not a DiT",
+                    "pass a DiT run");
   r.model = DiT(dit_options_for(r.cfg));
-  r.dir = ckpt.dir, r.step = ckpt.state.step;
+  r.dir = ckpt.dir;
+  r.step = ckpt.state.step;
   r.weights = load_checkpoint_weights(*r.model, ckpt, prefer_ema, /*require_ema=*/false).which;
   r.model->eval();
   return r;

@@ -6,9 +6,9 @@
 
 #include "core/batch_stream.h"
 #include "core/experiment_config.h"
+#include "core/run_context.h"
 #include "datasets/latents.h"
 #include "datasets/loader.h"
-#include "core/run_context.h"
 #include "diffusion/dit.h"
 #include "diffusion/sd_vae.h"
 
@@ -45,16 +45,16 @@ class DiTTrainData {
   datasets::LatentMeta latent_meta_;
   std::shared_ptr<const datasets::LatentStore> latents_;  // opened once: labels in memory, moments read per batch
   datasets::ImageSet pixels_;
-  datasets::ClassifierTransform tf_;
+  datasets::ImageTransform tf_;
 };
 
 /// A DiT loaded from one of this toolkit's checkpoints.
 struct LoadedDiT {
-  DiT model{nullptr};        ///< in eval mode, on the CPU
-  ExperimentConfig cfg;      ///< the experiment it was trained with
-  std::string dir;           ///< the checkpoint directory
-  std::string weights;       ///< "ema" or "model": which weights were loaded
-  int64_t step = 0;          ///< optimizer steps of the checkpoint
+  DiT model{nullptr};    ///< in eval mode, on the CPU
+  ExperimentConfig cfg;  ///< the experiment it was trained with
+  std::string dir;       ///< the checkpoint directory
+  std::string weights;   ///< "ema" or "model": which weights were loaded
+  int64_t step = 0;      ///< optimizer steps of the checkpoint
 };
 /// The decoder of a latent experiment's samples (diffusion.vae: sd; eval mode, on ctx.device), or an empty holder
 /// for pixel-space models. UserError when diffusion.vae_weights is not set.

@@ -1,129 +1,122 @@
 #include "diffusion/gaussian_diffusion.h"
 
-#include <cfenv>
 #include <cmath>
-#include <set>
-
-#include "core/error.h"
 
 namespace moh::diffusion {
 
-std::vector<double> linear_betas(int64_t T) {
-  const double scale = 1000.0 / static_cast<double>(T);
-  const double a = scale * kLinearBetaStart, b = scale * kLinearBetaEnd;
-  std::vector<double> betas(T);
-  // numpy.linspace: start + i·step, with the last value exactly `stop`.
-  const double step = T > 1 ? (b - a) / static_cast<double>(T - 1) : 0.0;
-  for (int64_t i = 0; i < T; ++i) betas[i] = a + static_cast<double>(i) * step;
-  if (T > 1) betas[T - 1] = b;
-  return betas;
+namespace {
+
+constexpr double kLn2 = 0.69314718055994530942;
+constexpr double kLogClamp = 1e-12;   // diffusion_utils: every log argument clamped at 1e-12
+constexpr double kBin = 1.0 / 255.0;  // half-width of a uint8 bin on [−1, 1]
+
+at::Tensor mean_flat(const at::Tensor& x) {
+  std::vector<int64_t> dims;
+  for (int64_t d = 1; d < x.dim(); ++d) dims.push_back(d);
+  return x.mean(dims);
 }
 
-DiffusionSchedule make_schedule(const std::vector<double>& betas) {
-  DiffusionSchedule s;
-  const size_t T = betas.size();
-  s.betas = betas;
-  s.alphas_cumprod.resize(T);
-  double acc = 1.0;
-  for (size_t t = 0; t < T; ++t) s.alphas_cumprod[t] = acc *= (1.0 - betas[t]);
-  s.alphas_cumprod_prev.resize(T);
-  s.alphas_cumprod_next.resize(T);
-  for (size_t t = 0; t < T; ++t) {
-    s.alphas_cumprod_prev[t] = t == 0 ? 1.0 : s.alphas_cumprod[t - 1];
-    s.alphas_cumprod_next[t] = t + 1 < T ? s.alphas_cumprod[t + 1] : 0.0;
-  }
-  for (size_t t = 0; t < T; ++t) {
-    const double ab = s.alphas_cumprod[t], abp = s.alphas_cumprod_prev[t];
-    s.sqrt_alphas_cumprod.push_back(std::sqrt(ab));
-    s.sqrt_one_minus_alphas_cumprod.push_back(std::sqrt(1.0 - ab));
-    s.sqrt_recip_alphas_cumprod.push_back(std::sqrt(1.0 / ab));
-    s.sqrt_recipm1_alphas_cumprod.push_back(std::sqrt(1.0 / ab - 1.0));
-    s.posterior_variance.push_back(betas[t] * (1.0 - abp) / (1.0 - ab));
-    s.posterior_mean_coef1.push_back(betas[t] * std::sqrt(abp) / (1.0 - ab));
-    s.posterior_mean_coef2.push_back((1.0 - abp) * std::sqrt(1.0 - betas[t]) / (1.0 - ab));
-  }
-  // log of the posterior variance with the t = 0 entry (which is 0) replaced by the t = 1 value.
-  for (size_t t = 0; t < T; ++t)
-    s.posterior_log_variance_clipped.push_back(std::log(T > 1 && t == 0 ? s.posterior_variance[1] : s.posterior_variance[t]));
-  s.timestep_map.resize(T);
-  for (size_t t = 0; t < T; ++t) s.timestep_map[t] = static_cast<int64_t>(t);
-  return s;
+}  // namespace
+
+at::Tensor approx_standard_normal_cdf(const at::Tensor& x) {
+  return 0.5 * (1.0 + at::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x.pow(3))));
 }
 
-std::vector<int64_t> space_timesteps(int64_t T, const std::string& spec) {
-  std::set<int64_t> steps;
-  const std::string what = "timestep respacing \"" + spec + "\"";
-  if (spec.empty()) {
-    for (int64_t t = 0; t < T; ++t) steps.insert(t);
-    return {steps.begin(), steps.end()};
-  }
-  if (spec.rfind("ddim", 0) == 0) {
-    int64_t want = 0;
-    try {
-      want = std::stoll(spec.substr(4));
-    } catch (...) {
-      throw UserError(what, "expected ddimN with an integer N", "e.g. ddim50");
-    }
-    for (int64_t stride = 1; stride < T; ++stride) {
-      if ((T + stride - 1) / stride == want) {
-        std::vector<int64_t> out;
-        for (int64_t t = 0; t < T; t += stride) out.push_back(t);
-        return out;
-      }
-    }
-    throw UserError(what, "cannot create exactly " + std::to_string(want) + " steps with an integer stride",
-                    "pick another count, e.g. ddim50 or ddim250");
-  }
-  std::vector<int64_t> counts;
-  size_t start = 0;
-  while (start <= spec.size()) {
-    size_t comma = spec.find(',', start);
-    std::string part = spec.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    try {
-      size_t used = 0;
-      counts.push_back(std::stoll(part, &used));
-      if (used != part.size()) throw std::invalid_argument(part);
-    } catch (...) {
-      throw UserError(what, "expected step counts like 250 or 10,15,20, or ddimN", "");
-    }
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  const int64_t sections = static_cast<int64_t>(counts.size());
-  const int64_t size_per = T / sections, extra = T % sections;
-  int64_t start_idx = 0;
-  std::fesetround(FE_TONEAREST);  // Python round(): half to even
-  for (int64_t i = 0; i < sections; ++i) {
-    const int64_t size = size_per + (i < extra ? 1 : 0), count = counts[i];
-    if (count <= 0 || size < count)
-      throw UserError(what, "cannot divide a section of " + std::to_string(size) + " steps into " +
-                                std::to_string(count), "use at most " + std::to_string(T) + " steps");
-    const double frac_stride = count <= 1 ? 1.0 : static_cast<double>(size - 1) / static_cast<double>(count - 1);
-    double cur = 0.0;
-    for (int64_t k = 0; k < count; ++k) {
-      steps.insert(start_idx + static_cast<int64_t>(std::nearbyint(cur)));
-      cur += frac_stride;
-    }
-    start_idx += size;
-  }
-  return {steps.begin(), steps.end()};
+at::Tensor normal_kl(const at::Tensor& mean1, const at::Tensor& logvar1, const at::Tensor& mean2,
+                     const at::Tensor& logvar2) {
+  return 0.5 * (-1.0 + logvar2 - logvar1 + at::exp(logvar1 - logvar2) + (mean1 - mean2).pow(2) * at::exp(-logvar2));
 }
 
-DiffusionSchedule respace(const std::vector<double>& base_betas, const std::vector<int64_t>& use_timesteps) {
-  DiffusionSchedule base = make_schedule(base_betas);
-  std::set<int64_t> keep(use_timesteps.begin(), use_timesteps.end());
-  std::vector<double> betas;
-  std::vector<int64_t> map;
-  double last = 1.0;
-  for (int64_t t = 0; t < base.num_steps(); ++t) {
-    if (!keep.count(t)) continue;
-    betas.push_back(1.0 - base.alphas_cumprod[t] / last);
-    last = base.alphas_cumprod[t];
-    map.push_back(t);
+at::Tensor discretized_gaussian_log_likelihood(const at::Tensor& x, const at::Tensor& means,
+                                               const at::Tensor& log_scales) {
+  const at::Tensor centered = x - means, inv_stdv = at::exp(-log_scales);
+  const at::Tensor cdf_plus = approx_standard_normal_cdf(inv_stdv * (centered + kBin));
+  const at::Tensor cdf_min = approx_standard_normal_cdf(inv_stdv * (centered - kBin));
+  const at::Tensor log_cdf_plus = cdf_plus.clamp_min(kLogClamp).log();
+  const at::Tensor log_one_minus_cdf_min = (1.0 - cdf_min).clamp_min(kLogClamp).log();
+  const at::Tensor log_cdf_delta = (cdf_plus - cdf_min).clamp_min(kLogClamp).log();
+  return at::where(x < -0.999, log_cdf_plus, at::where(x > 0.999, log_one_minus_cdf_min, log_cdf_delta));
+}
+
+GaussianDiffusion::GaussianDiffusion(DiffusionSchedule schedule) : s_(std::move(schedule)) {
+  for (double b : s_.betas) log_betas_.push_back(std::log(b));
+}
+
+GaussianDiffusion GaussianDiffusion::base(int64_t T) {
+  return GaussianDiffusion(make_schedule(linear_betas(T)));
+}
+
+GaussianDiffusion GaussianDiffusion::respaced(int64_t T, const std::string& spec) {
+  return GaussianDiffusion(respace(linear_betas(T), space_timesteps(T, spec)));
+}
+
+at::Tensor GaussianDiffusion::extract(const std::vector<double>& table, const at::Tensor& t,
+                                      const at::Tensor& like) const {
+  const at::Tensor values = at::tensor(table, at::kDouble).to(like.device());
+  std::vector<int64_t> shape(static_cast<size_t>(like.dim()), 1);
+  shape[0] = t.size(0);
+  return values.index_select(0, t.to(like.device(), at::kLong)).to(like.scalar_type()).view(shape);
+}
+
+at::Tensor GaussianDiffusion::model_timesteps(const at::Tensor& t) const {
+  return at::tensor(s_.timestep_map, at::kLong).to(t.device()).index_select(0, t.to(at::kLong));
+}
+
+at::Tensor GaussianDiffusion::q_sample(const at::Tensor& x0, const at::Tensor& t, const at::Tensor& noise) const {
+  return extract(s_.sqrt_alphas_cumprod, t, x0) * x0 + extract(s_.sqrt_one_minus_alphas_cumprod, t, x0) * noise;
+}
+
+GaussianDiffusion::Posterior GaussianDiffusion::q_posterior(const at::Tensor& x0, const at::Tensor& xt,
+                                                            const at::Tensor& t) const {
+  return {extract(s_.posterior_mean_coef1, t, xt) * x0 + extract(s_.posterior_mean_coef2, t, xt) * xt,
+          extract(s_.posterior_log_variance_clipped, t, xt)};
+}
+
+GaussianDiffusion::MeanVariance GaussianDiffusion::p_mean_variance(const at::Tensor& model_out, const at::Tensor& xt,
+                                                                   const at::Tensor& t, bool clip_denoised) const {
+  const int64_t C = xt.size(1);
+  MeanVariance r;
+  at::Tensor log_var;
+  if (model_out.size(1) == 2 * C) {  // LEARNED_RANGE
+    r.eps = model_out.narrow(1, 0, C);
+    const at::Tensor frac = (model_out.narrow(1, C, C) + 1.0) / 2.0;  // v ∈ [−1, 1] → [0, 1]
+    const at::Tensor min_log = extract(s_.posterior_log_variance_clipped, t, xt), max_log = extract(log_betas_, t, xt);
+    r.log_variance = frac * max_log + (1.0 - frac) * min_log;
+  } else {  // FIXED_LARGE (learn_sigma = false): σ² = β_t, with the posterior variance at t = 0
+    TORCH_CHECK(model_out.size(1) == C, "p_mean_variance: model output has ", model_out.size(1), " channels for ", C);
+    r.eps = model_out;
+    std::vector<double> large = s_.betas;
+    if (large.size() > 1) large[0] = s_.posterior_variance[1];
+    for (double& v : large) v = std::log(v);
+    r.log_variance = extract(large, t, xt).expand_as(xt);
   }
-  DiffusionSchedule s = make_schedule(betas);
-  s.timestep_map = map;
-  return s;
+  r.pred_xstart =
+      extract(s_.sqrt_recip_alphas_cumprod, t, xt) * xt - extract(s_.sqrt_recipm1_alphas_cumprod, t, xt) * r.eps;
+  if (clip_denoised) r.pred_xstart = r.pred_xstart.clamp(-1.0, 1.0);
+  r.mean = q_posterior(r.pred_xstart, xt, t).mean;
+  return r;
+}
+
+GaussianDiffusion::Losses GaussianDiffusion::training_losses(const at::Tensor& model_out, const at::Tensor& x0,
+                                                             const at::Tensor& xt, const at::Tensor& t,
+                                                             const at::Tensor& noise) const {
+  const int64_t C = x0.size(1);
+  Losses r;
+  r.mse = mean_flat((noise - model_out.narrow(1, 0, C)).pow(2));  // (N)
+  if (model_out.size(1) == 2 * C) {
+    // Detached-mean trick: the VLB term trains only the variance channels.
+    const at::Tensor frozen = at::cat({model_out.narrow(1, 0, C).detach(), model_out.narrow(1, C, C)}, 1);
+    const MeanVariance p = p_mean_variance(frozen, xt, t, false);
+    const Posterior q = q_posterior(x0, xt, t);
+    const at::Tensor kl = mean_flat(normal_kl(q.mean, q.log_variance, p.mean, p.log_variance)) / kLn2;
+    const at::Tensor nll = -mean_flat(discretized_gaussian_log_likelihood(x0, p.mean, 0.5 * p.log_variance)) / kLn2;
+    r.vb = at::where(t.to(kl.device()) == 0, nll, kl);
+    r.loss = r.mse + r.vb;
+  } else {
+    r.vb = at::zeros_like(r.mse);
+    r.loss = r.mse;
+  }
+  return r;
 }
 
 }  // namespace moh::diffusion

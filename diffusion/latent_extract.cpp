@@ -29,7 +29,8 @@ class SplitReader {
       classes_ = datasets::fashion_mnist_classes();
       count_ = set_.size();
     } else if (cfg.data.dataset == DatasetKind::image_folder) {
-      if (cfg.data.root.empty()) throw UserError("config: data.root", "image_folder needs a root", "<root>/{train,val}/<class>/*");
+      if (cfg.data.root.empty())
+        throw UserError("config: data.root", "image_folder needs a root", "<root>/{train,val}/<class>/*");
       index_ = datasets::scan_image_folder(cfg.data.root, split);
       classes_ = index_.classes;
       count_ = static_cast<int64_t>(index_.files.size());
@@ -87,7 +88,8 @@ datasets::LatentMeta extract_latents(const ExperimentConfig& cfg, AutoencoderKL&
   if (size <= 0 || size % vae->options.factor() != 0)
     throw UserError("config: model.img_size", "must be a positive multiple of " + std::to_string(vae->options.factor()),
                     "e.g. 256 for 32×32 latents");
-  if (o.shard_size <= 0 || o.batch_size <= 0) throw UserError("extract-latents", "shard and batch sizes must be positive", "");
+  if (o.shard_size <= 0 || o.batch_size <= 0)
+    throw UserError("extract-latents", "shard and batch sizes must be positive", "");
   SplitReader reader(cfg, o.split, size);
   fs::create_directories(o.out);
   datasets::LatentMeta meta;
@@ -125,21 +127,28 @@ datasets::LatentMeta extract_latents(const ExperimentConfig& cfg, AutoencoderKL&
       if (images.size(0) > 0) {
         const at::Tensor x = images.permute({0, 3, 1, 2}).to(ctx.device).to(at::kFloat) / 127.5 - 1.0;  // (n, 3, S, S)
         const LatentPosterior p = vae->encode(x), pf = vae->encode(x.flip({3}));
-        mean.push_back(p.mean.to(at::kCPU).to(at::kHalf)), std.push_back((0.5 * p.logvar).exp().to(at::kCPU).to(at::kHalf));
-        mean_f.push_back(pf.mean.to(at::kCPU).to(at::kHalf)), std_f.push_back((0.5 * pf.logvar).exp().to(at::kCPU).to(at::kHalf));
+        mean.push_back(p.mean.to(at::kCPU).to(at::kHalf)),
+            std.push_back((0.5 * p.logvar).exp().to(at::kCPU).to(at::kHalf));
+        mean_f.push_back(pf.mean.to(at::kCPU).to(at::kHalf)),
+            std_f.push_back((0.5 * pf.logvar).exp().to(at::kCPU).to(at::kHalf));
         labels.push_back(lab);
       }
       progress.advance(std::min(end, b + o.batch_size) - b, "");
     }
-    if (labels.empty()) throw UserError("extract-latents", "no image of shard " + std::to_string(k) + " could be decoded", "");
-    TensorMap t{{"mean", at::cat(mean)}, {"std", at::cat(std)}, {"mean_flip", at::cat(mean_f)},
-                {"std_flip", at::cat(std_f)}, {"labels", at::cat(labels)}};
+    if (labels.empty())
+      throw UserError("extract-latents", "no image of shard " + std::to_string(k) + " could be decoded", "");
+    TensorMap t{{"mean", at::cat(mean)},
+                {"std", at::cat(std)},
+                {"mean_flip", at::cat(mean_f)},
+                {"std_flip", at::cat(std_f)},
+                {"labels", at::cat(labels)}};
     meta.shards.push_back(t["labels"].size(0));
     save_safetensors(path, t, {{"format", "moh-latents"}});
   }
   progress.finish();
   if (n > 0 && static_cast<double>(bad) / static_cast<double>(n) > cfg.data.max_bad_fraction)
-    throw UserError("data " + cfg.data.root, std::to_string(bad) + " of " + std::to_string(n) + " images cannot be decoded",
+    throw UserError("data " + cfg.data.root,
+                    std::to_string(bad) + " of " + std::to_string(n) + " images cannot be decoded",
                     "raise data.max_bad_fraction or fix the files");
   for (int64_t c : meta.shards) meta.count += c;
   datasets::write_latent_meta(o.out, meta);

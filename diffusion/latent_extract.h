@@ -12,7 +12,7 @@
 namespace moh::diffusion {
 
 struct ExtractOptions {
-  std::string out;            ///< directory to write
+  std::string out;  ///< directory to write
   std::string split = "train";
   int64_t shard_size = 4096;  ///< images per shard
   int64_t batch_size = 16;    ///< images per VAE forward

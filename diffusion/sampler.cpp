@@ -6,8 +6,8 @@
 
 namespace moh::diffusion {
 
-at::Tensor forward_with_cfg(DiT& model, const at::Tensor& x, const at::Tensor& t_model, const at::Tensor& y, double scale,
-                            CfgChannels channels) {
+at::Tensor forward_with_cfg(DiT& model, const at::Tensor& x, const at::Tensor& t_model, const at::Tensor& y,
+                            double scale, CfgChannels channels) {
   const int64_t n = x.size(0) / 2, C = x.size(1);
   const at::Tensor half = x.narrow(0, 0, n);
   const at::Tensor out = model->forward(at::cat({half, half}), t_model, y).out;  // (2n, C_out, H, W)
@@ -26,7 +26,8 @@ at::Tensor sample_loop(DiT& model, const GaussianDiffusion& chain, const at::Ten
   const bool cfg = o.cfg_scale > 1.0;
   // Configs are checked by validate_dit_experiment; these are the invariants forward_with_cfg relies on.
   TORCH_CHECK(!cfg || mo.class_dropout_prob > 0, "sample_loop: CFG needs a null class");
-  TORCH_CHECK(!cfg || o.cfg_channels != CfgChannels::three || mo.in_channels >= 3, "sample_loop: cfg_channels three needs 3 channels");
+  TORCH_CHECK(!cfg || o.cfg_channels != CfgChannels::three || mo.in_channels >= 3,
+              "sample_loop: cfg_channels three needs 3 channels");
   const int64_t n = noise.size(0);
   at::Tensor x = cfg ? at::cat({noise, noise}) : noise;
   at::Tensor y = labels.to(noise.device(), at::kLong);
@@ -35,7 +36,8 @@ at::Tensor sample_loop(DiT& model, const GaussianDiffusion& chain, const at::Ten
   for (int64_t i = chain.num_steps() - 1; i >= 0; --i) {
     const at::Tensor t = at::full({B}, i, at::TensorOptions().dtype(at::kLong).device(x.device()));
     const at::Tensor tm = chain.model_timesteps(t);
-    const at::Tensor out = cfg ? forward_with_cfg(model, x, tm, y, o.cfg_scale, o.cfg_channels) : model->forward(x, tm, y).out;
+    const at::Tensor out =
+        cfg ? forward_with_cfg(model, x, tm, y, o.cfg_scale, o.cfg_channels) : model->forward(x, tm, y).out;
     const auto p = chain.p_mean_variance(out, x, t, o.clip_denoised);
     const at::Tensor z = at::randn_like(x);  // drawn every step, also at t = 0 (DiT's RNG order)
     const double nonzero = i != 0 ? 1.0 : 0.0;

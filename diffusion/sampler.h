@@ -6,8 +6,8 @@
 #include <functional>
 
 #include "core/experiment_config.h"
-#include "diffusion/diffusion_process.h"
 #include "diffusion/dit.h"
+#include "diffusion/gaussian_diffusion.h"
 
 namespace moh::diffusion {
 
@@ -21,8 +21,8 @@ struct SampleOptions {
 };
 
 /// DiT's forward_with_cfg on a doubled batch x = [x_c; x_u], y = [labels; null]: returns the guided output.
-at::Tensor forward_with_cfg(DiT& model, const at::Tensor& x, const at::Tensor& t_model, const at::Tensor& y, double scale,
-                            CfgChannels channels);
+at::Tensor forward_with_cfg(DiT& model, const at::Tensor& x, const at::Tensor& t_model, const at::Tensor& y,
+                            double scale, CfgChannels channels);
 
 /// Runs the chain from `noise` (N, C, H, W) for class `labels` (N) and returns x0 samples (N, C, H, W) in the model's
 /// data space ([−1, 1] for pixels). Randomness comes from the global generator in DiT's order (the caller draws the

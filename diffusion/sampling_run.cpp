@@ -17,7 +17,8 @@
 #include "datasets/fashion_mnist.h"
 #include "datasets/image_grid.h"
 #include "diffusion/dit_experiment.h"
-#include "diffusion/experiment.h"
+#include "diffusion/dit_family.h"
+#include "diffusion/model_registry.h"
 #include "diffusion/sample_set.h"
 
 namespace moh::diffusion {
@@ -43,13 +44,15 @@ SamplingModel checkpoint_model(const SamplingRequest& r) {
   SamplingModel m{loaded.model, loaded.cfg, loaded.weights, loaded.step};
   for (const auto& s : r.sets)
     if (s.rfind("sampling.", 0) != 0)
-      throw UserError("--set " + s, "only sampling.* can be changed when sampling a checkpoint", "e.g. sampling.cfg_scale=4");
+      throw UserError("--set " + s, "only sampling.* can be changed when sampling a checkpoint",
+                      "e.g. sampling.cfg_scale=4");
   if (!r.config.empty()) {
     const ExperimentConfig named = load_experiment(r.config, r.sets);
     validate_experiment(named, ExperimentUse::sample);
     if (named.model.name != m.cfg.model.name)
-      throw UserError("checkpoint " + r.checkpoint, "was trained as " + m.cfg.model.name + ", the config describes " +
-                                                        named.model.name, "pass the matching config, or only --checkpoint");
+      throw UserError("checkpoint " + r.checkpoint,
+                      "was trained as " + m.cfg.model.name + ", the config describes " + named.model.name,
+                      "pass the matching config, or only --checkpoint");
     m.cfg.sampling = named.sampling;
   } else if (!r.sets.empty()) {
     m.cfg = with_overrides(m.cfg, r.sets);
@@ -61,11 +64,12 @@ SamplingModel checkpoint_model(const SamplingRequest& r) {
 // CONFIG.yaml's model: untrained, or initialised from model.weights (e.g. the official DiT-XL-2-256x256.pt).
 SamplingModel config_model(const SamplingRequest& r) {
   if (r.config.empty())
-    throw UserError("moh sample", "--untrained / --weights need CONFIG.yaml", "moh sample CONFIG.yaml --weights DiT-XL-2-256x256.pt");
+    throw UserError("moh sample", "--untrained / --weights need CONFIG.yaml",
+                    "moh sample CONFIG.yaml --weights DiT-XL-2-256x256.pt");
   SamplingModel m;
   m.cfg = load_experiment(r.config, r.sets);
   validate_experiment(m.cfg, ExperimentUse::sample);
-  if (model_family(m.cfg.model.name) != ModelFamily::dit)
+  if (find_model_family(m.cfg.model.name).id != dit_family().id)
     throw UserError("config: model.name", m.cfg.model.name + " is not a DiT variant", "moh info --list");
   torch::manual_seed(m.cfg.train.seed);
   m.model = DiT(dit_options_for(m.cfg));
@@ -96,15 +100,26 @@ nlohmann::json sampling_plan(const SamplingModel& m, const SamplingRequest& r, c
   const SamplingConfig& sc = m.cfg.sampling;
   const at::Tensor l = labels.contiguous();
   std::string label_bytes(static_cast<const char*>(l.data_ptr()), l.nbytes());
-  return {{"model", m.cfg.model.name}, {"checkpoint", r.checkpoint}, {"weights", m.weights}, {"step", m.step},
-          {"sampler", sc.sampler == SamplerKind::ddpm ? "ddpm" : "ddim"}, {"steps", sc.steps}, {"eta", sc.eta},
-          {"cfg_scale", sc.cfg_scale}, {"cfg_channels", sc.cfg_channels == CfgChannels::three ? "three" : "all"},
-          {"clip_denoised", sc.clip_denoised}, {"seed", sc.seed}, {"batch_size", sc.batch_size},
-          {"count", labels.size(0)}, {"labels", r.labels}, {"labels_hash", std::hash<std::string>{}(label_bytes)}};
+  return {{"model", m.cfg.model.name},
+          {"checkpoint", r.checkpoint},
+          {"weights", m.weights},
+          {"step", m.step},
+          {"sampler", sc.sampler == SamplerKind::ddpm ? "ddpm" : "ddim"},
+          {"steps", sc.steps},
+          {"eta", sc.eta},
+          {"cfg_scale", sc.cfg_scale},
+          {"cfg_channels", sc.cfg_channels == CfgChannels::three ? "three" : "all"},
+          {"clip_denoised", sc.clip_denoised},
+          {"seed", sc.seed},
+          {"batch_size", sc.batch_size},
+          {"count", labels.size(0)},
+          {"labels", r.labels},
+          {"labels_hash", std::hash<std::string>{}(label_bytes)}};
 }
 
 // Refuses parts of another sampling run in DIR/parts (before any work); rank 0 records this run's plan there.
-void check_parts_plan(const std::string& parts, const nlohmann::json& plan, const std::string& out, dist::Group& group) {
+void check_parts_plan(const std::string& parts, const nlohmann::json& plan, const std::string& out,
+                      dist::Group& group) {
   const std::string path = parts + "/plan.json";
   if (fs::exists(path)) {
     nlohmann::json old;
@@ -115,8 +130,9 @@ void check_parts_plan(const std::string& parts, const nlohmann::json& plan, cons
     }
     for (const auto& [k, v] : plan.items())
       if (old.value(k, nlohmann::json()) != v)
-        throw UserError("--out " + out, "holds parts of another sampling run (" + k + ": " + old.value(k, nlohmann::json()).dump() +
-                                            " there, " + v.dump() + " now)",
+        throw UserError("--out " + out,
+                        "holds parts of another sampling run (" + k + ": " + old.value(k, nlohmann::json()).dump() +
+                            " there, " + v.dump() + " now)",
                         "remove " + parts + " or choose another --out");
   }
   group.barrier();  // every rank has looked before rank 0 writes
@@ -184,12 +200,14 @@ int64_t sample_missing_parts(SamplingModel& m, AutoencoderKL& vae, const at::Ten
   const GaussianDiffusion chain = GaussianDiffusion::respaced(m.cfg.diffusion.steps, sc.steps);
   SampleSetOptions so;
   so.chain = {sc.sampler, sc.eta, sc.cfg_scale, sc.cfg_channels, sc.clip_denoised};
-  so.batch_size = sc.batch_size, so.seed = static_cast<uint64_t>(sc.seed);
+  so.batch_size = sc.batch_size;
+  so.seed = static_cast<uint64_t>(sc.seed);
   const int64_t n = labels.size(0), batches = (n + sc.batch_size - 1) / sc.batch_size;
   const std::vector<int64_t> missing = missing_sample_batches(n, parts, sc.batch_size);
   group.barrier();  // every rank listed the parts before any is written
   const std::vector<int64_t> mine = rank_share(missing, group);
-  Progress progress("sampling", static_cast<int64_t>(mine.size()) * chain.num_steps(), "step", group.is_main() ? -1 : 2);
+  Progress progress("sampling", static_cast<int64_t>(mine.size()) * chain.num_steps(), "step",
+                    group.is_main() ? -1 : 2);
   sample_parts(m.model, chain, vae, labels, mine, so, ctx, parts, [&] { progress.advance(); });
   progress.finish();
   group.barrier();  // every part is on disk
@@ -201,15 +219,16 @@ void write_sampling_outputs(const SamplingModel& m, const SamplingRequest& r, co
                             nlohmann::json info, SamplingSummary& out) {
   const SamplingConfig& sc = m.cfg.sampling;
   const DiTOptions& mo = m.model->options;
-  const GridLayout grid = grid_layout(r.labels, labels, sc.per_class, mo.num_classes,
-                                      class_names_for(r, m.cfg, mo.num_classes));
+  const GridLayout grid =
+      grid_layout(r.labels, labels, sc.per_class, mo.num_classes, class_names_for(r, m.cfg, mo.num_classes));
   std::vector<at::Tensor> tiles;
   size_t next = 0;
   const std::string parts = r.out + "/parts";
-  merge_sample_parts(parts, labels, sc.batch_size, r.out + "/samples.npz", [&](int64_t first, const at::Tensor& images) {
-    for (; next < grid.shown.size() && grid.shown[next] < first + images.size(0); ++next)
-      tiles.push_back(images[grid.shown[next] - first].clone());
-  });
+  merge_sample_parts(parts, labels, sc.batch_size, r.out + "/samples.npz",
+                     [&](int64_t first, const at::Tensor& images) {
+                       for (; next < grid.shown.size() && grid.shown[next] < first + images.size(0); ++next)
+                         tiles.push_back(images[grid.shown[next] - first].clone());
+                     });
   fs::remove_all(parts);
   out.grid = datasets::write_grid(r.out + "/grid.png", at::stack(tiles), grid.cols, mo.input_size < 64 ? 3 : 1,
                                   grid.row_labels, grid.tile_labels);
@@ -230,9 +249,9 @@ SamplingSummary run_sampling(const SamplingRequest& r) {
   if (!r.class_names_file.empty()) class_names_for(r, m.cfg, 0);  // a missing file is refused before any work
   const DiTOptions& mo = m.model->options;
   const std::vector<int64_t> list = parse_label_list(r.labels, mo.num_classes);
-  const int64_t n = r.num_samples            ? *r.num_samples
-                    : !list.empty()          ? static_cast<int64_t>(list.size())
-                                             : mo.num_classes * m.cfg.sampling.per_class;
+  const int64_t n = r.num_samples   ? *r.num_samples
+                    : !list.empty() ? static_cast<int64_t>(list.size())
+                                    : mo.num_classes * m.cfg.sampling.per_class;
   if (n <= 0) throw UserError("--num-samples", "must be > 0", "");
   const RunContext ctx = RunContext::create(r.device, Precision::fp32, static_cast<uint64_t>(m.cfg.sampling.seed));
   AutoencoderKL vae = load_sampling_vae(m.cfg, ctx);

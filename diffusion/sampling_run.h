@@ -14,28 +14,28 @@ namespace moh::diffusion {
 
 /// What the user asked for (DiT sample.py / sample_ddp.py flags, as `moh sample` spells them).
 struct SamplingRequest {
-  std::string checkpoint;          ///< a DiT run or checkpoint directory ("" = config + weights or untrained)
-  std::string config;              ///< CONFIG.yaml (needed without a checkpoint; must name the checkpoint's model)
-  std::vector<std::string> sets;   ///< --set overrides (only sampling.* with a checkpoint) and the flag shorthands
-  bool untrained = false;          ///< sample a freshly initialised model (a baseline)
-  bool weights = false;            ///< CONFIG.yaml's model.weights (--weights) initialise the model
-  bool raw = false;                ///< a checkpoint's trained weights instead of its EMA
+  std::string checkpoint;         ///< a DiT run or checkpoint directory ("" = config + weights or untrained)
+  std::string config;             ///< CONFIG.yaml (needed without a checkpoint; must name the checkpoint's model)
+  std::vector<std::string> sets;  ///< --set overrides (only sampling.* with a checkpoint) and the flag shorthands
+  bool untrained = false;         ///< sample a freshly initialised model (a baseline)
+  bool weights = false;           ///< CONFIG.yaml's model.weights (--weights) initialise the model
+  bool raw = false;               ///< a checkpoint's trained weights instead of its EMA
   std::optional<int64_t> num_samples;
   std::string labels = "balanced";  ///< balanced (rows of per_class), random, or a list 1,2,3 (cycled)
   std::string out = "samples";
   std::string device = "auto";
-  std::string class_names_file;     ///< one class name per line, for the grid's captions
+  std::string class_names_file;  ///< one class name per line, for the grid's captions
 };
 
 /// What was written.
 struct SamplingSummary {
-  std::string out, weights;  ///< the output directory; which weights sampled ("ema", "model", a file, "untrained")
-  int64_t step = -1;         ///< the checkpoint's step (−1 without one)
-  int64_t count = 0;         ///< images in samples.npz
+  std::string out, weights;     ///< the output directory; which weights sampled ("ema", "model", a file, "untrained")
+  int64_t step = -1;            ///< the checkpoint's step (−1 without one)
+  int64_t count = 0;            ///< images in samples.npz
   int64_t resumed_batches = 0;  ///< batches found on disk from an interrupted run
-  bool grid = false;         ///< grid.png written (not in a build without OpenCV)
+  bool grid = false;            ///< grid.png written (not in a build without OpenCV)
   double seconds = 0;
-  bool main = true;          ///< this process wrote the outputs (rank 0)
+  bool main = true;  ///< this process wrote the outputs (rank 0)
 };
 
 /// Checks every input (before any work), samples on this process's rank, merges and writes DIR/samples.npz (arr_0

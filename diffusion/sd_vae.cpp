@@ -5,8 +5,8 @@
 #include <filesystem>
 
 #include "core/checkpoint.h"
-#include "core/torch_file.h"
 #include "core/error.h"
+#include "core/torch_file.h"
 #include "vision/attention_core.h"
 
 namespace moh::diffusion {
@@ -68,13 +68,17 @@ at::Tensor VaeAttentionImpl::forward(const at::Tensor& x) {
   return out.transpose(1, 2).reshape({B, C, H, W}) + x;
 }
 
-Downsample2DImpl::Downsample2DImpl(int64_t c) { conv = register_module("conv", moh::diffusion::conv(c, c, 3, 2, 0)); }
+Downsample2DImpl::Downsample2DImpl(int64_t c) {
+  conv = register_module("conv", moh::diffusion::conv(c, c, 3, 2, 0));
+}
 
 at::Tensor Downsample2DImpl::forward(const at::Tensor& x) {
   return conv->forward(at::constant_pad_nd(x, {0, 1, 0, 1}, 0.0));  // pad right and bottom only
 }
 
-Upsample2DImpl::Upsample2DImpl(int64_t c) { conv = register_module("conv", moh::diffusion::conv(c, c, 3)); }
+Upsample2DImpl::Upsample2DImpl(int64_t c) {
+  conv = register_module("conv", moh::diffusion::conv(c, c, 3));
+}
 
 at::Tensor Upsample2DImpl::forward(const at::Tensor& x) {
   return conv->forward(at::upsample_nearest2d(x, {x.size(2) * 2, x.size(3) * 2}, c10::nullopt, c10::nullopt));
@@ -118,7 +122,7 @@ VaeEncoderImpl::VaeEncoderImpl(const SdVaeOptions& o) {
 }
 
 at::Tensor VaeEncoderImpl::forward(const at::Tensor& x) {
-  at::Tensor h = conv_in->forward(x);  // (B, 128, H, W)
+  at::Tensor h = conv_in->forward(x);                                  // (B, 128, H, W)
   for (auto& b : *down_blocks) h = b->as<VaeBlockImpl>()->forward(h);  // (B, 512, H/8, W/8)
   h = mid_block->forward(h);
   return conv_out->forward(at::silu(conv_norm_out->forward(h)));  // (B, 8, H/8, W/8)
@@ -136,12 +140,14 @@ VaeDecoderImpl::VaeDecoderImpl(const SdVaeOptions& o) {
 }
 
 at::Tensor VaeDecoderImpl::forward(const at::Tensor& z) {
-  at::Tensor h = mid_block->forward(conv_in->forward(z));  // (B, 512, h, w)
+  at::Tensor h = mid_block->forward(conv_in->forward(z));            // (B, 512, h, w)
   for (auto& b : *up_blocks) h = b->as<VaeBlockImpl>()->forward(h);  // (B, 128, 8h, 8w)
-  return conv_out->forward(at::silu(conv_norm_out->forward(h)));  // (B, 3, 8h, 8w)
+  return conv_out->forward(at::silu(conv_norm_out->forward(h)));     // (B, 3, 8h, 8w)
 }
 
-at::Tensor LatentPosterior::sample() const { return mean + at::exp(0.5 * logvar) * at::randn_like(mean); }
+at::Tensor LatentPosterior::sample() const {
+  return mean + at::exp(0.5 * logvar) * at::randn_like(mean);
+}
 
 AutoencoderKLImpl::AutoencoderKLImpl(const SdVaeOptions& o) : options(o) {
   encoder = register_module("encoder", VaeEncoder(o));
@@ -153,14 +159,18 @@ AutoencoderKLImpl::AutoencoderKLImpl(const SdVaeOptions& o) : options(o) {
 LatentPosterior AutoencoderKLImpl::encode(const at::Tensor& images) {
   const int64_t f = options.factor();
   if (images.size(2) % f != 0 || images.size(3) % f != 0)
-    throw UserError("vae encode", "image side " + std::to_string(images.size(2)) + "x" + std::to_string(images.size(3)) +
-                                      " is not a multiple of " + std::to_string(f), "resize/crop to a multiple of 8");
+    throw UserError("vae encode",
+                    "image side " + std::to_string(images.size(2)) + "x" + std::to_string(images.size(3)) +
+                        " is not a multiple of " + std::to_string(f),
+                    "resize/crop to a multiple of 8");
   const at::Tensor moments = quant_conv->forward(encoder->forward(images));  // (B, 8, H/8, W/8)
   const int64_t L = options.latent_channels;
   return {moments.narrow(1, 0, L), moments.narrow(1, L, L).clamp(-30.0, 20.0)};
 }
 
-at::Tensor AutoencoderKLImpl::decode(const at::Tensor& latents) { return decoder->forward(post_quant_conv->forward(latents)); }
+at::Tensor AutoencoderKLImpl::decode(const at::Tensor& latents) {
+  return decoder->forward(post_quant_conv->forward(latents));
+}
 
 std::string normalize_vae_key(const std::string& name) {
   static const std::vector<std::pair<std::string, std::string>> kLegacy{
@@ -180,9 +190,10 @@ TensorMap normalize_vae_keys(const TensorMap& tensors) {
 
 void load_sd_vae(AutoencoderKL& vae, const std::string& path) {
   if (!std::filesystem::is_regular_file(path))
-    throw UserError("vae weights " + path, "no such file",
-                    "download stabilityai/sd-vae-ft-ema (diffusion_pytorch_model.safetensors) from Hugging Face and set "
-                    "diffusion.vae_weights");
+    throw UserError(
+        "vae weights " + path, "no such file",
+        "download stabilityai/sd-vae-ft-ema (diffusion_pytorch_model.safetensors) from Hugging Face and set "
+        "diffusion.vae_weights");
   const bool safetensors = path.size() > 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0;
   if (safetensors) return load_module_file(*vae, path, false, normalize_vae_key);  // one tensor in memory at a time
   load_module_tensors(*vae, normalize_vae_keys(load_weights_file(path, "")), path);

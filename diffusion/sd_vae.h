@@ -13,8 +13,8 @@
 
 #include <string>
 
-#include "vision/linear.h"
 #include "core/safetensors.h"
+#include "vision/linear.h"
 
 namespace moh::diffusion {
 
@@ -135,8 +135,8 @@ TensorMap normalize_vae_keys(const TensorMap& tensors);
 /// The same for one name.
 std::string normalize_vae_key(const std::string& name);
 
-/// Loads diffusers AutoencoderKL weights (.safetensors or torch.save .bin/.pt, either attention naming). A missing file is a UserError
-/// saying where the weights come from; missing/unexpected tensors are named.
+/// Loads diffusers AutoencoderKL weights (.safetensors or torch.save .bin/.pt, either attention naming). A missing file
+/// is a UserError saying where the weights come from; missing/unexpected tensors are named.
 void load_sd_vae(AutoencoderKL& vae, const std::string& path);
 
 }  // namespace moh::diffusion

@@ -81,7 +81,8 @@ class ClassifierNet : public FeatureNet {
     vision::ClassifierOutput out = model_->forward(input);
     const int64_t c = std::min<int64_t>(kSpatialChannels, out.stage3.size(3));
     at::Tensor spatial = out.stage3.narrow(3, 0, c).reshape({x.size(0), -1});  // NHWC flatten, like ADM's mixed_6
-    return {out.features.to(at::kCPU, at::kFloat), spatial.to(at::kCPU, at::kFloat), out.logits.to(at::kCPU, at::kFloat)};
+    return {out.features.to(at::kCPU, at::kFloat), spatial.to(at::kCPU, at::kFloat),
+            out.logits.to(at::kCPU, at::kFloat)};
   }
   std::string name() const override { return name_; }
   std::string weights_sha256() const override { return sha_; }
@@ -94,7 +95,7 @@ class ClassifierNet : public FeatureNet {
  private:
   at::Device device_;
   vision::TransNeXtOptions options_;
-  datasets::ClassifierTransform tf_;
+  datasets::ImageTransform tf_;
   vision::TransNeXt model_;
   std::string name_, sha_;
 };
@@ -108,13 +109,15 @@ std::unique_ptr<FeatureNet> make_feature_net(const std::string& spec, const RunC
     throw UserError("--features " + spec, "expected KIND:PATH", kFeaturesHint);
   if (kind == "inception") return std::make_unique<InceptionNet>(arg, ctx, resize);
   if (kind == "classifier") {
-    if (!std::filesystem::exists(arg)) throw UserError("--features " + spec, "no such checkpoint or run directory", kFeaturesHint);
+    if (!std::filesystem::exists(arg))
+      throw UserError("--features " + spec, "no such checkpoint or run directory", kFeaturesHint);
     return std::make_unique<ClassifierNet>(arg, ctx);
   }
   throw UserError("--features " + spec, "unknown feature network '" + kind + "'", kFeaturesHint);
 }
 
-FeatureSet extract_features(FeatureNet& net, datasets::ImageSource& source, int64_t batch_size, const std::string& label) {
+FeatureSet extract_features(FeatureNet& net, datasets::ImageSource& source, int64_t batch_size,
+                            const std::string& label) {
   std::vector<at::Tensor> pool, spatial, logits, labels;
   Progress progress("features " + label, source.size(), "img");
   datasets::ImageBlock cur;
@@ -143,7 +146,9 @@ FeatureSet extract_features(FeatureNet& net, datasets::ImageSource& source, int6
   progress.finish();
   if (pool.empty()) throw UserError("images " + source.spec(), "contains no images", "");
   FeatureSet out;
-  out.pool = at::cat(pool), out.spatial = at::cat(spatial), out.logits = at::cat(logits);
+  out.pool = at::cat(pool);
+  out.spatial = at::cat(spatial);
+  out.logits = at::cat(logits);
   if (source.has_labels() && !labels.empty()) out.labels = at::cat(labels);
   return out;
 }

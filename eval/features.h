@@ -46,6 +46,7 @@ std::unique_ptr<FeatureNet> make_feature_net(const std::string& spec, const RunC
 
 /// Runs the net over a whole source in batches (the next block is read/decoded on a second thread while the
 /// network runs), with a progress bar labelled `label`.
-FeatureSet extract_features(FeatureNet& net, datasets::ImageSource& source, int64_t batch_size, const std::string& label);
+FeatureSet extract_features(FeatureNet& net, datasets::ImageSource& source, int64_t batch_size,
+                            const std::string& label);
 
 }  // namespace moh::eval

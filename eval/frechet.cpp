@@ -41,8 +41,9 @@ double trace_sqrt_product(const at::Tensor& s1, const at::Tensor& s2) {
 
 double frechet_distance(const GaussianStats& a, const GaussianStats& b) {
   if (a.mu.sizes() != b.mu.sizes() || a.sigma.sizes() != b.sigma.sizes())
-    throw UserError("Fréchet distance", "statistics have different dimensions (" + std::to_string(a.mu.numel()) +
-                                            " vs " + std::to_string(b.mu.numel()) + ")",
+    throw UserError("Fréchet distance",
+                    "statistics have different dimensions (" + std::to_string(a.mu.numel()) + " vs " +
+                        std::to_string(b.mu.numel()) + ")",
                     "compute both with the same feature network");
   at::Tensor s1 = a.sigma.to(at::kDouble), s2 = b.sigma.to(at::kDouble);
   at::Tensor diff = a.mu.to(at::kDouble) - b.mu.to(at::kDouble);

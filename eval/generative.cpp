@@ -27,12 +27,14 @@ nlohmann::json bytes_json(const at::Tensor& t, const std::string& origin) {
 }
 
 nlohmann::json net_meta(const FeatureNet& net) {
-  return {{"feature_net", net.name()}, {"weights_sha256", net.weights_sha256()}, {"preprocessing", net.preprocessing()}};
+  return {
+      {"feature_net", net.name()}, {"weights_sha256", net.weights_sha256()}, {"preprocessing", net.preprocessing()}};
 }
 
 void check_square(const at::Tensor& sigma, const at::Tensor& mu, const std::string& origin, const std::string& key) {
   if (mu.dim() != 1 || sigma.dim() != 2 || sigma.size(0) != mu.size(0) || sigma.size(1) != mu.size(0))
-    throw UserError(origin, key + " has shape " + c10::str(sigma.sizes()) + " for a mean of shape " + c10::str(mu.sizes()),
+    throw UserError(origin,
+                    key + " has shape " + c10::str(sigma.sizes()) + " for a mean of shape " + c10::str(mu.sizes()),
                     "expected mu (D) and sigma (D, D)");
 }
 
@@ -43,11 +45,16 @@ MetricSet parse_metric_set(const std::string& list) {
   std::stringstream ss(list);
   std::string item;
   while (std::getline(ss, item, ',')) {
-    if (item == "fid") m.fid = true;
-    else if (item == "sfid") m.sfid = true;
-    else if (item == "is") m.is = true;
-    else if (item == "pr") m.pr = true;
-    else if (item == "all") m = MetricSet{};
+    if (item == "fid")
+      m.fid = true;
+    else if (item == "sfid")
+      m.sfid = true;
+    else if (item == "is")
+      m.is = true;
+    else if (item == "pr")
+      m.pr = true;
+    else if (item == "all")
+      m = MetricSet{};
     else {
       const std::string near = nearest_name(item, {"fid", "sfid", "is", "pr", "all"});
       throw UserError("--metrics " + list, "unknown metric '" + item + "'",
@@ -126,18 +133,19 @@ nlohmann::json evaluate_generative(const GenerativeEvalOptions& o, const RunCont
   if (stored) {
     const bool foreign = stored->meta.empty();
     if (foreign && net->name() != "inception")
-      throw UserError("--ref " + o.reference, "holds statistics of an unknown feature network (ADM files are Inception)",
+      throw UserError("--ref " + o.reference,
+                      "holds statistics of an unknown feature network (ADM files are Inception)",
                       "use --features inception:... or compute stats with moh ref-stats --features " + o.features);
     if (!foreign && (stored->meta.value("feature_net", "") != net->name() ||
                      stored->meta.value("weights_sha256", "") != net->weights_sha256()))
       throw UserError("--ref " + o.reference,
                       "statistics were computed with " + stored->meta.value("feature_net", std::string("?")) +
-                          " (weights " + stored->meta.value("weights_sha256", std::string("?")).substr(0, 12) + "), not " +
-                          net->name() + " (" + net->weights_sha256().substr(0, 12) + ")",
+                          " (weights " + stored->meta.value("weights_sha256", std::string("?")).substr(0, 12) +
+                          "), not " + net->name() + " (" + net->weights_sha256().substr(0, 12) + ")",
                       "recompute them with moh ref-stats using the same --features");
   }
-  const bool need_ref_images = !stored || (o.metrics.sfid && !stored->spatial.mu.defined()) ||
-                               (o.metrics.pr && !stored->pr_features.defined());
+  const bool need_ref_images =
+      !stored || (o.metrics.sfid && !stored->spatial.mu.defined()) || (o.metrics.pr && !stored->pr_features.defined());
   std::unique_ptr<datasets::ImageSource> ref_images;
   if (need_ref_images) {
     try {
@@ -158,8 +166,8 @@ nlohmann::json evaluate_generative(const GenerativeEvalOptions& o, const RunCont
     throw UserError("--samples " + o.samples, "FID needs at least 2 images, got " + std::to_string(n_samples), "");
   if (o.metrics.pr && (n_samples <= kPRNeighbourhood || n_pr_ref <= kPRNeighbourhood))
     throw UserError(n_samples <= kPRNeighbourhood ? "--samples " + o.samples : "--ref " + o.reference,
-                    "precision/recall need more than k = " + std::to_string(kPRNeighbourhood) + " images per set, got " +
-                        std::to_string(std::min(n_samples, n_pr_ref)),
+                    "precision/recall need more than k = " + std::to_string(kPRNeighbourhood) +
+                        " images per set, got " + std::to_string(std::min(n_samples, n_pr_ref)),
                     "use more images or --metrics fid,sfid,is");
   FeatureSet s = extract_features(*net, *samples, o.batch_size, "samples");
   const std::string net_hint = "the feature network's weights (" + o.features + ") give non-finite outputs";
@@ -173,7 +181,10 @@ nlohmann::json evaluate_generative(const GenerativeEvalOptions& o, const RunCont
     rf = extract_features(*net, *ref_images, o.batch_size, "reference");
     check_finite(rf.pool, "features of --ref " + o.reference, net_hint);
     ReferenceStats computed = reference_stats_from(rf, *net);
-    if (!stored) ref = computed, ref_origin = "computed";
+    if (!stored) {
+      ref = computed;
+      ref_origin = "computed";
+    }
     if (!ref.spatial.mu.defined()) ref.spatial = computed.spatial;
     if (!ref.pr_features.defined()) ref.pr_features = computed.pr_features;
     if (!ref.count) ref.count = computed.count;
@@ -186,22 +197,27 @@ nlohmann::json evaluate_generative(const GenerativeEvalOptions& o, const RunCont
                        "numbers computed with the same N (ADM uses 50000)");
   if (s.labels.defined() && net->predicts_dataset_classes() && s.labels.numel() > 0 &&
       (s.labels.min().item<int64_t>() < 0 || s.labels.max().item<int64_t>() >= s.logits.size(1)))
-    throw UserError("--samples " + o.samples, "labels (arr_1) range over " + std::to_string(s.labels.min().item<int64_t>()) +
-                                                  ".." + std::to_string(s.labels.max().item<int64_t>()) +
-                                                  ", the feature network has " + std::to_string(s.logits.size(1)) + " classes",
+    throw UserError("--samples " + o.samples,
+                    "labels (arr_1) range over " + std::to_string(s.labels.min().item<int64_t>()) + ".." +
+                        std::to_string(s.labels.max().item<int64_t>()) + ", the feature network has " +
+                        std::to_string(s.logits.size(1)) + " classes",
                     "samples of another dataset?");
   for (const auto& w : warnings) std::cerr << "warning: " << w << "\n";
   nlohmann::json metrics = nlohmann::json::object();
   if (o.metrics.fid) {
     if (ref.pool.mu.size(0) != s.pool.size(1))
-      throw UserError("--ref " + o.reference, "mu has " + std::to_string(ref.pool.mu.size(0)) + " dims, the features " +
-                                                std::to_string(s.pool.size(1)), "statistics of another feature network");
+      throw UserError(
+          "--ref " + o.reference,
+          "mu has " + std::to_string(ref.pool.mu.size(0)) + " dims, the features " + std::to_string(s.pool.size(1)),
+          "statistics of another feature network");
     metrics["fid"] = frechet_distance(compute_stats(s.pool), ref.pool);
   }
   if (o.metrics.sfid) {
     if (ref.spatial.mu.size(0) != s.spatial.size(1))
-      throw UserError("--ref " + o.reference, "mu_s has " + std::to_string(ref.spatial.mu.size(0)) +
-                                                " dims, the spatial features " + std::to_string(s.spatial.size(1)), "");
+      throw UserError("--ref " + o.reference,
+                      "mu_s has " + std::to_string(ref.spatial.mu.size(0)) + " dims, the spatial features " +
+                          std::to_string(s.spatial.size(1)),
+                      "");
     metrics["sfid"] = frechet_distance(compute_stats(s.spatial), ref.spatial);
   }
   if (o.metrics.is) {
@@ -229,13 +245,18 @@ nlohmann::json evaluate_generative(const GenerativeEvalOptions& o, const RunCont
                          {"pr_rows", ref.pr_features.defined() ? ref.pr_features.size(0) : 0}};
   report["feature_net"] = net_meta(*net);
   report["feature_net"]["spec"] = o.features;
-  report["is_mode"] = o.is_mode == ISMode::adm ? "adm (splits of 5000, in order)" : "torch-fidelity (10 shuffled splits)";
+  report["is_mode"] =
+      o.is_mode == ISMode::adm ? "adm (splits of 5000, in order)" : "torch-fidelity (10 shuffled splits)";
   report["pr_distances"] = "float32 squared L2 (ADM uses fp16 when finite)";
 
   if (!o.save_features.empty()) {
     std::map<std::string, at::Tensor> arrays{{"pool", s.pool}, {"spatial", s.spatial}, {"logits", s.logits}};
     if (s.labels.defined()) arrays["labels"] = s.labels;
-    if (rf.pool.defined()) arrays["ref_pool"] = rf.pool, arrays["ref_spatial"] = rf.spatial, arrays["ref_logits"] = rf.logits;
+    if (rf.pool.defined()) {
+      arrays["ref_pool"] = rf.pool;
+      arrays["ref_spatial"] = rf.spatial;
+      arrays["ref_logits"] = rf.logits;
+    }
     datasets::save_npz(o.save_features, arrays);
     report["saved_features"] = o.save_features;
   }

@@ -40,7 +40,7 @@ struct ReferenceStats {
   GaussianStats pool, spatial;  ///< undefined tensors when not available
   at::Tensor pr_features;       ///< (≤10000, D) pool features for precision/recall, undefined if not stored
   int64_t count = 0;
-  nlohmann::json meta;          ///< feature net name / sha256 / preprocessing (empty for foreign files)
+  nlohmann::json meta;  ///< feature net name / sha256 / preprocessing (empty for foreign files)
 };
 
 /// Reference statistics from a set of features.

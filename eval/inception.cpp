@@ -5,9 +5,9 @@
 #include <filesystem>
 
 #include "core/checkpoint.h"
-#include "core/torch_file.h"
 #include "core/error.h"
 #include "core/safetensors.h"
+#include "core/torch_file.h"
 
 namespace moh::eval {
 
@@ -16,9 +16,15 @@ namespace nn = torch::nn;
 namespace {
 
 // TF's average pool ignores padded zeros (pytorch-fid: count_include_pad=False).
-at::Tensor avg_pool_3x3_same(const at::Tensor& x) { return at::avg_pool2d(x, {3, 3}, {1, 1}, {1, 1}, false, false); }
-at::Tensor max_pool_3x3_same(const at::Tensor& x) { return at::max_pool2d(x, {3, 3}, {1, 1}, {1, 1}); }
-at::Tensor max_pool_3x3_s2(const at::Tensor& x) { return at::max_pool2d(x, {3, 3}, {2, 2}); }
+at::Tensor avg_pool_3x3_same(const at::Tensor& x) {
+  return at::avg_pool2d(x, {3, 3}, {1, 1}, {1, 1}, false, false);
+}
+at::Tensor max_pool_3x3_same(const at::Tensor& x) {
+  return at::max_pool2d(x, {3, 3}, {1, 1}, {1, 1});
+}
+at::Tensor max_pool_3x3_s2(const at::Tensor& x) {
+  return at::max_pool2d(x, {3, 3}, {2, 2});
+}
 
 // Holders forward their arguments as a template pack, which cannot take braced lists: build through a function.
 BasicConv2d basic_conv(int64_t in, int64_t out, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride = {1, 1},
@@ -30,13 +36,16 @@ BasicConv2d basic_conv(int64_t in, int64_t out, std::array<int64_t, 2> kernel, s
 
 BasicConv2dImpl::BasicConv2dImpl(int64_t in, int64_t out, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
                                  std::array<int64_t, 2> padding) {
-  conv = register_module(
-      "conv", nn::Conv2d(nn::Conv2dOptions(in, out, {kernel[0], kernel[1]}).stride({stride[0], stride[1]})
-                             .padding({padding[0], padding[1]}).bias(false)));
+  conv = register_module("conv", nn::Conv2d(nn::Conv2dOptions(in, out, {kernel[0], kernel[1]})
+                                                .stride({stride[0], stride[1]})
+                                                .padding({padding[0], padding[1]})
+                                                .bias(false)));
   bn = register_module("bn", nn::BatchNorm2d(nn::BatchNorm2dOptions(out).eps(kInceptionBnEps)));
 }
 
-at::Tensor BasicConv2dImpl::forward(const at::Tensor& x) { return at::relu(bn->forward(conv->forward(x))); }
+at::Tensor BasicConv2dImpl::forward(const at::Tensor& x) {
+  return at::relu(bn->forward(conv->forward(x)));
+}
 
 InceptionAImpl::InceptionAImpl(int64_t in, int64_t pool_features) {
   branch1x1 = register_module("branch1x1", basic_conv(in, 64, {1, 1}));
@@ -150,20 +159,20 @@ FIDInceptionV3Impl::FIDInceptionV3Impl() {
 }
 
 InceptionFeatures FIDInceptionV3Impl::forward(const at::Tensor& input) {
-  at::Tensor x = Conv2d_1a_3x3->forward(input);                             // (B, 32, 149, 149)
-  x = Conv2d_2b_3x3->forward(Conv2d_2a_3x3->forward(x));                    // (B, 64, 147, 147)
-  x = max_pool_3x3_s2(x);                                                   // (B, 64, 73, 73)
+  at::Tensor x = Conv2d_1a_3x3->forward(input);                            // (B, 32, 149, 149)
+  x = Conv2d_2b_3x3->forward(Conv2d_2a_3x3->forward(x));                   // (B, 64, 147, 147)
+  x = max_pool_3x3_s2(x);                                                  // (B, 64, 73, 73)
   x = max_pool_3x3_s2(Conv2d_4a_3x3->forward(Conv2d_3b_1x1->forward(x)));  // (B, 192, 35, 35)
   x = Mixed_5d->forward(Mixed_5c->forward(Mixed_5b->forward(x)));          // (B, 288, 35, 35)
-  x = Mixed_6a->forward(x);                                                 // (B, 768, 17, 17)
+  x = Mixed_6a->forward(x);                                                // (B, 768, 17, 17)
   x = Mixed_6c->forward(Mixed_6b->forward(x));
   at::Tensor tap;
-  x = Mixed_6e->forward(Mixed_6d->forward(x, &tap));  // tap: (B, 192, 17, 17)
+  x = Mixed_6e->forward(Mixed_6d->forward(x, &tap));               // tap: (B, 192, 17, 17)
   x = Mixed_7c->forward(Mixed_7b->forward(Mixed_7a->forward(x)));  // (B, 2048, 8, 8)
   InceptionFeatures f;
-  f.pool = x.mean({2, 3});                                                          // (B, 2048)
+  f.pool = x.mean({2, 3});                                                                        // (B, 2048)
   f.spatial = tap.narrow(1, 0, kSpatialChannels).permute({0, 2, 3, 1}).reshape({x.size(0), -1});  // (B, 2023) NHWC
-  f.logits = at::matmul(f.pool, fc->weight.t());                                    // (B, 1008), no bias
+  f.logits = at::matmul(f.pool, fc->weight.t());                                                  // (B, 1008), no bias
   return f;
 }
 

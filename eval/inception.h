@@ -25,7 +25,8 @@ constexpr int64_t kInceptionPoolDim = 2048;
 constexpr int64_t kSpatialChannels = 7;
 /// BatchNorm epsilon of the TF graph.
 constexpr double kInceptionBnEps = 1e-3;
-/// Parameter count of the network (measured in PyTorch, spec §1.1).
+/// Parameter count of the network (torchvision inception_v3 with 1008 classes and no aux head, whose blocks
+/// pytorch-fid replaces with same-sized ones).
 constexpr int64_t kInceptionParams = 23850960;
 
 /// Conv (no bias) → BatchNorm(eps 1e-3) → ReLU.
@@ -123,8 +124,8 @@ at::Tensor resize_bilinear_tf1(const at::Tensor& x, int64_t out_h, int64_t out_w
 /// uint8 (B, H, W, C) images (C = 1 or 3; grey is replicated) → the network's normalised (B, 3, 299, 299) input.
 at::Tensor inception_preprocess(const at::Tensor& images_u8, InceptionResize mode);
 
-/// Loads pytorch-fid / torch-fidelity weights: the .pth as published, or safetensors (num_batches_tracked optional). A missing file
-/// is a UserError saying how to obtain and convert it.
+/// Loads pytorch-fid / torch-fidelity weights: the .pth as published, or safetensors (num_batches_tracked optional). A
+/// missing file is a UserError saying how to obtain and convert it.
 void load_inception_weights(FIDInceptionV3& net, const std::string& path);
 
 }  // namespace moh::eval

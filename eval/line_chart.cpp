@@ -18,7 +18,8 @@ std::vector<double> nice_ticks(double lo, double hi, int count) {
   const double raw = (hi - lo) / std::max(1, count - 1), mag = std::pow(10.0, std::floor(std::log10(raw)));
   const double norm = raw / mag, step = (norm < 1.5 ? 1 : norm < 3 ? 2 : norm < 7 ? 5 : 10) * mag;
   std::vector<double> t;
-  for (double v = std::ceil(lo / step - 1e-9) * step; v <= hi + step * 1e-9; v += step) t.push_back(std::fabs(v) < step * 1e-9 ? 0 : v);
+  for (double v = std::ceil(lo / step - 1e-9) * step; v <= hi + step * 1e-9; v += step)
+    t.push_back(std::fabs(v) < step * 1e-9 ? 0 : v);
   return t;
 }
 
@@ -27,16 +28,18 @@ namespace {
 
 // Tableau-like colours (BGR), distinguishable on white.
 const std::vector<cv::Scalar>& palette() {
-  static const std::vector<cv::Scalar> p{{180, 119, 31}, {14, 127, 255}, {44, 160, 44}, {40, 39, 214},
-                                         {189, 103, 148}, {75, 86, 140}, {194, 119, 227}, {127, 127, 127}};
+  static const std::vector<cv::Scalar> p{{180, 119, 31},  {14, 127, 255}, {44, 160, 44},   {40, 39, 214},
+                                         {189, 103, 148}, {75, 86, 140},  {194, 119, 227}, {127, 127, 127}};
   return p;
 }
 
 std::string tick_text(double v) {
   char buf[32];
   const double a = std::fabs(v);
-  if (a != 0 && (a < 1e-3 || a >= 1e5)) std::snprintf(buf, sizeof buf, "%.0e", v);
-  else std::snprintf(buf, sizeof buf, "%g", v);
+  if (a != 0 && (a < 1e-3 || a >= 1e5))
+    std::snprintf(buf, sizeof buf, "%.0e", v);
+  else
+    std::snprintf(buf, sizeof buf, "%g", v);
   return buf;
 }
 
@@ -52,12 +55,16 @@ cv::Mat draw_panel(const ChartPanel& p) {
   for (const auto& s : p.series)
     for (size_t i = 0; i < s.x.size(); ++i) {
       if (!std::isfinite(s.y[i]) || (p.log_y && s.y[i] <= 0)) continue;
-      x0 = std::min(x0, s.x[i]), x1 = std::max(x1, s.x[i]), y0 = std::min(y0, ty(s.y[i])), y1 = std::max(y1, ty(s.y[i]));
+      x0 = std::min(x0, s.x[i]);
+      x1 = std::max(x1, s.x[i]);
+      y0 = std::min(y0, ty(s.y[i]));
+      y1 = std::max(y1, ty(s.y[i]));
     }
   if (x1 <= x0) x1 = x0 + 1;
   if (y1 <= y0) y1 = y0 + (y0 == 0 ? 1 : std::fabs(y0) * 0.1);
   const double pad = (y1 - y0) * 0.05;
-  y0 -= pad, y1 += pad;
+  y0 -= pad;
+  y1 += pad;
   const int pw = kW - kLeft - kRight, ph = kH - kTop - kBottom;
   auto px = [&](double x) { return kLeft + static_cast<int>(std::lround((x - x0) / (x1 - x0) * pw)); };
   auto py = [&](double y) { return kTop + ph - static_cast<int>(std::lround((ty(y) - y0) / (y1 - y0) * ph)); };
@@ -84,7 +91,9 @@ cv::Mat draw_panel(const ChartPanel& p) {
   cv::Mat ylab(20, 160, CV_8UC3, cv::Scalar::all(255));
   text(ylab, p.y_label, 2, 14);
   cv::rotate(ylab, ylab, cv::ROTATE_90_COUNTERCLOCKWISE);
-  if (ylab.rows <= kH) ylab(cv::Rect(0, 0, 20, std::min(ylab.rows, ph))).copyTo(m(cv::Rect(kLeft - 72 + 50, kTop, 20, std::min(ylab.rows, ph))));
+  if (ylab.rows <= kH)
+    ylab(cv::Rect(0, 0, 20, std::min(ylab.rows, ph)))
+        .copyTo(m(cv::Rect(kLeft - 72 + 50, kTop, 20, std::min(ylab.rows, ph))));
   // Series and legend.
   for (size_t k = 0; k < p.series.size(); ++k) {
     const Series& s = p.series[k];

@@ -9,14 +9,14 @@ namespace {
 
 // exp(E_x KL(p(y|x) ‖ p(y))) over one split of probabilities/log-probabilities (float64).
 double split_score(const at::Tensor& p, const at::Tensor& logp) {
-  const at::Tensor py = p.mean(0, true);                      // (1, K) marginal
-  const at::Tensor kl = (p * (logp - py.log())).sum(1);       // (n)
+  const at::Tensor py = p.mean(0, true);                 // (1, K) marginal
+  const at::Tensor kl = (p * (logp - py.log())).sum(1);  // (n)
   return std::exp(kl.mean().item<double>());
 }
 
 // DistanceBlock: max(|u|² − 2·u·vᵀ + |v|², 0) in float32 (ADM's fallback precision).
 at::Tensor squared_distances(const at::Tensor& u, const at::Tensor& v, const at::Tensor& v_norm) {
-  const at::Tensor u_norm = u.pow(2).sum(1, true);  // (n, 1)
+  const at::Tensor u_norm = u.pow(2).sum(1, true);                                    // (n, 1)
   return (u_norm - 2.0 * at::matmul(u, v.t()) + v_norm.unsqueeze(0)).clamp_min(0.0);  // (n, m)
 }
 
@@ -36,9 +36,11 @@ std::vector<int64_t> numpy_legacy_permutation(int64_t n, uint32_t seed) {
     for (int s = 1; s <= 32; s <<= 1) mask |= mask >> s;
     uint64_t j;
     if (static_cast<uint64_t>(i) <= 0xffffffffULL) {
-      do j = mt() & mask; while (j > static_cast<uint64_t>(i));
+      do j = mt() & mask;
+      while (j > static_cast<uint64_t>(i));
     } else {
-      do j = ((static_cast<uint64_t>(mt()) << 32) | mt()) & mask; while (j > static_cast<uint64_t>(i));
+      do j = ((static_cast<uint64_t>(mt()) << 32) | mt()) & mask;
+      while (j > static_cast<uint64_t>(i));
     }
     std::swap(a[static_cast<size_t>(i)], a[static_cast<size_t>(j)]);
   }
@@ -88,7 +90,7 @@ at::Tensor manifold_radii(const at::Tensor& features, int64_t k, int64_t block_b
   for (int64_t i = 0; i < n; i += rows) {
     const int64_t b = std::min(rows, n - i);
     const at::Tensor d = squared_distances(f.narrow(0, i, b), f, norm);  // (b, n)
-    radii.narrow(0, i, b).copy_(std::get<0>(d.kthvalue(k + 1, 1)));     // k-th neighbour, self (0) counted
+    radii.narrow(0, i, b).copy_(std::get<0>(d.kthvalue(k + 1, 1)));      // k-th neighbour, self (0) counted
   }
   return radii;
 }
@@ -103,9 +105,9 @@ PRResult precision_recall(const at::Tensor& reference, const at::Tensor& samples
   const int64_t rows = rows_per_block(smp.size(0), block_bytes);
   for (int64_t i = 0; i < ref.size(0); i += rows) {
     const int64_t b = std::min(rows, ref.size(0) - i);
-    const at::Tensor d = squared_distances(ref.narrow(0, i, b), smp, smp_norm);          // (b, Ns)
-    ref_in.narrow(0, i, b).copy_(d.le(r_smp.unsqueeze(0)).any(1));                       // ref i in a sample ball
-    smp_in.logical_or_(d.le(r_ref.narrow(0, i, b).unsqueeze(1)).any(0));                 // sample j in a ref ball
+    const at::Tensor d = squared_distances(ref.narrow(0, i, b), smp, smp_norm);  // (b, Ns)
+    ref_in.narrow(0, i, b).copy_(d.le(r_smp.unsqueeze(0)).any(1));               // ref i in a sample ball
+    smp_in.logical_or_(d.le(r_ref.narrow(0, i, b).unsqueeze(1)).any(0));         // sample j in a ref ball
   }
   PRResult r;
   r.precision = smp_in.to(at::kDouble).mean().item<double>();

@@ -1,9 +1,9 @@
 #include "eval/report.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <algorithm>
 #include <sstream>
 #include <vector>
 
@@ -32,9 +32,13 @@ void flatten(const nlohmann::json& v, const std::string& prefix, std::ostringstr
 }  // namespace
 
 std::string format_metric(const std::string& key, double v) {
-  auto ends = [&](const char* s) { const std::string t(s); return key.size() >= t.size() && key.compare(key.size() - t.size(), t.size(), t) == 0; };
+  auto ends = [&](const char* s) {
+    const std::string t(s);
+    return key.size() >= t.size() && key.compare(key.size() - t.size(), t.size(), t) == 0;
+  };
   int digits = -1;
-  if (key == "fid" || key == "sfid" || key.rfind("inception_score", 0) == 0 || key.rfind("top", 0) == 0 || ends("accuracy"))
+  if (key == "fid" || key == "sfid" || key.rfind("inception_score", 0) == 0 || key.rfind("top", 0) == 0 ||
+      ends("accuracy"))
     digits = 2;
   else if (key == "precision" || key == "recall")
     digits = 3;
@@ -52,8 +56,8 @@ std::string report_markdown(const nlohmann::json& report, const std::string& tit
   if (report.contains("metrics")) {
     md << "| metric | value |\n|---|---|\n";
     // The usual reading order first (FID, sFID, IS, precision, recall / top-1, top-5), then anything else.
-    static const std::vector<std::string> kOrder{"fid", "sfid", "inception_score", "inception_score_std", "precision",
-                                                 "recall", "top1", "top5", "loss"};
+    static const std::vector<std::string> kOrder{
+        "fid", "sfid", "inception_score", "inception_score_std", "precision", "recall", "top1", "top5", "loss"};
     const auto& m = report["metrics"];
     auto cell = [](const std::string& k, const nlohmann::json& v) {
       return v.is_number() ? format_metric(k, v.get<double>()) : scalar_text(v);

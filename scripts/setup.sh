@@ -19,7 +19,7 @@ case "$MODE" in
   *) echo "error: MOH_LIBTORCH=$MODE: unknown LibTorch source (use debian or pip)" >&2; exit 2 ;;
 esac
 
-PKGS=(build-essential cmake ninja-build ccache pkg-config
+PKGS=(build-essential cmake ninja-build ccache pkg-config clang-format
       libopenblas0-pthread libgloo-dev
       libopencv-dev libjpeg62-turbo-dev libpng-dev libyaml-cpp-dev libcxxopts-dev nlohmann-json3-dev
       libgtest-dev libgmock-dev libbenchmark-dev zlib1g-dev libzip-dev

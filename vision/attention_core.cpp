@@ -45,7 +45,7 @@ AttentionPath auto_attention_path(double active, int64_t tokens, PathTarget targ
 
 AttentionPath choose_attention_path(AttentionPath requested, double active, int64_t tokens, const c10::Device& device) {
   if (requested != AttentionPath::automatic) return requested;
-  const PathTarget target = !device.is_cpu()          ? PathTarget::cuda
+  const PathTarget target = !device.is_cpu()           ? PathTarget::cuda
                             : TORCH_VERSION_MAJOR >= 2 ? PathTarget::cpu_libtorch2
                                                        : PathTarget::cpu_libtorch1;
   return auto_attention_path(active, tokens, target);
@@ -93,12 +93,13 @@ std::pair<at::Tensor, at::Tensor> selected_pairs(const at::Tensor& routed, int64
                                                  bool all_shared) {
   const auto opts = routed.options().dtype(at::kLong);
   const int64_t T = routed.size(0), K = routed.size(1);
-  at::Tensor t = at::arange(T, opts).repeat_interleave(K);            // (T·K) token row of each routed pair
+  at::Tensor t = at::arange(T, opts).repeat_interleave(K);  // (T·K) token row of each routed pair
   at::Tensor g = (t.div(N, "floor") * h + hs) + routed.reshape({-1}).to(at::kLong);
   if (all_shared && hs > 0) {
-    at::Tensor ts = at::arange(T, opts).repeat_interleave(hs);         // (T·hs)
+    at::Tensor ts = at::arange(T, opts).repeat_interleave(hs);  // (T·hs)
     at::Tensor gs = ts.div(N, "floor") * h + at::arange(hs, opts).repeat({T});
-    t = at::cat({ts, t}), g = at::cat({gs, g});
+    t = at::cat({ts, t});
+    g = at::cat({gs, g});
   }
   return {g, t.remainder(N)};
 }
@@ -139,14 +140,20 @@ std::vector<PairBucket> bucket_pairs(const at::Tensor& routed, int64_t B, int64_
   for (const std::vector<int64_t>& groups : plan_buckets(count, fill, max_buckets)) {
     const auto Gb = static_cast<int64_t>(groups.size());
     std::vector<int64_t> host(3 * Gb);  // group ids, counts, starts: uploaded once
-    for (int64_t i = 0; i < Gb; ++i) host[i] = groups[i], host[Gb + i] = count[groups[i]], host[2 * Gb + i] = start[groups[i]];
+    for (int64_t i = 0; i < Gb; ++i) {
+      host[i] = groups[i];
+      host[Gb + i] = count[groups[i]];
+      host[2 * Gb + i] = start[groups[i]];
+    }
     const at::Tensor meta = at::tensor(host, at::kLong).to(routed.device()).view({3, Gb, 1});
-    const at::Tensor gid = meta[0], c = meta[1], st = meta[2];       // (Gb, 1) each
+    const at::Tensor gid = meta[0], c = meta[1], st = meta[2];  // (Gb, 1) each
     PairBucket bk;
-    bk.groups = Gb, bk.rows = count[groups[0]];
+    bk.groups = Gb;
+    bk.rows = count[groups[0]];
     const at::Tensor m = at::arange(bk.rows, g.options()).view({1, bk.rows});  // (1, M)
     bk.token = tokens.index_select(0, (st + at::minimum(m, c - 1)).reshape({-1})).view({Gb, bk.rows});
-    bk.batch = gid.div(h, "floor").view({Gb}), bk.head = gid.remainder(h).view({Gb});
+    bk.batch = gid.div(h, "floor").view({Gb});
+    bk.head = gid.remainder(h).view({Gb});
     bk.gate_row = (bk.batch.view({Gb, 1}) * N + bk.token) * h + bk.head.view({Gb, 1});  // (Gb, M)
     bk.out_row = at::where(m < c, bk.gate_row, at::full_like(bk.gate_row, scratch_row));
     buckets.push_back(std::move(bk));
@@ -182,7 +189,10 @@ at::Tensor mix_heads_sparse(const QuerySource& queries, const at::Tensor& k, con
     at::Tensor k_s = hkv == h ? k.narrow(1, 0, hs) : k.expand({B, hs, N, d});
     at::Tensor v_s = hkv == h ? v.narrow(1, 0, hs) : v.expand({B, hs, N, d});
     at::Tensor o = attend(q_s, k_s, v_s, scale, {}, fused).transpose(1, 2);  // (B, N, hs, d)
-    out.narrow(0, 0, T * h).view({B, N, h, d}).narrow(2, 0, hs).copy_(o * gates.narrow(1, 0, hs).reshape({B, N, hs, 1}));
+    out.narrow(0, 0, T * h)
+        .view({B, N, h, d})
+        .narrow(2, 0, hs)
+        .copy_(o * gates.narrow(1, 0, hs).reshape({B, N, hs, 1}));
   }
 
   // ---- routed heads: only the selected (token, head) pairs -----------------------------------------------------
@@ -190,23 +200,24 @@ at::Tensor mix_heads_sparse(const QuerySource& queries, const at::Tensor& k, con
     for (const PairBucket& bk : bucket_pairs(routed, B, N, h, hs, false, kBucketFill, kMaxBuckets)) {
       const int64_t Gb = bk.groups, M = bk.rows;
       const at::Tensor kv_index = hkv == h ? bk.batch * hkv + bk.head : bk.batch * hkv;  // (Gb)
-      const at::Tensor qi = (queries.q.defined() ? (bk.batch * h + bk.head).view({Gb, 1}) : bk.batch.view({Gb, 1})) * N +
-                            bk.token;  // (Gb, M) rows of q (B·h·N, d) or of x (B·N, C)
+      const at::Tensor qi =
+          (queries.q.defined() ? (bk.batch * h + bk.head).view({Gb, 1}) : bk.batch.view({Gb, 1})) * N +
+          bk.token;  // (Gb, M) rows of q (B·h·N, d) or of x (B·N, C)
       at::Tensor q;  // (Gb, M, d)
       if (queries.q.defined()) {
         q = queries.q.reshape({B * h * N, d}).index_select(0, qi.reshape({-1})).view({Gb, M, d});
       } else {
         const int64_t C = queries.x.size(1);
-        at::Tensor x_rows = queries.x.index_select(0, qi.reshape({-1})).view({Gb, M, C});        // (Gb, M, C)
-        at::Tensor w = queries.wq.view({h, d, C}).index_select(0, bk.head).transpose(1, 2);      // (Gb, C, d)
+        at::Tensor x_rows = queries.x.index_select(0, qi.reshape({-1})).view({Gb, M, C});    // (Gb, M, C)
+        at::Tensor w = queries.wq.view({h, d, C}).index_select(0, bk.head).transpose(1, 2);  // (Gb, C, d)
         if (queries.bq.defined())
-          q = at::baddbmm(queries.bq.view({h, 1, d}).index_select(0, bk.head), x_rows, w);       // (Gb, M, d)
+          q = at::baddbmm(queries.bq.view({h, 1, d}).index_select(0, bk.head), x_rows, w);  // (Gb, M, d)
         else
           q = at::bmm(x_rows, w);
       }
       at::Tensor o = attend(q, k_rows.index_select(0, kv_index), v_rows.index_select(0, kv_index), scale, {}, fused);
       o = o * gates_flat.index_select(0, bk.gate_row.reshape({-1})).view({Gb, M, 1});  // (Gb, M, d)
-      out.index_copy_(0, bk.out_row.reshape({-1}), o.reshape({Gb * M, d}));  // scatter (padding -> scratch)
+      out.index_copy_(0, bk.out_row.reshape({-1}), o.reshape({Gb * M, d}));            // scatter (padding -> scratch)
     }
   }
 

@@ -17,8 +17,8 @@
 namespace moh::vision {
 
 /// Whether this LibTorch has scaled_dot_product_attention with an explicit scale (≥ 2.1): the fused/flash path.
-constexpr bool kFusedAttentionAvailable =
-    TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1);
+constexpr bool kFusedAttentionAvailable = TORCH_VERSION_MAJOR > 2 ||
+                                          (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1);
 
 /// The path `automatic` resolves to for a DiT MoH layer with `active` = (h_s + K) / h of its heads on, over sequences
 /// of `tokens`, on `device`: the faster of dense and sparse for a training step (forward + backward) as measured on

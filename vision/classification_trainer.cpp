@@ -14,8 +14,12 @@ const std::vector<std::string> kNoDecayKeywords{"query_embedding", "relative_pos
 class ClassifierTask : public TrainTask {
  public:
   ClassifierTask(const ExperimentConfig& cfg, const RunContext& ctx)
-      : cfg_(cfg), ctx_(ctx), options_(classifier_options_for(cfg)), train_(cfg, options_, true),
-        val_(cfg, options_, false), mixup_(mixup_for(cfg, options_)) {}
+      : cfg_(cfg),
+        ctx_(ctx),
+        options_(classifier_options_for(cfg)),
+        train_(cfg, options_, true),
+        val_(cfg, options_, false),
+        mixup_(mixup_for(cfg, options_)) {}
 
   std::shared_ptr<torch::nn::Module> build_model() override { return TransNeXt(options_).ptr(); }
   std::string describe() const override {
@@ -54,8 +58,8 @@ class ClassifierTask : public TrainTask {
   std::string eval_message(int64_t epoch, const Scalars& m, const Scalars& ema) const override {
     std::ostringstream s;
     char line[160];
-    std::snprintf(line, sizeof line, "epoch %lld: top-1 %.2f %%, top-5 %.2f %%, val loss %.4f", static_cast<long long>(epoch + 1),
-                  scalar(m, "top1"), scalar(m, "top5"), scalar(m, "val_loss"));
+    std::snprintf(line, sizeof line, "epoch %lld: top-1 %.2f %%, top-5 %.2f %%, val loss %.4f",
+                  static_cast<long long>(epoch + 1), scalar(m, "top1"), scalar(m, "top5"), scalar(m, "val_loss"));
     s << line;
     if (!ema.empty()) {
       std::snprintf(line, sizeof line, "; EMA top-1 %.2f %%", scalar(ema, "top1"));

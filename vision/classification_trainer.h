@@ -16,7 +16,7 @@ namespace moh::vision {
 /// optimizer half is finish_optimizer_step (core/amp.h). Returns the task and load-balance losses (means over the
 /// micro-batches; 0-dim, on the device).
 LossTensors classifier_backward(TransNeXt& model, const at::Tensor& x, const at::Tensor& y, int64_t accum, double beta,
-                               double label_smoothing, const RunContext& ctx, const GradScaler& scaler);
+                                double label_smoothing, const RunContext& ctx, const GradScaler& scaler);
 
 /// The classification task for run_training().
 std::unique_ptr<TrainTask> make_classifier_task(const ExperimentConfig& cfg, const RunContext& ctx);

@@ -20,14 +20,16 @@ TransNeXtOptions classifier_options_for(const ExperimentConfig& cfg) {
   if (cfg.model.drop_path >= 0) o.drop_path_rate = cfg.model.drop_path;
   if (!cfg.model.attention.empty()) {
     if (cfg.model.attention.size() != 4)
-      throw UserError("config: model.attention", "expected 4 entries (one per stage), got " +
-                                                     std::to_string(cfg.model.attention.size()), "e.g. [moh, moh, moh, moh]");
+      throw UserError("config: model.attention",
+                      "expected 4 entries (one per stage), got " + std::to_string(cfg.model.attention.size()),
+                      "e.g. [moh, moh, moh, moh]");
     const TransNeXtOptions base = o;
     for (int i = 0; i < 4; ++i) {
       o.attention[i] = cfg.model.attention[i];
       if (o.attention[i] == AttentionMode::moh && base.attention[i] != AttentionMode::moh)
-        throw UserError("config: model.attention", "stage " + std::to_string(i + 1) + " of " + cfg.model.name +
-                                                       " has no MoH head split", "use a MoH-ViT variant for moh stages");
+        throw UserError("config: model.attention",
+                        "stage " + std::to_string(i + 1) + " of " + cfg.model.name + " has no MoH head split",
+                        "use a MoH-ViT variant for moh stages");
       if (o.attention[i] == AttentionMode::moa && o.topk[i] == 0) o.topk[i] = std::max<int64_t>(1, o.num_heads[i] / 2);
     }
   }
@@ -43,17 +45,17 @@ void validate_classifier_experiment(const ExperimentConfig& cfg) {
                        static_cast<double>(o.embed_dims[0]) * static_cast<double>(side * side) * 4.0;
   const DeviceMemory memory = device_memory(cfg.train.device);  // the GPU's, or this machine's
   if (bytes > static_cast<double>(memory.bytes))
-    throw UserError("config: model.img_size", std::to_string(o.img_size) + " px at batch " +
-                                                  std::to_string(cfg.data.batch_size) + " needs at least " +
-                                                  std::to_string(static_cast<int64_t>(bytes / (1 << 30))) +
-                                                  " GiB for the first stage alone, more than the " +
-                                                  std::to_string(memory.bytes >> 30) + " GiB of " + memory.name,
+    throw UserError("config: model.img_size",
+                    std::to_string(o.img_size) + " px at batch " + std::to_string(cfg.data.batch_size) +
+                        " needs at least " + std::to_string(static_cast<int64_t>(bytes / (1 << 30))) +
+                        " GiB for the first stage alone, more than the " + std::to_string(memory.bytes >> 30) +
+                        " GiB of " + memory.name,
                     "lower model.img_size or data.batch_size");
   datasets::RandAugmentSpec::parse(cfg.augment.rand_augment, "config: augment.rand_augment");
 }
 
-datasets::ClassifierTransform transform_for(const ExperimentConfig& cfg, const TransNeXtOptions& model) {
-  datasets::ClassifierTransform tf;
+datasets::ImageTransform transform_for(const ExperimentConfig& cfg, const TransNeXtOptions& model) {
+  datasets::ImageTransform tf;
   tf.size = model.img_size;
   tf.shift = cfg.data.shift;
   tf.hflip = cfg.data.hflip;
@@ -62,22 +64,30 @@ datasets::ClassifierTransform transform_for(const ExperimentConfig& cfg, const T
 }
 
 ClassifierSplit::ClassifierSplit(const ExperimentConfig& cfg, const TransNeXtOptions& model, bool train)
-    : cfg_(cfg), model_(model), tf_(transform_for(cfg, model)), stream_(cfg.data.loader == LoaderKind::stream), train_(train) {
-  if (cfg.data.dataset == DatasetKind::image_folder && !cfg.data.root.empty()) datasets::check_same_classes(cfg.data.root);
+    : cfg_(cfg),
+      model_(model),
+      tf_(transform_for(cfg, model)),
+      stream_(cfg.data.loader == LoaderKind::stream),
+      train_(train) {
+  if (cfg.data.dataset == DatasetKind::image_folder && !cfg.data.root.empty())
+    datasets::check_same_classes(cfg.data.root);
   if (!stream_) {
     set_ = datasets::load_split(cfg, train, model.in_chans);
     const int64_t labels_max = set_.labels.max().item<int64_t>();
     if (labels_max >= model.num_classes)
-      throw UserError("config: model.num_classes", std::to_string(model.num_classes) + " outputs, the " +
-                                                       (train ? "training" : "validation") + " data has labels up to " +
-                                                       std::to_string(labels_max), "raise model.num_classes");
+      throw UserError("config: model.num_classes",
+                      std::to_string(model.num_classes) + " outputs, the " + (train ? "training" : "validation") +
+                          " data has labels up to " + std::to_string(labels_max),
+                      "raise model.num_classes");
     if (set_.images.size(1) > model.img_size || set_.images.size(2) > model.img_size)
-      throw UserError("config: model.img_size", "images are " + std::to_string(set_.images.size(1)) +
-                                                    " px, larger than the model input " + std::to_string(model.img_size),
+      throw UserError("config: model.img_size",
+                      "images are " + std::to_string(set_.images.size(1)) + " px, larger than the model input " +
+                          std::to_string(model.img_size),
                       "use data.loader: stream to crop and resize");
     return;
   }
-  if (cfg.data.root.empty()) throw UserError("config: data.root", "image_folder needs a root", "<root>/{train,val}/<class>/*");
+  if (cfg.data.root.empty())
+    throw UserError("config: data.root", "image_folder needs a root", "<root>/{train,val}/<class>/*");
   const std::string split = train ? "train" : "val";
   index_ = datasets::scan_image_folder(cfg.data.root, split);
   datasets::limit_image_folder(index_, train ? cfg.data.limit_train : cfg.data.limit_val,
@@ -86,18 +96,25 @@ ClassifierSplit::ClassifierSplit(const ExperimentConfig& cfg, const TransNeXtOpt
     std::cerr << "warning: " << cfg.data.root << "/" << split << ": " << index_.empty_classes.size()
               << " class folder(s) without images (kept as labels)\n";
   if (static_cast<int64_t>(index_.classes.size()) > model.num_classes)
-    throw UserError("config: model.num_classes", std::to_string(model.num_classes) + " outputs, " + cfg.data.root + "/" +
-                                                     split + " has " + std::to_string(index_.classes.size()) + " classes", "");
+    throw UserError("config: model.num_classes",
+                    std::to_string(model.num_classes) + " outputs, " + cfg.data.root + "/" + split + " has " +
+                        std::to_string(index_.classes.size()) + " classes",
+                    "");
   const AugmentConfig& a = cfg.augment;
   stream_tf_.size = model.img_size;
   stream_tf_.random_resized_crop = a.random_resized_crop;
-  stream_tf_.scale_min = a.scale[0], stream_tf_.scale_max = a.scale[1];
-  stream_tf_.ratio_min = a.ratio[0], stream_tf_.ratio_max = a.ratio[1];
+  stream_tf_.scale_min = a.scale[0];
+  stream_tf_.scale_max = a.scale[1];
+  stream_tf_.ratio_min = a.ratio[0];
+  stream_tf_.ratio_max = a.ratio[1];
   stream_tf_.hflip = a.hflip;
   stream_tf_.rand_augment = datasets::RandAugmentSpec::parse(a.rand_augment, "config: augment.rand_augment");
   stream_tf_.erase_prob = a.erase_prob;
   stream_tf_.crop_pct = a.eval_crop_pct;
-  if (model.in_chans == 1) stream_tf_.mean = {datasets::kFashionMnistMean}, stream_tf_.std = {datasets::kFashionMnistStd};
+  if (model.in_chans == 1) {
+    stream_tf_.mean = {datasets::kFashionMnistMean};
+    stream_tf_.std = {datasets::kFashionMnistStd};
+  }
 }
 
 int64_t ClassifierSplit::size() const {
@@ -110,22 +127,33 @@ std::unique_ptr<datasets::BatchStream> ClassifierSplit::epoch(int64_t epoch, int
                                                               int world) const {
   const auto seed = static_cast<uint64_t>(cfg_.train.seed);
   if (!stream_)
-    return std::make_unique<datasets::EpochLoader>(set_, tf_, batch_size, train, seed, epoch, start_batch, drop_last,
-                                                   2, rank, world);
+    return std::make_unique<datasets::EpochLoader>(set_, tf_, batch_size, train, seed, epoch, start_batch, drop_last, 2,
+                                                   rank, world);
   datasets::StreamOptions o;
-  o.batch_size = batch_size, o.train = train, o.seed = seed, o.epoch = epoch, o.start_batch = start_batch;
-  o.drop_last = drop_last, o.workers = static_cast<int>(std::max<int64_t>(1, cfg_.data.num_workers));
-  o.repeats = cfg_.augment.repeated, o.channels = model_.in_chans;
-  o.rank = rank, o.world = world;
-  o.max_bad_fraction = cfg_.data.max_bad_fraction, o.root = cfg_.data.root;
+  o.batch_size = batch_size;
+  o.train = train;
+  o.seed = seed;
+  o.epoch = epoch;
+  o.start_batch = start_batch;
+  o.drop_last = drop_last;
+  o.workers = static_cast<int>(std::max<int64_t>(1, cfg_.data.num_workers));
+  o.repeats = cfg_.augment.repeated;
+  o.channels = model_.in_chans;
+  o.rank = rank;
+  o.world = world;
+  o.max_bad_fraction = cfg_.data.max_bad_fraction;
+  o.root = cfg_.data.root;
   return std::make_unique<datasets::StreamLoader>(index_, stream_tf_, o);
 }
 
 datasets::MixupOptions mixup_for(const ExperimentConfig& cfg, const TransNeXtOptions& model) {
   datasets::MixupOptions m;
-  m.mixup_alpha = cfg.augment.mixup, m.cutmix_alpha = cfg.augment.cutmix;
-  m.prob = cfg.augment.mixup_prob, m.switch_prob = cfg.augment.mixup_switch_prob;
-  m.label_smoothing = cfg.train.label_smoothing, m.num_classes = model.num_classes;
+  m.mixup_alpha = cfg.augment.mixup;
+  m.cutmix_alpha = cfg.augment.cutmix;
+  m.prob = cfg.augment.mixup_prob;
+  m.switch_prob = cfg.augment.mixup_switch_prob;
+  m.label_smoothing = cfg.train.label_smoothing;
+  m.num_classes = model.num_classes;
   return m;
 }
 
@@ -140,7 +168,8 @@ EvalResult evaluate_classifier(TransNeXt& model, datasets::BatchStream& batches,
   Progress progress("eval", batches.num_batches(), "batch", ctx.is_main() ? -1 : 2);
   at::Tensor x, y;
   while (batches.next(x, y)) {
-    x = x.to(ctx.device), y = y.to(ctx.device);
+    x = x.to(ctx.device);
+    y = y.to(ctx.device);
     ClassifierOutput out;
     {
       AutocastScope autocast(ctx);  // bf16/fp16 runs evaluate under autocast too (the official eval uses fp16)
@@ -159,21 +188,30 @@ EvalResult evaluate_classifier(TransNeXt& model, datasets::BatchStream& batches,
   }
   progress.finish();
   model->train(was_training);
-  if (r.count > 0) r.top1 = 100.0 * top1 / r.count, r.top5 = 100.0 * top5 / r.count, r.loss = loss_sum / r.count;
+  if (r.count > 0) {
+    r.top1 = 100.0 * top1 / r.count;
+    r.top5 = 100.0 * top5 / r.count;
+    r.loss = loss_sum / r.count;
+  }
   return r;
 }
 
 EvalResult evaluate_sharded(TransNeXt& model, const ClassifierSplit& split, int64_t batch_size, const RunContext& ctx,
                             dist::Group& group, HeadLoadStats* head_load) {
-  EvalResult r = evaluate_classifier(model, *split.epoch(0, batch_size, false, 0, false, group.rank(), group.world()), ctx,
-                                     head_load);
+  EvalResult r = evaluate_classifier(model, *split.epoch(0, batch_size, false, 0, false, group.rank(), group.world()),
+                                     ctx, head_load);
   if (group.world() == 1) return r;
   if (head_load) head_load->reduce(group);
   const auto n = static_cast<double>(r.count);
-  const std::vector<double> s = group.sum({std::round(r.top1 * n / 100.0), std::round(r.top5 * n / 100.0), r.loss * n, n});
+  const std::vector<double> s =
+      group.sum({std::round(r.top1 * n / 100.0), std::round(r.top5 * n / 100.0), r.loss * n, n});
   EvalResult all;
   all.count = static_cast<int64_t>(s[3]);
-  if (all.count > 0) all.top1 = 100.0 * s[0] / s[3], all.top5 = 100.0 * s[1] / s[3], all.loss = s[2] / s[3];
+  if (all.count > 0) {
+    all.top1 = 100.0 * s[0] / s[3];
+    all.top5 = 100.0 * s[1] / s[3];
+    all.loss = s[2] / s[3];
+  }
   return all;
 }
 
@@ -187,9 +225,11 @@ LoadedClassifier load_classifier_checkpoint(const std::string& path, bool ema) {
     throw UserError("checkpoint " + ckpt.dir, "holds a " + r.cfg.model.name + " model, not a classifier",
                     "pass a classifier run (moh train with a MoH-ViT / TransNeXt config)");
   r.model = TransNeXt(classifier_options_for(r.cfg));
-  r.dir = ckpt.dir, r.step = ckpt.state.step;
+  r.dir = ckpt.dir;
+  r.step = ckpt.state.step;
   const CheckpointWeights w = load_checkpoint_weights(*r.model, ckpt, ema, /*require_ema=*/true);
-  r.weights = w.which, r.weights_file = w.file;
+  r.weights = w.which;
+  r.weights_file = w.file;
   r.model->eval();
   return r;
 }

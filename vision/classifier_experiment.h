@@ -25,7 +25,7 @@ TransNeXtOptions classifier_options_for(const ExperimentConfig& cfg);
 void validate_classifier_experiment(const ExperimentConfig& cfg);
 
 /// Input pipeline of the experiment (training adds the configured augmentation).
-datasets::ClassifierTransform transform_for(const ExperimentConfig& cfg, const TransNeXtOptions& model);
+datasets::ImageTransform transform_for(const ExperimentConfig& cfg, const TransNeXtOptions& model);
 
 /// Mixup/CutMix settings of the experiment (off unless augment.mixup / augment.cutmix > 0).
 datasets::MixupOptions mixup_for(const ExperimentConfig& cfg, const TransNeXtOptions& model);
@@ -44,7 +44,7 @@ class ClassifierSplit {
  private:
   ExperimentConfig cfg_;
   TransNeXtOptions model_;
-  datasets::ClassifierTransform tf_;
+  datasets::ImageTransform tf_;
   datasets::SampleTransformOptions stream_tf_;
   datasets::ImageSet set_;
   datasets::ImageFolderIndex index_;

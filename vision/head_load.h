@@ -34,7 +34,7 @@ class HeadLoadStats {
     int64_t stage = 0, block = 0, shared = 0, pool = 0, topk = 0;
     at::Tensor counts;  ///< (classes, E) float64
   };
-  std::vector<Layer> layers_;        // one per block, in ClassifierOutput order (pool 0 = not routed)
+  std::vector<Layer> layers_;  // one per block, in ClassifierOutput order (pool 0 = not routed)
   int64_t classes_ = 0;
 };
 

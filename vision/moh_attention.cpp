@@ -17,9 +17,12 @@ constexpr double kRenormEps = 1e-12;
 
 int64_t MoHAttentionOptions::active_heads() const {
   switch (mode) {
-    case AttentionMode::mha: return num_heads;
-    case AttentionMode::moa: return topk;
-    case AttentionMode::moh: return topk == 0 ? num_heads : shared_heads + topk;
+    case AttentionMode::mha:
+      return num_heads;
+    case AttentionMode::moa:
+      return topk;
+    case AttentionMode::moh:
+      return topk == 0 ? num_heads : shared_heads + topk;
   }
   return num_heads;
 }
@@ -33,11 +36,15 @@ void MoHAttentionOptions::validate() const {
   if (head_dim < 0) throw UserError(what, "head_dim must be >= 0 (0 = dim / num_heads)", "");
   if (mode == AttentionMode::moh) {
     if (shared_heads < 0 || shared_heads > num_heads)
-      throw UserError(what, "shared_heads " + std::to_string(shared_heads) + " outside [0, num_heads=" +
-                                std::to_string(num_heads) + "]", "");
+      throw UserError(
+          what,
+          "shared_heads " + std::to_string(shared_heads) + " outside [0, num_heads=" + std::to_string(num_heads) + "]",
+          "");
     if (topk < 0 || topk > num_heads - shared_heads)
-      throw UserError(what, "topk " + std::to_string(topk) + " exceeds the routed pool h - h_s = " +
-                                std::to_string(num_heads - shared_heads), "lower topk or shared_heads");
+      throw UserError(what,
+                      "topk " + std::to_string(topk) +
+                          " exceeds the routed pool h - h_s = " + std::to_string(num_heads - shared_heads),
+                      "lower topk or shared_heads");
     if (topk == 0 && shared_heads != num_heads)
       throw UserError(what, "topk = 0 layers weight all heads, so shared_heads must equal num_heads",
                       "set shared_heads = " + std::to_string(num_heads) + " or topk > 0");
@@ -48,7 +55,9 @@ void MoHAttentionOptions::validate() const {
 }
 
 HeadRouter::HeadRouter(torch::nn::Module& owner, const MoHAttentionOptions& o)
-    : heads(o.num_heads), shared(o.mode == AttentionMode::moh ? o.shared_heads : 0), topk(o.topk),
+    : heads(o.num_heads),
+      shared(o.mode == AttentionMode::moh ? o.shared_heads : 0),
+      topk(o.topk),
       scale_by_k(o.mode == AttentionMode::moh) {
   if (o.mode == AttentionMode::mha) {
     topk = 0;
@@ -67,11 +76,11 @@ HeadRouting HeadRouter::route(const at::Tensor& x, bool training) const {
   if (topk > 0) {
     const int64_t E = heads - shared;
     at::Tensor p = at::softmax(at::linear(x, wg->weight), -1);  // (T, E): softmax before top-K (official order)
-    r.routed = std::get<1>(p.topk(topk, -1));         // (T, K)
+    r.routed = std::get<1>(p.topk(topk, -1));                   // (T, K)
     at::Tensor mask = at::zeros_like(p).scatter_(1, r.routed, 1.0);
     routed_g = p * mask;
     routed_g = routed_g / routed_g.sum(-1, true).clamp_min(kRenormEps);  // renormalise the kept weights
-    if (scale_by_k) routed_g = routed_g * static_cast<double>(topk);    // average 1 per active routed head
+    if (scale_by_k) routed_g = routed_g * static_cast<double>(topk);     // average 1 per active routed head
     if (training) r.aux_loss = (p.mean(0) * mask.mean(0)).sum() * static_cast<double>(E);  // E·Σ P_i f_i
   }
   if (shared > 1)
@@ -104,7 +113,9 @@ MoHAttentionImpl::MoHAttentionImpl(const MoHAttentionOptions& o) : options(o) {
   router = HeadRouter(*this, o);
 }
 
-AttentionOutput MoHAttentionImpl::forward(const at::Tensor& x) { return forward_with_path(x, options.path); }
+AttentionOutput MoHAttentionImpl::forward(const at::Tensor& x) {
+  return forward_with_path(x, options.path);
+}
 
 AttentionOutput MoHAttentionImpl::forward_with_path(const at::Tensor& x, AttentionPath path) {
   const int64_t B = x.size(0), N = x.size(1), C = x.size(2);
@@ -118,7 +129,8 @@ AttentionOutput MoHAttentionImpl::forward_with_path(const at::Tensor& x, Attenti
   out.aux_loss = routing.aux_loss;
   out.routed = routing.routed;
 
-  path = choose_attention_path(path, static_cast<double>(options.active_heads()) / static_cast<double>(h), N, x.device());
+  path =
+      choose_attention_path(path, static_cast<double>(options.active_heads()) / static_cast<double>(h), N, x.device());
   const bool sparse = path == AttentionPath::sparse && routing.routed.defined();
   at::Tensor mixed;  // (B, N, h·d)
   if (!sparse && options.mode != AttentionMode::moa) {
@@ -130,25 +142,31 @@ AttentionOutput MoHAttentionImpl::forward_with_path(const at::Tensor& x, Attenti
   }
 
   // Keys/values of every head (they cannot shrink: any selected query attends to all of them).
-  at::Tensor k, v;          // (B, h_kv, N, d)
-  at::Tensor wq, bq;        // query projection (inner, C) / (inner)
+  at::Tensor k, v;    // (B, h_kv, N, d)
+  at::Tensor wq, bq;  // query projection (inner, C) / (inner)
   if (options.mode == AttentionMode::moa) {
     at::Tensor kvx = kv->forward(x).view({B, N, 2, 1, d}).permute({2, 0, 3, 1, 4});  // (2, B, 1, N, d)
-    k = kvx[0], v = kvx[1];
-    wq = q->weight, bq = options.qkv_bias ? q->bias : at::Tensor();
+    k = kvx[0];
+    v = kvx[1];
+    wq = q->weight;
+    bq = options.qkv_bias ? q->bias : at::Tensor();
   } else {
     const at::Tensor& w = qkv->weight;  // rows [0, inner) = Q, [inner, 2·inner) = K, [2·inner, 3·inner) = V
     at::Tensor b = options.qkv_bias ? qkv->bias : at::Tensor();
     at::Tensor kvx = at::linear(x, w.narrow(0, inner, 2 * inner), b.defined() ? b.narrow(0, inner, 2 * inner) : b)
                          .view({B, N, 2, h, d})
                          .permute({2, 0, 3, 1, 4});  // (2, B, h, N, d)
-    k = kvx[0], v = kvx[1];
-    wq = w.narrow(0, 0, inner), bq = b.defined() ? b.narrow(0, 0, inner) : b;
+    k = kvx[0];
+    v = kvx[1];
+    wq = w.narrow(0, 0, inner);
+    bq = b.defined() ? b.narrow(0, 0, inner) : b;
   }
 
   if (sparse) {
     QuerySource qs;
-    qs.x = x_flat, qs.wq = wq, qs.bq = bq;  // queries projected only for selected pairs
+    qs.x = x_flat;
+    qs.wq = wq;
+    qs.bq = bq;  // queries projected only for selected pairs
     mixed = mix_heads_sparse(qs, k, v, routing.gates, routing.routed, h, router.shared, scale, options.fused);
   } else {  // MoA, dense: queries of every head, keys/values shared by all heads
     at::Tensor qh = at::linear(x, wq, bq).view({B, N, h, d}).transpose(1, 2);  // (B, h, N, d)

@@ -9,9 +9,9 @@
 
 #include <cstdint>
 
-#include "vision/linear.h"
 #include "core/experiment_config.h"
 #include "vision/attention_core.h"
+#include "vision/linear.h"
 
 namespace moh::vision {
 
@@ -25,11 +25,13 @@ struct MoHAttentionOptions {
   int64_t shared_heads = 0;  ///< h_s: heads [0, h_s) always on (moh)
   int64_t topk = 0;          ///< K: routed heads chosen per token from the pool of h − h_s (moh); experts (moa)
   AttentionPath path = AttentionPath::dense;  ///< dense, sparse or automatic (per call: choose_attention_path)
-  bool fused = kFusedAttentionAvailable;  ///< scaled_dot_product_attention (LibTorch ≥ 2.1); false = plain path
+  bool fused = kFusedAttentionAvailable;      ///< scaled_dot_product_attention (LibTorch ≥ 2.1); false = plain path
 
   MoHAttentionOptions() = default;
   MoHAttentionOptions(int64_t dim_, int64_t heads_) : dim(dim_), num_heads(heads_) {}
-  MoHAttentionOptions& moh(int64_t shared, int64_t k) { return mode = AttentionMode::moh, shared_heads = shared, topk = k, *this; }
+  MoHAttentionOptions& moh(int64_t shared, int64_t k) {
+    return mode = AttentionMode::moh, shared_heads = shared, topk = k, *this;
+  }
   MoHAttentionOptions& moa(int64_t k) { return mode = AttentionMode::moa, shared_heads = 0, topk = k, *this; }
 
   int64_t head_dim_resolved() const { return head_dim > 0 ? head_dim : dim / num_heads; }

@@ -84,7 +84,9 @@ void cpu_window(Op op, const at::Tensor& a, const at::Tensor& b, at::Tensor& out
 }
 
 // A (B, h, N, ·) operand with its last dim contiguous.
-at::Tensor rows_view(const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); }
+at::Tensor rows_view(const at::Tensor& t) {
+  return t.stride(-1) == 1 ? t : t.contiguous();
+}
 
 at::Tensor run_cpu(Op op, const at::Tensor& a, const at::Tensor& b, int64_t H, int64_t W) {
   const at::ScalarType dt = a.scalar_type();
@@ -93,8 +95,10 @@ at::Tensor run_cpu(Op op, const at::Tensor& a, const at::Tensor& b, int64_t H, i
   const at::Tensor x = rows_view(a), y = rows_view(b);
   const int64_t B = x.size(0), h = x.size(1), N = x.size(2);
   at::Tensor out = at::empty({B, h, N, op == Op::qk ? int64_t{kWindow} : y.size(3)}, x.options());
-  if (dt == at::kFloat) cpu_window<float>(op, x, y, out, H, W);
-  else cpu_window<double>(op, x, y, out, H, W);
+  if (dt == at::kFloat)
+    cpu_window<float>(op, x, y, out, H, W);
+  else
+    cpu_window<double>(op, x, y, out, H, W);
   return out;
 }
 
@@ -113,15 +117,25 @@ at::Tensor run_cuda(Op op, const at::Tensor& a, const at::Tensor& b, int64_t H, 
     const T* p = reinterpret_cast<const T*>(x.data_ptr());
     const T* q = reinterpret_cast<const T*>(y.data_ptr());
     T* o = reinterpret_cast<T*>(out.data_ptr());
-    if (op == Op::qk) err = cuda::sliding_qk<T>(p, q, o, bh, hh, ww, cc, stream);
-    else if (op == Op::av) err = cuda::sliding_av<T>(p, q, o, bh, hh, ww, cc, stream);
-    else err = cuda::sliding_av_transposed<T>(p, q, o, bh, hh, ww, cc, stream);
+    if (op == Op::qk)
+      err = cuda::sliding_qk<T>(p, q, o, bh, hh, ww, cc, stream);
+    else if (op == Op::av)
+      err = cuda::sliding_av<T>(p, q, o, bh, hh, ww, cc, stream);
+    else
+      err = cuda::sliding_av_transposed<T>(p, q, o, bh, hh, ww, cc, stream);
   };
   switch (x.scalar_type()) {
-    case at::kFloat: run(static_cast<float*>(nullptr)); break;
-    case at::kHalf: run(static_cast<__half*>(nullptr)); break;
-    case at::kBFloat16: run(static_cast<__nv_bfloat16*>(nullptr)); break;
-    default: TORCH_CHECK(false, "sliding-window kernels: unsupported dtype ", x.scalar_type());
+    case at::kFloat:
+      run(static_cast<float*>(nullptr));
+      break;
+    case at::kHalf:
+      run(static_cast<__half*>(nullptr));
+      break;
+    case at::kBFloat16:
+      run(static_cast<__nv_bfloat16*>(nullptr));
+      break;
+    default:
+      TORCH_CHECK(false, "sliding-window kernels: unsupported dtype ", x.scalar_type());
   }
   TORCH_CHECK(err == cudaSuccess, "sliding-window kernel failed: ", cudaGetErrorString(err));
   return out;

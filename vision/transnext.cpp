@@ -33,9 +33,13 @@ constexpr int kMaxBuckets = 2;
 
 // LayerNorm in its parameters' dtype (fp32): under CPU autocast LibTorch 1.13 hands layer_norm a bf16 input with fp32
 // weights and fails; CUDA autocast runs layer_norm in fp32 anyway.
-at::Tensor ln(nn::LayerNorm m, const at::Tensor& x) { return m->forward(x.to(m->weight.scalar_type())); }
+at::Tensor ln(nn::LayerNorm m, const at::Tensor& x) {
+  return m->forward(x.to(m->weight.scalar_type()));
+}
 
-at::Tensor l2n(const at::Tensor& x) { return x / x.norm(2, -1, true).clamp_min(kNormalizeEps); }
+at::Tensor l2n(const at::Tensor& x) {
+  return x / x.norm(2, -1, true).clamp_min(kNormalizeEps);
+}
 
 // timm/torch trunc_normal_(std) truncates at absolute ±2, i.e. effectively a plain normal for small std.
 void trunc_normal_(at::Tensor t, double std) {
@@ -54,13 +58,15 @@ at::Tensor drop_path(const at::Tensor& x, double p, bool training) {
 at::Tensor cpb_bias(vision::Linear fc1, vision::Linear fc2, const at::Tensor& table, const at::Tensor& index,
                     int64_t heads, int64_t nq, int64_t nk) {
   at::Tensor b = fc2->forward(at::relu(fc1->forward(table)));  // (T, h)
-  return b.t().index_select(1, index).view({heads, nq, nk});  // (h, Nq, Nk)
+  return b.t().index_select(1, index).view({heads, nq, nk});   // (h, Nq, Nk)
 }
 }  // namespace
 
 // ---- options ---------------------------------------------------------------------------------------------------
 
-int64_t TransNeXtOptions::stage_size(int64_t i) const { return img_size / (patch_size << i); }
+int64_t TransNeXtOptions::stage_size(int64_t i) const {
+  return img_size / (patch_size << i);
+}
 int64_t TransNeXtOptions::pretrain_stage_size(int64_t i) const {
   return (pretrain_size > 0 ? pretrain_size : img_size) / (patch_size << i);
 }
@@ -69,8 +75,10 @@ MoHAttentionOptions TransNeXtOptions::stage_attention(int64_t i) const {
   MoHAttentionOptions o(embed_dims[i], num_heads[i]);
   o.qkv_bias = qkv_bias;
   o.path = attention_path;
-  if (attention[i] == AttentionMode::moh) o.moh(shared_heads[i], topk[i]);
-  else if (attention[i] == AttentionMode::moa) o.moa(topk[i]);
+  if (attention[i] == AttentionMode::moh)
+    o.moh(shared_heads[i], topk[i]);
+  else if (attention[i] == AttentionMode::moa)
+    o.moa(topk[i]);
   return o;
 }
 
@@ -93,12 +101,17 @@ void TransNeXtOptions::validate() const {
   const std::string what = "TransNeXt options";
   const int64_t unit = patch_size * 8;
   if (img_size <= 0 || img_size % unit != 0)
-    throw UserError(what, "img_size " + std::to_string(img_size) + " must be a positive multiple of " +
-                              std::to_string(unit) + " (patch_size · 8)", "resize or pad the input");
+    throw UserError(what,
+                    "img_size " + std::to_string(img_size) + " must be a positive multiple of " + std::to_string(unit) +
+                        " (patch_size · 8)",
+                    "resize or pad the input");
   for (int64_t i = 0; i < 4; ++i) {
     if (pretrain_stage_size(i) < 2)
-      throw UserError(what, "stage " + std::to_string(i + 1) + " map is 1×1 at the (pretraining) size, which makes the "
-                            "CPB coordinates divide by zero (NaN)", "use a larger img_size or a smaller patch_size");
+      throw UserError(what,
+                      "stage " + std::to_string(i + 1) +
+                          " map is 1×1 at the (pretraining) size, which makes the "
+                          "CPB coordinates divide by zero (NaN)",
+                      "use a larger img_size or a smaller patch_size");
     if (sr_ratios[i] > 1 && stage_size(i) / sr_ratios[i] < 1)
       throw UserError(what, "stage " + std::to_string(i + 1) + " pool would be empty", "lower sr_ratios");
     if (depths[i] < 0) throw UserError(what, "depths must be >= 0", "");
@@ -141,13 +154,15 @@ TransNeXtAttentionImpl::TransNeXtAttentionImpl(const MoHAttentionOptions& o, int
     qkv = register_module("qkv", vision::Linear(nn::LinearOptions(C, 3 * C).bias(o.qkv_bias)));
   }
   proj = register_module("proj", vision::Linear(C, C));
-  temperature = register_parameter("temperature", at::full({h, 1, 1}, std::log(std::exp(1.0 / kInitTemperature) - 1.0)));
+  temperature =
+      register_parameter("temperature", at::full({h, 1, 1}, std::log(std::exp(1.0 / kInitTemperature) - 1.0)));
   query_embedding = register_parameter("query_embedding", at::empty({h, 1, d}));
   trunc_normal_(query_embedding, kTruncStd);
   cpb_fc1 = register_module("cpb_fc1", vision::Linear(2, kCpbHidden));
   cpb_fc2 = register_module("cpb_fc2", vision::Linear(kCpbHidden, h));
   if (aggregated) {
-    pool_h = H / sr_ratio, pool_w = W / sr_ratio;
+    pool_h = H / sr_ratio;
+    pool_w = W / sr_ratio;
     sr = register_module("sr", nn::Conv2d(nn::Conv2dOptions(C, C, 1)));
     norm = register_module("norm", nn::LayerNorm(nn::LayerNormOptions({C}).eps(kEmbedNormEps)));
     relative_pos_bias_local = register_parameter("relative_pos_bias_local", at::empty({h, kWindowArea}));
@@ -157,12 +172,13 @@ TransNeXtAttentionImpl::TransNeXtAttentionImpl(const MoHAttentionOptions& o, int
     learnable_bias = register_parameter("learnable_bias", at::zeros({h, 1, kWindowArea}));
     // Valid neighbours per position (unfold of ones) -> padding mask and log(valid + P) length scale.
     at::Tensor ones = at::ones({1, 1, H, W});
-    at::Tensor valid = at::im2col(ones, {kWindow, kWindow}, {1, 1}, {1, 1}, {1, 1}).view({kWindowArea, N}).t();  // (N, 9)
+    at::Tensor valid =
+        at::im2col(ones, {kWindow, kWindow}, {1, 1}, {1, 1}, {1, 1}).view({kWindowArea, N}).t();  // (N, 9)
     padding_mask = valid.eq(0);
     at::Tensor ids = at::arange(N, at::kFloat).view({1, 1, H, W}) + 1;  // 1-based, so zero padding reads as −1
     neighbours = (at::im2col(ids, {kWindow, kWindow}, {1, 1}, {1, 1}, {1, 1}).view({kWindowArea, N}).t() - 1)
                      .to(at::kLong)
-                     .contiguous();  // (N, 9)
+                     .contiguous();                                                         // (N, 9)
     seq_length_scale = at::log(valid.sum(1, true) + static_cast<double>(pool_h * pool_w));  // (N, 1)
   } else {
     seq_length_scale = at::full({1}, std::log(static_cast<double>(N)));
@@ -173,7 +189,8 @@ TransNeXtAttentionImpl::TransNeXtAttentionImpl(const MoHAttentionOptions& o, int
 AttentionOutput TransNeXtAttentionImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& i) {
   return run(x, t, i, false);
 }
-AttentionOutput TransNeXtAttentionImpl::forward_reference(const at::Tensor& x, const at::Tensor& t, const at::Tensor& i) {
+AttentionOutput TransNeXtAttentionImpl::forward_reference(const at::Tensor& x, const at::Tensor& t,
+                                                          const at::Tensor& i) {
   return run(x, t, i, true);
 }
 
@@ -198,35 +215,37 @@ AttentionOutput TransNeXtAttentionImpl::run(const at::Tensor& x, const at::Tenso
   at::Tensor o;  // (B, h, N, d) per-head outputs before gating
   if (!aggregated) {
     auto parts = qkv->forward(x).reshape({B, N, 3, h, d}).permute({2, 0, 3, 1, 4});  // (3, B, h, N, d)
-    at::Tensor qs = (l2n(parts[0]) + query_embedding) * tau * len_scale;           // length-scaled cosine query
-    at::Tensor bias = cpb_bias(cpb_fc1, cpb_fc2, table, index, h, N, N);           // (h, N, N)
+    at::Tensor qs = (l2n(parts[0]) + query_embedding) * tau * len_scale;             // length-scaled cosine query
+    at::Tensor bias = cpb_bias(cpb_fc1, cpb_fc2, table, index, h, N, N);             // (h, N, N)
     at::Tensor attn = at::softmax(at::matmul(qs, l2n(parts[1]).transpose(-2, -1)) + bias, -1);
     o = at::matmul(attn, parts[2]);
   } else {
     const int64_t P = pool_h * pool_w;
     at::Tensor qn = l2n(q->forward(x).reshape({B, N, h, d}).permute({0, 2, 1, 3}));  // (B, h, N, d)
-    at::Tensor qs = (qn + query_embedding) * tau * len_scale;                         // (B, h, N, d)
-    auto kvl = kv->forward(x).chunk(2, -1);                                           // K | V, each (B, N, C)
-    at::Tensor k_loc = l2n(kvl[0].reshape({B, N, h, d}));                             // (B, N, h, d)
+    at::Tensor qs = (qn + query_embedding) * tau * len_scale;                        // (B, h, N, d)
+    auto kvl = kv->forward(x).chunk(2, -1);                                          // K | V, each (B, N, C)
+    at::Tensor k_loc = l2n(kvl[0].reshape({B, N, h, d}));                            // (B, N, h, d)
     at::Tensor v_loc = kvl[1].reshape({B, N, h, d});
     const at::Tensor mask = padding_mask.to(x.device());
-    at::Tensor attn_local;  // (B, h, N, 9)
-    at::Tensor k_nb, v_nb;  // (B, h, N, d, 9)
+    at::Tensor attn_local;                     // (B, h, N, 9)
+    at::Tensor k_nb, v_nb;                     // (B, h, N, d, 9)
     std::vector<at::Tensor> k_shift, v_shift;  // reference: per neighbour (B, h, N, d)
     // The sliding-window ops (CPU; CUDA builds with options.fused); the im2col path below is the official native
     // code's unfold, kept beside them with a parity test (window_kernels = false).
-    const bool kernels = !reference && window_kernels && (x.is_cpu() || options.fused) &&
-                         sliding_window_kernels_available(x.device());
+    const bool kernels =
+        !reference && window_kernels && (x.is_cpu() || options.fused) && sliding_window_kernels_available(x.device());
     if (kernels) {
-      k_nb = k_loc.permute({0, 2, 1, 3}), v_nb = v_loc.permute({0, 2, 1, 3});  // (B, h, N, d) maps, not neighbours
-      attn_local = sliding_window_qk(qs, k_nb, H, W);                            // (B, h, N, 9)
+      k_nb = k_loc.permute({0, 2, 1, 3});
+      v_nb = v_loc.permute({0, 2, 1, 3});              // (B, h, N, d) maps, not neighbours
+      attn_local = sliding_window_qk(qs, k_nb, H, W);  // (B, h, N, 9)
     } else if (!reference) {
       at::Tensor maps = at::cat({k_loc.reshape({B, N, C}), kvl[1]}, -1).permute({0, 2, 1}).reshape({B, 2 * C, H, W});
       at::Tensor nb = at::im2col(maps, {kWindow, kWindow}, {1, 1}, {1, 1}, {1, 1})  // (B, 2C·9, N), channel-major
                           .reshape({B, 2 * h, d, kWindowArea, N})
-                          .permute({0, 1, 4, 2, 3});                                // (B, 2h, N, d, 9)
+                          .permute({0, 1, 4, 2, 3});  // (B, 2h, N, d, 9)
       auto kvnb = nb.chunk(2, 1);
-      k_nb = kvnb[0], v_nb = kvnb[1];
+      k_nb = kvnb[0];
+      v_nb = kvnb[1];
       attn_local = at::matmul(qs.unsqueeze(-2), k_nb).squeeze(-2);  // (B, h, N, 9)
     } else {
       // Neighbour by neighbour: shift the zero-padded K/V maps by each offset of the 3×3 window (z = row·3 + col).
@@ -246,10 +265,10 @@ AttentionOutput TransNeXtAttentionImpl::run(const at::Tensor& x, const at::Tenso
     attn_local = (attn_local + relative_pos_bias_local.unsqueeze(1))
                      .masked_fill(mask, -std::numeric_limits<double>::infinity());  // bias, then mask (official order)
     // Pooled branch: 1×1 conv -> GELU -> adaptive avg pool -> LN; keys/values from the same kv projection.
-    const at::Tensor kvp = pooled_kv(x);  // (2, B, h, P, d)
-    at::Tensor pool_bias = cpb_bias(cpb_fc1, cpb_fc2, table, index, h, N, P);                      // (h, N, P)
-    at::Tensor attn_pool = at::matmul(qs, l2n(kvp[0]).transpose(-2, -1)) + pool_bias;              // (B, h, N, P)
-    at::Tensor attn = at::softmax(at::cat({attn_local, attn_pool}, -1), -1);                       // one softmax
+    const at::Tensor kvp = pooled_kv(x);                                               // (2, B, h, P, d)
+    at::Tensor pool_bias = cpb_bias(cpb_fc1, cpb_fc2, table, index, h, N, P);          // (h, N, P)
+    at::Tensor attn_pool = at::matmul(qs, l2n(kvp[0]).transpose(-2, -1)) + pool_bias;  // (B, h, N, P)
+    at::Tensor attn = at::softmax(at::cat({attn_local, attn_pool}, -1), -1);           // one softmax
     attn_local = attn.narrow(-1, 0, kWindowArea);
     attn_pool = attn.narrow(-1, kWindowArea, P);
     // Learnable tokens and bias, added after the softmax with the plain normalised query.
@@ -291,18 +310,18 @@ at::Tensor TransNeXtAttentionImpl::mix_sparse(const at::Tensor& x, const at::Ten
   // Queries of every (token, head) by one product: gathering the input rows per pair instead would move C values
   // per pair (more than the d of a query) and a per-group copy of the head's weights, in both directions.
   const vision::Linear& q_lin = aggregated ? q : qkv;  // query rows [0, C), head-major
-  const at::Tensor q_rows = at::linear(x, q_lin->weight.narrow(0, 0, C),
-                                       q_lin->bias.defined() ? q_lin->bias.narrow(0, 0, C) : at::Tensor())
-                                .reshape({T * h, d});  // row (b·N + n)·h + head
+  const at::Tensor q_rows =
+      at::linear(x, q_lin->weight.narrow(0, 0, C), q_lin->bias.defined() ? q_lin->bias.narrow(0, 0, C) : at::Tensor())
+          .reshape({T * h, d});        // row (b·N + n)·h + head
   at::Tensor keys, values, bias_rows;  // (B·h, Nk, d) normalised / plain, (h·N, Nk): pooled (Nk = P) or all tokens
   at::Tensor local;                    // (T·h + 1, 2d): [normalised K | V] per (token, head), last row zeros
   if (aggregated) {
     const int64_t P = pool_h * pool_w;
-    at::Tensor kvl = kv->forward(x);                                               // (B, N, 2C)
-    at::Tensor k_loc = l2n(kvl.narrow(-1, 0, C).reshape({B, N, h, d}));           // (B, N, h, d)
+    at::Tensor kvl = kv->forward(x);                                     // (B, N, 2C)
+    at::Tensor k_loc = l2n(kvl.narrow(-1, 0, C).reshape({B, N, h, d}));  // (B, N, h, d)
     at::Tensor v_loc = kvl.narrow(-1, C, C).reshape({B, N, h, d});
     local = at::constant_pad_nd(at::cat({k_loc, v_loc}, -1).reshape({T * h, 2 * d}), {0, 0, 0, 1});
-    const at::Tensor kvp = pooled_kv(x);                                           // (2, B, h, P, d)
+    const at::Tensor kvp = pooled_kv(x);  // (2, B, h, P, d)
     keys = l2n(kvp[0]).reshape({B * h, P, d});
     values = kvp[1].reshape({B * h, P, d});
     bias_rows = cpb_bias(cpb_fc1, cpb_fc2, table, index, h, N, P).reshape({h * N, P});
@@ -322,16 +341,16 @@ at::Tensor TransNeXtAttentionImpl::mix_sparse(const at::Tensor& x, const at::Ten
   // which costs more than padding the routed groups to their largest count (shared groups hold every token).
   for (const PairBucket& bk : bucket_pairs(routing.routed, B, N, h, router.shared, true, kBucketFill, kMaxBuckets)) {
     const int64_t Gb = bk.groups, M = bk.rows;
-    const at::Tensor& hidx = bk.head;                                      // (Gb)
-    const at::Tensor gidx = bk.batch * h + bk.head;                        // (Gb) rows of keys / values
-    const at::Tensor tok = bk.token.reshape({-1}), pair = bk.gate_row.reshape({-1});  // (Gb·M)
+    const at::Tensor& hidx = bk.head;                                                  // (Gb)
+    const at::Tensor gidx = bk.batch * h + bk.head;                                    // (Gb) rows of keys / values
+    const at::Tensor tok = bk.token.reshape({-1}), pair = bk.gate_row.reshape({-1});   // (Gb·M)
     const at::Tensor bias_row = (bk.head.view({Gb, 1}) * N + bk.token).reshape({-1});  // (Gb·M) rows of bias_rows
-    at::Tensor qn = l2n(q_rows.index_select(0, pair).view({Gb, M, d}));  // (Gb, M, d)
+    at::Tensor qn = l2n(q_rows.index_select(0, pair).view({Gb, M, d}));                // (Gb, M, d)
     at::Tensor ls = aggregated ? len_scale.index_select(0, tok).view({Gb, M, 1}) : len_scale;
     at::Tensor qs = (qn + query_embedding.index_select(0, hidx)) * tau.index_select(0, hidx) * ls;  // (Gb, M, d)
     at::Tensor global = at::baddbmm(bias_rows.index_select(0, bias_row).view({Gb, M, -1}), qs,
                                     keys.index_select(0, gidx).transpose(1, 2));  // (Gb, M, Nk)
-    at::Tensor o;  // (Gb, M, d)
+    at::Tensor o;                                                                 // (Gb, M, d)
     if (!aggregated) {
       o = at::bmm(at::softmax(global, -1), values.index_select(0, gidx));
     } else {
@@ -341,13 +360,13 @@ at::Tensor TransNeXtAttentionImpl::mix_sparse(const at::Tensor& x, const at::Ten
       at::Tensor rows = (bk.batch.view({Gb, 1, 1}) * N + nb) * h + hidx.view({Gb, 1, 1});
       rows = rows.masked_fill(outside, T * h);
       at::Tensor kv_nb = local.index_select(0, rows.reshape({-1})).view({Gb, M, kWindowArea, 2 * d});
-      at::Tensor k_nb = kv_nb.narrow(-1, 0, d), v_nb = kv_nb.narrow(-1, d, d);  // (Gb, M, 9, d)
+      at::Tensor k_nb = kv_nb.narrow(-1, 0, d), v_nb = kv_nb.narrow(-1, d, d);            // (Gb, M, 9, d)
       at::Tensor loc = at::matmul(qs.unsqueeze(-2), k_nb.transpose(-2, -1)).squeeze(-2);  // (Gb, M, 9)
       loc = (loc + relative_pos_bias_local.index_select(0, hidx).unsqueeze(1))
                 .masked_fill(outside, -std::numeric_limits<double>::infinity());
       at::Tensor attn = at::softmax(at::cat({loc, global}, -1), -1);
-      at::Tensor a_loc = at::matmul(qn, learnable_tokens.index_select(0, hidx)) +
-                         learnable_bias.index_select(0, hidx) + attn.narrow(-1, 0, kWindowArea);  // (Gb, M, 9)
+      at::Tensor a_loc = at::matmul(qn, learnable_tokens.index_select(0, hidx)) + learnable_bias.index_select(0, hidx) +
+                         attn.narrow(-1, 0, kWindowArea);  // (Gb, M, 9)
       o = at::matmul(a_loc.unsqueeze(-2), v_nb).squeeze(-2) +
           at::bmm(attn.narrow(-1, kWindowArea, attn.size(-1) - kWindowArea), values.index_select(0, gidx));
     }
@@ -379,8 +398,8 @@ at::Tensor ConvolutionalGLUImpl::forward(const at::Tensor& x, int64_t H, int64_t
   return fc2->forward(at::gelu(dwconv->forward(gv[0], H, W)) * gv[1]);
 }
 
-TransNeXtBlockImpl::TransNeXtBlockImpl(const MoHAttentionOptions& heads, int64_t height, int64_t width, int64_t sr_ratio,
-                                       int64_t mlp_ratio, double dp)
+TransNeXtBlockImpl::TransNeXtBlockImpl(const MoHAttentionOptions& heads, int64_t height, int64_t width,
+                                       int64_t sr_ratio, int64_t mlp_ratio, double dp)
     : drop_path(dp), H(height), W(width) {
   const int64_t C = heads.dim;
   norm1 = register_module("norm1", nn::LayerNorm(nn::LayerNormOptions({C}).eps(kBlockNormEps)));
@@ -397,7 +416,8 @@ AttentionOutput TransNeXtBlockImpl::forward(const at::Tensor& x, const at::Tenso
 }
 
 OverlapPatchEmbedImpl::OverlapPatchEmbedImpl(int64_t in_chans, int64_t dim, int64_t kernel, int64_t stride) {
-  proj = register_module("proj", nn::Conv2d(nn::Conv2dOptions(in_chans, dim, kernel).stride(stride).padding(kernel / 2)));
+  proj =
+      register_module("proj", nn::Conv2d(nn::Conv2dOptions(in_chans, dim, kernel).stride(stride).padding(kernel / 2)));
   norm = register_module("norm", nn::LayerNorm(nn::LayerNormOptions({dim}).eps(kEmbedNormEps)));
 }
 at::Tensor OverlapPatchEmbedImpl::forward(const at::Tensor& x) {
@@ -420,7 +440,8 @@ TransNeXtImpl::TransNeXtImpl(const TransNeXtOptions& o) : options(o) {
     const int64_t side = o.stage_size(i);
     block[i] = register_module("block" + s, nn::ModuleList());
     for (int64_t j = 0; j < o.depths[i]; ++j)
-      block[i]->push_back(TransNeXtBlock(o.stage_attention(i), side, side, o.sr_ratios[i], o.mlp_ratios[i], dpr[cur++]));
+      block[i]->push_back(
+          TransNeXtBlock(o.stage_attention(i), side, side, o.sr_ratios[i], o.mlp_ratios[i], dpr[cur++]));
     norm[i] = register_module("norm" + s, nn::LayerNorm(nn::LayerNormOptions({o.embed_dims[i]}).eps(kBlockNormEps)));
     const int64_t pool = o.sr_ratios[i] > 1 ? side / o.sr_ratios[i] : side;
     const int64_t pre = o.pretrain_stage_size(i);
@@ -438,8 +459,9 @@ void TransNeXtImpl::initialize_weights() {
       if (lin->bias.defined()) lin->bias.zero_();
     } else if (auto* conv = m->as<nn::Conv2d>()) {
       const auto& co = conv->options;
-      const double fan_out = static_cast<double>(co.kernel_size()->at(0) * co.kernel_size()->at(1) * co.out_channels()) /
-                             static_cast<double>(co.groups());
+      const double fan_out =
+          static_cast<double>(co.kernel_size()->at(0) * co.kernel_size()->at(1) * co.out_channels()) /
+          static_cast<double>(co.groups());
       conv->weight.normal_(0.0, std::sqrt(2.0 / fan_out));
       if (conv->bias.defined()) conv->bias.zero_();
     } else if (auto* ln = m->as<nn::LayerNorm>()) {
@@ -461,7 +483,10 @@ ClassifierOutput TransNeXtImpl::forward(const at::Tensor& input) {
       AttentionOutput a = m->as<TransNeXtBlockImpl>()->forward(x, table, index);
       x = a.out;
       out.routed.push_back(a.routed);
-      if (a.aux_loss.defined()) aux_sum = aux_sum.defined() ? aux_sum + a.aux_loss : a.aux_loss, ++routed;
+      if (a.aux_loss.defined()) {
+        aux_sum = aux_sum.defined() ? aux_sum + a.aux_loss : a.aux_loss;
+        ++routed;
+      }
     }
     x = ln(norm[i], x);
     if (i < 3) {
@@ -484,20 +509,28 @@ namespace {
 TransNeXtOptions transnext(std::array<int64_t, 4> dims, std::array<int64_t, 4> heads, std::array<int64_t, 4> depths,
                            double drop_path) {
   TransNeXtOptions o;
-  o.embed_dims = dims, o.num_heads = heads, o.depths = depths, o.drop_path_rate = drop_path;
+  o.embed_dims = dims;
+  o.num_heads = heads;
+  o.depths = depths;
+  o.drop_path_rate = drop_path;
   return o;
 }
 
 TransNeXtOptions with_moh(TransNeXtOptions o, std::array<int64_t, 4> shared, std::array<int64_t, 4> topk) {
   o.attention = {AttentionMode::moh, AttentionMode::moh, AttentionMode::moh, AttentionMode::moh};
-  o.shared_heads = shared, o.topk = topk;
+  o.shared_heads = shared;
+  o.topk = topk;
   return o;
 }
 
 // Mixture-of-Attention-heads baseline: stages with topk > 0 route every head (no shared heads), the others stay MHA.
 TransNeXtOptions with_moa(TransNeXtOptions o, std::array<int64_t, 4> topk) {
   for (int i = 0; i < 4; ++i)
-    if (topk[i] > 0) o.attention[i] = AttentionMode::moa, o.shared_heads[i] = 0, o.topk[i] = topk[i];
+    if (topk[i] > 0) {
+      o.attention[i] = AttentionMode::moa;
+      o.shared_heads[i] = 0;
+      o.topk[i] = topk[i];
+    }
   return o;
 }
 
@@ -505,7 +538,10 @@ TransNeXtOptions with_moa(TransNeXtOptions o, std::array<int64_t, 4> topk) {
 // 16/8/4/2 at 32 px and no stage is 1×1 (the NaN pitfall of the 224-px variants at small inputs).
 TransNeXtOptions nano() {
   TransNeXtOptions o = transnext({32, 64, 128, 256}, {2, 4, 8, 8}, {1, 2, 3, 1}, 0.05);
-  o.img_size = 32, o.patch_size = 2, o.in_chans = 1, o.num_classes = 10;
+  o.img_size = 32;
+  o.patch_size = 2;
+  o.in_chans = 1;
+  o.num_classes = 10;
   o.mlp_ratios = {4, 4, 4, 4};
   o.sr_ratios = {4, 2, 2, 1};
   return o;
@@ -536,7 +572,7 @@ const std::vector<std::pair<std::string, TransNeXtOptions>>& classifier_variants
         {"MoH-ViT-Nano-90", with_moh(nano(), {2, 4, 3, 4}, {0, 0, 4, 3})},  // 2 + 8 + 21 + 7 = 38 / 42 = 90.5 %
         {"MoH-ViT-Nano-75", with_moh(nano(), {2, 2, 2, 4}, {0, 1, 4, 2})},  // 2 + 6 + 18 + 6 = 32 / 42 = 76.2 %
         {"MoH-ViT-Nano-50", with_moh(nano(), {2, 1, 2, 2}, {0, 1, 2, 2})},  // 2 + 4 + 12 + 4 = 22 / 42 = 52.4 %
-        {"MoA-ViT-Nano", with_moa(nano(), {0, 0, 6, 6})},                  // MoA: top-6 of 8 routed, no shared heads
+        {"MoA-ViT-Nano", with_moa(nano(), {0, 0, 6, 6})},                   // MoA: top-6 of 8 routed, no shared heads
     };
   }();
   return table;

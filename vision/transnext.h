@@ -23,17 +23,18 @@ namespace moh::vision {
 
 /// Options of the TransNeXt / MoH-ViT family (4 stages).
 struct TransNeXtOptions {
-  int64_t img_size = 224;       ///< input side; feature maps are fixed at construction (as in the official model)
-  int64_t pretrain_size = 0;    ///< 0 = img_size; rescales the CPB coordinates when fine-tuning at another size
+  int64_t img_size = 224;     ///< input side; feature maps are fixed at construction (as in the official model)
+  int64_t pretrain_size = 0;  ///< 0 = img_size; rescales the CPB coordinates when fine-tuning at another size
   int64_t in_chans = 3;
   int64_t num_classes = 1000;
-  int64_t patch_size = 4;       ///< stem stride (kernel 2·p − 1); 2 for the small-input variants
+  int64_t patch_size = 4;  ///< stem stride (kernel 2·p − 1); 2 for the small-input variants
   std::array<int64_t, 4> embed_dims{72, 144, 288, 576};
   std::array<int64_t, 4> num_heads{3, 6, 12, 24};
   std::array<int64_t, 4> mlp_ratios{8, 8, 4, 4};
   std::array<int64_t, 4> depths{2, 2, 15, 2};
   std::array<int64_t, 4> sr_ratios{8, 4, 2, 1};  ///< 1 = full attention (stage 4)
-  std::array<AttentionMode, 4> attention{AttentionMode::mha, AttentionMode::mha, AttentionMode::mha, AttentionMode::mha};
+  std::array<AttentionMode, 4> attention{AttentionMode::mha, AttentionMode::mha, AttentionMode::mha,
+                                         AttentionMode::mha};
   std::array<int64_t, 4> shared_heads{0, 0, 0, 0};  ///< MoH h_s per stage
   std::array<int64_t, 4> topk{0, 0, 0, 0};          ///< MoH K (MoA: experts) per stage
   double drop_path_rate = 0.0;
@@ -134,10 +135,10 @@ TORCH_MODULE(OverlapPatchEmbed);
 
 /// Output of the classifier.
 struct ClassifierOutput {
-  at::Tensor logits;    ///< (B, classes)
-  at::Tensor features;  ///< (B, C4): pooled penultimate features (for FID-style metrics)
-  at::Tensor stage3;    ///< (B, H3, W3, C3): normalised stage-3 map (the sFID-style spatial features)
-  at::Tensor aux_loss;  ///< mean MoH load-balance loss over routed layers (training), else undefined
+  at::Tensor logits;               ///< (B, classes)
+  at::Tensor features;             ///< (B, C4): pooled penultimate features (for FID-style metrics)
+  at::Tensor stage3;               ///< (B, H3, W3, C3): normalised stage-3 map (the sFID-style spatial features)
+  at::Tensor aux_loss;             ///< mean MoH load-balance loss over routed layers (training), else undefined
   std::vector<at::Tensor> routed;  ///< per block (stage order): (B·N, K) selected heads, undefined if not routed
 };
 

@@ -20,13 +20,15 @@ TEST(Config, BaseInheritanceMultiLevelAndOverrides) {
   TempDir d;
   d.write("base/root.yaml", "version: 1\noptim:\n  lr: 0.002\n  weight_decay: 0.1\ndata:\n  batch_size: 64\n");
   d.write("base/mid.yaml", "base: root.yaml\noptim:\n  lr: 0.003\ntrain:\n  epochs: 7\n");
-  std::string leaf = d.write("exp/leaf.yaml", "base: ../base/mid.yaml\nmodel:\n  name: DiT-S/2\n  attention: [moh, mha]\n");
-  ExperimentConfig c = load_experiment(leaf, {"train.epochs=9", "optim.betas=[0.8, 0.95]", "model.attention_path=sparse"});
+  std::string leaf =
+      d.write("exp/leaf.yaml", "base: ../base/mid.yaml\nmodel:\n  name: DiT-S/2\n  attention: [moh, mha]\n");
+  ExperimentConfig c =
+      load_experiment(leaf, {"train.epochs=9", "optim.betas=[0.8, 0.95]", "model.attention_path=sparse"});
   EXPECT_EQ(c.model.name, "DiT-S/2");
-  EXPECT_DOUBLE_EQ(c.optim.lr, 0.003);            // mid overrides root
-  EXPECT_DOUBLE_EQ(c.optim.weight_decay, 0.1);    // from root
+  EXPECT_DOUBLE_EQ(c.optim.lr, 0.003);          // mid overrides root
+  EXPECT_DOUBLE_EQ(c.optim.weight_decay, 0.1);  // from root
   EXPECT_EQ(c.data.batch_size, 64);
-  EXPECT_EQ(c.train.epochs, 9);                   // --set wins
+  EXPECT_EQ(c.train.epochs, 9);  // --set wins
   EXPECT_EQ(c.optim.betas, (std::vector<double>{0.8, 0.95}));
   EXPECT_EQ(c.model.attention_path, AttentionPath::sparse);
   EXPECT_EQ(load_experiment(leaf).model.attention_path, AttentionPath::automatic);  // the default: auto
@@ -77,8 +79,10 @@ TEST(Config, NonFiniteNumbersAndDuplicateKeys) {
   }
   EXPECT_NO_THROW(load_experiment(f, {"optim.lr=3e38"}));
   // yaml-cpp keeps the first of two equal keys; a config must not mean something else than it says.
-  EXPECT_NE(error_of([&] { load_experiment(d.write("b.yaml", "model:\n  name: x\nmodel:\n  name: y\n")); })
-                .find("key 'model' appears twice"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              load_experiment(d.write("b.yaml", "model:\n  name: x\nmodel:\n  name: y\n"));
+            }).find("key 'model' appears twice"),
+            std::string::npos);
   EXPECT_NE(error_of([&] { load_experiment(f, {"optim={lr: 1, lr: 2}"}); }).find("appears twice"), std::string::npos);
   // What a resume reports: the changed leaves, old -> new (lists compared whole).
   ExperimentConfig a = load_experiment(f), b = load_experiment(f, {"optim.lr=0.5", "optim.betas=[0.9, 0.95]"});

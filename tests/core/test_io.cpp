@@ -179,7 +179,9 @@ TEST(Safetensors, MalformedFilesAreUserErrors) {
   EXPECT_THROW(parse(with_header(R"({"a":{"dtype":"F32","shape":[2]}})", 8)), UserError);
   EXPECT_THROW(parse(with_header(R"({"__metadata__":{"k":1}})", 0)), UserError);
   EXPECT_THROW(parse(with_header(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-                                 R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12)), UserError);
+                                 R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                                 12)),
+               UserError);
   EXPECT_THROW(parse(with_header(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8)),
                UserError);
 }
@@ -229,7 +231,7 @@ TEST(AtomicIO, KilledWriterLeavesOldContent) {
   if (pid == 0) {
     AtomicDir second(ckpt, /*replace=*/true);
     std::ofstream(second.path() + "/weights") << "new wei";  // partial
-    ::kill(::getpid(), SIGKILL);                            // dies before commit()
+    ::kill(::getpid(), SIGKILL);                             // dies before commit()
     _exit(0);
   }
   int status = 0;
@@ -259,7 +261,8 @@ TEST(FashionMnist, ReadsDebianPackageAndRejectsCorruptFiles) {
   TempDir d;
   std::string bytes = read_file(std::string(datasets::kFashionMnistDir) + "/t10k-labels-idx1-ubyte.gz");
   d.write("t10k-labels-idx1-ubyte.gz", bytes.substr(0, bytes.size() / 2));
-  d.write("t10k-images-idx3-ubyte.gz", read_file(std::string(datasets::kFashionMnistDir) + "/t10k-images-idx3-ubyte.gz"));
+  d.write("t10k-images-idx3-ubyte.gz",
+          read_file(std::string(datasets::kFashionMnistDir) + "/t10k-images-idx3-ubyte.gz"));
   try {
     datasets::load_fashion_mnist("test", d.path.string());
     FAIL() << "truncated file accepted";

@@ -11,7 +11,9 @@
 namespace moh {
 namespace {
 
-std::string fixture(const std::string& name) { return std::string(MOH_SOURCE_DIR) + "/tests/fixtures/torch/" + name; }
+std::string fixture(const std::string& name) {
+  return std::string(MOH_SOURCE_DIR) + "/tests/fixtures/torch/" + name;
+}
 
 /// The message of the UserError `f` throws ("" when it throws nothing).
 template <class F>
@@ -66,7 +68,8 @@ TEST_P(TorchFormats, NestedTrainingCheckpoint) {
   for (const std::string key : {"model", "ema"}) {
     TensorMap sd = torch_state_dict(f, key, path);
     ASSERT_EQ(sd.size(), 9u) << key;  // 2 Linear (w, b) + BatchNorm (w, b, mean, var, num_batches_tracked)
-    for (const auto& [name, t] : sd) EXPECT_TRUE(at::equal(t, expected.tensors.at(key + "." + name))) << key << "." << name;
+    for (const auto& [name, t] : sd)
+      EXPECT_TRUE(at::equal(t, expected.tensors.at(key + "." + name))) << key << "." << name;
     EXPECT_EQ(sd["1.num_batches_tracked"].scalar_type(), at::kLong);
   }
   EXPECT_EQ(torch_state_dict(f, "model", path)["1.num_batches_tracked"].item<int64_t>(), 1);
@@ -81,7 +84,9 @@ TEST_P(TorchFormats, NestedTrainingCheckpoint) {
   EXPECT_EQ(args->state->get("model")->text, "DiT-S/2");
   EXPECT_EQ(f.root->get("epoch")->integer, 3);
   EXPECT_EQ(f.root->get("tag")->kind, PyValue::Kind::bytes);
-  EXPECT_EQ(f.root->get("tag")->text, std::string("\x00\xff" "bytes", 7));
+  EXPECT_EQ(f.root->get("tag")->text, std::string("\x00\xff"
+                                                  "bytes",
+                                                  7));
   EXPECT_EQ(f.root->get("big")->kind, PyValue::Kind::big_integer);
   EXPECT_DOUBLE_EQ(f.root->get("pi")->floating, 3.141592653589793);
   PyRef params = f.root->get("params");  // a list holding an nn.Parameter
@@ -121,8 +126,8 @@ TEST(TorchFile, DamagedFilesAreClearErrors) {
 TEST(TorchFile, DeepNestingDoesNotOverflowTheStack) {
   std::string pkl = "\x80\x02";
   const int depth = 200000;
-  for (int i = 0; i < depth; ++i) pkl += "]";           // EMPTY_LIST × depth
-  for (int i = 0; i < depth - 1; ++i) pkl += "a";       // APPEND: each list into the one below it
+  for (int i = 0; i < depth; ++i) pkl += "]";      // EMPTY_LIST × depth
+  for (int i = 0; i < depth - 1; ++i) pkl += "a";  // APPEND: each list into the one below it
   pkl += ".";
   std::string err = user_error([&] { parse_torch_file(pkl, "deep"); });  // a legacy file needs more pickles after this
   EXPECT_FALSE(err.empty());

@@ -31,7 +31,8 @@ class Batches : public BatchStream {
   bool next(at::Tensor& x, at::Tensor& y) override {
     if (served_ >= num_batches()) return false;
     const at::Tensor idx = order_.narrow(0, served_++ * batch_, batch_);
-    x = x_.index_select(0, idx), y = y_.index_select(0, idx);
+    x = x_.index_select(0, idx);
+    y = y_.index_select(0, idx);
     return true;
   }
 
@@ -84,7 +85,8 @@ model: {name: toy}
 data: {batch_size: 16}
 optim: {lr: 1.0e-2, weight_decay: 0.0}
 schedule: {kind: cosine, unit: step, warmup_epochs: 1, min_lr: 1.0e-4}
-train: {epochs: 3, log_every_steps: 3, seed: 11, device: cpu, )" + train + "}\n"));
+train: {epochs: 3, log_every_steps: 3, seed: 11, device: cpu, )" +
+                                                 train + "}\n"));
 }
 
 LoopResult run(const ExperimentConfig& cfg, const std::string& dir, const std::string& resume = "",
@@ -232,8 +234,12 @@ TEST(TrainLoop, SkippedStepsAdvanceNeitherEmaNorScheduleNorCounter) {
   EXPECT_EQ(state.skipped, 1);
   EXPECT_EQ(scaler.current_scale(), 32768.0);
   ExperimentConfig cfg;  // warm-up over the first epoch of 10 batches: the lr moves with every step taken
-  cfg.optim.lr = 1e-3, cfg.schedule.kind = LrSchedule::cosine, cfg.schedule.unit = ScheduleUnit::step;
-  cfg.schedule.warmup_epochs = 1, cfg.schedule.warmup_lr = 0, cfg.train.epochs = 3;
+  cfg.optim.lr = 1e-3;
+  cfg.schedule.kind = LrSchedule::cosine;
+  cfg.schedule.unit = ScheduleUnit::step;
+  cfg.schedule.warmup_epochs = 1;
+  cfg.schedule.warmup_lr = 0;
+  cfg.train.epochs = 3;
   EXPECT_DOUBLE_EQ(step_learning_rate(cfg, 0, 5, 1, 10), step_learning_rate(cfg, 0, 4, 0, 10));
   EXPECT_LT(step_learning_rate(cfg, 0, 5, 1, 10), step_learning_rate(cfg, 0, 5, 0, 10));
   model->weight.mutable_grad() = at::ones({2, 3}) * scaler.current_scale();
@@ -269,7 +275,10 @@ class MetaBackendGroup : public dist::Group {
 
  private:
   void record(const std::vector<at::Tensor>& t) {
-    for (const auto& x : t) ++handed, on_host += x.device().is_cpu();
+    for (const auto& x : t) {
+      ++handed;
+      on_host += x.device().is_cpu();
+    }
   }
   std::map<const void*, at::Tensor> values_;
 };
@@ -293,9 +302,8 @@ TEST(Distributed, CollectivesGetTensorsOnTheBackendDevice) {
   test::TempDir d;
   TrainArgs args{d.file("run"), ""};
   args.group = group;
-  const LoopResult r = run_training(toy_config(d, "ema_decay: 0.9"), args, [](const RunContext&) {
-    return std::make_unique<ToyTask>();
-  });
+  const LoopResult r = run_training(toy_config(d, "ema_decay: 0.9"), args,
+                                    [](const RunContext&) { return std::make_unique<ToyTask>(); });
   unsetenv("WORLD_SIZE"), unsetenv("RANK");
   EXPECT_EQ(r.steps, 12);
   EXPECT_GT(group->handed - before, 12 * 2);  // gradients and the stop check of every step, metrics, states
@@ -307,7 +315,9 @@ TEST(TrainLoop, LearningRateSchedule) {
   ExperimentConfig cfg;
   cfg.optim.lr = 1e-3;
   cfg.schedule.kind = LrSchedule::cosine;
-  cfg.schedule.warmup_epochs = 5, cfg.schedule.warmup_lr = 1e-6, cfg.schedule.min_lr = 1e-5;
+  cfg.schedule.warmup_epochs = 5;
+  cfg.schedule.warmup_lr = 1e-6;
+  cfg.schedule.min_lr = 1e-5;
   cfg.train.epochs = 300;
   EXPECT_DOUBLE_EQ(learning_rate_at(cfg, 0), 1e-6);
   EXPECT_NEAR(learning_rate_at(cfg, 2.5), 1e-6 + 2.5 * (1e-3 - 1e-6) / 5, 1e-15);

@@ -40,12 +40,14 @@ TEST(Augment, PixelOperationsExactValues) {
   const at::Tensor post = rand_augment_op(img, "PosterizeIncreasing", 9, 1);
   EXPECT_TRUE(post.eq(0).logical_or(post.eq(128)).all().item<bool>());
   // Solarize (increasing) at m = 5: threshold 256 − 128 = 128.
-  EXPECT_TRUE(rand_augment_op(img, "SolarizeIncreasing", 5, 1).equal(at::where(i32 < 128, i32, 255 - i32).to(at::kByte)));
+  EXPECT_TRUE(
+      rand_augment_op(img, "SolarizeIncreasing", 5, 1).equal(at::where(i32 < 128, i32, 255 - i32).to(at::kByte)));
   // SolarizeAdd at m = 10 adds 110 below 128.
-  EXPECT_TRUE(rand_augment_op(img, "SolarizeAdd", 10, 1).equal(at::where(i32 < 128, (i32 + 110).clamp_max(255), i32).to(at::kByte)));
+  EXPECT_TRUE(rand_augment_op(img, "SolarizeAdd", 10, 1)
+                  .equal(at::where(i32 < 128, (i32 + 110).clamp_max(255), i32).to(at::kByte)));
   // Enhancements with factor 1 (increasing ops at m = 0) and geometric ops at m = 0 are the identity.
-  for (const char* op : {"ColorIncreasing", "ContrastIncreasing", "BrightnessIncreasing", "SharpnessIncreasing", "Rotate",
-                         "ShearX", "ShearY", "TranslateXRel", "TranslateYRel"})
+  for (const char* op : {"ColorIncreasing", "ContrastIncreasing", "BrightnessIncreasing", "SharpnessIncreasing",
+                         "Rotate", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel"})
     EXPECT_TRUE(rand_augment_op(img, op, 0, 1).equal(img)) << op;
   // Brightness factor 1 + 0.9 = 1.9 at m = 10 (sign +): scaled and clipped.
   EXPECT_TRUE(rand_augment_op(img, "BrightnessIncreasing", 10, 1)
@@ -83,7 +85,8 @@ TEST(Augment, RandAugmentLoopsEqualReference) {
       for (const double m : {0.0, 3.7, 9.0, 10.0})
         for (const int sign : {-1, 1})
           for (size_t i = 0; i < images.size(); ++i)
-            EXPECT_TRUE(rand_augment_op(images[i], op, m, sign).equal(rand_augment_op_reference(images[i], op, m, sign)))
+            EXPECT_TRUE(
+                rand_augment_op(images[i], op, m, sign).equal(rand_augment_op_reference(images[i], op, m, sign)))
                 << op << " m " << m << " sign " << sign << " image " << i;
 }
 
@@ -158,7 +161,9 @@ TEST(Augment, TrainAndEvalTransforms) {
   // Crop + resize + flip = the pieces composed by hand with the same draws (box, then the flip coin), flips included;
   // an image already at the size is flipped without touching the caller's tensor.
   SampleTransformOptions plain;
-  plain.size = 32, plain.mean = {0, 0, 0}, plain.std = {1, 1, 1};
+  plain.size = 32;
+  plain.mean = {0, 0, 0};
+  plain.std = {1, 1, 1};
   int flipped = 0;
   for (uint64_t seed = 0; seed < 12; ++seed) {
     AugRng r(seed), r2(seed);
@@ -180,7 +185,8 @@ TEST(Augment, TrainAndEvalTransforms) {
   EXPECT_TRUE(sq.equal(before));
   // A grey image keeps one channel.
   SampleTransformOptions g = o;
-  g.mean = {0.5}, g.std = {0.5};
+  g.mean = {0.5};
+  g.std = {0.5};
   AugRng c(1);
   EXPECT_EQ(train_transform(test_image(40, 40, 1), g, c).sizes(), (at::IntArrayRef{1, 32, 32}));
 }
@@ -200,7 +206,8 @@ TEST(Augment, RandomErasing) {
       ++erased;
       EXPECT_GE(frac, 0.015);
       EXPECT_LE(frac, 0.34);
-      EXPECT_NEAR(y.ne(0).any(0).to(at::kFloat).sum().item<double>(), y.ne(0).all(0).to(at::kFloat).sum().item<double>(), 0);
+      EXPECT_NEAR(y.ne(0).any(0).to(at::kFloat).sum().item<double>(),
+                  y.ne(0).all(0).to(at::kFloat).sum().item<double>(), 0);
     }
   }
   EXPECT_GE(erased, 45);  // ten attempts per image almost always find a box
@@ -233,7 +240,9 @@ TEST(Augment, MixupAndCutmixTargets) {
     return (at::arange(1, B + 1, at::kFloat).view({B, 1, 1, 1}) * at::ones({B, 2, 8, 8})).contiguous();
   };
   MixupOptions m;
-  m.mixup_alpha = 0.8, m.label_smoothing = 0.1, m.num_classes = K;
+  m.mixup_alpha = 0.8;
+  m.label_smoothing = 0.1;
+  m.num_classes = K;
   AugRng rng(7);
   at::Tensor x = batch();
   at::Tensor t = mixup_batch_(x, y, m, rng);
@@ -247,7 +256,8 @@ TEST(Augment, MixupAndCutmixTargets) {
   EXPECT_NEAR(t[1][4].item<double>(), lam * off + (1 - lam) * on, 1e-6);  // partner of 1 is 4 (label 4)
   // CutMix: the fraction of pixels from the partner equals 1 − λ of the targets.
   MixupOptions c = m;
-  c.mixup_alpha = 0, c.cutmix_alpha = 1.0;
+  c.mixup_alpha = 0;
+  c.cutmix_alpha = 1.0;
   for (int rep = 0; rep < 20; ++rep) {
     at::Tensor xc = batch();
     const at::Tensor tc = mixup_batch_(xc, y, c, rng);
@@ -298,7 +308,11 @@ TEST(Augment, StreamLoaderOrderResumeAndCorruptFiles) {
   tf.size = 16;
   tf.rand_augment = RandAugmentSpec::parse("rand-m9-mstd0.5-inc1", "t");
   StreamOptions o;
-  o.batch_size = 3, o.seed = 4, o.epoch = 2, o.workers = 3, o.max_bad_fraction = 0.2;
+  o.batch_size = 3;
+  o.seed = 4;
+  o.epoch = 2;
+  o.workers = 3;
+  o.max_bad_fraction = 0.2;
   auto all = [&](StreamOptions opt) {
     StreamLoader l(index, tf, opt);
     std::vector<std::pair<at::Tensor, at::Tensor>> out;
@@ -319,7 +333,8 @@ TEST(Augment, StreamLoaderOrderResumeAndCorruptFiles) {
   // Batch tensors are reused once the consumer lets go of them: batches (or views of them) still held stay intact,
   // and batches copied and dropped at once equal them.
   StreamOptions small = single;
-  small.batch_size = 1, small.prefetch = 1;
+  small.batch_size = 1;
+  small.prefetch = 1;
   const auto [held, bad_h] = all(small);
   std::vector<at::Tensor> views, copies;
   {
@@ -349,7 +364,8 @@ TEST(Augment, StreamLoaderOrderResumeAndCorruptFiles) {
   EXPECT_TRUE(c[1].first.equal(a[2].first));
   EXPECT_LE(bad_a, 1);  // the unreadable file is replaced when it falls into the used part of the epoch
   StreamOptions ev = o;
-  ev.train = false, ev.drop_last = false;
+  ev.train = false;
+  ev.drop_last = false;
   const auto [e, bad_e] = all(ev);
   ASSERT_EQ(e.size(), 4u);
   EXPECT_EQ(bad_e, 1);

@@ -48,17 +48,26 @@ TEST(ImageDecode, IntactFilesEqualOpenCV) {
 
 TEST(ImageDecode, DamagedFilesAreRefused) {
   test::TempDir d;
-  const std::string jpg = encode(test_picture(64, 64, CV_8UC3), ".jpg"), png = encode(test_picture(32, 32, CV_8UC3), ".png");
+  const std::string jpg = encode(test_picture(64, 64, CV_8UC3), ".jpg"),
+                    png = encode(test_picture(32, 32, CV_8UC3), ".png");
   // OpenCV "decodes" every one of these (grey fill, a warning on stderr): they must all count as bad here.
   // Overwritten entropy data that libjpeg notices (a stray marker: "premature end of data segment"); bit flips that
   // still form valid Huffman codes are undetectable by any decoder and decode to wrong pixels everywhere.
   std::string flipped = jpg;
   flipped.replace(jpg.size() / 2, 8, "\xff\xd0\x12\xff\xc4\x00\xff\x07", 8);
-  const std::vector<std::pair<std::string, std::string>> bad{
-      {"half.jpg", jpg.substr(0, jpg.size() / 2)}, {"cut.jpg", jpg.substr(0, jpg.size() - 20)},
-      {"flipped.jpg", flipped}, {"half.png", png.substr(0, png.size() / 2)}, {"noend.png", png.substr(0, png.size() - 12)},
-      {"crc.png", [&] { std::string s = png; s[png.size() / 2] ^= 1; return s; }()}, {"text.jpg", "not an image"},
-      {"empty.png", ""}};
+  const std::vector<std::pair<std::string, std::string>> bad{{"half.jpg", jpg.substr(0, jpg.size() / 2)},
+                                                             {"cut.jpg", jpg.substr(0, jpg.size() - 20)},
+                                                             {"flipped.jpg", flipped},
+                                                             {"half.png", png.substr(0, png.size() / 2)},
+                                                             {"noend.png", png.substr(0, png.size() - 12)},
+                                                             {"crc.png",
+                                                              [&] {
+                                                                std::string s = png;
+                                                                s[png.size() / 2] ^= 1;
+                                                                return s;
+                                                              }()},
+                                                             {"text.jpg", "not an image"},
+                                                             {"empty.png", ""}};
   for (const auto& [name, bytes] : bad) {
     d.write(name, bytes);
     const DecodedImage img = read_image(d.file(name), 3);

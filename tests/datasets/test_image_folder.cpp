@@ -19,7 +19,8 @@ TEST(ImageFolder, ClassesCorruptAndEmptyFoldersAndRoundTrip) {
   EXPECT_TRUE(back.images[0].equal(set.images[0]));
   EXPECT_TRUE(back.images[1].equal(set.images[3]));
   EXPECT_EQ(back.labels[4].item<int64_t>(), 1);
-  for (const auto& e : std::filesystem::directory_iterator(d.file("tree/train/01_b"))) std::filesystem::remove(e.path());
+  for (const auto& e : std::filesystem::directory_iterator(d.file("tree/train/01_b")))
+    std::filesystem::remove(e.path());
   d.write("tree/train/02_c/zz_corrupt.jpg", "\xff\xd8\xff\xe0 this is not a JPEG");
   DecodeReport r;
   ImageSet partial = load_image_folder(d.file("tree"), "train", 1, 0, 0.5, &r);

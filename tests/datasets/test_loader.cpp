@@ -18,15 +18,20 @@ namespace {
 datasets::LatentMeta write_toy_shards(const std::string& dir) {
   datasets::LatentMeta m;
   m.shards = {3, 2};
-  m.count = 5, m.channels = 4, m.size = 2, m.image_size = 16, m.scale = 0.5;
+  m.count = 5;
+  m.channels = 4;
+  m.size = 2;
+  m.image_size = 16;
+  m.scale = 0.5;
   m.classes = {"a", "b", "c", "d", "e"};
   for (int64_t k = 0, first = 0; k < 2; first += m.shards[static_cast<size_t>(k)], ++k) {
     const int64_t n = m.shards[static_cast<size_t>(k)];
     at::Tensor id = at::arange(first, first + n, at::kFloat).view({n, 1, 1, 1}).expand({n, 4, 2, 2});
-    save_safetensors(datasets::latent_shard_path(dir, k),
-                     {{"mean", id.to(at::kHalf)}, {"std", at::zeros_like(id).to(at::kHalf)},
-                      {"mean_flip", (-id).to(at::kHalf)}, {"std_flip", at::zeros_like(id).to(at::kHalf)},
-                      {"labels", at::arange(first, first + n, at::kLong)}});
+    save_safetensors(datasets::latent_shard_path(dir, k), {{"mean", id.to(at::kHalf)},
+                                                           {"std", at::zeros_like(id).to(at::kHalf)},
+                                                           {"mean_flip", (-id).to(at::kHalf)},
+                                                           {"std_flip", at::zeros_like(id).to(at::kHalf)},
+                                                           {"labels", at::arange(first, first + n, at::kLong)}});
   }
   datasets::write_latent_meta(dir, m);
   return m;
@@ -135,7 +140,9 @@ double chi_square_p(double x, double k) {
   double b = z + 1 - a, c = 1e300, dd = 1 / b, h = dd;  // Lentz's continued fraction for Q
   for (int n = 1; n < 1000; ++n) {
     const double an = -n * (n - a);
-    b += 2, dd = an * dd + b, c = b + an / c;
+    b += 2;
+    dd = an * dd + b;
+    c = b + an / c;
     dd = 1 / dd;
     const double delta = dd * c;
     h *= delta;
@@ -161,7 +168,11 @@ TEST(LatentLoader, BatchesMixClassesOfASortedSet) {
   test::TempDir d;
   constexpr int64_t kClasses = 100, kPerClass = 64, kShard = 512, kBatch = 256, kCount = kClasses * kPerClass;
   datasets::LatentMeta m;
-  m.count = kCount, m.channels = 2, m.size = 1, m.image_size = 8, m.scale = 1.0;
+  m.count = kCount;
+  m.channels = 2;
+  m.size = 1;
+  m.image_size = 8;
+  m.scale = 1.0;
   for (int64_t c = 0; c < kClasses; ++c) m.classes.push_back("n" + std::to_string(c));
   for (int64_t first = 0, k = 0; first < kCount; first += kShard, ++k) {
     const int64_t n = std::min(kShard, kCount - first);
@@ -170,7 +181,10 @@ TEST(LatentLoader, BatchesMixClassesOfASortedSet) {
     // The image index in two fp16-exact digits (std 0, mirror = image): z identifies the image whatever the draws.
     const at::Tensor id = at::stack({idx.remainder(64), idx.div(64, "floor")}, 1).view({n, 2, 1, 1}).to(at::kHalf);
     save_safetensors(datasets::latent_shard_path(d.path.string(), k),
-                     {{"mean", id}, {"std", at::zeros_like(id)}, {"mean_flip", id}, {"std_flip", at::zeros_like(id)},
+                     {{"mean", id},
+                      {"std", at::zeros_like(id)},
+                      {"mean_flip", id},
+                      {"std_flip", at::zeros_like(id)},
                       {"labels", idx.div(kPerClass, "floor")}});  // class-sorted
   }
   datasets::write_latent_meta(d.path.string(), m);
@@ -209,7 +223,8 @@ TEST(LatentLoader, BatchesMixClassesOfASortedSet) {
       }
     }
     const at::Tensor union_ranks = std::get<0>(at::cat({at::cat(by_rank[0]), at::cat(by_rank[1])}).sort());
-    EXPECT_TRUE(torch::equal(union_ranks, at::arange(kCount, at::kLong))) << "2 ranks: each image once, epoch " << epoch;
+    EXPECT_TRUE(torch::equal(union_ranks, at::arange(kCount, at::kLong)))
+        << "2 ranks: each image once, epoch " << epoch;
     // Resumed at batch 7 with the generator state the full epoch had there.
     set_cpu_rng_state(state_at_7);
     datasets::LatentLoader resumed(store, kBatch, 5, epoch, 0, 0, 1, /*start_batch=*/7);
@@ -231,15 +246,17 @@ TEST(Loader, DeterministicOrderAndAugmentation) {
   auto r0 = datasets::epoch_order(10, 1, 0, true, 0, 2), r1 = datasets::epoch_order(10, 1, 0, true, 1, 2);
   EXPECT_EQ(r0.size() + r1.size(), 10u);
   datasets::ImageSet set{torch::randint(0, 255, {6, 28, 28}, torch::kByte), torch::arange(6)};
-  datasets::ClassifierTransform tf;
-  tf.shift = 2, tf.hflip = true;
+  datasets::ImageTransform tf;
+  tf.shift = 2;
+  tf.hflip = true;
   auto [x1, y1] = datasets::make_batch(set, {5, 2, 0}, tf, true, 11, 1);
   auto [x2, y2] = datasets::make_batch(set, {5, 2, 0}, tf, true, 11, 1);
   EXPECT_TRUE(torch::equal(x1, x2));
   EXPECT_EQ(x1.sizes(), (std::vector<int64_t>{3, 1, 32, 32}));
   EXPECT_TRUE(torch::equal(y1, torch::tensor({5, 2, 0})));
   auto [e1, ey] = datasets::make_batch(set, {5}, tf, false, 11, 1);  // eval: centred, no randomness
-  const float v = (set.images[5][0][0].item<float>() / 255.f - datasets::kFashionMnistMean) / datasets::kFashionMnistStd;
+  const float v =
+      (set.images[5][0][0].item<float>() / 255.f - datasets::kFashionMnistMean) / datasets::kFashionMnistStd;
   EXPECT_NEAR(e1[0][0][2][2].item<float>(), v, 1e-5);
   EXPECT_NEAR(e1[0][0][0][0].item<float>(), -datasets::kFashionMnistMean / datasets::kFashionMnistStd, 1e-6);
 }

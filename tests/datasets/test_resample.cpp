@@ -1,6 +1,6 @@
-// Pillow-exact bicubic resizing and affine transforms: the vectorised windowed path against the per-pixel reference on many shapes, both
-// against Pillow 13.0.0 itself (tests/fixtures/pillow/bicubic.safetensors, made by tests/fixtures/gen/make_pillow.py),
-// and the evaluation transform against torchvision's Resize + CenterCrop.
+// Pillow-exact bicubic resizing and affine transforms: the vectorised windowed path against the per-pixel reference on
+// many shapes, both against Pillow 13.0.0 itself (tests/fixtures/pillow/bicubic.safetensors, made by
+// tests/fixtures/gen/make_pillow.py), and the evaluation transform against torchvision's Resize + CenterCrop.
 #include <random>
 
 #include "core/safetensors.h"
@@ -60,8 +60,11 @@ TEST(Resample, CropViewsAndWindowsAreExact) {
   EXPECT_TRUE(resize_bicubic(big, 31, 90, {1, 50, 20, 20})
                   .equal(resize_bicubic_reference(big, 31, 90).narrow(0, 1, 20).narrow(1, 50, 20)));
   EXPECT_TRUE(resize_bicubic(big, 70, 90, {3, 4, 5, 6}).equal(big.narrow(0, 3, 5).narrow(1, 4, 6)));
-  EXPECT_TRUE(resize_bicubic(crop, 32, 32, {2, 3, 20, 25}, true).equal(
-      resize_bicubic_reference(crop.contiguous(), 32, 32).narrow(0, 2, 20).narrow(1, 3, 25).flip(1)));  // window, mirrored
+  EXPECT_TRUE(resize_bicubic(crop, 32, 32, {2, 3, 20, 25}, true)
+                  .equal(resize_bicubic_reference(crop.contiguous(), 32, 32)
+                             .narrow(0, 2, 20)
+                             .narrow(1, 3, 25)
+                             .flip(1)));  // window, mirrored
   EXPECT_THROW(resize_bicubic(big, 47, 61, {40, 0, 8, 61}), c10::Error);
 }
 
@@ -81,8 +84,10 @@ TEST(Resample, EvalTransformMatchesTorchvision) {
   // Python's round does. Identity normalisation, so the floats are the pixels / 255.
   const SafetensorsFile f = pillow_fixture();
   SampleTransformOptions o;
-  o.size = 32, o.crop_pct = 0.86;  // floor(32 / 0.86) = 37
-  o.mean = {0, 0, 0}, o.std = {1, 1, 1};
+  o.size = 32;
+  o.crop_pct = 0.86;  // floor(32 / 0.86) = 37
+  o.mean = {0, 0, 0};
+  o.std = {1, 1, 1};
   const at::Tensor x = eval_transform(f.tensors.at("eval_in"), o);  // (3, 32, 32)
   const at::Tensor pixels = (x * 255).round().to(at::kByte).permute({1, 2, 0});
   EXPECT_TRUE(pixels.equal(f.tensors.at("eval_out")));
@@ -94,11 +99,13 @@ TEST(Resample, BoxAndCenterCropArrMatchPillowBitForBit) {
   for (int i = 0; f.tensors.count("in_" + std::to_string(i)); ++i, ++cases) {
     const at::Tensor in = f.tensors.at("in_" + std::to_string(i)), want = f.tensors.at("out_" + std::to_string(i));
     EXPECT_TRUE(resize_pillow(in, want.size(0), want.size(1), PillowFilter::kBox).equal(want)) << "case " << i;
-    EXPECT_TRUE(resize_pillow_reference(in, want.size(0), want.size(1), PillowFilter::kBox).equal(want)) << "case " << i;
+    EXPECT_TRUE(resize_pillow_reference(in, want.size(0), want.size(1), PillowFilter::kBox).equal(want))
+        << "case " << i;
   }
   // ADM's center_crop_arr: BOX halvings, then the bicubic resize's centre window.
   for (int j = 0; f.tensors.count("crop_in_" + std::to_string(j)); ++j, ++crops) {
-    const at::Tensor in = f.tensors.at("crop_in_" + std::to_string(j)), want = f.tensors.at("crop_out_" + std::to_string(j));
+    const at::Tensor in = f.tensors.at("crop_in_" + std::to_string(j)),
+                     want = f.tensors.at("crop_out_" + std::to_string(j));
     const int64_t size = f.tensors.at("crop_size_" + std::to_string(j)).item<int64_t>();
     EXPECT_TRUE(center_crop_arr(in, size).equal(want)) << "crop case " << j;
   }
@@ -110,7 +117,8 @@ TEST(Resample, BoxAndCenterCropArrMatchPillowBitForBit) {
   for (int trial = 0; trial < 30; ++trial) {
     const int64_t H = sz(rng), W = sz(rng), oh = sz(rng), ow = sz(rng);
     const at::Tensor img = noisy_image(rng, H, W, 3);
-    EXPECT_TRUE(resize_pillow(img, oh, ow, PillowFilter::kBox).equal(resize_pillow_reference(img, oh, ow, PillowFilter::kBox)))
+    EXPECT_TRUE(
+        resize_pillow(img, oh, ow, PillowFilter::kBox).equal(resize_pillow_reference(img, oh, ow, PillowFilter::kBox)))
         << H << "x" << W << " -> " << oh << "x" << ow;
   }
 }
@@ -126,12 +134,23 @@ TEST(Affine, FastPathEqualsReference) {
     const at::Tensor img = noisy_image(rng, H, W, 3);
     AffineCoeffs a;
     switch (trial % 6) {  // RandAugment's kinds (dy = 0, dx = 0, both, neither), integer shifts, a general map
-      case 0: a = pil_rotate_coeffs(30 * u(rng), H, W); break;
-      case 1: a = {1, 0.3 * u(rng), 0, 0, 1, 0}; break;
-      case 2: a = {1, 0, 0, 0.3 * u(rng), 1, 0}; break;
-      case 3: a = {1, 0, 0.45 * static_cast<double>(W) * u(rng), 0, 1, 0}; break;
-      case 4: a = {1, 0, std::round(8 * u(rng)), 0, 1, std::round(8 * u(rng))}; break;
-      default: a = {1 + 0.2 * u(rng), 0.3 * u(rng), 3 * u(rng), 0.3 * u(rng), 1 + 0.2 * u(rng), 3 * u(rng)};
+      case 0:
+        a = pil_rotate_coeffs(30 * u(rng), H, W);
+        break;
+      case 1:
+        a = {1, 0.3 * u(rng), 0, 0, 1, 0};
+        break;
+      case 2:
+        a = {1, 0, 0, 0.3 * u(rng), 1, 0};
+        break;
+      case 3:
+        a = {1, 0, 0.45 * static_cast<double>(W) * u(rng), 0, 1, 0};
+        break;
+      case 4:
+        a = {1, 0, std::round(8 * u(rng)), 0, 1, std::round(8 * u(rng))};
+        break;
+      default:
+        a = {1 + 0.2 * u(rng), 0.3 * u(rng), 3 * u(rng), 0.3 * u(rng), 1 + 0.2 * u(rng), 3 * u(rng)};
     }
     EXPECT_TRUE(affine_bicubic(img, a, kFill).equal(affine_bicubic_reference(img, a, kFill)))
         << "trial " << trial << " " << H << "x" << W;

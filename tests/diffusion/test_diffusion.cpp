@@ -1,12 +1,12 @@
 // DiT / MoH-DiT registry (exact parameter counts, tiny forward/backward, zero output at init, official key names)
-// and the diffusion schedule/respacing against the numbers in shared/specs/dit.md.
+// and the diffusion schedule/respacing against float64 values of guided-diffusion's linear schedule and respace.py.
 #include <cmath>
 
-#include "core/error.h"
 #include "core/checkpoint.h"
+#include "core/error.h"
+#include "diffusion/diffusion_schedule.h"
 #include "diffusion/diffusion_trainer.h"
 #include "diffusion/dit.h"
-#include "diffusion/gaussian_diffusion.h"
 #include "tests/test_util.h"
 
 namespace moh::diffusion {
@@ -17,17 +17,31 @@ using test::count_params;
 // Exact counts from the spec tables (model.parameters(), pos_embed included), 256 px / 32×32×4 latents.
 const std::map<std::string, int64_t>& expected_counts() {
   static const std::map<std::string, int64_t> m{
-      {"DiT-S/2", 32963360},          {"DiT-S/4", 32945024},          {"DiT-S/8", 33148160},
-      {"DiT-B/2", 130512416},         {"DiT-B/4", 130475648},         {"DiT-B/8", 130881536},
-      {"DiT-L/2", 458102816},         {"DiT-L/4", 458053760},         {"DiT-L/8", 458594816},
-      {"DiT-XL/2", 675129632},        {"DiT-XL/4", 675074432},        {"DiT-XL/8", 675683072},
-      {"MoH-DiT-S/2-90", 32997152},   {"MoH-DiT-S/2-75", 32998688},   {"MoH-DiT-B/2-90", 130638368},
-      {"MoH-DiT-B/2-75", 130638368},  {"MoH-DiT-L/2-90", 458512416},  {"MoH-DiT-L/2-75", 458528800},
-      {"MoH-DiT-XL/2-90", 675666464}, {"MoH-DiT-XL/2-75", 675689504},
+      {"DiT-S/2", 32963360},
+      {"DiT-S/4", 32945024},
+      {"DiT-S/8", 33148160},
+      {"DiT-B/2", 130512416},
+      {"DiT-B/4", 130475648},
+      {"DiT-B/8", 130881536},
+      {"DiT-L/2", 458102816},
+      {"DiT-L/4", 458053760},
+      {"DiT-L/8", 458594816},
+      {"DiT-XL/2", 675129632},
+      {"DiT-XL/4", 675074432},
+      {"DiT-XL/8", 675683072},
+      {"MoH-DiT-S/2-90", 32997152},
+      {"MoH-DiT-S/2-75", 32998688},
+      {"MoH-DiT-B/2-90", 130638368},
+      {"MoH-DiT-B/2-75", 130638368},
+      {"MoH-DiT-L/2-90", 458512416},
+      {"MoH-DiT-L/2-75", 458528800},
+      {"MoH-DiT-XL/2-90", 675666464},
+      {"MoH-DiT-XL/2-75", 675689504},
       // This toolkit's pixel-space variants (no official count): D = 128, 6 layers, 49 tokens of 4×4×1, 10 classes.
       // MHA by hand: patch 2,176 + t-embedder 49,408 + label table 11·128 + pos 49·128 + 6 × 296,832 per block +
       // final layer 37,152 = 1,877,408; MoH adds a bias-free router of 4 + 2 + 4 outputs per layer (6 × 1,280).
-      {"DiT-Pixel/4", 1877408},       {"MoH-DiT-Pixel/4-75", 1877408 + 6 * 1280}};
+      {"DiT-Pixel/4", 1877408},
+      {"MoH-DiT-Pixel/4-75", 1877408 + 6 * 1280}};
   return m;
 }
 
@@ -91,7 +105,7 @@ TEST(DiTRegistry, OfficialKeyNamesAndErrors) {
                         "blocks.0.mlp.fc1.weight", "blocks.0.adaLN_modulation.1.weight", "final_layer.linear.weight",
                         "final_layer.adaLN_modulation.1.bias"})
     EXPECT_TRUE(params.contains(k)) << k;
-  EXPECT_FALSE(params.contains("blocks.11.attn.wg.weight"));  // K = 0 layer: no routed router
+  EXPECT_FALSE(params.contains("blocks.11.attn.wg.weight"));             // K = 0 layer: no routed router
   EXPECT_EQ(params["y_embedder.embedding_table.weight"].size(0), 1001);  // null class row
   EXPECT_FALSE(params["pos_embed"].requires_grad());
   try {
@@ -105,16 +119,17 @@ TEST(DiTRegistry, OfficialKeyNamesAndErrors) {
 TEST(DiTLayers, PosEmbedAndTimestepEmbeddingFormulas) {
   torch::Tensor pe = sincos_pos_embed_2d(8, 3);  // D/4 = 2 frequencies: ω = [1, 1/100]
   ASSERT_EQ(pe.sizes(), (std::vector<int64_t>{9, 8}));
-  const int64_t k = 1 * 3 + 2;  // row 1, col 2
-  EXPECT_NEAR(pe[k][0].item<double>(), std::sin(2.0), 1e-12);          // sin(col·ω0)
-  EXPECT_NEAR(pe[k][3].item<double>(), std::cos(2.0 / 100), 1e-12);    // cos(col·ω1)
-  EXPECT_NEAR(pe[k][4].item<double>(), std::sin(1.0), 1e-12);          // sin(row·ω0)
+  const int64_t k = 1 * 3 + 2;                                                         // row 1, col 2
+  EXPECT_NEAR(pe[k][0].item<double>(), std::sin(2.0), 1e-12);                          // sin(col·ω0)
+  EXPECT_NEAR(pe[k][3].item<double>(), std::cos(2.0 / 100), 1e-12);                    // cos(col·ω1)
+  EXPECT_NEAR(pe[k][4].item<double>(), std::sin(1.0), 1e-12);                          // sin(row·ω0)
   torch::Tensor te = TimestepEmbedderImpl::timestep_embedding(torch::tensor({5}), 4);  // half = 2
-  EXPECT_NEAR(te[0][0].item<double>(), std::cos(5.0), 1e-6);                          // cos first
+  EXPECT_NEAR(te[0][0].item<double>(), std::cos(5.0), 1e-6);                           // cos first
   EXPECT_NEAR(te[0][3].item<double>(), std::sin(5.0 * std::exp(-std::log(1e4) / 2)), 1e-6);
 }
 
-// shared/specs/dit.md §3.8 test vectors (float64), relative tolerance 1e-9 (the spec prints 10 digits).
+// Float64 values of guided-diffusion's linear-schedule arrays (betas 1e-4..0.02, 1000 steps), computed with numpy
+// and printed to 10 digits: relative tolerance 1e-9.
 TEST(Diffusion, ScheduleMatchesSpecVectors) {
   auto near = [](double a, double b) { EXPECT_NEAR(a, b, 1e-9 * std::max(1.0, std::abs(b))) << a << " vs " << b; };
   DiffusionSchedule s = make_schedule(linear_betas(1000));
@@ -156,7 +171,8 @@ TEST(Diffusion, ScheduleMatchesSpecVectors) {
   near(std::log(r.betas[249]), -2.557227761);
 }
 
-// shared/specs/dit.md Appendix A and §3.5 (Python round-half-to-even at 166.5, 499.5, 832.5 for "25").
+// guided-diffusion respace.py space_timesteps(1000, "250") and "25" (Python's round-half-to-even at 166.5, 499.5,
+// 832.5).
 TEST(Diffusion, RespacingMapsMatchSpec) {
   const std::string appendix_a =
       "0 4 8 12 16 20 24 28 32 36 40 44 48 52 56 60 64 68 72 76 80 84 88 92 96 100 104 108 112 116 120 124 128 132 "

@@ -1,8 +1,11 @@
-// The experiment level (diffusion/experiment.h): one decision of a model name's family with one "did you mean" over
-// every variant table, and one semantic validation that refuses what training would refuse (what `moh config` runs).
+// The model registry (diffusion/model_registry.h): one decision of a model name's family with one "did you mean" over
+// every variant table, every family complete, and one semantic validation that refuses what training would refuse
+// (what `moh config` runs).
+#include <set>
+
 #include "core/error.h"
 #include "diffusion/dit_experiment.h"
-#include "diffusion/experiment.h"
+#include "diffusion/model_registry.h"
 #include "tests/test_util.h"
 
 namespace moh {
@@ -18,24 +21,53 @@ std::string error_of(const std::function<void()>& f) {
 }
 
 TEST(Experiment, OneFamilyDecisionForEveryName) {
-  EXPECT_EQ(model_family("MoH-ViT-S-75"), ModelFamily::classifier);
-  EXPECT_EQ(model_family("TransNeXt-Tiny"), ModelFamily::classifier);
-  EXPECT_EQ(model_family("MoH-DiT-XL/2-90"), ModelFamily::dit);
-  EXPECT_EQ(model_family("DiT-S/2"), ModelFamily::dit);
-  EXPECT_EQ(model_family("sd-vae"), ModelFamily::sd_vae);
-  EXPECT_EQ(model_family("fid-inception"), ModelFamily::fid_inception);
-  for (const auto& n : all_model_names()) EXPECT_NO_THROW(model_family(n)) << n;
+  EXPECT_EQ(find_model_family("MoH-ViT-S-75").id, "classifier");
+  EXPECT_EQ(find_model_family("TransNeXt-Tiny").id, "classifier");
+  EXPECT_EQ(find_model_family("MoH-DiT-XL/2-90").id, "dit");
+  EXPECT_EQ(find_model_family("DiT-S/2").id, "dit");
+  EXPECT_EQ(find_model_family("sd-vae").id, "sd-vae");
+  EXPECT_EQ(find_model_family("fid-inception").id, "fid-inception");
+  for (const auto& n : all_model_names()) EXPECT_NO_THROW(find_model_family(n)) << n;
   // one "did you mean" across the tables: a near DiT name from a classifier-looking typo and back
-  EXPECT_NE(error_of([] { model_family("MoH-DiT-XL/2-9"); }).find("did you mean 'MoH-DiT-XL/2-90'"), std::string::npos);
-  EXPECT_NE(error_of([] { model_family("MoH-ViT-S-7"); }).find("did you mean 'MoH-ViT-S-75'"), std::string::npos);
-  EXPECT_NE(error_of([] { model_family("sd-va"); }).find("did you mean 'sd-vae'"), std::string::npos);
+  EXPECT_NE(error_of([] { find_model_family("MoH-DiT-XL/2-9"); }).find("did you mean 'MoH-DiT-XL/2-90'"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { find_model_family("MoH-ViT-S-7"); }).find("did you mean 'MoH-ViT-S-75'"), std::string::npos);
+  EXPECT_NE(error_of([] { find_model_family("sd-va"); }).find("did you mean 'sd-vae'"), std::string::npos);
   // "DiT" in a name decides nothing
-  EXPECT_THROW(model_family("MyDiT"), UserError);
+  EXPECT_THROW(find_model_family("MyDiT"), UserError);
 }
 
 ExperimentConfig config(const std::string& yaml) {
   test::TempDir d;
   return load_experiment(d.write("c.yaml", yaml));
+}
+
+TEST(Registry, EveryFamilyIsCompleteAndNamesAreUnique) {
+  std::set<std::string> ids, names;
+  for (const ModelFamily& f : model_families()) {
+    EXPECT_TRUE(ids.insert(f.id).second) << f.id;
+    ASSERT_TRUE(f.names && f.summarize && f.forward) << f.id;
+    EXPECT_FALSE(f.names().empty()) << f.id;
+    EXPECT_FALSE(f.forward_inputs.empty()) << f.id;
+    for (const auto& n : f.names()) EXPECT_TRUE(names.insert(n).second) << n << " registered twice";
+    if (f.trainable()) {  // an experiment family supplies every experiment hook
+      EXPECT_TRUE(f.validate && f.active_ratio && f.bench_step && f.attention_path_rows) << f.id;
+    } else {
+      EXPECT_FALSE(f.validate || f.active_ratio || f.bench_step) << f.id;
+    }
+  }
+  EXPECT_EQ(ids, (std::set<std::string>{"classifier", "dit", "sd-vae", "fid-inception"}));
+  EXPECT_THROW(experiment_family(config("model: {name: sd-vae}")), UserError);  // a fixed network trains nothing
+}
+
+TEST(Registry, FixedNetworksCountTheParametersOfTheRealPackages) {
+  // diffusers AutoencoderKL with the sd-vae-ft-mse config; torchvision inception_v3(num_classes=1008,
+  // aux_logits=False), whose blocks pytorch-fid's FID-Inception replaces with same-sized ones.
+  EXPECT_EQ(find_model_family("sd-vae").summarize("sd-vae").params, 83653863);
+  EXPECT_EQ(find_model_family("fid-inception").summarize("fid-inception").params, 23850960);
+  const ModelSummary s = find_model_family("MoH-DiT-S/2-75").summarize("MoH-DiT-S/2-75");
+  EXPECT_EQ(s.family, "dit");
+  EXPECT_EQ(s.moh_layers, 12);
 }
 
 TEST(Experiment, ValidationRefusesWhatTrainingRefuses) {
@@ -69,22 +101,26 @@ TEST(Experiment, ValidationRefusesWhatTrainingRefuses) {
   // Guidance rules apply when sampling: a 1-channel pixel model trains with the defaults but cannot guide 3 channels.
   const std::string three = dit + "sampling: {cfg_scale: 4.0, cfg_channels: three}";
   EXPECT_NO_THROW(validate_experiment(config(three)));
-  EXPECT_NE(error_of([&] { validate_experiment(config(three), ExperimentUse::sample); }).find("needs at least 3 channels"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { validate_experiment(config(three), ExperimentUse::sample); }).find("needs at least 3 channels"),
+      std::string::npos);
   // extract-latents reads images for a vae: sd config
-  EXPECT_NO_THROW(validate_experiment(config("model: {name: DiT-S/2}\ndiffusion: {vae: sd}\ndata: {dataset: fashion_mnist}"),
-                                      ExperimentUse::extract_latents));
+  EXPECT_NO_THROW(
+      validate_experiment(config("model: {name: DiT-S/2}\ndiffusion: {vae: sd}\ndata: {dataset: fashion_mnist}"),
+                          ExperimentUse::extract_latents));
 }
 
 // The memory guard counts the widest layer's heads (MoH-DiT-XL/2-90's top layers have 24 heads, num_heads says 16)
 // against the memory of the device the run trains on (a GPU's is smaller than its host's).
 TEST(Experiment, MemoryGuardUsesTheWidestLayerAndTheDevice) {
   diffusion::DiTOptions o = diffusion::dit_options("MoH-DiT-XL/2-90");
-  o.input_size = 64;  // 512 px: 1,024 tokens
+  o.input_size = 64;                              // 512 px: 1,024 tokens
   const double per_head = 1024.0 * 1024.0 * 4.0;  // one image, one head
   EXPECT_DOUBLE_EQ(diffusion::attention_map_bytes(o, 1), 24 * per_head);
   const auto budget = static_cast<int64_t>(20 * per_head * 32);  // fits 16 heads × 32 images, not 24 heads
-  EXPECT_NE(error_of([&] { diffusion::check_attention_memory(o, 32, {budget, "GPU cuda:0"}); }).find("GiB of GPU cuda:0"),
+  EXPECT_NE(error_of([&] {
+              diffusion::check_attention_memory(o, 32, {budget, "GPU cuda:0"});
+            }).find("GiB of GPU cuda:0"),
             std::string::npos);
   EXPECT_EQ(error_of([&] { diffusion::check_attention_memory(o, 16, {budget, "GPU cuda:0"}); }), "");
   EXPECT_EQ(device_memory("cpu").bytes, physical_memory_bytes());

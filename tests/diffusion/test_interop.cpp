@@ -11,7 +11,9 @@
 namespace moh {
 namespace {
 
-std::string fixture(const std::string& name) { return std::string(MOH_SOURCE_DIR) + "/tests/fixtures/torch/" + name; }
+std::string fixture(const std::string& name) {
+  return std::string(MOH_SOURCE_DIR) + "/tests/fixtures/torch/" + name;
+}
 
 double max_rel_error(const at::Tensor& a, const at::Tensor& b) {
   return (a - b).abs().max().item<double>() / b.abs().max().item<double>();
@@ -74,14 +76,17 @@ TEST(Interop, MismatchesAreReportedByName) {
   };
   // Plain DiT of the same size: the MoH routers are unexpected.
   diffusion::DiT plain(diffusion::dit_options_for_weights(diffusion::dit_options("DiT-Pixel/4"), w));
-  EXPECT_NE(message([&] { load_module_tensors(*plain, w, "f"); }).find("unexpected tensor 'blocks.0.attn.wg"), std::string::npos);
+  EXPECT_NE(message([&] { load_module_tensors(*plain, w, "f"); }).find("unexpected tensor 'blocks.0.attn.wg"),
+            std::string::npos);
   // A missing tensor is named; --allow-missing keeps the initialised value (here: the fixed pos_embed).
   TensorMap partial = w;
   partial.erase("pos_embed");
   diffusion::DiT moh(diffusion::dit_options_for_weights(diffusion::dit_options("MoH-DiT-Pixel/4-75"), w));
-  EXPECT_NE(message([&] { load_module_tensors(*moh, partial, "f"); }).find("missing tensor 'pos_embed'"), std::string::npos);
+  EXPECT_NE(message([&] { load_module_tensors(*moh, partial, "f"); }).find("missing tensor 'pos_embed'"),
+            std::string::npos);
   load_module_tensors(*moh, partial, "f", /*allow_missing=*/true);
-  EXPECT_TRUE(at::allclose(moh->pos_embed, w.at("pos_embed").to(at::kFloat), 0, 1e-3));  // fp16 file vs our sin-cos init
+  EXPECT_TRUE(
+      at::allclose(moh->pos_embed, w.at("pos_embed").to(at::kFloat), 0, 1e-3));  // fp16 file vs our sin-cos init
   // Wrong shape.
   TensorMap wrong = w;
   wrong["final_layer.linear.bias"] = at::zeros({3});

@@ -5,8 +5,8 @@
 #include "core/safetensors.h"
 #include "datasets/fashion_mnist.h"
 #include "datasets/latents.h"
-#include "diffusion/experiment.h"
 #include "diffusion/latent_extract.h"
+#include "diffusion/model_registry.h"
 #include "tests/test_util.h"
 
 namespace moh {

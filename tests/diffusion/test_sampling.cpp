@@ -9,10 +9,10 @@
 #include "core/checkpoint.h"
 #include "core/error.h"
 #include "datasets/fashion_mnist.h"
-#include "diffusion/diffusion_process.h"
-#include "diffusion/diffusion_trainer.h"
-#include "diffusion/experiment.h"
 #include "datasets/npz.h"
+#include "diffusion/diffusion_trainer.h"
+#include "diffusion/gaussian_diffusion.h"
+#include "diffusion/model_registry.h"
 #include "diffusion/sample_set.h"
 #include "diffusion/sampler.h"
 #include "diffusion/sd_vae.h"
@@ -23,8 +23,14 @@ namespace {
 
 DiT tiny_dit(int64_t channels, bool moh) {
   DiTOptions o = dit_options(moh ? "MoH-DiT-Pixel/4-75" : "DiT-Pixel/4");
-  o.input_size = 8, o.in_channels = channels, o.depth = 2;
-  if (moh) o.heads = {{8, 2}}, o.shared = {{4, 2}}, o.topk = {{2, 2}};
+  o.input_size = 8;
+  o.in_channels = channels;
+  o.depth = 2;
+  if (moh) {
+    o.heads = {{8, 2}};
+    o.shared = {{4, 2}};
+    o.topk = {{2, 2}};
+  }
   torch::manual_seed(0);
   DiT m(o);
   // adaLN-Zero makes the output 0 at init; perturb every parameter so the tests see a non-trivial network.
@@ -39,7 +45,8 @@ TEST(DiffusionMath, DiscretisedLikelihoodSumsToOneOverBins) {
   at::Tensor centres = (at::arange(256, at::kDouble) / 127.5 - 1.0);
   for (double mean : {-0.3, 0.0, 0.9})
     for (double log_scale : {-3.0, -1.0}) {
-      at::Tensor lp = discretized_gaussian_log_likelihood(centres, at::full_like(centres, mean), at::full_like(centres, log_scale));
+      at::Tensor lp =
+          discretized_gaussian_log_likelihood(centres, at::full_like(centres, mean), at::full_like(centres, log_scale));
       EXPECT_NEAR(lp.exp().sum().item<double>(), 1.0, 1e-9) << mean << " " << log_scale;
     }
   at::Tensor m = torch::randn({5}), lv = torch::randn({5});
@@ -106,7 +113,9 @@ TEST(Sampling, DdimEtaZeroIsDeterministicAndDdpmFollowsTheSeed) {
   const GaussianDiffusion chain = GaussianDiffusion::respaced(1000, "ddim10");
   at::Tensor noise = torch::randn({3, 1, 8, 8}), labels = torch::tensor({0, 4, 9});
   SampleOptions ddim;
-  ddim.sampler = SamplerKind::ddim, ddim.cfg_scale = 2.0, ddim.cfg_channels = CfgChannels::all;
+  ddim.sampler = SamplerKind::ddim;
+  ddim.cfg_scale = 2.0;
+  ddim.cfg_channels = CfgChannels::all;
   torch::manual_seed(5);
   at::Tensor a = sample_loop(m, chain, noise, labels, ddim);
   torch::manual_seed(6);  // η = 0: the per-step noise is drawn but unused
@@ -156,7 +165,9 @@ TEST(SampleSet, PartsResumeAndMergeExactly) {
   AutoencoderKL no_vae{nullptr};
   RunContext ctx;
   SampleSetOptions o;
-  o.chain.sampler = SamplerKind::ddim, o.batch_size = 3, o.seed = 9;
+  o.chain.sampler = SamplerKind::ddim;
+  o.batch_size = 3;
+  o.seed = 9;
   const at::Tensor labels = at::arange(10, at::kLong).remainder(10);  // 4 batches: 3, 3, 3, 1
   const std::string whole = d.file("whole"), split = d.file("split");
   sample_parts(model, chain, no_vae, labels, missing_sample_batches(10, whole, 3), o, ctx, whole);
@@ -199,7 +210,8 @@ TEST(SampleSet, MergeHoldsOneBatchAtATime) {
   EXPECT_LT(growth, 12 << 20) << "peak grew by " << growth << " bytes";
   datasets::NpzReader r(d.file("s.npz"));
   auto rows = r.rows("arr_0");
-  for (int64_t k = 0; k < 20; ++k) ASSERT_TRUE(torch::equal(rows->next(100), at::full({100, 64, 64, 3}, static_cast<int>(k), at::kByte)));
+  for (int64_t k = 0; k < 20; ++k)
+    ASSERT_TRUE(torch::equal(rows->next(100), at::full({100, 64, 64, 3}, static_cast<int>(k), at::kByte)));
 }
 
 TEST(DiffusionTrainer, ResumeIsExactWithEma) {
@@ -267,9 +279,10 @@ TEST(SdVae, ParameterCountKeysAndShapes) {
   EXPECT_EQ(test::count_params(vae), kSdVaeParams);  // 83,653,863 (spec §5.3)
   const auto params = vae->named_parameters();
   EXPECT_EQ(params.size(), 248u);
-  for (const char* key : {"encoder.down_blocks.1.resnets.0.conv_shortcut.weight", "encoder.down_blocks.2.downsamplers.0.conv.bias",
-                          "decoder.up_blocks.3.resnets.2.norm2.weight", "decoder.mid_block.attentions.0.to_out.0.weight",
-                          "quant_conv.weight", "post_quant_conv.bias"})
+  for (const char* key :
+       {"encoder.down_blocks.1.resnets.0.conv_shortcut.weight", "encoder.down_blocks.2.downsamplers.0.conv.bias",
+        "decoder.up_blocks.3.resnets.2.norm2.weight", "decoder.mid_block.attentions.0.to_out.0.weight",
+        "quant_conv.weight", "post_quant_conv.bias"})
     EXPECT_TRUE(params.contains(key)) << key;
   EXPECT_FALSE(params.contains("decoder.up_blocks.3.upsamplers.0.conv.weight"));
 }
@@ -299,8 +312,10 @@ TEST(SdVae, SmallRoundTripShapesAndBothNamingSchemes) {
   TensorMap legacy;
   for (auto& [k, v] : module_tensors(*vae)) {
     std::string n = k;
-    for (auto [from, to] : {std::pair<std::string, std::string>{".to_q.", ".query."}, {".to_k.", ".key."},
-                            {".to_v.", ".value."}, {".to_out.0.", ".proj_attn."}})
+    for (auto [from, to] : {std::pair<std::string, std::string>{".to_q.", ".query."},
+                            {".to_k.", ".key."},
+                            {".to_v.", ".value."},
+                            {".to_out.0.", ".proj_attn."}})
       if (auto pos = n.find(from); pos != std::string::npos) n.replace(pos, from.size(), to);
     legacy[n] = v;
   }

@@ -1,5 +1,5 @@
 // Generative metrics (IS, precision/recall), npz IO, the FID Inception network and its TF1 resize, SHA-256.
-// Reference values: shared/specs/evaluators.md §6, numpy 1.24 for the permutation and the npz fixtures
+// Reference values: closed forms and numpy 1.24 for the permutation and the npz fixtures
 // (tests/fixtures/gen/make_npz.py), hand computation for the resize.
 #include "core/error.h"
 #include "core/sha256.h"
@@ -134,7 +134,8 @@ TEST(Npz, MalformedFilesAreUserErrors) {
   sigma[1][2] = std::nan("");
   datasets::save_npz(dir.file("nan.npz"), {{"mu", at::zeros({3}, at::kDouble)}, {"sigma", sigma}});
   EXPECT_THROW(load_reference_stats(dir.file("nan.npz")), UserError);
-  datasets::save_npz(dir.file("inf.npz"), {{"mu", at::full({3}, INFINITY, at::kDouble)}, {"sigma", at::eye(3, at::kDouble)}});
+  datasets::save_npz(dir.file("inf.npz"),
+                     {{"mu", at::full({3}, INFINITY, at::kDouble)}, {"sigma", at::eye(3, at::kDouble)}});
   EXPECT_THROW(load_reference_stats(dir.file("inf.npz")), UserError);
 }
 
@@ -151,7 +152,7 @@ TEST(InceptionResize, Tf1BilinearHandComputed4x4To3x3) {
   at::Tensor t = resize_bilinear_tf1(step, 3, 3);
   EXPECT_FLOAT_EQ(t[0][0][0][0].item<float>(), 0.0f);
   EXPECT_NEAR(t[0][0][0][1].item<float>(), 1.0f / 3.0f, 1e-6);  // between cols 1 (0) and 2 (1) at 1.333
-  EXPECT_FLOAT_EQ(t[0][0][0][2].item<float>(), 1.0f);            // cols 2..3 at 2.666
+  EXPECT_FLOAT_EQ(t[0][0][0][2].item<float>(), 1.0f);           // cols 2..3 at 2.666
   // Upsampling keeps the last row/col clamped to the input edge.
   at::Tensor up = resize_bilinear_tf1(x, 8, 8);
   EXPECT_FLOAT_EQ(up[0][0][7][7].item<float>(), 15.0f);
@@ -209,8 +210,8 @@ TEST(Inception, FixedWeightsOutputChecksum) {
   at::Tensor h = net->Conv2d_2b_3x3->forward(net->Conv2d_2a_3x3->forward(net->Conv2d_1a_3x3->forward(x)));
   h = at::max_pool2d(h, {3, 3}, {2, 2});
   h = at::max_pool2d(net->Conv2d_4a_3x3->forward(net->Conv2d_3b_1x1->forward(h)), {3, 3}, {2, 2});
-  h = net->Mixed_6c->forward(net->Mixed_6b->forward(net->Mixed_6a->forward(
-      net->Mixed_5d->forward(net->Mixed_5c->forward(net->Mixed_5b->forward(h))))));
+  h = net->Mixed_6c->forward(net->Mixed_6b->forward(
+      net->Mixed_6a->forward(net->Mixed_5d->forward(net->Mixed_5c->forward(net->Mixed_5b->forward(h))))));
   at::Tensor tap = net->Mixed_6d->branch1x1->forward(h);  // (2, 192, 17, 17)
   EXPECT_TRUE(f.spatial.allclose(tap.narrow(1, 0, 7).permute({0, 2, 3, 1}).reshape({2, 2023})));
   // pytorch-fid preprocessing differs from TF1 on a non-smooth image.

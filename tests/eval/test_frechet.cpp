@@ -1,4 +1,5 @@
-// Fréchet distance: the spec's analytic cases (shared/specs/evaluators.md §6).
+// Fréchet distance: closed forms (unit covariances with shifted means, diagonal covariances, identical sets) and the
+// two matrix square-root routes against each other.
 #include "eval/frechet.h"
 #include "tests/test_util.h"
 

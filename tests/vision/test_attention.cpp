@@ -31,7 +31,7 @@ MoHAttention hand_example() {
 
 TEST(MoHRouting, HandComputedExample) {
   MoHAttention a = hand_example();
-  EXPECT_FALSE(a->router.wg_1);  // h_s = 1: no shared router (official: created only if h_s > 1)
+  EXPECT_FALSE(a->router.wg_1);                     // h_s = 1: no shared router (official: created only if h_s > 1)
   torch::Tensor x = torch::eye(8).narrow(0, 0, 2);  // tokens e0, e1
   HeadRouting r = a->router.route(x, /*training=*/true);
   torch::Tensor expect = torch::tensor({{0.5, 0.0, 1.2, 1.8}, {1.0, 1.2, 0.8, 0.0}}, torch::kFloat);
@@ -126,7 +126,8 @@ void expect_dense_equals_sparse(MoHAttentionOptions o, int64_t B, int64_t N, uin
   // fp32: output and input gradient within 1e-5.
   auto dense = run_fwd_bwd(a, x, AttentionPath::dense);
   auto sparse = run_fwd_bwd(a, x, AttentionPath::sparse);
-  for (size_t i = 0; i < 2; ++i) EXPECT_LE(rel_err(sparse[i], dense[i]), 1e-5) << "fp32 tensor " << i << " (0 = output, 1 = dx)";
+  for (size_t i = 0; i < 2; ++i)
+    EXPECT_LE(rel_err(sparse[i], dense[i]), 1e-5) << "fp32 tensor " << i << " (0 = output, 1 = dx)";
   // fp64: every gradient, to 1e-10 of max(|tensor|, 1e-3). A router with one routed head selected of two gets no
   // gradient at all (its renormalised gate is s/s = 1 and the load-balance loss is constant), so its "gradient" is
   // rounding noise whose pattern depends on the path: fp32 noise of 1e-8 against a zero tensor read as 15 % apart
@@ -146,24 +147,22 @@ void expect_dense_equals_sparse(MoHAttentionOptions o, int64_t B, int64_t N, uin
 TEST(MoHAttention, DenseEqualsSparseForwardBackward) {
   expect_dense_equals_sparse(MoHAttentionOptions(32, 4).moh(1, 2), 2, 13, 3);
   expect_dense_equals_sparse(MoHAttentionOptions(48, 8).moh(3, 3), 3, 17, 4);
-  expect_dense_equals_sparse(MoHAttentionOptions(24, 6).moh(0, 2), 2, 9, 5);    // no shared heads
-  expect_dense_equals_sparse(MoHAttentionOptions(24, 6).moh(2, 4), 1, 31, 6);   // every routed head selected
+  expect_dense_equals_sparse(MoHAttentionOptions(24, 6).moh(0, 2), 2, 9, 5);   // no shared heads
+  expect_dense_equals_sparse(MoHAttentionOptions(24, 6).moh(2, 4), 1, 31, 6);  // every routed head selected
   MoHAttentionOptions decoupled = MoHAttentionOptions(20, 4).moh(2, 1);
-  decoupled.head_dim = 7;                                                       // DiT-L/XL style head_dim
+  decoupled.head_dim = 7;  // DiT-L/XL style head_dim
   expect_dense_equals_sparse(decoupled, 2, 11, 7);
-  expect_dense_equals_sparse(MoHAttentionOptions(32, 4).moa(2), 2, 12, 8);      // MoA: shared K/V
+  expect_dense_equals_sparse(MoHAttentionOptions(32, 4).moa(2), 2, 12, 8);  // MoA: shared K/V
 }
 
 // Large score blocks are computed in query chunks; values and gradients equal the one-shot formula.
 // attention_path: auto picks per call from the active ratio and the sequence length (the measured rule of
 // docs/BENCHMARKS.md), and then runs exactly that path; explicit paths are kept.
 TEST(MoHAttention, AutoPathFollowsTheMeasuredRule) {
-  const auto pick = [](double active, int64_t n) {
-    return choose_attention_path(AttentionPath::automatic, active, n);
-  };
+  const auto pick = [](double active, int64_t n) { return choose_attention_path(AttentionPath::automatic, active, n); };
   EXPECT_EQ(choose_attention_path(AttentionPath::dense, 0.5, 4096), AttentionPath::dense);
   EXPECT_EQ(choose_attention_path(AttentionPath::sparse, 0.9, 16), AttentionPath::sparse);
-  EXPECT_EQ(pick(0.5, 64), AttentionPath::dense);    // short sequences: gathers cost more than they save
+  EXPECT_EQ(pick(0.5, 64), AttentionPath::dense);     // short sequences: gathers cost more than they save
   EXPECT_EQ(pick(0.92, 1024), AttentionPath::dense);  // nearly every head on
   EXPECT_EQ(pick(0.5, 1024), AttentionPath::sparse);  // the same rule on both LibTorch versions
   EXPECT_EQ(pick(0.5, 256), AttentionPath::sparse);
@@ -230,7 +229,10 @@ TEST(MoHAttention, CoreSparseEqualsDense) {
   torch::manual_seed(9);
   const int64_t B = 2, h = 6, N = 20, d = 8, hs = 2;
   MoHAttention a(MoHAttentionOptions(h * d, h).moh(hs, 2));
-  { torch::NoGradGuard ng; a->router.wg->weight.normal_(0, 1); }
+  {
+    torch::NoGradGuard ng;
+    a->router.wg->weight.normal_(0, 1);
+  }
   HeadRouting r = a->router.route(torch::randn({B * N, h * d}), false);
   torch::Tensor q = torch::randn({B, h, N, d}), k = torch::randn({B, h, N, d}), v = torch::randn({B, h, N, d});
   QuerySource qs;
@@ -249,8 +251,10 @@ TEST(MoHAttention, AllSelectedUniformGatesIsMHA) {
   {
     torch::NoGradGuard ng;
     for (auto& p : moh->named_parameters()) {
-      if (p.key().rfind("wg", 0) == 0) p.value().zero_();
-      else mha->named_parameters()[p.key()].copy_(p.value());
+      if (p.key().rfind("wg", 0) == 0)
+        p.value().zero_();
+      else
+        mha->named_parameters()[p.key()].copy_(p.value());
     }
   }
   torch::Tensor x = torch::randn({2, 7, 32});

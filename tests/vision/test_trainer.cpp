@@ -5,7 +5,7 @@
 #include "core/checkpoint.h"
 #include "core/error.h"
 #include "datasets/loader.h"
-#include "diffusion/experiment.h"
+#include "diffusion/model_registry.h"
 #include "tests/test_util.h"
 #include "vision/classification_trainer.h"
 

@@ -1,4 +1,4 @@
-// TransNeXt / MoH-ViT: exact parameter counts (shared/specs/transnext.md §1.2, moh.md §2.1), every variant's tiny
+// TransNeXt / MoH-ViT: exact parameter counts (TransNeXt and MoH papers' tables, docs/MODELS.md), every variant's tiny
 // forward/backward, aggregated attention against a neighbour-by-neighbour reference, CPB tables and length scales.
 #include <torch/version.h>
 #include <cmath>
@@ -18,8 +18,8 @@ using test::rel_err;
 // K = 0 layers, etc.): S-80/S-75 +168,984, B-75 +299,136, B-50 +302,016.
 const std::map<std::string, int64_t>& expected_counts() {
   static const std::map<std::string, int64_t> m{
-      {"TransNeXt-Micro", 12809304}, {"TransNeXt-Tiny", 28258960}, {"TransNeXt-Small", 49741564},
-      {"TransNeXt-Base", 89721496},  {"MoH-ViT-S-80", 49741564 + 168984}, {"MoH-ViT-S-75", 49741564 + 168984},
+      {"TransNeXt-Micro", 12809304},       {"TransNeXt-Tiny", 28258960},        {"TransNeXt-Small", 49741564},
+      {"TransNeXt-Base", 89721496},        {"MoH-ViT-S-80", 49741564 + 168984}, {"MoH-ViT-S-75", 49741564 + 168984},
       {"MoH-ViT-B-75", 89721496 + 299136}, {"MoH-ViT-B-50", 89721496 + 302016}};
   return m;
 }
@@ -29,7 +29,10 @@ const std::map<std::string, int64_t>& expected_counts() {
 TEST(ClassifierRegistry, EveryVariantCountsForwardBackward) {
   for (const auto& [name, base] : classifier_variants()) {
     TransNeXtOptions o = base;
-    if (o.img_size == 224) o.img_size = 64, o.pretrain_size = 224;
+    if (o.img_size == 224) {
+      o.img_size = 64;
+      o.pretrain_size = 224;
+    }
     torch::manual_seed(0);
     TransNeXt m(o);
     if (expected_counts().count(name)) {
@@ -56,17 +59,35 @@ TEST(ClassifierRegistry, PaperActiveHeadRatiosAndNames) {
   EXPECT_NEAR(classifier_options("MoH-ViT-B-75").active_ratio(), 441.0 / 588, 1e-12);
   EXPECT_NEAR(classifier_options("MoH-ViT-B-50").active_ratio(), 294.0 / 588, 1e-12);
   TransNeXtOptions o = classifier_options("MoH-ViT-S-80");
-  o.img_size = 64, o.pretrain_size = 224;
+  o.img_size = 64;
+  o.pretrain_size = 224;
   TransNeXt m(o);
   auto params = m->named_parameters();
-  for (const char* k :
-       {"patch_embed1.proj.weight", "patch_embed1.norm.bias", "block1.0.norm1.weight", "block1.0.attn.q.weight",
-        "block1.0.attn.kv.bias", "block1.0.attn.sr.weight", "block1.0.attn.norm.weight", "block1.0.attn.temperature",
-        "block1.0.attn.query_embedding", "block1.0.attn.relative_pos_bias_local", "block1.0.attn.learnable_tokens",
-        "block1.0.attn.learnable_bias", "block1.0.attn.cpb_fc1.weight", "block1.0.attn.cpb_fc2.bias",
-        "block1.0.attn.wg_1.weight", "block3.21.attn.wg.weight", "block3.0.attn.wg_0.weight",
-        "block4.4.attn.qkv.weight", "block4.0.attn.proj.bias", "block1.0.mlp.fc1.weight",
-        "block1.0.mlp.dwconv.dwconv.weight", "block2.4.mlp.fc2.weight", "norm1.weight", "norm4.bias", "head.weight"})
+  for (const char* k : {"patch_embed1.proj.weight",
+                        "patch_embed1.norm.bias",
+                        "block1.0.norm1.weight",
+                        "block1.0.attn.q.weight",
+                        "block1.0.attn.kv.bias",
+                        "block1.0.attn.sr.weight",
+                        "block1.0.attn.norm.weight",
+                        "block1.0.attn.temperature",
+                        "block1.0.attn.query_embedding",
+                        "block1.0.attn.relative_pos_bias_local",
+                        "block1.0.attn.learnable_tokens",
+                        "block1.0.attn.learnable_bias",
+                        "block1.0.attn.cpb_fc1.weight",
+                        "block1.0.attn.cpb_fc2.bias",
+                        "block1.0.attn.wg_1.weight",
+                        "block3.21.attn.wg.weight",
+                        "block3.0.attn.wg_0.weight",
+                        "block4.4.attn.qkv.weight",
+                        "block4.0.attn.proj.bias",
+                        "block1.0.mlp.fc1.weight",
+                        "block1.0.mlp.dwconv.dwconv.weight",
+                        "block2.4.mlp.fc2.weight",
+                        "norm1.weight",
+                        "norm4.bias",
+                        "head.weight"})
     EXPECT_TRUE(params.contains(k)) << k;
   EXPECT_FALSE(params.contains("block1.0.attn.wg.weight"));  // K = 0 stage: weighted, not routed
   EXPECT_EQ(m->named_buffers().size(), 0u);                  // resolution-dependent tensors are not state
@@ -130,9 +151,9 @@ TEST(TransNeXtAttention, SparseMatchesDenseForwardAndBackward) {
     int64_t dim, heads, shared, topk, height, width, sr;
     bool moa;
   };
-  for (const Case& c : {Case{48, 4, 1, 2, 9, 7, 3, false}, Case{72, 6, 2, 1, 8, 6, 2, false},
-                        Case{48, 4, 0, 2, 8, 6, 2, true}, Case{48, 4, 1, 1, 7, 5, 1, false},
-                        Case{48, 4, 0, 3, 6, 6, 1, true}})
+  for (const Case& c :
+       {Case{48, 4, 1, 2, 9, 7, 3, false}, Case{72, 6, 2, 1, 8, 6, 2, false}, Case{48, 4, 0, 2, 8, 6, 2, true},
+        Case{48, 4, 1, 1, 7, 5, 1, false}, Case{48, 4, 0, 3, 6, 6, 1, true}})
     for (auto dtype : {at::kFloat, at::kDouble}) {
       SCOPED_TRACE("heads " + std::to_string(c.heads) + " shared " + std::to_string(c.shared) + " topk " +
                    std::to_string(c.topk) + " sr " + std::to_string(c.sr) + (dtype == at::kFloat ? " fp32" : " fp64"));
@@ -215,7 +236,8 @@ TEST(TransNeXt, SparsePathKeepsTheLogits) {
 // The CUDA sliding-window kernels (CUDA builds, options.fused) against the neighbour-by-neighbour reference on the
 // same GPU, forward and backward, in fp32 and bf16. Skipped where no GPU / no kernels are present.
 TEST(TransNeXtAttention, CudaKernelsMatchReference) {
-  if (!torch::cuda::is_available() || !sliding_window_kernels_available(torch::kCUDA)) GTEST_SKIP() << "no CUDA kernels or no GPU";
+  if (!torch::cuda::is_available() || !sliding_window_kernels_available(torch::kCUDA))
+    GTEST_SKIP() << "no CUDA kernels or no GPU";
   for (auto dtype : {at::kFloat, at::kBFloat16}) {
     torch::manual_seed(5);
     MoHAttentionOptions o(64, 4);
@@ -230,8 +252,10 @@ TEST(TransNeXtAttention, CudaKernelsMatchReference) {
     }
     a->to(torch::kCUDA, dtype);
     auto [table, index] = relative_position_cpb(9, 7, 3, 2, 9, 7);
-    table = table.to(torch::kCUDA, dtype), index = index.to(torch::kCUDA);
-    torch::Tensor x = torch::randn({3, 63, 64}, torch::TensorOptions().device(torch::kCUDA).dtype(dtype).requires_grad(true));
+    table = table.to(torch::kCUDA, dtype);
+    index = index.to(torch::kCUDA);
+    torch::Tensor x =
+        torch::randn({3, 63, 64}, torch::TensorOptions().device(torch::kCUDA).dtype(dtype).requires_grad(true));
     auto fast = a->forward(x, table, index).out;
     auto ref = a->forward_reference(x, table, index).out;
     const double tol = dtype == at::kFloat ? 1e-5 : 3e-2;
@@ -247,7 +271,7 @@ TEST(TransNeXtAttention, LengthScaleAndPaddingAtStage1) {
   EXPECT_NEAR(a->seq_length_scale[57][0].item<double>(), std::log(58.0), 1e-6);  // interior: 9 + 49
   EXPECT_NEAR(a->seq_length_scale[1][0].item<double>(), std::log(55.0), 1e-6);   // top edge: 6 + 49
   EXPECT_NEAR(a->seq_length_scale[0][0].item<double>(), std::log(53.0), 1e-6);   // corner: 4 + 49
-  EXPECT_EQ(a->padding_mask[0].sum().item<int64_t>(), 5);                         // corner: 5 of 9 outside
+  EXPECT_EQ(a->padding_mask[0].sum().item<int64_t>(), 5);                        // corner: 5 of 9 outside
 }
 
 TEST(TransNeXtCPB, TableSizesAndCoordinates) {

@@ -13,17 +13,29 @@ constexpr int kWarp = 32;
 constexpr int kWarpsPerBlock = 8;
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ float to_f(float v) { return v; }
-__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f(float v) {
+  return v;
+}
+__device__ __forceinline__ float to_f(__half v) {
+  return __half2float(v);
+}
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
 template <class T>
 __device__ __forceinline__ T from_f(float v);
 template <>
-__device__ __forceinline__ float from_f<float>(float v) { return v; }
+__device__ __forceinline__ float from_f<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ __half from_f<__half>(float v) { return __float2half(v); }
+__device__ __forceinline__ __half from_f<__half>(float v) {
+  return __float2half(v);
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
+__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) {
+  return __float2bfloat16(v);
+}
 
 // Token index of neighbour z of (y, x), or −1 outside the map.
 __device__ __forceinline__ int neighbour(int y, int x, int z, int height, int width) {
@@ -88,20 +100,25 @@ __global__ void av_kernel(const T* __restrict__ w, const T* __restrict__ v, T* _
   out[idx] = from_f<T>(acc);
 }
 
-unsigned blocks(long long work, int per_block) { return static_cast<unsigned>((work + per_block - 1) / per_block); }
+unsigned blocks(long long work, int per_block) {
+  return static_cast<unsigned>((work + per_block - 1) / per_block);
+}
 
 }  // namespace
 
 template <class T>
-cudaError_t sliding_qk(const T* q, const T* k, T* logits, int bh, int height, int width, int channels, cudaStream_t stream) {
+cudaError_t sliding_qk(const T* q, const T* k, T* logits, int bh, int height, int width, int channels,
+                       cudaStream_t stream) {
   const long long rows = static_cast<long long>(bh) * height * width;
   if (rows == 0) return cudaSuccess;
-  qk_kernel<T><<<blocks(rows, kWarpsPerBlock), kWarpsPerBlock * kWarp, 0, stream>>>(q, k, logits, bh, height, width, channels);
+  qk_kernel<T>
+      <<<blocks(rows, kWarpsPerBlock), kWarpsPerBlock * kWarp, 0, stream>>>(q, k, logits, bh, height, width, channels);
   return cudaGetLastError();
 }
 
 template <class T>
-cudaError_t sliding_av(const T* w, const T* v, T* out, int bh, int height, int width, int channels, cudaStream_t stream) {
+cudaError_t sliding_av(const T* w, const T* v, T* out, int bh, int height, int width, int channels,
+                       cudaStream_t stream) {
   const long long work = static_cast<long long>(bh) * height * width * channels;
   if (work == 0) return cudaSuccess;
   av_kernel<T, false><<<blocks(work, kThreads), kThreads, 0, stream>>>(w, v, out, bh, height, width, channels);
@@ -117,9 +134,9 @@ cudaError_t sliding_av_transposed(const T* w, const T* x, T* out, int bh, int he
   return cudaGetLastError();
 }
 
-#define MOH_SLIDING_INSTANTIATE(T)                                                                                  \
-  template cudaError_t sliding_qk<T>(const T*, const T*, T*, int, int, int, int, cudaStream_t);                     \
-  template cudaError_t sliding_av<T>(const T*, const T*, T*, int, int, int, int, cudaStream_t);                     \
+#define MOH_SLIDING_INSTANTIATE(T)                                                              \
+  template cudaError_t sliding_qk<T>(const T*, const T*, T*, int, int, int, int, cudaStream_t); \
+  template cudaError_t sliding_av<T>(const T*, const T*, T*, int, int, int, int, cudaStream_t); \
   template cudaError_t sliding_av_transposed<T>(const T*, const T*, T*, int, int, int, int, cudaStream_t);
 MOH_SLIDING_INSTANTIATE(float)
 MOH_SLIDING_INSTANTIATE(__half)

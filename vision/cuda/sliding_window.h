@@ -13,11 +13,13 @@ namespace moh::vision::cuda {
 
 /// logits[i, n, z] = Σ_c q[i, n, c] · k[i, nbr(n, z), c]        q, k: (BH, N, C); logits: (BH, N, 9)
 template <class T>
-cudaError_t sliding_qk(const T* q, const T* k, T* logits, int bh, int height, int width, int channels, cudaStream_t stream);
+cudaError_t sliding_qk(const T* q, const T* k, T* logits, int bh, int height, int width, int channels,
+                       cudaStream_t stream);
 
 /// out[i, n, c] = Σ_z w[i, n, z] · v[i, nbr(n, z), c]            w: (BH, N, 9); v, out: (BH, N, C)
 template <class T>
-cudaError_t sliding_av(const T* w, const T* v, T* out, int bh, int height, int width, int channels, cudaStream_t stream);
+cudaError_t sliding_av(const T* w, const T* v, T* out, int bh, int height, int width, int channels,
+                       cudaStream_t stream);
 
 /// The adjoint of sliding_av in v (and of sliding_qk in k):
 /// out[i, m, c] = Σ_z w[i, m − off(z), z] · x[i, m − off(z), c]   w: (BH, N, 9); x, out: (BH, N, C)

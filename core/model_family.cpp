@@ -1,0 +1,40 @@
+#include "core/model_family.h"
+
+#include "core/error.h"
+
+namespace moh {
+
+void count_parameters(const torch::nn::Module& module, ModelSummary& s) {
+  for (const auto& p : module.parameters()) {
+    s.params += p.numel();
+    if (p.requires_grad()) s.trainable += p.numel();
+  }
+}
+
+ModelSummary parameter_summary(const std::string& name, const std::string& family, const torch::nn::Module& net) {
+  ModelSummary s;
+  s.name = name;
+  s.family = family;
+  count_parameters(net, s);
+  return s;
+}
+
+at::Tensor forward_input(const ForwardRequest& r, const std::string& name, at::ScalarType dtype, int64_t dim,
+                         const std::string& needs) {
+  auto it = r.inputs.find(name);
+  if (it == r.inputs.end())
+    throw UserError("--input " + r.inputs_origin, "has no tensor '" + name + "'", "this model needs " + needs);
+  if (it->second.dim() != dim)
+    throw UserError("--input " + r.inputs_origin, "tensor '" + name + "' has shape " + c10::str(it->second.sizes()),
+                    std::to_string(dim) + " dimensions expected (" + needs + ")");
+  return it->second.to(dtype).contiguous();
+}
+
+void check_forward_inputs(const ForwardRequest& r, const std::set<std::string>& inputs,
+                          const std::set<std::string>& outputs, const std::string& needs) {
+  for (const auto& [name, t] : r.inputs)
+    if (!inputs.count(name) && !outputs.count(name))
+      throw UserError("--input " + r.inputs_origin, "unexpected tensor '" + name + "'", "this model takes " + needs);
+}
+
+}  // namespace moh

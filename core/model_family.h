@@ -1,0 +1,100 @@
+#pragma once
+// What a model family tells the rest of the toolkit about itself, once (timm's register_model): its variant names,
+// the rules of its experiments, its training task, a forward pass on tensors from a file, a size summary, a
+// benchmark step and its attention-path rows. Each family fills one ModelFamily in its own folder
+// (vision/classifier_family.cpp, diffusion/dit_family.cpp, diffusion/sd_vae_family.cpp, eval/inception_family.cpp);
+// diffusion/model_registry.h lists them, and commands and benchmarks ask it instead of testing a family themselves.
+// This header knows no family: every hook is a function of names, configs and tensors.
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/experiment_config.h"
+#include "core/run_context.h"
+#include "core/safetensors.h"
+#include "core/train_loop.h"
+
+namespace moh {
+
+/// What an experiment file is used for: training (and `moh config`, `moh eval`), sampling (`moh sample`: the training
+/// rules plus those of classifier-free guidance), or encoding its images with `moh extract-latents` (a DiT config
+/// whose data are still images).
+enum class ExperimentUse { train, sample, extract_latents };
+
+/// `moh info --model NAME`: size and MoH layout of a variant (layer-weighted active heads, as the paper counts).
+struct ModelSummary {
+  std::string name, family;
+  int64_t params = 0, trainable = 0, layers = 0, moh_layers = 0, routed_layers = 0;
+  double active_ratio = 1.0;
+};
+
+/// Adds a module's parameter counts (all, trainable) to `s`.
+void count_parameters(const torch::nn::Module& module, ModelSummary& s);
+
+/// A summary with the name, family and parameter counts of `net` (a fixed network needs nothing more).
+ModelSummary parameter_summary(const std::string& name, const std::string& family, const torch::nn::Module& net);
+
+/// The names of a variant table (pairs of name and options, in table order).
+template <class Table>
+std::vector<std::string> names_of(const Table& table) {
+  std::vector<std::string> names;
+  for (const auto& entry : table) names.push_back(entry.first);
+  return names;
+}
+
+/// `moh forward`: one fp32 eval-mode forward of variant `name` with `weights` on the tensors of `inputs`.
+struct ForwardRequest {
+  std::string name;
+  TensorMap weights, inputs;
+  std::string weights_origin, inputs_origin;  ///< the files, for errors
+  bool allow_missing = false;                 ///< keep initialised values for tensors the weights lack
+};
+
+/// Input `name` of a forward request as `dtype` with `dim` dimensions, or a UserError naming what the model needs.
+at::Tensor forward_input(const ForwardRequest& r, const std::string& name, at::ScalarType dtype, int64_t dim,
+                         const std::string& needs);
+
+/// Refuses tensors that are neither inputs nor named like the model's outputs (a reference file holding PyTorch's
+/// inputs and expected outputs can be passed as it is).
+void check_forward_inputs(const ForwardRequest& r, const std::set<std::string>& inputs,
+                          const std::set<std::string>& outputs, const std::string& needs);
+
+/// `moh bench train`: one training step of a variant on random data.
+struct BenchRequest {
+  std::string name;
+  RunContext ctx;
+  int64_t batch = 1;
+  int64_t img_size = 0;  ///< 0 = the variant's
+  AttentionPath path = AttentionPath::automatic;
+};
+
+/// The step (forward, backward, optimizer step) and a forward alone, with what they ran on. The closures own the
+/// model, optimizer and batch they use.
+struct BenchStep {
+  std::function<void()> step, forward;
+  std::string attention_path;
+  std::vector<int64_t> input;  ///< C, H, W of one example
+};
+
+/// One family. Fixed networks (SD-VAE, FID-Inception) leave the experiment hooks empty.
+struct ModelFamily {
+  std::string id;     ///< "classifier", "dit", "sd-vae", "fid-inception": JSON keys and `moh info --list`
+  std::string title;  ///< heading of `moh info --list`
+  std::function<std::vector<std::string>()> names;
+  std::function<ModelSummary(const std::string& name)> summarize;
+  std::function<TensorMap(const ForwardRequest&)> forward;
+  std::string forward_inputs;  ///< what `moh forward --input` must hold, for --help and errors
+
+  // Trainable families only.
+  std::function<void(const ExperimentConfig&, ExperimentUse)> validate;
+  std::function<std::unique_ptr<TrainTask>(const ExperimentConfig&, const RunContext&)> task;
+  std::function<double(const ExperimentConfig&)> active_ratio;  ///< of the experiment's model, layer-weighted
+  std::function<BenchStep(const BenchRequest&)> bench_step;
+  std::function<std::string()> attention_path_rows;  ///< rows of the `attention_path: auto` table
+
+  bool trainable() const { return static_cast<bool>(task); }
+};
+
+}  // namespace moh

@@ -1,0 +1,160 @@
+#include "diffusion/dit_family.h"
+
+#include <torch/optim/adamw.h>
+
+#include <cstdio>
+
+#include "core/amp.h"
+#include "core/checkpoint.h"
+#include "core/error.h"
+#include "diffusion/diffusion_trainer.h"
+#include "diffusion/dit.h"
+#include "diffusion/dit_experiment.h"
+#include "diffusion/sd_vae.h"
+#include "vision/attention_core.h"
+
+namespace moh::diffusion {
+
+namespace {
+
+ModelSummary summarize(const std::string& name) {
+  const DiTOptions o = dit_options(name);
+  ModelSummary s = parameter_summary(name, "dit", *DiT(o));
+  s.layers = o.depth;
+  s.moh_layers = o.attention == AttentionMode::mha ? 0 : o.depth;
+  s.routed_layers = o.routed_layers();
+  s.active_ratio = o.active_ratio();
+  return s;
+}
+
+constexpr const char* kForwardInputs = "x (B,C,I,I) float, t (B) int, y (B) int";
+
+// The weights decide input size, channels and classes (an official DiT-XL-2-512x512.pt builds a 64-token-wide model).
+TensorMap forward(const ForwardRequest& r) {
+  check_forward_inputs(r, {"x", "t", "y"}, {"out"}, kForwardInputs);
+  const DiTOptions o = dit_options_for_weights(dit_options(r.name), r.weights);
+  DiT model(o);
+  load_module_tensors(*model, r.weights, r.weights_origin, r.allow_missing);
+  model->eval();
+  const at::Tensor x = forward_input(r, "x", at::kFloat, 4, kForwardInputs);
+  if (x.size(1) != o.in_channels || x.size(2) != o.input_size || x.size(3) != o.input_size)
+    throw UserError("--input " + r.inputs_origin, "x has shape " + c10::str(x.sizes()),
+                    "the weights are for (B, " + std::to_string(o.in_channels) + ", " + std::to_string(o.input_size) +
+                        ", " + std::to_string(o.input_size) + ")");
+  const at::Tensor t = forward_input(r, "t", at::kLong, 1, kForwardInputs);
+  const at::Tensor y = forward_input(r, "y", at::kLong, 1, kForwardInputs);
+  return {{"out", model->forward(x, t, y).out}};
+}
+
+BenchStep bench_step(const BenchRequest& r) {
+  DiTOptions o = dit_options(r.name);
+  if (r.img_size > 0) o.input_size = r.img_size;
+  o.path = r.path;
+  DiT model(o);
+  model->to(r.ctx.device);
+  model->train();
+  auto opt =
+      std::make_shared<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(1e-4).weight_decay(0));
+  const auto dev = at::TensorOptions().device(r.ctx.device);
+  const at::Tensor x0 = at::randn({r.batch, o.in_channels, o.input_size, o.input_size}, dev);
+  const at::Tensor y = at::randint(0, o.num_classes, {r.batch}, dev.dtype(at::kLong));
+  const at::Tensor t = at::randint(0, 1000, {r.batch}, dev.dtype(at::kLong));
+  const RunContext ctx = r.ctx;
+  auto scaler = std::make_shared<GradScaler>(ctx.precision);
+  auto chain = std::make_shared<GaussianDiffusion>(GaussianDiffusion::base(1000));
+  BenchStep b;
+  b.step = [=]() mutable {
+    diffusion_backward(model, *chain, x0, y, 0.01, ctx, *scaler);
+    finish_optimizer_step(*opt, model->parameters(), *scaler, 0.0);
+  };
+  b.forward = [=]() mutable { model->forward(x0, t, y); };
+  b.attention_path = config::to_string(o.path);
+  b.input = {o.in_channels, o.input_size, o.input_size};
+  return b;
+}
+
+std::string path_word(AttentionPath p) {
+  return p == AttentionPath::sparse ? "**sparse**" : "dense";
+}
+
+// Rows of a DiT variant at `image_px`: consecutive layers with the same heads and active heads share a row.
+std::string path_rows(const std::string& name, int64_t image_px, int64_t latent_factor) {
+  DiTOptions o = dit_options(name);
+  o.input_size = image_px / latent_factor;
+  const int64_t tokens = o.num_patches();
+  std::string rows;
+  for (int64_t i = 0; i < o.depth;) {
+    const vision::MoHAttentionOptions a = o.layer(i);
+    int64_t j = i + 1;
+    while (j < o.depth && o.layer(j).num_heads == a.num_heads && o.layer(j).active_heads() == a.active_heads()) ++j;
+    const double active = static_cast<double>(a.active_heads()) / static_cast<double>(a.num_heads);
+    const auto word = [&](vision::PathTarget target) {
+      return path_word(vision::auto_attention_path(active, tokens, target));
+    };
+    char line[256];
+    std::snprintf(line, sizeof line, "| %s | %lld px, %lld tokens | %lld–%lld | %lld of %lld (%.2f) | %s | %s | %s |\n",
+                  name.c_str(), static_cast<long long>(image_px), static_cast<long long>(tokens),
+                  static_cast<long long>(i), static_cast<long long>(j - 1), static_cast<long long>(a.active_heads()),
+                  static_cast<long long>(a.num_heads), active, word(vision::PathTarget::cpu_libtorch2).c_str(),
+                  word(vision::PathTarget::cpu_libtorch1).c_str(), word(vision::PathTarget::cuda).c_str());
+    rows += line;
+    i = j;
+  }
+  return rows;
+}
+
+// The latent variants at 256 px, XL at 512 px, and the Fashion-MNIST pixel model.
+std::string attention_path_rows() {
+  std::string rows;
+  for (const auto& [name, o] : dit_variants())
+    if (o.attention == AttentionMode::moh && name.find("Pixel") == std::string::npos) rows += path_rows(name, 256, 8);
+  rows += path_rows("MoH-DiT-XL/2-90", 512, 8) + path_rows("MoH-DiT-XL/2-75", 512, 8);
+  return rows + path_rows("MoH-DiT-Pixel/4-75", 28, 1);
+}
+
+constexpr const char* kVaeInputs = "x (B,3,H,W) in [-1,1], H and W multiples of 8";
+
+TensorMap vae_forward(const ForwardRequest& r) {
+  check_forward_inputs(r, {"x"}, {"latent_mean", "latent_logvar", "recon"}, kVaeInputs);
+  AutoencoderKL vae;
+  load_module_tensors(*vae, normalize_vae_keys(r.weights), r.weights_origin, r.allow_missing);
+  vae->eval();
+  const at::Tensor x = forward_input(r, "x", at::kFloat, 4, kVaeInputs);
+  if (x.size(1) != 3 || x.size(2) % 8 || x.size(3) % 8)
+    throw UserError("--input " + r.inputs_origin, "x has shape " + c10::str(x.sizes()), kVaeInputs);
+  const LatentPosterior post = vae->encode(x);
+  return {{"latent_mean", post.mean}, {"latent_logvar", post.logvar}, {"recon", vae->decode(post.mean)}};
+}
+
+}  // namespace
+
+ModelFamily dit_family() {
+  ModelFamily f;
+  f.id = "dit";
+  f.title = "DiT / MoH-DiT (diffusion)";
+  f.names = [] { return names_of(dit_variants()); };
+  f.summarize = summarize;
+  f.forward = forward;
+  f.forward_inputs = kForwardInputs;
+  f.validate = [](const ExperimentConfig& cfg, ExperimentUse use) {
+    validate_dit_experiment(cfg, use != ExperimentUse::extract_latents, use == ExperimentUse::sample);
+  };
+  f.task = make_dit_task;
+  f.active_ratio = [](const ExperimentConfig& cfg) { return dit_options_for(cfg).active_ratio(); };
+  f.bench_step = bench_step;
+  f.attention_path_rows = attention_path_rows;
+  return f;
+}
+
+ModelFamily sd_vae_family() {
+  ModelFamily f;
+  f.id = kSdVaeName;
+  f.title = "SD-VAE (fixed: latent encoder/decoder of latent DiTs)";
+  f.names = [] { return std::vector<std::string>{kSdVaeName}; };
+  f.summarize = [](const std::string& name) { return parameter_summary(name, kSdVaeName, *AutoencoderKL()); };
+  f.forward = vae_forward;
+  f.forward_inputs = kVaeInputs;
+  return f;
+}
+
+}  // namespace moh::diffusion

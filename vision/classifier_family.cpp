@@ -1,0 +1,98 @@
+#include "vision/classifier_family.h"
+
+#include <torch/optim/adamw.h>
+
+#include "core/amp.h"
+#include "core/checkpoint.h"
+#include "vision/classification_trainer.h"
+#include "vision/classifier_experiment.h"
+#include "vision/transnext.h"
+
+namespace moh::vision {
+
+namespace {
+
+ModelSummary summarize(const std::string& name) {
+  const TransNeXtOptions o = classifier_options(name);
+  ModelSummary s = parameter_summary(name, "classifier", *TransNeXt(o));
+  s.layers = o.total_layers();
+  for (int64_t i = 0; i < 4; ++i) s.moh_layers += o.attention[i] == AttentionMode::mha ? 0 : o.depths[i];
+  s.routed_layers = o.routed_layers();
+  s.active_ratio = o.active_ratio();
+  return s;
+}
+
+constexpr const char* kForwardInputs = "x (B,C,H,W) float";
+
+// The input's channels and size, and the classes of the weights' head, decide the model.
+TensorMap forward(const ForwardRequest& r) {
+  check_forward_inputs(r, {"x"}, {"logits", "features"}, kForwardInputs);
+  const at::Tensor x = forward_input(r, "x", at::kFloat, 4, kForwardInputs);
+  TransNeXtOptions o = classifier_options(r.name);
+  o.img_size = x.size(2);
+  o.in_chans = x.size(1);
+  if (auto it = r.weights.find("head.weight"); it != r.weights.end() && it->second.dim() == 2)
+    o.num_classes = it->second.size(0);
+  TransNeXt model(o);
+  load_module_tensors(*model, r.weights, r.weights_origin, r.allow_missing);
+  model->eval();
+  const ClassifierOutput out = model->forward(x);
+  return {{"logits", out.logits}, {"features", out.features}};
+}
+
+BenchStep bench_step(const BenchRequest& r) {
+  TransNeXtOptions o = classifier_options(r.name);
+  if (r.img_size > 0) o.img_size = r.img_size;
+  o.attention_path = r.path;
+  o.validate();
+  TransNeXt model(o);
+  model->to(r.ctx.device);
+  model->train();
+  auto opt =
+      std::make_shared<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.05));
+  const auto dev = at::TensorOptions().device(r.ctx.device);
+  const at::Tensor x = at::randn({r.batch, o.in_chans, o.img_size, o.img_size}, dev);
+  const at::Tensor y = at::randint(0, o.num_classes, {r.batch}, dev.dtype(at::kLong));
+  const RunContext ctx = r.ctx;
+  auto scaler = std::make_shared<GradScaler>(ctx.precision);
+  BenchStep b;
+  b.step = [=]() mutable {
+    classifier_backward(model, x, y, 1, 0.01, 0.1, ctx, *scaler);
+    finish_optimizer_step(*opt, model->parameters(), *scaler, 1.0);
+  };
+  b.forward = [=]() mutable { model->forward(x); };
+  b.attention_path = config::to_string(o.attention_path);
+  b.input = {o.in_chans, o.img_size, o.img_size};
+  return b;
+}
+
+// Classifier layers run dense under `auto` (TransNeXtOptions::attention_path): no sparse training layer measured
+// faster than its dense one.
+std::string attention_path_rows() {
+  std::string rows;
+  for (const auto& [name, o] : classifier_variants())
+    if (name.rfind("MoH-ViT", 0) == 0 && name.find("Nano") == std::string::npos)
+      rows += "| " + name + " | 224 px | every MoH layer | " +
+              std::to_string(static_cast<int>(o.active_ratio() * 100 + 0.5)) + " % overall | dense | dense | dense |\n";
+  return rows;
+}
+
+}  // namespace
+
+ModelFamily classifier_family() {
+  ModelFamily f;
+  f.id = "classifier";
+  f.title = "TransNeXt / MoH-ViT (classification)";
+  f.names = [] { return names_of(classifier_variants()); };
+  f.summarize = summarize;
+  f.forward = forward;
+  f.forward_inputs = kForwardInputs;
+  f.validate = [](const ExperimentConfig& cfg, ExperimentUse) { validate_classifier_experiment(cfg); };
+  f.task = make_classifier_task;
+  f.active_ratio = [](const ExperimentConfig& cfg) { return classifier_options_for(cfg).active_ratio(); };
+  f.bench_step = bench_step;
+  f.attention_path_rows = attention_path_rows;
+  return f;
+}
+
+}  // namespace moh::vision

@@ -1,0 +1,10 @@
+#pragma once
+// The TransNeXt / MoH-ViT classifiers as one entry of the model registry (diffusion/model_registry.h).
+#include "core/model_family.h"
+
+namespace moh::vision {
+
+/// Variants, experiment rules, training task, forward, summary, benchmark step and attention-path rows.
+ModelFamily classifier_family();
+
+}  // namespace moh::vision
