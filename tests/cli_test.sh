@@ -144,7 +144,7 @@ peak='"peak_source":"measured fp32 GEMM (no native bf16 on this CPU)"'
 grep -q -E 'avx512_bf16|amx_bf16' /proc/cpuinfo && peak='"peak_source":"measured GEMM"'
 expect 0 "$peak" -- bench train --model MoH-DiT-Pixel/4-75 --batch 2 --steps 1 --warmup 0 --precision bf16 --attention-path sparse --json
 expect 0 '"what":"sample"' -- bench sample --model DiT-Pixel/4 --batch 2 --chain ddim2 --steps 1 --warmup 0 --json
-expect 2 "is not a DiT variant" -- bench sample --model MoH-ViT-Nano --batch 2
+expect 2 "unknown DiT variant" -- bench sample --model MoH-ViT-Nano --batch 2
 # --device cuda where no GPU is visible (CI, this machine; a CPU-only or a CUDA LibTorch): one error line, no crash.
 if ! "$MOH" --version | grep -q "GPU: [0-9]* visible"; then
   expect 2 "error: device cuda: .*(use device: cpu" -- bench train --model DiT-Pixel/4 --batch 2 --steps 1 --device cuda
