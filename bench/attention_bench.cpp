@@ -15,13 +15,13 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "vision/attention_core.h"
-#include "vision/moh_attention.h"
+#include "vision/nn/attention_core.h"
+#include "vision/nn/moh_attention.h"
 
 namespace moh::bench {
 
-using vision::MoHAttention;
-using vision::MoHAttentionOptions;
+using nn::MoHAttention;
+using nn::MoHAttentionOptions;
 
 std::pair<int64_t, int64_t> moh_split(int64_t heads, double active) {
   int64_t a = std::clamp<int64_t>(static_cast<int64_t>(std::floor(active * heads + 0.5)), 1, heads);
@@ -51,11 +51,11 @@ struct Prepared {
 Prepared prepare(const std::string& scope, const Case& c, int64_t B, int64_t N, int64_t C, int64_t h,
                  const AttentionBenchOptions& o) {
   torch::manual_seed(o.seed);
-  MoHAttentionOptions ao(C, h);
+  nn::MoHAttentionOptions ao(C, h);
   if (c.mode != "mha") ao.moh(c.hs, c.k);
   ao.path = c.mode == "sparse" ? AttentionPath::sparse : AttentionPath::dense;
   ao.fused = o.fused;
-  MoHAttention attn(ao);
+  nn::MoHAttention attn(ao);
   const int64_t d = C / h;
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   torch::Tensor x = torch::randn({B, N, C});
@@ -78,7 +78,7 @@ Prepared prepare(const std::string& scope, const Case& c, int64_t B, int64_t N, 
     return p;
   }
   // core: q, k, v and the routing are inputs; only attention + gating/gather/scatter is timed.
-  vision::HeadRouting routing;
+  nn::HeadRouting routing;
   if (c.mode != "mha") {
     torch::NoGradGuard ng;
     routing = attn->router.route(x.reshape({B * N, C}), false);
@@ -91,11 +91,11 @@ Prepared prepare(const std::string& scope, const Case& c, int64_t B, int64_t N, 
   int64_t hs = c.hs;
   const bool fused = o.fused;
   auto run = [=]() -> torch::Tensor {
-    if (mode == "mha") return vision::attend(q, k, v, scale, {}, fused).transpose(1, 2).reshape({B, N, h * d});
-    if (mode == "dense") return vision::mix_heads_dense(q, k, v, gates, scale, fused);
-    vision::QuerySource qs;
+    if (mode == "mha") return nn::attend(q, k, v, scale, {}, fused).transpose(1, 2).reshape({B, N, h * d});
+    if (mode == "dense") return nn::mix_heads_dense(q, k, v, gates, scale, fused);
+    nn::QuerySource qs;
     qs.q = q;
-    return vision::mix_heads_sparse(qs, k, v, gates, routed, h, hs, scale, fused);
+    return nn::mix_heads_sparse(qs, k, v, gates, routed, h, hs, scale, fused);
   };
   p.fwd = [run] {
     torch::NoGradGuard ng;
@@ -234,7 +234,7 @@ int attention_bench_main(int argc, char** argv) {
   if (o.runs < 1 || o.warmup < 0 || o.batch < 1) throw UserError(argv[0], "--runs and --batch must be >= 1", "");
   if (int t = args["threads"].as<int>(); t > 0) torch::set_num_threads(t);
   o.fused = args.count("fused") > 0;
-  if (o.fused && !vision::kFusedAttentionAvailable)
+  if (o.fused && !nn::kFusedAttentionAvailable)
     throw UserError("--fused", "this LibTorch has no scaled_dot_product_attention with a scale (needs 2.1 or newer)",
                     "MOH_LIBTORCH=pip scripts/setup.sh builds against LibTorch 2.14");
   auto rows = run_attention_bench(o, true);
@@ -259,8 +259,8 @@ int attention_bench_main(int argc, char** argv) {
                      {"fwd_ratio", r.fwd_ratio},
                      {"fwdbwd_ratio", r.fwdbwd_ratio},
                      // what attention_path: auto runs for this layer shape (module scope: per call)
-                     {"auto_picks", config::to_string(vision::choose_attention_path(AttentionPath::automatic,
-                                                                                    r.active_actual, r.seq))}});
+                     {"auto_picks",
+                      config::to_string(nn::choose_attention_path(AttentionPath::automatic, r.active_actual, r.seq))}});
     std::cout << out.dump(1) << std::endl;
   } else {
     std::cout << "| scope | seq | dim/heads | batch | mode | active (h_s+K)/h | fwd ms | fwd ratio | fwd+bwd ms | "

@@ -68,18 +68,18 @@ int vit_attention_bench_main(int argc, char** argv) {
 
   std::vector<Row> rows;
   for (int64_t i = 0; i < 4; ++i) {
-    vision::MoHAttentionOptions moh = o.stage_attention(i);
+    nn::MoHAttentionOptions moh = o.stage_attention(i);
     if (moh.mode == AttentionMode::mha || moh.topk == 0 || moh.active_heads() == moh.num_heads) continue;
     const int64_t side = o.stage_size(i), sr = o.sr_ratios[i], pool = sr > 1 ? side / sr : side;
     const int64_t pre = o.pretrain_stage_size(i), N = side * side;
     auto [table, index] = vision::relative_position_cpb(side, side, pool, pool, pre, pre);
     torch::manual_seed(args["seed"].as<uint64_t>());
     at::Tensor x = torch::randn({B, N, moh.dim});
-    vision::MoHAttentionOptions mha(moh.dim, moh.num_heads);
+    nn::MoHAttentionOptions mha(moh.dim, moh.num_heads);
     std::vector<std::string> modes{"mha", "dense", "sparse"};
     std::vector<std::function<void()>> f, fb;
     for (const auto& mode : modes) {
-      vision::MoHAttentionOptions lo = mode == "mha" ? mha : moh;
+      nn::MoHAttentionOptions lo = mode == "mha" ? mha : moh;
       lo.path = mode == "sparse" ? AttentionPath::sparse : AttentionPath::dense;
       torch::manual_seed(args["seed"].as<uint64_t>() + 1);
       auto [fwd, fwdbwd] = prepare(vision::TransNeXtAttention(lo, side, side, sr), x, table, index);

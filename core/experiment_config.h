@@ -22,7 +22,7 @@ const config::EnumTable<AttentionMode>& enum_table(AttentionMode);
 
 /// Execution path of MoH attention: `dense` computes every head then gates (the official code, the reference);
 /// `sparse` computes only the selected (token, head) pairs; `automatic` ("auto", the default) lets each layer pick
-/// the faster of the two from its active-head ratio and sequence length (vision/attention_core.h:
+/// the faster of the two from its active-head ratio and sequence length (vision/nn/attention_core.h:
 /// choose_attention_path).
 enum class AttentionPath { dense, sparse, automatic };
 const config::EnumTable<AttentionPath>& enum_table(AttentionPath);

@@ -10,8 +10,6 @@
 
 namespace moh::diffusion {
 
-namespace nn = torch::nn;
-
 namespace {
 constexpr double kNormEps = 1e-6;       // DiT LayerNorm(elementwise_affine=False, eps=1e-6)
 constexpr double kEmbedInitStd = 0.02;  // label table and timestep MLP init
@@ -31,12 +29,12 @@ std::vector<int64_t> expand_runs(const LayerRuns& runs) {
   return out;
 }
 
-vision::MoHAttentionOptions DiTOptions::layer(int64_t i) const {
+nn::MoHAttentionOptions DiTOptions::layer(int64_t i) const {
   auto at_layer = [&](const LayerRuns& runs, int64_t fallback) {
     if (runs.empty()) return fallback;
     return expand_runs(runs).at(static_cast<size_t>(i));
   };
-  vision::MoHAttentionOptions o(hidden_size, at_layer(heads, num_heads));
+  nn::MoHAttentionOptions o(hidden_size, at_layer(heads, num_heads));
   o.head_dim = head_dim > 0 ? head_dim : hidden_size / num_heads;
   o.qkv_bias = true;
   o.path = path;
@@ -87,22 +85,22 @@ void DiTOptions::validate() const {
 }
 
 MlpImpl::MlpImpl(int64_t dim, int64_t hidden) {
-  fc1 = register_module("fc1", vision::Linear(dim, hidden));
-  fc2 = register_module("fc2", vision::Linear(hidden, dim));
+  fc1 = register_module("fc1", nn::Linear(dim, hidden));
+  fc2 = register_module("fc2", nn::Linear(hidden, dim));
 }
 at::Tensor MlpImpl::forward(const at::Tensor& x) {
   return fc2->forward(at::gelu(fc1->forward(x), "tanh"));
 }
 
 PatchEmbedImpl::PatchEmbedImpl(int64_t in_channels, int64_t dim, int64_t patch) {
-  proj = register_module("proj", nn::Conv2d(nn::Conv2dOptions(in_channels, dim, patch).stride(patch)));
+  proj = register_module("proj", torch::nn::Conv2d(torch::nn::Conv2dOptions(in_channels, dim, patch).stride(patch)));
 }
 at::Tensor PatchEmbedImpl::forward(const at::Tensor& x) {
   return proj->forward(x).flatten(2).transpose(1, 2);  // (N, T, D)
 }
 
 TimestepEmbedderImpl::TimestepEmbedderImpl(int64_t dim, int64_t fdim) : frequency_dim(fdim) {
-  mlp = register_module("mlp", nn::Sequential(vision::Linear(fdim, dim), nn::SiLU(), vision::Linear(dim, dim)));
+  mlp = register_module("mlp", torch::nn::Sequential(nn::Linear(fdim, dim), torch::nn::SiLU(), nn::Linear(dim, dim)));
 }
 
 at::Tensor TimestepEmbedderImpl::timestep_embedding(const at::Tensor& t, int64_t dim, double max_period) {
@@ -120,7 +118,7 @@ at::Tensor TimestepEmbedderImpl::forward(const at::Tensor& t) {
 }
 
 LabelEmbedderImpl::LabelEmbedderImpl(int64_t classes, int64_t dim, double p) : num_classes(classes), dropout_prob(p) {
-  embedding_table = register_module("embedding_table", nn::Embedding(classes + (p > 0 ? 1 : 0), dim));
+  embedding_table = register_module("embedding_table", torch::nn::Embedding(classes + (p > 0 ? 1 : 0), dim));
 }
 
 at::Tensor LabelEmbedderImpl::forward(const at::Tensor& labels, const at::Tensor& force_drop) {
@@ -134,10 +132,11 @@ at::Tensor LabelEmbedderImpl::forward(const at::Tensor& labels, const at::Tensor
   return embedding_table->forward(y);  // (N, D)
 }
 
-DiTBlockImpl::DiTBlockImpl(int64_t d, const vision::MoHAttentionOptions& attn_options, double mlp_ratio) : dim(d) {
-  attn = register_module("attn", vision::MoHAttention(attn_options));
+DiTBlockImpl::DiTBlockImpl(int64_t d, const nn::MoHAttentionOptions& attn_options, double mlp_ratio) : dim(d) {
+  attn = register_module("attn", nn::MoHAttention(attn_options));
   mlp = register_module("mlp", Mlp(d, static_cast<int64_t>(d * mlp_ratio)));
-  adaLN_modulation = register_module("adaLN_modulation", nn::Sequential(nn::SiLU(), vision::Linear(d, 6 * d)));
+  adaLN_modulation =
+      register_module("adaLN_modulation", torch::nn::Sequential(torch::nn::SiLU(), nn::Linear(d, 6 * d)));
 }
 
 DiTOutput DiTBlockImpl::forward(const at::Tensor& x, const at::Tensor& c) {
@@ -149,8 +148,9 @@ DiTOutput DiTBlockImpl::forward(const at::Tensor& x, const at::Tensor& c) {
 }
 
 FinalLayerImpl::FinalLayerImpl(int64_t d, int64_t patch, int64_t out_channels) : dim(d) {
-  linear = register_module("linear", vision::Linear(d, patch * patch * out_channels));
-  adaLN_modulation = register_module("adaLN_modulation", nn::Sequential(nn::SiLU(), vision::Linear(d, 2 * d)));
+  linear = register_module("linear", nn::Linear(d, patch * patch * out_channels));
+  adaLN_modulation =
+      register_module("adaLN_modulation", torch::nn::Sequential(torch::nn::SiLU(), nn::Linear(d, 2 * d)));
 }
 
 at::Tensor FinalLayerImpl::forward(const at::Tensor& x, const at::Tensor& c) {
@@ -177,7 +177,7 @@ DiTImpl::DiTImpl(const DiTOptions& o) : options(o) {
   t_embedder = register_module("t_embedder", TimestepEmbedder(D, kFrequencyDim));
   y_embedder = register_module("y_embedder", LabelEmbedder(o.num_classes, D, o.class_dropout_prob));
   pos_embed = register_parameter("pos_embed", at::zeros({1, o.num_patches(), D}), /*requires_grad=*/false);
-  blocks = register_module("blocks", nn::ModuleList());
+  blocks = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < o.depth; ++i) blocks->push_back(DiTBlock(D, o.layer(i), o.mlp_ratio));
   final_layer = register_module("final_layer", FinalLayer(D, o.patch_size, o.out_channels()));
   initialize_weights();
@@ -186,22 +186,22 @@ DiTImpl::DiTImpl(const DiTOptions& o) : options(o) {
 void DiTImpl::initialize_weights() {
   torch::NoGradGuard ng;
   for (auto& m : modules(/*include_self=*/false)) {
-    if (auto* lin = m->as<vision::Linear>()) {
-      nn::init::xavier_uniform_(lin->weight);
-      if (lin->bias.defined()) nn::init::zeros_(lin->bias);
+    if (auto* lin = m->as<nn::Linear>()) {
+      torch::nn::init::xavier_uniform_(lin->weight);
+      if (lin->bias.defined()) torch::nn::init::zeros_(lin->bias);
     }
   }
   pos_embed.copy_(sincos_pos_embed_2d(options.hidden_size, options.grid_size()).to(at::kFloat).unsqueeze(0));
   auto& w = x_embedder->proj->weight;
-  nn::init::xavier_uniform_(w.view({w.size(0), -1}));
-  nn::init::zeros_(x_embedder->proj->bias);
-  nn::init::normal_(y_embedder->embedding_table->weight, 0.0, kEmbedInitStd);
-  nn::init::normal_(t_embedder->mlp[0]->as<vision::Linear>()->weight, 0.0, kEmbedInitStd);
-  nn::init::normal_(t_embedder->mlp[2]->as<vision::Linear>()->weight, 0.0, kEmbedInitStd);
-  auto zero_linear = [](const std::shared_ptr<nn::Module>& m) {
-    auto* l = m->as<vision::Linear>();
-    nn::init::zeros_(l->weight);
-    nn::init::zeros_(l->bias);
+  torch::nn::init::xavier_uniform_(w.view({w.size(0), -1}));
+  torch::nn::init::zeros_(x_embedder->proj->bias);
+  torch::nn::init::normal_(y_embedder->embedding_table->weight, 0.0, kEmbedInitStd);
+  torch::nn::init::normal_(t_embedder->mlp[0]->as<nn::Linear>()->weight, 0.0, kEmbedInitStd);
+  torch::nn::init::normal_(t_embedder->mlp[2]->as<nn::Linear>()->weight, 0.0, kEmbedInitStd);
+  auto zero_linear = [](const std::shared_ptr<torch::nn::Module>& m) {
+    auto* l = m->as<nn::Linear>();
+    torch::nn::init::zeros_(l->weight);
+    torch::nn::init::zeros_(l->bias);
   };
   for (auto& b : *blocks) zero_linear(b->as<DiTBlockImpl>()->adaLN_modulation[1]);
   zero_linear(final_layer->adaLN_modulation[1]);

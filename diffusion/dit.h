@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "core/safetensors.h"
-#include "vision/linear.h"
-#include "vision/moh_attention.h"
+#include "vision/nn/linear.h"
+#include "vision/nn/moh_attention.h"
 
 namespace moh::diffusion {
 
@@ -47,7 +47,7 @@ struct DiTOptions {
   int64_t grid_size() const { return input_size / patch_size; }
   int64_t num_patches() const { return grid_size() * grid_size(); }
   /// Attention options of layer i (heads, head_dim, MoH split).
-  vision::MoHAttentionOptions layer(int64_t i) const;
+  nn::MoHAttentionOptions layer(int64_t i) const;
   /// Σ active heads / Σ heads over layers (how the paper counts "activated heads").
   double active_ratio() const;
   /// Number of layers whose attention routes heads (MoH with K > 0).
@@ -60,7 +60,7 @@ struct DiTOptions {
 struct MlpImpl : torch::nn::Module {
   MlpImpl(int64_t dim, int64_t hidden);
   at::Tensor forward(const at::Tensor& x);
-  vision::Linear fc1{nullptr}, fc2{nullptr};
+  nn::Linear fc1{nullptr}, fc2{nullptr};
 };
 TORCH_MODULE(Mlp);
 
@@ -102,9 +102,9 @@ struct DiTOutput {
 
 /// adaLN-Zero transformer block.
 struct DiTBlockImpl : torch::nn::Module {
-  DiTBlockImpl(int64_t dim, const vision::MoHAttentionOptions& attn, double mlp_ratio);
+  DiTBlockImpl(int64_t dim, const nn::MoHAttentionOptions& attn, double mlp_ratio);
   DiTOutput forward(const at::Tensor& x, const at::Tensor& c);
-  vision::MoHAttention attn{nullptr};
+  nn::MoHAttention attn{nullptr};
   Mlp mlp{nullptr};
   torch::nn::Sequential adaLN_modulation{nullptr};
   int64_t dim;
@@ -115,7 +115,7 @@ TORCH_MODULE(DiTBlock);
 struct FinalLayerImpl : torch::nn::Module {
   FinalLayerImpl(int64_t dim, int64_t patch, int64_t out_channels);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& c);
-  vision::Linear linear{nullptr};
+  nn::Linear linear{nullptr};
   torch::nn::Sequential adaLN_modulation{nullptr};
   int64_t dim;
 };

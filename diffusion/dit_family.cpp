@@ -11,7 +11,7 @@
 #include "diffusion/dit.h"
 #include "diffusion/dit_experiment.h"
 #include "diffusion/sd_vae.h"
-#include "vision/attention_core.h"
+#include "vision/nn/attention_core.h"
 
 namespace moh::diffusion {
 
@@ -84,19 +84,17 @@ std::string path_rows(const std::string& name, int64_t image_px, int64_t latent_
   const int64_t tokens = o.num_patches();
   std::string rows;
   for (int64_t i = 0; i < o.depth;) {
-    const vision::MoHAttentionOptions a = o.layer(i);
+    const nn::MoHAttentionOptions a = o.layer(i);
     int64_t j = i + 1;
     while (j < o.depth && o.layer(j).num_heads == a.num_heads && o.layer(j).active_heads() == a.active_heads()) ++j;
     const double active = static_cast<double>(a.active_heads()) / static_cast<double>(a.num_heads);
-    const auto word = [&](vision::PathTarget target) {
-      return path_word(vision::auto_attention_path(active, tokens, target));
-    };
+    const auto word = [&](nn::PathTarget target) { return path_word(nn::auto_attention_path(active, tokens, target)); };
     char line[256];
     std::snprintf(line, sizeof line, "| %s | %lld px, %lld tokens | %lld–%lld | %lld of %lld (%.2f) | %s | %s | %s |\n",
                   name.c_str(), static_cast<long long>(image_px), static_cast<long long>(tokens),
                   static_cast<long long>(i), static_cast<long long>(j - 1), static_cast<long long>(a.active_heads()),
-                  static_cast<long long>(a.num_heads), active, word(vision::PathTarget::cpu_libtorch2).c_str(),
-                  word(vision::PathTarget::cpu_libtorch1).c_str(), word(vision::PathTarget::cuda).c_str());
+                  static_cast<long long>(a.num_heads), active, word(nn::PathTarget::cpu_libtorch2).c_str(),
+                  word(nn::PathTarget::cpu_libtorch1).c_str(), word(nn::PathTarget::cuda).c_str());
     rows += line;
     i = j;
   }

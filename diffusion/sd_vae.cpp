@@ -7,20 +7,18 @@
 #include "core/checkpoint.h"
 #include "core/error.h"
 #include "core/torch_file.h"
-#include "vision/attention_core.h"
+#include "vision/nn/attention_core.h"
 
 namespace moh::diffusion {
 
-namespace nn = torch::nn;
-
 namespace {
 
-nn::GroupNorm group_norm(int64_t channels) {
-  return nn::GroupNorm(nn::GroupNormOptions(kSdVaeGroups, channels).eps(kSdVaeNormEps));
+torch::nn::GroupNorm group_norm(int64_t channels) {
+  return torch::nn::GroupNorm(torch::nn::GroupNormOptions(kSdVaeGroups, channels).eps(kSdVaeNormEps));
 }
 
-nn::Conv2d conv(int64_t in, int64_t out, int64_t k, int64_t stride = 1, int64_t pad = -1) {
-  return nn::Conv2d(nn::Conv2dOptions(in, out, k).stride(stride).padding(pad < 0 ? k / 2 : pad));
+torch::nn::Conv2d conv(int64_t in, int64_t out, int64_t k, int64_t stride = 1, int64_t pad = -1) {
+  return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, k).stride(stride).padding(pad < 0 ? k / 2 : pad));
 }
 
 }  // namespace
@@ -41,10 +39,10 @@ at::Tensor ResnetBlock2DImpl::forward(const at::Tensor& x) {
 
 VaeAttentionImpl::VaeAttentionImpl(int64_t c) {
   group_norm = register_module("group_norm", moh::diffusion::group_norm(c));
-  to_q = register_module("to_q", vision::Linear(c, c));
-  to_k = register_module("to_k", vision::Linear(c, c));
-  to_v = register_module("to_v", vision::Linear(c, c));
-  to_out = register_module("to_out", nn::ModuleList(vision::Linear(c, c)));
+  to_q = register_module("to_q", nn::Linear(c, c));
+  to_k = register_module("to_k", nn::Linear(c, c));
+  to_v = register_module("to_v", nn::Linear(c, c));
+  to_out = register_module("to_out", torch::nn::ModuleList(nn::Linear(c, c)));
 }
 
 at::Tensor VaeAttentionImpl::forward(const at::Tensor& x) {
@@ -56,15 +54,15 @@ at::Tensor VaeAttentionImpl::forward(const at::Tensor& x) {
   // One head of width C, scale 1/√C.
   const double scale = 1.0 / std::sqrt(static_cast<double>(C));
   at::Tensor a;  // (B, HW, C)
-  if (vision::kFusedAttentionAvailable) {
+  if (nn::kFusedAttentionAvailable) {
     // LibTorch ≥ 2.1: scaled_dot_product_attention on (B, 1, HW, C), what diffusers' AttnProcessor2_0 runs under
     // torch 2 (the same kernel, so the same rounding; memory-efficient at 256 px, where HW = 1024).
-    a = vision::attend(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), scale, {}, true).squeeze(1);
+    a = nn::attend(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), scale, {}, true).squeeze(1);
   } else {  // diffusers' classic AttnProcessor: softmax upcast to fp32 (upcast_softmax)
     const at::Tensor scores = at::matmul(q, k.transpose(1, 2)) * scale;  // (B, HW, HW)
     a = at::matmul(scores.to(at::kFloat).softmax(-1).to(q.scalar_type()), v);
   }
-  at::Tensor out = to_out[0]->as<vision::Linear>()->forward(a);  // (B, HW, C)
+  at::Tensor out = to_out[0]->as<nn::Linear>()->forward(a);  // (B, HW, C)
   return out.transpose(1, 2).reshape({B, C, H, W}) + x;
 }
 
@@ -85,10 +83,10 @@ at::Tensor Upsample2DImpl::forward(const at::Tensor& x) {
 }
 
 VaeBlockImpl::VaeBlockImpl(int64_t in, int64_t out, int64_t layers, bool up, bool resample) {
-  resnets = register_module("resnets", nn::ModuleList());
+  resnets = register_module("resnets", torch::nn::ModuleList());
   for (int64_t i = 0; i < layers; ++i) resnets->push_back(ResnetBlock2D(i == 0 ? in : out, out));
-  if (resample && up) upsamplers = register_module("upsamplers", nn::ModuleList(Upsample2D(out)));
-  if (resample && !up) downsamplers = register_module("downsamplers", nn::ModuleList(Downsample2D(out)));
+  if (resample && up) upsamplers = register_module("upsamplers", torch::nn::ModuleList(Upsample2D(out)));
+  if (resample && !up) downsamplers = register_module("downsamplers", torch::nn::ModuleList(Downsample2D(out)));
 }
 
 at::Tensor VaeBlockImpl::forward(const at::Tensor& input) {
@@ -100,8 +98,8 @@ at::Tensor VaeBlockImpl::forward(const at::Tensor& input) {
 }
 
 VaeMidBlockImpl::VaeMidBlockImpl(int64_t c) {
-  resnets = register_module("resnets", nn::ModuleList(ResnetBlock2D(c, c), ResnetBlock2D(c, c)));
-  attentions = register_module("attentions", nn::ModuleList(VaeAttention(c)));
+  resnets = register_module("resnets", torch::nn::ModuleList(ResnetBlock2D(c, c), ResnetBlock2D(c, c)));
+  attentions = register_module("attentions", torch::nn::ModuleList(VaeAttention(c)));
 }
 
 at::Tensor VaeMidBlockImpl::forward(const at::Tensor& x) {
@@ -113,7 +111,7 @@ at::Tensor VaeMidBlockImpl::forward(const at::Tensor& x) {
 VaeEncoderImpl::VaeEncoderImpl(const SdVaeOptions& o) {
   const auto& ch = o.block_out_channels;
   conv_in = register_module("conv_in", conv(o.in_channels, ch[0], 3));
-  down_blocks = register_module("down_blocks", nn::ModuleList());
+  down_blocks = register_module("down_blocks", torch::nn::ModuleList());
   for (size_t i = 0; i < ch.size(); ++i)
     down_blocks->push_back(VaeBlock(i == 0 ? ch[0] : ch[i - 1], ch[i], o.layers_per_block, false, i + 1 < ch.size()));
   mid_block = register_module("mid_block", VaeMidBlock(ch.back()));
@@ -132,7 +130,7 @@ VaeDecoderImpl::VaeDecoderImpl(const SdVaeOptions& o) {
   std::vector<int64_t> ch(o.block_out_channels.rbegin(), o.block_out_channels.rend());  // 512, 512, 256, 128
   conv_in = register_module("conv_in", conv(o.latent_channels, ch[0], 3));
   mid_block = register_module("mid_block", VaeMidBlock(ch[0]));
-  up_blocks = register_module("up_blocks", nn::ModuleList());
+  up_blocks = register_module("up_blocks", torch::nn::ModuleList());
   for (size_t i = 0; i < ch.size(); ++i)
     up_blocks->push_back(VaeBlock(i == 0 ? ch[0] : ch[i - 1], ch[i], o.layers_per_block + 1, true, i + 1 < ch.size()));
   conv_norm_out = register_module("conv_norm_out", group_norm(ch.back()));

@@ -14,7 +14,7 @@
 #include <string>
 
 #include "core/safetensors.h"
-#include "vision/linear.h"
+#include "vision/nn/linear.h"
 
 namespace moh::diffusion {
 
@@ -49,7 +49,7 @@ struct VaeAttentionImpl : torch::nn::Module {
   explicit VaeAttentionImpl(int64_t channels);
   at::Tensor forward(const at::Tensor& x);
   torch::nn::GroupNorm group_norm{nullptr};
-  vision::Linear to_q{nullptr}, to_k{nullptr}, to_v{nullptr};
+  nn::Linear to_q{nullptr}, to_k{nullptr}, to_v{nullptr};
   torch::nn::ModuleList to_out{nullptr};  ///< [Linear] (diffusers keeps a dropout at index 1)
 };
 TORCH_MODULE(VaeAttention);

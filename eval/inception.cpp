@@ -11,8 +11,6 @@
 
 namespace moh::eval {
 
-namespace nn = torch::nn;
-
 namespace {
 
 // TF's average pool ignores padded zeros (pytorch-fid: count_include_pad=False).
@@ -36,11 +34,11 @@ BasicConv2d basic_conv(int64_t in, int64_t out, std::array<int64_t, 2> kernel, s
 
 BasicConv2dImpl::BasicConv2dImpl(int64_t in, int64_t out, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
                                  std::array<int64_t, 2> padding) {
-  conv = register_module("conv", nn::Conv2d(nn::Conv2dOptions(in, out, {kernel[0], kernel[1]})
-                                                .stride({stride[0], stride[1]})
-                                                .padding({padding[0], padding[1]})
-                                                .bias(false)));
-  bn = register_module("bn", nn::BatchNorm2d(nn::BatchNorm2dOptions(out).eps(kInceptionBnEps)));
+  conv = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, {kernel[0], kernel[1]})
+                                                       .stride({stride[0], stride[1]})
+                                                       .padding({padding[0], padding[1]})
+                                                       .bias(false)));
+  bn = register_module("bn", torch::nn::BatchNorm2d(torch::nn::BatchNorm2dOptions(out).eps(kInceptionBnEps)));
 }
 
 at::Tensor BasicConv2dImpl::forward(const at::Tensor& x) {
@@ -155,7 +153,7 @@ FIDInceptionV3Impl::FIDInceptionV3Impl() {
   Mixed_7a = register_module("Mixed_7a", InceptionD(768));
   Mixed_7b = register_module("Mixed_7b", InceptionE(1280, false));
   Mixed_7c = register_module("Mixed_7c", InceptionE(2048, true));
-  fc = register_module("fc", vision::Linear(kInceptionPoolDim, kInceptionClasses));
+  fc = register_module("fc", nn::Linear(kInceptionPoolDim, kInceptionClasses));
 }
 
 InceptionFeatures FIDInceptionV3Impl::forward(const at::Tensor& input) {

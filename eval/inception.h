@@ -11,7 +11,7 @@
 
 #include <string>
 
-#include "vision/linear.h"
+#include "vision/nn/linear.h"
 
 namespace moh::eval {
 
@@ -113,7 +113,7 @@ struct FIDInceptionV3Impl : torch::nn::Module {
   InceptionC Mixed_6b{nullptr}, Mixed_6c{nullptr}, Mixed_6d{nullptr}, Mixed_6e{nullptr};
   InceptionD Mixed_7a{nullptr};
   InceptionE Mixed_7b{nullptr}, Mixed_7c{nullptr};
-  vision::Linear fc{nullptr};
+  nn::Linear fc{nullptr};
 };
 TORCH_MODULE(FIDInceptionV3);
 

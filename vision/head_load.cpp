@@ -27,7 +27,7 @@ std::vector<double> to_vector(const at::Tensor& t) {
 
 HeadLoadStats::HeadLoadStats(const TransNeXtOptions& model, int64_t num_classes) : classes_(num_classes) {
   for (int64_t s = 0; s < 4; ++s) {
-    const MoHAttentionOptions a = model.stage_attention(s);
+    const nn::MoHAttentionOptions a = model.stage_attention(s);
     for (int64_t j = 0; j < model.depths[s]; ++j) {
       Layer l;
       l.name = "stage" + std::to_string(s + 1) + ".block" + std::to_string(j);

@@ -14,8 +14,6 @@
 
 namespace moh::vision {
 
-namespace nn = torch::nn;
-
 namespace {
 constexpr double kBlockNormEps = 1e-6;     // block and stage LayerNorms
 constexpr double kEmbedNormEps = 1e-5;     // patch-embed and pool LayerNorms (PyTorch default)
@@ -26,14 +24,14 @@ constexpr double kLocalBiasStd = 0.0004;
 constexpr int64_t kCpbHidden = 512;
 constexpr int64_t kWindow = 3, kWindowArea = kWindow * kWindow;
 constexpr double kCpbLogBase = 8.0;
-// Sparse path buckets (vision/attention_core.h: bucket_pairs): shared groups and routed ones near that size share the
-// first bucket, the other routed groups the second.
+// Sparse path buckets (vision/nn/attention_core.h: bucket_pairs): shared groups and routed ones near that size share
+// the first bucket, the other routed groups the second.
 constexpr double kBucketFill = 0.75;
 constexpr int kMaxBuckets = 2;
 
 // LayerNorm in its parameters' dtype (fp32): under CPU autocast LibTorch 1.13 hands layer_norm a bf16 input with fp32
 // weights and fails; CUDA autocast runs layer_norm in fp32 anyway.
-at::Tensor ln(nn::LayerNorm m, const at::Tensor& x) {
+at::Tensor ln(torch::nn::LayerNorm m, const at::Tensor& x) {
   return m->forward(x.to(m->weight.scalar_type()));
 }
 
@@ -55,8 +53,8 @@ at::Tensor drop_path(const at::Tensor& x, double p, bool training) {
   return x * at::empty(shape, x.options()).bernoulli_(keep) / keep;  // timm DropPath: per-sample, scaled
 }
 
-at::Tensor cpb_bias(vision::Linear fc1, vision::Linear fc2, const at::Tensor& table, const at::Tensor& index,
-                    int64_t heads, int64_t nq, int64_t nk) {
+at::Tensor cpb_bias(nn::Linear fc1, nn::Linear fc2, const at::Tensor& table, const at::Tensor& index, int64_t heads,
+                    int64_t nq, int64_t nk) {
   at::Tensor b = fc2->forward(at::relu(fc1->forward(table)));  // (T, h)
   return b.t().index_select(1, index).view({heads, nq, nk});   // (h, Nq, Nk)
 }
@@ -71,8 +69,8 @@ int64_t TransNeXtOptions::pretrain_stage_size(int64_t i) const {
   return (pretrain_size > 0 ? pretrain_size : img_size) / (patch_size << i);
 }
 
-MoHAttentionOptions TransNeXtOptions::stage_attention(int64_t i) const {
-  MoHAttentionOptions o(embed_dims[i], num_heads[i]);
+nn::MoHAttentionOptions TransNeXtOptions::stage_attention(int64_t i) const {
+  nn::MoHAttentionOptions o(embed_dims[i], num_heads[i]);
   o.qkv_bias = qkv_bias;
   o.path = attention_path;
   if (attention[i] == AttentionMode::moh)
@@ -142,29 +140,30 @@ std::pair<at::Tensor, at::Tensor> relative_position_cpb(int64_t qh, int64_t qw, 
 
 // ---- attention ---------------------------------------------------------------------------------------------------
 
-TransNeXtAttentionImpl::TransNeXtAttentionImpl(const MoHAttentionOptions& o, int64_t height, int64_t width, int64_t sr_)
+TransNeXtAttentionImpl::TransNeXtAttentionImpl(const nn::MoHAttentionOptions& o, int64_t height, int64_t width,
+                                               int64_t sr_)
     : options(o), H(height), W(width), sr_ratio(sr_), aggregated(sr_ > 1) {
   options.validate();
   const int64_t C = o.dim, h = o.num_heads, d = o.head_dim_resolved(), N = H * W;
   TORCH_CHECK(h * d == C, "TransNeXt attention needs head_dim · heads == dim");
   if (aggregated) {
-    q = register_module("q", vision::Linear(nn::LinearOptions(C, C).bias(o.qkv_bias)));
-    kv = register_module("kv", vision::Linear(nn::LinearOptions(C, 2 * C).bias(o.qkv_bias)));
+    q = register_module("q", nn::Linear(torch::nn::LinearOptions(C, C).bias(o.qkv_bias)));
+    kv = register_module("kv", nn::Linear(torch::nn::LinearOptions(C, 2 * C).bias(o.qkv_bias)));
   } else {
-    qkv = register_module("qkv", vision::Linear(nn::LinearOptions(C, 3 * C).bias(o.qkv_bias)));
+    qkv = register_module("qkv", nn::Linear(torch::nn::LinearOptions(C, 3 * C).bias(o.qkv_bias)));
   }
-  proj = register_module("proj", vision::Linear(C, C));
+  proj = register_module("proj", nn::Linear(C, C));
   temperature =
       register_parameter("temperature", at::full({h, 1, 1}, std::log(std::exp(1.0 / kInitTemperature) - 1.0)));
   query_embedding = register_parameter("query_embedding", at::empty({h, 1, d}));
   trunc_normal_(query_embedding, kTruncStd);
-  cpb_fc1 = register_module("cpb_fc1", vision::Linear(2, kCpbHidden));
-  cpb_fc2 = register_module("cpb_fc2", vision::Linear(kCpbHidden, h));
+  cpb_fc1 = register_module("cpb_fc1", nn::Linear(2, kCpbHidden));
+  cpb_fc2 = register_module("cpb_fc2", nn::Linear(kCpbHidden, h));
   if (aggregated) {
     pool_h = H / sr_ratio;
     pool_w = W / sr_ratio;
-    sr = register_module("sr", nn::Conv2d(nn::Conv2dOptions(C, C, 1)));
-    norm = register_module("norm", nn::LayerNorm(nn::LayerNormOptions({C}).eps(kEmbedNormEps)));
+    sr = register_module("sr", torch::nn::Conv2d(torch::nn::Conv2dOptions(C, C, 1)));
+    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({C}).eps(kEmbedNormEps)));
     relative_pos_bias_local = register_parameter("relative_pos_bias_local", at::empty({h, kWindowArea}));
     trunc_normal_(relative_pos_bias_local, kLocalBiasStd);
     learnable_tokens = register_parameter("learnable_tokens", at::empty({h, d, kWindowArea}));
@@ -183,27 +182,27 @@ TransNeXtAttentionImpl::TransNeXtAttentionImpl(const MoHAttentionOptions& o, int
   } else {
     seq_length_scale = at::full({1}, std::log(static_cast<double>(N)));
   }
-  router = HeadRouter(*this, o);
+  router = nn::HeadRouter(*this, o);
 }
 
-AttentionOutput TransNeXtAttentionImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& i) {
+nn::AttentionOutput TransNeXtAttentionImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& i) {
   return run(x, t, i, false);
 }
-AttentionOutput TransNeXtAttentionImpl::forward_reference(const at::Tensor& x, const at::Tensor& t,
-                                                          const at::Tensor& i) {
+nn::AttentionOutput TransNeXtAttentionImpl::forward_reference(const at::Tensor& x, const at::Tensor& t,
+                                                              const at::Tensor& i) {
   return run(x, t, i, true);
 }
 
-AttentionOutput TransNeXtAttentionImpl::run(const at::Tensor& x, const at::Tensor& table, const at::Tensor& index,
-                                            bool reference) {
+nn::AttentionOutput TransNeXtAttentionImpl::run(const at::Tensor& x, const at::Tensor& table, const at::Tensor& index,
+                                                bool reference) {
   const int64_t B = x.size(0), N = x.size(1), C = x.size(2);
   const int64_t h = options.num_heads, d = C / h;
   TORCH_CHECK(N == H * W, "TransNeXt attention built for ", H, "x", W, " tokens, got ", N,
               " (the model's img_size must equal the input size)");
   const at::Tensor len_scale = seq_length_scale.to(x.device(), x.scalar_type());
   const at::Tensor tau = at::softplus(temperature);  // (h, 1, 1)
-  AttentionOutput out;
-  HeadRouting routing;
+  nn::AttentionOutput out;
+  nn::HeadRouting routing;
   if (options.mode != AttentionMode::mha) routing = router.route(x.reshape({B * N, C}), is_training());
   out.aux_loss = routing.aux_loss;
   out.routed = routing.routed;
@@ -304,12 +303,12 @@ at::Tensor TransNeXtAttentionImpl::pooled_kv(const at::Tensor& x) {
 // outside the map (what unfold's zero padding gives the dense path).
 at::Tensor TransNeXtAttentionImpl::mix_sparse(const at::Tensor& x, const at::Tensor& tau, const at::Tensor& len_scale,
                                               const at::Tensor& table, const at::Tensor& index,
-                                              const HeadRouting& routing) {
+                                              const nn::HeadRouting& routing) {
   const int64_t B = x.size(0), N = x.size(1), C = x.size(2), h = options.num_heads, d = C / h, T = B * N;
   const at::Device dev = x.device();
   // Queries of every (token, head) by one product: gathering the input rows per pair instead would move C values
   // per pair (more than the d of a query) and a per-group copy of the head's weights, in both directions.
-  const vision::Linear& q_lin = aggregated ? q : qkv;  // query rows [0, C), head-major
+  const nn::Linear& q_lin = aggregated ? q : qkv;  // query rows [0, C), head-major
   const at::Tensor q_rows =
       at::linear(x, q_lin->weight.narrow(0, 0, C), q_lin->bias.defined() ? q_lin->bias.narrow(0, 0, C) : at::Tensor())
           .reshape({T * h, d});        // row (b·N + n)·h + head
@@ -339,7 +338,8 @@ at::Tensor TransNeXtAttentionImpl::mix_sparse(const at::Tensor& x, const at::Ten
 
   // Two buckets at most: every gather's backward adds into a zero tensor the size of its source, once per bucket,
   // which costs more than padding the routed groups to their largest count (shared groups hold every token).
-  for (const PairBucket& bk : bucket_pairs(routing.routed, B, N, h, router.shared, true, kBucketFill, kMaxBuckets)) {
+  for (const nn::PairBucket& bk :
+       nn::bucket_pairs(routing.routed, B, N, h, router.shared, true, kBucketFill, kMaxBuckets)) {
     const int64_t Gb = bk.groups, M = bk.rows;
     const at::Tensor& hidx = bk.head;                                                  // (Gb)
     const at::Tensor gidx = bk.batch * h + bk.head;                                    // (Gb) rows of keys / values
@@ -379,7 +379,7 @@ at::Tensor TransNeXtAttentionImpl::mix_sparse(const at::Tensor& x, const at::Ten
 // ---- MLP, block, embed ---------------------------------------------------------------------------------------------
 
 DWConvImpl::DWConvImpl(int64_t dim) {
-  dwconv = register_module("dwconv", nn::Conv2d(nn::Conv2dOptions(dim, dim, 3).padding(1).groups(dim)));
+  dwconv = register_module("dwconv", torch::nn::Conv2d(torch::nn::Conv2dOptions(dim, dim, 3).padding(1).groups(dim)));
 }
 at::Tensor DWConvImpl::forward(const at::Tensor& x, int64_t H, int64_t W) {
   const int64_t B = x.size(0), N = x.size(1), C = x.size(2);
@@ -389,36 +389,36 @@ at::Tensor DWConvImpl::forward(const at::Tensor& x, int64_t H, int64_t W) {
 
 ConvolutionalGLUImpl::ConvolutionalGLUImpl(int64_t dim, int64_t hidden) {
   const int64_t hf = static_cast<int64_t>(2 * hidden / 3);
-  fc1 = register_module("fc1", vision::Linear(dim, 2 * hf));
+  fc1 = register_module("fc1", nn::Linear(dim, 2 * hf));
   dwconv = register_module("dwconv", DWConv(hf));
-  fc2 = register_module("fc2", vision::Linear(hf, dim));
+  fc2 = register_module("fc2", nn::Linear(hf, dim));
 }
 at::Tensor ConvolutionalGLUImpl::forward(const at::Tensor& x, int64_t H, int64_t W) {
   auto gv = fc1->forward(x).chunk(2, -1);  // first half gates
   return fc2->forward(at::gelu(dwconv->forward(gv[0], H, W)) * gv[1]);
 }
 
-TransNeXtBlockImpl::TransNeXtBlockImpl(const MoHAttentionOptions& heads, int64_t height, int64_t width,
+TransNeXtBlockImpl::TransNeXtBlockImpl(const nn::MoHAttentionOptions& heads, int64_t height, int64_t width,
                                        int64_t sr_ratio, int64_t mlp_ratio, double dp)
     : drop_path(dp), H(height), W(width) {
   const int64_t C = heads.dim;
-  norm1 = register_module("norm1", nn::LayerNorm(nn::LayerNormOptions({C}).eps(kBlockNormEps)));
+  norm1 = register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({C}).eps(kBlockNormEps)));
   attn = register_module("attn", TransNeXtAttention(heads, height, width, sr_ratio));
-  norm2 = register_module("norm2", nn::LayerNorm(nn::LayerNormOptions({C}).eps(kBlockNormEps)));
+  norm2 = register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({C}).eps(kBlockNormEps)));
   mlp = register_module("mlp", ConvolutionalGLU(C, C * mlp_ratio));
 }
 
-AttentionOutput TransNeXtBlockImpl::forward(const at::Tensor& x, const at::Tensor& table, const at::Tensor& index) {
-  AttentionOutput a = attn->forward(ln(norm1, x), table, index);
+nn::AttentionOutput TransNeXtBlockImpl::forward(const at::Tensor& x, const at::Tensor& table, const at::Tensor& index) {
+  nn::AttentionOutput a = attn->forward(ln(norm1, x), table, index);
   at::Tensor y = x + ::moh::vision::drop_path(a.out, drop_path, is_training());
   a.out = y + ::moh::vision::drop_path(mlp->forward(ln(norm2, y), H, W), drop_path, is_training());
   return a;
 }
 
 OverlapPatchEmbedImpl::OverlapPatchEmbedImpl(int64_t in_chans, int64_t dim, int64_t kernel, int64_t stride) {
-  proj =
-      register_module("proj", nn::Conv2d(nn::Conv2dOptions(in_chans, dim, kernel).stride(stride).padding(kernel / 2)));
-  norm = register_module("norm", nn::LayerNorm(nn::LayerNormOptions({dim}).eps(kEmbedNormEps)));
+  proj = register_module(
+      "proj", torch::nn::Conv2d(torch::nn::Conv2dOptions(in_chans, dim, kernel).stride(stride).padding(kernel / 2)));
+  norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).eps(kEmbedNormEps)));
 }
 at::Tensor OverlapPatchEmbedImpl::forward(const at::Tensor& x) {
   return ln(norm, proj->forward(x).flatten(2).transpose(1, 2));  // (B, N, D)
@@ -438,33 +438,34 @@ TransNeXtImpl::TransNeXtImpl(const TransNeXtOptions& o) : options(o) {
     const int64_t kernel = i == 0 ? 2 * o.patch_size - 1 : 3, stride = i == 0 ? o.patch_size : 2;
     patch_embed[i] = register_module("patch_embed" + s, OverlapPatchEmbed(in, o.embed_dims[i], kernel, stride));
     const int64_t side = o.stage_size(i);
-    block[i] = register_module("block" + s, nn::ModuleList());
+    block[i] = register_module("block" + s, torch::nn::ModuleList());
     for (int64_t j = 0; j < o.depths[i]; ++j)
       block[i]->push_back(
           TransNeXtBlock(o.stage_attention(i), side, side, o.sr_ratios[i], o.mlp_ratios[i], dpr[cur++]));
-    norm[i] = register_module("norm" + s, nn::LayerNorm(nn::LayerNormOptions({o.embed_dims[i]}).eps(kBlockNormEps)));
+    norm[i] = register_module("norm" + s,
+                              torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.embed_dims[i]}).eps(kBlockNormEps)));
     const int64_t pool = o.sr_ratios[i] > 1 ? side / o.sr_ratios[i] : side;
     const int64_t pre = o.pretrain_stage_size(i);
     std::tie(cpb_table[i], cpb_index[i]) = relative_position_cpb(side, side, pool, pool, pre, pre);
   }
-  head = register_module("head", vision::Linear(o.embed_dims[3], o.num_classes));
+  head = register_module("head", nn::Linear(o.embed_dims[3], o.num_classes));
   initialize_weights();
 }
 
 void TransNeXtImpl::initialize_weights() {
   torch::NoGradGuard ng;
   for (auto& m : modules(/*include_self=*/false)) {
-    if (auto* lin = m->as<vision::Linear>()) {
+    if (auto* lin = m->as<nn::Linear>()) {
       trunc_normal_(lin->weight, kTruncStd);
       if (lin->bias.defined()) lin->bias.zero_();
-    } else if (auto* conv = m->as<nn::Conv2d>()) {
+    } else if (auto* conv = m->as<torch::nn::Conv2d>()) {
       const auto& co = conv->options;
       const double fan_out =
           static_cast<double>(co.kernel_size()->at(0) * co.kernel_size()->at(1) * co.out_channels()) /
           static_cast<double>(co.groups());
       conv->weight.normal_(0.0, std::sqrt(2.0 / fan_out));
       if (conv->bias.defined()) conv->bias.zero_();
-    } else if (auto* ln = m->as<nn::LayerNorm>()) {
+    } else if (auto* ln = m->as<torch::nn::LayerNorm>()) {
       ln->weight.fill_(1.0);
       ln->bias.zero_();
     }
@@ -480,7 +481,7 @@ ClassifierOutput TransNeXtImpl::forward(const at::Tensor& input) {
     x = patch_embed[i]->forward(x);  // (B, N, C)
     const at::Tensor table = cpb_table[i].to(x.device(), x.scalar_type()), index = cpb_index[i].to(x.device());
     for (auto& m : *block[i]) {
-      AttentionOutput a = m->as<TransNeXtBlockImpl>()->forward(x, table, index);
+      nn::AttentionOutput a = m->as<TransNeXtBlockImpl>()->forward(x, table, index);
       x = a.out;
       out.routed.push_back(a.routed);
       if (a.aux_loss.defined()) {

@@ -3,7 +3,7 @@
 // MoH-ViT (SkyworkAI/MoH MoH-ViT, the same backbone with MoH head routing). Stages 1–3 use aggregated attention (a 3×3
 // sliding window plus pooled keys under one softmax, length-scaled cosine attention with a learnable temperature,
 // query embedding, learnable tokens/bias, log-spaced CPB bias); stage 4 uses full attention with the same machinery.
-// The head routing is the shared HeadRouter of vision/moh_attention.h. Registered names equal the official keys
+// The head routing is the shared HeadRouter of vision/nn/moh_attention.h. Registered names equal the official keys
 // (patch_embed1.proj, block1.0.attn.q, block3.2.attn.wg, block4.0.attn.qkv, block1.0.mlp.dwconv.dwconv, norm4, head).
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
@@ -16,8 +16,8 @@
 #include <utility>
 #include <vector>
 
-#include "vision/linear.h"
-#include "vision/moh_attention.h"
+#include "vision/nn/linear.h"
+#include "vision/nn/moh_attention.h"
 
 namespace moh::vision {
 
@@ -48,7 +48,7 @@ struct TransNeXtOptions {
   int64_t stage_size(int64_t i) const;
   int64_t pretrain_stage_size(int64_t i) const;
   /// Attention options of one block of stage i (dims, heads, MoH split).
-  MoHAttentionOptions stage_attention(int64_t i) const;
+  nn::MoHAttentionOptions stage_attention(int64_t i) const;
   /// Σ active heads / Σ heads over all blocks (the paper's "activated heads").
   double active_ratio() const;
   int64_t routed_layers() const;
@@ -65,32 +65,33 @@ std::pair<at::Tensor, at::Tensor> relative_position_cpb(int64_t q_h, int64_t q_w
 /// Aggregated attention (stages with sr_ratio > 1) or full TransNeXt attention (sr_ratio == 1), with optional MoH/MoA
 /// head routing applied to each head's output before `proj`.
 struct TransNeXtAttentionImpl : torch::nn::Module {
-  TransNeXtAttentionImpl(const MoHAttentionOptions& heads, int64_t height, int64_t width, int64_t sr_ratio);
+  TransNeXtAttentionImpl(const nn::MoHAttentionOptions& heads, int64_t height, int64_t width, int64_t sr_ratio);
   /// x (B, N, C) normalised tokens; the stage's CPB table/index (shared by its blocks).
-  AttentionOutput forward(const at::Tensor& x, const at::Tensor& cpb_table, const at::Tensor& cpb_index);
+  nn::AttentionOutput forward(const at::Tensor& x, const at::Tensor& cpb_table, const at::Tensor& cpb_index);
   /// Neighbour-by-neighbour reference of the local branch, for tests (slow, same math as forward's unfold).
-  AttentionOutput forward_reference(const at::Tensor& x, const at::Tensor& cpb_table, const at::Tensor& cpb_index);
+  nn::AttentionOutput forward_reference(const at::Tensor& x, const at::Tensor& cpb_table, const at::Tensor& cpb_index);
 
-  MoHAttentionOptions options;
+  nn::MoHAttentionOptions options;
   int64_t H, W, sr_ratio, pool_h = 0, pool_w = 0;
   bool aggregated;
-  vision::Linear q{nullptr}, kv{nullptr}, qkv{nullptr}, proj{nullptr}, cpb_fc1{nullptr}, cpb_fc2{nullptr};
+  nn::Linear q{nullptr}, kv{nullptr}, qkv{nullptr}, proj{nullptr}, cpb_fc1{nullptr}, cpb_fc2{nullptr};
   torch::nn::Conv2d sr{nullptr};
   torch::nn::LayerNorm norm{nullptr};
   at::Tensor temperature, query_embedding, relative_pos_bias_local, learnable_tokens, learnable_bias;
   at::Tensor seq_length_scale, padding_mask;  // non-persistent buffers: (N, 1), (N, 9)
   at::Tensor neighbours;                      // (N, 9) token index of each window slot, −1 outside the map
-  HeadRouter router;
+  nn::HeadRouter router;
   /// Dense aggregated path: the 3×3 window through the sliding-window ops (vision/sliding_window_op.h; CPU, and CUDA
   /// with options.fused) rather than im2col + matmul (the official native code's unfold; false = that path).
   bool window_kernels = true;
 
  private:
-  AttentionOutput run(const at::Tensor& x, const at::Tensor& cpb_table, const at::Tensor& cpb_index, bool reference);
+  nn::AttentionOutput run(const at::Tensor& x, const at::Tensor& cpb_table, const at::Tensor& cpb_index,
+                          bool reference);
   at::Tensor pooled_kv(const at::Tensor& x);  // (2, B, h, P, d) pooled keys (not normalised) and values
   /// The sparse path: (B, N, C) gated head outputs, computed for the selected (token, head) pairs only.
   at::Tensor mix_sparse(const at::Tensor& x, const at::Tensor& tau, const at::Tensor& len_scale,
-                        const at::Tensor& cpb_table, const at::Tensor& cpb_index, const HeadRouting& routing);
+                        const at::Tensor& cpb_table, const at::Tensor& cpb_index, const nn::HeadRouting& routing);
 };
 TORCH_MODULE(TransNeXtAttention);
 
@@ -106,16 +107,16 @@ TORCH_MODULE(DWConv);
 struct ConvolutionalGLUImpl : torch::nn::Module {
   ConvolutionalGLUImpl(int64_t dim, int64_t hidden);
   at::Tensor forward(const at::Tensor& x, int64_t H, int64_t W);
-  vision::Linear fc1{nullptr}, fc2{nullptr};
+  nn::Linear fc1{nullptr}, fc2{nullptr};
   DWConv dwconv{nullptr};
 };
 TORCH_MODULE(ConvolutionalGLU);
 
 /// Pre-norm block: x + DropPath(attn(norm1 x)), then x + DropPath(mlp(norm2 x)).
 struct TransNeXtBlockImpl : torch::nn::Module {
-  TransNeXtBlockImpl(const MoHAttentionOptions& heads, int64_t height, int64_t width, int64_t sr_ratio,
+  TransNeXtBlockImpl(const nn::MoHAttentionOptions& heads, int64_t height, int64_t width, int64_t sr_ratio,
                      int64_t mlp_ratio, double drop_path);
-  AttentionOutput forward(const at::Tensor& x, const at::Tensor& cpb_table, const at::Tensor& cpb_index);
+  nn::AttentionOutput forward(const at::Tensor& x, const at::Tensor& cpb_table, const at::Tensor& cpb_index);
   torch::nn::LayerNorm norm1{nullptr}, norm2{nullptr};
   TransNeXtAttention attn{nullptr};
   ConvolutionalGLU mlp{nullptr};
@@ -154,7 +155,7 @@ struct TransNeXtImpl : torch::nn::Module {
   std::array<torch::nn::ModuleList, 4> block{nullptr, nullptr, nullptr, nullptr};
   std::array<torch::nn::LayerNorm, 4> norm{nullptr, nullptr, nullptr, nullptr};
   std::array<at::Tensor, 4> cpb_table, cpb_index;  // per stage, non-persistent
-  vision::Linear head{nullptr};
+  nn::Linear head{nullptr};
 };
 TORCH_MODULE(TransNeXt);
 

@@ -102,7 +102,7 @@ TEST(TransNeXtAttention, AggregatedMatchesNeighbourReference) {
     for (auto mode : {AttentionMode::mha, AttentionMode::moh})
       for (auto [Hm, Wm, sr] : {std::array<int64_t, 3>{8, 6, 2}, std::array<int64_t, 3>{9, 7, 3}}) {
         torch::manual_seed(3);
-        MoHAttentionOptions o(48, 4);
+        nn::MoHAttentionOptions o(48, 4);
         if (mode == AttentionMode::moh) o.moh(1, 2);
         TransNeXtAttention a(o, Hm, Wm, sr);
         {
@@ -158,7 +158,7 @@ TEST(TransNeXtAttention, SparseMatchesDenseForwardAndBackward) {
       SCOPED_TRACE("heads " + std::to_string(c.heads) + " shared " + std::to_string(c.shared) + " topk " +
                    std::to_string(c.topk) + " sr " + std::to_string(c.sr) + (dtype == at::kFloat ? " fp32" : " fp64"));
       torch::manual_seed(11);
-      MoHAttentionOptions o(c.dim, c.heads);
+      nn::MoHAttentionOptions o(c.dim, c.heads);
       if (c.moa) {
         o.moa(c.topk);
       } else {
@@ -240,7 +240,7 @@ TEST(TransNeXtAttention, CudaKernelsMatchReference) {
     GTEST_SKIP() << "no CUDA kernels or no GPU";
   for (auto dtype : {at::kFloat, at::kBFloat16}) {
     torch::manual_seed(5);
-    MoHAttentionOptions o(64, 4);
+    nn::MoHAttentionOptions o(64, 4);
     o.moh(1, 2);
     o.fused = true;
     TransNeXtAttention a(o, 9, 7, 3);  // odd sizes: every border case of the window
@@ -267,7 +267,7 @@ TEST(TransNeXtAttention, CudaKernelsMatchReference) {
 }
 
 TEST(TransNeXtAttention, LengthScaleAndPaddingAtStage1) {
-  TransNeXtAttention a(MoHAttentionOptions(48, 2), 56, 56, 8);  // 224-px stage 1: 56×56, pool 7×7 (P = 49)
+  TransNeXtAttention a(nn::MoHAttentionOptions(48, 2), 56, 56, 8);  // 224-px stage 1: 56×56, pool 7×7 (P = 49)
   EXPECT_NEAR(a->seq_length_scale[57][0].item<double>(), std::log(58.0), 1e-6);  // interior: 9 + 49
   EXPECT_NEAR(a->seq_length_scale[1][0].item<double>(), std::log(55.0), 1e-6);   // top edge: 6 + 49
   EXPECT_NEAR(a->seq_length_scale[0][0].item<double>(), std::log(53.0), 1e-6);   // corner: 4 + 49

@@ -1,13 +1,13 @@
-#include "vision/moh_attention.h"
+#include "vision/nn/moh_attention.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/functional/linear.h>
 
 #include <cmath>
 
-#include "vision/attention_core.h"
+#include "vision/nn/attention_core.h"
 
-namespace moh::vision {
+namespace moh::nn {
 
 namespace {
 // Floor of the top-K renormalisation denominator (official code clamps the sum; it never binds since the K
@@ -176,4 +176,4 @@ AttentionOutput MoHAttentionImpl::forward_with_path(const at::Tensor& x, Attenti
   return out;
 }
 
-}  // namespace moh::vision
+}  // namespace moh::nn

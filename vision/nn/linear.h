@@ -3,7 +3,7 @@
 #include <ATen/ATen.h>
 #include <torch/nn/modules/linear.h>
 
-namespace moh::vision {
+namespace moh::nn {
 
 /// torch::nn::Linear (same parameter names `weight`/`bias`, options and initialisation) whose forward is at::linear,
 /// as Python's nn.Linear. LibTorch's C++ frontend computes a Linear on inputs of 3 or more dims as a matmul followed
@@ -17,4 +17,4 @@ struct LinearImpl : torch::nn::LinearImpl {
 };
 TORCH_MODULE(Linear);
 
-}  // namespace moh::vision
+}  // namespace moh::nn

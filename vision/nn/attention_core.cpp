@@ -1,4 +1,4 @@
-#include "vision/attention_core.h"
+#include "vision/nn/attention_core.h"
 
 #include <torch/version.h>
 
@@ -6,7 +6,7 @@
 #include <numeric>
 #include <vector>
 
-namespace moh::vision {
+namespace moh::nn {
 
 namespace {
 
@@ -224,4 +224,4 @@ at::Tensor mix_heads_sparse(const QuerySource& queries, const at::Tensor& k, con
   return out.narrow(0, 0, T * h).view({B, N, h * d});
 }
 
-}  // namespace moh::vision
+}  // namespace moh::nn

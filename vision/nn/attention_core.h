@@ -5,7 +5,7 @@
 //   sparse — attend only for the (token, head) pairs whose gate is non-zero: the selected queries of each
 //            (batch, head) group are gathered, attend to all keys/values of that head, and are scattered back.
 // Both produce (B, N, h·d) ready for the output projection, with identical values and gradients up to float
-// rounding (tests/vision/test_attention.cpp checks ≤1e-5).
+// rounding (tests/vision/nn/test_attention.cpp checks ≤1e-5).
 #include <ATen/ATen.h>
 #include <torch/version.h>
 
@@ -14,7 +14,7 @@
 
 #include "core/experiment_config.h"
 
-namespace moh::vision {
+namespace moh::nn {
 
 /// Whether this LibTorch has scaled_dot_product_attention with an explicit scale (≥ 2.1): the fused/flash path.
 constexpr bool kFusedAttentionAvailable = TORCH_VERSION_MAJOR > 2 ||
@@ -79,4 +79,4 @@ at::Tensor mix_heads_sparse(const QuerySource& queries, const at::Tensor& k, con
                             const at::Tensor& gates, const at::Tensor& routed, int64_t num_heads, int64_t shared,
                             double scale, bool fused = false);
 
-}  // namespace moh::vision
+}  // namespace moh::nn

@@ -4,10 +4,10 @@
 
 #include "core/error.h"
 #include "tests/test_util.h"
-#include "vision/attention_core.h"
-#include "vision/moh_attention.h"
+#include "vision/nn/attention_core.h"
+#include "vision/nn/moh_attention.h"
 
-namespace moh::vision {
+namespace moh::nn {
 namespace {
 
 using test::rel_err;
@@ -299,4 +299,4 @@ TEST(MoHAttention, BadOptionsAreClearErrors) {
 }
 
 }  // namespace
-}  // namespace moh::vision
+}  // namespace moh::nn

@@ -10,10 +10,10 @@
 #include <cstdint>
 
 #include "core/experiment_config.h"
-#include "vision/attention_core.h"
-#include "vision/linear.h"
+#include "vision/nn/attention_core.h"
+#include "vision/nn/linear.h"
 
-namespace moh::vision {
+namespace moh::nn {
 
 /// Options of MoHAttention. Example: MoHAttentionOptions{384, 6}.moh(2, 2) — 6 heads, 2 shared, top-2 of 4 routed.
 struct MoHAttentionOptions {
@@ -54,7 +54,7 @@ struct HeadRouting {
 /// The MoH/MoA router layers, registered on the owning module under the official names:
 /// `wg` (C → h − h_s, created iff K > 0), `wg_0` (C → 2, iff K > 0 and h_s > 0), `wg_1` (C → h_s, iff h_s > 1).
 struct HeadRouter {
-  vision::Linear wg{nullptr}, wg_0{nullptr}, wg_1{nullptr};
+  nn::Linear wg{nullptr}, wg_0{nullptr}, wg_1{nullptr};
   int64_t heads = 0, shared = 0, topk = 0;
   bool scale_by_k = true;  ///< MoH multiplies renormalised routed gates by K; MoA keeps them summing to 1
 
@@ -83,9 +83,9 @@ struct MoHAttentionImpl : torch::nn::Module {
   AttentionOutput forward_with_path(const at::Tensor& x, AttentionPath path);
 
   MoHAttentionOptions options;
-  vision::Linear qkv{nullptr}, q{nullptr}, kv{nullptr}, proj{nullptr};
+  nn::Linear qkv{nullptr}, q{nullptr}, kv{nullptr}, proj{nullptr};
   HeadRouter router;
 };
 TORCH_MODULE(MoHAttention);
 
-}  // namespace moh::vision
+}  // namespace moh::nn
