@@ -102,6 +102,62 @@ void Reader::finish() const {
   }
 }
 
+namespace {
+
+/// Length of the UTF-8 sequence starting at s[i] (1-4), or 0 when it is not well-formed.
+size_t utf8_sequence(const std::string& s, size_t i) {
+  const auto c = static_cast<unsigned char>(s[i]);
+  const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+  if (n == 0 || i + n > s.size()) return 0;
+  for (size_t k = 1; k < n; ++k)
+    if ((static_cast<unsigned char>(s[i + k]) >> 6) != 0x2) return 0;
+  return n;
+}
+
+void walk_tree(const YAML::Node& n, int depth, int64_t& budget, const std::string& origin) {
+  if (--budget < 0)
+    throw UserError(origin, "more than " + std::to_string(kMaxConfigNodes) + " YAML nodes once aliases are expanded",
+                    "an experiment file has a few hundred; look for aliases (*name) that multiply each other");
+  if (depth > kMaxConfigDepth)
+    throw UserError(origin, "YAML nested deeper than " + std::to_string(kMaxConfigDepth) + " levels",
+                    "an experiment file is a few levels deep");
+  if (n.IsMap()) {
+    for (const auto& kv : n) {
+      walk_tree(kv.first, depth + 1, budget, origin);
+      walk_tree(kv.second, depth + 1, budget, origin);
+    }
+  } else if (n.IsSequence()) {
+    for (const auto& x : n) walk_tree(x, depth + 1, budget, origin);
+  }
+}
+
+}  // namespace
+
+std::string read_config_text(const std::string& path, const std::string& origin) {
+  std::error_code ec;
+  const std::uintmax_t bytes = fs::file_size(path, ec);
+  if (ec) throw UserError(origin, "cannot read: " + ec.message());
+  if (bytes > kMaxConfigBytes)
+    throw UserError(origin, std::to_string(bytes) + " bytes, over the limit of 1 MiB for a config",
+                    "is this the YAML experiment file?");
+  std::ifstream in(path, std::ios::binary);
+  std::string text(static_cast<size_t>(bytes), '\0');
+  if (!in.read(text.data(), static_cast<std::streamsize>(bytes))) throw UserError(origin, "cannot read the file");
+  const size_t nul = text.find('\0');
+  if (nul != std::string::npos)
+    throw UserError(origin, "a NUL byte at offset " + std::to_string(nul) + ": not a text file",
+                    "give the YAML experiment file");
+  for (size_t i = 0, n = 0; i < text.size(); i += n)
+    if ((n = utf8_sequence(text, i)) == 0)
+      throw UserError(origin, "not UTF-8 text (byte " + std::to_string(i) + ")", "give the YAML experiment file");
+  return text;
+}
+
+void check_tree_size(const YAML::Node& node, const std::string& origin) {
+  int64_t budget = kMaxConfigNodes;
+  walk_tree(node, 0, budget, origin);
+}
+
 YAML::Node merge(const YAML::Node& base, const YAML::Node& over) {
   if (!base.IsMap() || !over.IsMap()) return YAML::Clone(over);
   YAML::Node out = YAML::Clone(base);
@@ -124,9 +180,11 @@ static YAML::Node load_tree_rec(const fs::path& path, std::vector<fs::path>& cha
     throw UserError("config " + path.string(), "file not found",
                     chain.empty() ? "give a path to a YAML file, e.g. configs/fashion_mnist/moh_vit_nano.yaml"
                                   : "base: paths are relative to the including file " + chain.back().string());
+  const std::string origin = "config " + path.string();
+  const std::string text = read_config_text(path.string(), origin);
   YAML::Node node;
   try {
-    node = YAML::LoadFile(path.string());
+    node = YAML::Load(text);
   } catch (const YAML::ParserException& e) {
     throw UserError("config " + path.string(),
                     "YAML syntax error at line " + std::to_string(e.mark.line + 1) + ", column " +
@@ -136,6 +194,7 @@ static YAML::Node load_tree_rec(const fs::path& path, std::vector<fs::path>& cha
     throw UserError("config " + path.string(), std::string("cannot read: ") + e.what());
   }
   if (node.IsNull()) node = YAML::Node(YAML::NodeType::Map);
+  check_tree_size(node, origin);
   check_duplicate_keys(node, path.string());
   if (!node.IsMap()) throw UserError("config " + path.string(), "expected a map of keys at the top level");
   YAML::Node base_key = node["base"];
@@ -164,6 +223,7 @@ void apply_override(YAML::Node& root, const std::string& assignment) {
   YAML::Node value;
   try {
     value = text.empty() ? YAML::Node(YAML::NodeType::Null) : YAML::Load(text);
+    check_tree_size(value, "--set " + assignment);
     check_duplicate_keys(value, "--set " + assignment);
   } catch (const YAML::Exception& e) {
     throw UserError("--set " + assignment, "value is not valid YAML: " + e.msg, "quote strings, lists as [a,b]");

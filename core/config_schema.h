@@ -281,6 +281,16 @@ std::vector<SchemaRow> list_schema() {
 /// Throws a UserError naming the first key that appears twice in one mapping of `node` (yaml-cpp would silently
 /// keep the first).
 void check_duplicate_keys(const YAML::Node& node, const std::string& origin, const std::string& prefix = "");
+/// Limits of a config (stated at the top of docs/CONFIG.md): experiment files are a few KB, so a larger, binary or
+/// exponentially aliased file ("billion laughs") is refused before anything walks it.
+constexpr std::uintmax_t kMaxConfigBytes = 1u << 20;  ///< bytes of one YAML file
+constexpr int64_t kMaxConfigNodes = 100000;           ///< nodes of a tree with every alias expanded
+constexpr int kMaxConfigDepth = 64;                   ///< nesting of maps and sequences
+/// The text of a YAML file: refuses a file over kMaxConfigBytes, one with a NUL byte and one that is not UTF-8.
+std::string read_config_text(const std::string& path, const std::string& origin);
+/// Refuses a tree with more than kMaxConfigNodes nodes once aliases are expanded, or nested deeper than
+/// kMaxConfigDepth. Stops at the limit, so a hostile tree costs at most kMaxConfigNodes steps.
+void check_tree_size(const YAML::Node& node, const std::string& origin);
 
 /// Loads a YAML file, resolving `base: <relative path>` recursively (child keys override base keys, maps merge
 /// deeply, lists replace). Missing files, parse errors and cycles are UserErrors.

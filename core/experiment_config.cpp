@@ -157,6 +157,7 @@ ExperimentConfig parse_experiment(const std::string& yaml_text, const std::strin
   } catch (const YAML::Exception& e) {
     throw UserError(origin, "invalid YAML: " + std::string(e.what()), "the stored config is corrupt");
   }
+  config::check_tree_size(tree, origin);
   config::check_duplicate_keys(tree, origin);
   auto cfg = config::read_struct<ExperimentConfig>(tree, origin);
   cfg.validate(origin);

@@ -46,6 +46,7 @@ class NpzImageSource : public ImageSource {
   }
   int64_t size() const override { return rows_->rows(); }
   bool has_labels() const override { return labels_.defined(); }
+  at::Tensor labels() const override { return labels_; }
   bool next(int64_t n, ImageBlock& block) override {
     const int64_t start = rows_->rows() - rows_->rows_left();
     at::Tensor x = rows_->next(n);
@@ -75,6 +76,7 @@ class FashionMnistSource : public ImageSource {
   }
   int64_t size() const override { return set_.size(); }
   bool has_labels() const override { return true; }
+  at::Tensor labels() const override { return set_.labels; }
   bool next(int64_t n, ImageBlock& block) override {
     if (pos_ >= size()) return false;
     const int64_t k = std::min(n, size() - pos_);
@@ -106,6 +108,7 @@ class FolderSource : public ImageSource {
   }
   int64_t size() const override { return static_cast<int64_t>(files_.size()); }
   bool has_labels() const override { return false; }
+  at::Tensor labels() const override { return {}; }
   bool next(int64_t n, ImageBlock& block) override {
     if (pos_ >= size()) return false;
     const int64_t k = std::min(n, size() - pos_);

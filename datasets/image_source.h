@@ -25,6 +25,8 @@ class ImageSource {
   virtual int64_t size() const = 0;
   /// Whether blocks carry class labels.
   virtual bool has_labels() const = 0;
+  /// Every label (N) int64, read without decoding an image; undefined when the source has none.
+  virtual at::Tensor labels() const = 0;
   /// The next up to `n` images; false once exhausted.
   virtual bool next(int64_t n, ImageBlock& block) = 0;
   /// The spec it was opened from.

@@ -122,46 +122,51 @@ std::optional<ReferenceStats> load_reference_stats(const std::string& path) {
   return r;
 }
 
-nlohmann::json evaluate_generative(const GenerativeEvalOptions& o, const RunContext& ctx) {
-  const auto start = std::chrono::steady_clock::now();
-  std::unique_ptr<FeatureNet> net = make_feature_net(o.features, ctx, o.resize);
-  std::unique_ptr<datasets::ImageSource> samples = datasets::open_image_source(o.samples);
+namespace {
 
-  // Reference: stored statistics are reused (ADM); images are only run through the net for what is missing.
+/// The reference side of an evaluation: stored statistics (ADM batches, moh ref-stats) and/or images to run through
+/// the net for what the statistics lack.
+struct ReferenceInputs {
   std::optional<ReferenceStats> stored;
-  if (datasets::is_npz_spec(o.reference)) stored = load_reference_stats(o.reference);
-  if (stored) {
-    const bool foreign = stored->meta.empty();
-    if (foreign && net->name() != "inception")
+  std::unique_ptr<datasets::ImageSource> images;
+};
+
+/// Opens --ref: stored statistics are reused (ADM) if they were made by this feature network; images are opened only
+/// when a metric needs what the statistics lack.
+ReferenceInputs open_reference(const GenerativeEvalOptions& o, const FeatureNet& net) {
+  ReferenceInputs r;
+  if (datasets::is_npz_spec(o.reference)) r.stored = load_reference_stats(o.reference);
+  if (r.stored) {
+    const nlohmann::json& meta = r.stored->meta;
+    if (meta.empty() && net.name() != "inception")
       throw UserError("--ref " + o.reference,
                       "holds statistics of an unknown feature network (ADM files are Inception)",
                       "use --features inception:... or compute stats with moh ref-stats --features " + o.features);
-    if (!foreign && (stored->meta.value("feature_net", "") != net->name() ||
-                     stored->meta.value("weights_sha256", "") != net->weights_sha256()))
+    if (!meta.empty() &&
+        (meta.value("feature_net", "") != net.name() || meta.value("weights_sha256", "") != net.weights_sha256()))
       throw UserError("--ref " + o.reference,
-                      "statistics were computed with " + stored->meta.value("feature_net", std::string("?")) +
-                          " (weights " + stored->meta.value("weights_sha256", std::string("?")).substr(0, 12) +
-                          "), not " + net->name() + " (" + net->weights_sha256().substr(0, 12) + ")",
+                      "statistics were computed with " + meta.value("feature_net", std::string("?")) + " (weights " +
+                          meta.value("weights_sha256", std::string("?")).substr(0, 12) + "), not " + net.name() + " (" +
+                          net.weights_sha256().substr(0, 12) + ")",
                       "recompute them with moh ref-stats using the same --features");
   }
-  const bool need_ref_images =
-      !stored || (o.metrics.sfid && !stored->spatial.mu.defined()) || (o.metrics.pr && !stored->pr_features.defined());
-  std::unique_ptr<datasets::ImageSource> ref_images;
-  if (need_ref_images) {
-    try {
-      ref_images = datasets::open_image_source(o.reference);
-    } catch (const UserError& e) {
-      if (!stored) throw;
-      throw UserError("--ref " + o.reference, "has statistics but no images for sfid/pr", "use --metrics fid,is");
-    }
+  const bool need_images = !r.stored || (o.metrics.sfid && !r.stored->spatial.mu.defined()) ||
+                           (o.metrics.pr && !r.stored->pr_features.defined());
+  if (!need_images) return r;
+  try {
+    r.images = datasets::open_image_source(o.reference);
+  } catch (const UserError&) {
+    if (!r.stored) throw;
+    throw UserError("--ref " + o.reference, "has statistics but no images for sfid/pr", "use --metrics fid,is");
   }
+  return r;
+}
 
-  // Enough images for what was asked, before any feature is extracted: a covariance needs 2, the k-NN manifolds of
-  // P/R more than k per set.
-  const int64_t n_samples = samples->size();
-  const int64_t n_pr_ref = stored && stored->pr_features.defined() ? stored->pr_features.size(0)
-                           : ref_images                            ? std::min(ref_images->size(), kPRReferenceRows)
-                                                                   : 0;
+/// Enough images for what was asked: a covariance needs 2, the k-NN manifolds of P/R more than k per set.
+void check_counts(const GenerativeEvalOptions& o, int64_t n_samples, const ReferenceInputs& r) {
+  const int64_t n_pr_ref = r.stored && r.stored->pr_features.defined() ? r.stored->pr_features.size(0)
+                           : r.images                                  ? std::min(r.images->size(), kPRReferenceRows)
+                                                                       : 0;
   if ((o.metrics.fid || o.metrics.sfid) && n_samples < 2)
     throw UserError("--samples " + o.samples, "FID needs at least 2 images, got " + std::to_string(n_samples), "");
   if (o.metrics.pr && (n_samples <= kPRNeighbourhood || n_pr_ref <= kPRNeighbourhood))
@@ -169,57 +174,52 @@ nlohmann::json evaluate_generative(const GenerativeEvalOptions& o, const RunCont
                     "precision/recall need more than k = " + std::to_string(kPRNeighbourhood) +
                         " images per set, got " + std::to_string(std::min(n_samples, n_pr_ref)),
                     "use more images or --metrics fid,sfid,is");
-  FeatureSet s = extract_features(*net, *samples, o.batch_size, "samples");
-  const std::string net_hint = "the feature network's weights (" + o.features + ") give non-finite outputs";
-  check_finite(s.pool, "features of --samples " + o.samples, net_hint);
-  check_finite(s.logits, "logits of --samples " + o.samples, net_hint);
-  ReferenceStats ref;
-  FeatureSet rf;
-  std::string ref_origin = "stored";
-  if (stored) ref = *stored;
-  if (ref_images) {
-    rf = extract_features(*net, *ref_images, o.batch_size, "reference");
-    check_finite(rf.pool, "features of --ref " + o.reference, net_hint);
-    ReferenceStats computed = reference_stats_from(rf, *net);
-    if (!stored) {
-      ref = computed;
-      ref_origin = "computed";
-    }
-    if (!ref.spatial.mu.defined()) ref.spatial = computed.spatial;
-    if (!ref.pr_features.defined()) ref.pr_features = computed.pr_features;
-    if (!ref.count) ref.count = computed.count;
-  }
+}
 
-  std::vector<std::string> warnings;
-  if ((o.metrics.fid || o.metrics.sfid) && n_samples < s.pool.size(1))
-    warnings.push_back("FID from " + std::to_string(n_samples) + " samples with " + std::to_string(s.pool.size(1)) +
-                       "-dim features: the sample covariance is singular and the value is biased high; compare only "
-                       "numbers computed with the same N (ADM uses 50000)");
-  if (s.labels.defined() && net->predicts_dataset_classes() && s.labels.numel() > 0 &&
-      (s.labels.min().item<int64_t>() < 0 || s.labels.max().item<int64_t>() >= s.logits.size(1)))
-    throw UserError("--samples " + o.samples,
-                    "labels (arr_1) range over " + std::to_string(s.labels.min().item<int64_t>()) + ".." +
-                        std::to_string(s.labels.max().item<int64_t>()) + ", the feature network has " +
-                        std::to_string(s.logits.size(1)) + " classes",
-                    "samples of another dataset?");
-  for (const auto& w : warnings) std::cerr << "warning: " << w << "\n";
-  nlohmann::json metrics = nlohmann::json::object();
-  if (o.metrics.fid) {
-    if (ref.pool.mu.size(0) != s.pool.size(1))
-      throw UserError(
-          "--ref " + o.reference,
-          "mu has " + std::to_string(ref.pool.mu.size(0)) + " dims, the features " + std::to_string(s.pool.size(1)),
-          "statistics of another feature network");
-    metrics["fid"] = frechet_distance(compute_stats(s.pool), ref.pool);
+/// Labels and statistic widths against the net's output widths (one probe image through the net, no progress).
+void check_widths(const GenerativeEvalOptions& o, FeatureNet& net, const datasets::ImageSource& samples,
+                  const ReferenceInputs& r) {
+  const InceptionFeatures probe = net.extract(at::zeros({1, 32, 32, 3}, at::kByte));
+  const at::Tensor labels = samples.labels();
+  if (labels.defined() && labels.numel() > 0 && net.predicts_dataset_classes()) {
+    const int64_t lo = labels.min().item<int64_t>(), hi = labels.max().item<int64_t>();
+    if (lo < 0 || hi >= probe.logits.size(1))
+      throw UserError("--samples " + o.samples,
+                      "labels (arr_1) range over " + std::to_string(lo) + ".." + std::to_string(hi) +
+                          ", the feature network has " + std::to_string(probe.logits.size(1)) + " classes",
+                      "samples of another dataset?");
   }
-  if (o.metrics.sfid) {
-    if (ref.spatial.mu.size(0) != s.spatial.size(1))
+  if (!r.stored) return;
+  // A statistic's width: mu (D), mu_s (Ds), pr_features (rows, D).
+  const auto width = [&](const at::Tensor& stat, const at::Tensor& features, const char* key, bool asked) {
+    const int64_t dims = stat.defined() ? stat.size(stat.dim() - 1) : 0;
+    if (asked && stat.defined() && dims != features.size(1))
       throw UserError("--ref " + o.reference,
-                      "mu_s has " + std::to_string(ref.spatial.mu.size(0)) + " dims, the spatial features " +
-                          std::to_string(s.spatial.size(1)),
-                      "");
-    metrics["sfid"] = frechet_distance(compute_stats(s.spatial), ref.spatial);
-  }
+                      std::string(key) + " has " + std::to_string(dims) + " dims, the feature network gives " +
+                          std::to_string(features.size(1)),
+                      "statistics of another feature network");
+  };
+  width(r.stored->pool.mu, probe.pool, "mu", o.metrics.fid);
+  width(r.stored->spatial.mu, probe.spatial, "mu_s", o.metrics.sfid);
+  width(r.stored->pr_features, probe.pool, "pr_features", o.metrics.pr);
+}
+
+/// The reference statistics: stored ones completed by those computed from `rf` (features of the reference images).
+ReferenceStats complete_reference(const ReferenceInputs& r, const FeatureSet& rf, const FeatureNet& net) {
+  if (!rf.pool.defined()) return *r.stored;
+  ReferenceStats computed = reference_stats_from(rf, net);
+  if (!r.stored) return computed;
+  ReferenceStats ref = *r.stored;
+  if (!ref.spatial.mu.defined()) ref.spatial = computed.spatial;
+  if (!ref.pr_features.defined()) ref.pr_features = computed.pr_features;
+  if (!ref.count) ref.count = computed.count;
+  return ref;
+}
+
+nlohmann::json compute_metrics(const GenerativeEvalOptions& o, const FeatureSet& s, const ReferenceStats& ref) {
+  nlohmann::json metrics = nlohmann::json::object();
+  if (o.metrics.fid) metrics["fid"] = frechet_distance(compute_stats(s.pool), ref.pool);
+  if (o.metrics.sfid) metrics["sfid"] = frechet_distance(compute_stats(s.spatial), ref.spatial);
   if (o.metrics.is) {
     const ISResult r = inception_score(s.logits, o.is_mode);
     metrics["inception_score"] = r.mean;
@@ -230,10 +230,24 @@ nlohmann::json evaluate_generative(const GenerativeEvalOptions& o, const RunCont
     metrics["precision"] = r.precision;
     metrics["recall"] = r.recall;
   }
+  return metrics;
+}
+
+void save_features(const std::string& path, const FeatureSet& s, const FeatureSet& rf) {
+  std::map<std::string, at::Tensor> arrays{{"pool", s.pool}, {"spatial", s.spatial}, {"logits", s.logits}};
+  if (s.labels.defined()) arrays["labels"] = s.labels;
+  if (rf.pool.defined()) {
+    arrays["ref_pool"] = rf.pool;
+    arrays["ref_spatial"] = rf.spatial;
+    arrays["ref_logits"] = rf.logits;
+  }
+  datasets::save_npz(path, arrays);
+}
+
+nlohmann::json describe_run(const GenerativeEvalOptions& o, const FeatureNet& net, const FeatureSet& s,
+                            const ReferenceStats& ref, bool ref_stored) {
   nlohmann::json report;
-  report["metrics"] = metrics;
-  if (!warnings.empty()) report["warnings"] = warnings;
-  if (net->predicts_dataset_classes() && s.labels.defined()) {
+  if (net.predicts_dataset_classes() && s.labels.defined()) {
     const at::Tensor pred = s.logits.argmax(1);
     report["sample_accuracy"] = {{"top1", pred.eq(s.labels).to(at::kDouble).mean().item<double>() * 100.0},
                                  {"count", s.labels.size(0)}};
@@ -241,23 +255,48 @@ nlohmann::json evaluate_generative(const GenerativeEvalOptions& o, const RunCont
   report["samples"] = {{"path", o.samples}, {"count", s.pool.size(0)}, {"labelled", s.labels.defined()}};
   report["reference"] = {{"path", o.reference},
                          {"count", ref.count},
-                         {"statistics", ref_origin},
+                         {"statistics", ref_stored ? "stored" : "computed"},
                          {"pr_rows", ref.pr_features.defined() ? ref.pr_features.size(0) : 0}};
-  report["feature_net"] = net_meta(*net);
+  report["feature_net"] = net_meta(net);
   report["feature_net"]["spec"] = o.features;
   report["is_mode"] =
       o.is_mode == ISMode::adm ? "adm (splits of 5000, in order)" : "torch-fidelity (10 shuffled splits)";
   report["pr_distances"] = "float32 squared L2 (ADM uses fp16 when finite)";
+  return report;
+}
 
+}  // namespace
+
+nlohmann::json evaluate_generative(const GenerativeEvalOptions& o, const RunContext& ctx) {
+  const auto start = std::chrono::steady_clock::now();
+  std::unique_ptr<FeatureNet> net = make_feature_net(o.features, ctx, o.resize);
+  std::unique_ptr<datasets::ImageSource> samples = datasets::open_image_source(o.samples);
+  const ReferenceInputs refs = open_reference(o, *net);
+  check_counts(o, samples->size(), refs);
+  check_widths(o, *net, *samples, refs);  // every input check is done before the first feature is extracted
+
+  const FeatureSet s = extract_features(*net, *samples, o.batch_size, "samples");
+  const std::string net_hint = "the feature network's weights (" + o.features + ") give non-finite outputs";
+  check_finite(s.pool, "features of --samples " + o.samples, net_hint);
+  check_finite(s.logits, "logits of --samples " + o.samples, net_hint);
+  FeatureSet rf;
+  if (refs.images) {
+    rf = extract_features(*net, *refs.images, o.batch_size, "reference");
+    check_finite(rf.pool, "features of --ref " + o.reference, net_hint);
+  }
+  const ReferenceStats ref = complete_reference(refs, rf, *net);
+  nlohmann::json report = describe_run(o, *net, s, ref, refs.stored.has_value());
+  if ((o.metrics.fid || o.metrics.sfid) && s.pool.size(0) < s.pool.size(1)) {
+    const std::string w = "FID from " + std::to_string(s.pool.size(0)) + " samples with " +
+                          std::to_string(s.pool.size(1)) +
+                          "-dim features: the sample covariance is singular and the value is biased high; compare "
+                          "only numbers computed with the same N (ADM uses 50000)";
+    std::cerr << "warning: " << w << "\n";
+    report["warnings"] = {w};
+  }
+  report["metrics"] = compute_metrics(o, s, ref);
   if (!o.save_features.empty()) {
-    std::map<std::string, at::Tensor> arrays{{"pool", s.pool}, {"spatial", s.spatial}, {"logits", s.logits}};
-    if (s.labels.defined()) arrays["labels"] = s.labels;
-    if (rf.pool.defined()) {
-      arrays["ref_pool"] = rf.pool;
-      arrays["ref_spatial"] = rf.spatial;
-      arrays["ref_logits"] = rf.logits;
-    }
-    datasets::save_npz(o.save_features, arrays);
+    save_features(o.save_features, s, rf);
     report["saved_features"] = o.save_features;
   }
   report["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -47,7 +47,10 @@ std::string format_metric(const std::string& key, double v) {
   if (digits < 0 || !std::isfinite(v)) return config::shortest_double(v);
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*f", digits, v);
-  return buf;
+  std::string text = buf;
+  // A value that rounds to zero prints without a sign (the FID of identical sets comes out as -1e-13).
+  if (text[0] == '-' && text.find_first_not_of("0.", 1) == std::string::npos) text.erase(0, 1);
+  return text;
 }
 
 std::string report_markdown(const nlohmann::json& report, const std::string& title) {

@@ -54,6 +54,17 @@ printf 'version: 1\nmodel:\n  name: MoH-ViT-Nano\n  num_classes: 10\nmodel:\n  n
 printf 'version: 1\nmodel:\n  name: MoH-ViT-Nano\n  name: MoH-ViT-Nano\n' >"$F/dup_inner.yaml"
 printf 'version: 1\nmodel: [name: x\n' >"$F/syntax.yaml"
 printf 'version: 1\ndata:\n  batch_size: 8\n' >"$F/no_model.yaml"
+# hostile configs, outside $F (the snapshot would hash 100 MB after every case): aliases nine levels deep with nine
+# references each ("billion laughs": 9^9 nodes expanded), maps nested 200 deep, 100 MB, a NUL byte, a binary file
+Y=$tmp/yaml && mkdir -p "$Y"
+{ printf 'a: &a [x, x, x, x, x, x, x, x, x]\n'; p=a
+  for k in b c d e f g h i; do printf '%s: &%s [*%s, *%s, *%s, *%s, *%s, *%s, *%s, *%s, *%s]\n' $k $k $p $p $p $p $p $p $p $p $p; p=$k; done
+} >"$Y/bomb.yaml"
+{ for k in $(seq 200); do printf '%*sk:\n' $((2 * k - 2)) ''; done; printf '%*sv: 1\n' 400 ''; } >"$Y/deep.yaml"
+truncate -s 100M "$Y/big.yaml"
+printf 'version: 1\nmodel:\n  name: MoH-ViT-Nano\0\n' >"$Y/nul.yaml"
+head -c 4096 "$(command -v ls)" >"$Y/binary.yaml"
+printf 'version: 1\nmodel:\n  name: MoH-ViT-Nano \xff\xfe\n' >"$Y/latin.yaml"
 # safetensors: truncated, header not JSON, a dimension above INT64_MAX
 head -c 200 "$F/run/checkpoints/$ck/model.safetensors" >"$F/trunc.safetensors"
 st() {  # st FILE JSON: a safetensors file with this header and no data
@@ -110,6 +121,22 @@ bad "key 'lr' appears twice" -- config $NANO --set 'optim={lr: 1e-3, lr: 2e-3}'
 bad "YAML syntax error at line" -- config "$F/syntax.yaml"
 bad "missing required key 'model.name'" -- config "$F/no_model.yaml"
 bad "unknown key 'optim.lrr' (did you mean 'optim.lr'?)" -- train $NANO --set optim.lrr=1 --run-dir "$O/r"
+# Hostile configs are refused before anything walks them: each within 10 s (a hang was > 300 s; measured times in
+# the log, the goal is < 1 s).
+timed_bad() {
+  local t0=$(date +%s%N)
+  bad "$@"
+  local ms=$((($(date +%s%N) - t0) / 1000000))
+  echo "  $ms ms: moh ${*:3}"
+  [ "$ms" -lt 10000 ] || { echo "FAIL: took $ms ms"; fails=$((fails + 1)); }
+}
+timed_bad "YAML nodes once aliases are expanded" -- train "$Y/bomb.yaml" --run-dir "$O/r"
+timed_bad "YAML nodes once aliases are expanded" -- config $NANO --set "model.x=$(cat "$Y/bomb.yaml" | tr '\n' ',' | sed 's/^/{/; s/,$/}/')"
+timed_bad "nested deeper than 64 levels" -- config "$Y/deep.yaml"
+timed_bad "over the limit of 1 MiB" -- train "$Y/big.yaml" --run-dir "$O/r"
+timed_bad "a NUL byte at offset" -- config "$Y/nul.yaml"
+timed_bad "a NUL byte at offset" -- config "$Y/binary.yaml"
+timed_bad "not UTF-8 text" -- config "$Y/latin.yaml"
 bad "sampling.cfg_scale: expected a number, got \"nan\"" -- sample --checkpoint "$F/dit" --cfg-scale nan --out "$O/s"
 bad "sampling.cfg_scale: must be finite" -- sample --checkpoint "$F/dit" --cfg-scale .inf --out "$O/s"
 bad "sampling.seed: expected an integer" -- sample --checkpoint "$F/dit" --seed abc --out "$O/s"
@@ -162,6 +189,9 @@ bad "error: npz" -- fid --samples tests/fixtures/npz/truncated.npz --ref "$F/ref
 bad "expected uint8" -- fid --samples tests/fixtures/npz/wrong_dtype.npz --ref "$F/ref.npz" --features "classifier:$F/run"
 bad "--batch: must be at least 1" -- fid --samples fashion_mnist:test:8 --ref "$F/ref.npz" --features "classifier:$F/run" --batch 0
 bad "unknown metric 'fdi'" -- fid --samples fashion_mnist:test:8 --ref "$F/ref.npz" --features "classifier:$F/run" --metrics fdi
+# checks before work: labels that do not fit the network are refused before a feature is extracted (no progress line)
+bad "labels (arr_1) range over 0..12, the feature network has 10 classes" -- fid --samples tests/fixtures/npz/labels_out_of_range.npz --ref "$F/ref.npz" --features "classifier:$F/run"
+bad "labels (arr_1) range over -1..7" -- fid --samples tests/fixtures/npz/labels_negative.npz --ref "$F/ref.npz" --features "classifier:$F/run"
 
 # Commands and flags.
 bad "unknown command 'trian'" -- trian $NANO

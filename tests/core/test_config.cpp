@@ -1,4 +1,5 @@
 // Config system: base inheritance, overrides, and one failing example per error kind / validation rule.
+#include "core/config_schema.h"
 #include "core/experiment_config.h"
 #include "tests/test_util.h"
 
@@ -109,6 +110,42 @@ TEST(Config, FileErrors) {
   EXPECT_NE(error_of([&] { load_experiment(c2); }).find("cycle"), std::string::npos);
   std::string ok = d.write("ok.yaml", "model:\n  name: x\n");
   EXPECT_NE(error_of([&] { load_experiment(ok, {"noequals"}); }).find("expected KEY=VALUE"), std::string::npos);
+}
+
+// Hostile files are refused before anything walks them: an alias chain that expands to 9^9 nodes, nesting past the
+// limit, a file over 1 MiB, a NUL byte, bytes that are not UTF-8. Trees just under the limits load.
+TEST(Config, HostileYamlIsRefusedByItsLimits) {
+  TempDir d;
+  std::string bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n";
+  for (char k = 'b', p = 'a'; k <= 'i'; p = k++) {
+    bomb += std::string(1, k) + ": &" + k + " [";
+    for (int i = 0; i < 9; ++i) bomb += std::string(i ? ", *" : "*") + p;
+    bomb += "]\n";
+  }
+  const auto refused = [&](const std::string& name, const std::string& text, const std::string& why) {
+    const std::string e = error_of([&] { load_experiment(d.write(name, text)); });
+    EXPECT_NE(e.find(why), std::string::npos) << name << ": " << e;
+  };
+  refused("bomb.yaml", bomb, "more than 100000 YAML nodes once aliases are expanded");
+  std::string deep, deeper;
+  for (int i = 0; i < 70; ++i) deep += std::string(2 * i, ' ') + "k:\n";
+  refused("deep.yaml", deep, "nested deeper than 64 levels");
+  refused("big.yaml", std::string(config::kMaxConfigBytes + 1, '#'), "over the limit of 1 MiB");
+  refused("nul.yaml", std::string("model:\n  name: x\0\n", 18), "a NUL byte at offset 16");
+  refused("latin.yaml", "model:\n  name: caf\xe9\n", "not UTF-8 text (byte 18)");
+  std::string flow = bomb;  // the same document as one flow mapping, given to --set
+  for (size_t j = flow.find('\n'); j + 1 < flow.size(); j = flow.find('\n', j)) flow.replace(j, 1, ", ");
+  flow = "{" + flow.substr(0, flow.size() - 1) + "}";
+  const std::string ok = d.write("ok.yaml", "model:\n  name: x\n");
+  EXPECT_NE(error_of([&] { load_experiment(ok, {"model.x=" + flow}); }).find("YAML nodes once aliases"),
+            std::string::npos);
+  // Within the limits: 60 levels, 9^4 expanded nodes, UTF-8 text; these fail later, for their content.
+  std::string fine;
+  for (int i = 0; i < 60; ++i) fine += std::string(2 * i, ' ') + "k:\n";
+  EXPECT_NE(error_of([&] { load_experiment(d.write("fine.yaml", fine)); }).find("missing required"), std::string::npos);
+  std::string small = bomb.substr(0, bomb.find("\ne:") + 1) + "name: café\n";
+  EXPECT_NE(error_of([&] { load_experiment(d.write("small.yaml", small)); }).find("missing required"),
+            std::string::npos);
 }
 
 // Every validate() rule has a failing example.

@@ -8,6 +8,7 @@
 #include "eval/generative.h"
 #include "eval/inception.h"
 #include "eval/metrics.h"
+#include "eval/report.h"
 #include "tests/test_util.h"
 
 namespace moh::eval {
@@ -222,6 +223,15 @@ TEST(Sha256, KnownVectors) {
   EXPECT_EQ(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
   EXPECT_EQ(sha256_hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
   EXPECT_EQ(sha256_hex(std::string(1000000, 'a')), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+// A value that rounds to zero prints without a sign (FID of identical sets: -1e-13 printed as "-0.00").
+TEST(Generative, MetricsRoundingToZeroHaveNoSign) {
+  EXPECT_EQ(format_metric("fid", -1e-13), "0.00");
+  EXPECT_EQ(format_metric("fid", -0.0), "0.00");
+  EXPECT_EQ(format_metric("precision", -0.0004), "0.000");
+  EXPECT_EQ(format_metric("fid", -0.006), "-0.01");
+  EXPECT_EQ(format_metric("fid", 2.5), "2.50");
 }
 
 TEST(Generative, MetricListParsing) {
