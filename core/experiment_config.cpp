@@ -16,6 +16,11 @@ const config::EnumTable<AttentionPath>& enum_table(AttentionPath) {
       {AttentionPath::dense, "dense"}, {AttentionPath::sparse, "sparse"}, {AttentionPath::automatic, "auto"}};
   return t;
 }
+const config::EnumTable<RouterKind>& enum_table(RouterKind) {
+  static const config::EnumTable<RouterKind> t{{RouterKind::learned, "learned"},
+                                               {RouterKind::query_norm, "query_norm"}};
+  return t;
+}
 const config::EnumTable<Precision>& enum_table(Precision) {
   static const config::EnumTable<Precision> t{
       {Precision::fp32, "fp32"}, {Precision::bf16, "bf16"}, {Precision::fp16, "fp16"}, {Precision::automatic, "auto"}};

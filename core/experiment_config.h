@@ -27,6 +27,13 @@ const config::EnumTable<AttentionMode>& enum_table(AttentionMode);
 enum class AttentionPath { dense, sparse, automatic };
 const config::EnumTable<AttentionPath>& enum_table(AttentionPath);
 
+/// How a MoH layer chooses its routed heads: `learned` (the official router `wg`/`wg_0`/`wg_1`, Eq. 5 of the paper)
+/// or `query_norm` (no parameters, as the released continue-tuned MoH-LLaMA3: per token the L2 norms of the routed
+/// heads' query projections, divided by their standard deviation, softmax, top-K; selected heads and shared heads
+/// get weight 1, the others 0, so a dense model's output distribution is kept).
+enum class RouterKind { learned, query_norm };
+const config::EnumTable<RouterKind>& enum_table(RouterKind);
+
 /// Numeric precision of forward + loss (master weights, optimizer and EMA stay fp32). `automatic` ("auto") is
 /// resolved by RunContext::create: bf16 on CUDA and on CPUs with native bf16 (avx512_bf16 / amx_bf16), else fp32.
 enum class Precision { fp32, bf16, fp16, automatic };
@@ -66,12 +73,13 @@ struct ModelConfig {
   std::string name;                      ///< registry name, e.g. "MoH-ViT-S-75" (`moh info --list`)
   std::vector<AttentionMode> attention;  ///< per-stage override of the head mixing; empty = variant default
   AttentionPath attention_path = AttentionPath::automatic;
-  int64_t num_classes = 0;             ///< 0 = variant default
-  int64_t img_size = 0;                ///< 0 = variant default
-  double drop_path = -1.0;             ///< < 0 = variant default
-  std::string weights;                 ///< initialise from this file (safetensors or torch.save)
-  std::string weights_key;             ///< key inside a nested checkpoint (ema|model|state_dict)
-  bool weights_allow_missing = false;  ///< tolerate tensors the weights file lacks (e.g. pos_embed)
+  RouterKind router = RouterKind::learned;  ///< how MoH layers choose their routed heads
+  int64_t num_classes = 0;                  ///< 0 = variant default
+  int64_t img_size = 0;                     ///< 0 = variant default
+  double drop_path = -1.0;                  ///< < 0 = variant default
+  std::string weights;                      ///< initialise from this file (safetensors or torch.save)
+  std::string weights_key;                  ///< key inside a nested checkpoint (ema|model|state_dict)
+  bool weights_allow_missing = false;       ///< tolerate tensors the weights file lacks (e.g. pos_embed)
 
   template <class V>
   void visit(V& v) {
@@ -80,6 +88,9 @@ struct ModelConfig {
     v.field("attention_path", attention_path,
             "MoH execution path of the attention layers (DiT and classifier): auto (per layer, the faster path for its "
             "active ratio and length), dense (official, gates all heads) or sparse (selected pairs only)");
+    v.field("router", router,
+            "MoH head router: learned (official, wg / wg_0 / wg_1) or query_norm (parameter-free: top-K of the routed "
+            "heads' query norms, selected and shared heads weighted 1; for dense checkpoints turned into MoH)");
     v.field("num_classes", num_classes, "classifier outputs / DiT label classes; 0 = variant default");
     v.field("img_size", img_size, "input resolution in pixels; 0 = variant default");
     v.field("drop_path", drop_path, "stochastic-depth rate at the last block; negative = variant default");

@@ -38,6 +38,7 @@ nn::MoHAttentionOptions DiTOptions::layer(int64_t i) const {
   o.head_dim = head_dim > 0 ? head_dim : hidden_size / num_heads;
   o.qkv_bias = true;
   o.path = path;
+  o.router = router;
   if (attention == AttentionMode::moh)
     o.moh(at_layer(shared, 0), at_layer(topk, 0));
   else if (attention == AttentionMode::moa)
@@ -63,6 +64,9 @@ int64_t DiTOptions::routed_layers() const {
 
 void DiTOptions::validate() const {
   const std::string what = "DiT options";
+  if (router == RouterKind::query_norm && attention != AttentionMode::moh)
+    throw UserError("model.router", "query_norm routes the heads of MoH layers; this variant has none",
+                    "pick a MoH-DiT variant; a dense checkpoint loads into one with model.weights");
   if (input_size <= 0 || patch_size <= 0 || input_size % patch_size != 0)
     throw UserError(
         what,

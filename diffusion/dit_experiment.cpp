@@ -21,6 +21,7 @@ DiTOptions dit_options_for(const ExperimentConfig& cfg) {
     throw UserError("config: model.attention", "per-stage overrides are for classifiers",
                     "pick a DiT or MoH-DiT variant");
   o.path = cfg.model.attention_path;
+  o.router = cfg.model.router;
   o.validate();
   return o;
 }

@@ -121,6 +121,8 @@ bad "key 'lr' appears twice" -- config $NANO --set 'optim={lr: 1e-3, lr: 2e-3}'
 bad "YAML syntax error at line" -- config "$F/syntax.yaml"
 bad "missing required key 'model.name'" -- config "$F/no_model.yaml"
 bad "unknown key 'optim.lrr' (did you mean 'optim.lr'?)" -- train $NANO --set optim.lrr=1 --run-dir "$O/r"
+bad "model.router: query_norm routes the heads of MoH layers" -- train configs/fashion_mnist/dit_pixel.yaml --set model.router=query_norm --run-dir "$O/r"
+bad "model.router: query_norm routes the heads of MoH layers" -- config configs/fashion_mnist/mha_vit_nano.yaml --set model.router=query_norm
 # Hostile configs are refused before anything walks them: each within 10 s (a hang was > 300 s; measured times in
 # the log, the goal is < 1 s).
 timed_bad() {

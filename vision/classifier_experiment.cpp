@@ -15,6 +15,7 @@ namespace moh::vision {
 TransNeXtOptions classifier_options_for(const ExperimentConfig& cfg) {
   TransNeXtOptions o = classifier_options(cfg.model.name);
   o.attention_path = cfg.model.attention_path;
+  o.router = cfg.model.router;
   if (cfg.model.num_classes > 0) o.num_classes = cfg.model.num_classes;
   if (cfg.model.img_size > 0) o.img_size = cfg.model.img_size;
   if (cfg.model.drop_path >= 0) o.drop_path_rate = cfg.model.drop_path;

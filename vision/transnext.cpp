@@ -5,6 +5,7 @@
 
 #include <torch/version.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -73,6 +74,7 @@ nn::MoHAttentionOptions TransNeXtOptions::stage_attention(int64_t i) const {
   nn::MoHAttentionOptions o(embed_dims[i], num_heads[i]);
   o.qkv_bias = qkv_bias;
   o.path = attention_path;
+  o.router = router;
   if (attention[i] == AttentionMode::moh)
     o.moh(shared_heads[i], topk[i]);
   else if (attention[i] == AttentionMode::moa)
@@ -116,6 +118,10 @@ void TransNeXtOptions::validate() const {
     stage_attention(i).validate();
   }
   if (drop_path_rate < 0 || drop_path_rate >= 1) throw UserError(what, "drop_path_rate must be in [0, 1)", "");
+  if (router == RouterKind::query_norm &&
+      std::find(attention.begin(), attention.end(), AttentionMode::moh) == attention.end())
+    throw UserError("model.router", "query_norm routes the heads of MoH layers; this variant has none",
+                    "pick a MoH-ViT variant; a dense checkpoint loads into one with model.weights");
   if (num_classes <= 0 || in_chans <= 0) throw UserError(what, "num_classes and in_chans must be positive", "");
 }
 
@@ -203,7 +209,14 @@ nn::AttentionOutput TransNeXtAttentionImpl::run(const at::Tensor& x, const at::T
   const at::Tensor tau = at::softplus(temperature);  // (h, 1, 1)
   nn::AttentionOutput out;
   nn::HeadRouting routing;
-  if (options.mode != AttentionMode::mha) routing = router.route(x.reshape({B * N, C}), is_training());
+  if (router.by_query_norm) {  // the raw query projections (before TransNeXt's L2 normalisation) decide
+    const nn::Linear& q_lin = aggregated ? q : qkv;  // query rows [0, C), head-major
+    const at::Tensor bq = q_lin->bias.defined() ? q_lin->bias.narrow(0, 0, C) : at::Tensor();
+    routing = router.route_by_queries(
+        nn::routed_queries(x.reshape({B * N, C}), q_lin->weight.narrow(0, 0, C), bq, router.shared, h));
+  } else if (options.mode != AttentionMode::mha) {
+    routing = router.route(x.reshape({B * N, C}), is_training());
+  }
   out.aux_loss = routing.aux_loss;
   out.routed = routing.routed;
   if (!reference && options.path == AttentionPath::sparse && routing.routed.defined()) {  // automatic: dense

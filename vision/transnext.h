@@ -43,6 +43,7 @@ struct TransNeXtOptions {
   /// faster than its dense one since the dense window runs through the sliding-window ops: docs/BENCHMARKS.md,
   /// "MoH-ViT attention"); sparse stays available (inference-only gains at stage 3).
   AttentionPath attention_path = AttentionPath::automatic;
+  RouterKind router = RouterKind::learned;  ///< MoH layers' router (learned or query_norm)
 
   /// Feature-map side of stage i at the input size (and at the pretraining size).
   int64_t stage_size(int64_t i) const;

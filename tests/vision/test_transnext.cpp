@@ -1,7 +1,9 @@
 // TransNeXt / MoH-ViT: exact parameter counts (TransNeXt and MoH papers' tables, docs/MODELS.md), every variant's tiny
 // forward/backward, aggregated attention against a neighbour-by-neighbour reference, CPB tables and length scales.
 #include <torch/version.h>
+#include <algorithm>
 #include <cmath>
+#include <set>
 
 #include "core/error.h"
 #include "tests/test_util.h"
@@ -207,6 +209,43 @@ TEST(TransNeXtAttention, SparseMatchesDenseForwardAndBackward) {
         EXPECT_LE((sparse[i] - dense[i]).abs().max().item<double>() / denom, 1e-9) << what;
       }
     }
+}
+
+// router: query_norm in TransNeXt's aggregated (sr 2) and full (sr 1) attention: the raw query projections (before
+// the L2 normalisation) choose the heads — the K largest norms, a direct count — and the dense, sparse and reference
+// paths agree.
+TEST(TransNeXtAttention, QueryNormRouterOnEveryPath) {
+  for (int64_t sr : {2, 1}) {
+    SCOPED_TRACE("sr " + std::to_string(sr));
+    torch::manual_seed(5);
+    nn::MoHAttentionOptions o(48, 4);
+    o.moh(1, 2);
+    o.router = RouterKind::query_norm;
+    TransNeXtAttention a(o, 8, 6, sr);
+    a->eval();
+    for (const auto& p : a->named_parameters()) EXPECT_EQ(p.key().find("wg"), std::string::npos) << p.key();
+    auto [table, index] = relative_position_cpb(8, 6, sr > 1 ? 4 : 8, sr > 1 ? 3 : 6, 8, 6);
+    torch::NoGradGuard ng;
+    const torch::Tensor x = torch::randn({2, 48, 48});
+    a->options.path = AttentionPath::dense;
+    const nn::AttentionOutput dense = a->forward(x, table, index);
+    a->options.path = AttentionPath::sparse;
+    const nn::AttentionOutput sparse = a->forward(x, table, index);
+    EXPECT_LE(rel_err(sparse.out, dense.out), 1e-5);
+    EXPECT_LE(rel_err(a->forward_reference(x, table, index).out, dense.out), 1e-5);
+    const nn::Linear& q_lin = sr > 1 ? a->q : a->qkv;
+    const torch::Tensor q =
+        torch::linear(x.reshape({96, 48}), q_lin->weight.narrow(0, 0, 48), q_lin->bias.narrow(0, 0, 48))
+            .view({96, 4, 12});
+    for (int64_t t = 0; t < 96; ++t) {
+      std::vector<std::pair<double, int64_t>> by_norm;
+      for (int64_t j = 1; j < 4; ++j) by_norm.emplace_back(q[t][j].norm().item<double>(), j - 1);
+      std::sort(by_norm.rbegin(), by_norm.rend());
+      std::set<int64_t> want{by_norm[0].second, by_norm[1].second};
+      std::set<int64_t> got{dense.routed[t][0].item<int64_t>(), dense.routed[t][1].item<int64_t>()};
+      ASSERT_EQ(got, want) << "token " << t;
+    }
+  }
 }
 
 // A whole MoH-ViT forward gives the same logits on either path (eval mode: the router's choice is deterministic).

@@ -49,6 +49,9 @@ void MoHAttentionOptions::validate() const {
       throw UserError(what, "topk = 0 layers weight all heads, so shared_heads must equal num_heads",
                       "set shared_heads = " + std::to_string(num_heads) + " or topk > 0");
   } else if (mode == AttentionMode::moa) {
+    if (router == RouterKind::query_norm)
+      throw UserError(what, "the query_norm router is for moh layers (moa keeps one key/value head)",
+                      "router: learned");
     if (topk <= 0 || topk > num_heads)
       throw UserError(what, "moa needs 1 <= topk <= num_heads, got " + std::to_string(topk), "");
   }
@@ -63,6 +66,8 @@ HeadRouter::HeadRouter(torch::nn::Module& owner, const MoHAttentionOptions& o)
     topk = 0;
     return;
   }
+  by_query_norm = o.router == RouterKind::query_norm;
+  if (by_query_norm) return;  // no parameters
   auto lin = [&](int64_t out) { return Linear(torch::nn::LinearOptions(o.dim, out).bias(false)); };
   if (topk > 0) wg = owner.register_module("wg", lin(heads - shared));
   if (topk > 0 && shared > 0) wg_0 = owner.register_module("wg_0", lin(2));
@@ -99,6 +104,28 @@ HeadRouting HeadRouter::route(const at::Tensor& x, bool training) const {
   return r;
 }
 
+HeadRouting HeadRouter::route_by_queries(const at::Tensor& q) const {
+  HeadRouting r;
+  const int64_t T = q.size(0), E = heads - shared;
+  if (topk == 0) {
+    r.gates = at::ones({T, heads}, q.options());
+    return r;
+  }
+  const at::Tensor norms = q.detach().norm(2, {-1});  // (T, E)
+  const at::Tensor logits = E > 1 ? norms / norms.std({-1}, /*unbiased=*/true, /*keepdim=*/true) : norms;
+  r.routed = std::get<1>(at::softmax(logits, -1).topk(topk, -1));  // (T, K), the official order: softmax, top-K
+  at::Tensor routed_g = at::zeros({T, E}, q.options()).scatter_(1, r.routed, 1.0);
+  r.gates = shared > 0 ? at::cat({at::ones({T, shared}, q.options()), routed_g}, -1) : routed_g;
+  return r;
+}
+
+at::Tensor routed_queries(const at::Tensor& x, const at::Tensor& wq, const at::Tensor& bq, int64_t shared,
+                          int64_t heads) {
+  const int64_t d = wq.size(0) / heads, rows = (heads - shared) * d;
+  const at::Tensor w = wq.narrow(0, shared * d, rows), b = bq.defined() ? bq.narrow(0, shared * d, rows) : bq;
+  return at::linear(x, w, b).view({x.size(0), heads - shared, d});
+}
+
 MoHAttentionImpl::MoHAttentionImpl(const MoHAttentionOptions& o) : options(o) {
   options.validate();
   const int64_t C = o.dim, inner = o.inner_dim(), d = o.head_dim_resolved();
@@ -124,20 +151,23 @@ AttentionOutput MoHAttentionImpl::forward_with_path(const at::Tensor& x, Attenti
   const at::Tensor x_flat = x.reshape({B * N, C});  // (T, C): router input = the tensor feeding QKV
 
   AttentionOutput out;
-  HeadRouting routing;
-  if (options.mode != AttentionMode::mha) routing = router.route(x_flat, is_training());
-  out.aux_loss = routing.aux_loss;
-  out.routed = routing.routed;
+  HeadRouting routing;  // the query_norm router waits for the queries
+  if (options.mode != AttentionMode::mha && !router.by_query_norm) routing = router.route(x_flat, is_training());
 
   path =
       choose_attention_path(path, static_cast<double>(options.active_heads()) / static_cast<double>(h), N, x.device());
-  const bool sparse = path == AttentionPath::sparse && routing.routed.defined();
+  const bool sparse = path == AttentionPath::sparse && router.topk > 0;
   at::Tensor mixed;  // (B, N, h·d)
   if (!sparse && options.mode != AttentionMode::moa) {
     // Dense: one qkv product for Q, K and V of every head (as the official module), then every head attends.
     auto qkvx = qkv->forward(x).view({B, N, 3, h, d}).permute({2, 0, 3, 1, 4});  // (3, B, h, N, d)
+    if (router.by_query_norm)
+      routing = router.route_by_queries(
+          qkvx[0].narrow(1, router.shared, h - router.shared).permute({0, 2, 1, 3}).reshape({B * N, -1, d}));
     mixed = mix_heads_dense(qkvx[0], qkvx[1], qkvx[2], routing.gates, scale, options.fused);
     out.out = proj->forward(mixed);  // (B, N, C)
+    out.aux_loss = routing.aux_loss;
+    out.routed = routing.routed;
     return out;
   }
 
@@ -162,6 +192,9 @@ AttentionOutput MoHAttentionImpl::forward_with_path(const at::Tensor& x, Attenti
     bq = b.defined() ? b.narrow(0, 0, inner) : b;
   }
 
+  if (router.by_query_norm) routing = router.route_by_queries(routed_queries(x_flat, wq, bq, router.shared, h));
+  out.aux_loss = routing.aux_loss;
+  out.routed = routing.routed;
   if (sparse) {
     QuerySource qs;
     qs.x = x_flat;

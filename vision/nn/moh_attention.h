@@ -25,6 +25,7 @@ struct MoHAttentionOptions {
   int64_t shared_heads = 0;  ///< h_s: heads [0, h_s) always on (moh)
   int64_t topk = 0;          ///< K: routed heads chosen per token from the pool of h − h_s (moh); experts (moa)
   AttentionPath path = AttentionPath::dense;  ///< dense, sparse or automatic (per call: choose_attention_path)
+  RouterKind router = RouterKind::learned;    ///< learned (wg, wg_0, wg_1) or query_norm (no parameters; moh only)
   bool fused = kFusedAttentionAvailable;      ///< scaled_dot_product_attention (LibTorch ≥ 2.1); false = plain path
 
   MoHAttentionOptions() = default;
@@ -56,7 +57,8 @@ struct HeadRouting {
 struct HeadRouter {
   nn::Linear wg{nullptr}, wg_0{nullptr}, wg_1{nullptr};
   int64_t heads = 0, shared = 0, topk = 0;
-  bool scale_by_k = true;  ///< MoH multiplies renormalised routed gates by K; MoA keeps them summing to 1
+  bool scale_by_k = true;      ///< MoH multiplies renormalised routed gates by K; MoA keeps them summing to 1
+  bool by_query_norm = false;  ///< RouterKind::query_norm: no layers; route_by_queries decides
 
   HeadRouter() = default;
   /// Creates and registers the layers needed by (options.mode, h_s, K) on `owner`.
@@ -65,7 +67,16 @@ struct HeadRouter {
   /// Shared softmax(wg_1 x) × h_s (1 if h_s == 1). Two-stage α = softmax(wg_0 x) × 2 scales shared by α1 and routed
   /// by α2. K = 0 layers: softmax(wg_1 x) × h over all heads.
   HeadRouting route(const at::Tensor& x, bool training) const;
+  /// Parameter-free routing (RouterKind::query_norm) from the routed heads' queries q (T, h − h_s, d): logits =
+  /// ‖q_j‖₂ / std_j ‖q_j‖₂ (unbiased, as torch.std), softmax, top-K; gate 1 for the shared heads and the K selected,
+  /// 0 for the others (the choice carries no gradient); no load-balance loss. K = 0 layers: every gate 1.
+  HeadRouting route_by_queries(const at::Tensor& q_routed) const;
 };
+
+/// The query projections of heads [shared, heads): x (T, C), wq (heads·d, C) with head-major rows, bq (heads·d) or
+/// undefined → (T, heads − shared, d).
+at::Tensor routed_queries(const at::Tensor& x, const at::Tensor& wq, const at::Tensor& bq, int64_t shared,
+                          int64_t heads);
 
 /// Output of an attention layer.
 struct AttentionOutput {

@@ -1,5 +1,6 @@
 // MoH attention: the official gate math on a hand-computed example, corner cases, dense == sparse (forward and
 // backward, aux loss included), reduction to MHA, MoA, and option errors.
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -280,6 +281,49 @@ TEST(MoHAttention, MoAForwardBackward) {
   (out.out.sum() + out.aux_loss).backward();
   EXPECT_TRUE(torch::isfinite(x.grad()).all().item<bool>());
   for (const auto& p : a->parameters()) EXPECT_TRUE(p.grad().defined() && torch::isfinite(p.grad()).all().item<bool>());
+}
+
+// The parameter-free router (router: query_norm, as the released MoH-LLaMA3) against a direct count: per token the
+// routed heads ordered by the L2 norm of their query projection, the K largest and every shared head weighted 1, the
+// rest 0; the output is the plain per-head attention with those weights, on both paths. No router layers, no
+// load-balance loss.
+TEST(MoHAttention, QueryNormRouterEqualsADirectCount) {
+  for (auto [h, hs, K] :
+       {std::array<int64_t, 3>{8, 4, 2}, std::array<int64_t, 3>{6, 0, 3}, std::array<int64_t, 3>{4, 2, 1}}) {
+    SCOPED_TRACE("h " + std::to_string(h) + " shared " + std::to_string(hs) + " K " + std::to_string(K));
+    torch::manual_seed(21 + h);
+    const int64_t C = 8 * h, B = 2, N = 7, d = 8, T = B * N;
+    MoHAttentionOptions o(C, h);
+    o.moh(hs, K);
+    o.router = RouterKind::query_norm;
+    MoHAttention a(o);
+    a->eval();
+    for (const auto& p : a->named_parameters()) EXPECT_EQ(p.key().find("wg"), std::string::npos) << p.key();
+    torch::NoGradGuard ng;
+    const torch::Tensor x = torch::randn({B, N, C});
+    const torch::Tensor qkv = a->qkv->forward(x).view({B, N, 3, h, d}).permute({2, 0, 3, 1, 4});  // (3, B, h, N, d)
+    const torch::Tensor q = qkv[0].permute({0, 2, 1, 3}).reshape({T, h, d});
+    torch::Tensor gates = torch::zeros({T, h});
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<std::pair<double, int64_t>> by_norm;
+      for (int64_t j = hs; j < h; ++j) by_norm.emplace_back(q[t][j].norm().item<double>(), j);
+      std::sort(by_norm.rbegin(), by_norm.rend());
+      for (int64_t j = 0; j < hs; ++j) gates[t][j] = 1.0;
+      for (int64_t k = 0; k < K; ++k) gates[t][by_norm[static_cast<size_t>(k)].second] = 1.0;
+    }
+    const torch::Tensor heads = torch::matmul(
+        torch::softmax(torch::matmul(qkv[0], qkv[1].transpose(-2, -1)) / std::sqrt(static_cast<double>(d)), -1),
+        qkv[2]);  // (B, h, N, d)
+    const torch::Tensor expected =
+        a->proj->forward((heads.transpose(1, 2) * gates.view({B, N, h, 1})).reshape({B, N, h * d}));
+    for (AttentionPath path : {AttentionPath::dense, AttentionPath::sparse}) {
+      const AttentionOutput out = a->forward_with_path(x, path);
+      EXPECT_LE(rel_err(out.out, expected), 1e-5) << (path == AttentionPath::dense ? "dense" : "sparse");
+      EXPECT_FALSE(out.aux_loss.defined());
+      const torch::Tensor chosen = torch::zeros({T, h - hs}).scatter_(1, out.routed, 1.0);
+      EXPECT_TRUE(torch::equal(chosen, gates.narrow(1, hs, h - hs)));
+    }
+  }
 }
 
 TEST(MoHAttention, BadOptionsAreClearErrors) {
