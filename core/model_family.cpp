@@ -1,5 +1,7 @@
 #include "core/model_family.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace moh {
@@ -35,6 +37,16 @@ void check_forward_inputs(const ForwardRequest& r, const std::set<std::string>& 
   for (const auto& [name, t] : r.inputs)
     if (!inputs.count(name) && !outputs.count(name))
       throw UserError("--input " + r.inputs_origin, "unexpected tensor '" + name + "'", "this model takes " + needs);
+}
+
+FamilyCheckpoint open_family_checkpoint(const std::string& path, const std::vector<std::string>& names,
+                                        const std::string& family, const std::string& hint) {
+  FamilyCheckpoint r;
+  r.ckpt = load_checkpoint(path, /*tensors=*/false);  // the weights file used is read later, alone
+  r.cfg = parse_experiment(r.ckpt.config_yaml, r.ckpt.dir + "/config.resolved.yaml");
+  if (std::find(names.begin(), names.end(), r.cfg.model.name) == names.end())
+    throw UserError("checkpoint " + r.ckpt.dir, "holds a " + r.cfg.model.name + " model, not a " + family, hint);
+  return r;
 }
 
 }  // namespace moh

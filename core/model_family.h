@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/checkpoint.h"
 #include "core/experiment_config.h"
 #include "core/run_context.h"
 #include "core/safetensors.h"
@@ -43,6 +44,16 @@ std::vector<std::string> names_of(const Table& table) {
   for (const auto& entry : table) names.push_back(entry.first);
   return names;
 }
+
+/// A run's checkpoint, opened without its tensors, and the experiment it was trained with.
+struct FamilyCheckpoint {
+  Checkpoint ckpt;
+  ExperimentConfig cfg;
+};
+/// Opens the checkpoint (or run directory) `path` for a family's loader: a UserError unless the experiment's model
+/// is one of `names`, the variants of `family` ("DiT", "classifier"; `hint` says what to pass instead).
+FamilyCheckpoint open_family_checkpoint(const std::string& path, const std::vector<std::string>& names,
+                                        const std::string& family, const std::string& hint);
 
 /// `moh forward`: one fp32 eval-mode forward of variant `name` with `weights` on the tensors of `inputs`.
 struct ForwardRequest {

@@ -2,6 +2,7 @@
 
 #include "core/checkpoint.h"
 #include "core/error.h"
+#include "core/model_family.h"
 #include "core/run_context.h"
 #include "datasets/experiment_data.h"
 #include "diffusion/diffusion_schedule.h"
@@ -141,14 +142,9 @@ AutoencoderKL load_sampling_vae(const ExperimentConfig& cfg, const RunContext& c
 }
 
 LoadedDiT load_dit_checkpoint(const std::string& path, bool prefer_ema) {
-  Checkpoint ckpt = load_checkpoint(path, /*tensors=*/false);  // the weights file used is read below, alone
+  auto [ckpt, cfg] = open_family_checkpoint(path, names_of(dit_variants()), "DiT", "pass a DiT run");
   LoadedDiT r;
-  r.cfg = parse_experiment(ckpt.config_yaml, ckpt.dir + "/config.resolved.yaml");
-  bool known = false;
-  for (const auto& [n, o] : dit_variants()) known = known || n == r.cfg.model.name;
-  if (!known)
-    throw UserError("checkpoint " + ckpt.dir, "holds a " + r.cfg.model.name + " classifier, not a DiT",
-                    "pass a DiT run");
+  r.cfg = cfg;
   r.model = DiT(dit_options_for(r.cfg));
   r.dir = ckpt.dir;
   r.step = ckpt.state.step;

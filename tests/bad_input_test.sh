@@ -174,7 +174,7 @@ bad "header length" -- convert --in "$F/trunc.safetensors" --out "$O/c.safetenso
 bad "header is not valid JSON" -- eval $NANO --weights "$F/garbage.safetensors"
 bad "dimension above INT64_MAX" -- convert --in "$F/hugedim.safetensors" --out "$O/c.safetensors"
 bad "missing tensor 'patch_embed1.proj.weight'" -- eval $NANO --weights "$F/dit/checkpoints/0000002/model.safetensors"
-bad "holds a MoH-ViT-Nano classifier, not a DiT" -- sample --checkpoint "$F/run" --out "$O/s"
+bad "holds a MoH-ViT-Nano model, not a DiT" -- sample --checkpoint "$F/run" --out "$O/s"
 
 # 6. Image loaders count damaged files exactly and obey data.max_bad_fraction in both loaders; class lists match.
 IMG=(--set data.dataset=image_folder --set data.batch_size=8 --set train.max_steps=1 --set train.processes=1)

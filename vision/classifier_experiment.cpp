@@ -6,6 +6,7 @@
 #include "core/amp.h"
 #include "core/checkpoint.h"
 #include "core/error.h"
+#include "core/model_family.h"
 #include "core/progress.h"
 #include "datasets/experiment_data.h"
 #include "datasets/stream_loader.h"
@@ -217,14 +218,10 @@ EvalResult evaluate_sharded(TransNeXt& model, const ClassifierSplit& split, int6
 }
 
 LoadedClassifier load_classifier_checkpoint(const std::string& path, bool ema) {
-  Checkpoint ckpt = load_checkpoint(path, /*tensors=*/false);  // the weights file used is read below, alone
+  auto [ckpt, cfg] = open_family_checkpoint(path, names_of(classifier_variants()), "classifier",
+                                            "pass a classifier run (moh train with a MoH-ViT / TransNeXt config)");
   LoadedClassifier r;
-  r.cfg = parse_experiment(ckpt.config_yaml, ckpt.dir + "/config.resolved.yaml");
-  bool known = false;
-  for (const auto& [n, o] : classifier_variants()) known = known || n == r.cfg.model.name;
-  if (!known)
-    throw UserError("checkpoint " + ckpt.dir, "holds a " + r.cfg.model.name + " model, not a classifier",
-                    "pass a classifier run (moh train with a MoH-ViT / TransNeXt config)");
+  r.cfg = cfg;
   r.model = TransNeXt(classifier_options_for(r.cfg));
   r.dir = ckpt.dir;
   r.step = ckpt.state.step;
