@@ -43,7 +43,8 @@ int cmd_forward(int argc, char** argv) {
   r.allow_missing = args.count("allow-missing") > 0;
 
   check_output_file(out_path, "--output " + out_path);
-  const ModelFamily& family = find_model_family(r.name, "--model " + r.name);
+  const std::string flag = "--model " + r.name;
+  const ModelFamily& family = find_model_family(r.name, flag);
   r.inputs = load_safetensors(r.inputs_origin).tensors;
   r.weights = load_weights_tensors(weights_path, key);
   torch::NoGradGuard no_grad;

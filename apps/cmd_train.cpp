@@ -26,6 +26,9 @@ int cmd_train(int argc, char** argv) {
   ExperimentConfig cfg = config_from_args(args, argv[0]);
   if (cfg.train.processes > 1 && !std::getenv("WORLD_SIZE") && !std::getenv("SLURM_NTASKS")) {
     // train.processes: run as that many data-parallel processes here, exactly as `moh launch --nproc N -- train ...`.
+    // Their devices are checked here, before any process starts (device: cuda with more processes than GPUs).
+    const int n = static_cast<int>(cfg.train.processes);
+    choose_device(cfg.train.device, n - 1, n, cuda_available() ? cuda_device_count() : 0);
     std::vector<std::string> child{"train"};
     for (int i = 1; i < argc; ++i) child.emplace_back(argv[i]);
     return launch_local(static_cast<int>(cfg.train.processes), 0, child);

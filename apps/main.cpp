@@ -147,7 +147,12 @@ static void print_version() {
             << "BLAS: " << blas.name << (blas.path.empty() ? "" : " (" + blas.path + ")") << "\n"
             << "CPU threads: " << threads_line() << "\n"
             << "data parallel: " << (dist::available() ? "c10d (Gloo)" : "off (no c10d/Gloo headers at build time)")
-            << "\n";
+            << "\n"
+#ifdef MOH_WITH_OPENCV
+            << "images: OpenCV: yes (image folders, PNG/JPEG in and out)\n";
+#else
+            << "images: OpenCV: no (built with -DMOH_WITH_OPENCV=OFF: .npz, latents and the embedded datasets)\n";
+#endif
 }
 
 static int run(int argc, char** argv) {
@@ -179,6 +184,7 @@ static int run(int argc, char** argv) {
 }  // namespace moh::apps
 
 int main(int argc, char** argv) {
+  moh::prefer_system_libstdcxx();  // before any std::filesystem call (core/run_context.h says why)
   // Data-parallel ranks other than 0 stay quiet about input errors (every rank hits the same one; rank 0 says it)
   // and prefix runtime errors with their rank.
   const char* rank_env = std::getenv("RANK");

@@ -223,7 +223,8 @@ int train_bench_main(int argc, char** argv) {
   r.batch = c.batch;
   r.img_size = c.args["img-size"].as<int64_t>();
   r.path = config::enum_from_string<AttentionPath>(c.args["attention-path"].as<std::string>(), "--attention-path");
-  const ModelFamily& family = find_model_family(c.model, "--model " + c.model);
+  const std::string flag = "--model " + c.model;
+  const ModelFamily& family = find_model_family(c.model, flag);
   if (!family.bench_step)
     throw UserError("--model", c.model + " is a fixed network", "pick a classifier or DiT variant");
   const BenchStep b = family.bench_step(r);

@@ -221,7 +221,8 @@ struct TrainConfig {
   int64_t log_every_steps = 50;
   double label_smoothing = 0.1;
   int64_t eval_every_epochs = 1;
-  int64_t max_steps = 0;  ///< stop after this many optimizer steps (0 = run all epochs)
+  int64_t max_steps = 0;       ///< stop after this many optimizer steps (0 = run all epochs)
+  bool deterministic = false;  ///< deterministic kernels (CUDA: bit-identical reruns and resumes)
 
   template <class V>
   void visit(V& v) {
@@ -244,6 +245,10 @@ struct TrainConfig {
     v.field("label_smoothing", label_smoothing, "label smoothing of the classification loss");
     v.field("eval_every_epochs", eval_every_epochs, "evaluate every N epochs (and after the last)");
     v.field("max_steps", max_steps, "stop after N optimizer steps (0 = run all epochs; for smoke tests)");
+    v.field("deterministic", deterministic,
+            "deterministic kernels only (torch.use_deterministic_algorithms; CUBLAS_WORKSPACE_CONFIG=:4096:8): "
+            "on a GPU, reruns and resumed runs equal uninterrupted ones bit for bit, at some speed; CPU runs are "
+            "deterministic without it");
   }
 };
 

@@ -21,6 +21,7 @@
 #include <limits>
 #include <mutex>
 #include <sstream>
+#include <vector>
 
 #include "core/error.h"
 #include "moh_version.h"
@@ -47,27 +48,12 @@ RunContext RunContext::create(const std::string& device, Precision precision, ui
   ctx.local_rank = env_int("LOCAL_RANK", "SLURM_LOCALID", 0);
   if (ctx.world < 1 || ctx.rank < 0 || ctx.rank >= ctx.world)
     throw UserError("environment", "RANK/WORLD_SIZE inconsistent", "launch with torchrun or `moh launch`");
-  bool cuda = cuda_available();
-  if (device == "auto") {
-    ctx.device = cuda ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(ctx.local_rank)) : c10::Device(c10::kCPU);
-  } else if (device == "cpu") {
-    ctx.device = c10::Device(c10::kCPU);
-  } else if (device.rfind("cuda", 0) == 0) {
-    if (!cuda) {
-      const std::string build = libtorch_cuda_build();
-      throw UserError("device " + device,
-                      build.empty() ? "this LibTorch " + libtorch_version() + " is CPU-only"
-                                    : "no CUDA GPU is visible (LibTorch " + libtorch_version() + " is a CUDA " + build +
-                                          " build; check nvidia-smi and CUDA_VISIBLE_DEVICES)",
-                      build.empty()
-                          ? "use device: cpu, or build against a CUDA LibTorch: MOH_LIBTORCH=pip scripts/setup.sh"
-                          : "use device: cpu");
-    }
-    ctx.device =
-        device == "cuda" ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(ctx.local_rank)) : c10::Device(device);
-  } else {
-    throw UserError("device " + device, "expected auto, cpu, cuda or cuda:N", "");
-  }
+  const int local_world = env_int("LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE", 1);
+  ctx.device = choose_device(device, ctx.local_rank, local_world, cuda_available() ? cuda_device_count() : 0);
+  if (device == "auto" && !ctx.device.is_cuda() && cuda_available() && ctx.local_rank == 0)
+    std::cerr << "note: device auto: " << local_world << " processes on this node, " << cuda_device_count()
+              << " GPU(s): running on the CPU (one process per GPU; set train.processes or --nproc_per_node to "
+              << cuda_device_count() << " to use the GPUs)" << std::endl;
   // This rank's GPU is the current one (torch.cuda.set_device): allocations without an explicit index, NCCL's
   // communicators and the CUDA generator then all belong to it.
   if (ctx.device.is_cuda()) c10::impl::getDeviceGuardImpl(c10::kCUDA)->setDevice(ctx.device);
@@ -110,6 +96,84 @@ std::string libtorch_version() {
 
 bool cuda_available() {
   return torch::cuda::is_available();
+}
+
+void use_deterministic_kernels() {
+  ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 0);  // a user's own setting stays
+  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+  at::globalContext().setDeterministicCuDNN(true);
+  at::globalContext().setBenchmarkCuDNN(false);
+}
+
+namespace {
+constexpr const char* kRemoveAll = "_ZNSt10filesystem10remove_allERKNS_7__cxx114pathE";  // std::filesystem::remove_all
+std::string object_of(void* symbol) {
+  Dl_info info{};
+  return symbol && dladdr(symbol, &info) && info.dli_fname ? info.dli_fname : "";
+}
+}  // namespace
+
+std::string std_filesystem_library() {
+  return object_of(dlsym(RTLD_DEFAULT, kRemoveAll));
+}
+
+void prefer_system_libstdcxx() {
+  if (std::getenv("MOH_LIBSTDCXX_PRELOADED") || std_filesystem_library().find("libtorch") == std::string::npos) return;
+  void* own = dlopen("libstdc++.so.6", RTLD_NOW | RTLD_NOLOAD);
+  const std::string lib = own ? object_of(dlsym(own, kRemoveAll)) : "";
+  if (lib.empty() || lib.find("libstdc++") == std::string::npos) return;
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::vector<std::string> args;
+  for (std::string a; std::getline(in, a, '\0');) args.push_back(a);
+  if (args.empty()) return;
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const char* pre = std::getenv("LD_PRELOAD");
+  ::setenv("LD_PRELOAD", (pre && *pre ? lib + ":" + pre : lib).c_str(), 1);
+  ::setenv("MOH_LIBSTDCXX_PRELOADED", "1", 1);
+  ::execv("/proc/self/exe", argv.data());  // returns only on failure: go on as we are
+}
+
+int cuda_device_count() {
+  return static_cast<int>(torch::cuda::device_count());
+}
+
+c10::Device choose_device(const std::string& device, int local_rank, int local_world, int gpus) {
+  auto cuda = [](int i) { return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)); };
+  const int on_node = std::max(local_world, local_rank + 1);
+  if (device == "cpu") return c10::Device(c10::kCPU);
+  if (device == "auto") return gpus > 0 && on_node <= gpus ? cuda(local_rank) : c10::Device(c10::kCPU);
+  if (device.rfind("cuda", 0) != 0) throw UserError("device " + device, "expected auto, cpu, cuda or cuda:N", "");
+  if (gpus == 0) {
+    const std::string build = libtorch_cuda_build();
+    throw UserError("device " + device,
+                    build.empty() ? "this LibTorch " + libtorch_version() + " is CPU-only"
+                                  : "no CUDA GPU is visible (LibTorch " + libtorch_version() + " is a CUDA " + build +
+                                        " build; check nvidia-smi and CUDA_VISIBLE_DEVICES)",
+                    build.empty()
+                        ? "use device: cpu, or build against a CUDA LibTorch: MOH_LIBTORCH=pip scripts/setup.sh"
+                        : "use device: cpu");
+  }
+  if (device == "cuda") {
+    if (on_node > gpus)
+      throw UserError("device cuda",
+                      std::to_string(on_node) + " processes on this node but " + std::to_string(gpus) +
+                          " GPU(s) visible: each process needs a GPU of its own",
+                      "set train.processes or --nproc_per_node to " + std::to_string(gpus) + ", or use device: cpu");
+    return cuda(local_rank);
+  }
+  c10::Device d(c10::kCPU);
+  try {
+    d = c10::Device(device);
+  } catch (const c10::Error&) {
+    throw UserError("device " + device, "expected auto, cpu, cuda or cuda:N", "");
+  }
+  if (d.index() >= gpus)
+    throw UserError("device " + device,
+                    std::to_string(gpus) + " GPU(s) visible (cuda:0 .. cuda:" + std::to_string(gpus - 1) + ")",
+                    "check CUDA_VISIBLE_DEVICES");
+  return d;
 }
 
 std::string precision_summary(Precision requested, const RunContext& ctx) {

@@ -54,6 +54,24 @@ std::string toolkit_version();
 std::string libtorch_version();
 /// Whether this LibTorch has CUDA and a device is visible.
 bool cuda_available();
+/// Deterministic kernels from here on (train.deterministic): LibTorch's deterministic algorithms, erroring on an
+/// operation that has none, and cuBLAS's fixed workspace (CUBLAS_WORKSPACE_CONFIG, before its first handle).
+void use_deterministic_kernels();
+/// The file that defines the std::filesystem this process calls (its dynamic linker's choice).
+std::string std_filesystem_library();
+/// The pip wheel's libtorch_cpu.so exports a std::filesystem of its own, built by another GCC; where the dynamic
+/// linker binds this program's std::filesystem calls to it (LibTorch ahead of libstdc++ among the needed libraries,
+/// which some linkers do whatever the link line says), they can crash. Then this runs the program again (same
+/// arguments, same pid) with the system libstdc++ preloaded, as `LD_PRELOAD=libstdc++.so.6` does by hand; otherwise
+/// it returns at once. Called first thing by `moh` and the test binaries.
+void prefer_system_libstdcxx();
+/// Number of visible CUDA devices (0 without CUDA).
+int cuda_device_count();
+/// The device of a process: `device` (auto|cpu|cuda|cuda:N) for local rank `local_rank` of `local_world` processes
+/// on a node with `gpus` visible GPUs. cuda gives each process the GPU of its local rank and refuses more processes
+/// than GPUs (NCCL needs a GPU per rank); auto takes the GPUs only when each process gets one, else the CPU; cuda:N
+/// must name a visible GPU. Refusals are UserErrors. Pure: tests simulate any GPU count.
+c10::Device choose_device(const std::string& device, int local_rank, int local_world, int gpus);
 
 /// The CUDA version this LibTorch was built with ("13.0"), or "" for a CPU-only LibTorch (from at::show_config()).
 std::string libtorch_cuda_build();

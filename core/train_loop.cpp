@@ -189,6 +189,7 @@ TrainLoop::TrainLoop(const ExperimentConfig& cfg, const TrainArgs& args, const T
       ctx_(RunContext::create(cfg.train.device, cfg.train.precision, static_cast<uint64_t>(cfg.train.seed))) {
   run_dir_ = args.run_dir.empty() ? "runs/" + cfg.name : args.run_dir;
   check_output_dir(run_dir_, "--run-dir " + run_dir_);
+  if (cfg.train.deterministic) use_deterministic_kernels();
   const int64_t world = ctx_.world, local_batch = cfg.data.batch_size / world;
   if (cfg.data.batch_size % world != 0 || local_batch % cfg.train.accum_steps != 0)
     throw UserError("config: data.batch_size",

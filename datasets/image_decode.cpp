@@ -30,12 +30,12 @@ bool has_prefix(const std::string& b, const char* magic, size_t n) {
   return b.size() >= n && std::memcmp(b.data(), magic, n) == 0;
 }
 
+#ifdef MOH_WITH_OPENCV
+
 std::string too_large(int64_t w, int64_t h) {
   return "image of " + std::to_string(w) + "x" + std::to_string(h) + " pixels exceeds the " +
          std::to_string(kMaxImagePixels >> 20) + " Mpx limit";
 }
-
-#ifdef MOH_WITH_OPENCV
 
 // ---- JPEG through libjpeg: warnings (truncation, corrupt entropy data) are counted, never printed ---------------
 

@@ -118,7 +118,10 @@ at::Tensor TimestepEmbedderImpl::timestep_embedding(const at::Tensor& t, int64_t
 }
 
 at::Tensor TimestepEmbedderImpl::forward(const at::Tensor& t) {
-  return mlp->forward(timestep_embedding(t, frequency_dim));  // (N, D)
+  // The frequencies in fp32 as the official code computes them, then in the weights' dtype (an fp64 twin of the
+  // model is the reference of tests/test_on_device.cpp; autocast casts for itself).
+  const at::ScalarType w = mlp->parameters().front().scalar_type();
+  return mlp->forward(timestep_embedding(t, frequency_dim).to(w == at::kDouble ? w : at::kFloat));  // (N, D)
 }
 
 LabelEmbedderImpl::LabelEmbedderImpl(int64_t classes, int64_t dim, double p) : num_classes(classes), dropout_prob(p) {

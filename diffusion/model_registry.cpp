@@ -30,7 +30,8 @@ const ModelFamily& find_model_family(const std::string& name, const std::string&
 }
 
 const ModelFamily& experiment_family(const ExperimentConfig& cfg) {
-  const ModelFamily& f = find_model_family(cfg.model.name, "config: model.name '" + cfg.model.name + "'");
+  const std::string what = "config: model.name '" + cfg.model.name + "'";
+  const ModelFamily& f = find_model_family(cfg.model.name, what);
   if (!f.trainable())
     throw UserError("config: model.name", cfg.model.name + " is a fixed network, not a trainable experiment",
                     "pick a classifier or DiT variant (moh info --list)");

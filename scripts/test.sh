@@ -6,6 +6,7 @@
 # default), demo_quick and scale_check against the pip build (the faster one); a single build runs every test.
 #   MOH_TEST_LIBTORCH  both (default) | debian | pip   which builds to test
 #   MOH_TEST_JOBS      ctest parallelism (default 2)
+#   MOH_TEST_NOCV      1 (default): also build and check the tree without OpenCV (build-nocv/, with the Debian build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 which=${MOH_TEST_LIBTORCH:-both}
@@ -28,6 +29,17 @@ run_suite() {  # $1 = debian|pip
   (cd "$dir" && ctest --output-on-failure -j"${MOH_TEST_JOBS:-2}" --timeout 1200 "${skip[@]}")
   echo "test.sh: $1 LibTorch ($dir): build $(( t1 - t0 )) s, tests $(( $(date +%s) - t1 )) s"
 }
+# A third tree without OpenCV (the GPU machines' build, docs/GPU.md): the binary only, against Debian's LibTorch, and
+# tests/nocv_test.sh (what it still does end to end, what it refuses). MOH_TEST_NOCV=0 leaves it out.
+nocv_suite() {
+  local t0=$(date +%s)
+  cmake -S . -B build-nocv -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOH_WITH_OPENCV=OFF -DMOH_BUILD_TESTS=OFF \
+    -DMOH_BUILD_BENCH=OFF >/dev/null
+  cmake --build build-nocv -j"$(nproc)" --target moh
+  bash tests/nocv_test.sh build-nocv/moh
+  echo "test.sh: no-OpenCV build (build-nocv): build + test $(( $(date +%s) - t0 )) s"
+}
 if [ "$which" != pip ]; then run_suite debian; fi
+if [ "$which" != pip ] && [ "${MOH_TEST_NOCV:-1}" = 1 ]; then nocv_suite; fi
 if [ "$which" != debian ]; then run_suite pip; fi
 echo "test.sh: done ($which)"

@@ -34,7 +34,7 @@ fi
 # sums in another order, and the last stage's CPB bias has an exact gradient of 0 (softmax ignores a constant
 # shift), so it holds rounding noise only.
 NANO=configs/fashion_mnist/moh_vit_nano.yaml
-C=(--set train.processes=1 --set data.limit_train=256 --set data.limit_val=96 --set data.batch_size=32 --set train.epochs=1 --set train.max_steps=6
+C=(--set train.device=cpu --set train.processes=1 --set data.limit_train=256 --set data.limit_val=96 --set data.batch_size=32 --set train.epochs=1 --set train.max_steps=6
    --set model.drop_path=0 --set train.moh_loss_coeff=0 --set train.log_every_steps=2 --set optim.eps=1e-3 --set train.precision=fp32)
 [ "$(run "$tmp/c1.log" -- train $NANO "${C[@]}" --run-dir "$tmp/c1")" = 0 ] || bad "single-process classifier run: $(tail -3 "$tmp/c1.log")"
 [ "$(run "$tmp/c2.log" -- launch --nproc 2 -- train $NANO "${C[@]}" --run-dir "$tmp/c2")" = 0 ] || bad "2-rank classifier run: $(tail -3 "$tmp/c2.log")"
@@ -52,7 +52,7 @@ t2=$("$MOH" launch --nproc 2 -- eval $NANO "${C[@]}" --checkpoint "$tmp/c1" --js
 [ -n "$t1" ] && [ "$t1" = "$t2" ] && ok "eval 2 ranks: $t2" || bad "eval top-1 '$t2' vs '$t1'"
 
 # DiT (pixel space, MHA, fp32): t, noise and the class-dropout mask are drawn for the global batch on every rank.
-D=(--set data.limit_train=256 --set data.batch_size=16 --set train.epochs=1 --set train.max_steps=4 --set train.precision=fp32
+D=(--set train.device=cpu --set data.limit_train=256 --set data.batch_size=16 --set train.epochs=1 --set train.max_steps=4 --set train.precision=fp32
    --set train.log_every_steps=2 --set optim.eps=1e-3)
 [ "$(run "$tmp/d1.log" -- train configs/fashion_mnist/dit_pixel.yaml "${D[@]}" --run-dir "$tmp/d1")" = 0 ] || bad "single DiT run: $(tail -3 "$tmp/d1.log")"
 [ "$(run "$tmp/d2.log" -- launch --nproc 2 -- train configs/fashion_mnist/dit_pixel.yaml "${D[@]}" --run-dir "$tmp/d2")" = 0 ] || bad "2-rank DiT run: $(tail -3 "$tmp/d2.log")"
@@ -60,14 +60,14 @@ if "$MOH" compare "$tmp/d1" "$tmp/d2" --l2 --tol 1e-6 >"$tmp/cmp.log"; then ok "
 else bad "DiT weights differ: $(cat "$tmp/cmp.log")"; fi
 
 # Sampling: rank r draws batches r, r+2, ...; rank 0 merges them into the same .npz a single process writes.
-S=(--num-samples 10 --batch 3 --steps ddim4 --cfg-scale 2)
+S=(--device cpu --num-samples 10 --batch 3 --steps ddim4 --cfg-scale 2)
 "$MOH" sample --checkpoint "$tmp/d1" "${S[@]}" --out "$tmp/s1" >/dev/null 2>&1
 "$MOH" launch --nproc 2 -- sample --checkpoint "$tmp/d1" "${S[@]}" --out "$tmp/s2" >/dev/null 2>&1
 cmp -s "$tmp/s1/samples.npz" "$tmp/s2/samples.npz" && ok "2-rank samples.npz is byte-identical" || bad "samples.npz differ"
 
 # A rank that dies: the survivor's next collective fails (Gloo sees the closed connection) and it exits non-zero.
 port=$((20000 + RANDOM % 20000))
-K=(--set data.limit_train=2048 --set data.batch_size=32 --set train.epochs=1 --set train.log_every_steps=1 --set train.processes=1)
+K=(--set train.device=cpu --set data.limit_train=2048 --set data.batch_size=32 --set train.epochs=1 --set train.log_every_steps=1 --set train.processes=1)
 env MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=2 RANK=0 MOH_DIST_TIMEOUT=30 OMP_NUM_THREADS=1 \
   "$MOH" train $NANO "${K[@]}" --run-dir "$tmp/k" >"$tmp/k0.log" 2>&1 &
 p0=$!

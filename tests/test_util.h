@@ -1,10 +1,13 @@
 #pragma once
 // Shared helpers for the GoogleTest suites.
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <stdexcept>
 #include <string>
 
 namespace moh::test {
@@ -40,6 +43,37 @@ int64_t count_params(M& model) {
   int64_t n = 0;
   for (const auto& p : model->parameters()) n += p.numel();
   return n;
+}
+
+/// The device of the device-following tests: MOH_TEST_DEVICE = cpu (default), cuda or cuda:N. Asking for a GPU that
+/// is not there throws (the test fails) rather than quietly testing the CPU.
+inline std::string device_name() {
+  const char* v = std::getenv("MOH_TEST_DEVICE");
+  const std::string d = v && *v ? v : "cpu";
+  if (d != "cpu" && (d.rfind("cuda", 0) != 0 || !torch::cuda::is_available()))
+    throw std::runtime_error("MOH_TEST_DEVICE=" + d + ": use cpu, or cuda / cuda:N on a machine with a GPU");
+  return d;
+}
+inline torch::Device device() {
+  const torch::Device d(device_name());
+  return d.is_cuda() && !d.has_index() ? torch::Device(torch::kCUDA, 0) : d;  // where tensors say they are
+}
+/// The train: keys that put a test's training run on that device, bit-reproducible there (train.deterministic).
+inline std::string train_device_keys() {
+  return device_name() == "cpu" ? "device: cpu" : "device: " + device_name() + ", deterministic: true";
+}
+/// Tolerance of a result in `dtype` against its fp64 CPU reference (relative, ∞-norm); TF32 is off in these tests.
+inline double tolerance(torch::ScalarType dtype) {
+  switch (dtype) {
+    case torch::kDouble:
+      return 1e-12;
+    case torch::kFloat:
+      return 2e-5;
+    case torch::kHalf:
+      return 1e-2;
+    default:
+      return 5e-2;  // bf16: 8 bits of mantissa
+  }
 }
 
 /// max |a − b| / max(|b|_∞, tiny): relative error in the ∞-norm.

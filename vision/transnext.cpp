@@ -302,10 +302,19 @@ nn::AttentionOutput TransNeXtAttentionImpl::run(const at::Tensor& x, const at::T
   return out;
 }
 
+at::Tensor average_pool(const at::Tensor& x, int64_t ph, int64_t pw, bool deterministic) {
+  const int64_t H = x.size(-2), W = x.size(-1);
+  if (deterministic && x.is_cuda() && H % ph == 0 && W % pw == 0)
+    return at::avg_pool2d(x, {H / ph, W / pw}, {H / ph, W / pw});
+  return at::adaptive_avg_pool2d(x, {ph, pw});
+}
+
 at::Tensor TransNeXtAttentionImpl::pooled_kv(const at::Tensor& x) {
   const int64_t B = x.size(0), C = x.size(2), h = options.num_heads, d = C / h, P = pool_h * pool_w;
   at::Tensor xs = x.permute({0, 2, 1}).reshape({B, C, H, W});
-  xs = at::adaptive_avg_pool2d(at::gelu(sr->forward(xs)), {pool_h, pool_w}).reshape({B, C, P}).permute({0, 2, 1});
+  xs = average_pool(at::gelu(sr->forward(xs)), pool_h, pool_w, at::globalContext().deterministicAlgorithms())
+           .reshape({B, C, P})
+           .permute({0, 2, 1});
   return kv->forward(ln(norm, xs)).reshape({B, P, 2, h, d}).permute({2, 0, 3, 1, 4});  // (2, B, h, P, d)
 }
 

@@ -166,4 +166,9 @@ const std::vector<std::pair<std::string, TransNeXtOptions>>& classifier_variants
 /// Looks a variant up; an unknown name is a UserError listing the valid ones.
 TransNeXtOptions classifier_options(const std::string& name);
 
+/// The official pooling, adaptive_avg_pool2d to (ph, pw): (B, C, H, W) -> (B, C, ph, pw). Its CUDA backward has no
+/// deterministic kernel, so with deterministic kernels asked for (train.deterministic) on a GPU and a map the pool
+/// divides evenly (every ImageNet stage), the same windows go through avg_pool2d, deterministic both ways.
+at::Tensor average_pool(const at::Tensor& x, int64_t ph, int64_t pw, bool deterministic);
+
 }  // namespace moh::vision

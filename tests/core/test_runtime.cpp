@@ -1,6 +1,7 @@
 // Progress bar (plain mode lines, durations), JSONL metrics, and RunContext (torchrun/Slurm environment, errors).
 #include <cstdlib>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "core/amp.h"
 #include "core/atomic_io.h"
@@ -84,6 +85,38 @@ TEST(RunContext, RanksFromTorchrunAndSlurmEnvironment) {
     EnvGuard env;
     env.set("RANK", "x");
     EXPECT_THROW(RunContext::create("cpu", Precision::fp32, 0), UserError);
+  }
+}
+
+// This process calls the system libstdc++'s std::filesystem, not the copy the pip wheel's libtorch_cpu.so exports
+// (CMakeLists.txt, prefer_system_libstdcxx): on the GPU machines that copy crashed every temporary-directory test.
+TEST(RunContext, StdFilesystemIsTheSystemOne) {
+  EXPECT_EQ(std_filesystem_library().find("libtorch"), std::string::npos) << std_filesystem_library();
+}
+
+// The device of each process on simulated nodes (no GPU is needed to check the rule): one GPU per process.
+TEST(RunContext, DeviceChoiceOnSimulatedNodes) {
+  const auto cuda = [](int i) { return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)); };
+  EXPECT_EQ(choose_device("auto", 0, 1, 0), c10::Device(c10::kCPU));
+  EXPECT_EQ(choose_device("auto", 1, 2, 2), cuda(1));
+  EXPECT_EQ(choose_device("auto", 1, 2, 1), c10::Device(c10::kCPU));  // 2 processes, 1 GPU: both on the CPU
+  EXPECT_EQ(choose_device("auto", 0, 2, 1), c10::Device(c10::kCPU));
+  EXPECT_EQ(choose_device("cuda", 3, 4, 8), cuda(3));
+  EXPECT_EQ(choose_device("cuda:1", 0, 1, 2), cuda(1));
+  EXPECT_EQ(choose_device("cpu", 5, 8, 8), c10::Device(c10::kCPU));
+  for (auto [dev, rank, world, gpus, says] :
+       {std::tuple<const char*, int, int, int, const char*>{"cuda", 1, 2, 1, "2 processes on this node but 1 GPU"},
+        {"cuda", 0, 2, 1, "each process needs a GPU"},  // rank 0 refuses too: nothing starts
+        {"cuda", 0, 1, 0, "GPU"},
+        {"cuda:2", 0, 1, 2, "cuda:0 .. cuda:1"},
+        {"cuda:x", 0, 1, 2, "expected auto, cpu, cuda or cuda:N"},
+        {"tpu", 0, 1, 1, "expected auto"}}) {
+    try {
+      choose_device(dev, rank, world, gpus);
+      ADD_FAILURE() << dev << " rank " << rank << "/" << world << " with " << gpus << " GPUs was accepted";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
   }
 }
 

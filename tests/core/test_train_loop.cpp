@@ -59,6 +59,7 @@ class ToyTask : public TrainTask {
                        const GradScaler& scaler) override {
     if (at.step == signal_at_step) std::raise(SIGINT);  // Ctrl-C during this step (the loop's handler takes it)
     auto& lin = dynamic_cast<torch::nn::LinearImpl&>(model);
+    x = x.to(lin.weight.device()), y = y.to(lin.weight.device());  // MOH_TEST_DEVICE: the model may be on a GPU
     const at::Tensor noise = 0.01 * at::randn_like(x);  // a draw from the generator the loop saves and restores
     at::Tensor loss = (lin.forward(x + noise) - y).pow(2).mean();
     scaler.scale(loss).backward();
@@ -67,7 +68,8 @@ class ToyTask : public TrainTask {
   Scalars evaluate(const std::shared_ptr<torch::nn::Module>& model, dist::Group&) override {
     torch::NoGradGuard ng;
     auto lin = std::dynamic_pointer_cast<torch::nn::LinearImpl>(model);
-    return {{"score", 1.0 / (1.0 + (lin->forward(x_) - y_).pow(2).mean().item<double>())}};  // higher is better
+    const c10::Device dev = lin->weight.device();
+    return {{"score", 1.0 / (1.0 + (lin->forward(x_.to(dev)) - y_.to(dev)).pow(2).mean().item<double>())}};
   }
   std::string eval_message(int64_t epoch, const Scalars& m, const Scalars&) const override {
     return "epoch " + std::to_string(epoch + 1) + ": " + std::to_string(m.front().second);
@@ -85,8 +87,8 @@ model: {name: toy}
 data: {batch_size: 16}
 optim: {lr: 1.0e-2, weight_decay: 0.0}
 schedule: {kind: cosine, unit: step, warmup_epochs: 1, min_lr: 1.0e-4}
-train: {epochs: 3, log_every_steps: 3, seed: 11, device: cpu, )" +
-                                                 train + "}\n"));
+train: {epochs: 3, log_every_steps: 3, seed: 11, )" +
+                                                 test::train_device_keys() + ", " + train + "}\n"));
 }
 
 LoopResult run(const ExperimentConfig& cfg, const std::string& dir, const std::string& resume = "",

@@ -223,8 +223,8 @@ model: {name: MoH-DiT-Pixel/4-75, num_classes: 10}
 data: {batch_size: 16, limit_train: 48, hflip: true}
 optim: {lr: 1.0e-3, weight_decay: 0.0, clip_grad: 0.0}
 schedule: {kind: constant, warmup_epochs: 0}
-train: {epochs: 2, ema_decay: 0.9, log_every_steps: 1, seed: 4}
-)"));
+train: {epochs: 2, ema_decay: 0.9, log_every_steps: 1, seed: 4, )" +
+                                                                  test::train_device_keys() + "}\n"));
   const LoopResult full = train_experiment(cfg, {d.file("full"), ""});
   EXPECT_EQ(full.steps, 6);
   ExperimentConfig first = cfg;
@@ -260,8 +260,8 @@ model: {name: MoH-DiT-Pixel/4-75, num_classes: 10}
 data: {batch_size: 16, limit_train: 32}
 optim: {lr: 1.0e-3, weight_decay: 0.0, clip_grad: 0.0}
 schedule: {kind: constant, warmup_epochs: 0}
-train: {epochs: 1, ema_decay: 0.0, seed: 4}
-)"));
+train: {epochs: 1, ema_decay: 0.0, seed: 4, )" + test::train_device_keys() +
+                                                                  "}\n"));
   train_experiment(cfg, {d.file("run"), ""});
   const Checkpoint c = load_checkpoint(d.file("run"));
   EXPECT_TRUE(c.ema.empty());

@@ -22,7 +22,8 @@ model: {name: MoH-ViT-Nano}
 data: {batch_size: 64, limit_train: 256, limit_val: 128, shift: 2, hflip: true}
 optim: {lr: 2.0e-3}
 schedule: {kind: cosine, unit: step, warmup_epochs: 1}
-train: {epochs: 2, log_every_steps: 1, seed: 3}
+train: {epochs: 2, log_every_steps: 1, seed: 3, )" +
+                                           test::train_device_keys() + R"(}
 )");
   return load_experiment(f);
 }

@@ -217,7 +217,8 @@ at::Tensor mix_heads_sparse(const QuerySource& queries, const at::Tensor& k, con
       }
       at::Tensor o = attend(q, k_rows.index_select(0, kv_index), v_rows.index_select(0, kv_index), scale, {}, fused);
       o = o * gates_flat.index_select(0, bk.gate_row.reshape({-1})).view({Gb, M, 1});  // (Gb, M, d)
-      out.index_copy_(0, bk.out_row.reshape({-1}), o.reshape({Gb * M, d}));            // scatter (padding -> scratch)
+      // scatter (padding -> scratch); under CUDA autocast the gated rows come out fp32 into a bf16/fp16 buffer
+      out.index_copy_(0, bk.out_row.reshape({-1}), o.reshape({Gb * M, d}).to(out.scalar_type()));
     }
   }
 

@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# Builds and checks the toolkit on a bare GPU machine: PyTorch (its LibTorch, CUDA and NCCL), nvcc, CMake, ninja and a
+# C++ compiler present, nothing else, no network. What it lacks comes in the kit folder of scripts/gpu_kit.sh.
+#   usage: scripts/gpu_check.sh [KIT_DIR] [REPORT_DIR]      (defaults: .gpu_kit, gpu_report)
+#   MOH_GPU_STAGES   which stages, in order (default: "env build tests cli bench"); each appends to the report
+#   MOH_GPU_PYTHON   the Python that holds torch (default python3)
+#   MOH_GPU_JOBS     build parallelism (default: nproc)
+#   MOH_GPU_TARGETS  build only these targets (default: all)
+# Stages: env (GPU, driver, torch, compiler), build (configure against the local torch with the kit's prefix, OpenCV
+# off, NCCL on, the CUDA kernels for the GPU seen), tests (ctest with MOH_TEST_DEVICE=cuda), cli (train, resume,
+# sample and fid through the moh binary on the GPU), bench (training step bf16 of DiT-XL/2 and MoH-DiT-XL/2-90 with MFU
+# against 989 TFLOP/s, sampling images/s, MoH attention dense vs sparse, window kernels vs the reference).
+# Writes REPORT_DIR/report.json and report.md (scripts/gpu_report.py); logs beside them. A failing stage is recorded
+# and the next one still runs (exit 1 at the end); a stage that cannot start (no GPU, no torch, no kit) exits 2.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+KIT=$(realpath -m "${1:-.gpu_kit}")
+REPORT=$(realpath -m "${2:-gpu_report}")
+PY=${MOH_GPU_PYTHON:-python3}
+STAGES=${MOH_GPU_STAGES:-env build tests cli bench}
+JOBS=${MOH_GPU_JOBS:-$(nproc)}
+BUILD=$PWD/build-gpu
+PREFIX=$KIT/prefix
+mkdir -p "$REPORT"
+RESULTS=$REPORT/results.jsonl
+: >"$RESULTS"
+failed=0
+
+die2() { echo "error: gpu_check: $1" >&2; exit 2; }
+# record STAGE KEY VALUE: one JSON line of the report (VALUE is JSON: a number, true/false or a quoted string).
+record() { printf '{"stage":"%s","key":"%s","value":%s}\n' "$1" "$2" "$3" >>"$RESULTS"; }
+jstr() { "$PY" -c 'import json,sys; print(json.dumps(sys.argv[1]))' "$1"; }
+# run_logged STAGE NAME CMD...: runs CMD with its output in REPORT/STAGE_NAME.log; records ok/seconds.
+run_logged() {
+  local stage=$1 name=$2 t0 rc
+  shift 2
+  t0=$(date +%s%N)
+  "$@" >"$REPORT/${stage}_${name}.log" 2>&1
+  rc=$?
+  local ms=$((($(date +%s%N) - t0) / 1000000))
+  record "$stage" "$name.seconds" "$((ms / 1000)).$((ms % 1000 / 100))"
+  record "$stage" "$name.ok" "$([ $rc = 0 ] && echo true || echo false)"
+  [ $rc = 0 ] || { failed=1; echo "gpu_check: $stage/$name failed (exit $rc): $REPORT/${stage}_${name}.log" >&2; }
+  return $rc
+}
+
+stage_env() {
+  command -v nvidia-smi >/dev/null || die2 "no nvidia-smi: not a GPU machine"
+  "$PY" -c 'import torch' 2>/dev/null || die2 "$PY has no torch (set MOH_GPU_PYTHON)"
+  record env gpu "$(jstr "$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -n1)")"
+  record env torch "$(jstr "$("$PY" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())')")"
+  record env compiler "$(jstr "$(c++ --version | head -n1)")"
+  record env cmake "$(jstr "$(cmake --version | head -n1)")"
+  record env nvcc "$(jstr "$(nvcc --version | tail -n1)")"
+  record env os "$(jstr "$(. /etc/os-release && echo "$PRETTY_NAME")")"
+}
+
+# The kit's .deb files unpacked into PREFIX (never into /), with its absolute symlinks (libz.so -> /lib/...) pointed
+# at what this machine has; Fashion-MNIST where the toolkit looks for it, if absent.
+unpack_kit() {
+  [ -f "$KIT/MANIFEST" ] || die2 "$KIT: no kit here (make one with scripts/gpu_kit.sh on a project machine)"
+  rm -rf "$PREFIX" && mkdir -p "$PREFIX"
+  local f l t
+  for f in "$KIT"/debs/*.deb; do
+    if command -v dpkg-deb >/dev/null; then dpkg-deb -x "$f" "$PREFIX"
+    else (cd "$PREFIX" && ar p "$f" "$(ar t "$f" | grep '^data.tar')" | tar -x -J 2>/dev/null ||
+          ar p "$f" "$(ar t "$f" | grep '^data.tar')" | tar -x); fi
+  done
+  find "$PREFIX" -type l | while read -r l; do
+    t=$(readlink "$l")
+    case "$t" in /*)
+      if [ -e "$PREFIX$t" ]; then ln -sf "$PREFIX$t" "$l"; else
+        t=$(ldconfig -p | awk -v n="$(basename "$l").1" '$1 == n {print $NF; exit}')
+        [ -n "$t" ] && ln -sf "$t" "$l"
+      fi ;; esac
+  done
+  if [ ! -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
+    mkdir -p /usr/share/datasets && cp -r "$PREFIX/usr/share/datasets/fashion-mnist" /usr/share/datasets/
+  fi
+}
+
+stage_build() {
+  unpack_kit
+  local torch_cmake nccl_inc
+  torch_cmake=$("$PY" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
+  nccl_inc=$("$PY" -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "include"))' 2>/dev/null)
+  export CPATH=${nccl_inc}${CPATH:+:$CPATH}
+  run_logged build configure cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTorch_DIR="$torch_cmake/Torch" \
+    -DCMAKE_PREFIX_PATH="$PREFIX/usr" -DMOH_WITH_OPENCV=OFF -DMOH_WITH_NCCL=ON || return
+  local targets=()
+  for t in ${MOH_GPU_TARGETS:-}; do targets+=(--target "$t"); done
+  run_logged build compile cmake --build "$BUILD" -j"$JOBS" "${targets[@]}" -- -k 0 || return  # every error at once
+  record build moh "$(jstr "$("$BUILD/moh" --version 2>&1 | head -n1)")"
+}
+
+stage_tests() {
+  [ -x "$BUILD/moh" ] || { record tests skipped '"no build"'; failed=1; return; }
+  # format needs clang-format; the pyref_* tests the reference packages (not registered without MOH_PYTHON).
+  (cd "$BUILD" && MOH_TEST_DEVICE=cuda run_logged tests ctest ctest --output-on-failure -j8 --timeout 300 -E '^format$' \
+     --output-junit "$REPORT/ctest.xml")
+  "$PY" - "$REPORT/ctest.xml" >>"$RESULTS" <<'EOF'
+import json, sys, xml.etree.ElementTree as ET
+root = ET.parse(sys.argv[1]).getroot()
+cases = root.findall('.//testcase')
+st = lambda c: c.get('status') or ('fail' if c.find('failure') is not None else 'run')
+for name, n in (('passed', sum(st(c) in ('run', 'pass') for c in cases)), ('failed', [c.get('name') for c in cases if st(c) == 'fail']),
+                ('skipped', [c.get('name') for c in cases if st(c) in ('notrun', 'disabled')])):
+    print(json.dumps({'stage': 'tests', 'key': name, 'value': n}))
+EOF
+}
+
+stage_cli() {
+  [ -x "$BUILD/moh" ] || { record cli skipped '"no build"'; failed=1; return; }
+  run_logged cli smoke bash scripts/gpu_cli_check.sh "$BUILD/moh" "$REPORT/cli_runs" "$RESULTS"
+}
+
+stage_bench() {
+  [ -x "$BUILD/moh" ] || { record bench skipped '"no build"'; failed=1; return; }
+  local m
+  for m in DiT-XL/2 MoH-DiT-XL/2-90; do
+    run_logged bench "train_${m//\//_}" "$BUILD/moh" bench train --model "$m" --device cuda --precision bf16 --batch 32 \
+      --steps 10 --warmup 3 --peak-tflops 989 --json
+    record bench "train_${m//\//_}" "$(tail -n1 "$REPORT/bench_train_${m//\//_}.log" | grep '^{' || echo null)"
+    run_logged bench "sample_${m//\//_}" "$BUILD/moh" bench sample --model "$m" --device cuda --precision bf16 --batch 64 \
+      --chain 250 --cfg-scale 4 --steps 2 --warmup 1 --json
+    record bench "sample_${m//\//_}" "$(tail -n1 "$REPORT/bench_sample_${m//\//_}.log" | grep '^{' || echo null)"
+  done
+}
+
+for s in $STAGES; do
+  case "$s" in env|build|tests|cli|bench) echo "gpu_check: stage $s"; "stage_$s" ;;
+    *) die2 "MOH_GPU_STAGES: unknown stage $s (env build tests cli bench)" ;; esac
+done
+"$PY" scripts/gpu_report.py "$RESULTS" "$REPORT" || failed=1
+exit $failed
