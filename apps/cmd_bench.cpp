@@ -34,7 +34,7 @@ int cmd_bench(int argc, char** argv) {
 #ifdef MOH_WITH_OPENCV
     return bench::data_bench_main(static_cast<int>(args.size()), args.data());
 #else
-    throw UserError("moh bench data", "this build decodes no images (built with -DMOH_WITH_OPENCV=OFF)",
+    throw UserError("moh bench data", "decoding JPEGs needs OpenCV, which this build was configured without",
                     "rebuild with -DMOH_WITH_OPENCV=ON");
 #endif
   }

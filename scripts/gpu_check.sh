@@ -6,6 +6,7 @@
 #   MOH_GPU_PYTHON   the Python that holds torch (default python3)
 #   MOH_GPU_JOBS     build parallelism (default: nproc)
 #   MOH_GPU_TARGETS  build only these targets (default: all)
+#   MOH_GPU_TEST_DEVICE  MOH_TEST_DEVICE of the tests stage (default cuda; cpu to rehearse on a CPU machine)
 # Stages: env (GPU, driver, torch, compiler), build (configure against the local torch with the kit's prefix, OpenCV
 # off, NCCL on, the CUDA kernels for the GPU seen), tests (ctest with MOH_TEST_DEVICE=cuda), cli (train, resume,
 # sample and fid through the moh binary on the GPU), bench (training step bf16 of DiT-XL/2 and MoH-DiT-XL/2-90 with MFU
@@ -96,7 +97,7 @@ stage_build() {
 stage_tests() {
   [ -x "$BUILD/moh" ] || { record tests skipped '"no build"'; failed=1; return; }
   # format needs clang-format; the pyref_* tests the reference packages (not registered without MOH_PYTHON).
-  (cd "$BUILD" && MOH_TEST_DEVICE=cuda run_logged tests ctest ctest --output-on-failure -j8 --timeout 300 -E '^format$' \
+  (cd "$BUILD" && MOH_TEST_DEVICE=${MOH_GPU_TEST_DEVICE:-cuda} run_logged tests ctest ctest --output-on-failure -j8 --timeout 300 -E '^format$' \
      --output-junit "$REPORT/ctest.xml")
   "$PY" - "$REPORT/ctest.xml" >>"$RESULTS" <<'EOF'
 import json, sys, xml.etree.ElementTree as ET

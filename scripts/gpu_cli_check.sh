@@ -26,6 +26,21 @@ step() {
 }
 hashes() { (cd "$1/checkpoints" && sha256sum 0*/model.safetensors 0*/optimizer.safetensors 2>/dev/null); }
 last_metric() { grep '"loss"' "$1/metrics.jsonl" | tail -n1; }
+# json_of LOG: the last JSON object a command printed (one line or pretty-printed), compact; null if none.
+json_of() {
+  python3 - "$1" <<'PY'
+import json, sys
+text = open(sys.argv[1]).read()
+starts = [i for i in range(len(text)) if text[i] == "{" and (i == 0 or text[i - 1] == "\n")]
+for i in reversed(starts):
+    try:
+        print(json.dumps(json.JSONDecoder().raw_decode(text[i:])[0], separators=(",", ":"))); break
+    except ValueError:
+        continue
+else:
+    print("null")
+PY
+}
 
 CLS=(train "$R/configs/fashion_mnist/moh_vit_nano.yaml" --set train.device=$DEV --set train.processes=1 --set train.precision=bf16
      --set data.batch_size=128 --set data.limit_train=4096 --set data.limit_val=1024 --set train.epochs=2
@@ -56,10 +71,10 @@ record resume_equals_uninterrupted "$(same res_a res_k)"
 [ "$(same res_a res_k)" = true ] || { fails=$((fails + 1)); echo "FAIL: resume on $DEV differs from the uninterrupted run"; }
 
 step eval_cls "$MOH" eval --checkpoint cls --device $DEV --json
-record eval_cls "$(grep '^{' eval_cls.log | tail -n1 || echo null)"
+record eval_cls "$(json_of eval_cls.log)"
 step sample_ddpm "$MOH" sample --checkpoint dit --device $DEV --num-samples 500 --steps 50 --cfg-scale 2 --seed 1 --out s_ddpm
 step sample_ddim "$MOH" sample --checkpoint dit --device $DEV --num-samples 500 --sampler ddim --steps ddim25 --cfg-scale 2 \
   --seed 2 --out s_ddim
 step fid "$MOH" fid s_ddpm/samples.npz s_ddim/samples.npz --features classifier:cls --device $DEV --json
-record fid "$(grep '^{' fid.log | tail -n1 || echo null)"
+record fid "$(json_of fid.log)"
 exit $((fails > 0))
