@@ -107,7 +107,7 @@ TEST(RunContext, DeviceChoiceOnSimulatedNodes) {
   for (auto [dev, rank, world, gpus, says] :
        {std::tuple<const char*, int, int, int, const char*>{"cuda", 1, 2, 1, "2 processes on this node but 1 GPU"},
         {"cuda", 0, 2, 1, "each process needs a GPU"},  // rank 0 refuses too: nothing starts
-        {"cuda", 0, 1, 0, "GPU"},
+        {"cuda", 0, 1, 0, "CUDA"},                      // a CPU-only LibTorch or no GPU visible
         {"cuda:2", 0, 1, 2, "cuda:0 .. cuda:1"},
         {"cuda:x", 0, 1, 2, "expected auto, cpu, cuda or cuda:N"},
         {"tpu", 0, 1, 1, "expected auto"}}) {
