@@ -1,11 +1,14 @@
 // `moh convert --in FILE|DIR [--key ema] --out OUT.safetensors`: any weights source this toolkit reads (torch.save zip
 // or legacy .pt/.pth/.bin, .safetensors, one of our checkpoint or run directories) → one safetensors file with the
 // official key names, which Python loads with `model.load_state_dict(safetensors.torch.load_file(OUT))`.
+// `moh convert --to-moh TARGET.yaml --in DENSE --out DIR [--shared-heads first|importance|learned]`: a dense DiT or
+// TransNeXt (toolkit run or official file) turned into the MoH model of an experiment (diffusion/moh_convert.h).
 // `moh compare A B [--key K] [--tol T] [--l2]`: relative error between two weights sources, per tensor and whole.
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <iostream>
+#include <map>
 
 #include "apps/cli.h"
 #include "apps/commands.h"
@@ -13,22 +16,92 @@
 #include "core/checkpoint.h"
 #include "core/error.h"
 #include "core/safetensors.h"
+#include "diffusion/moh_convert.h"
 
 namespace moh::apps {
 
+namespace {
+
+// Counts of the new tensors by their last module name ("wg ×28, wg_0 ×28").
+std::string created_summary(const std::vector<std::string>& names) {
+  std::map<std::string, int> counts;
+  for (const auto& n : names) {
+    const auto end = n.rfind('.'), start = n.rfind('.', end - 1);
+    ++counts[n.substr(start + 1, end - start - 1)];
+  }
+  std::string s;
+  for (const auto& [k, c] : counts) s += (s.empty() ? "" : ", ") + k + " ×" + std::to_string(c);
+  return s.empty() ? "none" : s;
+}
+
+std::string join_heads(const std::vector<int64_t>& heads) {
+  std::string s;
+  for (int64_t h : heads) s += (s.empty() ? "" : " ") + std::to_string(h);
+  return "[" + s + "]";
+}
+
+int convert_to_moh(const cxxopts::ParseResult& args, const std::string& in, const std::string& out,
+                   const std::string& key) {
+  using namespace diffusion;
+  ConvertOptions o;
+  o.source = in;
+  o.key = key;
+  o.shared = shared_choice_from(args["shared-heads"].as<std::string>());
+  o.calib_batches = args["calib-batches"].as<int64_t>();
+  o.mask_steps = args["mask-steps"].as<int64_t>();
+  o.mask_lr = args["mask-lr"].as<double>();
+  if (std::filesystem::exists(out) && !std::filesystem::is_empty(out))
+    throw UserError("--out " + out, "exists and is not empty", "choose a new directory");
+  check_output_dir(out, "--out " + out);
+  const ExperimentConfig target = load_experiment(args["to-moh"].as<std::string>(), config_overrides(args));
+  const RunContext ctx = RunContext::create(args["device"].as<std::string>(), Precision::fp32, target.train.seed);
+  const ConvertResult r = diffusion::convert_to_moh(target, o, ctx);
+  write_conversion(out, target, o, r);
+  std::cout << "converted " << in << " into " << r.target << "\n  reused: " << r.reused.size()
+            << " tensors (every tensor of the dense weights)\n  new: " << created_summary(r.created)
+            << (r.created.empty() ? "" : " (zero: every kept head starts with gate 1)") << "\n  shared heads ("
+            << to_string(o.shared) << "):\n";
+  for (const auto& l : r.layers)
+    std::cout << "    " << l.name << ": " << join_heads(l.shared_heads) << " of " << l.heads << " heads shared, top-"
+              << l.topk << " of the other " << l.heads - l.shared << " routed\n";
+  std::cout << "wrote " << out << " (checkpoint 0, conversion.json)" << std::endl;
+  return kExitOk;
+}
+
+}  // namespace
+
 int cmd_convert(int argc, char** argv) {
-  cxxopts::Options opts(argv[0], "Convert weights (torch.save file, checkpoint directory, safetensors) to safetensors");
+  cxxopts::Options opts(argv[0],
+                        "Convert weights (torch.save file, checkpoint directory, safetensors) to safetensors, "
+                        "or a dense model into MoH (--to-moh)");
   opts.add_options()("in,ckpt", "torch.save .pt/.pth/.bin (zip or legacy), .safetensors, or a checkpoint/run directory",
                      cxxopts::value<std::string>())(
       "key", "entry of a nested checkpoint: ema, model, state_dict, ... (directories: model or ema)",
       cxxopts::value<std::string>()->default_value(""))("out", "output .safetensors file",
                                                         cxxopts::value<std::string>())("h,help", "show this help");
+  opts.add_options("dense to MoH")(
+      "to-moh",
+      "TARGET.yaml: the MoH experiment to convert into (its model; its training data calibrate); --out is "
+      "then a directory",
+      cxxopts::value<std::string>())(
+      "set", "override a key of TARGET.yaml (repeatable), e.g. --set model.shared_heads=[8] --set model.topk=[4]",
+      cxxopts::value<std::vector<std::string>>())(
+      "shared-heads",
+      "which dense heads become shared: first (official order), importance (contribution norm on "
+      "calibration batches) or learned (binary masks learned with the weights frozen)",
+      cxxopts::value<std::string>()->default_value("first"))(
+      "calib-batches", "training batches measured (importance) or cycled (learned)",
+      cxxopts::value<int64_t>()->default_value("8"))("mask-steps", "optimizer steps of the learned masks",
+                                                     cxxopts::value<int64_t>()->default_value("50"))(
+      "mask-lr", "Adam learning rate of the mask scores", cxxopts::value<double>()->default_value("0.05"))(
+      "device", "auto, cpu, cuda or cuda:N for the calibration", cxxopts::value<std::string>()->default_value("cpu"));
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
   for (const char* required : {"in", "out"})
     if (!args.count(required)) throw UserError(argv[0], std::string("missing --") + required, "see --help");
   const std::string in = args["in"].as<std::string>(), out = args["out"].as<std::string>(),
                     key = args["key"].as<std::string>();
+  if (args.count("to-moh")) return convert_to_moh(args, in, out, key);
   if (out.size() < 12 || out.compare(out.size() - 12, 12, ".safetensors") != 0)
     throw UserError("--out " + out, "must end in .safetensors", "e.g. --out model.safetensors");
   if (std::filesystem::exists(out) && std::filesystem::exists(in) && std::filesystem::equivalent(in, out))

@@ -29,7 +29,9 @@ int cmd_forward(int argc, char** argv) {
                                      cxxopts::value<std::string>()->default_value(""))(
       "allow-missing", "keep initialised values for tensors the weights lack")(
       "input", "safetensors file with the inputs (names above)", cxxopts::value<std::string>())(
-      "output", "safetensors file to write the outputs to", cxxopts::value<std::string>())("h,help", "show this help");
+      "output", "safetensors file to write the outputs to", cxxopts::value<std::string>())(
+      "router", "MoH layers' router: learned (official) or query_norm (parameter-free; dense weights into MoH)",
+      cxxopts::value<std::string>()->default_value("learned"))("h,help", "show this help");
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
   for (const char* required : {"model", "weights", "input", "output"})
@@ -41,6 +43,7 @@ int cmd_forward(int argc, char** argv) {
   const std::string key = args["weights-key"].as<std::string>();
   r.weights_origin = weights_path + (key.empty() ? "" : " [" + key + "]");
   r.allow_missing = args.count("allow-missing") > 0;
+  r.router = config::enum_from_string<RouterKind>(args["router"].as<std::string>(), "--router");
 
   check_output_file(out_path, "--output " + out_path);
   const std::string flag = "--model " + r.name;

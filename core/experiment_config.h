@@ -74,6 +74,8 @@ struct ModelConfig {
   std::vector<AttentionMode> attention;  ///< per-stage override of the head mixing; empty = variant default
   AttentionPath attention_path = AttentionPath::automatic;
   RouterKind router = RouterKind::learned;  ///< how MoH layers choose their routed heads
+  std::vector<int64_t> shared_heads;        ///< MoH split override: h_s per stage (classifier) or layer (DiT)
+  std::vector<int64_t> topk;                ///< with shared_heads: K per stage / layer (0 = all heads weighted)
   int64_t num_classes = 0;                  ///< 0 = variant default
   int64_t img_size = 0;                     ///< 0 = variant default
   double drop_path = -1.0;                  ///< < 0 = variant default
@@ -91,6 +93,12 @@ struct ModelConfig {
     v.field("router", router,
             "MoH head router: learned (official, wg / wg_0 / wg_1) or query_norm (parameter-free: top-K of the routed "
             "heads' query norms, selected and shared heads weighted 1; for dense checkpoints turned into MoH)");
+    v.field("shared_heads", shared_heads,
+            "MoH split on the variant's own heads (a dense model becomes MoH: `moh convert --to-moh`): shared heads "
+            "h_s per stage (classifiers, 4 values) or per layer (DiT: depth values, or one for every layer)");
+    v.field("topk", topk,
+            "with model.shared_heads: routed heads per token K of each stage / layer (same length; 0 = every head "
+            "on, softmax-weighted, needs shared = heads)");
     v.field("num_classes", num_classes, "classifier outputs / DiT label classes; 0 = variant default");
     v.field("img_size", img_size, "input resolution in pixels; 0 = variant default");
     v.field("drop_path", drop_path, "stochastic-depth rate at the last block; negative = variant default");
@@ -325,6 +333,16 @@ struct ExperimentConfig {
   /// Cross-field rules; throws UserError naming the key (origin = the config file).
   void validate(const std::string& origin) const;
 };
+
+/// One layer's (or stage's) MoH split from model.shared_heads / model.topk.
+struct HeadSplit {
+  int64_t shared = 0, topk = 0;
+};
+/// The split model.shared_heads / model.topk gives to `heads.size()` layers (stages) with heads[i] heads each; one
+/// value for all of them when `one_for_all` allows it. Empty when neither key is set; UserErrors naming the key for
+/// a missing partner, a wrong length or a value outside 0 ≤ h_s ≤ h, 0 ≤ K ≤ h − h_s (K = 0 needs h_s = h).
+std::vector<HeadSplit> moh_split(const ModelConfig& model, const std::vector<int64_t>& heads, bool one_for_all,
+                                 const std::string& unit);
 
 /// Loads a config file with `base:` inheritance and `--set` overrides, parses it strictly and validates it.
 ExperimentConfig load_experiment(const std::string& path, const std::vector<std::string>& overrides = {});

@@ -61,6 +61,7 @@ struct ForwardRequest {
   TensorMap weights, inputs;
   std::string weights_origin, inputs_origin;  ///< the files, for errors
   bool allow_missing = false;                 ///< keep initialised values for tensors the weights lack
+  RouterKind router = RouterKind::learned;    ///< MoH layers' router (query_norm: a dense checkpoint runs as MoH)
 };
 
 /// Input `name` of a forward request as `dtype` with `dim` dimensions, or a UserError naming what the model needs.

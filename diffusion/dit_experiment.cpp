@@ -21,6 +21,19 @@ DiTOptions dit_options_for(const ExperimentConfig& cfg) {
   if (!cfg.model.attention.empty())
     throw UserError("config: model.attention", "per-stage overrides are for classifiers",
                     "pick a DiT or MoH-DiT variant");
+  std::vector<int64_t> heads;
+  for (int64_t i = 0; i < o.depth; ++i) heads.push_back(o.layer(i).num_heads);
+  const auto split = moh_split(cfg.model, heads, /*one_for_all=*/true, "layer");
+  if (!split.empty()) {  // a dense (or other MoH) variant with this head split, widths unchanged
+    o.head_dim = o.layer(0).head_dim_resolved();
+    o.heads = o.shared = o.topk = {};
+    for (int64_t i = 0; i < o.depth; ++i) {
+      o.heads.push_back({heads[i], 1});
+      o.shared.push_back({split[i].shared, 1});
+      o.topk.push_back({split[i].topk, 1});
+    }
+    o.attention = AttentionMode::moh;
+  }
   o.path = cfg.model.attention_path;
   o.router = cfg.model.router;
   o.validate();

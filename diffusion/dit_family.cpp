@@ -32,7 +32,9 @@ constexpr const char* kForwardInputs = "x (B,C,I,I) float, t (B) int, y (B) int"
 // The weights decide input size, channels and classes (an official DiT-XL-2-512x512.pt builds a 64-token-wide model).
 TensorMap forward(const ForwardRequest& r) {
   check_forward_inputs(r, {"x", "t", "y"}, {"out"}, kForwardInputs);
-  const DiTOptions o = dit_options_for_weights(dit_options(r.name), r.weights);
+  DiTOptions o = dit_options_for_weights(dit_options(r.name), r.weights);
+  o.router = r.router;
+  o.validate();
   DiT model(o);
   load_module_tensors(*model, r.weights, r.weights_origin, r.allow_missing);
   model->eval();

@@ -175,6 +175,15 @@ bad "header is not valid JSON" -- eval $NANO --weights "$F/garbage.safetensors"
 bad "dimension above INT64_MAX" -- convert --in "$F/hugedim.safetensors" --out "$O/c.safetensors"
 bad "missing tensor 'patch_embed1.proj.weight'" -- eval $NANO --weights "$F/dit/checkpoints/0000002/model.safetensors"
 bad "holds a MoH-ViT-Nano model, not a DiT" -- sample --checkpoint "$F/run" --out "$O/s"
+# Dense → MoH conversion (moh convert --to-moh): what the weights, target and flags must be, before any work.
+CT=configs/fashion_mnist/continue_vit_nano_75.yaml
+bad "the weights are already MoH" -- convert --to-moh $DIT --in "$F/dit" --out "$O/c"
+bad "has no place in MoH-ViT-Nano-75" -- convert --to-moh $CT --in "$F/dit/checkpoints/0000002/model.safetensors" --out "$O/c"
+bad "has no MoH layer to convert into" -- convert --to-moh configs/fashion_mnist/dit_pixel.yaml --in "$F/dit" --out "$O/c"
+bad "--shared-heads best: unknown choice" -- convert --to-moh $CT --in "$F/run" --out "$O/c" --shared-heads best
+bad "model.shared_heads / model.topk" -- convert --to-moh $CT --in "$F/run" --out "$O/c" --set 'model.shared_heads=[2]' --set 'model.topk=[1]'
+bad "exists and is not empty" -- convert --to-moh $CT --in "$F/run" --out "$F"
+bad "--calib-batches and --mask-steps must be" -- convert --to-moh $CT --in "$F/run" --out "$O/c" --calib-batches 0
 
 # 6. Image loaders count damaged files exactly and obey data.max_bad_fraction in both loaders; class lists match.
 IMG=(--set data.dataset=image_folder --set data.batch_size=8 --set train.max_steps=1 --set train.processes=1)

@@ -3,7 +3,8 @@
 # network): one case per ctest (pyref_forward, pyref_vae, pyref_safetensors, pyref_fid).
 #   forward      DiT-S/2, MoH-DiT-S/2-75, MoH-DiT-Pixel/4-75, MoH-ViT-Nano-50, TransNeXt-Micro and the FID Inception:
 #                `moh forward` on weights written by this torch (tests/fixtures/gen/make_torch.py and
-#                transnext_torch.py re-run now) vs that torch's outputs, fp32, max rel ≤ 1e-5;
+#                transnext_torch.py re-run now) vs that torch's outputs, fp32, max rel ≤ 1e-5; the query_norm router
+#                vs a plain PyTorch version of the MoH-LLaMA3 rule (tests/fixtures/gen/query_norm_ref.py);
 #                our torch.save reader on this torch's zip and legacy files, bit-exact
 #   vae          diffusers.AutoencoderKL (sd-vae-ft-ema config, random weights) vs `moh forward --model sd-vae`:
 #                posterior mean, log-variance and decoded image, max rel ≤ 1e-5
@@ -54,6 +55,12 @@ forward)
       --input "$tmp/vit/${pair#*:}_io.safetensors" --output "$tmp/vit/${pair#*:}_out.safetensors"
     compare "$tmp/vit/${pair#*:}_io.safetensors" "$tmp/vit/${pair#*:}_out.safetensors"
   done
+  # The parameter-free query-norm router against a plain PyTorch version of the MoH-LLaMA3 rule (a dense DiT-Pixel/4
+  # run as MoH-DiT-Pixel/4-75: 4 shared + top-2 of 4 routed heads)
+  run "$PY" tests/fixtures/gen/query_norm_ref.py "$tmp/qn"
+  run "$MOH" forward --model MoH-DiT-Pixel/4-75 --router query_norm --weights "$tmp/qn/dense_dit_pixel.safetensors" \
+    --input "$tmp/qn/query_norm_io.safetensors" --output "$tmp/qn/out.safetensors"
+  compare "$tmp/qn/query_norm_io.safetensors" "$tmp/qn/out.safetensors"
   run "$MOH" forward --model fid-inception --weights "$tmp/large/inception_legacy.pth" \
     --input "$tmp/large/inception_io.safetensors" --output "$tmp/inception.safetensors"
   compare "$tmp/large/inception_io.safetensors" "$tmp/inception.safetensors"

@@ -35,6 +35,13 @@ TransNeXtOptions classifier_options_for(const ExperimentConfig& cfg) {
       if (o.attention[i] == AttentionMode::moa && o.topk[i] == 0) o.topk[i] = std::max<int64_t>(1, o.num_heads[i] / 2);
     }
   }
+  // model.shared_heads / topk last: a dense variant (or one made dense by model.attention) with this head split
+  const auto split = moh_split(cfg.model, {o.num_heads.begin(), o.num_heads.end()}, /*one_for_all=*/false, "stage");
+  for (size_t i = 0; i < split.size(); ++i) {
+    o.attention[i] = AttentionMode::moh;
+    o.shared_heads[i] = split[i].shared;
+    o.topk[i] = split[i].topk;
+  }
   o.validate();
   return o;
 }

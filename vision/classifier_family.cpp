@@ -33,6 +33,8 @@ TensorMap forward(const ForwardRequest& r) {
   o.in_chans = x.size(1);
   if (auto it = r.weights.find("head.weight"); it != r.weights.end() && it->second.dim() == 2)
     o.num_classes = it->second.size(0);
+  o.router = r.router;
+  o.validate();
   TransNeXt model(o);
   load_module_tensors(*model, r.weights, r.weights_origin, r.allow_missing);
   model->eval();

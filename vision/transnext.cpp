@@ -191,6 +191,16 @@ TransNeXtAttentionImpl::TransNeXtAttentionImpl(const nn::MoHAttentionOptions& o,
   router = nn::HeadRouter(*this, o);
 }
 
+std::vector<nn::HeadTensor> TransNeXtAttentionImpl::head_tensors() const {
+  // Projections are head-major ((groups, h, d) rows; proj columns (h, d)); the others lead with the head axis.
+  std::vector<nn::HeadTensor> t{{"q.weight", 0, 1},   {"q.bias", 0, 1},   {"kv.weight", 0, 2},  {"kv.bias", 0, 2},
+                                {"qkv.weight", 0, 3}, {"qkv.bias", 0, 3}, {"proj.weight", 1, 1}};
+  for (const char* name : {"temperature", "query_embedding", "relative_pos_bias_local", "learnable_tokens",
+                           "learnable_bias", "cpb_fc2.weight", "cpb_fc2.bias"})
+    t.push_back({name, 0, 1});
+  return t;
+}
+
 nn::AttentionOutput TransNeXtAttentionImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& i) {
   return run(x, t, i, false);
 }
@@ -220,7 +230,7 @@ nn::AttentionOutput TransNeXtAttentionImpl::run(const at::Tensor& x, const at::T
   out.aux_loss = routing.aux_loss;
   out.routed = routing.routed;
   if (!reference && options.path == AttentionPath::sparse && routing.routed.defined()) {  // automatic: dense
-    out.out = proj->forward(mix_sparse(x, tau, len_scale, table, index, routing));
+    out.out = proj->forward(head_hooks.apply(mix_sparse(x, tau, len_scale, table, index, routing), proj->weight, h));
     return out;
   }
 
@@ -298,7 +308,7 @@ nn::AttentionOutput TransNeXtAttentionImpl::run(const at::Tensor& x, const at::T
   }
   at::Tensor mixed = o.transpose(1, 2);  // (B, N, h, d)
   if (routing.gates.defined()) mixed = mixed * routing.gates.view({B, N, h, 1});
-  out.out = proj->forward(mixed.reshape({B, N, C}));
+  out.out = proj->forward(head_hooks.apply(mixed.reshape({B, N, C}), proj->weight, h));
   return out;
 }
 

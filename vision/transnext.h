@@ -65,12 +65,21 @@ std::pair<at::Tensor, at::Tensor> relative_position_cpb(int64_t q_h, int64_t q_w
 
 /// Aggregated attention (stages with sr_ratio > 1) or full TransNeXt attention (sr_ratio == 1), with optional MoH/MoA
 /// head routing applied to each head's output before `proj`.
-struct TransNeXtAttentionImpl : torch::nn::Module {
+struct TransNeXtAttentionImpl : torch::nn::Module, nn::HeadControl {
   TransNeXtAttentionImpl(const nn::MoHAttentionOptions& heads, int64_t height, int64_t width, int64_t sr_ratio);
   /// x (B, N, C) normalised tokens; the stage's CPB table/index (shared by its blocks).
   nn::AttentionOutput forward(const at::Tensor& x, const at::Tensor& cpb_table, const at::Tensor& cpb_index);
   /// Neighbour-by-neighbour reference of the local branch, for tests (slow, same math as forward's unfold).
   nn::AttentionOutput forward_reference(const at::Tensor& x, const at::Tensor& cpb_table, const at::Tensor& cpb_index);
+
+  int64_t head_count() const override { return options.num_heads; }
+  int64_t shared_count() const override { return router.shared; }
+  int64_t routed_topk() const override { return router.topk; }
+  void set_routed_topk(int64_t k) override {
+    router.set_topk(k);
+    if (router.topk > 0) options.topk = router.topk;
+  }
+  std::vector<nn::HeadTensor> head_tensors() const override;
 
   nn::MoHAttentionOptions options;
   int64_t H, W, sr_ratio, pool_h = 0, pool_w = 0;

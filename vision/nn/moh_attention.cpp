@@ -104,6 +104,15 @@ HeadRouting HeadRouter::route(const at::Tensor& x, bool training) const {
   return r;
 }
 
+void HeadRouter::set_topk(int64_t k) {
+  if (topk == 0) return;  // mha and all-shared layers route nothing
+  const int64_t pool = heads - shared;
+  if (k < 1 || k > pool)
+    throw UserError("top-K " + std::to_string(k), "outside [1, " + std::to_string(pool) + "], the routed pool",
+                    "choose at most the pool size");
+  topk = k;
+}
+
 HeadRouting HeadRouter::route_by_queries(const at::Tensor& q) const {
   HeadRouting r;
   const int64_t T = q.size(0), E = heads - shared;
@@ -140,6 +149,17 @@ MoHAttentionImpl::MoHAttentionImpl(const MoHAttentionOptions& o) : options(o) {
   router = HeadRouter(*this, o);
 }
 
+void MoHAttentionImpl::set_routed_topk(int64_t k) {
+  router.set_topk(k);
+  if (router.topk > 0) options.topk = router.topk;  // the active ratio the automatic path rule reads
+}
+
+std::vector<HeadTensor> MoHAttentionImpl::head_tensors() const {
+  if (options.mode == AttentionMode::moa)  // one key/value head: only queries and the projection are per head
+    return {{"q.weight", 0, 1}, {"q.bias", 0, 1}, {"proj.weight", 1, 1}};
+  return {{"qkv.weight", 0, 3}, {"qkv.bias", 0, 3}, {"proj.weight", 1, 1}};  // rows (3, h, d), columns (h, d)
+}
+
 AttentionOutput MoHAttentionImpl::forward(const at::Tensor& x) {
   return forward_with_path(x, options.path);
 }
@@ -165,7 +185,7 @@ AttentionOutput MoHAttentionImpl::forward_with_path(const at::Tensor& x, Attenti
       routing = router.route_by_queries(
           qkvx[0].narrow(1, router.shared, h - router.shared).permute({0, 2, 1, 3}).reshape({B * N, -1, d}));
     mixed = mix_heads_dense(qkvx[0], qkvx[1], qkvx[2], routing.gates, scale, options.fused);
-    out.out = proj->forward(mixed);  // (B, N, C)
+    out.out = proj->forward(head_hooks.apply(mixed, proj->weight, h));  // (B, N, C)
     out.aux_loss = routing.aux_loss;
     out.routed = routing.routed;
     return out;
@@ -205,7 +225,7 @@ AttentionOutput MoHAttentionImpl::forward_with_path(const at::Tensor& x, Attenti
     at::Tensor qh = at::linear(x, wq, bq).view({B, N, h, d}).transpose(1, 2);  // (B, h, N, d)
     mixed = mix_heads_dense(qh, k, v, routing.gates, scale, options.fused);
   }
-  out.out = proj->forward(mixed);  // (B, N, C)
+  out.out = proj->forward(head_hooks.apply(mixed, proj->weight, h));  // (B, N, C)
   return out;
 }
 

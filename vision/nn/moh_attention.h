@@ -11,6 +11,7 @@
 
 #include "core/experiment_config.h"
 #include "vision/nn/attention_core.h"
+#include "vision/nn/head_surgery.h"
 #include "vision/nn/linear.h"
 
 namespace moh::nn {
@@ -71,6 +72,8 @@ struct HeadRouter {
   /// ‖q_j‖₂ / std_j ‖q_j‖₂ (unbiased, as torch.std), softmax, top-K; gate 1 for the shared heads and the K selected,
   /// 0 for the others (the choice carries no gradient); no load-balance loss. K = 0 layers: every gate 1.
   HeadRouting route_by_queries(const at::Tensor& q_routed) const;
+  /// Sets K of a routed MoH/MoA layer at run time (1 ≤ k ≤ pool; UserError outside); K = 0 layers keep 0.
+  void set_topk(int64_t k);
 };
 
 /// The query projections of heads [shared, heads): x (T, C), wq (heads·d, C) with head-major rows, bq (heads·d) or
@@ -87,11 +90,17 @@ struct AttentionOutput {
 
 /// Multi-head self-attention with optional head routing. State-dict names follow DiT/timm (`qkv`, `proj`) plus the
 /// MoH router names; MoA uses `q`, `kv` (keys/values shared by all heads), `proj`, `wg`.
-struct MoHAttentionImpl : torch::nn::Module {
+struct MoHAttentionImpl : torch::nn::Module, HeadControl {
   explicit MoHAttentionImpl(const MoHAttentionOptions& options);
   /// x (B, N, C) → out (B, N, C). `path` overrides options.path when given.
   AttentionOutput forward(const at::Tensor& x);
   AttentionOutput forward_with_path(const at::Tensor& x, AttentionPath path);
+
+  int64_t head_count() const override { return options.num_heads; }
+  int64_t shared_count() const override { return router.shared; }
+  int64_t routed_topk() const override { return router.topk; }
+  void set_routed_topk(int64_t k) override;
+  std::vector<HeadTensor> head_tensors() const override;
 
   MoHAttentionOptions options;
   nn::Linear qkv{nullptr}, q{nullptr}, kv{nullptr}, proj{nullptr};

@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# Dense → MoH continue-tuning on Fashion-MNIST (the embedded dataset), on this machine's CPU (issue 35, docs/CONTINUE.md):
+#   classifier: a dense ViT-Nano trained by configs/fashion_mnist/mha_vit_nano.yaml is converted into MoH-ViT-Nano-75
+#   (router learned | query_norm × shared heads first | importance | learned) and evaluated right after conversion,
+#   after continue-tuning for 10 % and 25 % of the dense run's steps, beside the dense model and MoH-ViT-Nano-75 trained
+#   from scratch for the dense steps + 25 %;
+#   diffusion (PARTS includes dit): a dense DiT-Pixel/4 (configs/fashion_mnist/dit_pixel.yaml) into MoH-DiT-Pixel/4-75
+#   with the same columns: FID with the seed's dense classifier as the feature network (SAMPLES samples, DDIM 50, CFG
+#   4), sample accuracy and the final training loss.
+# Every number in the tables comes from files this script writes under OUT (one JSON line per measurement in
+# rows.jsonl; continue_tuning.md is made from them). Finished steps are skipped when the script is started again.
+#
+# usage: scripts/reproduce_continue_tuning.sh [OUT]    (OUT defaults to docs/results/continue_tuning)
+# env:   SEEDS ("1 2") PARTS ("cls dit") ROUTERS ("learned query_norm") CHOICES ("first importance learned")
+#        CLS_EPOCHS (3, the shipped recipe) DIT_EPOCHS (4) SAMPLES (2000) PRECISION (auto) MOH (build/moh)
+#        RUNS (runs/continue_tuning)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MOH=${MOH:-build/moh}
+OUT=${1:-docs/results/continue_tuning}
+RUNS=${RUNS:-runs/continue_tuning}
+SEEDS=${SEEDS:-"1 2"} PARTS=${PARTS:-"cls dit"} ROUTERS=${ROUTERS:-"learned query_norm"}
+CHOICES=${CHOICES:-"first importance learned"} CLS_EPOCHS=${CLS_EPOCHS:-3} DIT_EPOCHS=${DIT_EPOCHS:-4}
+SAMPLES=${SAMPLES:-2000} PRECISION=${PRECISION:-auto}
+[ -x "$MOH" ] || { echo "error: $MOH not found (run scripts/setup.sh first)" >&2; exit 2; }
+mkdir -p "$OUT" "$RUNS"
+echo "protocol: seeds $SEEDS; parts $PARTS; routers $ROUTERS; shared heads $CHOICES; classifier $CLS_EPOCHS epochs," \
+  "DiT $DIT_EPOCHS epochs; FID on $SAMPLES samples; precision $PRECISION" | tee "$OUT/protocol.txt"
+ROWS=$OUT/rows.jsonl
+touch "$ROWS"
+
+jnum() { grep -o "\"$1\": *[-0-9.eE+]*" "$2" | head -1 | sed 's/.*: *//'; }
+have() { grep -qF "\"id\": \"$1\"" "$ROWS"; }  # a measurement already in rows.jsonl
+row() { echo "{\"id\": \"$1\", $2}" >>"$ROWS"; }
+
+# train NAME CONFIG ARGS...: a run into $RUNS/NAME (skipped when its done marker exists)
+train() {
+  local name=$1 config=$2
+  shift 2
+  [ -f "$RUNS/$name.done" ] && return
+  rm -rf "${RUNS:?}/$name"
+  "$MOH" train "$config" "$@" --set train.precision="$PRECISION" --run-dir "$RUNS/$name" >"$RUNS/$name.log"
+  touch "$RUNS/$name.done"
+}
+# steps NAME: optimizer steps of a finished run
+steps() { jnum step "$RUNS/$1/checkpoints/$(cat "$RUNS/$1/checkpoints/latest")/trainer_state.json"; }
+convert() {  # convert NAME TARGET DENSE_RUN ROUTER CHOICE KEY
+  [ -f "$RUNS/$1/conversion.json" ] && return
+  rm -rf "${RUNS:?}/$1"
+  "$MOH" convert --to-moh "$2" --in "$RUNS/$3" --key "$6" --out "$RUNS/$1" --set model.router="$4" \
+    --shared-heads "$5" >"$RUNS/$1.log"
+}
+
+classifier() {  # classifier SEED
+  local s=$1 dense=cls_dense_s$1
+  train "$dense" configs/fashion_mnist/mha_vit_nano.yaml --set train.seed="$s" --set train.epochs="$CLS_EPOCHS"
+  local total
+  total=$(steps "$dense")
+  evaluate_cls "$dense" "$dense" dense 0
+  train "cls_scratch_s$s" configs/fashion_mnist/moh_vit_nano.yaml --set model.name=MoH-ViT-Nano-75 \
+    --set train.seed="$s" --set train.epochs=$((CLS_EPOCHS + 1)) --set train.max_steps=$((total * 125 / 100))
+  evaluate_cls "cls_scratch_s$s" "cls_scratch_s$s" scratch $((total * 125 / 100))
+  for router in $ROUTERS; do
+    for choice in $CHOICES; do
+      local init=cls_${router}_${choice}_s$s
+      convert "$init" configs/fashion_mnist/continue_vit_nano_75.yaml "$dense" "$router" "$choice" model
+      evaluate_cls "$init" "$init" "${router}/${choice}" 0
+      for pct in 10 25; do
+        train "${init}_ct$pct" configs/fashion_mnist/continue_vit_nano_75.yaml --set model.weights="$RUNS/$init" \
+          --set model.router="$router" --set train.seed="$s" --set train.max_steps=$((total * pct / 100))
+        evaluate_cls "${init}_ct$pct" "$init" "${router}/${choice}" $((total * pct / 100))
+      done
+    done
+  done
+}
+evaluate_cls() {  # evaluate_cls RUN GROUP WHAT EXTRA_STEPS
+  have "$1" && return
+  local top1
+  top1=$("$MOH" eval --checkpoint "$RUNS/$1" --json | tr -d '\n' | grep -o '"top1": *[0-9.]*' | sed 's/.*: *//')
+  row "$1" "\"part\": \"cls\", \"seed\": ${1##*_s}, \"what\": \"$3\", \"extra_steps\": $4, \"top1\": $top1"
+}
+
+diffusion() {  # diffusion SEED (after classifier SEED: its dense model is the feature network)
+  local s=$1 dense=dit_dense_s$1 feat=$RUNS/cls_dense_s$1
+  train "$dense" configs/fashion_mnist/dit_pixel.yaml --set train.seed="$s" --set train.epochs="$DIT_EPOCHS"
+  local total
+  total=$(steps "$dense")
+  [ -f "$RUNS/fm_test_stats_s$s.npz" ] ||
+    "$MOH" ref-stats --images fashion_mnist:test --features "classifier:$feat" --out "$RUNS/fm_test_stats_s$s.npz" >/dev/null
+  evaluate_dit "$dense" dense 0 "$s"
+  train "dit_scratch_s$s" configs/fashion_mnist/moh_dit_pixel.yaml --set train.seed="$s" \
+    --set train.epochs=$((DIT_EPOCHS + 1)) --set train.max_steps=$((total * 125 / 100))
+  evaluate_dit "dit_scratch_s$s" scratch $((total * 125 / 100)) "$s"
+  for router in $ROUTERS; do
+    for choice in $CHOICES; do
+      local init=dit_${router}_${choice}_s$s
+      convert "$init" configs/fashion_mnist/continue_dit_pixel_75.yaml "$dense" "$router" "$choice" ema
+      evaluate_dit "$init" "${router}/${choice}" 0 "$s"
+      for pct in 10 25; do
+        train "${init}_ct$pct" configs/fashion_mnist/continue_dit_pixel_75.yaml --set model.weights="$RUNS/$init" \
+          --set model.router="$router" --set train.seed="$s" --set train.max_steps=$((total * pct / 100))
+        evaluate_dit "${init}_ct$pct" "${router}/${choice}" $((total * pct / 100)) "$s"
+      done
+    done
+  done
+}
+evaluate_dit() {  # evaluate_dit RUN WHAT EXTRA_STEPS SEED
+  have "$1" && return
+  local run=$RUNS/$1 feat=$RUNS/cls_dense_s$4
+  rm -rf "$run/samples" "$run/fid"
+  "$MOH" sample --checkpoint "$run" --num-samples "$SAMPLES" --steps ddim50 --cfg-scale 4 --seed "$4" \
+    --out "$run/samples" >/dev/null
+  "$MOH" fid --samples "$run/samples/samples.npz" --ref "$RUNS/fm_test_stats_s$4.npz" --features "classifier:$feat" \
+    --out "$run/fid" >/dev/null
+  python3 - "$1" "$2" "$3" "$4" "$run" >>"$ROWS" <<'PY'
+import json, sys
+name, what, extra, seed, run = sys.argv[1:]
+rep = json.load(open(run + "/fid/report.json"))
+loss = None
+try:
+    losses = [json.loads(l)["loss"] for l in open(run + "/metrics.jsonl") if '"loss"' in l]
+    loss = losses[-1] if losses else None
+except FileNotFoundError:
+    pass
+print(json.dumps({"id": name, "part": "dit", "seed": int(seed), "what": what, "extra_steps": int(extra),
+                  "fid": rep["metrics"]["fid"], "sample_acc": rep.get("sample_accuracy", {}).get("top1"),
+                  "final_loss": loss}))
+PY
+}
+for s in $SEEDS; do
+  case " $PARTS " in *" cls "*) classifier "$s" ;; esac
+  case " $PARTS " in *" dit "*) diffusion "$s" ;; esac
+done
+.venv/bin/python scripts/continue_tuning_table.py "$ROWS" >"$OUT/continue_tuning.md" 2>/dev/null ||
+  python3 scripts/continue_tuning_table.py "$ROWS" >"$OUT/continue_tuning.md"
+cat "$OUT/continue_tuning.md"
