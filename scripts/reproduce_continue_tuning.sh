@@ -13,7 +13,7 @@
 # usage: scripts/reproduce_continue_tuning.sh [OUT]    (OUT defaults to docs/results/continue_tuning)
 # env:   SEEDS ("1 2") PARTS ("cls dit") ROUTERS ("learned query_norm") CHOICES ("first importance learned")
 #        CLS_EPOCHS (3, the shipped recipe) DIT_EPOCHS (4) SAMPLES (2000) PRECISION (auto) MOH (build/moh)
-#        RUNS (runs/continue_tuning)
+#        RUNS (runs/continue_tuning) LIMIT (0: every training image; a smaller number for a smoke run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MOH=${MOH:-build/moh}
@@ -21,10 +21,10 @@ OUT=${1:-docs/results/continue_tuning}
 RUNS=${RUNS:-runs/continue_tuning}
 SEEDS=${SEEDS:-"1 2"} PARTS=${PARTS:-"cls dit"} ROUTERS=${ROUTERS:-"learned query_norm"}
 CHOICES=${CHOICES:-"first importance learned"} CLS_EPOCHS=${CLS_EPOCHS:-3} DIT_EPOCHS=${DIT_EPOCHS:-4}
-SAMPLES=${SAMPLES:-2000} PRECISION=${PRECISION:-auto}
+SAMPLES=${SAMPLES:-2000} PRECISION=${PRECISION:-auto} LIMIT=${LIMIT:-0}
 [ -x "$MOH" ] || { echo "error: $MOH not found (run scripts/setup.sh first)" >&2; exit 2; }
 mkdir -p "$OUT" "$RUNS"
-echo "protocol: seeds $SEEDS; parts $PARTS; routers $ROUTERS; shared heads $CHOICES; classifier $CLS_EPOCHS epochs," \
+echo "protocol: seeds $SEEDS; training images ${LIMIT/#0/all}; parts $PARTS; routers $ROUTERS; shared heads $CHOICES; classifier $CLS_EPOCHS epochs," \
   "DiT $DIT_EPOCHS epochs; FID on $SAMPLES samples; precision $PRECISION" | tee "$OUT/protocol.txt"
 ROWS=$OUT/rows.jsonl
 touch "$ROWS"
@@ -39,16 +39,19 @@ train() {
   shift 2
   [ -f "$RUNS/$name.done" ] && return
   rm -rf "${RUNS:?}/$name"
-  "$MOH" train "$config" "$@" --set train.precision="$PRECISION" --run-dir "$RUNS/$name" >"$RUNS/$name.log"
+  "$MOH" train "$config" "$@" --set train.precision="$PRECISION" --set data.limit_train="$LIMIT" \
+    --run-dir "$RUNS/$name" >"$RUNS/$name.log"
   touch "$RUNS/$name.done"
 }
+# share TOTAL PCT: PCT % of TOTAL steps, at least 1 (train.max_steps=0 would mean no limit)
+share() { local n=$(($1 * $2 / 100)); echo $((n > 0 ? n : 1)); }
 # steps NAME: optimizer steps of a finished run
 steps() { jnum step "$RUNS/$1/checkpoints/$(cat "$RUNS/$1/checkpoints/latest")/trainer_state.json"; }
 convert() {  # convert NAME TARGET DENSE_RUN ROUTER CHOICE KEY
   [ -f "$RUNS/$1/conversion.json" ] && return
   rm -rf "${RUNS:?}/$1"
   "$MOH" convert --to-moh "$2" --in "$RUNS/$3" --key "$6" --out "$RUNS/$1" --set model.router="$4" \
-    --shared-heads "$5" >"$RUNS/$1.log"
+    --shared-heads "$5" --set data.limit_train="$LIMIT" >"$RUNS/$1.log"
 }
 
 classifier() {  # classifier SEED
@@ -56,28 +59,34 @@ classifier() {  # classifier SEED
   train "$dense" configs/fashion_mnist/mha_vit_nano.yaml --set train.seed="$s" --set train.epochs="$CLS_EPOCHS"
   local total
   total=$(steps "$dense")
-  evaluate_cls "$dense" "$dense" dense 0
-  train "cls_scratch_s$s" configs/fashion_mnist/moh_vit_nano.yaml --set model.name=MoH-ViT-Nano-75 \
-    --set train.seed="$s" --set train.epochs=$((CLS_EPOCHS + 1)) --set train.max_steps=$((total * 125 / 100))
-  evaluate_cls "cls_scratch_s$s" "cls_scratch_s$s" scratch $((total * 125 / 100))
-  for router in $ROUTERS; do
+  evaluate_cls "$dense" "$s" dense 0
+  local router choice pct init
+  for router in $ROUTERS; do  # every conversion first (cheap), then the continue-tuning runs, longest first
     for choice in $CHOICES; do
-      local init=cls_${router}_${choice}_s$s
+      init=cls_${router}_${choice}_s$s
       convert "$init" configs/fashion_mnist/continue_vit_nano_75.yaml "$dense" "$router" "$choice" model
-      evaluate_cls "$init" "$init" "${router}/${choice}" 0
-      for pct in 10 25; do
+      evaluate_cls "$init" "$s" "${router}/${choice}" 0
+    done
+  done
+  for pct in 25 10; do
+    for router in $ROUTERS; do
+      for choice in $CHOICES; do
+        init=cls_${router}_${choice}_s$s
         train "${init}_ct$pct" configs/fashion_mnist/continue_vit_nano_75.yaml --set model.weights="$RUNS/$init" \
-          --set model.router="$router" --set train.seed="$s" --set train.max_steps=$((total * pct / 100))
-        evaluate_cls "${init}_ct$pct" "$init" "${router}/${choice}" $((total * pct / 100))
+          --set model.router="$router" --set train.seed="$s" --set train.max_steps="$(share "$total" "$pct")"
+        evaluate_cls "${init}_ct$pct" "$s" "${router}/${choice}" "$(share "$total" "$pct")"
       done
     done
   done
+  train "cls_scratch_s$s" configs/fashion_mnist/moh_vit_nano.yaml --set model.name=MoH-ViT-Nano-75 \
+    --set train.seed="$s" --set train.epochs=$((CLS_EPOCHS + 1)) --set train.max_steps="$(share "$total" 125)"
+  evaluate_cls "cls_scratch_s$s" "$s" scratch "$(share "$total" 125)"
 }
-evaluate_cls() {  # evaluate_cls RUN GROUP WHAT EXTRA_STEPS
+evaluate_cls() {  # evaluate_cls RUN SEED WHAT EXTRA_STEPS
   have "$1" && return
   local top1
   top1=$("$MOH" eval --checkpoint "$RUNS/$1" --json | tr -d '\n' | grep -o '"top1": *[0-9.]*' | sed 's/.*: *//')
-  row "$1" "\"part\": \"cls\", \"seed\": ${1##*_s}, \"what\": \"$3\", \"extra_steps\": $4, \"top1\": $top1"
+  row "$1" "\"part\": \"cls\", \"seed\": $2, \"what\": \"$3\", \"extra_steps\": $4, \"top1\": $top1"
 }
 
 diffusion() {  # diffusion SEED (after classifier SEED: its dense model is the feature network)
@@ -88,21 +97,27 @@ diffusion() {  # diffusion SEED (after classifier SEED: its dense model is the f
   [ -f "$RUNS/fm_test_stats_s$s.npz" ] ||
     "$MOH" ref-stats --images fashion_mnist:test --features "classifier:$feat" --out "$RUNS/fm_test_stats_s$s.npz" >/dev/null
   evaluate_dit "$dense" dense 0 "$s"
-  train "dit_scratch_s$s" configs/fashion_mnist/moh_dit_pixel.yaml --set train.seed="$s" \
-    --set train.epochs=$((DIT_EPOCHS + 1)) --set train.max_steps=$((total * 125 / 100))
-  evaluate_dit "dit_scratch_s$s" scratch $((total * 125 / 100)) "$s"
+  local router choice pct init
   for router in $ROUTERS; do
     for choice in $CHOICES; do
-      local init=dit_${router}_${choice}_s$s
+      init=dit_${router}_${choice}_s$s
       convert "$init" configs/fashion_mnist/continue_dit_pixel_75.yaml "$dense" "$router" "$choice" ema
       evaluate_dit "$init" "${router}/${choice}" 0 "$s"
-      for pct in 10 25; do
+    done
+  done
+  for pct in 25 10; do
+    for router in $ROUTERS; do
+      for choice in $CHOICES; do
+        init=dit_${router}_${choice}_s$s
         train "${init}_ct$pct" configs/fashion_mnist/continue_dit_pixel_75.yaml --set model.weights="$RUNS/$init" \
-          --set model.router="$router" --set train.seed="$s" --set train.max_steps=$((total * pct / 100))
-        evaluate_dit "${init}_ct$pct" "${router}/${choice}" $((total * pct / 100)) "$s"
+          --set model.router="$router" --set train.seed="$s" --set train.max_steps="$(share "$total" "$pct")"
+        evaluate_dit "${init}_ct$pct" "${router}/${choice}" "$(share "$total" "$pct")" "$s"
       done
     done
   done
+  train "dit_scratch_s$s" configs/fashion_mnist/moh_dit_pixel.yaml --set train.seed="$s" \
+    --set train.epochs=$((DIT_EPOCHS + 1)) --set train.max_steps="$(share "$total" 125)"
+  evaluate_dit "dit_scratch_s$s" scratch "$(share "$total" 125)" "$s"
 }
 evaluate_dit() {  # evaluate_dit RUN WHAT EXTRA_STEPS SEED
   have "$1" && return

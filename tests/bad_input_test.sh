@@ -26,6 +26,8 @@ if [ ! -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
 fi
 setup "$MOH" train $NANO "${TINY[@]}" --run-dir "$F/run"
 setup "$MOH" train $DIT --set data.limit_train=32 --set data.batch_size=16 --set train.max_steps=2 --run-dir "$F/dit"
+setup "$MOH" train configs/fashion_mnist/dit_pixel.yaml --set data.limit_train=32 --set data.batch_size=16 \
+  --set train.max_steps=1 --run-dir "$F/ddense"
 setup "$MOH" ref-stats --images fashion_mnist:train:64 --out "$F/ref.npz" --features "classifier:$F/run"
 setup "$MOH" export-images --images fashion_mnist:train:60 --format jpg --out "$F/tree/train"
 setup "$MOH" export-images --images fashion_mnist:test:30 --format jpg --out "$F/tree/val"
@@ -178,7 +180,7 @@ bad "holds a MoH-ViT-Nano model, not a DiT" -- sample --checkpoint "$F/run" --ou
 # Dense → MoH conversion (moh convert --to-moh): what the weights, target and flags must be, before any work.
 CT=configs/fashion_mnist/continue_vit_nano_75.yaml
 bad "the weights are already MoH" -- convert --to-moh $DIT --in "$F/dit" --out "$O/c"
-bad "has no place in MoH-ViT-Nano-75" -- convert --to-moh $CT --in "$F/dit/checkpoints/0000002/model.safetensors" --out "$O/c"
+bad "has no place in MoH-ViT-Nano-75" -- convert --to-moh $CT --in "$F/ddense" --out "$O/c"
 bad "has no MoH layer to convert into" -- convert --to-moh configs/fashion_mnist/dit_pixel.yaml --in "$F/dit" --out "$O/c"
 bad "--shared-heads best: unknown choice" -- convert --to-moh $CT --in "$F/run" --out "$O/c" --shared-heads best
 bad "model.shared_heads / model.topk" -- convert --to-moh $CT --in "$F/run" --out "$O/c" --set 'model.shared_heads=[2]' --set 'model.topk=[1]'
