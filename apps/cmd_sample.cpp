@@ -30,11 +30,13 @@ int cmd_sample(int argc, char** argv) {
       "sampler", "= sampling.sampler (ddpm|ddim)", cxxopts::value<std::string>())(
       "steps,num-sampling-steps", "= sampling.steps (250, ddim50, ...; DiT's --num-sampling-steps)",
       cxxopts::value<std::string>())("seed", "= sampling.seed", cxxopts::value<std::string>())(
-      "batch,batch-size", "= sampling.batch_size (per batch file; every rank samples whole batches)",
-      cxxopts::value<std::string>())("class-names",
-                                     "text file with one class name per line (label order), for the grid's captions",
+      "topk", "= sampling.topk: routed heads per token of every routed MoH layer (the head budget at inference)",
+      cxxopts::value<std::string>())("batch,batch-size",
+                                     "= sampling.batch_size (per batch file; every rank samples whole batches)",
                                      cxxopts::value<std::string>())(
-      "out", "output directory", cxxopts::value<std::string>()->default_value("samples"))(
+      "class-names", "text file with one class name per line (label order), for the grid's captions",
+      cxxopts::value<std::string>())("out", "output directory",
+                                     cxxopts::value<std::string>()->default_value("samples"))(
       "device", "auto, cpu, cuda or cuda:N", cxxopts::value<std::string>()->default_value("auto"))("h,help",
                                                                                                    "show this help");
   auto args = parse_or_throw(opts, argc, argv);
@@ -46,6 +48,7 @@ int cmd_sample(int argc, char** argv) {
                                                                                   {"sampler", "sampler"},
                                                                                   {"steps", "steps"},
                                                                                   {"seed", "seed"},
+                                                                                  {"topk", "topk"},
                                                                                   {"batch", "batch_size"}})
     if (args.count(flag)) r.sets.push_back("sampling." + key + "=" + args[flag].as<std::string>());
   if (args.count("checkpoint")) r.checkpoint = args["checkpoint"].as<std::string>();

@@ -286,6 +286,7 @@ struct SamplingConfig {
   int64_t per_class = 10;
   int64_t batch_size = 64;
   int64_t seed = 0;
+  int64_t topk = -1;  ///< MoH head budget while sampling: K of every routed layer (−1 = as trained)
 
   template <class V>
   void visit(V& v) {
@@ -300,6 +301,9 @@ struct SamplingConfig {
     v.field("per_class", per_class, "images per class written by moh sample");
     v.field("batch_size", batch_size, "images per sampling batch (before CFG doubling)");
     v.field("seed", seed, "sampling seed");
+    v.field("topk", topk,
+            "MoH head budget at inference: routed heads per token K of every routed layer, 1 … the smallest routed "
+            "pool (no retraining; -1 = as trained)");
   }
 };
 

@@ -58,6 +58,22 @@ void check_attention_memory(const DiTOptions& o, int64_t rank_batch, const Devic
                     "lower model.img_size or data.batch_size");
 }
 
+void check_sampling_topk(const DiTOptions& o, int64_t topk) {
+  if (topk == -1) return;
+  int64_t pool = 0;  // the smallest routed pool: every routed layer takes the same K
+  for (int64_t i = 0; i < o.depth; ++i)
+    if (const auto l = o.layer(i); l.mode == AttentionMode::moh && l.topk > 0)
+      pool = pool == 0 ? l.routed_pool() : std::min(pool, l.routed_pool());
+  if (pool == 0)
+    throw UserError("config: sampling.topk", "the model has no routed MoH layer whose K could change",
+                    "remove sampling.topk (or --topk)");
+  if (topk < 1 || topk > pool)
+    throw UserError(
+        "config: sampling.topk",
+        std::to_string(topk) + " is outside 1 … " + std::to_string(pool) + " (the smallest routed pool of the model)",
+        "-1 keeps the trained K");
+}
+
 void validate_dit_experiment(const ExperimentConfig& cfg, bool training, bool sampling) {
   const DiTOptions o = dit_options_for(cfg);
   // One attention map of the widest layer for a rank's batch (a lower bound of what training holds) must fit the
@@ -73,6 +89,7 @@ void validate_dit_experiment(const ExperimentConfig& cfg, bool training, bool sa
         "config: sampling.cfg_channels",
         "three (DiT's latent quirk) needs at least 3 channels, the model has " + std::to_string(o.in_channels),
         "set sampling.cfg_channels=all");
+  if (sampling) check_sampling_topk(o, cfg.sampling.topk);
   space_timesteps(cfg.diffusion.steps, cfg.sampling.steps);  // "sampling.steps" must respace diffusion.steps
   if (!training) return;
   const bool latent = cfg.data.dataset == DatasetKind::latents;

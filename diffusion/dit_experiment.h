@@ -28,6 +28,10 @@ void check_attention_memory(const DiTOptions& o, int64_t rank_batch, const Devic
 /// With `sampling`, the rules of classifier-free guidance too (a null class; cfg_channels three needs 3 channels).
 void validate_dit_experiment(const ExperimentConfig& cfg, bool training = true, bool sampling = false);
 
+/// sampling.topk against the model (−1 = as trained): a UserError for a model without routed MoH layers or a K
+/// outside 1 … the smallest routed pool (one K for every routed layer).
+void check_sampling_topk(const DiTOptions& o, int64_t topk);
+
 /// The training data of a DiT experiment: Fashion-MNIST / image folders decoded into memory (pixels in [−1, 1],
 /// DiT's ToTensor + Normalize(0.5, 0.5), optional flip) or latents written by `moh extract-latents`. The constructor
 /// checks the data against the model (channels, side, classes).

@@ -20,6 +20,7 @@
 #include "diffusion/dit_family.h"
 #include "diffusion/model_registry.h"
 #include "diffusion/sample_set.h"
+#include "vision/nn/head_surgery.h"
 
 namespace moh::diffusion {
 
@@ -111,6 +112,7 @@ nlohmann::json sampling_plan(const SamplingModel& m, const SamplingRequest& r, c
           {"cfg_channels", sc.cfg_channels == CfgChannels::three ? "three" : "all"},
           {"clip_denoised", sc.clip_denoised},
           {"seed", sc.seed},
+          {"topk", sc.topk},
           {"batch_size", sc.batch_size},
           {"count", labels.size(0)},
           {"labels", r.labels},
@@ -197,6 +199,9 @@ int64_t sample_missing_parts(SamplingModel& m, AutoencoderKL& vae, const at::Ten
                              dist::Group& group, const std::string& parts) {
   const SamplingConfig& sc = m.cfg.sampling;
   m.model->to(ctx.device);
+  if (sc.topk > 0)  // the MoH head budget at inference (validated against the model's pools)
+    for (auto& [name, layer] : nn::head_controls(*m.model))
+      if (layer->routed_topk() > 0) layer->set_routed_topk(sc.topk);
   const GaussianDiffusion chain = GaussianDiffusion::respaced(m.cfg.diffusion.steps, sc.steps);
   SampleSetOptions so;
   so.chain = {sc.sampler, sc.eta, sc.cfg_scale, sc.cfg_channels, sc.clip_denoised};

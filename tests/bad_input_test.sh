@@ -186,6 +186,8 @@ bad "--shared-heads best: unknown choice" -- convert --to-moh $CT --in "$F/run" 
 bad "model.shared_heads / model.topk" -- convert --to-moh $CT --in "$F/run" --out "$O/c" --set 'model.shared_heads=[2]' --set 'model.topk=[1]'
 bad "exists and is not empty" -- convert --to-moh $CT --in "$F/run" --out "$F"
 bad "--calib-batches and --mask-steps must be" -- convert --to-moh $CT --in "$F/run" --out "$O/c" --calib-batches 0
+bad "sampling.topk: 5 is outside 1 … 4" -- sample --checkpoint "$F/dit" --topk 5 --out "$O/s"
+bad "no routed MoH layer whose K could change" -- sample --checkpoint "$F/ddense" --topk 1 --out "$O/s"
 
 # 6. Image loaders count damaged files exactly and obey data.max_bad_fraction in both loaders; class lists match.
 IMG=(--set data.dataset=image_folder --set data.batch_size=8 --set train.max_steps=1 --set train.processes=1)
