@@ -1,7 +1,10 @@
 // `moh plot RUN_DIR... [--out DIR]`: loss curves (and their parts), learning rate and top-1 against the optimizer step
 // for one or several runs (overlaid, with a legend) as DIR/curves.png, and a Markdown table across the runs
 // (final/best metrics, images per second, wall time, active heads) as DIR/summary.md, also printed.
+// `moh plot --fid-curve curve.jsonl [--out DIR]`: FID against network evaluations per image and against seconds, one
+// series per model (the rows scripts/fid_curve.sh writes), as DIR/fid_curve.png.
 #include <algorithm>
+#include <array>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -94,17 +97,55 @@ std::string last_of(const std::map<std::string, std::vector<std::pair<double, do
   return it == m.end() || it->second.empty() ? "–" : eval::format_metric(k, it->second.back().second);
 }
 
+// FID against NFE and against seconds, one series per "label", from scripts/fid_curve.sh's JSON lines.
+int plot_fid_curve(const std::string& path, const std::string& out) {
+  std::map<std::string, std::vector<std::array<double, 3>>> rows;  // label → (nfe, seconds, fid)
+  std::stringstream lines(read_file(path, "--fid-curve"));
+  for (std::string line; std::getline(lines, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) continue;
+    if (!j.value("nfe", nlohmann::json()).is_number() || !j.value("seconds", nlohmann::json()).is_number() ||
+        !j.value("fid", nlohmann::json()).is_number())
+      continue;
+    rows[j.value("label", std::string("run"))].push_back(
+        {j["nfe"].get<double>(), j["seconds"].get<double>(), j["fid"].get<double>()});
+  }
+  if (rows.empty())
+    throw UserError("--fid-curve " + path, "holds no JSON line with numbers nfe, seconds and fid",
+                    "write it with scripts/fid_curve.sh");
+  check_output_dir(out, "--out " + out);
+  eval::ChartPanel by_nfe{"FID vs network evaluations per image", "NFE per image", "FID", {}, false};
+  eval::ChartPanel by_time{"FID vs sampling time of the whole set", "seconds", "FID", {}, false};
+  for (auto& [label, points] : rows) {
+    eval::Series a{label, {}, {}}, b{label, {}, {}};
+    std::sort(points.begin(), points.end());
+    for (const auto& p : points) a.x.push_back(p[0]), a.y.push_back(p[2]);
+    std::sort(points.begin(), points.end(), [](const auto& l, const auto& r) { return l[1] < r[1]; });
+    for (const auto& p : points) b.x.push_back(p[1]), b.y.push_back(p[2]);
+    by_nfe.series.push_back(a);
+    by_time.series.push_back(b);
+  }
+  std::filesystem::create_directories(out);
+  const bool png = eval::write_line_chart(out + "/fid_curve.png", {by_nfe, by_time});
+  std::cout << (png ? "wrote " + out + "/fid_curve.png\n" : std::string("no fid_curve.png: built without OpenCV\n"));
+  return kExitOk;
+}
+
 }  // namespace
 
 int cmd_plot(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "Loss / lr / top-1 curves of one or more runs (PNG) and a Markdown table across them");
   opts.add_options()("runs", "run directories", cxxopts::value<std::vector<std::string>>())(
       "out", "output directory (default: <run>/plots for one run, plots/ for several)", cxxopts::value<std::string>())(
-      "h,help", "show this help");
+      "fid-curve", "FID against NFE and seconds from scripts/fid_curve.sh's curve.jsonl (instead of runs)",
+      cxxopts::value<std::string>())("h,help", "show this help");
   opts.parse_positional({"runs"});
   opts.positional_help("RUN_DIR...");
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
+  if (args.count("fid-curve"))
+    return plot_fid_curve(args["fid-curve"].as<std::string>(),
+                          args.count("out") ? args["out"].as<std::string>() : "plots");
   if (!args.count("runs")) throw UserError(argv[0], "missing RUN_DIR", "e.g. moh plot runs/nano runs/mha_nano");
   const auto dirs = args["runs"].as<std::vector<std::string>>();
   const std::string out = args.count("out")  ? args["out"].as<std::string>()

@@ -27,10 +27,13 @@ int cmd_sample(int argc, char** argv) {
       cxxopts::value<std::string>()->default_value("balanced"))("cfg-scale", "= sampling.cfg_scale",
                                                                 cxxopts::value<std::string>())(
       "cfg-channels", "= sampling.cfg_channels (three|all)", cxxopts::value<std::string>())(
-      "sampler", "= sampling.sampler (ddpm|ddim)", cxxopts::value<std::string>())(
+      "cfg-interval", "= sampling.cfg_interval as LO,HI (noise level; CFG only inside)", cxxopts::value<std::string>())(
+      "sampler", "= sampling.sampler (ddpm|ddim|dpm++2m|euler|heun)", cxxopts::value<std::string>())(
       "steps,num-sampling-steps", "= sampling.steps (250, ddim50, ...; DiT's --num-sampling-steps)",
       cxxopts::value<std::string>())("seed", "= sampling.seed", cxxopts::value<std::string>())(
       "topk", "= sampling.topk: routed heads per token of every routed MoH layer (the head budget at inference)",
+      cxxopts::value<std::string>())(
+      "guide-topk", "= sampling.guide_topk: K of the unconditional CFG branch (guide with fewer heads)",
       cxxopts::value<std::string>())("batch,batch-size",
                                      "= sampling.batch_size (per batch file; every rank samples whole batches)",
                                      cxxopts::value<std::string>())(
@@ -45,12 +48,17 @@ int cmd_sample(int argc, char** argv) {
   r.sets = config_overrides(args);
   for (const auto& [flag, key] : std::vector<std::pair<std::string, std::string>>{{"cfg-scale", "cfg_scale"},
                                                                                   {"cfg-channels", "cfg_channels"},
+                                                                                  {"cfg-interval", "cfg_interval"},
                                                                                   {"sampler", "sampler"},
                                                                                   {"steps", "steps"},
                                                                                   {"seed", "seed"},
                                                                                   {"topk", "topk"},
+                                                                                  {"guide-topk", "guide_topk"},
                                                                                   {"batch", "batch_size"}})
-    if (args.count(flag)) r.sets.push_back("sampling." + key + "=" + args[flag].as<std::string>());
+    if (args.count(flag)) {
+      const std::string v = args[flag].as<std::string>();
+      r.sets.push_back("sampling." + key + "=" + (flag == "cfg-interval" && v.rfind('[', 0) != 0 ? "[" + v + "]" : v));
+    }
   if (args.count("checkpoint")) r.checkpoint = args["checkpoint"].as<std::string>();
   if (args.count("config")) r.config = args["config"].as<std::string>();
   if (args.count("num-samples")) r.num_samples = args["num-samples"].as<int64_t>();
@@ -68,7 +76,7 @@ int cmd_sample(int argc, char** argv) {
             << (s.grid ? ", " + s.out + "/grid.png" : std::string(" (no grid: built without OpenCV)"))
             << (s.resumed_batches > 0 ? ", " + std::to_string(s.resumed_batches) + " batches resumed from parts"
                                       : std::string())
-            << " in " << s.seconds << " s\n";
+            << " in " << s.seconds << " s, " << s.nfe << " network evaluations per image\n";
   return 0;
 }
 

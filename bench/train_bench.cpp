@@ -16,6 +16,7 @@
 #include "core/amp.h"
 #include "core/error.h"
 #include "core/run_context.h"
+#include "diffusion/dit_experiment.h"
 #include "diffusion/model_registry.h"
 #include "diffusion/sampler.h"
 
@@ -240,7 +241,9 @@ int sample_bench_main(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "Class-conditional DiT sampling on random weights: images/s of a whole reverse chain");
   opts.add_options()("chain", "timestep respacing of the chain (\"250\" = DiT's DDPM default, \"ddim50\", ...)",
                      cxxopts::value<std::string>()->default_value("250"))(
-      "cfg-scale", "guidance scale (1 = no batch doubling)", cxxopts::value<double>()->default_value("4.0"));
+      "cfg-scale", "guidance scale (1 = no batch doubling)", cxxopts::value<double>()->default_value("4.0"))(
+      "topk", "routed heads per token of every routed MoH layer (the head budget at inference; -1 = as trained)",
+      cxxopts::value<int64_t>()->default_value("-1"));
   bool help = false;
   Common c = parse_common(opts, argc, argv, help);
   if (help) return 0;
@@ -256,6 +259,8 @@ int sample_bench_main(int argc, char** argv) {
   diffusion::SampleOptions so;
   so.sampler = spec.rfind("ddim", 0) == 0 ? SamplerKind::ddim : SamplerKind::ddpm;
   so.cfg_scale = c.args["cfg-scale"].as<double>();
+  so.topk = c.args["topk"].as<int64_t>();
+  diffusion::check_sampling_topk(o, so.topk, "--topk");
   // DiT's guidance of the first 3 channels (latents); pixel models with fewer channels guide every ε channel.
   so.cfg_channels = o.in_channels >= 3 ? CfgChannels::three : CfgChannels::all;
   const auto dev = at::TensorOptions().device(c.ctx.device);
@@ -270,6 +275,7 @@ int sample_bench_main(int argc, char** argv) {
   out["what"] = "sample";
   out["chain"] = spec;
   out["cfg_scale"] = so.cfg_scale;
+  out["topk"] = so.topk;
   out["network_evals_per_s"] = static_cast<double>(chain.num_steps()) / out["step_s"].get<double>();
   out["attention_path"] = config::to_string(o.path);
   print(out, c.json);

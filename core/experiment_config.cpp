@@ -52,7 +52,11 @@ const config::EnumTable<VaeKind>& enum_table(VaeKind) {
 }
 
 const config::EnumTable<SamplerKind>& enum_table(SamplerKind) {
-  static const config::EnumTable<SamplerKind> t{{SamplerKind::ddpm, "ddpm"}, {SamplerKind::ddim, "ddim"}};
+  static const config::EnumTable<SamplerKind> t{{SamplerKind::ddpm, "ddpm"},
+                                                {SamplerKind::ddim, "ddim"},
+                                                {SamplerKind::dpmpp_2m, "dpm++2m"},
+                                                {SamplerKind::euler, "euler"},
+                                                {SamplerKind::heun, "heun"}};
   return t;
 }
 
@@ -117,6 +121,10 @@ void ExperimentConfig::validate(const std::string& origin) const {
   if (!(sampling.eta >= 0)) bad("sampling.eta", "must be >= 0", "0 = deterministic DDIM");
   if (!(sampling.cfg_scale >= 1))
     bad("sampling.cfg_scale", "must be >= 1 (1 = no guidance)", "DiT's FID setting is 1.5");
+  const std::vector<double>& ci = sampling.cfg_interval;
+  if (ci.size() != 2 || !(ci[0] >= 0 && ci[0] <= ci[1] && ci[1] <= 1))
+    bad("sampling.cfg_interval", "expected [lo, hi] with 0 <= lo <= hi <= 1 (noise level, 1 = pure noise)",
+        "e.g. [0.0, 0.7]; [0, 1] guides every step");
   if (sampling.per_class <= 0) bad("sampling.per_class", "must be > 0", "");
   if (sampling.batch_size <= 0) bad("sampling.batch_size", "must be > 0", "");
   const AugmentConfig& a = augment;

@@ -59,8 +59,9 @@ const config::EnumTable<ScheduleUnit>& enum_table(ScheduleUnit);
 enum class VaeKind { none, sd };
 const config::EnumTable<VaeKind>& enum_table(VaeKind);
 
-/// Reverse-process sampler.
-enum class SamplerKind { ddpm, ddim };
+/// Reverse-process sampler: DDPM / DDIM over a respaced chain, or a probability-flow ODE solver (DPM-Solver++(2M),
+/// Euler, Heun) over the base chain.
+enum class SamplerKind { ddpm, ddim, dpmpp_2m, euler, heun };
 const config::EnumTable<SamplerKind>& enum_table(SamplerKind);
 
 /// Output channels classifier-free guidance is applied to: `three` = the first 3 (DiT's code, needed for parity with
@@ -278,24 +279,34 @@ struct DiffusionConfig {
 /// `sampling:` — how `moh sample` (and the end-of-training samples) run the reverse process.
 struct SamplingConfig {
   SamplerKind sampler = SamplerKind::ddpm;
-  std::string steps = "250";  ///< respacing spec: "250", "ddim50", "10,15,20"
+  std::string steps = "250";  ///< respacing spec: "250", "ddim50", "10,15,20"; ODE solvers: a step count
   double eta = 0.0;
   double cfg_scale = 1.5;  ///< 1 = no guidance (no batch doubling)
   CfgChannels cfg_channels = CfgChannels::three;
+  std::vector<double> cfg_interval{0.0, 1.0};  ///< guide where lo ≤ t / (T − 1) ≤ hi (1 = pure noise)
   bool clip_denoised = false;  ///< clamp predicted x0 to [−1, 1] each step (pixel models; DiT's latents: never)
   int64_t per_class = 10;
   int64_t batch_size = 64;
   int64_t seed = 0;
-  int64_t topk = -1;  ///< MoH head budget while sampling: K of every routed layer (−1 = as trained)
+  int64_t topk = -1;                   ///< MoH head budget while sampling: K of every routed layer (−1 = as trained)
+  std::vector<int64_t> topk_schedule;  ///< K per noise-level bucket, clean → pure noise (empty = topk everywhere)
+  int64_t guide_topk = -1;             ///< K of the unconditional CFG branch (−1 = the conditional branch's K)
 
   template <class V>
   void visit(V& v) {
-    v.field("sampler", sampler, "ddpm (ancestral, what DiT uses) or ddim");
-    v.field("steps", steps, "timestep respacing: \"250\", \"ddim50\" or per-section counts \"10,15,20\"");
+    v.field("sampler", sampler,
+            "ddpm (ancestral, what DiT uses), ddim, or an ODE solver: dpm++2m (DPM-Solver++ 2M), euler, heun "
+            "(diffusers' schedulers on the same linear schedule)");
+    v.field("steps", steps,
+            "ddpm/ddim: timestep respacing \"250\", \"ddim50\" or per-section counts \"10,15,20\"; ODE solvers: "
+            "solver steps (>= 2; heun evaluates the network 2 x steps - 1 times)");
     v.field("eta", eta, "DDIM noise (0 = deterministic)");
     v.field("cfg_scale", cfg_scale, "classifier-free guidance scale; 1 = off");
     v.field("cfg_channels", cfg_channels,
             "guide the first 3 output channels (three, DiT-exact) or all eps channels (all)");
+    v.field("cfg_interval", cfg_interval,
+            "guidance interval [lo, hi] in noise level t / (T - 1) (1 = pure noise): CFG only inside, one "
+            "conditional forward outside (Kynkaanniemi et al. 2024); [0, 1] = everywhere");
     v.field("clip_denoised", clip_denoised,
             "clamp the predicted x0 to [-1, 1] at every step (pixel space; DiT: false)");
     v.field("per_class", per_class, "images per class written by moh sample");
@@ -304,6 +315,12 @@ struct SamplingConfig {
     v.field("topk", topk,
             "MoH head budget at inference: routed heads per token K of every routed layer, 1 … the smallest routed "
             "pool (no retraining; -1 = as trained)");
+    v.field("topk_schedule", topk_schedule,
+            "MoH head budget by noise level: B values of K for B equal buckets of t / (T - 1), from clean (first) "
+            "to pure noise (last), e.g. [2, 2, 4, 4]; empty = sampling.topk at every step");
+    v.field("guide_topk", guide_topk,
+            "guide with fewer heads: K of the unconditional branch of CFG (the two branches then run as two "
+            "forwards); -1 = the same K as the conditional branch");
   }
 };
 

@@ -58,20 +58,60 @@ void check_attention_memory(const DiTOptions& o, int64_t rank_batch, const Devic
                     "lower model.img_size or data.batch_size");
 }
 
-void check_sampling_topk(const DiTOptions& o, int64_t topk) {
+void check_sampling_topk(const DiTOptions& o, int64_t topk, const std::string& key) {
   if (topk == -1) return;
   int64_t pool = 0;  // the smallest routed pool: every routed layer takes the same K
   for (int64_t i = 0; i < o.depth; ++i)
     if (const auto l = o.layer(i); l.mode == AttentionMode::moh && l.topk > 0)
       pool = pool == 0 ? l.routed_pool() : std::min(pool, l.routed_pool());
   if (pool == 0)
-    throw UserError("config: sampling.topk", "the model has no routed MoH layer whose K could change",
-                    "remove sampling.topk (or --topk)");
+    throw UserError("config: " + key, "the model has no routed MoH layer whose K could change",
+                    "remove " + key + (key == "sampling.topk" ? " (or --topk)" : ""));
   if (topk < 1 || topk > pool)
     throw UserError(
-        "config: sampling.topk",
+        "config: " + key,
         std::to_string(topk) + " is outside 1 … " + std::to_string(pool) + " (the smallest routed pool of the model)",
         "-1 keeps the trained K");
+}
+
+void check_head_budgets(const DiTOptions& o, const SamplingConfig& sc) {
+  check_sampling_topk(o, sc.topk, "sampling.topk");
+  for (size_t i = 0; i < sc.topk_schedule.size(); ++i)
+    check_sampling_topk(o, sc.topk_schedule[i], "sampling.topk_schedule[" + std::to_string(i) + "]");
+  check_sampling_topk(o, sc.guide_topk, "sampling.guide_topk");
+  if (sc.guide_topk != -1 && !(sc.cfg_scale > 1.0))
+    throw UserError("config: sampling.guide_topk", "sets the unconditional branch of CFG, and guidance is off",
+                    "set sampling.cfg_scale > 1 or remove sampling.guide_topk");
+}
+
+SampleOptions sample_options_for(const ExperimentConfig& cfg) {
+  const SamplingConfig& sc = cfg.sampling;
+  SampleOptions so;
+  so.sampler = sc.sampler;
+  so.eta = sc.eta;
+  so.cfg_scale = sc.cfg_scale;
+  so.cfg_channels = sc.cfg_channels;
+  so.clip_denoised = sc.clip_denoised;
+  so.cfg_interval = {sc.cfg_interval.at(0), sc.cfg_interval.at(1)};
+  so.train_steps = cfg.diffusion.steps;
+  so.topk = sc.topk;
+  so.topk_schedule = sc.topk_schedule;
+  so.guide_topk = sc.guide_topk;
+  if (!is_ode_sampler(sc.sampler)) {
+    space_timesteps(cfg.diffusion.steps, sc.steps);  // a UserError if the spec cannot respace T
+    return so;
+  }
+  const std::string& s = sc.steps;
+  const std::string name = config::to_string(sc.sampler);
+  if (s.empty() || s.size() > 9 || s.find_first_not_of("0123456789") != std::string::npos)
+    throw UserError("config: sampling.steps", "\"" + s + "\" is not a step count for " + name,
+                    "the ODE solvers take a number of steps, e.g. 25");
+  so.ode_steps = std::stoll(s);
+  if (so.ode_steps < 2 || so.ode_steps > cfg.diffusion.steps)
+    throw UserError("config: sampling.steps",
+                    name + " takes 2 … " + std::to_string(cfg.diffusion.steps) + " steps (diffusion.steps), got " + s,
+                    "e.g. 25");
+  return so;
 }
 
 void validate_dit_experiment(const ExperimentConfig& cfg, bool training, bool sampling) {
@@ -89,8 +129,8 @@ void validate_dit_experiment(const ExperimentConfig& cfg, bool training, bool sa
         "config: sampling.cfg_channels",
         "three (DiT's latent quirk) needs at least 3 channels, the model has " + std::to_string(o.in_channels),
         "set sampling.cfg_channels=all");
-  if (sampling) check_sampling_topk(o, cfg.sampling.topk);
-  space_timesteps(cfg.diffusion.steps, cfg.sampling.steps);  // "sampling.steps" must respace diffusion.steps
+  if (sampling) check_head_budgets(o, cfg.sampling);
+  sample_options_for(cfg);  // "sampling.steps" must respace diffusion.steps, or count an ODE solver's steps
   if (!training) return;
   const bool latent = cfg.data.dataset == DatasetKind::latents;
   if (cfg.diffusion.vae == VaeKind::sd && !latent)

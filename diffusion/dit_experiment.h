@@ -10,6 +10,7 @@
 #include "datasets/latents.h"
 #include "datasets/loader.h"
 #include "diffusion/dit.h"
+#include "diffusion/sampler.h"
 #include "diffusion/sd_vae.h"
 
 namespace moh::diffusion {
@@ -30,7 +31,14 @@ void validate_dit_experiment(const ExperimentConfig& cfg, bool training = true, 
 
 /// sampling.topk against the model (−1 = as trained): a UserError for a model without routed MoH layers or a K
 /// outside 1 … the smallest routed pool (one K for every routed layer).
-void check_sampling_topk(const DiTOptions& o, int64_t topk);
+void check_sampling_topk(const DiTOptions& o, int64_t topk, const std::string& key = "sampling.topk");
+
+/// sampling.topk, every sampling.topk_schedule value and sampling.guide_topk against the model (UserErrors).
+void check_head_budgets(const DiTOptions& o, const SamplingConfig& sc);
+
+/// The sampler's options from `sampling:` and `diffusion.steps`; a UserError when sampling.steps does not respace T
+/// (DDPM / DDIM) or is not a count of 2 … T solver steps (the ODE solvers).
+SampleOptions sample_options_for(const ExperimentConfig& cfg);
 
 /// The training data of a DiT experiment: Fashion-MNIST / image folders decoded into memory (pixels in [−1, 1],
 /// DiT's ToTensor + Normalize(0.5, 0.5), optional flip) or latents written by `moh extract-latents`. The constructor

@@ -3,41 +3,130 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
+#include "diffusion/ode_solvers.h"
+#include "vision/nn/head_surgery.h"
 
 namespace moh::diffusion {
 
-at::Tensor forward_with_cfg(DiT& model, const at::Tensor& x, const at::Tensor& t_model, const at::Tensor& y,
-                            double scale, CfgChannels channels) {
-  const int64_t n = x.size(0) / 2, C = x.size(1);
-  const at::Tensor half = x.narrow(0, 0, n);
-  const at::Tensor out = model->forward(at::cat({half, half}), t_model, y).out;  // (2n, C_out, H, W)
+at::Tensor combine_cfg(const at::Tensor& cond, const at::Tensor& uncond, double scale, CfgChannels channels,
+                       int64_t in_channels) {
   // DiT guides eps[:, :3] (a quirk inherited from pixel-space GLIDE, kept for parity); "all" guides the C ε channels.
-  const int64_t k = channels == CfgChannels::three ? 3 : C;
-  const at::Tensor eps = out.narrow(1, 0, k), rest = out.narrow(1, k, out.size(1) - k);
-  const at::Tensor cond = eps.narrow(0, 0, n), uncond = eps.narrow(0, n, n);
-  const at::Tensor guided = uncond + scale * (cond - uncond);
+  const int64_t k = channels == CfgChannels::three ? 3 : in_channels;
+  const at::Tensor e_c = cond.narrow(1, 0, k), e_u = uncond.narrow(1, 0, k);
+  const at::Tensor guided = e_u + scale * (e_c - e_u);
+  const at::Tensor rest = at::cat({cond, uncond}).narrow(1, k, cond.size(1) - k);
   return at::cat({at::cat({guided, guided}), rest}, 1);
 }
 
-at::Tensor sample_loop(DiT& model, const GaussianDiffusion& chain, const at::Tensor& noise, const at::Tensor& labels,
-                       const SampleOptions& o, const std::function<void()>& on_step) {
-  torch::NoGradGuard ng;
-  const DiTOptions& mo = model->options;
+at::Tensor forward_with_cfg(DiT& model, const at::Tensor& x, const at::Tensor& t_model, const at::Tensor& y,
+                            double scale, CfgChannels channels) {
+  const int64_t n = x.size(0) / 2;
+  const at::Tensor half = x.narrow(0, 0, n);
+  const at::Tensor out = model->forward(at::cat({half, half}), t_model, y).out;  // (2n, C_out, H, W)
+  return combine_cfg(out.narrow(0, 0, n), out.narrow(0, n, n), scale, channels, x.size(1));
+}
+
+bool is_ode_sampler(SamplerKind kind) {
+  return kind == SamplerKind::dpmpp_2m || kind == SamplerKind::euler || kind == SamplerKind::heun;
+}
+
+GaussianDiffusion sampling_chain(SamplerKind kind, int64_t T, const std::string& steps) {
+  return is_ode_sampler(kind) ? GaussianDiffusion::base(T) : GaussianDiffusion::respaced(T, steps);
+}
+
+int64_t sampler_steps(const SampleOptions& o, const GaussianDiffusion& chain) {
+  return is_ode_sampler(o.sampler) ? o.ode_steps : chain.num_steps();
+}
+
+namespace {
+
+// Guidance at model timestep t: CFG on and its noise level inside the interval.
+bool guided_at(const SampleOptions& o, double t) {
+  const double u = t / static_cast<double>(o.train_steps - 1);  // the noise level
+  return o.cfg_scale > 1.0 && u >= o.cfg_interval[0] && u <= o.cfg_interval[1];
+}
+
+// K of every routed MoH layer for one network evaluation, from the noise level u and the branch; the trained K of
+// each layer comes back when the loop ends.
+class HeadBudget {
+ public:
+  HeadBudget(DiT& model, const SampleOptions& o) : o_(o) {
+    if (o.topk > 0 || !o.topk_schedule.empty() || o.guide_topk > 0)
+      for (auto& [name, layer] : nn::head_controls(*model))
+        if (layer->routed_topk() > 0) layers_.emplace_back(layer, layer->routed_topk());
+  }
+  ~HeadBudget() { set_all(-1); }
+  HeadBudget(const HeadBudget&) = delete;
+  HeadBudget& operator=(const HeadBudget&) = delete;
+
+  void set(double u, bool unconditional) {
+    const auto& sch = o_.topk_schedule;
+    int64_t k = o_.topk;
+    if (!sch.empty()) k = sch[std::min(sch.size() - 1, static_cast<size_t>(u * static_cast<double>(sch.size())))];
+    if (unconditional && o_.guide_topk > 0) k = o_.guide_topk;
+    set_all(k);
+  }
+
+ private:
+  void set_all(int64_t k) {  // −1: each layer's trained K
+    if (k == current_) return;
+    for (auto& [layer, trained] : layers_) layer->set_routed_topk(k > 0 ? k : trained);
+    current_ = k;
+  }
+  const SampleOptions& o_;
+  std::vector<std::pair<nn::HeadControl*, int64_t>> layers_;
+  int64_t current_ = -1;
+};
+
+// The guided output (2n, C_out, H, W) for x (n, ...) at noise level u: one forward of the doubled batch, or two when
+// the unconditional branch has its own head budget (guide_topk). y = [labels; null] (2n).
+at::Tensor guided_output(DiT& model, const at::Tensor& x, const at::Tensor& tm, const at::Tensor& y,
+                         const SampleOptions& o, HeadBudget& heads, double u) {
+  const int64_t n = x.size(0);
+  heads.set(u, false);
+  if (o.guide_topk <= 0) return forward_with_cfg(model, at::cat({x, x}), tm, y, o.cfg_scale, o.cfg_channels);
+  const at::Tensor cond = model->forward(x, tm.narrow(0, 0, n), y.narrow(0, 0, n)).out;
+  heads.set(u, true);
+  const at::Tensor uncond = model->forward(x, tm.narrow(0, n, n), y.narrow(0, n, n)).out;
+  return combine_cfg(cond, uncond, o.cfg_scale, o.cfg_channels, x.size(1));
+}
+
+double noise_level(const SampleOptions& o, double t) {
+  return t / static_cast<double>(o.train_steps - 1);
+}
+
+OdeGrid ode_grid(const SampleOptions& o, const GaussianDiffusion& chain) {
+  const auto& s = chain.schedule();
+  TORCH_CHECK(s.timestep_map.back() == s.num_steps() - 1 && s.num_steps() == o.train_steps,
+              "sample_loop: the ODE solvers walk the base chain of T steps (sampling_chain)");
+  return o.sampler == SamplerKind::dpmpp_2m ? dpm_grid(s.alphas_cumprod, o.ode_steps)
+                                            : karras_grid(s.alphas_cumprod, o.ode_steps);
+}
+
+// The model output (2n, C_out, H, W) on the doubled state x = [x_c; x_u]: guided, or outside the guidance interval
+// the conditional output of the first half, copied to both halves (one forward of n).
+at::Tensor doubled_output(DiT& model, const at::Tensor& x, const at::Tensor& tm, const at::Tensor& y,
+                          const SampleOptions& o, HeadBudget& heads, double t) {
+  const int64_t n = x.size(0) / 2;
+  if (guided_at(o, t)) return guided_output(model, x.narrow(0, 0, n), tm, y, o, heads, noise_level(o, t));
+  heads.set(noise_level(o, t), false);
+  const at::Tensor out = model->forward(x.narrow(0, 0, n), tm.narrow(0, 0, n), y.narrow(0, 0, n)).out;
+  return at::cat({out, out});
+}
+
+// DDPM / DDIM over a respaced chain; with CFG the state stays doubled so that the per-step noise is DiT's.
+at::Tensor ancestral_loop(DiT& model, const GaussianDiffusion& chain, at::Tensor x, const at::Tensor& y,
+                          const SampleOptions& o, HeadBudget& heads, const std::function<void()>& on_step,
+                          int64_t& nfe) {
   const bool cfg = o.cfg_scale > 1.0;
-  // Configs are checked by validate_dit_experiment; these are the invariants forward_with_cfg relies on.
-  TORCH_CHECK(!cfg || mo.class_dropout_prob > 0, "sample_loop: CFG needs a null class");
-  TORCH_CHECK(!cfg || o.cfg_channels != CfgChannels::three || mo.in_channels >= 3,
-              "sample_loop: cfg_channels three needs 3 channels");
-  const int64_t n = noise.size(0);
-  at::Tensor x = cfg ? at::cat({noise, noise}) : noise;
-  at::Tensor y = labels.to(noise.device(), at::kLong);
-  if (cfg) y = at::cat({y, at::full({n}, mo.num_classes, y.options())});  // null class index = num_classes
   const int64_t B = x.size(0);
   for (int64_t i = chain.num_steps() - 1; i >= 0; --i) {
     const at::Tensor t = at::full({B}, i, at::TensorOptions().dtype(at::kLong).device(x.device()));
     const at::Tensor tm = chain.model_timesteps(t);
-    const at::Tensor out =
-        cfg ? forward_with_cfg(model, x, tm, y, o.cfg_scale, o.cfg_channels) : model->forward(x, tm, y).out;
+    const auto t_model = static_cast<double>(chain.schedule().timestep_map[static_cast<size_t>(i)]);
+    if (!cfg) heads.set(noise_level(o, t_model), false);
+    const at::Tensor out = cfg ? doubled_output(model, x, tm, y, o, heads, t_model) : model->forward(x, tm, y).out;
+    nfe += guided_at(o, t_model) ? 2 : 1;
     const auto p = chain.p_mean_variance(out, x, t, o.clip_denoised);
     const at::Tensor z = at::randn_like(x);  // drawn every step, also at t = 0 (DiT's RNG order)
     const double nonzero = i != 0 ? 1.0 : 0.0;
@@ -54,7 +143,73 @@ at::Tensor sample_loop(DiT& model, const GaussianDiffusion& chain, const at::Ten
     }
     if (on_step) on_step();
   }
-  return cfg ? x.narrow(0, 0, n) : x;
+  return cfg ? x.narrow(0, 0, x.size(0) / 2) : x;
+}
+
+// The ε channels (n, C, H, W) the ODE solvers integrate: guided on the doubled batch inside the interval, one
+// conditional forward outside it. y holds [labels; null] when CFG is on.
+EpsModel dit_eps(DiT& model, const at::Tensor& y, const SampleOptions& o, HeadBudget& heads, int64_t& nfe) {
+  return [&model, y, &o, &heads, &nfe](const at::Tensor& x, double t) {
+    const int64_t n = x.size(0), C = x.size(1);
+    const bool guided = guided_at(o, t);
+    nfe += guided ? 2 : 1;
+    const at::TensorOptions f = at::TensorOptions().dtype(at::kFloat).device(x.device());
+    if (!guided) {
+      heads.set(noise_level(o, t), false);
+      return model->forward(x, at::full({n}, t, f), y.narrow(0, 0, n)).out.narrow(1, 0, C);
+    }
+    const at::Tensor out = guided_output(model, x, at::full({2 * n}, t, f), y, o, heads, noise_level(o, t));
+    return out.narrow(0, 0, n).narrow(1, 0, C);
+  };
+}
+
+}  // namespace
+
+int64_t planned_nfe(const SampleOptions& o, const GaussianDiffusion& chain) {
+  int64_t nfe = 0;
+  auto count = [&](double t) { nfe += guided_at(o, t) ? 2 : 1; };
+  if (!is_ode_sampler(o.sampler)) {
+    for (int64_t t : chain.schedule().timestep_map) count(static_cast<double>(t));
+    return nfe;
+  }
+  const OdeGrid g = ode_grid(o, chain);
+  for (int64_t i = 0; i < g.steps(); ++i) {
+    count(g.timesteps[static_cast<size_t>(i)]);
+    if (o.sampler == SamplerKind::heun && i + 1 < g.steps()) count(g.timesteps[static_cast<size_t>(i) + 1]);
+  }
+  return nfe;
+}
+
+at::Tensor sample_loop(DiT& model, const GaussianDiffusion& chain, const at::Tensor& noise, const at::Tensor& labels,
+                       const SampleOptions& o, const std::function<void()>& on_step, int64_t* nfe) {
+  torch::NoGradGuard ng;
+  const DiTOptions& mo = model->options;
+  const bool cfg = o.cfg_scale > 1.0;
+  // Configs are checked by validate_dit_experiment; these are the invariants forward_with_cfg relies on.
+  TORCH_CHECK(!cfg || mo.class_dropout_prob > 0, "sample_loop: CFG needs a null class");
+  TORCH_CHECK(!cfg || o.cfg_channels != CfgChannels::three || mo.in_channels >= 3,
+              "sample_loop: cfg_channels three needs 3 channels");
+  const int64_t n = noise.size(0);
+  at::Tensor y = labels.to(noise.device(), at::kLong);
+  if (cfg) y = at::cat({y, at::full({n}, mo.num_classes, y.options())});  // null class index = num_classes
+  int64_t count = 0;
+  at::Tensor x;
+  HeadBudget heads(model, o);
+  if (!is_ode_sampler(o.sampler)) {
+    x = ancestral_loop(model, chain, cfg ? at::cat({noise, noise}) : noise, y, o, heads, on_step, count);
+  } else {
+    const EpsModel eps = dit_eps(model, y, o, heads, count);
+    const OdeGrid grid = ode_grid(o, chain);
+    const StepHook hook = [&](int64_t, const at::Tensor&) {
+      if (on_step) on_step();
+    };
+    const bool clip = o.clip_denoised;
+    x = o.sampler == SamplerKind::euler  ? euler_chain(eps, noise, grid, hook, clip)
+        : o.sampler == SamplerKind::heun ? heun_chain(eps, noise, grid, hook, clip)
+                                         : dpmpp_2m_chain(eps, noise, grid, hook, clip);
+  }
+  if (nfe) *nfe += count;
+  return x;
 }
 
 at::Tensor to_uint8_nhwc(const at::Tensor& samples) {

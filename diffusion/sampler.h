@@ -1,9 +1,14 @@
 #pragma once
 // Reverse-process sampling for DiT / MoH-DiT: DDPM ancestral sampling (p_sample_loop, what DiT's sample.py and
-// sample_ddp.py run) and DDIM (η configurable), with classifier-free guidance exactly as DiT's forward_with_cfg:
-// the batch is doubled with null labels, the model sees the first half twice, guidance is applied to the first 3
-// output channels (DiT's reproducibility quirk) or to every ε channel, and the variance channels are not guided.
+// sample_ddp.py run), DDIM (η configurable) and the probability-flow ODE solvers of ode_solvers.h (dpm++2m, euler,
+// heun), with classifier-free guidance exactly as DiT's forward_with_cfg: the batch is doubled with null labels, the
+// model sees the first half twice, guidance is applied to the first 3 output channels (DiT's reproducibility quirk)
+// or to every ε channel, and the variance channels are not guided. A guidance interval (Kynkäänniemi et al. 2024)
+// guides only where the noise level u = t / (T − 1) of the model timestep t lies in [lo, hi] (1 = pure noise);
+// elsewhere one conditional forward on the un-doubled batch.
+#include <array>
 #include <functional>
+#include <vector>
 
 #include "core/experiment_config.h"
 #include "diffusion/dit.h"
@@ -17,8 +22,33 @@ struct SampleOptions {
   double eta = 0.0;        ///< DDIM noise
   double cfg_scale = 1.0;  ///< 1 = plain forward, no doubling (sample_ddp's behaviour)
   CfgChannels cfg_channels = CfgChannels::three;
-  bool clip_denoised = false;  ///< DiT never clips
+  bool clip_denoised = false;                    ///< DiT never clips
+  std::array<double, 2> cfg_interval{0.0, 1.0};  ///< guide where lo ≤ t / (T − 1) ≤ hi
+  int64_t ode_steps = 0;               ///< solver steps of dpm++2m / euler / heun (DDPM / DDIM: the respaced chain's)
+  int64_t train_steps = 1000;          ///< T of the training chain (the noise-level fraction's scale)
+  int64_t topk = -1;                   ///< K of every routed MoH layer (−1 = as trained)
+  std::vector<int64_t> topk_schedule;  ///< K by noise-level bucket, clean → noise (overrides topk)
+  int64_t guide_topk = -1;             ///< K of the unconditional branch (CFG then runs as two forwards)
 };
+
+/// True for the probability-flow ODE solvers (no per-step noise; they walk the base chain's ᾱ table).
+bool is_ode_sampler(SamplerKind kind);
+
+/// The chain a sampler walks: DDPM / DDIM the respacing `steps` over T ("250", "ddim50"); the ODE solvers the base
+/// chain of T steps (their grid is built from its ᾱ).
+GaussianDiffusion sampling_chain(SamplerKind kind, int64_t T, const std::string& steps);
+
+/// Steps of the loop (on_step calls per batch).
+int64_t sampler_steps(const SampleOptions& options, const GaussianDiffusion& chain);
+
+/// Network evaluations per image the loop will make: 2 per guided step, 1 per unguided step (Heun: 2 per step but
+/// the last).
+int64_t planned_nfe(const SampleOptions& options, const GaussianDiffusion& chain);
+
+/// The guided output (2n, C_out, H, W) from the conditional and unconditional outputs (n, C_out, H, W) each:
+/// ε_u + s (ε_c − ε_u) on the first 3 (three) or C (all) channels, copied to both halves; the rest conditional.
+at::Tensor combine_cfg(const at::Tensor& cond, const at::Tensor& uncond, double scale, CfgChannels channels,
+                       int64_t in_channels);
 
 /// DiT's forward_with_cfg on a doubled batch x = [x_c; x_u], y = [labels; null]: returns the guided output.
 at::Tensor forward_with_cfg(DiT& model, const at::Tensor& x, const at::Tensor& t_model, const at::Tensor& y,
@@ -26,9 +56,10 @@ at::Tensor forward_with_cfg(DiT& model, const at::Tensor& x, const at::Tensor& t
 
 /// Runs the chain from `noise` (N, C, H, W) for class `labels` (N) and returns x0 samples (N, C, H, W) in the model's
 /// data space ([−1, 1] for pixels). Randomness comes from the global generator in DiT's order (the caller draws the
-/// noise first; then one randn_like of the (doubled) batch per step). `on_step` is called after every step.
+/// noise first; then DDPM / DDIM draw one randn_like of the (doubled) batch per step). `on_step` is called after every
+/// step; `nfe`, when given, is increased by the network evaluations per image.
 at::Tensor sample_loop(DiT& model, const GaussianDiffusion& chain, const at::Tensor& noise, const at::Tensor& labels,
-                       const SampleOptions& options, const std::function<void()>& on_step = {});
+                       const SampleOptions& options, const std::function<void()>& on_step = {}, int64_t* nfe = nullptr);
 
 /// Pixel samples in [−1, 1] → uint8 NHWC exactly as sample_ddp.py: clamp(127.5·x + 128, 0, 255) truncated.
 at::Tensor to_uint8_nhwc(const at::Tensor& samples);

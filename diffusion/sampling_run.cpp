@@ -20,7 +20,6 @@
 #include "diffusion/dit_family.h"
 #include "diffusion/model_registry.h"
 #include "diffusion/sample_set.h"
-#include "vision/nn/head_surgery.h"
 
 namespace moh::diffusion {
 
@@ -105,14 +104,17 @@ nlohmann::json sampling_plan(const SamplingModel& m, const SamplingRequest& r, c
           {"checkpoint", r.checkpoint},
           {"weights", m.weights},
           {"step", m.step},
-          {"sampler", sc.sampler == SamplerKind::ddpm ? "ddpm" : "ddim"},
+          {"sampler", config::to_string(sc.sampler)},
           {"steps", sc.steps},
           {"eta", sc.eta},
           {"cfg_scale", sc.cfg_scale},
           {"cfg_channels", sc.cfg_channels == CfgChannels::three ? "three" : "all"},
+          {"cfg_interval", sc.cfg_interval},
           {"clip_denoised", sc.clip_denoised},
           {"seed", sc.seed},
           {"topk", sc.topk},
+          {"topk_schedule", sc.topk_schedule},
+          {"guide_topk", sc.guide_topk},
           {"batch_size", sc.batch_size},
           {"count", labels.size(0)},
           {"labels", r.labels},
@@ -199,19 +201,16 @@ int64_t sample_missing_parts(SamplingModel& m, AutoencoderKL& vae, const at::Ten
                              dist::Group& group, const std::string& parts) {
   const SamplingConfig& sc = m.cfg.sampling;
   m.model->to(ctx.device);
-  if (sc.topk > 0)  // the MoH head budget at inference (validated against the model's pools)
-    for (auto& [name, layer] : nn::head_controls(*m.model))
-      if (layer->routed_topk() > 0) layer->set_routed_topk(sc.topk);
-  const GaussianDiffusion chain = GaussianDiffusion::respaced(m.cfg.diffusion.steps, sc.steps);
+  const GaussianDiffusion chain = sampling_chain(sc.sampler, m.cfg.diffusion.steps, sc.steps);
   SampleSetOptions so;
-  so.chain = {sc.sampler, sc.eta, sc.cfg_scale, sc.cfg_channels, sc.clip_denoised};
+  so.chain = sample_options_for(m.cfg);
   so.batch_size = sc.batch_size;
   so.seed = static_cast<uint64_t>(sc.seed);
   const int64_t n = labels.size(0), batches = (n + sc.batch_size - 1) / sc.batch_size;
   const std::vector<int64_t> missing = missing_sample_batches(n, parts, sc.batch_size);
   group.barrier();  // every rank listed the parts before any is written
   const std::vector<int64_t> mine = rank_share(missing, group);
-  Progress progress("sampling", static_cast<int64_t>(mine.size()) * chain.num_steps(), "step",
+  Progress progress("sampling", static_cast<int64_t>(mine.size()) * sampler_steps(so.chain, chain), "step",
                     group.is_main() ? -1 : 2);
   sample_parts(m.model, chain, vae, labels, mine, so, ctx, parts, [&] { progress.advance(); });
   progress.finish();
@@ -237,7 +236,11 @@ void write_sampling_outputs(const SamplingModel& m, const SamplingRequest& r, co
   fs::remove_all(parts);
   out.grid = datasets::write_grid(r.out + "/grid.png", at::stack(tiles), grid.cols, mo.input_size < 64 ? 3 : 1,
                                   grid.row_labels, grid.tile_labels);
-  info["chain_steps"] = GaussianDiffusion::respaced(m.cfg.diffusion.steps, sc.steps).num_steps();
+  const GaussianDiffusion chain = sampling_chain(sc.sampler, m.cfg.diffusion.steps, sc.steps);
+  const SampleOptions so = sample_options_for(m.cfg);
+  info["chain_steps"] = sampler_steps(so, chain);
+  info["nfe_per_image"] = planned_nfe(so, chain);  // network evaluations per image (a guided step counts 2)
+  out.nfe = info["nfe_per_image"].get<int64_t>();
   info["seconds"] = out.seconds;
   info["checkpoint"] = r.checkpoint.empty() ? "untrained" : r.checkpoint;
   if (m.step < 0) info["step"] = nullptr;

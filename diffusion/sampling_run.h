@@ -35,6 +35,7 @@ struct SamplingSummary {
   int64_t resumed_batches = 0;  ///< batches found on disk from an interrupted run
   bool grid = false;            ///< grid.png written (not in a build without OpenCV)
   double seconds = 0;
+  int64_t nfe = 0;   ///< network evaluations per image
   bool main = true;  ///< this process wrote the outputs (rank 0)
 };
 

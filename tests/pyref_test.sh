@@ -13,6 +13,10 @@
 #                ema, optimizer, rng) and `moh convert` output read by safetensors.torch.load_file, weights loaded with
 #                load_state_dict(strict=True) into the reference DiT
 #   fid          pytorch-fid and torch-fidelity on the features `moh fid --save-features` stored (tests/eval/ref_fid.py)
+#   solvers      diffusers' DPMSolverMultistepScheduler / EulerDiscreteScheduler and a plain Karras Algorithm 1 (Heun)
+#                (tests/diffusion/ref_solvers.py) vs our ODE samplers, step by step on a closed-form model and at the
+#                end of CFG / guidance-interval chains of a random DiT-Pixel/4, max rel ≤ 1e-5 (the GoogleTest
+#                SolverReference.*; for this case the second argument is the moh_tests_models binary)
 # usage: pyref_test.sh CASE path/to/moh repo_root path/to/python
 set -u
 CASE=$1 MOH=$2 ROOT=$3 PY=$4
@@ -118,6 +122,19 @@ fid)
   run "$MOH" fid "${common[@]}" --save-features "$tmp/features.npz" --out "$tmp/adm"
   run "$MOH" fid "${common[@]}" --metrics is --is-mode fidelity --out "$tmp/fidelity"
   run "$PY" tests/eval/ref_fid.py "$tmp/features.npz" "$tmp/adm/report.json" "$tmp/fidelity/report.json"
+  ;;
+solvers)
+  run "$PY" tests/diffusion/ref_solvers.py "$tmp/solvers"
+  echo "+ MOH_SOLVER_REF=... moh_tests_models --gtest_filter='SolverReference.*'"
+  MOH_SOLVER_REF="$tmp/solvers" "$MOH" --gtest_filter='SolverReference.*' >"$tmp/gtest.log" 2>&1
+  rc=$?
+  grep "^max rel" "$tmp/gtest.log"
+  tail -2 "$tmp/gtest.log"
+  # Skipped would also exit 0: the test must have run and passed.
+  if [ $rc != 0 ] || ! grep -q '^\[  PASSED  \] 1 test' "$tmp/gtest.log"; then
+    grep -B2 -A3 "Failure\|SKIPPED" "$tmp/gtest.log" | head -40
+    echo "FAIL: SolverReference (exit $rc)"; fails=$((fails + 1))
+  fi
   ;;
 *)
   echo "unknown case $CASE"; exit 2 ;;

@@ -16,29 +16,11 @@
 #include "diffusion/sample_set.h"
 #include "diffusion/sampler.h"
 #include "diffusion/sd_vae.h"
+#include "tests/diffusion/tiny_dit.h"
 #include "tests/test_util.h"
 
 namespace moh::diffusion {
 namespace {
-
-DiT tiny_dit(int64_t channels, bool moh) {
-  DiTOptions o = dit_options(moh ? "MoH-DiT-Pixel/4-75" : "DiT-Pixel/4");
-  o.input_size = 8;
-  o.in_channels = channels;
-  o.depth = 2;
-  if (moh) {
-    o.heads = {{8, 2}};
-    o.shared = {{4, 2}};
-    o.topk = {{2, 2}};
-  }
-  torch::manual_seed(0);
-  DiT m(o);
-  // adaLN-Zero makes the output 0 at init; perturb every parameter so the tests see a non-trivial network.
-  torch::NoGradGuard ng;
-  for (auto& p : m->parameters()) p.add_(torch::randn_like(p) * 0.05);
-  m->eval();
-  return m;
-}
 
 TEST(DiffusionMath, DiscretisedLikelihoodSumsToOneOverBins) {
   // The 256 bin probabilities of one pixel telescope to exactly 1 (edge bins take the tails).
