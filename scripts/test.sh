@@ -12,6 +12,11 @@ cd "$(dirname "$0")/.."
 which=${MOH_TEST_LIBTORCH:-both}
 case "$which" in both|debian|pip) ;; *) echo "error: MOH_TEST_LIBTORCH=$which: use both, debian or pip" >&2; exit 2 ;; esac
 
+# ctest runs MOH_TEST_JOBS tests at once on a machine of few cores: one LibTorch thread per test process unless the
+# user says otherwise (OpenMP threads of two tests spin-waiting on each other's cores slowed some tests 8-fold;
+# docs/BENCHMARKS.md "Build and test time").
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+
 # The venv first, so that both builds register the Python reference tests.
 if [ "$which" != debian ]; then MOH_LIBTORCH=pip MOH_SKIP_BUILD=1 bash scripts/setup.sh; fi
 

@@ -22,7 +22,7 @@ namespace {
 
 enum class Op { qk, av, av_t };
 
-constexpr int kWindow = 9;
+constexpr int kNeighbours = 9;  // a 3 x 3 window
 
 // Token index of neighbour z = 3·(dy+1) + (dx+1) of token (y, x), or −1 outside the map (as the CUDA kernels).
 inline int64_t neighbour(int64_t y, int64_t x, int z, int64_t H, int64_t W) {
@@ -49,7 +49,7 @@ void cpu_window(Op op, const at::Tensor& a, const at::Tensor& b, at::Tensor& out
   const int64_t BH = a.size(0) * a.size(1), N = H * W;
   const int64_t C = op == Op::qk ? a.size(3) : b.size(3);
   T* o = out.data_ptr<T>();  // contiguous (B, h, N, 9) or (B, h, N, C)
-  const int64_t width = op == Op::qk ? kWindow : C;
+  const int64_t width = op == Op::qk ? kNeighbours : C;
   at::parallel_for(0, BH * N, 256, [&](int64_t begin, int64_t end) {
     std::vector<T> acc(static_cast<size_t>(C));
     for (int64_t r = begin; r < end; ++r) {
@@ -57,7 +57,7 @@ void cpu_window(Op op, const at::Tensor& a, const at::Tensor& b, at::Tensor& out
       T* dst = o + r * width;
       if (op == Op::qk) {  // dst[z] = a[i, n] · b[i, nbr(n, z)]
         const T* q = A.row(i, n);
-        for (int z = 0; z < kWindow; ++z) {
+        for (int z = 0; z < kNeighbours; ++z) {
           const int64_t m = neighbour(y, x, z, H, W);
           T s = 0;
           if (m >= 0) {
@@ -69,10 +69,10 @@ void cpu_window(Op op, const at::Tensor& a, const at::Tensor& b, at::Tensor& out
         continue;
       }
       std::fill(acc.begin(), acc.end(), T(0));
-      for (int z = 0; z < kWindow; ++z) {
+      for (int z = 0; z < kNeighbours; ++z) {
         // av: weights of this token, values of its neighbour z; av_t (adjoint): the token whose neighbour z is this
         // one sits at offset −off(z) = off(8 − z), and both its weight z and its row are read there.
-        const int64_t m = neighbour(y, x, op == Op::av ? z : kWindow - 1 - z, H, W);
+        const int64_t m = neighbour(y, x, op == Op::av ? z : kNeighbours - 1 - z, H, W);
         if (m < 0) continue;
         const T w = op == Op::av ? A.row(i, n)[z] : A.row(i, m)[z];
         const T* v = Bv.row(i, m);
@@ -94,7 +94,7 @@ at::Tensor run_cpu(Op op, const at::Tensor& a, const at::Tensor& b, int64_t H, i
     return run_cpu(op, a.to(at::kFloat), b.to(at::kFloat), H, W).to(dt);
   const at::Tensor x = rows_view(a), y = rows_view(b);
   const int64_t B = x.size(0), h = x.size(1), N = x.size(2);
-  at::Tensor out = at::empty({B, h, N, op == Op::qk ? int64_t{kWindow} : y.size(3)}, x.options());
+  at::Tensor out = at::empty({B, h, N, op == Op::qk ? int64_t{kNeighbours} : y.size(3)}, x.options());
   if (dt == at::kFloat)
     cpu_window<float>(op, x, y, out, H, W);
   else
