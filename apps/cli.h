@@ -32,7 +32,14 @@ std::vector<std::string> config_overrides(const cxxopts::ParseResult& args);
 /// process group) and are forwarded to every rank once per signal, so a Ctrl-C stops training with one checkpoint and
 /// a second one exits. `resume_prefix` (e.g. "moh launch --nproc_per_node 2 --") is what a rank prints before the
 /// `train ...` of its resume command (MOH_RESUME_PREFIX); "" = the plain command.
-int launch_local(int nproc, int port, const std::vector<std::string>& args, const std::string& resume_prefix = "");
+/// `place`: this machine among several (torchrun's --nnodes / --node_rank / --master_addr): its ranks are
+/// node_rank · nproc + LOCAL_RANK of nnodes · nproc, and every rank meets at master_addr:port.
+struct NodePlace {
+  int nnodes = 1, node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+};
+int launch_local(int nproc, int port, const std::vector<std::string>& args, const std::string& resume_prefix = "",
+                 const NodePlace& place = {});
 
 /// The command line that resumes this training run after a stop on a signal: the program, `train` and the original
 /// arguments with `--resume auto` (and `--run-dir` when it was implicit), shell-quoted.

@@ -1,6 +1,7 @@
 // `moh launch --nproc N [--master-port P] -- <moh subcommand> ARGS...`: a local torchrun. Starts N copies of this
 // binary with RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT set (and OMP_NUM_THREADS = cores / N unless
 // given), forwards their output, and when one exits with an error stops the others and returns that exit code.
+// On several machines, one launcher per machine: --nnodes M --node_rank R --master_addr HOST0 --master_port P.
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -54,6 +55,26 @@ bool is_stop_code(int code) {
   return code == 128 + SIGINT || code == 128 + SIGTERM;
 }
 
+// --nnodes / --node_rank / --master_addr, checked.
+NodePlace node_place(const cxxopts::ParseResult& args) {
+  NodePlace p;
+  const std::string nnodes = args["nnodes"].as<std::string>();
+  const size_t colon = nnodes.find(':');
+  const std::string lo = nnodes.substr(0, colon), hi = colon == std::string::npos ? lo : nnodes.substr(colon + 1);
+  if (lo != hi || lo.empty() || lo.find_first_not_of("0123456789") != std::string::npos || lo.size() > 4)
+    throw UserError("--nnodes " + nnodes, "must be a number of machines (M, or M:M; elastic ranges are not supported)",
+                    "e.g. --nnodes 2");
+  p.nnodes = std::stoi(lo);
+  p.node_rank = args["node_rank"].as<int>();
+  p.master_addr = args["master_addr"].as<std::string>();
+  if (p.nnodes < 1) throw UserError("--nnodes " + nnodes, "must be at least 1", "");
+  if (p.node_rank < 0 || p.node_rank >= p.nnodes)
+    throw UserError("--node_rank " + std::to_string(p.node_rank),
+                    "must be in 0 … " + std::to_string(p.nnodes - 1) + " (--nnodes " + nnodes + ")", "");
+  if (p.master_addr.empty()) throw UserError("--master_addr", "is empty", "the address of machine 0");
+  return p;
+}
+
 }  // namespace
 
 int cmd_launch(int argc, char** argv) {
@@ -64,35 +85,32 @@ int cmd_launch(int argc, char** argv) {
       split = i;
       break;
     }
-  cxxopts::Options opts(argv[0], "Run a moh subcommand as N data-parallel processes on this machine (like torchrun)");
+  cxxopts::Options opts(argv[0], "Run a moh subcommand as N data-parallel processes per machine (like torchrun)");
   opts.positional_help("-- train CONFIG.yaml [ARGS...]");
-  opts.custom_help("[--nproc N] [--master-port P]");
+  opts.custom_help("[--nproc N] [--master-port P] [--nnodes M --node_rank R --master_addr HOST]");
   opts.add_options()("nproc,nproc_per_node,nproc-per-node", "number of processes (torchrun: --nproc_per_node)",
                      cxxopts::value<int>()->default_value("2"))(
-      "master-port,master_port", "TCPStore port (0 = a free one)", cxxopts::value<int>()->default_value("0"))(
-      "nnodes", "machines taking part: this launcher runs one machine (1)",
-      cxxopts::value<std::string>()->default_value("1"))("node_rank,node-rank", "this machine's index: 0 (one machine)",
-                                                         cxxopts::value<int>()->default_value("0"))(
-      "master_addr,master-addr", "rendezvous host: this machine (127.0.0.1 / localhost)",
-      cxxopts::value<std::string>()->default_value("127.0.0.1"))(
-      "standalone", "torchrun's single-machine flag (always the case here)")("h,help", "show this help");
+      "master-port,master_port", "TCPStore port (0 = a free one on one machine, 29500 on several)",
+      cxxopts::value<int>()->default_value("0"))("nnodes", "machines taking part, one launcher on each (M or M:M)",
+                                                 cxxopts::value<std::string>()->default_value("1"))(
+      "node_rank,node-rank", "this machine's index, 0 … M-1 (0 hosts the rendezvous)",
+      cxxopts::value<int>()->default_value("0"))("master_addr,master-addr",
+                                                 "address of machine 0, reachable from every machine",
+                                                 cxxopts::value<std::string>()->default_value("127.0.0.1"))(
+      "standalone", "torchrun's single-machine flag (one machine)")("h,help", "show this help");
   auto args = parse_or_throw(opts, split, argv);
   if (args.count("help")) {
     std::cout
         << opts.help() << "\nThe command to run comes after `--`, as with torchrun:\n"
         << "  moh launch --nproc_per_node 2 -- train configs/fashion_mnist/moh_vit_nano.yaml --run-dir runs/nano_ddp\n"
         << "  moh launch --nproc 4 -- sample --ckpt runs/dit --num-samples 1000 --out samples/dit\n"
+        << "Two machines, one launcher on each (machine 0 at 10.0.0.1):\n"
+        << "  moh launch --nnodes 2 --node_rank 0 --nproc 8 --master_addr 10.0.0.1 -- train CONFIG.yaml --run-dir R\n"
+        << "  moh launch --nnodes 2 --node_rank 1 --nproc 8 --master_addr 10.0.0.1 -- train CONFIG.yaml --run-dir R\n"
         << "Each process gets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (docs/DISTRIBUTED.md).\n";
     return 0;
   }
-  const std::string nnodes = args["nnodes"].as<std::string>(), addr = args["master_addr"].as<std::string>();
-  if (nnodes != "1" && nnodes != "1:1")
-    throw UserError("--nnodes " + nnodes, "moh launch starts processes on this machine only",
-                    "on several machines run `moh train` under torchrun or Slurm (docs/DISTRIBUTED.md)");
-  if (args["node_rank"].as<int>() != 0) throw UserError("--node_rank", "must be 0 on a single machine", "");
-  if (addr != "127.0.0.1" && addr != "localhost")
-    throw UserError("--master_addr " + addr, "moh launch rendezvous on this machine (127.0.0.1)",
-                    "for several machines use torchrun or Slurm");
+  const NodePlace place = node_place(args);
   const int n = args["nproc"].as<int>();
   if (n < 1 || n > 512) throw UserError("--nproc", "must be in 1..512, got " + std::to_string(n), "");
   if (split + 1 >= argc)
@@ -100,15 +118,21 @@ int cmd_launch(int argc, char** argv) {
   const std::string cmd = argv[split + 1];
   if (cmd != "train" && cmd != "sample" && cmd != "eval")
     throw UserError(argv[0], "cannot launch '" + cmd + "' data-parallel", "commands: train, sample, eval");
-  const int port = args["master-port"].as<int>();
+  int port = args["master-port"].as<int>();
   if (port < 0 || port > 65535) throw UserError("--master-port", "not a TCP port", "1..65535, or 0 for a free one");
+  if (port == 0 && place.nnodes > 1) port = 29500;  // every machine must name the same one: torchrun's default
 
   std::vector<std::string> child_args;
   for (int i = split + 1; i < argc; ++i) child_args.emplace_back(argv[i]);
-  return launch_local(n, port, child_args, invoked_as() + " launch --nproc_per_node " + std::to_string(n) + " --");
+  std::string prefix = invoked_as() + " launch";
+  if (place.nnodes > 1)
+    prefix += " --nnodes " + std::to_string(place.nnodes) + " --node_rank " + std::to_string(place.node_rank) +
+              " --master_addr " + place.master_addr + " --master_port " + std::to_string(port);
+  return launch_local(n, port, child_args, prefix + " --nproc_per_node " + std::to_string(n) + " --", place);
 }
 
-int launch_local(int n, int port, const std::vector<std::string>& args, const std::string& resume_prefix) {
+int launch_local(int n, int port, const std::vector<std::string>& args, const std::string& resume_prefix,
+                 const NodePlace& place) {
   if (port == 0) port = free_port();
   std::vector<std::string> child_args{invoked_as()};
   child_args.insert(child_args.end(), args.begin(), args.end());
@@ -136,18 +160,20 @@ int launch_local(int n, int port, const std::vector<std::string>& args, const st
         ::unsetenv("MOH_RESUME_PREFIX");
       else
         ::setenv("MOH_RESUME_PREFIX", resume_prefix.c_str(), 1);
-      ::setenv("RANK", std::to_string(r).c_str(), 1);
+      ::setenv("RANK", std::to_string(place.node_rank * n + r).c_str(), 1);
       ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(place.nnodes * n).c_str(), 1);
       ::setenv("LOCAL_WORLD_SIZE", std::to_string(n).c_str(), 1);
-      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("GROUP_RANK", std::to_string(place.node_rank).c_str(), 1);
+      ::setenv("MASTER_ADDR", place.master_addr.c_str(), 1);
       ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
       ::setenv("OMP_NUM_THREADS", threads.c_str(), 0);  // keep the user's choice
       std::vector<char*> cargv;
       for (auto& a : child_args) cargv.push_back(a.data());
       cargv.push_back(nullptr);
       ::execv("/proc/self/exe", cargv.data());
-      std::cerr << "error: rank " << r << ": cannot start /proc/self/exe: " << std::strerror(errno) << "\n";
+      std::cerr << "error: rank " << place.node_rank * n + r
+                << ": cannot start /proc/self/exe: " << std::strerror(errno) << "\n";
       ::_exit(kExitRuntime);
     }
     ::setpgid(pid, pid);  // also here: no signal may reach a rank through the terminal before the child's own call
@@ -196,7 +222,8 @@ int launch_local(int n, int port, const std::vector<std::string>& args, const st
     }
     if (code != kExitOk && !stopping) {
       if (WIFSIGNALED(status))
-        std::cerr << "error: rank " << rank << " was killed by signal " << WTERMSIG(status) << "\n";
+        std::cerr << "error: rank " << place.node_rank * n + rank << " was killed by signal " << WTERMSIG(status)
+                  << "\n";
       result = code;
       stopping = true;
       const bool wait_for_rank0 = code == kExitUserError && rank != 0 && pids[0] > 0;

@@ -1,8 +1,9 @@
 // `moh plot RUN_DIR... [--out DIR]`: loss curves (and their parts), learning rate and top-1 against the optimizer step
-// for one or several runs (overlaid, with a legend) as DIR/curves.png, and a Markdown table across the runs
-// (final/best metrics, images per second, wall time, active heads) as DIR/summary.md, also printed.
+// for one or several runs (overlaid, with a legend; the losses of classifier and DiT runs in separate panels, as they
+// measure different things) as DIR/curves.svg and .png, and a Markdown table across the runs (final/best metrics,
+// images per second, wall time, active heads) as DIR/summary.md, also printed.
 // `moh plot --fid-curve curve.jsonl [--out DIR]`: FID against network evaluations per image and against seconds, one
-// series per model (the rows scripts/fid_curve.sh writes), as DIR/fid_curve.png.
+// series per model (the rows scripts/fid_curve.sh writes), as DIR/fid_curve.svg and .png.
 #include <algorithm>
 #include <array>
 #include <filesystem>
@@ -26,7 +27,7 @@ namespace {
 
 // One run's metrics.jsonl, by key: (step, value) in file order; wall time summed over its starts.
 struct RunCurves {
-  std::string name, model, active = "–";
+  std::string name, model, family = "run", active = "–";
   std::map<std::string, std::vector<std::pair<double, double>>> train, eval;
   std::vector<double> img_per_s;
   double wall_s = 0;
@@ -44,6 +45,7 @@ RunCurves read_run(const std::string& dir) {
     const ExperimentConfig cfg =
         parse_experiment(read_file(dir + "/config.resolved.yaml"), dir + "/config.resolved.yaml");
     r.model = cfg.model.name;
+    r.family = experiment_family(cfg).id;
     const double ratio = experiment_family(cfg).active_ratio(cfg);
     r.active = eval::format_metric("top1", ratio * 100) + " %";
   }
@@ -97,6 +99,19 @@ std::string last_of(const std::map<std::string, std::vector<std::pair<double, do
   return it == m.end() || it->second.empty() ? "–" : eval::format_metric(k, it->second.back().second);
 }
 
+// "wrote DIR/x.svg, DIR/x.png" (or why there is no PNG).
+std::string wrote(const eval::ChartFiles& f) {
+  if (f.svg.empty()) return "no chart: no point to draw";
+  return "wrote " + f.svg + (f.png.empty() ? " (no PNG: built without OpenCV)" : ", " + f.png);
+}
+
+// "a, b and c" for a figure title.
+std::string joined(const std::vector<std::string>& names) {
+  std::string s;
+  for (size_t i = 0; i < names.size(); ++i) s += (i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + names[i];
+  return s;
+}
+
 // FID against NFE and against seconds, one series per "label", from scripts/fid_curve.sh's JSON lines.
 int plot_fid_curve(const std::string& path, const std::string& out) {
   std::map<std::string, std::vector<std::array<double, 3>>> rows;  // label → (nfe, seconds, fid)
@@ -115,6 +130,7 @@ int plot_fid_curve(const std::string& path, const std::string& out) {
                     "write it with scripts/fid_curve.sh");
   check_output_dir(out, "--out " + out);
   eval::ChartPanel by_nfe{"FID vs network evaluations per image", "NFE per image", "FID", {}, false};
+  by_nfe.integer_x = true;
   eval::ChartPanel by_time{"FID vs sampling time of the whole set", "seconds", "FID", {}, false};
   for (auto& [label, points] : rows) {
     eval::Series a{label, {}, {}}, b{label, {}, {}};
@@ -125,10 +141,53 @@ int plot_fid_curve(const std::string& path, const std::string& out) {
     by_nfe.series.push_back(a);
     by_time.series.push_back(b);
   }
+  std::vector<std::string> labels;
+  for (const auto& [label, points] : rows) labels.push_back(label);
   std::filesystem::create_directories(out);
-  const bool png = eval::write_line_chart(out + "/fid_curve.png", {by_nfe, by_time});
-  std::cout << (png ? "wrote " + out + "/fid_curve.png\n" : std::string("no fid_curve.png: built without OpenCV\n"));
+  std::cout << wrote(eval::write_line_chart(out + "/fid_curve", "FID against compute: " + joined(labels),
+                                            {by_nfe, by_time}))
+            << "\n";
   return kExitOk;
+}
+
+// The panels of several runs: loss and its parts per family (a classifier's cross-entropy and a DiT's mse + vb do not
+// share an axis), learning rate (log scale unless a schedule reaches 0) and validation top-1.
+eval::ChartFiles draw_runs(const std::vector<RunCurves>& runs, const std::string& out) {
+  std::vector<std::string> families, names;
+  for (const auto& r : runs) {
+    names.push_back(r.name);
+    if (std::find(families.begin(), families.end(), r.family) == families.end()) families.push_back(r.family);
+  }
+  std::vector<eval::ChartPanel> panels;
+  for (const auto& f : families) {
+    const std::string of = families.size() > 1 ? " of the " + f + " runs" : "";
+    eval::ChartPanel loss{"training loss" + of + " (mean over each logging window)", "optimizer step", "loss", {}};
+    eval::ChartPanel parts{"loss parts" + of + " (aux: MoH load balance, before beta)", "optimizer step", "value", {}};
+    for (const auto& r : runs) {
+      if (r.family != f) continue;
+      if (r.train.count("loss")) loss.series.push_back(series(r.name, r.train.at("loss")));
+      for (const char* k : {"mse", "vb", "aux"})
+        if (r.train.count(k)) parts.series.push_back(series(r.name + " " + k, r.train.at(k)));
+    }
+    panels.push_back(loss);
+    panels.push_back(parts);
+  }
+  eval::ChartPanel lr{"learning rate", "optimizer step", "lr (log scale)", {}, true};
+  eval::ChartPanel top1{"validation top-1 (a run with an EMA adds '<run> ema')", "optimizer step", "top-1 (%)", {}};
+  for (const auto& r : runs) {
+    if (r.train.count("lr")) lr.series.push_back(series(r.name, r.train.at("lr")));
+    for (const char* k : {"top1", "top1_ema"})
+      if (r.eval.count(k))
+        top1.series.push_back(series(r.name + (std::string(k) == "top1" ? "" : " ema"), r.eval.at(k)));
+  }
+  for (const auto& s : lr.series)
+    if (std::any_of(s.y.begin(), s.y.end(), [](double v) { return v <= 0; })) lr.log_y = false;
+  if (!lr.log_y) lr.y_label = "lr (linear: a schedule reaches 0)";
+  panels.push_back(lr);
+  panels.push_back(top1);
+  for (auto& p : panels) p.integer_x = true;
+  std::filesystem::create_directories(out);
+  return eval::write_line_chart(out + "/curves", "Training curves: " + joined(names), panels);
 }
 
 }  // namespace
@@ -155,23 +214,7 @@ int cmd_plot(int argc, char** argv) {
   std::vector<RunCurves> runs;
   for (const auto& d : dirs) runs.push_back(read_run(d));
 
-  eval::ChartPanel loss{"training loss (mean over each logging window)", "optimizer step", "loss", {}, false};
-  eval::ChartPanel parts{
-      "loss parts: mse / vb (DiT), aux = MoH load-balance loss before beta", "optimizer step", "value", {}, false};
-  eval::ChartPanel lr{"learning rate", "optimizer step", "lr (log scale)", {}, true};
-  eval::ChartPanel top1{
-      "validation top-1 (a run with an EMA adds '<run> ema')", "optimizer step", "top-1 (%)", {}, false};
-  for (const auto& r : runs) {
-    if (r.train.count("loss")) loss.series.push_back(series(r.name, r.train.at("loss")));
-    for (const char* k : {"mse", "vb", "aux"})
-      if (r.train.count(k)) parts.series.push_back(series(r.name + " " + k, r.train.at(k)));
-    if (r.train.count("lr")) lr.series.push_back(series(r.name, r.train.at("lr")));
-    for (const char* k : {"top1", "top1_ema"})
-      if (r.eval.count(k))
-        top1.series.push_back(series(r.name + (std::string(k) == "top1" ? "" : " ema"), r.eval.at(k)));
-  }
-  std::filesystem::create_directories(out);
-  const bool png = eval::write_line_chart(out + "/curves.png", {loss, parts, lr, top1});
+  const eval::ChartFiles chart = draw_runs(runs, out);
 
   std::ostringstream md;
   md << "| run | model | active heads | steps | final loss | final top-1 (%) | best top-1 (%) | img/s | wall time |\n"
@@ -191,8 +234,7 @@ int cmd_plot(int argc, char** argv) {
        << (r.timed ? Progress::format_duration(r.wall_s) : "–") << " |\n";
   }
   write_file_atomic(out + "/summary.md", md.str());
-  std::cout << md.str() << "wrote " << out << "/summary.md"
-            << (png ? ", " + out + "/curves.png" : std::string(" (no curves.png: built without OpenCV)")) << "\n";
+  std::cout << md.str() << "wrote " << out << "/summary.md\n" << wrote(chart) << "\n";
   return kExitOk;
 }
 

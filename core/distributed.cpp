@@ -8,6 +8,10 @@
 #include "core/error.h"
 
 #ifdef MOH_WITH_C10D
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #ifdef USE_C10D_NCCL
@@ -37,6 +41,29 @@ std::string env_or(const char* name, const std::string& fallback) {
 }
 
 #ifdef MOH_WITH_C10D
+// The address this host's Gloo device listens on: the local end of the route to the master (a UDP socket "connected"
+// there sends nothing), so that the other hosts can reach it — the master's own address on the master's host, this
+// host's address on the master's network elsewhere. Binding every rank to MASTER_ADDR works on one machine only.
+std::string gloo_listen_address(const std::string& master, int port) {
+  if (master == "localhost") return "127.0.0.1";
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  if (::getaddrinfo(master.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res) return master;
+  std::string local = master;
+  const int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+  sockaddr_in me{};
+  socklen_t len = sizeof me;
+  char text[INET_ADDRSTRLEN] = {};
+  if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&me), &len) == 0 &&
+      ::inet_ntop(AF_INET, &me.sin_addr, text, sizeof text))
+    local = text;
+  if (fd >= 0) ::close(fd);
+  ::freeaddrinfo(res);
+  return local;
+}
+
 // A c10d process group. Backend errors (a peer that died, a timeout) surface as runtime errors naming the rank.
 template <class PG>
 class C10dGroup : public Group {
@@ -144,7 +171,10 @@ std::shared_ptr<Group> Group::join(const RunContext& ctx) {
   }
 #endif
   auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
-  opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(host == "localhost" ? "127.0.0.1" : host));
+  const std::string ifname = env_or("GLOO_SOCKET_IFNAME", "");  // torchrun's variable: an interface by name
+  opts->devices.push_back(ifname.empty()
+                              ? c10d::ProcessGroupGloo::createDeviceForHostname(gloo_listen_address(host, port))
+                              : c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
   auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, ctx.rank, ctx.world, opts);
   return std::make_shared<C10dGroup<c10d::ProcessGroupGloo>>(store, pg, ctx.rank, ctx.world, c10::Device(c10::kCPU),
                                                              "gloo");

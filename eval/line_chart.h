@@ -1,7 +1,7 @@
 #pragma once
-// Line charts as PNG (OpenCV drawing): one or more panels stacked vertically, each with a title, labelled axes with
-// round-number ticks, and several named series in distinct colours with a legend. Used by `moh plot` for loss / lr /
-// accuracy curves of one or several runs.
+// Line charts for papers: a figure title naming what is drawn, then one or more panels stacked vertically, each with a
+// title, labelled axes and several named series in distinct colours with a legend. Written twice from one layout: an
+// SVG (vector, any build) and a PNG at twice the layout's pixel size (OpenCV builds only). Used by `moh plot`.
 #include <string>
 #include <vector>
 
@@ -17,13 +17,37 @@ struct Series {
 struct ChartPanel {
   std::string title, x_label, y_label;
   std::vector<Series> series;
-  bool log_y = false;  ///< logarithmic y axis (learning rates)
+  bool log_y = false;      ///< logarithmic y axis (learning rates); every y value must then be > 0
+  bool integer_x = false;  ///< x counts something (optimizer steps, evaluations): integer ticks only
 };
 
-/// Writes the panels (those with at least one point) as one PNG; false when built without OpenCV or nothing to draw.
-bool write_line_chart(const std::string& path, const std::vector<ChartPanel>& panels);
+/// A value axis: the drawn range [lo, hi] (log10 of the values on a log axis) and the values that get a labelled tick.
+struct Axis {
+  double lo = 0, hi = 1;
+  std::vector<double> ticks;  ///< values (not their logarithms), inside the range
+  bool log = false;
+};
 
-/// Round tick values covering [lo, hi] (about `count` of them: steps of 1, 2 or 5 × 10^k).
-std::vector<double> nice_ticks(double lo, double hi, int count = 5);
+/// The axis for the finite `values` of one panel direction (at least one):
+///  - linear: round ticks (1, 2 or 5 × 10^k; whole numbers only when `integer`), the data padded by `pad` of its span;
+///    a single value (one point, a constant series) sits in the middle of the frame with ticks around it;
+///  - log: a labelled tick at every decade inside the range, and at the data's ends when they span under a decade;
+///    a value <= 0 is a UserError naming `what` (a log scale has no place for it).
+Axis make_axis(const std::vector<double>& values, bool log, bool integer, double pad, const std::string& what);
+
+/// Round tick values covering [lo, hi] (about `count` of them: steps of 1, 2 or 5 × 10^k, at least `min_step`).
+std::vector<double> nice_ticks(double lo, double hi, int count = 5, double min_step = 0);
+
+/// The text of a tick label ("0.001", "2.5e-05", "1200").
+std::string tick_text(double v);
+
+/// What write_line_chart wrote.
+struct ChartFiles {
+  std::string svg, png;  ///< paths; png empty when built without OpenCV; both empty when no panel had a point
+};
+
+/// Writes the panels that have at least one point under `title` as `base`.svg and `base`.png (`base` without an
+/// extension; files replaced atomically). Throws UserError for a log panel with a value <= 0.
+ChartFiles write_line_chart(const std::string& base, const std::string& title, const std::vector<ChartPanel>& panels);
 
 }  // namespace moh::eval

@@ -221,6 +221,10 @@ bad "error: moh train" -- train $NANO --no-such-flag
 bad "unknown model variant" -- info --model MoH-ViT-Huge
 bad "file not found" -- train "$F/none.yaml" --run-dir "$O/r"
 bad "--format tif: unknown image format" -- export-images --images fashion_mnist:test:4 --format tif --out "$O/t"
+# several machines: the place of this one must make sense before anything starts
+bad "elastic ranges are not supported" -- launch --nnodes 1:4 -- train $NANO --run-dir "$O/r"
+bad "--node_rank 2: must be in 0 … 1" -- launch --nnodes 2 --node_rank 2 -- train $NANO --run-dir "$O/r"
+bad "--nnodes two: must be a number of machines" -- launch --nnodes two -- train $NANO --run-dir "$O/r"
 
 echo "$pass passed, $fails failed"
 [ "$pass" -ge 60 ] || { echo "FAIL: the corpus must hold at least 60 cases"; exit 1; }

@@ -202,7 +202,7 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   expect 0 "top-1" -- eval $NANO --set data.limit_val=64 --checkpoint "$tmp/run_ema" --ema
   # Curves and a table across runs; every metrics line carries a wall-clock time; log.txt mirrors the console.
   expect 0 "| run_ema | MoH-ViT-Nano | 80.95 % | 2 |" -- plot "$tmp/run" "$tmp/run_ema" --out "$tmp/plot"
-  [ -s "$tmp/plot/curves.png" ] && [ -s "$tmp/plot/summary.md" ] && grep -q '"time":"20' "$tmp/run_ema/metrics.jsonl" &&
+  [ -s "$tmp/plot/curves.png" ] && [ -s "$tmp/plot/curves.svg" ] && [ -s "$tmp/plot/summary.md" ] && grep -q '"time":"20' "$tmp/run_ema/metrics.jsonl" &&
     grep -q "epoch 1: top-1" "$tmp/run_ema/log.txt" && pass=$((pass + 1)) || { echo "FAIL: plot files, metrics time or log.txt"; fails=$((fails + 1)); }
   expect 2 "has no metrics.jsonl" -- plot "$tmp/run_ema/checkpoints"
   expect 2 "unknown flag --chekpoint (did you mean --checkpoint?)" -- eval --chekpoint "$tmp/run"

@@ -33,6 +33,11 @@ expect 0 'samples.npz' -- sample --checkpoint dit --num-samples 40 --steps 5 --c
 expect 0 'samples.npz' -- sample --checkpoint dit --num-samples 40 --steps 5 --cfg-scale 1.5 --seed 2 --out s2 --device cpu
 [ -f s1/samples.npz ] && [ ! -e s1/grid.png ] || { echo "FAIL: s1: want samples.npz and no grid.png"; fails=$((fails + 1)); }
 expect 0 '"fid"' -- fid s1/samples.npz s2/samples.npz --features classifier:cls --metrics fid,is --device cpu --json
+# Curves as SVG (no PNG without OpenCV); a classifier and a DiT get separate loss panels.
+expect 0 'no PNG: built without OpenCV' -- plot cls dit --out plots
+for want in 'Training curves: cls and dit' 'training loss of the classifier runs' 'training loss of the dit runs'; do
+  grep -q "$want" plots/curves.svg && pass=$((pass + 1)) || { echo "FAIL: plots/curves.svg lacks '$want'"; fails=$((fails + 1)); }
+done
 
 # Refused before any work, nothing written.
 mkdir -p tree/train/a && printf 'x' >tree/train/a/1.png
