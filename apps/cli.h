@@ -38,8 +38,11 @@ struct NodePlace {
   int nnodes = 1, node_rank = 0;
   std::string master_addr = "127.0.0.1";
 };
+/// `max_restarts`: when a rank fails (not an input error, not a forwarded Ctrl-C), every rank of this machine is
+/// stopped and started again, at most that many times, with TORCHELASTIC_RESTART_COUNT set; a training command
+/// restarts with `--resume auto`.
 int launch_local(int nproc, int port, const std::vector<std::string>& args, const std::string& resume_prefix = "",
-                 const NodePlace& place = {});
+                 const NodePlace& place = {}, int max_restarts = 0);
 
 /// The command line that resumes this training run after a stop on a signal: the program, `train` and the original
 /// arguments with `--resume auto` (and `--run-dir` when it was implicit), shell-quoted.

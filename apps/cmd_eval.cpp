@@ -8,6 +8,7 @@
 #include "apps/commands.h"
 #include "core/atomic_io.h"
 #include "core/checkpoint.h"
+#include "core/sha256.h"
 #include "eval/report.h"
 #include "vision/classifier_experiment.h"
 
@@ -68,7 +69,9 @@ int cmd_eval(int argc, char** argv) {
   model->to(ctx.device);
   vision::HeadLoadStats head_load(mo, mo.num_classes);
   const vision::ClassifierSplit val(cfg, mo, /*train=*/false);
-  const auto group = dist::Group::join(ctx);  // `moh launch -- eval ...`: each rank evaluates its share
+  // `moh launch -- eval ...`: each rank evaluates its share of the same model and split
+  const auto group = dist::Group::join(
+      ctx, {{"config (sha256 of the resolved YAML)", sha256_hex(to_yaml(cfg))}, {"weights", source + " " + weights}});
   vision::EvalResult r = vision::evaluate_sharded(model, val, cfg.data.eval_batch_size, ctx, *group, &head_load);
   if (!group->is_main()) return kExitOk;  // rank 0 reports
   nlohmann::json report{{"metrics", {{"top1", r.top1}, {"top5", r.top5}, {"loss", r.loss}}},

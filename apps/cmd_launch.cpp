@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -44,8 +45,26 @@ int free_port() {
   return port;
 }
 
+// Whether rank 0 can open its store on `port` here: it listens on every address with SO_REUSEADDR (as TCPStore
+// does), so a port that a finished run left in TIME_WAIT counts as free and one another program listens on does not.
+bool port_free(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return true;  // let the store say what is wrong
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 || errno != EADDRINUSE;
+  ::close(fd);
+  return ok;
+}
+
 // Signals that reached the launcher (each is forwarded to every rank once).
 volatile std::sig_atomic_t g_signals = 0, g_last_signal = 0;
+struct sigaction g_old_int {
+}, g_old_term{};  // the launcher's own handlers, which its ranks get back
 extern "C" void on_launcher_signal(int sig) {
   g_last_signal = sig;
   g_signals = g_signals + 1;
@@ -87,7 +106,7 @@ int cmd_launch(int argc, char** argv) {
     }
   cxxopts::Options opts(argv[0], "Run a moh subcommand as N data-parallel processes per machine (like torchrun)");
   opts.positional_help("-- train CONFIG.yaml [ARGS...]");
-  opts.custom_help("[--nproc N] [--master-port P] [--nnodes M --node_rank R --master_addr HOST]");
+  opts.custom_help("[--nproc N] [--master-port P] [--nnodes M --node_rank R --master_addr HOST] [--max-restarts N]");
   opts.add_options()("nproc,nproc_per_node,nproc-per-node", "number of processes (torchrun: --nproc_per_node)",
                      cxxopts::value<int>()->default_value("2"))(
       "master-port,master_port", "TCPStore port (0 = a free one on one machine, 29500 on several)",
@@ -97,7 +116,11 @@ int cmd_launch(int argc, char** argv) {
       cxxopts::value<int>()->default_value("0"))("master_addr,master-addr",
                                                  "address of machine 0, reachable from every machine",
                                                  cxxopts::value<std::string>()->default_value("127.0.0.1"))(
-      "standalone", "torchrun's single-machine flag (one machine)")("h,help", "show this help");
+      "max-restarts,max_restarts",
+      "when a rank fails, stop every rank and start them again, at most N times "
+      "(torchrun's meaning; training resumes from its latest checkpoint)",
+      cxxopts::value<int>()->default_value("0"))("standalone", "torchrun's single-machine flag (one machine)")(
+      "h,help", "show this help");
   auto args = parse_or_throw(opts, split, argv);
   if (args.count("help")) {
     std::cout
@@ -107,6 +130,8 @@ int cmd_launch(int argc, char** argv) {
         << "Two machines, one launcher on each (machine 0 at 10.0.0.1):\n"
         << "  moh launch --nnodes 2 --node_rank 0 --nproc 8 --master_addr 10.0.0.1 -- train CONFIG.yaml --run-dir R\n"
         << "  moh launch --nnodes 2 --node_rank 1 --nproc 8 --master_addr 10.0.0.1 -- train CONFIG.yaml --run-dir R\n"
+        << "With --max-restarts N, a failed rank stops every rank of the machine and they start again (training\n"
+        << "resumes from its latest checkpoint), at most N times; give every machine the same N.\n"
         << "Each process gets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (docs/DISTRIBUTED.md).\n";
     return 0;
   }
@@ -121,6 +146,12 @@ int cmd_launch(int argc, char** argv) {
   int port = args["master-port"].as<int>();
   if (port < 0 || port > 65535) throw UserError("--master-port", "not a TCP port", "1..65535, or 0 for a free one");
   if (port == 0 && place.nnodes > 1) port = 29500;  // every machine must name the same one: torchrun's default
+  if (port != 0 && place.node_rank == 0 && !port_free(port))
+    throw UserError("--master_port " + std::to_string(port), "already in use on this machine",
+                    "another run or program listens there: pick another port on every machine");
+  const int max_restarts = args["max-restarts"].as<int>();
+  if (max_restarts < 0 || max_restarts > 1000)
+    throw UserError("--max-restarts " + std::to_string(max_restarts), "must be in 0..1000", "");
 
   std::vector<std::string> child_args;
   for (int i = split + 1; i < argc; ++i) child_args.emplace_back(argv[i]);
@@ -128,26 +159,54 @@ int cmd_launch(int argc, char** argv) {
   if (place.nnodes > 1)
     prefix += " --nnodes " + std::to_string(place.nnodes) + " --node_rank " + std::to_string(place.node_rank) +
               " --master_addr " + place.master_addr + " --master_port " + std::to_string(port);
-  return launch_local(n, port, child_args, prefix + " --nproc_per_node " + std::to_string(n) + " --", place);
+  return launch_local(n, port, child_args, prefix + " --nproc_per_node " + std::to_string(n) + " --", place,
+                      max_restarts);
 }
 
-int launch_local(int n, int port, const std::vector<std::string>& args, const std::string& resume_prefix,
-                 const NodePlace& place) {
-  if (port == 0) port = free_port();
-  std::vector<std::string> child_args{invoked_as()};
-  child_args.insert(child_args.end(), args.begin(), args.end());
+namespace {
+
+// The ranks of this machine, started as children (see launch_local).
+struct Ranks {
+  std::vector<pid_t> pids;
+  int n = 0;
+  NodePlace place;
+};
+
+// Sets the torchrun variables of local rank r and becomes the command (in the child after fork).
+[[noreturn]] void exec_rank(int r, const Ranks& ranks, int port, std::vector<std::string> child_args,
+                            const std::string& resume_prefix, const std::string& threads, int restart,
+                            int max_restarts) {
+  const NodePlace& place = ranks.place;
+  if (resume_prefix.empty())
+    ::unsetenv("MOH_RESUME_PREFIX");
+  else
+    ::setenv("MOH_RESUME_PREFIX", resume_prefix.c_str(), 1);
+  ::setenv("RANK", std::to_string(place.node_rank * ranks.n + r).c_str(), 1);
+  ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+  ::setenv("WORLD_SIZE", std::to_string(place.nnodes * ranks.n).c_str(), 1);
+  ::setenv("LOCAL_WORLD_SIZE", std::to_string(ranks.n).c_str(), 1);
+  ::setenv("GROUP_RANK", std::to_string(place.node_rank).c_str(), 1);
+  ::setenv("MASTER_ADDR", place.master_addr.c_str(), 1);
+  ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+  ::setenv("TORCHELASTIC_RESTART_COUNT", std::to_string(restart).c_str(), 1);
+  ::setenv("TORCHELASTIC_MAX_RESTARTS", std::to_string(max_restarts).c_str(), 1);
+  ::setenv("OMP_NUM_THREADS", threads.c_str(), 0);  // keep the user's choice
+  ::setenv("GLOG_minloglevel", "3", 0);             // c10d's own log lines: our errors say what failed, in one line
+  std::vector<char*> cargv;
+  for (auto& a : child_args) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  ::execv("/proc/self/exe", cargv.data());
+  std::cerr << "error: rank " << place.node_rank * ranks.n + r
+            << ": cannot start /proc/self/exe: " << std::strerror(errno) << "\n";
+  ::_exit(kExitRuntime);
+}
+
+Ranks start_ranks(int n, int port, const std::vector<std::string>& child_args, const std::string& resume_prefix,
+                  const NodePlace& place, int restart, int max_restarts) {
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const std::string threads = std::to_string(std::max(1u, cores / static_cast<unsigned>(n)));
-  std::vector<pid_t> pids;
   const pid_t launcher = ::getpid();
-  // Ctrl-C reaches the launcher alone (the ranks get their own process group below) and is forwarded once per press.
-  struct sigaction sa {
-  }, old_int{}, old_term{};
-  sa.sa_handler = on_launcher_signal;
-  sigemptyset(&sa.sa_mask);  // no SA_RESTART: waitpid returns EINTR and the loop forwards the signal
-  g_signals = 0;
-  ::sigaction(SIGINT, &sa, &old_int);
-  ::sigaction(SIGTERM, &sa, &old_term);
+  Ranks ranks{{}, n, place};
   for (int r = 0; r < n; ++r) {
     const pid_t pid = ::fork();
     if (pid < 0) throw std::runtime_error("fork failed: " + std::string(std::strerror(errno)));
@@ -155,89 +214,121 @@ int launch_local(int n, int port, const std::vector<std::string>& args, const st
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);                  // a launcher killed with -9 takes its ranks along
       if (::getppid() != launcher) ::_exit(kExitRuntime);  // it died before prctl took effect
       ::setpgid(0, 0);
-      ::sigaction(SIGINT, &old_int, nullptr), ::sigaction(SIGTERM, &old_term, nullptr);
-      if (resume_prefix.empty())
-        ::unsetenv("MOH_RESUME_PREFIX");
-      else
-        ::setenv("MOH_RESUME_PREFIX", resume_prefix.c_str(), 1);
-      ::setenv("RANK", std::to_string(place.node_rank * n + r).c_str(), 1);
-      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(place.nnodes * n).c_str(), 1);
-      ::setenv("LOCAL_WORLD_SIZE", std::to_string(n).c_str(), 1);
-      ::setenv("GROUP_RANK", std::to_string(place.node_rank).c_str(), 1);
-      ::setenv("MASTER_ADDR", place.master_addr.c_str(), 1);
-      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-      ::setenv("OMP_NUM_THREADS", threads.c_str(), 0);  // keep the user's choice
-      std::vector<char*> cargv;
-      for (auto& a : child_args) cargv.push_back(a.data());
-      cargv.push_back(nullptr);
-      ::execv("/proc/self/exe", cargv.data());
-      std::cerr << "error: rank " << place.node_rank * n + r
-                << ": cannot start /proc/self/exe: " << std::strerror(errno) << "\n";
-      ::_exit(kExitRuntime);
+      ::sigaction(SIGINT, &g_old_int, nullptr), ::sigaction(SIGTERM, &g_old_term, nullptr);
+      exec_rank(r, ranks, port, child_args, resume_prefix, threads, restart, max_restarts);
     }
     ::setpgid(pid, pid);  // also here: no signal may reach a rank through the terminal before the child's own call
-    pids.push_back(pid);
+    ranks.pids.push_back(pid);
   }
-  // Wait; the first failure stops the rest: SIGTERM, then SIGKILL 10 s later. An input error (exit 2) of a rank other
-  // than 0 first gives rank 0 up to 30 s to fail alike and print the one error line (the other ranks stay quiet).
+  return ranks;
+}
+
+// How the ranks of one start ended: the exit code (0, or the first failing rank's), and whether they were stopped by
+// a signal the launcher forwarded (Ctrl-C: no restart).
+struct Outcome {
+  int code = kExitOk;
+  bool on_request = false;
+};
+
+// Waits; the first failure stops the rest: SIGTERM, then SIGKILL 10 s later. An input error (exit 2) of a rank other
+// than 0 first gives rank 0 up to 30 s to fail alike and print the one error line (the other ranks stay quiet).
+Outcome wait_ranks(Ranks& ranks) {
   using Clock = std::chrono::steady_clock;
-  int result = kExitOk, alive = n;
+  Outcome out;
+  int alive = ranks.n, forwarded = 0;
   bool stopping = false, termed = false;
-  int forwarded = 0;
   auto term_at = Clock::time_point::max(), kill_at = Clock::time_point::max();
+  auto signal_all = [&](int sig) {
+    for (pid_t p : ranks.pids)
+      if (p > 0) ::kill(p, sig);
+  };
   while (alive > 0) {
-    for (; forwarded < g_signals; ++forwarded)
-      for (pid_t p : pids)
-        if (p > 0) ::kill(p, g_last_signal);
+    for (; forwarded < g_signals; ++forwarded) signal_all(g_last_signal);
     int status = 0;
     const pid_t pid = ::waitpid(-1, &status, stopping ? WNOHANG : 0);
     if (pid < 0 && errno == EINTR) continue;
     if (pid == 0) {  // stopping, nobody exited yet
       const auto now = Clock::now();
-      if (!termed && now >= term_at) {
-        for (pid_t p : pids)
-          if (p > 0) ::kill(p, SIGTERM);
-        termed = true;
-      }
-      if (now >= kill_at)
-        for (pid_t p : pids)
-          if (p > 0) ::kill(p, SIGKILL);
+      if (!termed && now >= term_at) signal_all(SIGTERM), termed = true;
+      if (now >= kill_at) signal_all(SIGKILL);
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
       continue;
     }
     if (pid < 0) break;
-    int rank = -1;
-    for (int r = 0; r < n; ++r)
-      if (pids[static_cast<size_t>(r)] == pid) {
-        rank = r;
-        pids[static_cast<size_t>(r)] = -1;
-      }
-    if (rank < 0) continue;
+    const auto it = std::find(ranks.pids.begin(), ranks.pids.end(), pid);
+    if (it == ranks.pids.end()) continue;
+    const int rank = static_cast<int>(it - ranks.pids.begin());
+    *it = -1;
     --alive;
     const int code = WIFEXITED(status) ? WEXITSTATUS(status) : kExitRuntime;
     if (forwarded > 0 && is_stop_code(code)) {  // a rank stopped on the forwarded signal; the others are stopping too
-      if (result == kExitOk) result = code;
+      if (out.code == kExitOk) out.code = code;
+      out.on_request = true;
       continue;
     }
     if (code != kExitOk && !stopping) {
       if (WIFSIGNALED(status))
-        std::cerr << "error: rank " << place.node_rank * n + rank << " was killed by signal " << WTERMSIG(status)
-                  << "\n";
-      result = code;
+        std::cerr << "error: rank " << ranks.place.node_rank * ranks.n + rank << " was killed by signal "
+                  << WTERMSIG(status) << "\n";
+      out.code = code;
       stopping = true;
-      const bool wait_for_rank0 = code == kExitUserError && rank != 0 && pids[0] > 0;
+      const bool wait_for_rank0 = code == kExitUserError && rank != 0 && ranks.pids[0] > 0;
       term_at = Clock::now() + std::chrono::seconds(wait_for_rank0 ? 30 : 0);
       kill_at = term_at + std::chrono::seconds(10);
     } else if (stopping && rank == 0 && code == kExitUserError) {
-      result = code;  // rank 0 said what was wrong; stop the rest now
+      out.code = code;  // rank 0 said what was wrong; stop the rest now
       term_at = std::min(term_at, Clock::now());
       kill_at = std::min(kill_at, term_at + std::chrono::seconds(10));
     }
   }
-  ::sigaction(SIGINT, &old_int, nullptr);
-  ::sigaction(SIGTERM, &old_term, nullptr);
-  return result;
+  out.on_request = out.on_request || forwarded > 0;
+  return out;
+}
+
+// The command of a restart: a training run goes on from its latest checkpoint (`--resume auto` in place of any
+// --resume); sampling continues from its parts by itself, evaluation starts again.
+std::vector<std::string> restart_args(std::vector<std::string> args) {
+  if (args.empty() || args[0] != "train") return args;
+  std::vector<std::string> out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--resume") {
+      ++i;
+      continue;
+    }
+    if (args[i].rfind("--resume=", 0) != 0) out.push_back(args[i]);
+  }
+  out.emplace_back("--resume");
+  out.emplace_back("auto");
+  return out;
+}
+
+}  // namespace
+
+int launch_local(int n, int port, const std::vector<std::string>& args, const std::string& resume_prefix,
+                 const NodePlace& place, int max_restarts) {
+  if (port == 0) port = free_port();
+  std::vector<std::string> command = args;
+  // Ctrl-C reaches the launcher alone (the ranks get their own process group) and is forwarded once per press.
+  struct sigaction sa {};
+  sa.sa_handler = on_launcher_signal;
+  sigemptyset(&sa.sa_mask);  // no SA_RESTART: waitpid returns EINTR and the loop forwards the signal
+  g_signals = 0;
+  ::sigaction(SIGINT, &sa, &g_old_int);
+  ::sigaction(SIGTERM, &sa, &g_old_term);
+  Outcome out;
+  for (int restart = 0;; ++restart) {
+    std::vector<std::string> child_args{invoked_as()};
+    child_args.insert(child_args.end(), command.begin(), command.end());
+    Ranks ranks = start_ranks(n, port, child_args, resume_prefix, place, restart, max_restarts);
+    out = wait_ranks(ranks);
+    if (out.code == kExitOk || out.code == kExitUserError || out.on_request || restart >= max_restarts) break;
+    std::cerr << "moh launch: a rank failed (exit " << out.code << "): stopping this machine's ranks and starting them "
+              << "again, restart " << restart + 1 << " of at most " << max_restarts << "\n";
+    command = restart_args(command);
+  }
+  ::sigaction(SIGINT, &g_old_int, nullptr);
+  ::sigaction(SIGTERM, &g_old_term, nullptr);
+  return out.code;
 }
 
 std::string resume_command(int argc, char** argv, const std::string& run_dir) {

@@ -61,6 +61,7 @@ RunCurves read_run(const std::string& dir) {
       continue;  // a line cut by a kill
     }
     if (!j.is_object() || !j.contains("step") || !j["step"].is_number()) continue;
+    if (j.contains("event")) continue;  // a mark such as {"event": "restart"}, not a curve
     const double step = j["step"].get<double>();
     if (j.contains("elapsed_s") && j["elapsed_s"].is_number()) {  // elapsed_s restarts at every resume
       const double e = j["elapsed_s"].get<double>();

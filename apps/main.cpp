@@ -185,17 +185,19 @@ static int run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   moh::prefer_system_libstdcxx();  // before any std::filesystem call (core/run_context.h says why)
-  // Data-parallel ranks other than 0 stay quiet about input errors (every rank hits the same one; rank 0 says it)
-  // and prefix runtime errors with their rank.
+  // Data-parallel ranks other than each machine's first stay quiet about input errors (every rank hits the same one;
+  // the first rank of each machine says it on that machine's console) and prefix runtime errors with their rank.
   const char* rank_env = std::getenv("RANK");
+  const char* local_env = std::getenv("LOCAL_RANK");
   const std::string rank = rank_env && std::strcmp(rank_env, "0") != 0 ? rank_env : "";
+  const bool speaks = rank.empty() || (local_env && std::strcmp(local_env, "0") == 0);
   const std::string prefix = rank.empty() ? "error: " : "error: rank " + rank + ": ";
   try {
     moh::reexec_with_sleeping_openmp(argv);  // Debian's LibTorch + OpenBLAS: before any OpenMP region runs
     moh::configure_cpu_threads();
     return moh::apps::run(argc, argv);
   } catch (const moh::UserError& e) {
-    if (rank.empty()) std::cerr << e.what() << std::endl;
+    if (speaks) std::cerr << e.what() << std::endl;
     return moh::kExitUserError;
   } catch (const std::filesystem::filesystem_error& e) {
     // A path the user gave that cannot be used (not a directory, a link loop, no permission) is an input error; a

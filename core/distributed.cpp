@@ -6,14 +6,25 @@
 
 #include "core/checkpoint.h"
 #include "core/error.h"
+#include "core/rendezvous.h"
 
 #ifdef MOH_WITH_C10D
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <iostream>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <thread>
 #ifdef USE_C10D_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
@@ -64,13 +75,91 @@ std::string gloo_listen_address(const std::string& master, int port) {
   return local;
 }
 
-// A c10d process group. Backend errors (a peer that died, a timeout) surface as runtime errors naming the rank.
+using Clock = std::chrono::steady_clock;
+
+std::vector<uint8_t> bytes(const std::string& s) {
+  return std::vector<uint8_t>(s.begin(), s.end());
+}
+std::string text(const std::vector<uint8_t>& b) {
+  return std::string(b.begin(), b.end());
+}
+std::string first_line(const std::string& s) {
+  const std::string line = s.substr(0, s.find('\n'));
+  return line.size() > 160 ? line.substr(0, 160) + "…" : line;
+}
+
+// Ends the process with one line when what it guards outlives `seconds`. LibTorch 1.13's TCPStore reads its answers
+// without a timeout: a peer that accepted the connection and then went silent (another program on the port, a
+// master cut off by the network) would otherwise hang the rank for ever.
+class Watchdog {
+ public:
+  Watchdog(double seconds, std::string message)
+      : thread_([this, seconds, message = std::move(message)] {
+          std::unique_lock<std::mutex> lock(mutex_);
+          if (cv_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return done_; })) return;
+          const char* rank = std::getenv("RANK");
+          std::cerr << "error: " << (rank && std::string(rank) != "0" ? "rank " + std::string(rank) + ": " : "")
+                    << message << std::endl;
+          std::_Exit(kExitRuntime);
+        }) {}
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;  // last: starts once the members above exist
+};
+
+// The ranks that did not report the same failure within a few seconds: those that died or cannot be reached. Each
+// rank that sees a collective fail leaves a mark at the store first (rank 0 holds the store: if it is gone, so is
+// rank 0).
+std::string lost_ranks(c10d::Store& store, const std::vector<RankCard>& cards, int me, const std::string& failure) {
+  std::vector<RankCard> lost;
+  std::string master = "rank 0";
+  for (const auto& c : cards)
+    if (c.rank == 0) master = describe(c);
+  const Watchdog silent_store(20, failure + ": lost " + master + ", which holds the rendezvous (its store is silent)");
+  try {
+    store.setTimeout(std::chrono::seconds(5));
+    store.set("moh/failed/" + std::to_string(me), bytes("1"));
+    const auto until = Clock::now() + std::chrono::seconds(5);
+    do {
+      lost.clear();
+      for (const auto& c : cards)
+        if (c.rank != me && !store.check({"moh/failed/" + std::to_string(c.rank)})) lost.push_back(c);
+      if (!lost.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    } while (!lost.empty() && Clock::now() < until);
+  } catch (const std::exception&) {
+    return "lost " + master + ", which holds the rendezvous";
+  }
+  if (lost.empty()) return "every rank saw it fail (a timeout?)";
+  std::string s = "lost ";
+  for (size_t i = 0; i < lost.size() && i < 4; ++i) s += (i ? ", " : "") + describe(lost[i]);
+  return lost.size() > 4 ? s + ", …" : s;
+}
+
+// A c10d process group. Backend errors (a peer that died, a timeout) surface as one-line runtime errors naming the
+// ranks that were lost and their hosts.
 template <class PG>
 class C10dGroup : public Group {
  public:
-  C10dGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<PG> pg, int rank, int world, c10::Device device,
-            std::string name)
-      : Group(rank, world, device), store_(std::move(store)), pg_(std::move(pg)), name_(std::move(name)) {}
+  C10dGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<PG> pg, const RunContext& ctx, c10::Device device,
+            std::string name, std::vector<RankCard> cards)
+      : Group(ctx.rank, ctx.world, device),
+        store_(std::move(store)),
+        pg_(std::move(pg)),
+        name_(std::move(name)),
+        cards_(std::move(cards)) {}
   std::string backend() const override { return name_; }
   void barrier() override {
     run("barrier", [&] { pg_->barrier()->wait(); });
@@ -100,21 +189,149 @@ class C10dGroup : public Group {
  private:
   template <class F>
   void run(const char* what, F&& f) {
+    std::string cause;
     try {
       f();
+      return;
     } catch (const c10::Error& e) {
-      throw std::runtime_error(std::string("data-parallel ") + what + " failed on rank " + std::to_string(rank_) +
-                               " of " + std::to_string(world_) +
-                               " (another rank died or timed out): " + e.what_without_backtrace());
+      cause = e.what_without_backtrace();
     } catch (const std::exception& e) {
-      throw std::runtime_error(std::string("data-parallel ") + what + " failed on rank " + std::to_string(rank_) +
-                               " of " + std::to_string(world_) + " (another rank died or timed out): " + e.what());
+      cause = e.what();
     }
+    const std::string failure = std::string("data-parallel ") + what + " failed on rank " + std::to_string(rank_) +
+                                " of " + std::to_string(world_);
+    throw std::runtime_error(failure + ": " + lost_ranks(*store_, cards_, rank_, failure) + " [" + first_line(cause) +
+                             "]");
   }
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<PG> pg_;
   std::string name_;
+  std::vector<RankCard> cards_;
 };
+
+// The socket error inside a c10d message ("errno: 113 - No route to host"), else its first line.
+std::string socket_cause(const std::string& what) {
+  const size_t at = what.find("errno: ");
+  if (at == std::string::npos) return first_line(what);
+  return what.substr(at, what.find(')', at) == std::string::npos ? std::string::npos : what.find(')', at) - at);
+}
+
+double seconds_until(Clock::time_point t) {
+  return std::chrono::duration<double>(t - Clock::now()).count();
+}
+
+// Rank 0 opens the TCPStore at MASTER_PORT; the others connect to it, retrying until the deadline.
+c10::intrusive_ptr<c10d::Store> open_store(const std::string& host, int port, const RunContext& ctx,
+                                           Clock::time_point deadline) {
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(port);
+  so.isServer = ctx.rank == 0;
+  so.numWorkers = static_cast<size_t>(ctx.world);
+  so.waitWorkers = false;  // the rendezvous below waits, and says who is missing
+  so.timeout = std::chrono::milliseconds(std::max<int64_t>(1000, static_cast<int64_t>(1000 * seconds_until(deadline))));
+  const std::string at = host + ":" + std::to_string(port);
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(host, so);
+  } catch (const std::exception& e) {
+    if (ctx.rank == 0)
+      throw std::runtime_error("cannot open the rendezvous on port " + std::to_string(port) + ": " +
+                               socket_cause(e.what()) + " (is the port in use? pick another --master_port)");
+    throw std::runtime_error("cannot reach the master at " + at + ": " + socket_cause(e.what()) +
+                             " (is machine 0 up, --master_addr its address on this network, the port open?)");
+  }
+}
+
+std::string random_nonce() {
+  std::random_device rd;
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%08x%08x-%d", rd(), rd(), static_cast<int>(::getpid()));
+  return buf;
+}
+
+// Rank 0: the cards as they arrive, until every rank has one, something is wrong, or the deadline; `refusal` says
+// what was wrong ("" when nothing).
+std::vector<RankCard> collect_cards(c10d::Store& store, const RankCard& mine, Clock::time_point deadline,
+                                    double timeout_s, std::string& refusal) {
+  std::vector<RankCard> cards;
+  while (true) {
+    const int64_t joined = store.add("moh/rdzv/joined", 0);
+    while (static_cast<int64_t>(cards.size()) < joined)
+      cards.push_back(decode_card(text(store.get("moh/rdzv/slot/" + std::to_string(cards.size())))));
+    refusal = rendezvous_refusal(mine, cards);
+    const std::vector<int> missing = missing_ranks(mine.world, cards);
+    if (!refusal.empty() || missing.empty()) return cards;
+    if (Clock::now() >= deadline) {
+      refusal = absent_ranks_refusal(missing, timeout_s);
+      return cards;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+// Rank 0 writes the verdict and, on a refusal, gives the others a moment to read it before its store goes away.
+void publish_verdict(c10d::Store& store, const std::string& refusal, const std::vector<RankCard>& cards) {
+  store.set("moh/rdzv/verdict", bytes(encode_verdict(refusal, cards)));
+  if (refusal.empty()) return;
+  const auto until = Clock::now() + std::chrono::seconds(5);
+  while (Clock::now() < until && store.add("moh/rdzv/read", 0) < static_cast<int64_t>(cards.size()) - 1)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+}
+
+struct Rendezvous {
+  c10::intrusive_ptr<c10d::Store> store;
+  std::vector<RankCard> cards;
+};
+
+// One attempt of a rank other than 0 against the store it reached: the cards, or nothing when that store belongs
+// to an earlier incarnation of the run (its verdict does not list this rank's nonce).
+std::optional<std::vector<RankCard>> await_verdict(c10d::Store& store, const RankCard& mine) {
+  const Verdict v = decode_verdict(text(store.get("moh/rdzv/verdict")), mine.nonce);
+  if (!v.for_me) return std::nullopt;
+  store.add("moh/rdzv/read", 1);
+  if (!v.refusal.empty()) throw UserError("rendezvous", v.refusal);
+  std::vector<RankCard> cards;
+  const int64_t joined = store.add("moh/rdzv/joined", 0);
+  for (int64_t i = 0; i < joined; ++i)
+    cards.push_back(decode_card(text(store.get("moh/rdzv/slot/" + std::to_string(i)))));
+  return cards;
+}
+
+Rendezvous rendezvous(const RunContext& ctx, const std::string& host, int port, const Agreement& agree,
+                      double timeout_s) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  const RankCard mine{ctx.rank, ctx.world, name, gloo_listen_address(host, port), random_nonce(), agree};
+  while (true) {
+    Rendezvous r{open_store(host, port, ctx, deadline), {}};
+    const auto leave_card = [&] {
+      const int64_t slot = r.store->add("moh/rdzv/joined", 1) - 1;
+      r.store->set("moh/rdzv/slot/" + std::to_string(slot), bytes(encode_card(mine)));
+    };
+    if (ctx.rank == 0) {
+      leave_card();
+      std::string refusal;
+      r.cards = collect_cards(*r.store, mine, deadline, timeout_s, refusal);
+      publish_verdict(*r.store, refusal, r.cards);
+      if (!refusal.empty()) throw UserError("rendezvous", refusal);
+      return r;
+    }
+    try {
+      leave_card();
+      if (auto cards = await_verdict(*r.store, mine)) {
+        r.cards = std::move(*cards);
+        return r;
+      }
+    } catch (const UserError&) {
+      throw;
+    } catch (const std::exception& e) {  // the store went away (an earlier rank 0 that was stopping): try again
+      if (Clock::now() >= deadline)
+        throw std::runtime_error("no verdict from rank 0 at " + host + ":" + std::to_string(port) + " within " +
+                                 std::to_string(static_cast<int>(timeout_s)) + " s: " + first_line(e.what()));
+    }
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+}
 #endif
 
 }  // namespace
@@ -127,9 +344,10 @@ bool available() {
 #endif
 }
 
-std::shared_ptr<Group> Group::join(const RunContext& ctx) {
+std::shared_ptr<Group> Group::join(const RunContext& ctx, const Agreement& agree) {
   if (ctx.world <= 1) return std::make_shared<LocalGroup>();
 #ifndef MOH_WITH_C10D
+  (void)agree;
   throw UserError("WORLD_SIZE=" + std::to_string(ctx.world), "this build has no c10d process groups",
                   "install libgloo-dev (Debian) and rebuild, or run one process");
 #else
@@ -148,26 +366,24 @@ std::shared_ptr<Group> Group::join(const RunContext& ctx) {
   } catch (const std::exception&) {
     throw UserError("MOH_DIST_TIMEOUT", "not a number of seconds", "e.g. 300");
   }
+  if (!(timeout_s > 0)) throw UserError("MOH_DIST_TIMEOUT", "must be > 0 seconds", "e.g. 300");
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
-  c10d::TCPStoreOptions so;
-  so.port = static_cast<uint16_t>(port);
-  so.isServer = ctx.rank == 0;
-  so.numWorkers = static_cast<size_t>(ctx.world);
-  so.waitWorkers = true;
-  so.timeout = timeout;
-  c10::intrusive_ptr<c10d::Store> store;
-  try {
-    store = c10::make_intrusive<c10d::TCPStore>(host, so);
-  } catch (const std::exception& e) {
-    throw std::runtime_error("rank " + std::to_string(ctx.rank) + ": cannot join the TCPStore at " + host + ":" +
-                             port_s + ": " + e.what());
+  Rendezvous rdzv;
+  {
+    const Watchdog silent_store(timeout_s + 10, "no answer from the rendezvous at " + host + ":" + port_s + " within " +
+                                                    std::to_string(static_cast<int>(timeout_s + 10)) +
+                                                    " s (does another program hold that port on machine 0?)");
+    rdzv = rendezvous(ctx, host, port, agree, timeout_s);
   }
+  rdzv.store->setTimeout(timeout);
+  auto pg_store = c10::make_intrusive<c10d::PrefixStore>("moh/pg", rdzv.store);
 #ifdef USE_C10D_NCCL
   if (ctx.device.is_cuda()) {
     auto opts = c10d::ProcessGroupNCCL::Options::create();
     opts->timeout = timeout;
-    auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, ctx.rank, ctx.world, opts);
-    return std::make_shared<C10dGroup<c10d::ProcessGroupNCCL>>(store, pg, ctx.rank, ctx.world, ctx.device, "nccl");
+    auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(pg_store, ctx.rank, ctx.world, opts);
+    return std::make_shared<C10dGroup<c10d::ProcessGroupNCCL>>(rdzv.store, pg, ctx, ctx.device, "nccl",
+                                                               std::move(rdzv.cards));
   }
 #endif
   auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
@@ -175,9 +391,9 @@ std::shared_ptr<Group> Group::join(const RunContext& ctx) {
   opts->devices.push_back(ifname.empty()
                               ? c10d::ProcessGroupGloo::createDeviceForHostname(gloo_listen_address(host, port))
                               : c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
-  auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, ctx.rank, ctx.world, opts);
-  return std::make_shared<C10dGroup<c10d::ProcessGroupGloo>>(store, pg, ctx.rank, ctx.world, c10::Device(c10::kCPU),
-                                                             "gloo");
+  auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(pg_store, ctx.rank, ctx.world, opts);
+  return std::make_shared<C10dGroup<c10d::ProcessGroupGloo>>(rdzv.store, pg, ctx, c10::Device(c10::kCPU), "gloo",
+                                                             std::move(rdzv.cards));
 #endif
 }
 

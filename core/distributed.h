@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/rendezvous.h"
 #include "core/run_context.h"
 
 namespace moh::dist {
@@ -28,9 +29,11 @@ bool available();
 class Group {
  public:
   /// Joins the group described by ctx (rank, world) and MASTER_ADDR / MASTER_PORT; world 1 → a no-op group.
-  /// Collectives time out after MOH_DIST_TIMEOUT seconds (default 300): a rank that died makes the others fail with
-  /// an error instead of hanging.
-  static std::shared_ptr<Group> join(const RunContext& ctx);
+  /// The rendezvous (core/rendezvous.h) refuses, with a UserError on every rank, ranks started for another world
+  /// size, a rank taken twice, and any value of `agree` (the run's config hash, its starting step) that differs from
+  /// rank 0's. Joining and each collective time out after MOH_DIST_TIMEOUT seconds (default 300); a rank that died
+  /// makes the others fail with one line naming the lost ranks and their hosts instead of hanging.
+  static std::shared_ptr<Group> join(const RunContext& ctx, const Agreement& agree = {});
   virtual ~Group() = default;
   int rank() const { return rank_; }
   int world() const { return world_; }

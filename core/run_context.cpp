@@ -46,6 +46,8 @@ RunContext RunContext::create(const std::string& device, Precision precision, ui
   ctx.rank = env_int("RANK", "SLURM_PROCID", 0);
   ctx.world = env_int("WORLD_SIZE", "SLURM_NTASKS", 1);
   ctx.local_rank = env_int("LOCAL_RANK", "SLURM_LOCALID", 0);
+  ctx.restart = env_int("TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", 0);
+  ctx.max_restarts = env_int("TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_MAX_RESTARTS", 0);
   if (ctx.world < 1 || ctx.rank < 0 || ctx.rank >= ctx.world)
     throw UserError("environment", "RANK/WORLD_SIZE inconsistent", "launch with torchrun or `moh launch`");
   const int local_world = env_int("LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE", 1);

@@ -16,6 +16,9 @@ struct RunContext {
   Precision precision = Precision::fp32;
   uint64_t seed = 0;
   int rank = 0, world = 1, local_rank = 0;
+  /// The how-manyth start after a failure this is, and the most allowed (torchrun's TORCHELASTIC_RESTART_COUNT /
+  /// TORCHELASTIC_MAX_RESTARTS, set by `moh launch --max-restarts`); 0 and 0 outside a restarting launcher.
+  int restart = 0, max_restarts = 0;
 
   bool is_main() const { return rank == 0; }
   /// Builds the context: `device` is auto|cpu|cuda|cuda:N; rank/world from RANK/WORLD_SIZE/LOCAL_RANK or

@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "core/interrupt.h"
 #include "core/progress.h"
+#include "core/sha256.h"
 
 namespace moh {
 
@@ -204,7 +205,11 @@ TrainLoop::TrainLoop(const ExperimentConfig& cfg, const TrainArgs& args, const T
   // One writer per run directory: an existing one is locked at once (a second process is refused before it loads
   // any data); a new one only once every input has been checked (start_writing), so a refused run creates nothing.
   if (ctx_.is_main() && fs::exists(run_dir_)) lock_ = std::make_unique<RunDirLock>(run_dir_);
-  group_ = args.group ? args.group : dist::Group::join(ctx_);
+  // Every machine must run this run: the same resolved config and the same starting checkpoint (a run directory
+  // that is not shared between machines would start one afresh and resume the other).
+  const dist::Agreement agree{{"config (sha256 of the resolved YAML)", sha256_hex(to_yaml(cfg))},
+                              {"starting point", resume_ ? "step " + std::to_string(resume_->state.step) : "step 0"}};
+  group_ = args.group ? args.group : dist::Group::join(ctx_, agree);
   group_->barrier();
   task_ = make_task(ctx_);
   if (task_->train_examples() < cfg.data.batch_size)
@@ -274,6 +279,14 @@ void TrainLoop::start_writing() {
     if (resume_)
       std::cerr << "resuming " << resume_->dir << " at epoch " << state_.epoch << ", step " << state_.step << "\n";
     if (!config_changes_.empty()) std::cerr << config_changes_ << "\n";
+    if (ctx_.restart > 0) {  // logged where the curves are, so a plot of the run shows where it was restarted
+      std::cerr << "restart " << ctx_.restart << " of at most " << ctx_.max_restarts
+                << " (moh launch --max-restarts) after a failed rank, from step " << state_.step << "\n";
+      metrics_.write({{"step", state_.step},
+                      {"event", "restart"},
+                      {"restart", ctx_.restart},
+                      {"max_restarts", ctx_.max_restarts}});
+    }
     if (restart)
       std::cerr << "note: " << run_dir_
                 << " has no checkpoint yet (stopped before its first one): starting at step 0\n";

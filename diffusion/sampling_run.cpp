@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/progress.h"
 #include "core/run_context.h"
+#include "core/sha256.h"
 #include "datasets/fashion_mnist.h"
 #include "datasets/image_grid.h"
 #include "diffusion/dit_experiment.h"
@@ -265,8 +266,8 @@ SamplingSummary run_sampling(const SamplingRequest& r) {
   AutoencoderKL vae = load_sampling_vae(m.cfg, ctx);
   torch::manual_seed(static_cast<uint64_t>(m.cfg.sampling.seed));  // random labels: from the seed
   const at::Tensor labels = sampling_labels(r.labels, n, mo.num_classes, m.cfg.sampling.per_class);
-  const auto group = dist::Group::join(ctx);
   const nlohmann::json plan = sampling_plan(m, r, labels);
+  const auto group = dist::Group::join(ctx, {{"sampling plan (sha256)", sha256_hex(plan.dump())}});
   check_parts_plan(r.out + "/parts", plan, r.out, *group);
   SamplingSummary out{r.out, m.weights, m.step, n};
   const auto start = std::chrono::steady_clock::now();

@@ -225,6 +225,7 @@ bad "--format tif: unknown image format" -- export-images --images fashion_mnist
 bad "elastic ranges are not supported" -- launch --nnodes 1:4 -- train $NANO --run-dir "$O/r"
 bad "--node_rank 2: must be in 0 … 1" -- launch --nnodes 2 --node_rank 2 -- train $NANO --run-dir "$O/r"
 bad "--nnodes two: must be a number of machines" -- launch --nnodes two -- train $NANO --run-dir "$O/r"
+bad "--max-restarts -1: must be in 0..1000" -- launch --max-restarts -1 -- train $NANO --run-dir "$O/r"
 
 echo "$pass passed, $fails failed"
 [ "$pass" -ge 60 ] || { echo "FAIL: the corpus must hold at least 60 cases"; exit 1; }
