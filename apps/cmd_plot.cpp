@@ -6,6 +6,7 @@
 // series per model (the rows scripts/fid_curve.sh writes), as DIR/fid_curve.svg and .png.
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -33,6 +34,28 @@ struct RunCurves {
   double wall_s = 0;
   bool timed = false;
 };
+
+// An evaluation's head load (per routed layer, the shares of its routed heads) as two numbers: the mean over layers of
+// the load entropy / ln E (1 = balanced) and the weakest head of any layer as a multiple of the uniform share 1/E
+// (0 = a head no token picks).
+void add_balance(RunCurves& r, double step, const nlohmann::json& layers) {
+  if (!layers.is_array() || layers.empty()) return;
+  double entropy_share = 0, weakest = 1e9;
+  for (const auto& shares : layers) {
+    if (!shares.is_array() || shares.size() < 2) return;
+    double h = 0, low = 1e9;
+    for (const auto& p : shares) {
+      const double v = p.is_number() ? p.get<double>() : 0.0;
+      if (v > 0) h -= v * std::log(v);
+      low = std::min(low, v);
+    }
+    const auto e = static_cast<double>(shares.size());
+    entropy_share += h / std::log(e) / static_cast<double>(layers.size());
+    weakest = std::min(weakest, low * e);
+  }
+  r.eval["load_entropy"].emplace_back(step, entropy_share);
+  r.eval["weakest_head"].emplace_back(step, weakest);
+}
 
 RunCurves read_run(const std::string& dir) {
   namespace fs = std::filesystem;
@@ -73,6 +96,7 @@ RunCurves read_run(const std::string& dir) {
       last_elapsed = e;
       r.timed = true;
     }
+    if (j.contains("head_load")) add_balance(r, step, j["head_load"]);
     const bool training = j.contains("loss");
     for (const auto& [k, v] : j.items()) {
       if (!v.is_number() || k == "step" || k == "epoch" || k == "elapsed_s") continue;
@@ -186,6 +210,16 @@ eval::ChartFiles draw_runs(const std::vector<RunCurves>& runs, const std::string
   if (!lr.log_y) lr.y_label = "lr (linear: a schedule reaches 0)";
   panels.push_back(lr);
   panels.push_back(top1);
+  eval::ChartPanel balance{"head load per evaluation: mean entropy / ln E (1 = even), weakest head x E",
+                           "optimizer step",
+                           "share of uniform",
+                           {}};
+  for (const auto& r : runs)
+    for (const char* k : {"load_entropy", "weakest_head"})
+      if (r.eval.count(k))
+        balance.series.push_back(
+            series(r.name + (std::string(k) == "load_entropy" ? " entropy" : " weakest head"), r.eval.at(k)));
+  if (!balance.series.empty()) panels.push_back(balance);
   for (auto& p : panels) p.integer_x = true;
   std::filesystem::create_directories(out);
   return eval::write_line_chart(out + "/curves", "Training curves: " + joined(names), panels);

@@ -38,8 +38,10 @@ int cmd_sample(int argc, char** argv) {
                                      "= sampling.batch_size (per batch file; every rank samples whole batches)",
                                      cxxopts::value<std::string>())(
       "class-names", "text file with one class name per line (label order), for the grid's captions",
-      cxxopts::value<std::string>())("out", "output directory",
-                                     cxxopts::value<std::string>()->default_value("samples"))(
+      cxxopts::value<std::string>())("head-load",
+                                     "MoH-DiT routing analytics: head load by timestep and class, entropy, top-K "
+                                     "changes between steps → DIR/head_load.json and heat maps")(
+      "out", "output directory", cxxopts::value<std::string>()->default_value("samples"))(
       "device", "auto, cpu, cuda or cuda:N", cxxopts::value<std::string>()->default_value("auto"))("h,help",
                                                                                                    "show this help");
   auto args = parse_or_throw(opts, argc, argv);
@@ -66,6 +68,7 @@ int cmd_sample(int argc, char** argv) {
   r.untrained = args.count("untrained") > 0;
   r.weights = args.count("weights") > 0;
   r.raw = args.count("raw") > 0;
+  r.head_load = args.count("head-load") > 0;
   r.labels = args["labels"].as<std::string>();
   r.out = args["out"].as<std::string>();
   r.device = args["device"].as<std::string>();
@@ -77,6 +80,7 @@ int cmd_sample(int argc, char** argv) {
             << (s.resumed_batches > 0 ? ", " + std::to_string(s.resumed_batches) + " batches resumed from parts"
                                       : std::string())
             << " in " << s.seconds << " s, " << s.nfe << " network evaluations per image\n";
+  if (!s.head_load.empty()) std::cout << s.head_load << "\n";
   return 0;
 }
 

@@ -152,6 +152,7 @@ class TrainLoop {
   void log_window(int64_t epoch);
   void end_epoch(int64_t epoch);
   std::string save();
+  nlohmann::json head_load_shares();
   bool stop_requested();
 
   const ExperimentConfig& cfg_;
@@ -420,19 +421,20 @@ void TrainLoop::end_epoch(int64_t epoch) {
   bool best = false;
   if (last || (epoch + 1) % cfg_.train.eval_every_epochs == 0) {
     const Scalars ev = task_->evaluate(model_, *group_);
+    nlohmann::json line{{"step", state_.step}, {"epoch", epoch}};
     if (!ev.empty()) {
       result_.final_eval = ev;
-      nlohmann::json line{{"step", state_.step}, {"epoch", epoch}};
       for (const auto& [k, v] : ev) line[k] = v;
       if (ema_) {
         result_.final_eval_ema = task_->evaluate(ema_->ptr(), *group_);
         for (const auto& [k, v] : result_.final_eval_ema) line[k + "_ema"] = v;
       }
-      metrics_.write(line);
       if (group_->is_main()) std::cerr << task_->eval_message(epoch, ev, result_.final_eval_ema) << "\n";
       best = ev.front().second > state_.best_metric;
       if (best) state_.best_metric = ev.front().second;
     }
+    if (nlohmann::json load = head_load_shares(); !load.is_null()) line["head_load"] = std::move(load);
+    if (line.size() > 2) metrics_.write(line);
   }
   std::string saved;
   if (best || last || (epoch + 1) % cfg_.train.ckpt_every_epochs == 0) {
@@ -445,6 +447,24 @@ void TrainLoop::end_epoch(int64_t epoch) {
     result_.checkpoint = saved.empty() ? save() : saved;
   }
   group_->barrier();  // no rank runs ahead of the checkpoint it may resume from
+}
+
+// The head load of the training steps since the last evaluation, summed over the ranks (a collective): per routed
+// layer the share of its picks per routed head, to 4 decimals (compact enough to log at every evaluation); null for
+// a model without routing. A run resumed inside an epoch counts from its resume.
+nlohmann::json TrainLoop::head_load_shares() {
+  std::vector<at::Tensor> load = task_->take_head_load(*model_);
+  if (load.empty()) return nullptr;
+  for (auto& l : load) l = l.to(at::kDouble);
+  group_->allreduce_sum_(load);
+  nlohmann::json layers = nlohmann::json::array();
+  for (const auto& l : load) {
+    const at::Tensor shares = (l / l.sum().clamp_min(1.0)).cpu().contiguous();
+    nlohmann::json row = nlohmann::json::array();
+    for (int64_t e = 0; e < shares.numel(); ++e) row.push_back(std::round(shares.data_ptr<double>()[e] * 1e4) / 1e4);
+    layers.push_back(std::move(row));
+  }
+  return layers;
 }
 
 // Every rank takes part (the per-rank generator gather is a collective); rank 0 writes, atomically.

@@ -103,6 +103,12 @@ class TrainTask {
     (void)model, (void)group;
     return {};
   }
+  /// The routed heads' picks of every routed MoH layer ((E) counts each) since the last call, reset: logged at each
+  /// evaluation as the run's head load; none for a model without routing.
+  virtual std::vector<at::Tensor> take_head_load(torch::nn::Module& model) {
+    (void)model;
+    return {};
+  }
   /// The console line after an evaluation ("epoch 3: top-1 ..."); `ema` is empty without an EMA.
   virtual std::string eval_message(int64_t epoch, const Scalars& model, const Scalars& ema) const {
     (void)epoch, (void)model, (void)ema;

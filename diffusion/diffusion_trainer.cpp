@@ -2,12 +2,15 @@
 
 #include <sstream>
 
+#include "vision/nn/head_surgery.h"
+
 namespace moh::diffusion {
 
 namespace {
 
 class DiTTask : public TrainTask {
  public:
+  std::vector<at::Tensor> take_head_load(torch::nn::Module& model) override { return nn::take_training_load(model); }
   DiTTask(const ExperimentConfig& cfg, const RunContext& ctx)
       : cfg_(cfg),
         ctx_(ctx),

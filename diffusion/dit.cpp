@@ -151,7 +151,7 @@ DiTOutput DiTBlockImpl::forward(const at::Tensor& x, const at::Tensor& c) {
   auto a = attn->forward(modulate(layer_norm(x), mod[0], mod[1]));  // router sees the modulated tokens
   at::Tensor h = x + mod[2].unsqueeze(1) * a.out;
   h = h + mod[5].unsqueeze(1) * mlp->forward(modulate(layer_norm(h), mod[3], mod[4]));
-  return {h, a.aux_loss};  // (N, T, D)
+  return {h, a.aux_loss, a.routed};  // (N, T, D)
 }
 
 FinalLayerImpl::FinalLayerImpl(int64_t d, int64_t patch, int64_t out_channels) : dim(d) {
@@ -226,6 +226,7 @@ DiTOutput DiTImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::T
   at::Tensor c = t_embedder->forward(t) + y_embedder->forward(y, force_drop);  // (N, D)
   at::Tensor aux_sum;
   int64_t routed = 0;
+  std::vector<at::Tensor> selections;  // per block, for the routing observer
   for (auto& b : *blocks) {
     DiTOutput o = b->as<DiTBlockImpl>()->forward(h, c);
     h = o.out;
@@ -233,10 +234,16 @@ DiTOutput DiTImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::T
       aux_sum = aux_sum.defined() ? aux_sum + o.aux_loss : o.aux_loss;
       ++routed;
     }
+    if (routing_observer) selections.push_back(o.routed);
   }
   DiTOutput out;
   out.out = unpatchify(final_layer->forward(h, c));                      // (N, C_out, H, W)
   if (routed > 0) out.aux_loss = aux_sum / static_cast<double>(routed);  // mean over routed layers
+  if (routing_observer) {  // the labels the network saw: a dropped label is the null class
+    const at::Tensor seen =
+        force_drop.defined() ? at::where(force_drop.to(y.device()) != 0, at::full_like(y, options.num_classes), y) : y;
+    routing_observer(selections, t, seen);
+  }
   return out;
 }
 

@@ -10,6 +10,7 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -99,6 +100,7 @@ TORCH_MODULE(LabelEmbedder);
 struct DiTOutput {
   at::Tensor out;
   at::Tensor aux_loss;  ///< undefined when no routed layer ran in training mode
+  at::Tensor routed;    ///< a block's (N·T, K) selected routed heads (undefined if not routed); unused for the model
 };
 
 /// adaLN-Zero transformer block.
@@ -132,6 +134,11 @@ struct DiTImpl : torch::nn::Module {
   at::Tensor unpatchify(const at::Tensor& x) const;
   /// DiT's initialize_weights(): xavier Linear, sin-cos pos_embed, N(0, .02) label/timestep, zero adaLN + final.
   void initialize_weights();
+
+  /// Called after each forward when set (routing analytics while sampling, diffusion/routing_stats.h): every block's
+  /// selected routed heads (N·T, K) (undefined for blocks without routing), the timesteps t (N) and the labels (N)
+  /// the network saw (the null class num_classes for dropped ones).
+  std::function<void(const std::vector<at::Tensor>&, const at::Tensor&, const at::Tensor&)> routing_observer;
 
   DiTOptions options;
   PatchEmbed x_embedder{nullptr};

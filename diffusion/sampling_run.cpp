@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "core/atomic_io.h"
@@ -20,6 +21,7 @@
 #include "diffusion/dit_experiment.h"
 #include "diffusion/dit_family.h"
 #include "diffusion/model_registry.h"
+#include "diffusion/routing_stats.h"
 #include "diffusion/sample_set.h"
 
 namespace moh::diffusion {
@@ -248,6 +250,22 @@ void write_sampling_outputs(const SamplingModel& m, const SamplingRequest& r, co
   write_file_atomic(r.out + "/sampling.json", info.dump(1) + "\n");
 }
 
+// Rank 0: DIR/head_load.json and its heat maps (by timestep; by class for few classes).
+void write_routing(const DiTRoutingStats& routing, const SamplingRequest& r, const SamplingModel& m,
+                   SamplingSummary& out) {
+  nlohmann::json j = routing.to_json();
+  j["model"] = m.cfg.model.name;
+  j["checkpoint"] = r.checkpoint.empty() ? "untrained" : r.checkpoint;
+  j["sampler"] = config::to_string(m.cfg.sampling.sampler);
+  j["steps"] = m.cfg.sampling.steps;
+  j["cfg_scale"] = m.cfg.sampling.cfg_scale;
+  write_file_atomic(r.out + "/head_load.json", j.dump(1) + "\n");
+  const bool png = routing.write_pngs(r.out + "/head_load_timestep.png", r.out + "/head_load_class.png",
+                                      class_names_for(r, m.cfg, m.model->options.num_classes));
+  out.head_load = routing.summary() + "; " + r.out + "/head_load.json" +
+                  (png ? ", " + r.out + "/head_load_timestep.png" : std::string(" (no PNG: built without OpenCV)"));
+}
+
 }  // namespace
 
 SamplingSummary run_sampling(const SamplingRequest& r) {
@@ -257,6 +275,9 @@ SamplingSummary run_sampling(const SamplingRequest& r) {
   SamplingModel m = r.checkpoint.empty() ? config_model(r) : checkpoint_model(r);
   if (!r.class_names_file.empty()) class_names_for(r, m.cfg, 0);  // a missing file is refused before any work
   const DiTOptions& mo = m.model->options;
+  if (r.head_load && mo.routed_layers() == 0)
+    throw UserError("--head-load", "model " + m.cfg.model.name + " has no routed MoH layers",
+                    "head load needs a MoH-DiT (attention: moh with topk > 0)");
   const std::vector<int64_t> list = parse_label_list(r.labels, mo.num_classes);
   const int64_t n = r.num_samples   ? *r.num_samples
                     : !list.empty() ? static_cast<int64_t>(list.size())
@@ -271,9 +292,21 @@ SamplingSummary run_sampling(const SamplingRequest& r) {
   check_parts_plan(r.out + "/parts", plan, r.out, *group);
   SamplingSummary out{r.out, m.weights, m.step, n};
   const auto start = std::chrono::steady_clock::now();
+  std::optional<DiTRoutingStats> routing;
+  if (r.head_load) {
+    routing.emplace(mo, 10, m.cfg.diffusion.steps);
+    m.model->routing_observer = [&](const std::vector<at::Tensor>& routed, const at::Tensor& t, const at::Tensor& y) {
+      routing->add(routed, t, y);
+    };
+  }
   out.resumed_batches = sample_missing_parts(m, vae, labels, ctx, *group, r.out + "/parts");
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   out.main = group->is_main();
+  if (routing) {
+    m.model->routing_observer = nullptr;
+    routing->reduce(*group);
+    if (out.main) write_routing(*routing, r, m, out);
+  }
   if (out.main) write_sampling_outputs(m, r, labels, plan, out);
   return out;
 }

@@ -25,6 +25,7 @@ struct SamplingRequest {
   std::string out = "samples";
   std::string device = "auto";
   std::string class_names_file;  ///< one class name per line, for the grid's captions
+  bool head_load = false;        ///< routing analytics of a MoH-DiT (diffusion/routing_stats.h) into DIR/head_load.*
 };
 
 /// What was written.
@@ -35,8 +36,9 @@ struct SamplingSummary {
   int64_t resumed_batches = 0;  ///< batches found on disk from an interrupted run
   bool grid = false;            ///< grid.png written (not in a build without OpenCV)
   double seconds = 0;
-  int64_t nfe = 0;   ///< network evaluations per image
-  bool main = true;  ///< this process wrote the outputs (rank 0)
+  int64_t nfe = 0;        ///< network evaluations per image
+  bool main = true;       ///< this process wrote the outputs (rank 0)
+  std::string head_load;  ///< the routing summary and files with --head-load ("" without)
 };
 
 /// Checks every input (before any work), samples on this process's rank, merges and writes DIR/samples.npz (arr_0

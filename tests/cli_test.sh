@@ -277,6 +277,10 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   [ -s "$tmp/s/grid.png" ] && [ -s "$tmp/s/sampling.json" ] && pass=$((pass + 1)) || { echo "FAIL: no grid/sampling.json"; fails=$((fails + 1)); }
   expect 0 "sample accuracy" -- fid --samples "$tmp/s/samples.npz" --ref "$tmp/ref.npz" "${FEAT[@]}" --metrics fid,is
   expect 0 "wrote $tmp/u/samples.npz" -- sample $DIT --untrained "${FAST[@]}" --set sampling.sampler=ddpm --out "$tmp/u"
+  # Routing analytics of a MoH-DiT while it samples: head load by timestep and class, entropy, top-K changes.
+  expect 0 "head load: 6 routed layers, 3 network evaluations" -- sample $DIT --untrained "${FAST[@]}" --head-load --out "$tmp/hl"
+  grep -q '"topk_change_share"' "$tmp/hl/head_load.json" && pass=$((pass + 1)) || { echo "FAIL: no head_load.json"; fails=$((fails + 1)); }
+  expect 2 "model DiT-Pixel/4 has no routed MoH layers" -- sample configs/fashion_mnist/dit_pixel.yaml --untrained --head-load --out "$tmp/s2"
   expect 2 "not a DiT" -- sample --checkpoint "$tmp/run" --out "$tmp/s2"
   expect 2 "only sampling.\\* can be changed" -- sample --checkpoint "$tmp/dit" --set model.name=DiT-Pixel/4 --out "$tmp/s2"
   expect 2 "needs at least 3 channels" -- sample --checkpoint "$tmp/dit" --set sampling.cfg_channels=three --out "$tmp/s2"

@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "datasets/augment.h"
+#include "vision/nn/head_surgery.h"
 
 namespace moh::vision {
 
@@ -13,6 +14,7 @@ const std::vector<std::string> kNoDecayKeywords{"query_embedding", "relative_pos
 
 class ClassifierTask : public TrainTask {
  public:
+  std::vector<at::Tensor> take_head_load(torch::nn::Module& model) override { return nn::take_training_load(model); }
   ClassifierTask(const ExperimentConfig& cfg, const RunContext& ctx)
       : cfg_(cfg),
         ctx_(ctx),

@@ -1,6 +1,7 @@
 #include "vision/head_load.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/atomic_io.h"
 
@@ -11,19 +12,21 @@
 
 namespace moh::vision {
 
-namespace {
-
-// Rows of a (classes, E) count matrix as shares summing to 1 (all-zero rows stay zero).
 at::Tensor row_shares(const at::Tensor& counts) {
   return counts / counts.sum(-1, true).clamp_min(1.0);
 }
 
-std::vector<double> to_vector(const at::Tensor& t) {
+std::vector<double> to_doubles(const at::Tensor& t) {
   const at::Tensor c = t.to(at::kDouble).contiguous();
   return std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
 }
 
-}  // namespace
+double load_entropy(const at::Tensor& shares) {
+  double h = 0;
+  for (double p : to_doubles(shares))
+    if (p > 0) h -= p * std::log(p);
+  return h;
+}
 
 HeadLoadStats::HeadLoadStats(const TransNeXtOptions& model, int64_t num_classes) : classes_(num_classes) {
   for (int64_t s = 0; s < 4; ++s) {
@@ -70,7 +73,9 @@ nlohmann::json HeadLoadStats::to_json() const {
     if (l.pool == 0) continue;
     nlohmann::json per_class = nlohmann::json::array();
     const at::Tensor shares = row_shares(l.counts);
-    for (int64_t c = 0; c < classes_; ++c) per_class.push_back(to_vector(shares[c]));
+    for (int64_t c = 0; c < classes_; ++c) per_class.push_back(to_doubles(shares[c]));
+    const at::Tensor overall = row_shares(l.counts.sum(0));
+    const double h = load_entropy(overall);
     layers.push_back({{"name", l.name},
                       {"stage", l.stage},
                       {"block", l.block},
@@ -78,90 +83,110 @@ nlohmann::json HeadLoadStats::to_json() const {
                       {"routed_pool", l.pool},
                       {"topk", l.topk},
                       {"selections", l.counts.sum().item<double>()},
-                      {"overall", to_vector(row_shares(l.counts.sum(0)))},
+                      {"overall", to_doubles(overall)},
+                      {"entropy", h},
+                      {"entropy_share", l.pool > 1 ? h / std::log(static_cast<double>(l.pool)) : 1.0},
                       {"per_class", per_class}});
   }
   return {{"layers", layers},
-          {"note", "shares of the routed heads' selections (each row sums to 1); shared heads are always on"}};
+          {"note",
+           "shares of the routed heads' selections (each row sums to 1); shared heads are always on; "
+           "entropy of the overall load in nats, entropy_share = entropy / ln E"}};
 }
 
 bool HeadLoadStats::write_png(const std::string& path, const std::vector<std::string>& class_names) const {
-#ifdef MOH_WITH_OPENCV
-  constexpr int kCell = 18, kTitle = 18, kLabel = 92, kGap = 12, kMinPanelWidth = 230, kAxis = 16;
-  std::vector<cv::Mat> panels;
+  std::vector<HeadLoadPanel> panels;
   for (const Layer& l : layers_) {
     if (l.pool == 0) continue;
-    const at::Tensor shares = row_shares(l.counts);
-    // Colour scale per panel: 0 .. 2/E (twice the uniform share) so balanced layers look even.
-    const double top = 2.0 / static_cast<double>(l.pool);
-    cv::Mat grey(static_cast<int>(classes_), static_cast<int>(l.pool), CV_8UC1);
+    HeadLoadPanel p{
+        l.name + " (top-" + std::to_string(l.topk) + " of " + std::to_string(l.pool) + ")", {}, row_shares(l.counts)};
     for (int64_t c = 0; c < classes_; ++c)
-      for (int64_t e = 0; e < l.pool; ++e)
-        grey.at<uchar>(static_cast<int>(c), static_cast<int>(e)) =
-            static_cast<uchar>(std::clamp(shares[c][e].item<double>() / top, 0.0, 1.0) * 255.0);
-    cv::Mat big, colour;
-    cv::resize(grey, big, cv::Size(), kCell, kCell, cv::INTER_NEAREST);
-    cv::applyColorMap(big, colour, cv::COLORMAP_VIRIDIS);
-    cv::Mat panel(colour.rows + kTitle + kAxis, std::max(colour.cols + kLabel, kMinPanelWidth), CV_8UC3,
-                  cv::Scalar(255, 255, 255));
-    colour.copyTo(panel(cv::Rect(kLabel, kTitle, colour.cols, colour.rows)));
-    // Head-index axis: the routed head e (0-based within the layer's routed pool), every head or every 2nd/4th.
-    const int64_t every = l.pool <= 12 ? 1 : l.pool <= 24 ? 2 : 4;
-    for (int64_t e = 0; e < l.pool; e += every)
-      cv::putText(panel, std::to_string(e),
-                  cv::Point(kLabel + static_cast<int>(e) * kCell + 3, kTitle + colour.rows + kAxis - 4),
-                  cv::FONT_HERSHEY_SIMPLEX, 0.3, cv::Scalar(0, 0, 0), 1, cv::LINE_AA);
-    cv::putText(panel, "head", cv::Point(2, kTitle + colour.rows + kAxis - 4), cv::FONT_HERSHEY_SIMPLEX, 0.33,
-                cv::Scalar(0, 0, 0), 1, cv::LINE_AA);
-    cv::putText(panel, l.name + " (top-" + std::to_string(l.topk) + " of " + std::to_string(l.pool) + ")",
-                cv::Point(2, kTitle - 5), cv::FONT_HERSHEY_SIMPLEX, 0.4, cv::Scalar(0, 0, 0), 1, cv::LINE_AA);
-    for (int64_t c = 0; c < classes_; ++c) {
-      const std::string name =
-          static_cast<size_t>(c) < class_names.size() ? class_names[static_cast<size_t>(c)] : std::to_string(c);
-      cv::putText(panel, name.substr(0, 13), cv::Point(2, kTitle + static_cast<int>(c) * kCell + kCell - 5),
-                  cv::FONT_HERSHEY_SIMPLEX, 0.33, cv::Scalar(0, 0, 0), 1, cv::LINE_AA);
-    }
-    panels.push_back(panel);
+      p.row_labels.push_back(static_cast<size_t>(c) < class_names.size() ? class_names[static_cast<size_t>(c)]
+                                                                         : std::to_string(c));
+    panels.push_back(std::move(p));
   }
+  return write_head_load_png(path, "share of a class's routed picks per head,", panels);
+}
+
+#ifdef MOH_WITH_OPENCV
+namespace {
+
+void text(cv::Mat& img, const std::string& s, int x, int y, double size = 0.33) {
+  cv::putText(img, s, cv::Point(x, y), cv::FONT_HERSHEY_SIMPLEX, size, cv::Scalar(0, 0, 0), 1, cv::LINE_AA);
+}
+
+// One panel: labelled rows × routed heads, colour 0 … 2/E (twice the uniform share) so balanced layers look even.
+cv::Mat draw_panel(const HeadLoadPanel& p) {
+  constexpr int kCell = 18, kTitle = 18, kLabel = 92, kMinPanelWidth = 230, kAxis = 16;
+  const auto rows = static_cast<int>(p.shares.size(0)), pool = static_cast<int>(p.shares.size(1));
+  const at::Tensor scaled = (p.shares.to(at::kDouble) * (pool / 2.0)).clamp(0.0, 1.0).contiguous();
+  const at::Tensor empty = (p.shares.sum(1) == 0).contiguous();  // rows without selections: grey, not "0"
+  cv::Mat grey(rows, pool, CV_8UC1);
+  for (int r = 0; r < rows; ++r)
+    for (int e = 0; e < pool; ++e)
+      grey.at<uchar>(r, e) = static_cast<uchar>(scaled.data_ptr<double>()[r * pool + e] * 255.0);
+  cv::Mat big, colour;
+  cv::resize(grey, big, cv::Size(), kCell, kCell, cv::INTER_NEAREST);
+  cv::applyColorMap(big, colour, cv::COLORMAP_VIRIDIS);
+  for (int r = 0; r < rows; ++r)
+    if (empty.data_ptr<bool>()[r]) colour(cv::Rect(0, r * kCell, colour.cols, kCell)).setTo(cv::Scalar(215, 215, 215));
+  cv::Mat panel(colour.rows + kTitle + kAxis, std::max(colour.cols + kLabel, kMinPanelWidth), CV_8UC3,
+                cv::Scalar(255, 255, 255));
+  colour.copyTo(panel(cv::Rect(kLabel, kTitle, colour.cols, colour.rows)));
+  // Head-index axis: the routed head e (0-based within the layer's routed pool), every head or every 2nd/4th.
+  const int every = pool <= 12 ? 1 : pool <= 24 ? 2 : 4;
+  for (int e = 0; e < pool; e += every)
+    text(panel, std::to_string(e), kLabel + e * kCell + 3, kTitle + colour.rows + kAxis - 4, 0.3);
+  text(panel, "head", 2, kTitle + colour.rows + kAxis - 4);
+  text(panel, p.title, 2, kTitle - 5, 0.4);
+  for (int r = 0; r < rows && static_cast<size_t>(r) < p.row_labels.size(); ++r)
+    text(panel, p.row_labels[static_cast<size_t>(r)].substr(0, 13), 2, kTitle + r * kCell + kCell - 5);
+  return panel;
+}
+
+}  // namespace
+#endif
+
+bool write_head_load_png(const std::string& path, const std::string& caption,
+                         const std::vector<HeadLoadPanel>& panels) {
+#ifdef MOH_WITH_OPENCV
   if (panels.empty()) return false;
   // Colour bar on top: one scale for every panel, in multiples of the uniform share 1/E of a layer's routed pool.
-  constexpr int kBarW = 200, kBarH = 10, kBarBlock = 68, kBarY = kGap + 28;
-  int width = kBarW + 40, height = kGap + kBarBlock;
+  // Panels in a grid of up to 4 columns (a DiT-XL has 28 layers).
+  constexpr int kGap = 12, kBarW = 200, kBarH = 10, kBarBlock = 68, kBarY = kGap + 28, kColumns = 4;
+  std::vector<cv::Mat> drawn;
+  int cell_w = 0, cell_h = 0;
   for (const auto& p : panels) {
-    width = std::max(width, p.cols);
-    height += p.rows + kGap;
+    drawn.push_back(draw_panel(p));
+    cell_w = std::max(cell_w, drawn.back().cols), cell_h = std::max(cell_h, drawn.back().rows);
   }
-  cv::Mat canvas(height, width + 2 * kGap, CV_8UC3, cv::Scalar(255, 255, 255));
-  cv::putText(canvas, "share of a class's routed picks per head,", cv::Point(kGap, kGap + 8), cv::FONT_HERSHEY_SIMPLEX,
-              0.36, cv::Scalar(0, 0, 0), 1, cv::LINE_AA);
-  cv::putText(canvas, "relative to uniform 1/E (one scale for all)", cv::Point(kGap, kGap + 22),
-              cv::FONT_HERSHEY_SIMPLEX, 0.36, cv::Scalar(0, 0, 0), 1, cv::LINE_AA);
+  const int cols = std::min<int>(kColumns, static_cast<int>(drawn.size()));
+  const int grid_rows = (static_cast<int>(drawn.size()) + cols - 1) / cols;
+  const int width = std::max(320, cols * (cell_w + kGap)), height = kGap + kBarBlock + grid_rows * (cell_h + kGap);
+  cv::Mat canvas(height, width + kGap, CV_8UC3, cv::Scalar(255, 255, 255));
+  text(canvas, caption, kGap, kGap + 8, 0.36);
+  text(canvas, "relative to uniform 1/E (one scale for all)", kGap, kGap + 22, 0.36);
   cv::Mat ramp(1, kBarW, CV_8UC1);
   for (int i = 0; i < kBarW; ++i) ramp.at<uchar>(0, i) = static_cast<uchar>(i * 255 / (kBarW - 1));
   cv::Mat ramp_big, ramp_colour;
   cv::resize(ramp, ramp_big, cv::Size(kBarW, kBarH), 0, 0, cv::INTER_NEAREST);
   cv::applyColorMap(ramp_big, ramp_colour, cv::COLORMAP_VIRIDIS);
   ramp_colour.copyTo(canvas(cv::Rect(kGap, kBarY, kBarW, kBarH)));
-  for (const auto& [frac, text] :
-       std::vector<std::pair<double, std::string>>{{0.0, "0"}, {0.5, "1x (uniform)"}, {1.0, ">=2x"}})
-    cv::putText(canvas, text,
-                cv::Point(kGap + static_cast<int>(frac * (kBarW - 1)) -
-                              (frac > 0.9   ? 14
-                               : frac > 0.4 ? 20
-                                            : 0),
-                          kBarY + kBarH + 13),
-                cv::FONT_HERSHEY_SIMPLEX, 0.33, cv::Scalar(0, 0, 0), 1, cv::LINE_AA);
-  int y = kGap + kBarBlock;
-  for (const auto& p : panels) {
-    p.copyTo(canvas(cv::Rect(kGap, y, p.cols, p.rows)));
-    y += p.rows + kGap;
+  text(canvas, "0", kGap, kBarY + kBarH + 13);
+  text(canvas, "1x (uniform)", kGap + kBarW / 2 - 20, kBarY + kBarH + 13);
+  text(canvas, ">=2x", kGap + kBarW - 15, kBarY + kBarH + 13);
+  text(canvas, "grey: no selections", kGap + kBarW + 40, kBarY + kBarH + 13);
+  for (size_t i = 0; i < drawn.size(); ++i) {
+    const int x = kGap + static_cast<int>(i % static_cast<size_t>(cols)) * (cell_w + kGap);
+    const int y = kGap + kBarBlock + static_cast<int>(i / static_cast<size_t>(cols)) * (cell_h + kGap);
+    drawn[i].copyTo(canvas(cv::Rect(x, y, drawn[i].cols, drawn[i].rows)));
   }
   std::vector<uchar> png;
   cv::imencode(".png", canvas, png);
   write_file_atomic(path, std::string(png.begin(), png.end()));
   return true;
 #else
-  (void)path, (void)class_names;
+  (void)path, (void)caption, (void)panels;
   return false;
 #endif
 }

@@ -21,7 +21,8 @@ class HeadLoadStats {
   /// Adds one batch: `routed` as in ClassifierOutput (per block, (B·N, K) routed-pool indices), labels (B).
   void add(const std::vector<at::Tensor>& routed, const at::Tensor& labels);
   /// {"layers": [{"name", "stage", "block", "shared", "routed_pool", "topk", "selections", "overall": [E shares],
-  ///   "per_class": [[E shares] × classes]}]}; shares of a row sum to 1.
+  ///   "entropy", "entropy_share", "per_class": [[E shares] × classes]}]}; shares of a row sum to 1; entropy of
+  ///   "overall" in nats, entropy_share = entropy / ln E (1 = balanced).
   nlohmann::json to_json() const;
   /// Sums the counts over data-parallel ranks (a collective), so every rank holds the whole split's statistics.
   void reduce(dist::Group& group);
@@ -37,5 +38,23 @@ class HeadLoadStats {
   std::vector<Layer> layers_;  // one per block, in ClassifierOutput order (pool 0 = not routed)
   int64_t classes_ = 0;
 };
+
+/// Rows of a count matrix as shares summing to 1 (all-zero rows stay zero).
+at::Tensor row_shares(const at::Tensor& counts);
+/// A tensor's values as doubles (for JSON).
+std::vector<double> to_doubles(const at::Tensor& t);
+/// Entropy in nats of a vector of shares (0·ln 0 = 0): ln E for a load spread evenly over E heads.
+double load_entropy(const at::Tensor& shares);
+
+/// One heat-map panel of head load: labelled rows (classes, timestep ranges) × the routed heads of one layer, each
+/// cell the share of the row's routed selections that went to that head (rows sum to 1).
+struct HeadLoadPanel {
+  std::string title;
+  std::vector<std::string> row_labels;
+  at::Tensor shares;  ///< (rows, E)
+};
+/// Draws the panels one under another below one colour bar (0 … twice each layer's uniform share 1/E) and a caption
+/// line, as a PNG (needs OpenCV; returns false without it or without panels).
+bool write_head_load_png(const std::string& path, const std::string& caption, const std::vector<HeadLoadPanel>& panels);
 
 }  // namespace moh::vision

@@ -202,7 +202,9 @@ std::vector<nn::HeadTensor> TransNeXtAttentionImpl::head_tensors() const {
 }
 
 nn::AttentionOutput TransNeXtAttentionImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& i) {
-  return run(x, t, i, false);
+  nn::AttentionOutput out = run(x, t, i, false);
+  if (is_training() && out.routed.defined()) count_training_picks(out.routed, options.routed_pool());
+  return out;
 }
 nn::AttentionOutput TransNeXtAttentionImpl::forward_reference(const at::Tensor& x, const at::Tensor& t,
                                                               const at::Tensor& i) {

@@ -8,6 +8,8 @@
 #include "diffusion/model_registry.h"
 #include "tests/test_util.h"
 #include "vision/classification_trainer.h"
+#include "vision/nn/head_surgery.h"
+#include "vision/nn/moh_attention.h"
 
 namespace moh::vision {
 namespace {
@@ -57,6 +59,39 @@ TEST(ClassificationTrainer, ResumeIsExact) {
   ASSERT_EQ(a.size(), b.size());
   for (const auto& [k, v] : a) EXPECT_TRUE(torch::equal(v, b.at(k))) << k;
   EXPECT_EQ(metric_lines(d.file("full")), metric_lines(d.file("split")));
+  // Every evaluation logs the head load of the steps before it: one row per routed layer, shares summing to 1.
+  int evaluations = 0;
+  for (const auto& l : metric_lines(d.file("full"))) {
+    const auto j = nlohmann::json::parse(l);
+    if (!j.contains("top1")) continue;
+    ++evaluations;
+    ASSERT_TRUE(j.contains("head_load")) << l;
+    ASSERT_GT(j["head_load"].size(), 0u);
+    for (const auto& row : j["head_load"]) {
+      double sum = 0;
+      for (const auto& v : row) sum += v.get<double>();
+      EXPECT_NEAR(sum, 1.0, 1e-3) << l;
+    }
+  }
+  EXPECT_EQ(evaluations, 2);
+}
+
+// Training forwards count each routed head's picks (what the trainer logs); evaluation forwards count nothing.
+TEST(HeadLoad, TrainingForwardsCountTheirPicks) {
+  torch::manual_seed(0);
+  nn::MoHAttention a(nn::MoHAttentionOptions{64, 8}.moh(2, 3));  // 2 shared, top-3 of 6 routed
+  a->train();
+  const at::Tensor x1 = torch::randn({2, 5, 64}), x2 = torch::randn({2, 5, 64});
+  const at::Tensor r1 = a->forward(x1).routed, r2 = a->forward(x2).routed;
+  const at::Tensor expected = at::bincount(r1.reshape({-1}), {}, 6) + at::bincount(r2.reshape({-1}), {}, 6);
+  std::vector<at::Tensor> loads = nn::take_training_load(*a);
+  ASSERT_EQ(loads.size(), 1u);
+  EXPECT_TRUE(torch::equal(loads[0], expected));
+  EXPECT_EQ(loads[0].sum().item<int64_t>(), 2 * 2 * 5 * 3);
+  EXPECT_FALSE(a->training_load.defined());  // taken: reset
+  a->eval();
+  a->forward(x1);
+  EXPECT_EQ(nn::take_training_load(*a)[0].sum().item<int64_t>(), 0);
 }
 
 TEST(HeadLoad, CountsPerLayerAndClass) {

@@ -1,5 +1,7 @@
 #include "vision/nn/head_surgery.h"
 
+#include <c10/core/GradMode.h>
+
 #include <algorithm>
 
 #include "core/error.h"
@@ -29,9 +31,27 @@ at::Tensor HeadHooks::mean_norms(int64_t heads) const {
 
 std::vector<std::pair<std::string, HeadControl*>> head_controls(torch::nn::Module& model) {
   std::vector<std::pair<std::string, HeadControl*>> out;
-  for (const auto& item : model.named_modules("", /*include_self=*/false))
+  for (const auto& item : model.named_modules("", /*include_self=*/true))
     if (auto* c = dynamic_cast<HeadControl*>(item.value().get())) out.emplace_back(item.key(), c);
   return out;
+}
+
+void HeadControl::count_training_picks(const at::Tensor& routed, int64_t pool) {
+  c10::NoGradGuard ng;
+  const at::Tensor picks = at::bincount(routed.reshape({-1}), {}, pool);  // (pool)
+  training_load = training_load.defined() ? training_load + picks : picks;
+}
+
+std::vector<at::Tensor> take_training_load(torch::nn::Module& model) {
+  std::vector<at::Tensor> loads;
+  for (const auto& named : head_controls(model)) {
+    HeadControl* layer = named.second;
+    if (layer->routed_topk() == 0) continue;
+    const int64_t pool = layer->head_count() - layer->shared_count();
+    loads.push_back(layer->training_load.defined() ? layer->training_load : at::zeros({pool}, at::kLong));
+    layer->training_load = at::Tensor();
+  }
+  return loads;
 }
 
 void permute_heads(TensorMap& w, const HeadLayout& layer, const std::vector<int64_t>& perm) {

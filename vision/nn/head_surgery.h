@@ -52,10 +52,21 @@ struct HeadControl {
   virtual void set_routed_topk(int64_t k) = 0;
   /// The layer's tensors that hold per-head values (names under the layer's module name), router layers excepted.
   virtual std::vector<HeadTensor> head_tensors() const = 0;
+
+  /// Routed picks per head (pool) int64 counted by the layer's training forwards since the last
+  /// take_training_load(), on the layer's device (no host sync); undefined before the first. Not a buffer:
+  /// checkpoints do not hold it.
+  at::Tensor training_load;
+  /// Adds one training forward's picks: `routed` (T, K) indices into the routed pool of `pool` heads.
+  void count_training_picks(const at::Tensor& routed, int64_t pool);
 };
 
 /// Every attention layer of `model` that exposes HeadControl, with its module name ("blocks.3.attn").
 std::vector<std::pair<std::string, HeadControl*>> head_controls(torch::nn::Module& model);
+
+/// Every routed layer's training_load in module order ((h − h_s) counts; zeros where nothing was counted), each
+/// reset: the trainer logs the head load of the steps since its last evaluation.
+std::vector<at::Tensor> take_training_load(torch::nn::Module& model);
 
 /// The per-head tensors of one attention layer in a state dict, and its MoH split in the target model.
 struct HeadLayout {

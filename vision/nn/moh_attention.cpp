@@ -161,7 +161,9 @@ std::vector<HeadTensor> MoHAttentionImpl::head_tensors() const {
 }
 
 AttentionOutput MoHAttentionImpl::forward(const at::Tensor& x) {
-  return forward_with_path(x, options.path);
+  AttentionOutput out = forward_with_path(x, options.path);
+  if (is_training() && out.routed.defined()) count_training_picks(out.routed, options.routed_pool());
+  return out;
 }
 
 AttentionOutput MoHAttentionImpl::forward_with_path(const at::Tensor& x, AttentionPath path) {
