@@ -5,6 +5,7 @@
 #  2. MoH-DiT-Pixel/4-75, the demo's 2,400 steps, in 8 epochs of 19,200 images (8 head-load lines);
 #     `moh sample --head-load` (the demo's CFG 4, DDIM 50, 10 per class) writes the head load by timestep and class;
 #  3. `moh plot` of both runs (loss, lr, top-1 and the head load at each evaluation).
+# fp32 throughout: bf16 autocast is several times slower on CPUs without native bf16 and differs between machines.
 # usage: scripts/routing_results.sh [OUT_DIR=runs/routing]   (MOH=build/moh or build-torch2/moh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,11 +17,11 @@ start=$(date +%s)
 echo "== $($MOH --version | head -1)"
 echo "== 1/3 classifier: MoH-ViT-Nano, 200 steps in 5 epochs"
 $MOH train configs/fashion_mnist/moh_vit_nano.yaml --run-dir "$OUT/classifier" --set data.limit_train=5120 \
-  --set train.epochs=5 --set schedule.warmup_epochs=0.5 --set train.log_every_steps=20
+  --set train.precision=fp32 --set train.epochs=5 --set schedule.warmup_epochs=0.5 --set train.log_every_steps=20
 $MOH eval configs/fashion_mnist/moh_vit_nano.yaml --checkpoint "$OUT/classifier" --out "$OUT/classifier/eval"
 echo "== 2/3 diffusion: MoH-DiT-Pixel/4-75, 2,400 steps in 8 epochs, then CFG samples with --head-load"
 $MOH train configs/fashion_mnist/moh_dit_pixel.yaml --run-dir "$OUT/dit" --set data.limit_train=19200 \
-  --set train.epochs=8 --set train.max_steps=2400
+  --set train.precision=fp32 --set train.epochs=8 --set train.max_steps=2400
 $MOH sample --checkpoint "$OUT/dit" --cfg-scale 4 --steps ddim50 --set sampling.per_class=10 --head-load \
   --out "$OUT/samples"
 echo "== 3/3 curves"
