@@ -228,6 +228,7 @@ Ranks start_ranks(int n, int port, const std::vector<std::string>& child_args, c
 struct Outcome {
   int code = kExitOk;
   bool on_request = false;
+  std::string how = "exit 0";  ///< the first failing rank's end, for the restart line: "exit N" or "signal N"
 };
 
 // Waits; the first failure stops the rest: SIGTERM, then SIGKILL 10 s later. An input error (exit 2) of a rank other
@@ -271,6 +272,7 @@ Outcome wait_ranks(Ranks& ranks) {
         std::cerr << "error: rank " << ranks.place.node_rank * ranks.n + rank << " was killed by signal "
                   << WTERMSIG(status) << "\n";
       out.code = code;
+      out.how = WIFSIGNALED(status) ? "signal " + std::to_string(WTERMSIG(status)) : "exit " + std::to_string(code);
       stopping = true;
       const bool wait_for_rank0 = code == kExitUserError && rank != 0 && ranks.pids[0] > 0;
       term_at = Clock::now() + std::chrono::seconds(wait_for_rank0 ? 30 : 0);
@@ -322,7 +324,7 @@ int launch_local(int n, int port, const std::vector<std::string>& args, const st
     Ranks ranks = start_ranks(n, port, child_args, resume_prefix, place, restart, max_restarts);
     out = wait_ranks(ranks);
     if (out.code == kExitOk || out.code == kExitUserError || out.on_request || restart >= max_restarts) break;
-    std::cerr << "moh launch: a rank failed (exit " << out.code << "): stopping this machine's ranks and starting them "
+    std::cerr << "moh launch: a rank failed (" << out.how << "): stopping this machine's ranks and starting them "
               << "again, restart " << restart + 1 << " of at most " << max_restarts << "\n";
     command = restart_args(command);
   }

@@ -388,9 +388,12 @@ std::shared_ptr<Group> Group::join(const RunContext& ctx, const Agreement& agree
 #endif
   auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
   const std::string ifname = env_or("GLOO_SOCKET_IFNAME", "");  // torchrun's variable: an interface by name
-  opts->devices.push_back(ifname.empty()
-                              ? c10d::ProcessGroupGloo::createDeviceForHostname(gloo_listen_address(host, port))
-                              : c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+  const auto mine = std::find_if(rdzv.cards.begin(), rdzv.cards.end(), [&](const RankCard& c) {
+    return c.rank == ctx.rank;
+  });  // the address this rank announced at the rendezvous is the one it listens on
+  const std::string address = mine != rdzv.cards.end() ? mine->address : gloo_listen_address(host, port);
+  opts->devices.push_back(ifname.empty() ? c10d::ProcessGroupGloo::createDeviceForHostname(address)
+                                         : c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
   auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(pg_store, ctx.rank, ctx.world, opts);
   return std::make_shared<C10dGroup<c10d::ProcessGroupGloo>>(rdzv.store, pg, ctx, c10::Device(c10::kCPU), "gloo",
                                                              std::move(rdzv.cards));

@@ -156,7 +156,8 @@ wait_for "$p0" 180; rc0=$RC; wait_for "$p1" 180; rc1=$RC
   >"$tmp/straight.log" 2>&1 || bad "uninterrupted run: $(tail -2 "$tmp/straight.log")"
 last() { (cd "$1/checkpoints/$(cat "$1/checkpoints/latest")" && sha256sum ./*.safetensors); }
 if [ "$rc0" = 0 ] && [ "$rc1" = 0 ] && grep -q "restart 1 of at most 1" "$tmp/restart/log.txt" &&
-  grep -q '"event":"restart"' "$tmp/restart/metrics.jsonl" && cmp -s <(last "$tmp/restart") <(last "$tmp/straight"); then
+  grep -q '"event":"restart"' "$tmp/restart/metrics.jsonl" && grep -q "a rank failed (signal 9)" "$tmp/restart.h1.log" &&
+  cmp -s <(last "$tmp/restart") <(last "$tmp/straight"); then
   ok "--max-restarts 1: one kill, both hosts restarted, final checkpoint = uninterrupted run's ($(last "$tmp/straight" | wc -l) files)"
 else
   bad "--max-restarts: exit $rc0 / $rc1; $(grep -c restart "$tmp/restart/log.txt" 2>/dev/null) restart lines;" \
