@@ -313,8 +313,8 @@ struct SamplingConfig {
     v.field("batch_size", batch_size, "images per sampling batch (before CFG doubling)");
     v.field("seed", seed, "sampling seed");
     v.field("topk", topk,
-            "MoH head budget at inference: routed heads per token K of every routed layer, 1 … the smallest routed "
-            "pool (no retraining; -1 = as trained)");
+            "MoH head budget at inference: routed heads per token K of every routed layer, 0 … the smallest routed "
+            "pool (no retraining; 0 = the shared heads alone; -1 = as trained)");
     v.field("topk_schedule", topk_schedule,
             "MoH head budget by noise level: B values of K for B equal buckets of t / (T - 1), from clean (first) "
             "to pure noise (last), e.g. [2, 2, 4, 4]; empty = sampling.topk at every step");

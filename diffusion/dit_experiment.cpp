@@ -60,18 +60,23 @@ void check_attention_memory(const DiTOptions& o, int64_t rank_batch, const Devic
 
 void check_sampling_topk(const DiTOptions& o, int64_t topk, const std::string& key) {
   if (topk == -1) return;
-  int64_t pool = 0;  // the smallest routed pool: every routed layer takes the same K
+  int64_t pool = 0, shared = -1;  // the smallest routed pool and shared count: every routed layer takes the same K
   for (int64_t i = 0; i < o.depth; ++i)
-    if (const auto l = o.layer(i); l.mode == AttentionMode::moh && l.topk > 0)
+    if (const auto l = o.layer(i); l.mode == AttentionMode::moh && l.topk > 0) {
       pool = pool == 0 ? l.routed_pool() : std::min(pool, l.routed_pool());
+      shared = shared < 0 ? l.shared_heads : std::min(shared, l.shared_heads);
+    }
   if (pool == 0)
     throw UserError("config: " + key, "the model has no routed MoH layer whose K could change",
                     "remove " + key + (key == "sampling.topk" ? " (or --topk)" : ""));
-  if (topk < 1 || topk > pool)
+  if (topk < 0 || topk > pool)
     throw UserError(
         "config: " + key,
-        std::to_string(topk) + " is outside 1 … " + std::to_string(pool) + " (the smallest routed pool of the model)",
+        std::to_string(topk) + " is outside 0 … " + std::to_string(pool) + " (the smallest routed pool of the model)",
         "-1 keeps the trained K");
+  if (topk == 0 && shared == 0)
+    throw UserError("config: " + key, "0 leaves a routed layer without shared heads with no head at all",
+                    "choose K ≥ 1");
 }
 
 void check_head_budgets(const DiTOptions& o, const SamplingConfig& sc) {

@@ -51,7 +51,7 @@ bool guided_at(const SampleOptions& o, double t) {
 class HeadBudget {
  public:
   HeadBudget(DiT& model, const SampleOptions& o) : o_(o) {
-    if (o.topk > 0 || !o.topk_schedule.empty() || o.guide_topk > 0)
+    if (o.topk >= 0 || !o.topk_schedule.empty() || o.guide_topk >= 0)
       for (auto& [name, layer] : nn::head_controls(*model))
         if (layer->routed_topk() > 0) layers_.emplace_back(layer, layer->routed_topk());
   }
@@ -63,14 +63,14 @@ class HeadBudget {
     const auto& sch = o_.topk_schedule;
     int64_t k = o_.topk;
     if (!sch.empty()) k = sch[std::min(sch.size() - 1, static_cast<size_t>(u * static_cast<double>(sch.size())))];
-    if (unconditional && o_.guide_topk > 0) k = o_.guide_topk;
+    if (unconditional && o_.guide_topk >= 0) k = o_.guide_topk;
     set_all(k);
   }
 
  private:
   void set_all(int64_t k) {  // −1: each layer's trained K
     if (k == current_) return;
-    for (auto& [layer, trained] : layers_) layer->set_routed_topk(k > 0 ? k : trained);
+    for (auto& [layer, trained] : layers_) layer->set_routed_topk(k >= 0 ? k : trained);  // 0: the shared heads alone
     current_ = k;
   }
   const SampleOptions& o_;
@@ -84,7 +84,7 @@ at::Tensor guided_output(DiT& model, const at::Tensor& x, const at::Tensor& tm, 
                          const SampleOptions& o, HeadBudget& heads, double u) {
   const int64_t n = x.size(0);
   heads.set(u, false);
-  if (o.guide_topk <= 0) return forward_with_cfg(model, at::cat({x, x}), tm, y, o.cfg_scale, o.cfg_channels);
+  if (o.guide_topk < 0) return forward_with_cfg(model, at::cat({x, x}), tm, y, o.cfg_scale, o.cfg_channels);
   const at::Tensor cond = model->forward(x, tm.narrow(0, 0, n), y.narrow(0, 0, n)).out;
   heads.set(u, true);
   const at::Tensor uncond = model->forward(x, tm.narrow(0, n, n), y.narrow(0, n, n)).out;

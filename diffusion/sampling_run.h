@@ -36,9 +36,9 @@ struct SamplingSummary {
   int64_t resumed_batches = 0;  ///< batches found on disk from an interrupted run
   bool grid = false;            ///< grid.png written (not in a build without OpenCV)
   double seconds = 0;
-  int64_t nfe = 0;        ///< network evaluations per image
-  bool main = true;       ///< this process wrote the outputs (rank 0)
-  std::string head_load;  ///< the routing summary and files with --head-load ("" without)
+  int64_t nfe = 0;          ///< network evaluations per image
+  bool main = true;         ///< this process wrote the outputs (rank 0)
+  std::string head_load{};  ///< the routing summary and files with --head-load ("" without)
 };
 
 /// Checks every input (before any work), samples on this process's rank, merges and writes DIR/samples.npz (arr_0

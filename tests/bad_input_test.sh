@@ -186,14 +186,15 @@ bad "--shared-heads best: unknown choice" -- convert --to-moh $CT --in "$F/run" 
 bad "model.shared_heads / model.topk" -- convert --to-moh $CT --in "$F/run" --out "$O/c" --set 'model.shared_heads=[2]' --set 'model.topk=[1]'
 bad "exists and is not empty" -- convert --to-moh $CT --in "$F/run" --out "$F"
 bad "--calib-batches and --mask-steps must be" -- convert --to-moh $CT --in "$F/run" --out "$O/c" --calib-batches 0
-bad "sampling.topk: 5 is outside 1 … 4" -- sample --checkpoint "$F/dit" --topk 5 --out "$O/s"
+bad "sampling.topk: 5 is outside 0 … 4" -- sample --checkpoint "$F/dit" --topk 5 --out "$O/s"
+bad "sampling.topk: -2 is outside 0 … 4" -- sample --checkpoint "$F/dit" --topk -2 --out "$O/s"
 bad "no routed MoH layer whose K could change" -- sample --checkpoint "$F/ddense" --topk 1 --out "$O/s"
 bad 'sampling.sampler: expected one of ddpm|ddim|dpm++2m|euler|heun, got "dpm"' -- sample --checkpoint "$F/dit" --sampler dpm --out "$O/s"
 bad "sampling.steps: heun takes 2 … 1000 steps" -- sample --checkpoint "$F/dit" --sampler heun --steps 1 --out "$O/s"
 bad "\"ddim50\" is not a step count for dpm++2m" -- sample --checkpoint "$F/dit" --sampler dpm++2m --steps ddim50 --out "$O/s"
 bad "sampling.cfg_interval: expected [lo, hi] with 0 <= lo <= hi <= 1" -- sample --checkpoint "$F/dit" --cfg-interval 0.8,0.2 --out "$O/s"
 bad "sampling.cfg_interval: expected [lo, hi] with 0 <= lo <= hi <= 1" -- sample --checkpoint "$F/dit" --cfg-interval 0,1.5 --out "$O/s"
-bad "sampling.topk_schedule[1]: 9 is outside 1 … 4" -- sample --checkpoint "$F/dit" --set 'sampling.topk_schedule=[2,9]' --out "$O/s"
+bad "sampling.topk_schedule[1]: 9 is outside 0 … 4" -- sample --checkpoint "$F/dit" --set 'sampling.topk_schedule=[2,9]' --out "$O/s"
 bad "sampling.guide_topk: sets the unconditional branch of CFG, and guidance is off" -- sample --checkpoint "$F/dit" --guide-topk 1 --cfg-scale 1 --out "$O/s"
 
 # 6. Image loaders count damaged files exactly and obey data.max_bad_fraction in both loaders; class lists match.

@@ -167,6 +167,11 @@ TEST(HeadBudget, ScheduleAndGuideTopkSetKWhereTheySay) {
   const at::Tensor split = sample(-1, {}, 2);
   EXPECT_LE(max_rel(split, trained), 1e-5);
   EXPECT_FALSE(sample(-1, {}, 1).allclose(trained, 1e-4, 1e-5));
+  // K = 0 (the shared heads alone) is a setting of its own, in both branches or in the unconditional one only.
+  EXPECT_TRUE(sample(0, {}, -1).equal(sample(-1, {0, 0}, -1)));
+  EXPECT_FALSE(sample(0, {}, -1).allclose(trained, 1e-4, 1e-5));
+  EXPECT_FALSE(sample(-1, {}, 0).allclose(sample(0, {}, -1), 1e-4, 1e-5));
+  EXPECT_FALSE(sample(-1, {}, 0).allclose(trained, 1e-4, 1e-5));
   for (auto& [name, layer] : nn::head_controls(*m)) EXPECT_EQ(layer->routed_topk(), 2) << name;
 }
 

@@ -78,7 +78,9 @@ HeadRouting HeadRouter::route(const at::Tensor& x, bool training) const {
   HeadRouting r;
   const int64_t T = x.size(0);
   at::Tensor shared_g, routed_g;
-  if (topk > 0) {
+  if (topk > 0 && shared_only) {
+    routed_g = at::zeros({T, heads - shared}, x.options());  // no routed head: r.routed stays undefined
+  } else if (topk > 0) {
     const int64_t E = heads - shared;
     at::Tensor p = at::softmax(at::linear(x, wg->weight), -1);  // (T, E): softmax before top-K (official order)
     r.routed = std::get<1>(p.topk(topk, -1));                   // (T, K)
@@ -107,10 +109,13 @@ HeadRouting HeadRouter::route(const at::Tensor& x, bool training) const {
 void HeadRouter::set_topk(int64_t k) {
   if (topk == 0) return;  // mha and all-shared layers route nothing
   const int64_t pool = heads - shared;
-  if (k < 1 || k > pool)
-    throw UserError("top-K " + std::to_string(k), "outside [1, " + std::to_string(pool) + "], the routed pool",
+  if (k < 0 || k > pool)
+    throw UserError("top-K " + std::to_string(k), "outside [0, " + std::to_string(pool) + "], the routed pool",
                     "choose at most the pool size");
-  topk = k;
+  if (k == 0 && shared == 0)
+    throw UserError("top-K 0", "a layer without shared heads would attend with no head", "choose K ≥ 1");
+  shared_only = k == 0;
+  if (k > 0) topk = k;
 }
 
 HeadRouting HeadRouter::route_by_queries(const at::Tensor& q) const {
@@ -120,6 +125,7 @@ HeadRouting HeadRouter::route_by_queries(const at::Tensor& q) const {
     r.gates = at::ones({T, heads}, q.options());
     return r;
   }
+  if (shared_only) return {at::cat({at::ones({T, shared}, q.options()), at::zeros({T, E}, q.options())}, -1), {}, {}};
   const at::Tensor norms = q.detach().norm(2, {-1});  // (T, E)
   const at::Tensor logits = E > 1 ? norms / norms.std({-1}, /*unbiased=*/true, /*keepdim=*/true) : norms;
   r.routed = std::get<1>(at::softmax(logits, -1).topk(topk, -1));  // (T, K), the official order: softmax, top-K

@@ -60,6 +60,7 @@ struct HeadRouter {
   int64_t heads = 0, shared = 0, topk = 0;
   bool scale_by_k = true;      ///< MoH multiplies renormalised routed gates by K; MoA keeps them summing to 1
   bool by_query_norm = false;  ///< RouterKind::query_norm: no layers; route_by_queries decides
+  bool shared_only = false;    ///< K = 0 set at run time: routed gates 0, shared gates as trained, routed undefined
 
   HeadRouter() = default;
   /// Creates and registers the layers needed by (options.mode, h_s, K) on `owner`.
@@ -72,7 +73,9 @@ struct HeadRouter {
   /// ‖q_j‖₂ / std_j ‖q_j‖₂ (unbiased, as torch.std), softmax, top-K; gate 1 for the shared heads and the K selected,
   /// 0 for the others (the choice carries no gradient); no load-balance loss. K = 0 layers: every gate 1.
   HeadRouting route_by_queries(const at::Tensor& q_routed) const;
-  /// Sets K of a routed MoH/MoA layer at run time (1 ≤ k ≤ pool; UserError outside); K = 0 layers keep 0.
+  /// Sets K of a routed MoH/MoA layer at run time (0 ≤ k ≤ pool; UserError outside); layers built with K = 0 keep
+  /// 0. k = 0 switches the routed heads off (shared_only; needs h_s > 0) and keeps `topk` at its last K, so the layer
+  /// still reads as routed; the shared heads keep their trained gates (α1 included).
   void set_topk(int64_t k);
 };
 

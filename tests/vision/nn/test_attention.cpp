@@ -326,6 +326,41 @@ TEST(MoHAttention, QueryNormRouterEqualsADirectCount) {
   }
 }
 
+// K = 0 at inference switches the routed heads off and leaves the shared heads' gates (α1 included) as trained, so
+// the output equals the same layer at its trained K with the routed heads' output-projection columns zeroed; both
+// routers, both paths; the layer reads as routed with its K throughout, and K = 2 afterwards is the layer as before.
+TEST(MoHAttention, TopKZeroKeepsOnlyTheSharedHeads) {
+  for (RouterKind router : {RouterKind::learned, RouterKind::query_norm}) {
+    SCOPED_TRACE(router == RouterKind::learned ? "learned" : "query_norm");
+    torch::manual_seed(5);
+    const int64_t C = 48, h = 6, hs = 3, d = C / h;
+    MoHAttentionOptions o(C, h);
+    o.moh(hs, 2);
+    o.router = router;
+    MoHAttention a(o), cut(o);
+    for (auto& p : a->parameters()) p.data().normal_(0, 0.5);
+    a->eval();
+    cut->eval();
+    torch::NoGradGuard ng;
+    for (const auto& p : a->named_parameters()) cut->named_parameters()[p.key()].copy_(p.value());
+    cut->proj->weight.narrow(1, hs * d, (h - hs) * d).zero_();  // the routed heads' columns
+    const torch::Tensor x = torch::randn({2, 9, C});
+    const torch::Tensor before = a->forward_with_path(x, AttentionPath::dense).out;
+    a->set_routed_topk(0);
+    EXPECT_EQ(a->routed_topk(), 2);
+    for (AttentionPath path : {AttentionPath::dense, AttentionPath::sparse}) {
+      const AttentionOutput out = a->forward_with_path(x, path);
+      EXPECT_LE(rel_err(out.out, cut->forward_with_path(x, AttentionPath::dense).out), 1e-5);
+      EXPECT_FALSE(out.routed.defined());
+      EXPECT_GT(rel_err(out.out, before), 1e-3);
+    }
+    a->set_routed_topk(2);
+    EXPECT_LE(rel_err(a->forward_with_path(x, AttentionPath::sparse).out, before), 1e-5);
+  }
+  MoHAttention no_shared(MoHAttentionOptions(32, 4).moh(0, 2));
+  EXPECT_THROW(no_shared->set_routed_topk(0), UserError);  // no head would be left
+}
+
 TEST(MoHAttention, BadOptionsAreClearErrors) {
   auto msg = [](MoHAttentionOptions o) {
     try {
