@@ -4,6 +4,9 @@
 // images per second, wall time, active heads) as DIR/summary.md, also printed.
 // `moh plot --fid-curve curve.jsonl [--out DIR]`: FID against network evaluations per image and against seconds, one
 // series per model (the rows scripts/fid_curve.sh writes), as DIR/fid_curve.svg and .png.
+// `moh plot --head-load [LABEL=]PATH... [--out DIR]`: the head load of several evaluations of one model side by side
+// (PATH: a head_load.json of moh eval --out / moh sample --head-load, or its directory), e.g. before and after
+// continue-tuning, as DIR/head_load_compare.png and a Markdown table DIR/head_load_compare.md, also printed.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -21,6 +24,7 @@
 #include "diffusion/model_registry.h"
 #include "eval/line_chart.h"
 #include "eval/report.h"
+#include "vision/head_load.h"
 
 namespace moh::apps {
 
@@ -175,6 +179,30 @@ int plot_fid_curve(const std::string& path, const std::string& out) {
   return kExitOk;
 }
 
+// Head loads side by side: each argument [LABEL=]PATH, the label defaulting to the path's directory name.
+int plot_head_loads(const std::vector<std::string>& args, const std::string& out) {
+  std::vector<std::pair<std::string, nlohmann::json>> inputs;
+  for (const std::string& a : args) {
+    const size_t eq = a.find('=');
+    std::string path = eq == std::string::npos ? a : a.substr(eq + 1);
+    if (std::filesystem::is_directory(path)) path += "/head_load.json";
+    const std::filesystem::path p(path);
+    const std::string label = eq != std::string::npos ? a.substr(0, eq) : p.parent_path().filename().string();
+    const nlohmann::json j = nlohmann::json::parse(read_file(path, "--head-load " + a), nullptr, false);
+    if (j.is_discarded()) throw UserError("--head-load " + path, "not JSON", "give a head_load.json");
+    inputs.emplace_back(label.empty() ? path : label, j);
+  }
+  const vision::HeadLoadComparison c = vision::compare_head_loads(inputs);
+  check_output_dir(out, "--out " + out);
+  std::filesystem::create_directories(out);
+  write_file_atomic(out + "/head_load_compare.md", c.markdown);
+  std::cout << c.markdown << "wrote " << out << "/head_load_compare.md\n";
+  if (vision::write_head_load_png(out + "/head_load_compare.png", "share of each evaluation's routed picks per head,",
+                                  c.panels))
+    std::cout << "wrote " << out << "/head_load_compare.png\n";
+  return kExitOk;
+}
+
 // The panels of several runs: loss and its parts per family (a classifier's cross-entropy and a DiT's mse + vb do not
 // share an axis), learning rate (log scale unless a schedule reaches 0) and validation top-1.
 eval::ChartFiles draw_runs(const std::vector<RunCurves>& runs, const std::string& out) {
@@ -232,7 +260,9 @@ int cmd_plot(int argc, char** argv) {
   opts.add_options()("runs", "run directories", cxxopts::value<std::vector<std::string>>())(
       "out", "output directory (default: <run>/plots for one run, plots/ for several)", cxxopts::value<std::string>())(
       "fid-curve", "FID against NFE and seconds from scripts/fid_curve.sh's curve.jsonl (instead of runs)",
-      cxxopts::value<std::string>())("h,help", "show this help");
+      cxxopts::value<std::string>())(
+      "head-load", "compare the head load of evaluations given as [LABEL=]PATH (head_load.json or its directory)")(
+      "h,help", "show this help");
   opts.parse_positional({"runs"});
   opts.positional_help("RUN_DIR...");
   auto args = parse_or_throw(opts, argc, argv);
@@ -241,6 +271,9 @@ int cmd_plot(int argc, char** argv) {
     return plot_fid_curve(args["fid-curve"].as<std::string>(),
                           args.count("out") ? args["out"].as<std::string>() : "plots");
   if (!args.count("runs")) throw UserError(argv[0], "missing RUN_DIR", "e.g. moh plot runs/nano runs/mha_nano");
+  if (args.count("head-load"))
+    return plot_head_loads(args["runs"].as<std::vector<std::string>>(),
+                           args.count("out") ? args["out"].as<std::string>() : "plots");
   const auto dirs = args["runs"].as<std::vector<std::string>>();
   const std::string out = args.count("out")  ? args["out"].as<std::string>()
                           : dirs.size() == 1 ? dirs[0] + "/plots"

@@ -227,6 +227,9 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   expect 2 "apt-get install dataset-fashion-mnist" -- train $NANO "${TINY[@]}" --set data.root=/nonexistent --run-dir "$tmp/run2"
   expect 0 "top-1" -- eval $NANO --set data.limit_val=64 --checkpoint "$tmp/run" --out "$tmp/evrep"
   grep -q "| top1 |" "$tmp/evrep/report.md" && pass=$((pass + 1)) || { echo "FAIL: eval report"; fails=$((fails + 1)); }
+  # Head loads side by side (e.g. right after conversion and after continue-tuning): a directory or the file itself.
+  expect 0 "| stage3.block0 | 0." -- plot --head-load "before=$tmp/evrep" "after=$tmp/evrep/head_load.json" --out "$tmp/hlc"
+  expect 2 'has no layer with an "overall" load' -- plot --head-load "$tmp/evrep/report.json" --out "$tmp/hlc2"
   # The same weights through moh convert and --weights give the same top-1.
   expect 0 "wrote $tmp/nano.safetensors" -- convert --in "$tmp/run" --out "$tmp/nano.safetensors"
   top_ck=$("$MOH" eval $NANO --set data.limit_val=64 --checkpoint "$tmp/run" --json | grep '"top1"')

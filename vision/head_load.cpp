@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <sstream>
 
 #include "core/atomic_io.h"
+#include "core/error.h"
 
 #ifdef MOH_WITH_OPENCV
 #include <opencv2/imgcodecs.hpp>
@@ -189,6 +192,61 @@ bool write_head_load_png(const std::string& path, const std::string& caption,
   (void)path, (void)caption, (void)panels;
   return false;
 #endif
+}
+
+namespace {
+
+// (name, overall shares) of every layer of one head_load.json; UserError when it has none.
+std::vector<std::pair<std::string, std::vector<double>>> layer_loads(const std::string& label,
+                                                                     const nlohmann::json& j) {
+  std::vector<std::pair<std::string, std::vector<double>>> out;
+  if (j.is_object() && j.contains("layers") && j["layers"].is_array())
+    for (const auto& l : j["layers"])
+      if (l.is_object() && l.contains("overall") && l["overall"].is_array() && !l["overall"].empty())
+        out.emplace_back(l.value("name", std::string("layer")), l["overall"].get<std::vector<double>>());
+  if (out.empty())
+    throw UserError("head load " + label, "has no layer with an \"overall\" load",
+                    "give the head_load.json of moh eval --out or moh sample --head-load");
+  return out;
+}
+
+}  // namespace
+
+HeadLoadComparison compare_head_loads(const std::vector<std::pair<std::string, nlohmann::json>>& inputs) {
+  std::vector<std::vector<std::pair<std::string, std::vector<double>>>> loads;
+  for (const auto& [label, j] : inputs) loads.push_back(layer_loads(label, j));
+  HeadLoadComparison c;
+  std::ostringstream md;
+  md << "| layer |";
+  for (const auto& in : inputs) md << " " << in.first << ": entropy / ln E | weakest head × E |";
+  md << "\n|---|";
+  for (size_t i = 0; i < inputs.size() * 2; ++i) md << "---:|";
+  md << "\n";
+  for (size_t l = 0; l < loads[0].size(); ++l) {
+    const auto& [name, first] = loads[0][l];
+    HeadLoadPanel panel{
+        name, {}, at::zeros({static_cast<int64_t>(inputs.size()), static_cast<int64_t>(first.size())}, at::kDouble)};
+    md << "| " << name << " |";
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (loads[i].size() != loads[0].size() || loads[i][l].first != name || loads[i][l].second.size() != first.size())
+        throw UserError("head load " + inputs[i].first,
+                        "layer " + std::to_string(l) + " differs from " + inputs[0].first + "'s (" + name + ", " +
+                            std::to_string(first.size()) + " routed heads)",
+                        "compare evaluations of the same model");
+      const at::Tensor shares = at::tensor(loads[i][l].second, at::kDouble);
+      panel.row_labels.push_back(inputs[i].first);
+      panel.shares[static_cast<int64_t>(i)].copy_(shares);
+      const double E = static_cast<double>(first.size());
+      char cell[64];
+      std::snprintf(cell, sizeof cell, " %.4f | %.2f |", E > 1 ? load_entropy(shares) / std::log(E) : 1.0,
+                    shares.min().item<double>() * E);
+      md << cell;
+    }
+    md << "\n";
+    c.panels.push_back(std::move(panel));
+  }
+  c.markdown = md.str();
+  return c;
 }
 
 }  // namespace moh::vision

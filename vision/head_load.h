@@ -57,4 +57,14 @@ struct HeadLoadPanel {
 /// line, as a PNG (needs OpenCV; returns false without it or without panels).
 bool write_head_load_png(const std::string& path, const std::string& caption, const std::vector<HeadLoadPanel>& panels);
 
+/// Head loads of several evaluations side by side, e.g. a converted model right after `moh convert --to-moh` and after
+/// continue-tuning: `inputs` are (label, head_load.json of `moh eval --out` or `moh sample --head-load`). One panel per
+/// routed layer, one row per input (its "overall" shares); the layers must be the same in every input (UserError
+/// naming the first that differs). `markdown` is a table of load entropy / ln E and the weakest head × E per layer.
+struct HeadLoadComparison {
+  std::vector<HeadLoadPanel> panels;
+  std::string markdown;
+};
+HeadLoadComparison compare_head_loads(const std::vector<std::pair<std::string, nlohmann::json>>& inputs);
+
 }  // namespace moh::vision

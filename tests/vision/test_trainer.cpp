@@ -113,5 +113,25 @@ TEST(HeadLoad, CountsPerLayerAndClass) {
   EXPECT_EQ(j["layers"].size(), static_cast<size_t>(o.routed_layers()));
 }
 
+// Two evaluations side by side: one row per input in each layer's panel, the table's entropy share and weakest head
+// from the shares by hand, and evaluations of different models refused.
+TEST(HeadLoad, ComparisonOfTwoEvaluations) {
+  auto load = [](std::vector<double> a, std::vector<double> b) {
+    return nlohmann::json{
+        {"layers", {{{"name", "stage3.block0"}, {"overall", a}}, {{"name", "stage4.block0"}, {"overall", b}}}}};
+  };
+  const HeadLoadComparison c = compare_head_loads(
+      {{"converted", load({0.25, 0.25, 0.25, 0.25}, {0.5, 0.5})}, {"tuned", load({0.5, 0.25, 0.25, 0.0}, {0.9, 0.1})}});
+  ASSERT_EQ(c.panels.size(), 2u);
+  EXPECT_EQ(c.panels[0].row_labels, (std::vector<std::string>{"converted", "tuned"}));
+  EXPECT_TRUE(c.panels[1].shares.equal(torch::tensor({{0.5, 0.5}, {0.9, 0.1}}, torch::kDouble)));
+  // stage3, tuned: H = −(0.5 ln 0.5 + 2 · 0.25 ln 0.25) = 1.0397, / ln 4 = 0.75; weakest head 0 × 4.
+  EXPECT_NE(c.markdown.find("| stage3.block0 | 1.0000 | 1.00 | 0.7500 | 0.00 |"), std::string::npos) << c.markdown;
+  // stage4, tuned: H = −(0.9 ln 0.9 + 0.1 ln 0.1) = 0.3251, / ln 2 = 0.4690; weakest 0.1 × 2 = 0.20.
+  EXPECT_NE(c.markdown.find("| stage4.block0 | 1.0000 | 1.00 | 0.4690 | 0.20 |"), std::string::npos) << c.markdown;
+  EXPECT_THROW(compare_head_loads({{"a", load({0.5, 0.5}, {1})}, {"b", load({0.5, 0.5, 0.0}, {1})}}), UserError);
+  EXPECT_THROW(compare_head_loads({{"a", nlohmann::json{{"top1", 90}}}}), UserError);
+}
+
 }  // namespace
 }  // namespace moh::vision
