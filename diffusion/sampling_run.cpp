@@ -278,6 +278,10 @@ SamplingSummary run_sampling(const SamplingRequest& r) {
   if (r.head_load && mo.routed_layers() == 0)
     throw UserError("--head-load", "model " + m.cfg.model.name + " has no routed MoH layers",
                     "head load needs a MoH-DiT (attention: moh with topk > 0)");
+  const SamplingConfig& sc = m.cfg.sampling;
+  if (r.head_load && sc.topk == 0 && sc.topk_schedule.empty() && sc.guide_topk <= 0)
+    throw UserError("--head-load", "sampling.topk 0 runs the shared heads alone, so no routed head is picked",
+                    "drop --head-load or choose --topk ≥ 1");
   const std::vector<int64_t> list = parse_label_list(r.labels, mo.num_classes);
   const int64_t n = r.num_samples   ? *r.num_samples
                     : !list.empty() ? static_cast<int64_t>(list.size())

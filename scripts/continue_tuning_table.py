@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Markdown tables of scripts/reproduce_continue_tuning.sh's rows.jsonl: per part (cls, dit), per model (dense,
-scratch, router/shared-choice) and extra steps, the mean ± std over seeds of each metric, with the seed count.
+scratch, router/shared-choice) and extra steps, the mean ± std over seeds of each metric and of its difference to the
+same seed's dense model (each seed converts its own dense model), with the seed count.
 
     python3 scripts/continue_tuning_table.py docs/results/continue_tuning/rows.jsonl
 """
@@ -23,6 +24,11 @@ def cell(values):
     return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
 
 
+def delta(row, dense, key):
+    base = dense.get(row["seed"], {}).get(key)
+    return None if base is None or row.get(key) is None or row["what"] == "dense" else row[key] - base
+
+
 def main(path):
     rows = [json.loads(line) for line in open(path) if line.strip()]
     for part in ("cls", "dit"):
@@ -32,7 +38,9 @@ def main(path):
                 groups.setdefault((r["what"], r["extra_steps"]), []).append(r)
         if not groups:
             continue
+        dense = {r["seed"]: r for r in rows if r["part"] == part and r["what"] == "dense"}
         names = [label for _, label in METRICS[part]]
+        names += ["Δ " + label + " vs dense" for _, label in METRICS[part]]
         print(f"### {TITLES[part]}\n")
         print("| model | extra steps | " + " | ".join(names) + " | seeds |")
         print("|---|---:|" + "---:|" * len(names) + "---:|")
@@ -40,6 +48,7 @@ def main(path):
         for what, steps in order:
             g = groups[(what, steps)]
             cells = [cell([r.get(key) for r in g]) for key, _ in METRICS[part]]
+            cells += [cell([delta(r, dense, key) for r in g]) for key, _ in METRICS[part]]
             print(f"| {what} | {steps} | " + " | ".join(cells) + f" | {len(g)} |")
         print()
 

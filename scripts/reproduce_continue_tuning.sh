@@ -3,7 +3,7 @@
 #   classifier: a dense ViT-Nano trained by configs/fashion_mnist/mha_vit_nano.yaml is converted into MoH-ViT-Nano-75
 #   (router learned | query_norm × shared heads first | importance | learned) and evaluated right after conversion,
 #   after continue-tuning for 10 % and 25 % of the dense run's steps, beside the dense model and MoH-ViT-Nano-75 trained
-#   from scratch for the dense steps + 25 %;
+#   from scratch for the dense steps + 25 %; and each conversion's head load before and after (head_load_sSEED/);
 #   diffusion (PARTS includes dit): a dense DiT-Pixel/4 (configs/fashion_mnist/dit_pixel.yaml) into MoH-DiT-Pixel/4-75
 #   with the same columns: FID with the seed's dense classifier as the feature network (SAMPLES samples, DDIM 50, CFG
 #   4), sample accuracy and the final training loss.
@@ -89,6 +89,23 @@ evaluate_cls() {  # evaluate_cls RUN SEED WHAT EXTRA_STEPS
   row "$1" "\"part\": \"cls\", \"seed\": $2, \"what\": \"$3\", \"extra_steps\": $4, \"top1\": $top1"
 }
 
+# head_loads SEED: each conversion's head load right after conversion and after continue-tuning for 25 % (moh eval
+# --out, then moh plot --head-load) into $OUT/head_load_s$SEED/ROUTER_CHOICE/.
+head_loads() {
+  local s=$1 router choice init dir
+  for router in $ROUTERS; do
+    for choice in $CHOICES; do
+      init=cls_${router}_${choice}_s$s dir=$OUT/head_load_s$s/${router}_${choice}
+      [ -f "$dir/head_load_compare.md" ] && continue
+      for run in "$init" "${init}_ct25"; do
+        [ -f "$RUNS/$run/eval/head_load.json" ] || "$MOH" eval --checkpoint "$RUNS/$run" --out "$RUNS/$run/eval" >/dev/null
+      done
+      rm -rf "$dir"
+      "$MOH" plot --head-load "converted=$RUNS/$init/eval" "+25 % steps=$RUNS/${init}_ct25/eval" --out "$dir" >/dev/null
+    done
+  done
+}
+
 diffusion() {  # diffusion SEED (after classifier SEED: its dense model is the feature network)
   local s=$1 dense=dit_dense_s$1 feat=$RUNS/cls_dense_s$1
   train "$dense" configs/fashion_mnist/dit_pixel.yaml --set train.seed="$s" --set train.epochs="$DIT_EPOCHS"
@@ -143,7 +160,7 @@ print(json.dumps({"id": name, "part": "dit", "seed": int(seed), "what": what, "e
 PY
 }
 for s in $SEEDS; do
-  case " $PARTS " in *" cls "*) classifier "$s" ;; esac
+  case " $PARTS " in *" cls "*) classifier "$s" && head_loads "$s" ;; esac
   case " $PARTS " in *" dit "*) diffusion "$s" ;; esac
 done
 .venv/bin/python scripts/continue_tuning_table.py "$ROWS" >"$OUT/continue_tuning.md" 2>/dev/null ||

@@ -188,6 +188,7 @@ bad "exists and is not empty" -- convert --to-moh $CT --in "$F/run" --out "$F"
 bad "--calib-batches and --mask-steps must be" -- convert --to-moh $CT --in "$F/run" --out "$O/c" --calib-batches 0
 bad "sampling.topk: 5 is outside 0 … 4" -- sample --checkpoint "$F/dit" --topk 5 --out "$O/s"
 bad "sampling.topk: -2 is outside 0 … 4" -- sample --checkpoint "$F/dit" --topk -2 --out "$O/s"
+bad "--head-load: sampling.topk 0 runs the shared heads alone" -- sample --checkpoint "$F/dit" --topk 0 --head-load --out "$O/s"
 bad "no routed MoH layer whose K could change" -- sample --checkpoint "$F/ddense" --topk 1 --out "$O/s"
 bad 'sampling.sampler: expected one of ddpm|ddim|dpm++2m|euler|heun, got "dpm"' -- sample --checkpoint "$F/dit" --sampler dpm --out "$O/s"
 bad "sampling.steps: heun takes 2 … 1000 steps" -- sample --checkpoint "$F/dit" --sampler heun --steps 1 --out "$O/s"
