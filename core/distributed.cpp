@@ -166,6 +166,7 @@ class C10dGroup : public Group {
   }
 
  protected:
+  bool alone() const override { return false; }  // a group of one joined on purpose goes through the backend
   void backend_allreduce_sum_(std::vector<at::Tensor>& tensors) override {
     run("all-reduce", [&] {
       std::vector<std::vector<at::Tensor>> args;
@@ -344,8 +345,8 @@ bool available() {
 #endif
 }
 
-std::shared_ptr<Group> Group::join(const RunContext& ctx, const Agreement& agree) {
-  if (ctx.world <= 1) return std::make_shared<LocalGroup>();
+std::shared_ptr<Group> Group::join(const RunContext& ctx, const Agreement& agree, bool even_alone) {
+  if (ctx.world <= 1 && !even_alone) return std::make_shared<LocalGroup>();
 #ifndef MOH_WITH_C10D
   (void)agree;
   throw UserError("WORLD_SIZE=" + std::to_string(ctx.world), "this build has no c10d process groups",
@@ -411,19 +412,19 @@ void Group::on_backend(std::vector<at::Tensor>& tensors, Op&& op) {
 }
 
 void Group::allreduce_sum_(std::vector<at::Tensor>& tensors) {
-  if (world_ == 1 || tensors.empty()) return;
+  if (alone() || tensors.empty()) return;
   torch::NoGradGuard ng;
   on_backend(tensors, [&](std::vector<at::Tensor>& t) { backend_allreduce_sum_(t); });
 }
 
 void Group::broadcast_(std::vector<at::Tensor>& tensors, int root) {
-  if (world_ == 1 || tensors.empty()) return;
+  if (alone() || tensors.empty()) return;
   torch::NoGradGuard ng;
   on_backend(tensors, [&](std::vector<at::Tensor>& t) { backend_broadcast_(t, root); });
 }
 
 std::vector<double> Group::sum(const std::vector<double>& values) {
-  if (world_ == 1 || values.empty()) return values;
+  if (alone() || values.empty()) return values;
   std::vector<at::Tensor> t{at::tensor(values, at::kDouble)};
   allreduce_sum_(t);
   const double* p = t[0].data_ptr<double>();
@@ -431,7 +432,7 @@ std::vector<double> Group::sum(const std::vector<double>& values) {
 }
 
 void Group::broadcast_module(torch::nn::Module& module) {
-  if (world_ == 1) return;
+  if (alone()) return;
   std::vector<at::Tensor> all;
   for (auto& p : module.parameters()) all.push_back(p.detach());
   for (auto& b : module.buffers()) all.push_back(b);
@@ -439,7 +440,7 @@ void Group::broadcast_module(torch::nn::Module& module) {
 }
 
 void Group::average_gradients(const std::vector<at::Tensor>& params, int64_t bucket_bytes) {
-  if (world_ == 1) return;
+  if (alone()) return;
   torch::NoGradGuard ng;
   // Buckets of consecutive parameters with the same dtype/device, flattened, all reduced together, then copied back.
   std::vector<std::vector<at::Tensor>> buckets;
@@ -473,7 +474,7 @@ void Group::average_gradients(const std::vector<at::Tensor>& params, int64_t buc
 }
 
 at::Tensor Group::gather_cat(const at::Tensor& block) {
-  if (world_ == 1) return block;
+  if (alone()) return block;
   std::vector<double> counts(static_cast<size_t>(world_), 0.0);
   counts[static_cast<size_t>(rank_)] = static_cast<double>(block.size(0));
   counts = sum(counts);

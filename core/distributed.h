@@ -33,7 +33,9 @@ class Group {
   /// size, a rank taken twice, and any value of `agree` (the run's config hash, its starting step) that differs from
   /// rank 0's. Joining and each collective time out after MOH_DIST_TIMEOUT seconds (default 300); a rank that died
   /// makes the others fail with one line naming the lost ranks and their hosts instead of hanging.
-  static std::shared_ptr<Group> join(const RunContext& ctx, const Agreement& agree = {});
+  /// even_alone: a real c10d group for a world of one too, whose collectives go through the backend (a GPU machine
+  /// with one GPU can check NCCL that way; a two-rank NCCL group needs two GPUs).
+  static std::shared_ptr<Group> join(const RunContext& ctx, const Agreement& agree = {}, bool even_alone = false);
   virtual ~Group() = default;
   int rank() const { return rank_; }
   int world() const { return world_; }
@@ -64,6 +66,8 @@ class Group {
  protected:
   Group(int rank, int world, c10::Device device = c10::Device(c10::kCPU))
       : rank_(rank), world_(world), device_(device) {}
+  /// Whether the collectives are the identity and skip the backend (a world of one without a process group).
+  virtual bool alone() const { return world_ == 1; }
   /// The backend's operations: every tensor is on device() (the public calls above make sure of it).
   virtual void backend_allreduce_sum_(std::vector<at::Tensor>& tensors) = 0;
   virtual void backend_broadcast_(std::vector<at::Tensor>& tensors, int root) = 0;

@@ -8,6 +8,7 @@
 #include <csignal>
 #include <limits>
 #include <map>
+#include <random>
 
 #include "core/atomic_io.h"
 #include "core/checkpoint.h"
@@ -310,6 +311,47 @@ TEST(Distributed, CollectivesGetTensorsOnTheBackendDevice) {
   EXPECT_EQ(r.steps, 12);
   EXPECT_GT(group->handed - before, 12 * 2);  // gradients and the stop check of every step, metrics, states
   EXPECT_EQ(group->on_host, 0) << "of " << group->handed << " tensors handed to collectives";
+}
+
+// A process group of one joined through the backend: Gloo on the CPU, NCCL under MOH_TEST_DEVICE=cuda (a machine
+// with one GPU cannot form a two-rank NCCL group). Every collective the trainers use, with tensors from the host and
+// from the device, and a whole training run in that group equal bit for bit to the same run without one.
+TEST(Distributed, GroupOfOneThroughTheBackendEqualsNoGroup) {
+  if (!dist::available()) GTEST_SKIP() << "this build has no c10d process groups";
+  const torch::Device dev = test::device();
+  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+  ::setenv("MASTER_PORT", std::to_string(31000 + static_cast<int>(std::random_device{}() % 20000)).c_str(), 1);
+  const RunContext ctx = RunContext::create(test::device_name(), Precision::fp32, 0);
+  const auto group = dist::Group::join(ctx, {}, /*even_alone=*/true);
+  ASSERT_EQ(group->backend(), dev.is_cuda() ? "nccl" : "gloo") << "(a CUDA check needs -DMOH_WITH_NCCL=ON)";
+  EXPECT_EQ(group->device().type(), dev.type());
+  EXPECT_EQ(group->sum({1.5, -2.0}), (std::vector<double>{1.5, -2.0}));
+  const at::Tensor host = at::arange(5, at::kFloat), there = at::arange(4, at::kDouble).mul(3).to(dev);
+  std::vector<at::Tensor> t{host.clone(), there.clone()};
+  group->allreduce_sum_(t);
+  group->broadcast_(t);
+  EXPECT_TRUE(t[0].is_cpu() && torch::equal(t[0], host));
+  EXPECT_EQ(t[1].device(), there.device());
+  EXPECT_TRUE(torch::equal(t[1], there));
+  const at::Tensor block = at::arange(6, at::kByte).view({2, 3});
+  EXPECT_TRUE(torch::equal(group->gather_cat(block), block));
+  EXPECT_TRUE(torch::equal(group->gather_cat(block.to(dev)).cpu(), block));
+  const auto states = dist::gather_rng_states(*group, dev, /*per_rank=*/true);
+  EXPECT_TRUE(torch::equal(states.at("cpu_ranks")[0], states.at("cpu")));
+  if (dev.is_cuda()) {
+    EXPECT_TRUE(torch::equal(states.at("cuda_ranks")[0].cpu(), states.at("cuda").cpu()));
+  }
+  group->barrier();
+  test::TempDir d;
+  const ExperimentConfig cfg = toy_config(d, "ema_decay: 0.9");
+  run(cfg, d.file("alone"));
+  TrainArgs args{d.file("grouped"), ""};
+  args.group = group;
+  EXPECT_EQ(run_training(cfg, args, [](const RunContext&) { return std::make_unique<ToyTask>(); }).steps, 12);
+  const Checkpoint a = load_checkpoint(d.file("alone")), b = load_checkpoint(d.file("grouped"));
+  for (const auto& [k, v] : a.model) EXPECT_TRUE(torch::equal(v, b.model.at(k))) << k;
+  for (const auto& [k, v] : a.ema) EXPECT_TRUE(torch::equal(v, b.ema.at(k))) << k;
+  EXPECT_EQ(metrics_without_timing(d.file("alone")), metrics_without_timing(d.file("grouped")));
 }
 
 // timm CosineLRScheduler as the TransNeXt recipe configures it (per-epoch t, warm-up, cosine over t / epochs).
