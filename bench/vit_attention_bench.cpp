@@ -11,6 +11,7 @@
 #include "bench/common.h"
 #include "bench/op_profile.h"
 #include "core/error.h"
+#include "core/run_context.h"
 #include "vision/transnext.h"
 
 namespace moh::bench {
@@ -19,19 +20,24 @@ namespace {
 
 struct Row {
   int64_t stage = 0, tokens = 0, dim = 0, heads = 0, shared = 0, topk = 0, batch = 0;
-  std::string mode;  // mha | dense | sparse
+  std::string mode;  // mha | dense | sparse | im2col (dense without the window kernels)
   double active = 1, fwd_ms = 0, fwdbwd_ms = 0;
   double fwd_vs_dense = 1, fwdbwd_vs_dense = 1, fwd_vs_mha = 1, fwdbwd_vs_mha = 1;
 };
 
-// Closures for one layer: forward in eval mode without autograd, forward + backward in training mode.
+// Closures for one layer: forward in eval mode without autograd, forward + backward in training mode. Each waits for
+// the device at its end (a GPU runs the kernels after the call returns).
 std::pair<std::function<void()>, std::function<void()>> prepare(vision::TransNeXtAttention layer, const at::Tensor& x,
                                                                 const at::Tensor& table, const at::Tensor& index) {
   at::Tensor gy = torch::randn_like(x), xg = x.clone().requires_grad_(true);
+  const auto wait = [dev = x.device()] {
+    if (dev.is_cuda()) (void)at::zeros({1}, at::TensorOptions().device(dev)).cpu();
+  };
   auto fwd = [=]() mutable {
     torch::NoGradGuard ng;
     layer->eval();
     (void)layer->forward(x, table, index);
+    wait();
   };
   auto fwdbwd = [=]() mutable {
     layer->train();
@@ -39,14 +45,25 @@ std::pair<std::function<void()>, std::function<void()>> prepare(vision::TransNeX
     at::Tensor loss = (r.out * gy).sum();
     if (r.aux_loss.defined()) loss = loss + r.aux_loss;
     loss.backward();
+    wait();
   };
   return {fwd, fwdbwd};
+}
+
+at::ScalarType bench_dtype(const std::string& name, const c10::Device& dev) {
+  if (name == "fp32") return at::kFloat;
+  if (name == "bf16") return at::kBFloat16;
+  if (name == "fp16" && dev.is_cuda()) return at::kHalf;
+  throw UserError("--dtype " + name, name == "fp16" ? "fp16 is for CUDA devices" : "unknown dtype",
+                  "fp32, bf16 or (CUDA) fp16");
 }
 
 }  // namespace
 
 int vit_attention_bench_main(int argc, char** argv) {
-  cxxopts::Options opts(argv[0], "MoH-ViT attention layers: MHA vs MoH dense vs MoH sparse at a variant's shapes");
+  cxxopts::Options opts(argv[0],
+                        "MoH-ViT attention layers: MHA vs MoH dense vs MoH sparse (and dense without the window "
+                        "kernels) at a variant's shapes");
   opts.add_options()("model", "classifier variant", cxxopts::value<std::string>()->default_value("MoH-ViT-B-50"))(
       "batch", "batch size", cxxopts::value<int64_t>()->default_value("8"))(
       "img-size", "input side (0 = the variant's)", cxxopts::value<int64_t>()->default_value("0"))(
@@ -54,6 +71,9 @@ int vit_attention_bench_main(int argc, char** argv) {
       "warmup", "untimed runs before timing", cxxopts::value<int>()->default_value("1"))(
       "threads", "intra-op threads (0 = LibTorch default)", cxxopts::value<int>()->default_value("0"))(
       "seed", "seed of weights and inputs", cxxopts::value<uint64_t>()->default_value("0"))(
+      "device", "cpu or cuda[:N]", cxxopts::value<std::string>()->default_value("cpu"))(
+      "dtype", "fp32, bf16 or fp16 (CUDA): the layers' weights and inputs",
+      cxxopts::value<std::string>()->default_value("fp32"))(
       "profile", "print the 12 slowest operators of each mode's forward + backward (stderr)")(
       "json", "print rows as a JSON list")("h,help", "show this help");
   cxxopts::ParseResult args;
@@ -65,6 +85,8 @@ int vit_attention_bench_main(int argc, char** argv) {
   const int runs = args["runs"].as<int>(), warmup = args["warmup"].as<int>();
   if (B < 1 || runs < 1 || warmup < 0) throw UserError(argv[0], "--batch and --runs must be >= 1", "");
   if (int t = args["threads"].as<int>(); t > 0) torch::set_num_threads(t);
+  const c10::Device dev = RunContext::create(args["device"].as<std::string>(), Precision::fp32, 0).device;
+  const at::ScalarType dtype = bench_dtype(args["dtype"].as<std::string>(), dev);
 
   std::vector<Row> rows;
   for (int64_t i = 0; i < 4; ++i) {
@@ -73,16 +95,20 @@ int vit_attention_bench_main(int argc, char** argv) {
     const int64_t side = o.stage_size(i), sr = o.sr_ratios[i], pool = sr > 1 ? side / sr : side;
     const int64_t pre = o.pretrain_stage_size(i), N = side * side;
     auto [table, index] = vision::relative_position_cpb(side, side, pool, pool, pre, pre);
+    table = table.to(dev, dtype), index = index.to(dev);
     torch::manual_seed(args["seed"].as<uint64_t>());
-    at::Tensor x = torch::randn({B, N, moh.dim});
+    at::Tensor x = torch::randn({B, N, moh.dim}).to(dev, dtype);
     nn::MoHAttentionOptions mha(moh.dim, moh.num_heads);
-    std::vector<std::string> modes{"mha", "dense", "sparse"};
+    std::vector<std::string> modes{"mha", "dense", "sparse", "im2col"};
     std::vector<std::function<void()>> f, fb;
     for (const auto& mode : modes) {
       nn::MoHAttentionOptions lo = mode == "mha" ? mha : moh;
       lo.path = mode == "sparse" ? AttentionPath::sparse : AttentionPath::dense;
       torch::manual_seed(args["seed"].as<uint64_t>() + 1);
-      auto [fwd, fwdbwd] = prepare(vision::TransNeXtAttention(lo, side, side, sr), x, table, index);
+      vision::TransNeXtAttention layer(lo, side, side, sr);
+      layer->window_kernels = mode != "im2col";  // the official unfold path, beside the sliding-window kernels
+      layer->to(dev, dtype);
+      auto [fwd, fwdbwd] = prepare(layer, x, table, index);
       f.push_back(fwd), fb.push_back(fwdbwd);
     }
     const std::vector<double> tf = interleaved_medians(f, warmup, runs), tb = interleaved_medians(fb, warmup, runs);
@@ -105,7 +131,7 @@ int vit_attention_bench_main(int argc, char** argv) {
       r.heads = moh.num_heads;
       r.batch = B;
       r.mode = modes[m];
-      r.shared = m ? moh.shared_heads : 0;
+      r.shared = m ? moh.shared_heads : 0;  // modes after mha are the MoH layer
       r.topk = m ? moh.topk : 0;
       r.active = m ? static_cast<double>(moh.active_heads()) / static_cast<double>(moh.num_heads) : 1.0;
       r.fwd_ms = tf[m];
@@ -132,6 +158,8 @@ int vit_attention_bench_main(int argc, char** argv) {
       out.push_back({{"machine", machine},
                      {"model", args["model"].as<std::string>()},
                      {"img_size", o.img_size},
+                     {"device", dev.str()},
+                     {"dtype", args["dtype"].as<std::string>()},
                      {"stage", r.stage},
                      {"tokens", r.tokens},
                      {"dim", r.dim},

@@ -183,6 +183,14 @@ bool png_intact(const std::string& b, std::string& why) {
   return true;
 }
 
+bool can_decode_images() {
+#ifdef MOH_WITH_OPENCV
+  return true;
+#else
+  return false;
+#endif
+}
+
 DecodedImage decode_image_bytes(const std::string& bytes, int64_t channels) {
 #ifndef MOH_WITH_OPENCV
   (void)bytes, (void)channels;

@@ -23,6 +23,10 @@ struct DecodedImage {
   bool ok() const { return problem.empty(); }
 };
 
+/// Whether this build decodes and encodes images (OpenCV; -DMOH_WITH_OPENCV=OFF builds read .npz, latents and the
+/// embedded datasets only).
+bool can_decode_images();
+
 /// Decodes an image file to `channels` (1 = grey, 3 = RGB).
 DecodedImage read_image(const std::string& path, int64_t channels);
 

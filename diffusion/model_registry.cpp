@@ -1,6 +1,7 @@
 #include "diffusion/model_registry.h"
 
 #include "core/error.h"
+#include "datasets/image_decode.h"
 #include "diffusion/dit_family.h"
 #include "eval/inception_family.h"
 #include "vision/classifier_family.h"
@@ -40,6 +41,11 @@ const ModelFamily& experiment_family(const ExperimentConfig& cfg) {
 
 void validate_experiment(const ExperimentConfig& cfg, ExperimentUse use) {
   experiment_family(cfg).validate(cfg, use);
+  // Here, not where the images are first read: in a job of several processes that is inside each one, after the
+  // device choice has spoken (a second line) — and a build without OpenCV can still sample such a model.
+  if (use != ExperimentUse::sample && cfg.data.dataset == DatasetKind::image_folder && !datasets::can_decode_images())
+    throw UserError("data.dataset image_folder", "needs OpenCV, which this build was configured without",
+                    "rebuild with -DMOH_WITH_OPENCV=ON");
 }
 
 TaskFactory task_factory(const ExperimentConfig& cfg) {

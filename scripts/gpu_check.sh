@@ -8,10 +8,11 @@
 #   MOH_GPU_TARGETS  build only these targets (default: all)
 #   MOH_GPU_TEST_DEVICE  MOH_TEST_DEVICE of the tests stage (default cuda; cpu to rehearse on a CPU machine)
 #   MOH_GPU_CTEST_EXCLUDE  ctest -E regex of the tests stage (default: format and the long command-line scripts)
+#   MOH_GPU_BENCH  which benchmarks of the bench stage (default: "train sample attention")
 # Stages: env (GPU, driver, torch, compiler), build (configure against the local torch with the kit's prefix, OpenCV
 # off, NCCL on, the CUDA kernels for the GPU seen), tests (ctest with MOH_TEST_DEVICE=cuda), cli (train, resume,
 # sample and fid through the moh binary on the GPU), bench (training step bf16 of DiT-XL/2 and MoH-DiT-XL/2-90 with MFU
-# against 989 TFLOP/s, sampling images/s, MoH attention dense vs sparse, window kernels vs the reference).
+# against 989 TFLOP/s, sampling images/s, MoH-ViT attention dense vs sparse and window kernels vs im2col).
 # Writes REPORT_DIR/report.json and report.md (scripts/gpu_report.py); logs beside them. A failing stage is recorded
 # and the next one still runs (exit 1 at the end); a stage that cannot start (no GPU, no torch, no kit) exits 2.
 set -uo pipefail
@@ -123,15 +124,44 @@ stage_cli() {
 
 stage_bench() {
   [ -x "$BUILD/moh" ] || { record bench skipped '"no build"'; failed=1; return; }
-  local m
-  for m in DiT-XL/2 MoH-DiT-XL/2-90; do
-    run_logged bench "train_${m//\//_}" "$BUILD/moh" bench train --model "$m" --device cuda --precision bf16 --batch 32 \
-      --steps 10 --warmup 3 --peak-tflops 989 --json
-    record bench "train_${m//\//_}" "$(tail -n1 "$REPORT/bench_train_${m//\//_}.log" | grep '^{' || echo null)"
-    run_logged bench "sample_${m//\//_}" "$BUILD/moh" bench sample --model "$m" --device cuda --precision bf16 --batch 64 \
-      --chain 250 --cfg-scale 4 --steps 2 --warmup 1 --json
-    record bench "sample_${m//\//_}" "$(tail -n1 "$REPORT/bench_sample_${m//\//_}.log" | grep '^{' || echo null)"
+  local m what dt
+  for what in ${MOH_GPU_BENCH:-train sample attention}; do
+    case "$what" in
+      train | sample) for m in DiT-XL/2 MoH-DiT-XL/2-90; do "bench_$what" "$m"; done ;;
+      attention) for dt in bf16 fp32; do bench_attention "$dt"; done ;;
+      *) die2 "MOH_GPU_BENCH: unknown benchmark $what (train sample attention)" ;;
+    esac
   done
+}
+bench_train() {
+  local key=train_${1//\//_}
+  run_logged bench "$key" "$BUILD/moh" bench train --model "$1" --device cuda --precision bf16 --batch 32 \
+    --steps 10 --warmup 3 --peak-tflops 989 --json
+  record bench "$key" "$(tail -n1 "$REPORT/bench_$key.log" | grep '^{' || echo null)"
+}
+bench_sample() {
+  local key=sample_${1//\//_}
+  run_logged bench "$key" "$BUILD/moh" bench sample --model "$1" --device cuda --precision bf16 --batch 64 \
+    --chain 250 --cfg-scale 4 --steps 2 --warmup 1 --json
+  record bench "$key" "$(tail -n1 "$REPORT/bench_$key.log" | grep '^{' || echo null)"
+}
+# MoH-ViT-B-50's routed attention layers (TransNeXt-Base shapes, 224 px, batch 32): MHA, MoH dense, MoH sparse and
+# dense without the window kernels (the official im2col path); one value per stage and mode, in ms.
+bench_attention() {
+  local key=vit_attention_$1 json=$REPORT/bench_vit_attention_$1.json
+  run_logged bench "$key" bash -c '"$0" bench vit-attention --model MoH-ViT-B-50 --device cuda --dtype "$1" \
+    --batch 32 --runs 10 --warmup 2 --json >"$2"' "$BUILD/moh" "$1" "$json"
+  record bench "$key" "$("$PY" -c '
+import json, sys
+try:
+    rows = json.load(open(sys.argv[1]))
+except (OSError, ValueError):
+    print("null"); sys.exit()
+out = {}
+for r in rows:
+    for t in ("fwd", "fwdbwd"):
+        out["s%d_%s_%s_ms" % (r["stage"], r["mode"], t)] = round(r[t + "_ms"], 3)
+print(json.dumps(out))' "$json")"
 }
 
 for s in $STAGES; do
