@@ -56,24 +56,29 @@ Prepared prepare(const std::string& scope, const Case& c, int64_t B, int64_t N, 
   ao.path = c.mode == "sparse" ? AttentionPath::sparse : AttentionPath::dense;
   ao.fused = o.fused;
   nn::MoHAttention attn(ao);
+  const c10::Device dev = bench_device(o.device);
+  const auto opts = torch::TensorOptions().device(dev).dtype(bench_dtype(o.dtype, dev));
+  attn->to(dev, opts.dtype().toScalarType());
   const int64_t d = C / h;
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  torch::Tensor x = torch::randn({B, N, C});
+  torch::Tensor x = torch::randn({B, N, C}, opts);
   Prepared p;
   if (scope == "module") {
-    torch::Tensor gy = torch::randn({B, N, C});
+    torch::Tensor gy = torch::randn({B, N, C}, opts);
     torch::Tensor xg = x.clone().requires_grad_(true);
-    p.fwd = [attn, x]() mutable {  // inference: eval mode, no autograd
+    p.fwd = [attn, x, dev]() mutable {  // inference: eval mode, no autograd
       torch::NoGradGuard ng;
       attn->eval();
       (void)attn->forward(x);
+      wait_for(dev);
     };
-    p.fwdbwd = [attn, xg, gy]() mutable {  // training step: aux loss included
+    p.fwdbwd = [attn, xg, gy, dev]() mutable {  // training step: aux loss included
       attn->train();
       auto out = attn->forward(xg);
       torch::Tensor loss = (out.out * gy).sum();
       if (out.aux_loss.defined()) loss = loss + out.aux_loss;
       loss.backward();
+      wait_for(dev);
     };
     return p;
   }
@@ -83,8 +88,8 @@ Prepared prepare(const std::string& scope, const Case& c, int64_t B, int64_t N, 
     torch::NoGradGuard ng;
     routing = attn->router.route(x.reshape({B * N, C}), false);
   }
-  auto make = [&] { return torch::randn({B, h, N, d}).requires_grad_(true); };
-  torch::Tensor q = make(), k = make(), v = make(), gy = torch::randn({B, N, h * d});
+  auto make = [&] { return torch::randn({B, h, N, d}, opts).requires_grad_(true); };
+  torch::Tensor q = make(), k = make(), v = make(), gy = torch::randn({B, N, h * d}, opts);
   torch::Tensor gates = routing.gates.defined() ? routing.gates.detach().requires_grad_(true) : torch::Tensor();
   torch::Tensor routed = routing.routed;
   std::string mode = c.mode;
@@ -97,11 +102,15 @@ Prepared prepare(const std::string& scope, const Case& c, int64_t B, int64_t N, 
     qs.q = q;
     return nn::mix_heads_sparse(qs, k, v, gates, routed, h, hs, scale, fused);
   };
-  p.fwd = [run] {
+  p.fwd = [run, dev] {
     torch::NoGradGuard ng;
     (void)run();
+    wait_for(dev);
   };
-  p.fwdbwd = [run, gy] { (run() * gy).sum().backward(); };
+  p.fwdbwd = [run, gy, dev] {
+    (run() * gy).sum().backward();
+    wait_for(dev);
+  };
   return p;
 }
 
@@ -203,7 +212,9 @@ int attention_bench_main(int argc, char** argv) {
       cxxopts::value<int64_t>()->default_value("8"))("threads", "intra-op threads (0 = LibTorch default)",
                                                      cxxopts::value<int>()->default_value("0"))(
       "fused", "attend with scaled_dot_product_attention (LibTorch >= 2.1) instead of matmul-softmax-matmul")(
-      "h,help", "show this help");
+      "device", "cpu or cuda[:N]", cxxopts::value<std::string>()->default_value("cpu"))(
+      "dtype", "fp32, bf16 or fp16 (CUDA): the layers' weights and inputs",
+      cxxopts::value<std::string>()->default_value("fp32"))("h,help", "show this help");
   cxxopts::ParseResult args;
   if (!parse_bench_flags(opts, argc, argv, args)) return 0;
   AttentionBenchOptions o;
@@ -234,6 +245,8 @@ int attention_bench_main(int argc, char** argv) {
   if (o.runs < 1 || o.warmup < 0 || o.batch < 1) throw UserError(argv[0], "--runs and --batch must be >= 1", "");
   if (int t = args["threads"].as<int>(); t > 0) torch::set_num_threads(t);
   o.fused = args.count("fused") > 0;
+  o.device = args["device"].as<std::string>(), o.dtype = args["dtype"].as<std::string>();
+  (void)bench_dtype(o.dtype, bench_device(o.device));  // a bad --device / --dtype before any work
   if (o.fused && !nn::kFusedAttentionAvailable)
     throw UserError("--fused", "this LibTorch has no scaled_dot_product_attention with a scale (needs 2.1 or newer)",
                     "MOH_LIBTORCH=pip scripts/setup.sh builds against LibTorch 2.14");
@@ -254,6 +267,8 @@ int attention_bench_main(int argc, char** argv) {
                      {"topk", r.topk},
                      {"mode", r.mode},
                      {"fused", o.fused},
+                     {"device", o.device},
+                     {"dtype", o.dtype},
                      {"fwd_ms", r.fwd_ms},
                      {"fwdbwd_ms", r.fwdbwd_ms},
                      {"fwd_ratio", r.fwd_ratio},

@@ -31,6 +31,8 @@ struct AttentionBenchOptions {
   int64_t batch = 8;          ///< batch at seq ≤ 256; divided by 4 per 4x longer sequence (8, 2, 1), at least 1
   uint64_t seed = 0;
   bool fused = false;  ///< attention through scaled_dot_product_attention (LibTorch ≥ 2.1) instead of the plain path
+  std::string device = "cpu";  ///< cpu, cuda, cuda:N
+  std::string dtype = "fp32";  ///< fp32, bf16, fp16 (CUDA): the layers' weights and inputs
 };
 
 /// (h_s, K) for a requested active fraction of h heads: a = round-half-up(active·h) active heads,

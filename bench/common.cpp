@@ -31,6 +31,22 @@ nlohmann::json machine_record() {
           {"blas", detect_blas().name}};
 }
 
+c10::Device bench_device(const std::string& name) {
+  return RunContext::create(name, Precision::fp32, 0).device;
+}
+
+at::ScalarType bench_dtype(const std::string& name, const c10::Device& device) {
+  if (name == "fp32") return at::kFloat;
+  if (name == "bf16") return at::kBFloat16;
+  if (name == "fp16" && device.is_cuda()) return at::kHalf;
+  throw UserError("--dtype " + name, name == "fp16" ? "fp16 is for CUDA devices" : "unknown dtype",
+                  "fp32, bf16 or (CUDA) fp16");
+}
+
+void wait_for(const c10::Device& device) {
+  if (device.is_cuda()) (void)at::zeros({1}, at::TensorOptions().device(device)).cpu();
+}
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0.0;
   std::sort(v.begin(), v.end());

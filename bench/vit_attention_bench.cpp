@@ -11,7 +11,6 @@
 #include "bench/common.h"
 #include "bench/op_profile.h"
 #include "core/error.h"
-#include "core/run_context.h"
 #include "vision/transnext.h"
 
 namespace moh::bench {
@@ -30,9 +29,7 @@ struct Row {
 std::pair<std::function<void()>, std::function<void()>> prepare(vision::TransNeXtAttention layer, const at::Tensor& x,
                                                                 const at::Tensor& table, const at::Tensor& index) {
   at::Tensor gy = torch::randn_like(x), xg = x.clone().requires_grad_(true);
-  const auto wait = [dev = x.device()] {
-    if (dev.is_cuda()) (void)at::zeros({1}, at::TensorOptions().device(dev)).cpu();
-  };
+  const auto wait = [dev = x.device()] { wait_for(dev); };
   auto fwd = [=]() mutable {
     torch::NoGradGuard ng;
     layer->eval();
@@ -48,14 +45,6 @@ std::pair<std::function<void()>, std::function<void()>> prepare(vision::TransNeX
     wait();
   };
   return {fwd, fwdbwd};
-}
-
-at::ScalarType bench_dtype(const std::string& name, const c10::Device& dev) {
-  if (name == "fp32") return at::kFloat;
-  if (name == "bf16") return at::kBFloat16;
-  if (name == "fp16" && dev.is_cuda()) return at::kHalf;
-  throw UserError("--dtype " + name, name == "fp16" ? "fp16 is for CUDA devices" : "unknown dtype",
-                  "fp32, bf16 or (CUDA) fp16");
 }
 
 }  // namespace
@@ -85,7 +74,7 @@ int vit_attention_bench_main(int argc, char** argv) {
   const int runs = args["runs"].as<int>(), warmup = args["warmup"].as<int>();
   if (B < 1 || runs < 1 || warmup < 0) throw UserError(argv[0], "--batch and --runs must be >= 1", "");
   if (int t = args["threads"].as<int>(); t > 0) torch::set_num_threads(t);
-  const c10::Device dev = RunContext::create(args["device"].as<std::string>(), Precision::fp32, 0).device;
+  const c10::Device dev = bench_device(args["device"].as<std::string>());
   const at::ScalarType dtype = bench_dtype(args["dtype"].as<std::string>(), dev);
 
   std::vector<Row> rows;

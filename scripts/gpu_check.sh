@@ -145,13 +145,25 @@ bench_sample() {
     --chain 250 --cfg-scale 4 --steps 2 --warmup 1 --json
   record bench "$key" "$(tail -n1 "$REPORT/bench_$key.log" | grep '^{' || echo null)"
 }
-# MoH-ViT-B-50's routed attention layers (TransNeXt-Base shapes, 224 px, batch 32): MHA, MoH dense, MoH sparse and
-# dense without the window kernels (the official im2col path); one value per stage and mode, in ms.
+# Attention layers on the GPU, one value per shape and mode, in ms (forward, forward + backward):
+#   vit_attention_DTYPE: MoH-ViT-B-50's routed layers (224 px, batch 32): MHA, MoH dense, MoH sparse and dense without
+#     the window kernels (the official im2col path);
+#   dit_attention_DTYPE: MoH-DiT-XL/2's layer (1152 wide, 16 heads) at 256 and 512 px (256 and 1,024 tokens, batch
+#     32 and 8), MHA vs MoH dense vs MoH sparse at 75 % and 90 % active heads.
 bench_attention() {
-  local key=vit_attention_$1 json=$REPORT/bench_vit_attention_$1.json
-  run_logged bench "$key" bash -c '"$0" bench vit-attention --model MoH-ViT-B-50 --device cuda --dtype "$1" \
-    --batch 32 --runs 10 --warmup 2 --json >"$2"' "$BUILD/moh" "$1" "$json"
-  record bench "$key" "$("$PY" -c '
+  local json=$REPORT/bench_vit_attention_$1.json
+  run_logged bench "vit_attention_$1" bash -c '"$0" bench vit-attention --model MoH-ViT-B-50 --device cuda \
+    --dtype "$1" --batch 32 --runs 10 --warmup 2 --json >"$2"' "$BUILD/moh" "$1" "$json"
+  record bench "vit_attention_$1" "$(attention_summary "$json" stage mode)"
+  json=$REPORT/bench_dit_attention_$1.json
+  run_logged bench "dit_attention_$1" bash -c '"$0" bench attention --device cuda --dtype "$1" --scopes module \
+    --seqs 256,1024 --dims 1152:16 --actives 0.75,0.9 --batch 32 --runs 10 --warmup 2 --json >"$2"' \
+    "$BUILD/moh" "$1" "$json"
+  record bench "dit_attention_$1" "$(attention_summary "$json" seq mode active_actual)"
+}
+# attention_summary JSON FIELD...: {"<FIELD values>_fwd_ms": ..., "..._fwdbwd_ms": ...} of a benchmark's rows; null if none.
+attention_summary() {
+  "$PY" -c '
 import json, sys
 try:
     rows = json.load(open(sys.argv[1]))
@@ -159,9 +171,10 @@ except (OSError, ValueError):
     print("null"); sys.exit()
 out = {}
 for r in rows:
+    name = "_".join(str(round(r[f], 3) if isinstance(r[f], float) else r[f]) for f in sys.argv[2:])
     for t in ("fwd", "fwdbwd"):
-        out["s%d_%s_%s_ms" % (r["stage"], r["mode"], t)] = round(r[t + "_ms"], 3)
-print(json.dumps(out))' "$json")"
+        out["%s_%s_ms" % (name, t)] = round(r[t + "_ms"], 3)
+print(json.dumps(out))' "$@"
 }
 
 for s in $STAGES; do

@@ -172,6 +172,13 @@ AttentionOutput MoHAttentionImpl::forward(const at::Tensor& x) {
   return out;
 }
 
+double MoHAttentionImpl::active_share() const {
+  const auto h = static_cast<double>(options.num_heads);
+  if (options.mode == AttentionMode::mha || options.topk == 0) return static_cast<double>(options.active_heads()) / h;
+  const int64_t k = router.shared_only ? 0 : router.topk;
+  return static_cast<double>(options.mode == AttentionMode::moa ? k : router.shared + k) / h;
+}
+
 AttentionOutput MoHAttentionImpl::forward_with_path(const at::Tensor& x, AttentionPath path) {
   const int64_t B = x.size(0), N = x.size(1), C = x.size(2);
   const int64_t h = options.num_heads, d = options.head_dim_resolved(), inner = h * d;
@@ -182,8 +189,7 @@ AttentionOutput MoHAttentionImpl::forward_with_path(const at::Tensor& x, Attenti
   HeadRouting routing;  // the query_norm router waits for the queries
   if (options.mode != AttentionMode::mha && !router.by_query_norm) routing = router.route(x_flat, is_training());
 
-  path =
-      choose_attention_path(path, static_cast<double>(options.active_heads()) / static_cast<double>(h), N, x.device());
+  path = choose_attention_path(path, active_share(), N, x.device());
   const bool sparse = path == AttentionPath::sparse && router.topk > 0;
   at::Tensor mixed;  // (B, N, h·d)
   if (!sparse && options.mode != AttentionMode::moa) {

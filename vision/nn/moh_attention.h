@@ -104,6 +104,9 @@ struct MoHAttentionImpl : torch::nn::Module, HeadControl {
   int64_t routed_topk() const override { return router.topk; }
   void set_routed_topk(int64_t k) override;
   std::vector<HeadTensor> head_tensors() const override;
+  /// The share of heads a token attends with now: the trained (h_s + K) / h, or that of a K set at run time
+  /// (sampling.topk; K = 0: the shared heads only). What attention_path: auto decides by.
+  double active_share() const;
 
   MoHAttentionOptions options;
   nn::Linear qkv{nullptr}, q{nullptr}, kv{nullptr}, proj{nullptr};

@@ -361,6 +361,26 @@ TEST(MoHAttention, TopKZeroKeepsOnlyTheSharedHeads) {
   EXPECT_THROW(no_shared->set_routed_topk(0), UserError);  // no head would be left
 }
 
+// attention_path: auto decides by the heads a token uses now: a K set at inference (sampling.topk) changes the share
+// it reads, K = 0 leaves the shared heads; MHA layers and MoA experts count alike.
+TEST(MoHAttention, ActiveShareFollowsTheHeadBudget) {
+  MoHAttention a(MoHAttentionOptions(48, 6).moh(2, 2));
+  EXPECT_DOUBLE_EQ(a->active_share(), 4.0 / 6);
+  a->set_routed_topk(4);
+  EXPECT_DOUBLE_EQ(a->active_share(), 6.0 / 6);
+  a->set_routed_topk(1);
+  EXPECT_DOUBLE_EQ(a->active_share(), 3.0 / 6);
+  a->set_routed_topk(0);
+  EXPECT_DOUBLE_EQ(a->active_share(), 2.0 / 6);
+  a->set_routed_topk(2);
+  EXPECT_DOUBLE_EQ(a->active_share(), 4.0 / 6);
+  EXPECT_DOUBLE_EQ(MoHAttention(MoHAttentionOptions(48, 6))->active_share(), 1.0);
+  MoHAttention moa(MoHAttentionOptions(48, 6).moa(3));
+  EXPECT_DOUBLE_EQ(moa->active_share(), 3.0 / 6);
+  moa->set_routed_topk(1);
+  EXPECT_DOUBLE_EQ(moa->active_share(), 1.0 / 6);
+}
+
 TEST(MoHAttention, BadOptionsAreClearErrors) {
   auto msg = [](MoHAttentionOptions o) {
     try {
