@@ -10,12 +10,14 @@
 #   REF_STATS  reference statistics (moh ref-stats), FEATURES  the feature network (e.g. classifier:runs/nano)
 #   SETTINGS_FILE  lines "name | moh sample flags"; default: the list below (DDPM-250 + CFG is the baseline)
 # env: SAMPLES (2000) CFG (4: the scale of every guided setting) LABEL (the run dir's name: the series name)
-#      MOH (build/moh) DEVICE (auto)
+#      MOH (build/moh) DEVICE (auto) SAMPLE_ARGS (more moh sample flags for every setting, e.g.
+#      "--set sampling.batch_size=1000" on a GPU: the batch changes which noise each image gets, not the protocol)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 4 ] || { echo "usage: $0 RUN_DIR OUT_DIR REF_STATS FEATURES [SETTINGS_FILE]" >&2; exit 2; }
 RUN=$1 OUT=$2 REF=$3 FEATURES=$4 SETTINGS=${5:-}
 MOH=${MOH:-build/moh} SAMPLES=${SAMPLES:-2000} CFG=${CFG:-4} LABEL=${LABEL:-$(basename "$RUN")} DEVICE=${DEVICE:-auto}
+SAMPLE_ARGS=${SAMPLE_ARGS:-}
 [ -x "$MOH" ] || { echo "error: $MOH not found (run scripts/setup.sh first)" >&2; exit 2; }
 [ -d "$RUN" ] || { echo "error: $RUN: not a run directory" >&2; exit 2; }
 [ -f "$REF" ] || { echo "error: $REF: no reference statistics (moh ref-stats)" >&2; exit 2; }
@@ -49,7 +51,7 @@ settings | while IFS='|' read -r name flags; do
   dir=$OUT/$LABEL/$name
   rm -rf "$dir" && mkdir -p "$OUT/$LABEL"
   # shellcheck disable=SC2086  # the flags are words
-  "$MOH" sample --checkpoint "$RUN" --num-fid-samples "$SAMPLES" --labels balanced --device "$DEVICE" $flags \
+  "$MOH" sample --checkpoint "$RUN" --num-fid-samples "$SAMPLES" --labels balanced --device "$DEVICE" $flags $SAMPLE_ARGS \
     --out "$dir" >"$dir.sample.log" 2>&1 || { echo "error: moh sample $flags failed: $(tail -1 "$dir.sample.log")" >&2; exit 1; }
   "$MOH" fid --samples "$dir/samples.npz" --ref "$REF" --features "$FEATURES" --out "$dir/fid" >"$dir.fid.log" 2>&1 ||
     { echo "error: moh fid for $name failed: $(tail -1 "$dir.fid.log")" >&2; exit 1; }

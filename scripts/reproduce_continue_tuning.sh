@@ -12,20 +12,26 @@
 #
 # usage: scripts/reproduce_continue_tuning.sh [OUT]    (OUT defaults to docs/results/continue_tuning)
 # env:   SEEDS ("1 2") PARTS ("cls dit") ROUTERS ("learned query_norm") CHOICES ("first importance learned")
+#        (ROUTERS="" measures the dense model and, with SCRATCH=1, the from-scratch one only)
 #        CLS_EPOCHS (3, the shipped recipe) DIT_EPOCHS (4) SAMPLES (2000) PRECISION (auto) MOH (build/moh)
 #        RUNS (runs/continue_tuning) LIMIT (0: every training image; a smaller number for a smoke run)
+#        FEATURE_RUN (the FID feature network, a classifier run; default: the seed's dense classifier RUNS/cls_dense_sN)
+#        SCRATCH (1: train and measure the MoH-from-scratch model; 0 leaves it out, e.g. to run it in a parallel job)
+#        SAMPLE_ARGS (more moh sample flags for the FID samples, e.g. "--set sampling.batch_size=1000" on a GPU)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MOH=${MOH:-build/moh}
 OUT=${1:-docs/results/continue_tuning}
 RUNS=${RUNS:-runs/continue_tuning}
-SEEDS=${SEEDS:-"1 2"} PARTS=${PARTS:-"cls dit"} ROUTERS=${ROUTERS:-"learned query_norm"}
+SEEDS=${SEEDS:-"1 2"} PARTS=${PARTS:-"cls dit"} ROUTERS=${ROUTERS-"learned query_norm"}
 CHOICES=${CHOICES:-"first importance learned"} CLS_EPOCHS=${CLS_EPOCHS:-3} DIT_EPOCHS=${DIT_EPOCHS:-4}
 SAMPLES=${SAMPLES:-2000} PRECISION=${PRECISION:-auto} LIMIT=${LIMIT:-0}
+FEATURE_RUN=${FEATURE_RUN:-} SCRATCH=${SCRATCH:-1} SAMPLE_ARGS=${SAMPLE_ARGS:-}
 [ -x "$MOH" ] || { echo "error: $MOH not found (run scripts/setup.sh first)" >&2; exit 2; }
 mkdir -p "$OUT" "$RUNS"
 echo "protocol: seeds $SEEDS; training images ${LIMIT/#0/all}; parts $PARTS; routers $ROUTERS; shared heads $CHOICES; classifier $CLS_EPOCHS epochs," \
-  "DiT $DIT_EPOCHS epochs; FID on $SAMPLES samples; precision $PRECISION" | tee "$OUT/protocol.txt"
+  "DiT $DIT_EPOCHS epochs; FID on $SAMPLES samples with ${FEATURE_RUN:-the dense classifier of each seed} as the feature network;" \
+  "precision $PRECISION" | tee "$OUT/protocol.txt"
 ROWS=$OUT/rows.jsonl
 touch "$ROWS"
 
@@ -106,13 +112,17 @@ head_loads() {
   done
 }
 
-diffusion() {  # diffusion SEED (after classifier SEED: its dense model is the feature network)
-  local s=$1 dense=dit_dense_s$1 feat=$RUNS/cls_dense_s$1
+# features SEED: the FID feature network's run directory; stats SEED: its reference statistics of the test set
+features() { echo "${FEATURE_RUN:-$RUNS/cls_dense_s$1}"; }
+stats() { echo "$RUNS/fm_test_stats_$(basename "$(features "$1")").npz"; }
+diffusion() {  # diffusion SEED (after classifier SEED unless FEATURE_RUN names the feature network)
+  local s=$1 dense=dit_dense_s$1 feat
+  feat=$(features "$1")
   train "$dense" configs/fashion_mnist/dit_pixel.yaml --set train.seed="$s" --set train.epochs="$DIT_EPOCHS"
   local total
   total=$(steps "$dense")
-  [ -f "$RUNS/fm_test_stats_s$s.npz" ] ||
-    "$MOH" ref-stats --images fashion_mnist:test --features "classifier:$feat" --out "$RUNS/fm_test_stats_s$s.npz" >/dev/null
+  [ -f "$(stats "$s")" ] ||
+    "$MOH" ref-stats --images fashion_mnist:test --features "classifier:$feat" --out "$(stats "$s")" >/dev/null
   evaluate_dit "$dense" dense 0 "$s"
   local router choice pct init
   for router in $ROUTERS; do
@@ -132,17 +142,20 @@ diffusion() {  # diffusion SEED (after classifier SEED: its dense model is the f
       done
     done
   done
+  [ "$SCRATCH" = 1 ] || return 0
   train "dit_scratch_s$s" configs/fashion_mnist/moh_dit_pixel.yaml --set train.seed="$s" \
     --set train.epochs=$((DIT_EPOCHS + 1)) --set train.max_steps="$(share "$total" 125)"
   evaluate_dit "dit_scratch_s$s" scratch "$(share "$total" 125)" "$s"
 }
 evaluate_dit() {  # evaluate_dit RUN WHAT EXTRA_STEPS SEED
   have "$1" && return
-  local run=$RUNS/$1 feat=$RUNS/cls_dense_s$4
+  local run=$RUNS/$1 feat
+  feat=$(features "$4")
   rm -rf "$run/samples" "$run/fid"
-  "$MOH" sample --checkpoint "$run" --num-samples "$SAMPLES" --steps ddim50 --cfg-scale 4 --seed "$4" \
+  # shellcheck disable=SC2086  # SAMPLE_ARGS are words
+  "$MOH" sample --checkpoint "$run" --num-samples "$SAMPLES" --steps ddim50 --cfg-scale 4 --seed "$4" $SAMPLE_ARGS \
     --out "$run/samples" >/dev/null
-  "$MOH" fid --samples "$run/samples/samples.npz" --ref "$RUNS/fm_test_stats_s$4.npz" --features "classifier:$feat" \
+  "$MOH" fid --samples "$run/samples/samples.npz" --ref "$(stats "$4")" --features "classifier:$feat" \
     --out "$run/fid" >/dev/null
   python3 - "$1" "$2" "$3" "$4" "$run" >>"$ROWS" <<'PY'
 import json, sys

@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# The compute-heavy measurements of docs/RESULTS.md as one command on one GPU (issues 35 and 36):
+#   ct      the DiT half of the continue-tuning study (scripts/reproduce_continue_tuning.sh PARTS=dit) for SEEDS;
+#   curve   FID versus compute (scripts/fid_curve.sh) of the demo recipe's MoH-DiT-Pixel/4-75 and of a dense
+#           DiT-Pixel/4 trained with the same budget (DEMO_STEPS), over the default settings, more settings at
+#           ≤ 25 network evaluations per image, and head budgets K at inference for the MoH model;
+#   retime  the sampling seconds of every curve setting again, one setting at a time on an otherwise idle GPU (the
+#           curve runs beside the training jobs, so its own seconds measure a shared GPU).
+# Models this small leave a GPU waiting on kernel launches, so independent jobs run side by side: first the dense
+# models of the study and the two demo models, then the conversions and continue-tuning runs (one job per seed and
+# router), the from-scratch runs and the two curves. Started again, finished runs and measurements are skipped.
+#
+# usage: scripts/gpu_results.sh FEATURE_RUN [STATE_DIR]
+#   FEATURE_RUN  the FID feature network of every measurement: a classifier run (the study's dense ViT-Nano)
+#   STATE_DIR    runs, logs and results (default runs/gpu_results): ct/ (rows.jsonl, continue_tuning.md),
+#                curve/ (curve.jsonl, curve.md, timing.jsonl, plots/), driver.log
+# env: MOH (default: scripts/gpu_check.sh's env + build stages make build-gpu/moh from KIT, default .gpu_kit),
+#      PARTS ("ct curve retime") SEEDS ("1 2") SAMPLES (2000) DEMO_STEPS (2400) DIT_EPOCHS (4) LIMIT (0: every
+#      training image) PRECISION (fp32) SAMPLE_BATCH (1000) COPY_TO (a folder the results are copied into every 20 s
+#      and at the end) OMP_NUM_THREADS (2 per job)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ $# -ge 1 ] || { echo "usage: $0 FEATURE_RUN [STATE_DIR]" >&2; exit 2; }
+[ -d "$1/checkpoints" ] || { echo "error: $1: not a classifier run (no checkpoints/)" >&2; exit 2; }
+FEATURE=$(realpath "$1") STATE=$(realpath -m "${2:-runs/gpu_results}")
+PARTS=${PARTS:-"ct curve retime"} SEEDS=${SEEDS:-"1 2"} SAMPLES=${SAMPLES:-2000} DEMO_STEPS=${DEMO_STEPS:-2400}
+export DIT_EPOCHS=${DIT_EPOCHS:-4} LIMIT=${LIMIT:-0} PRECISION=${PRECISION:-fp32} SAMPLES
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} RUNS=$STATE/runs FEATURE_RUN=$FEATURE
+export SAMPLE_ARGS="--set sampling.batch_size=${SAMPLE_BATCH:-1000}"
+COPY_TO=${COPY_TO:-}
+T0=$(date +%s)
+mkdir -p "$RUNS" "$STATE/jobs" "$STATE/curve"
+log() { echo "[$(date -u +%H:%M:%S) +$(($(date +%s) - T0)) s] $*" | tee -a "$STATE/driver.log"; }
+has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
+
+# collect: the results (not the runs) into COPY_TO, few files: logs and per-run reports go in one archive.
+collect() {
+  [ -n "$COPY_TO" ] || return 0
+  mkdir -p "$COPY_TO"
+  local f
+  for f in driver.log ct/rows.jsonl ct/protocol.txt ct/continue_tuning.md curve/curve.jsonl curve/curve.md \
+    curve/timing.jsonl curve/curve_timed.jsonl curve/plots/fid_curve.svg gpu_report/results.jsonl; do
+    [ -f "$STATE/$f" ] && cp "$STATE/$f" "$COPY_TO/$(echo "$f" | tr / _)"
+  done
+  (cd "$STATE" && find . \( -name '*.log' -o -name metrics.jsonl -o -name sampling.json -o -name report.json \
+    -o -name conversion.json -o -name 'settings_*.txt' \) -print0 | tar -czf "$COPY_TO/logs.tar.gz" --null -T -) || true
+}
+if [ -n "$COPY_TO" ]; then
+  (while sleep 20; do collect 2>/dev/null; done) &
+  COPIER=$!
+  trap 'kill $COPIER 2>/dev/null; collect' EXIT
+fi
+
+if [ -z "${MOH:-}" ]; then
+  log "build (scripts/gpu_check.sh env build)"
+  MOH_GPU_STAGES="env build" MOH_GPU_TARGETS=moh bash scripts/gpu_check.sh "${KIT:-.gpu_kit}" "$STATE/gpu_report" ||
+    { log "build failed"; exit 1; }
+  MOH=$PWD/build-gpu/moh
+fi
+export MOH
+log "$("$MOH" --version | head -n1); parts: $PARTS; seeds: $SEEDS; $SAMPLES samples; precision $PRECISION"
+
+# job NAME CMD...: CMD in the background, its output in STATE/jobs/NAME.log; finish waits for every job.
+PIDS=() NAMES=()
+job() {
+  local name=$1
+  shift
+  "$@" >"$STATE/jobs/$name.log" 2>&1 &
+  PIDS+=($!) NAMES+=("$name")
+}
+finish() {
+  local i rc=0
+  for i in "${!PIDS[@]}"; do
+    if wait "${PIDS[$i]}"; then log "${NAMES[$i]} done"; else
+      rc=1
+      log "${NAMES[$i]} FAILED: $(tail -n1 "$STATE/jobs/${NAMES[$i]}.log")"
+    fi
+  done
+  PIDS=() NAMES=()
+  collect
+  return $rc
+}
+demo_train() {  # demo_train NAME CONFIG: the demo recipe's DiT training, DEMO_STEPS steps
+  [ -f "$RUNS/$1.done" ] && return
+  rm -rf "${RUNS:?}/$1"
+  "$MOH" train "$2" --run-dir "$RUNS/$1" --set train.max_steps="$DEMO_STEPS" --set train.precision="$PRECISION" \
+    --set data.limit_train="$LIMIT"
+  touch "$RUNS/$1.done"
+}
+
+STATS=$RUNS/fm_test_stats_$(basename "$FEATURE").npz  # the name reproduce_continue_tuning.sh looks for
+[ -f "$STATS" ] || "$MOH" ref-stats --images fashion_mnist:test --features "classifier:$FEATURE" --out "$STATS" >/dev/null
+log "reference statistics: $STATS"
+
+log "phase 1: dense models of the study, the demo's two models"
+if has ct; then for s in $SEEDS; do job "ct_dense_s$s" env SEEDS="$s" ROUTERS="" SCRATCH=0 PARTS=dit bash scripts/reproduce_continue_tuning.sh "$STATE/ct"; done; fi
+if has curve; then
+  job demo_moh demo_train demo_moh configs/fashion_mnist/moh_dit_pixel.yaml
+  job demo_dense demo_train demo_dense configs/fashion_mnist/dit_pixel.yaml
+fi
+finish || true
+
+log "phase 2: conversions and continue-tuning, from-scratch runs, the two curves"
+if has ct; then
+  for s in $SEEDS; do
+    for r in learned query_norm; do job "ct_${r}_s$s" env SEEDS="$s" ROUTERS="$r" SCRATCH=0 PARTS=dit bash scripts/reproduce_continue_tuning.sh "$STATE/ct"; done
+    job "ct_scratch_s$s" env SEEDS="$s" ROUTERS="" SCRATCH=1 PARTS=dit bash scripts/reproduce_continue_tuning.sh "$STATE/ct"
+  done
+fi
+common_settings() {
+  cat <<EOF
+ddpm250 | --sampler ddpm --steps 250 --cfg-scale 4
+ddim50 | --sampler ddim --steps ddim50 --cfg-scale 4
+dpm++2m_25 | --sampler dpm++2m --steps 25 --cfg-scale 4
+dpm++2m_20 | --sampler dpm++2m --steps 20 --cfg-scale 4
+dpm++2m_12 | --sampler dpm++2m --steps 12 --cfg-scale 4
+dpm++2m_10 | --sampler dpm++2m --steps 10 --cfg-scale 4
+dpm++2m_20_int0.5 | --sampler dpm++2m --steps 20 --cfg-scale 4 --cfg-interval 0,0.5
+dpm++2m_15_int0.5 | --sampler dpm++2m --steps 15 --cfg-scale 4 --cfg-interval 0,0.5
+dpm++2m_12_int0.5 | --sampler dpm++2m --steps 12 --cfg-scale 4 --cfg-interval 0,0.5
+euler_25 | --sampler euler --steps 25 --cfg-scale 4
+heun_12 | --sampler heun --steps 12 --cfg-scale 4
+heun_7 | --sampler heun --steps 7 --cfg-scale 4
+EOF
+}
+if has curve; then
+  common_settings >"$STATE/curve/settings_dense.txt"
+  { common_settings; for k in 0 1 3 4; do echo "dpm++2m_12_k$k | --sampler dpm++2m --steps 12 --cfg-scale 4 --topk $k"; done
+    echo "dpm++2m_12_guidek1 | --sampler dpm++2m --steps 12 --cfg-scale 4 --guide-topk 1"
+    for k in 1 3; do echo "dpm++2m_25_k$k | --sampler dpm++2m --steps 25 --cfg-scale 4 --topk $k"; done
+  } >"$STATE/curve/settings_moh.txt"
+  job curve_moh env LABEL=MoH-DiT-Pixel/4-75 bash scripts/fid_curve.sh "$RUNS/demo_moh" "$STATE/curve" "$STATS" \
+    "classifier:$FEATURE" "$STATE/curve/settings_moh.txt"
+  job curve_dense env LABEL=DiT-Pixel/4 bash scripts/fid_curve.sh "$RUNS/demo_dense" "$STATE/curve" "$STATS" \
+    "classifier:$FEATURE" "$STATE/curve/settings_dense.txt"
+fi
+finish || true
+
+# retime: each curve setting's sampling again, alone, into curve/timing.jsonl; then curve_timed.jsonl (seconds = alone,
+# seconds_shared = beside the other jobs), curve.md with both, and the plots from it.
+retime() {
+  local rows=$STATE/curve/curve.jsonl times=$STATE/curve/timing.jsonl dir=$STATE/curve/retime id label flags run
+  touch "$times"
+  python3 -c 'import json,sys
+for l in open(sys.argv[1]):
+    if l.strip(): r = json.loads(l); print(r["id"] + "\t" + r["label"] + "\t" + r["flags"])' "$rows" |
+    while IFS=$'\t' read -r id label flags; do
+      grep -qF "\"id\": \"$id\"" "$times" && continue
+      case "$label" in MoH*) run=$RUNS/demo_moh ;; *) run=$RUNS/demo_dense ;; esac
+      rm -rf "$dir"
+      # shellcheck disable=SC2086  # the flags are words
+      "$MOH" sample --checkpoint "$run" --num-fid-samples "$SAMPLES" --labels balanced $flags $SAMPLE_ARGS \
+        --out "$dir" >"$STATE/curve/retime.log" 2>&1 || { log "retime $id failed"; continue; }
+      echo "{\"id\": \"$id\", \"seconds_alone\": $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["seconds"])' "$dir/sampling.json")}" >>"$times"
+    done
+  rm -rf "$dir"
+  python3 - "$rows" "$times" "$STATE/curve/curve_timed.jsonl" "$STATE/curve/curve.md" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+alone = {r["id"]: r["seconds_alone"] for r in (json.loads(l) for l in open(sys.argv[2]) if l.strip())}
+with open(sys.argv[3], "w") as out:
+    for r in rows:
+        r["seconds_shared"], r["seconds"] = r["seconds"], alone.get(r["id"])
+        out.write(json.dumps(r) + "\n")
+f = lambda v, d: "–" if v is None else f"{v:.{d}f}"
+with open(sys.argv[4], "w") as md:
+    md.write("| model | setting | NFE / image | seconds alone | seconds beside the other jobs | FID | sFID | IS "
+             "| precision | recall | sample acc. |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+    for r in rows:
+        md.write(f"| {r['label']} | {r['setting']} | {r['nfe']} | {f(r['seconds'], 1)} | {f(r['seconds_shared'], 1)} "
+                 f"| {f(r['fid'], 2)} | {f(r['sfid'], 2)} | {f(r['inception_score'], 2)} | {f(r['precision'], 3)} "
+                 f"| {f(r['recall'], 3)} | {f(r['sample_accuracy'], 2)} |\n")
+PY
+  "$MOH" plot --fid-curve "$STATE/curve/curve_timed.jsonl" --out "$STATE/curve/plots" >/dev/null
+}
+if has retime && [ -s "$STATE/curve/curve.jsonl" ]; then
+  log "phase 3: sampling seconds of each curve setting alone"
+  retime
+fi
+log "finished"
