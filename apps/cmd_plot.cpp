@@ -141,7 +141,17 @@ std::string joined(const std::vector<std::string>& names) {
   return s;
 }
 
-// FID against NFE and against seconds, one series per "label", from scripts/fid_curve.sh's JSON lines.
+// One model's settings on one axis: every setting as a dot and, as the line, the best FID reached at that cost or
+// less (settings are not a sequence: joined in cost order they would zigzag and read as a trend).
+void add_fid_series(eval::ChartPanel& panel, const std::string& label, int colour, const std::vector<double>& cost,
+                    const std::vector<double>& fid) {
+  eval::Series best = eval::running_best(label, cost, fid);
+  best.colour = colour;
+  panel.series.push_back(best);
+  panel.series.push_back(eval::Series{"", cost, fid, true, colour});
+}
+
+// FID against NFE and against seconds, one colour per "label", from scripts/fid_curve.sh's JSON lines.
 int plot_fid_curve(const std::string& path, const std::string& out) {
   std::map<std::string, std::vector<std::array<double, 3>>> rows;  // label → (nfe, seconds, fid)
   std::stringstream lines(read_file(path, "--fid-curve"));
@@ -149,29 +159,30 @@ int plot_fid_curve(const std::string& path, const std::string& out) {
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.is_object()) continue;
     if (!j.value("nfe", nlohmann::json()).is_number() || !j.value("seconds", nlohmann::json()).is_number() ||
-        !j.value("fid", nlohmann::json()).is_number())
+        !j.value("fid", nlohmann::json()).is_number() || j["nfe"].get<double>() <= 0 || j["seconds"].get<double>() <= 0)
       continue;
     rows[j.value("label", std::string("run"))].push_back(
         {j["nfe"].get<double>(), j["seconds"].get<double>(), j["fid"].get<double>()});
   }
   if (rows.empty())
-    throw UserError("--fid-curve " + path, "holds no JSON line with numbers nfe, seconds and fid",
+    throw UserError("--fid-curve " + path, "holds no JSON line with numbers nfe > 0, seconds > 0 and fid",
                     "write it with scripts/fid_curve.sh");
   check_output_dir(out, "--out " + out);
-  eval::ChartPanel by_nfe{"FID vs network evaluations per image", "NFE per image", "FID", {}, false};
-  by_nfe.integer_x = true;
+  eval::ChartPanel by_nfe{"FID vs network evaluations per image (dots: settings; line: the best at that cost or less)",
+                          "NFE per image",
+                          "FID",
+                          {},
+                          false};
   eval::ChartPanel by_time{"FID vs sampling time of the whole set", "seconds", "FID", {}, false};
-  for (auto& [label, points] : rows) {
-    eval::Series a{label, {}, {}}, b{label, {}, {}};
-    std::sort(points.begin(), points.end());
-    for (const auto& p : points) a.x.push_back(p[0]), a.y.push_back(p[2]);
-    std::sort(points.begin(), points.end(), [](const auto& l, const auto& r) { return l[1] < r[1]; });
-    for (const auto& p : points) b.x.push_back(p[1]), b.y.push_back(p[2]);
-    by_nfe.series.push_back(a);
-    by_time.series.push_back(b);
-  }
+  by_nfe.log_x = by_time.log_x = true;
   std::vector<std::string> labels;
-  for (const auto& [label, points] : rows) labels.push_back(label);
+  for (const auto& [label, points] : rows) {
+    std::vector<double> nfe, seconds, fid;
+    for (const auto& p : points) nfe.push_back(p[0]), seconds.push_back(p[1]), fid.push_back(p[2]);
+    add_fid_series(by_nfe, label, static_cast<int>(labels.size()), nfe, fid);
+    add_fid_series(by_time, label, static_cast<int>(labels.size()), seconds, fid);
+    labels.push_back(label);
+  }
   std::filesystem::create_directories(out);
   std::cout << wrote(eval::write_line_chart(out + "/fid_curve", "FID against compute: " + joined(labels),
                                             {by_nfe, by_time}))

@@ -56,13 +56,19 @@ double two_digits(double v) {
   return std::stod(b);
 }
 
-// Decades, plus the data's ends (two significant digits) when they span under one decade.
+// Decades; 2 and 5 times them too when the data span one to two decades (one decade tick alone says little);
+// the data's ends (two significant digits) when they span under one decade.
 Axis log_axis(double lo, double hi, double pad) {
   Axis a;
   a.log = true;
   const double l0 = std::log10(lo), l1 = std::log10(hi), p = l1 > l0 ? (l1 - l0) * pad : 0.25;
   a.lo = l0 - p, a.hi = l1 + p;
   for (double e = std::ceil(a.lo - 1e-9); e <= a.hi + 1e-9; e += 1) a.ticks.push_back(std::pow(10.0, e));
+  if (l1 - l0 >= 1 && a.ticks.size() < 2)
+    for (double e = std::floor(a.lo); e <= a.hi; e += 1)
+      for (double m : {2.0, 5.0})
+        if (const double lv = e + std::log10(m); lv >= a.lo - 1e-9 && lv <= a.hi + 1e-9)
+          a.ticks.push_back(m * std::pow(10.0, e));
   if (l1 - l0 < 1)
     for (double v : {lo, hi}) {
       const double r = two_digits(v), lr = std::log10(r);
@@ -244,7 +250,7 @@ std::vector<std::array<double, 2>> finite_points(const Series& s) {
 void draw_axes(Canvas& c, const ChartPanel& p, const Axis& ax, const Axis& ay, double top) {
   const double pw = kW - kLeft - kRight, ph = kPanelH - kTop - kBottom, y_end = top + kTop + ph;
   for (double v : ax.ticks) {
-    const double x = kLeft + (v - ax.lo) / (ax.hi - ax.lo) * pw;
+    const double x = kLeft + ((ax.log ? std::log10(v) : v) - ax.lo) / (ax.hi - ax.lo) * pw;
     c.line(x, top + kTop, x, y_end, kGrid, 0.6);
     c.text(tick_text(v), x, y_end + 16, 0.36, Anchor::middle);
   }
@@ -282,23 +288,29 @@ void draw_panel(Canvas& c, const ChartPanel& p, double top) {
   std::vector<double> xs, ys;
   for (const auto& s : p.series)
     for (const auto& q : finite_points(s)) xs.push_back(q[0]), ys.push_back(q[1]);
-  const Axis ax = make_axis(xs, false, p.integer_x, 0, "x axis of panel '" + p.title + "'");
+  const Axis ax = make_axis(xs, p.log_x, p.integer_x, 0, "x axis of panel '" + p.title + "'");
   Axis ay = make_axis(ys, p.log_y, false, 0.05, "y axis of panel '" + p.title + "'");
   mark_constant_levels(ay, p);
   draw_axes(c, p, ax, ay, top);
   const double pw = kW - kLeft - kRight, ph = kPanelH - kTop - kBottom, y_end = top + kTop + ph;
+  size_t legend_row = 0;
   for (size_t k = 0; k < p.series.size(); ++k) {
-    const Rgb col = kPalette[k % kPalette.size()];
-    std::vector<std::array<double, 2>> pts = finite_points(p.series[k]);
+    const Series& s = p.series[k];
+    const Rgb col = kPalette[(s.colour >= 0 ? static_cast<size_t>(s.colour) : k) % kPalette.size()];
+    std::vector<std::array<double, 2>> pts = finite_points(s);
     for (auto& q : pts)
-      q = {kLeft + (q[0] - ax.lo) / (ax.hi - ax.lo) * pw,
+      q = {kLeft + ((ax.log ? std::log10(q[0]) : q[0]) - ax.lo) / (ax.hi - ax.lo) * pw,
            y_end - ((ay.log ? std::log10(q[1]) : q[1]) - ay.lo) / (ay.hi - ay.lo) * ph};
-    if (pts.size() > 1) c.polyline(pts, col, 1.6);
-    if (pts.size() <= 12)  // few points (evaluations): each one visible
+    if (pts.size() > 1 && !s.dots_only) c.polyline(pts, col, 1.6);
+    if (pts.size() <= 12 || s.dots_only)  // few points (evaluations) or a cloud: each one visible
       for (const auto& q : pts) c.dot(q[0], q[1], 2.6, col);
-    const double ly = top + kTop + 12 + static_cast<double>(k) * 18;
-    c.line(kLeft + pw + 10, ly - 4, kLeft + pw + 30, ly - 4, col, 2);
-    c.text(p.series[k].name.substr(0, 24), kLeft + pw + 34, ly, 0.36, Anchor::start);
+    if (s.name.empty()) continue;  // drawn without a legend row (the points of a line already named)
+    const double ly = top + kTop + 12 + static_cast<double>(legend_row++) * 18;
+    if (s.dots_only)
+      c.dot(kLeft + pw + 20, ly - 4, 2.6, col);
+    else
+      c.line(kLeft + pw + 10, ly - 4, kLeft + pw + 30, ly - 4, col, 2);
+    c.text(s.name.substr(0, 24), kLeft + pw + 34, ly, 0.36, Anchor::start);
   }
 }
 
@@ -308,6 +320,17 @@ void draw_figure(Canvas& c, const std::string& title, const std::vector<const Ch
 }
 
 }  // namespace
+
+Series running_best(const std::string& name, std::vector<double> x, std::vector<double> y) {
+  std::vector<std::pair<double, double>> pts;
+  for (size_t i = 0; i < std::min(x.size(), y.size()); ++i)
+    if (std::isfinite(x[i]) && std::isfinite(y[i])) pts.emplace_back(x[i], y[i]);
+  std::sort(pts.begin(), pts.end());  // equal x: the lower y first, so it is the one kept
+  Series best{name, {}, {}};
+  for (const auto& [px, py] : pts)
+    if (best.y.empty() || py < best.y.back()) best.x.push_back(px), best.y.push_back(py);
+  return best;
+}
 
 ChartFiles write_line_chart(const std::string& base, const std::string& title, const std::vector<ChartPanel>& panels) {
   std::vector<const ChartPanel*> drawn;

@@ -7,10 +7,12 @@
 
 namespace moh::eval {
 
-/// One curve.
+/// One curve, or a cloud of points.
 struct Series {
-  std::string name;  ///< legend text (e.g. the run's directory name)
+  std::string name;  ///< legend text (e.g. the run's directory name); empty: no legend row
   std::vector<double> x, y;
+  bool dots_only = false;  ///< points without a connecting line (settings that are not a sequence)
+  int colour = -1;         ///< palette index; -1: the series' position (pin it to pair a line with its points)
 };
 
 /// One panel of a chart.
@@ -19,7 +21,12 @@ struct ChartPanel {
   std::vector<Series> series;
   bool log_y = false;      ///< logarithmic y axis (learning rates); every y value must then be > 0
   bool integer_x = false;  ///< x counts something (optimizer steps, evaluations): integer ticks only
+  bool log_x = false;      ///< logarithmic x axis (network evaluations from 10 to 500); every x must then be > 0
 };
+
+/// The best y reached at each x or less: the points of (x, y) in x order whose y is below every earlier one (FID
+/// against cost: the cheapest setting for each level of quality). A line named `name`.
+Series running_best(const std::string& name, std::vector<double> x, std::vector<double> y);
 
 /// A value axis: the drawn range [lo, hi] (log10 of the values on a log axis) and the values that get a labelled tick.
 struct Axis {

@@ -18,6 +18,8 @@
 #      PARTS ("ct curve retime") SEEDS ("1 2") SAMPLES (2000) DEMO_STEPS (2400) DIT_EPOCHS (4) LIMIT (0: every
 #      training image) PRECISION (fp32) SAMPLE_BATCH (1000) COPY_TO (a folder the results are copied into every 20 s
 #      and at the end) OMP_NUM_THREADS (2 per job)
+# Started again on the same machine, leave MOH unset: the build stage unpacks the kit again (carrying .gpu_kit anew
+# replaces its unpacked libraries, which build-gpu/moh loads) and recompiles only what changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { echo "usage: $0 FEATURE_RUN [STATE_DIR]" >&2; exit 2; }
@@ -38,8 +40,8 @@ collect() {
   [ -n "$COPY_TO" ] || return 0
   mkdir -p "$COPY_TO"
   local f
-  for f in driver.log ct/rows.jsonl ct/protocol.txt ct/continue_tuning.md curve/curve.jsonl curve/curve.md \
-    curve/timing.jsonl curve/curve_timed.jsonl curve/plots/fid_curve.svg gpu_report/results.jsonl; do
+  # seven files: the device tool brings back at most eight; tables and plots are made again from these
+  for f in driver.log ct/rows.jsonl ct/protocol.txt curve/curve.jsonl curve/timing.jsonl gpu_report/results.jsonl; do
     [ -f "$STATE/$f" ] && cp "$STATE/$f" "$COPY_TO/$(echo "$f" | tr / _)"
   done
   (cd "$STATE" && find . \( -name '*.log' -o -name metrics.jsonl -o -name sampling.json -o -name report.json \

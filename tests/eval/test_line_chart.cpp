@@ -50,6 +50,14 @@ TEST(ChartAxis, LogAxisLabelsEveryDecade) {
   EXPECT_EQ(tick_text(a.ticks[2]), "0.001");
 }
 
+TEST(ChartAxis, LogAxisOverOneDecadeAddsTwoAndFiveTimesIt) {
+  const Axis a = make_axis({17, 24, 500}, true, true, 0, "NFE");  // one decade tick (100) inside
+  std::vector<double> want{20, 50, 100, 200, 500};
+  ASSERT_EQ(a.ticks.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(a.ticks[i], want[i], 1e-9) << i;
+  EXPECT_EQ(make_axis({1e-5, 1e-3}, true, false, 0.05, "lr").ticks.size(), 3u);  // two decades: decades only
+}
+
 TEST(ChartAxis, LogAxisUnderADecadeLabelsItsEnds) {
   const Axis a = make_axis({2.5e-4, 6e-4, 8e-4}, true, false, 0.05, "lr");  // no decade inside
   ASSERT_EQ(a.ticks.size(), 2u);
@@ -119,6 +127,41 @@ TEST(LineChart, ConstantSeriesGetsALabelledLevelOnALogAxis) {
   EXPECT_NE(svg.find(">0.0005<"), std::string::npos);  // the constant run's level
   lr.series.pop_back();
   EXPECT_EQ(read_text(write_line_chart(dir.file("lr2"), "lr", {lr}).svg).find(">0.0005<"), std::string::npos);
+}
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+TEST(LineChart, RunningBestKeepsTheCheapestPointOfEachLevel) {
+  // (cost, fid): 24 → 50, 17 → 41, 500 → 48, 29 → 42, 22 → 42, 17 → 45 (a worse point at the same cost)
+  const Series b = running_best("m", {24, 17, 500, 29, 22, 17}, {50, 41, 48, 42, 42, 45});
+  EXPECT_EQ(b.name, "m");
+  EXPECT_EQ(b.x, (std::vector<double>{17}));
+  EXPECT_EQ(b.y, (std::vector<double>{41}));
+  const Series c = running_best("m", {10, 20, 40, 80, 160}, {9, 7, 8, 5, std::nan("")});
+  EXPECT_EQ(c.x, (std::vector<double>{10, 20, 80}));
+  EXPECT_EQ(c.y, (std::vector<double>{9, 7, 5}));
+}
+
+TEST(LineChart, DotsOnlySeriesDrawNoLineAndUnnamedOnesNoLegendRow) {
+  test::TempDir dir;
+  ChartPanel p{"fid", "NFE", "FID", {}, false};  // (log x over 10 … 100: ticks 10, 20, 50, 100)
+  p.log_x = true;
+  p.series = {{"model a", {10, 100}, {5, 3}, false, 0}, {"", {10, 50, 100}, {5, 6, 3}, true, 0}};
+  const std::string svg = read_text(write_line_chart(dir.file("f"), "t", {p}).svg);
+  EXPECT_EQ(count(svg, "<polyline"), 1u);  // the named line only
+  EXPECT_EQ(count(svg, "<circle"), 5u);    // 2 points of the line + 3 of the cloud, no legend dot
+  EXPECT_EQ(count(svg, ">model a<"), 1u);
+  EXPECT_NE(svg.find(">10<"), std::string::npos);  // decades of the log x axis
+  EXPECT_NE(svg.find(">100<"), std::string::npos);
+  p.series[1].name = "cloud";
+  const std::string named = read_text(write_line_chart(dir.file("g"), "t", {p}).svg);
+  EXPECT_EQ(count(named, "<circle"), 6u);  // its legend row shows a dot, not a line
+  p.series[1].x[0] = 0;                    // a log axis has no place for 0
+  EXPECT_THROW(write_line_chart(dir.file("h"), "t", {p}), UserError);
 }
 
 }  // namespace
