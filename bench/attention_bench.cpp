@@ -273,9 +273,9 @@ int attention_bench_main(int argc, char** argv) {
                      {"fwdbwd_ms", r.fwdbwd_ms},
                      {"fwd_ratio", r.fwd_ratio},
                      {"fwdbwd_ratio", r.fwdbwd_ratio},
-                     // what attention_path: auto runs for this layer shape (module scope: per call)
-                     {"auto_picks",
-                      config::to_string(nn::choose_attention_path(AttentionPath::automatic, r.active_actual, r.seq))}});
+                     // what attention_path: auto runs for this layer shape on this device (module scope: per call)
+                     {"auto_picks", config::to_string(nn::choose_attention_path(
+                                        AttentionPath::automatic, r.active_actual, r.seq, bench_device(o.device)))}});
     std::cout << out.dump(1) << std::endl;
   } else {
     std::cout << "| scope | seq | dim/heads | batch | mode | active (h_s+K)/h | fwd ms | fwd ratio | fwd+bwd ms | "

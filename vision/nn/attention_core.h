@@ -25,7 +25,8 @@ constexpr bool kFusedAttentionAvailable = TORCH_VERSION_MAJOR > 2 ||
 /// this LibTorch on a CPU (docs/BENCHMARKS.md, "attention_path: auto"); dense and sparse are returned as given. The
 /// CPU rule, LibTorch 2.x: sparse when tokens ≥ 1024 and active ≤ 0.85, or tokens ≥ 256 and active ≤ 0.6, else
 /// dense; LibTorch 1.13 the same (re-measured once its OpenMP workers stopped spinning on OpenBLAS's cores).
-/// On a GPU: dense (no rule has been measured on one yet).
+/// On a GPU: dense (the sparse path was the slower one at every MoH-ViT shape measured on an H200: docs/BENCHMARKS.md,
+/// "GPU").
 AttentionPath choose_attention_path(AttentionPath requested, double active, int64_t tokens,
                                     const c10::Device& device = c10::Device(c10::kCPU));
 
