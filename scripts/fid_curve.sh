@@ -12,29 +12,37 @@
 # env: SAMPLES (2000) CFG (4: the scale of every guided setting) LABEL (the run dir's name: the series name)
 #      MOH (build/moh) DEVICE (auto) SAMPLE_ARGS (more moh sample flags for every setting, e.g.
 #      "--set sampling.batch_size=1000" on a GPU: the batch changes which noise each image gets, not the protocol)
+#      EXTRA_SETTINGS (a file of more settings after the list, e.g. head budgets --topk K for a MoH model)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 4 ] || { echo "usage: $0 RUN_DIR OUT_DIR REF_STATS FEATURES [SETTINGS_FILE]" >&2; exit 2; }
 RUN=$1 OUT=$2 REF=$3 FEATURES=$4 SETTINGS=${5:-}
 MOH=${MOH:-build/moh} SAMPLES=${SAMPLES:-2000} CFG=${CFG:-4} LABEL=${LABEL:-$(basename "$RUN")} DEVICE=${DEVICE:-auto}
-SAMPLE_ARGS=${SAMPLE_ARGS:-}
+SAMPLE_ARGS=${SAMPLE_ARGS:-} EXTRA=${EXTRA_SETTINGS:-}
 [ -x "$MOH" ] || { echo "error: $MOH not found (run scripts/setup.sh first)" >&2; exit 2; }
 [ -d "$RUN" ] || { echo "error: $RUN: not a run directory" >&2; exit 2; }
 [ -f "$REF" ] || { echo "error: $REF: no reference statistics (moh ref-stats)" >&2; exit 2; }
 
-default_settings() {
+default_settings() {  # the list measured in docs/RESULTS.md ("Fewer network evaluations")
   cat <<EOF
 ddpm250 | --sampler ddpm --steps 250 --cfg-scale $CFG
 ddim50 | --sampler ddim --steps ddim50 --cfg-scale $CFG
 dpm++2m_25 | --sampler dpm++2m --steps 25 --cfg-scale $CFG
+dpm++2m_20 | --sampler dpm++2m --steps 20 --cfg-scale $CFG
 dpm++2m_12 | --sampler dpm++2m --steps 12 --cfg-scale $CFG
+dpm++2m_10 | --sampler dpm++2m --steps 10 --cfg-scale $CFG
 dpm++2m_20_int0.5 | --sampler dpm++2m --steps 20 --cfg-scale $CFG --cfg-interval 0,0.5
 dpm++2m_15_int0.5 | --sampler dpm++2m --steps 15 --cfg-scale $CFG --cfg-interval 0,0.5
+dpm++2m_12_int0.5 | --sampler dpm++2m --steps 12 --cfg-scale $CFG --cfg-interval 0,0.5
 euler_25 | --sampler euler --steps 25 --cfg-scale $CFG
 heun_12 | --sampler heun --steps 12 --cfg-scale $CFG
+heun_7 | --sampler heun --steps 7 --cfg-scale $CFG
 EOF
 }
-settings() { if [ -n "$SETTINGS" ]; then grep -v '^\s*\(#\|$\)' "$SETTINGS"; else default_settings; fi; }
+settings() {
+  if [ -n "$SETTINGS" ]; then grep -v '^\s*\(#\|$\)' "$SETTINGS"; else default_settings; fi
+  if [ -n "$EXTRA" ]; then grep -v '^\s*\(#\|$\)' "$EXTRA"; fi
+}
 
 mkdir -p "$OUT"
 ROWS=$OUT/curve.jsonl

@@ -94,8 +94,12 @@ STATS=$RUNS/fm_test_stats_$(basename "$FEATURE").npz  # the name reproduce_conti
 [ -f "$STATS" ] || "$MOH" ref-stats --images fashion_mnist:test --features "classifier:$FEATURE" --out "$STATS" >/dev/null
 log "reference statistics: $STATS"
 
+# ct_job NAME SEED ROUTERS SCRATCH: one slice of the continue-tuning study (finished parts are skipped)
+ct_job() {
+  job "$1" env SEEDS="$2" ROUTERS="$3" SCRATCH="$4" PARTS=dit bash scripts/reproduce_continue_tuning.sh "$STATE/ct"
+}
 log "phase 1: dense models of the study, the demo's two models"
-if has ct; then for s in $SEEDS; do job "ct_dense_s$s" env SEEDS="$s" ROUTERS="" SCRATCH=0 PARTS=dit bash scripts/reproduce_continue_tuning.sh "$STATE/ct"; done; fi
+if has ct; then for s in $SEEDS; do ct_job "ct_dense_s$s" "$s" "" 0; done; fi
 if has curve; then
   job demo_moh demo_train demo_moh configs/fashion_mnist/moh_dit_pixel.yaml
   job demo_dense demo_train demo_dense configs/fashion_mnist/dit_pixel.yaml
@@ -105,36 +109,19 @@ finish || true
 log "phase 2: conversions and continue-tuning, from-scratch runs, the two curves"
 if has ct; then
   for s in $SEEDS; do
-    for r in learned query_norm; do job "ct_${r}_s$s" env SEEDS="$s" ROUTERS="$r" SCRATCH=0 PARTS=dit bash scripts/reproduce_continue_tuning.sh "$STATE/ct"; done
-    job "ct_scratch_s$s" env SEEDS="$s" ROUTERS="" SCRATCH=1 PARTS=dit bash scripts/reproduce_continue_tuning.sh "$STATE/ct"
+    for r in learned query_norm; do ct_job "ct_${r}_s$s" "$s" "$r" 0; done
+    ct_job "ct_scratch_s$s" "$s" "" 1
   done
 fi
-common_settings() {
-  cat <<EOF
-ddpm250 | --sampler ddpm --steps 250 --cfg-scale 4
-ddim50 | --sampler ddim --steps ddim50 --cfg-scale 4
-dpm++2m_25 | --sampler dpm++2m --steps 25 --cfg-scale 4
-dpm++2m_20 | --sampler dpm++2m --steps 20 --cfg-scale 4
-dpm++2m_12 | --sampler dpm++2m --steps 12 --cfg-scale 4
-dpm++2m_10 | --sampler dpm++2m --steps 10 --cfg-scale 4
-dpm++2m_20_int0.5 | --sampler dpm++2m --steps 20 --cfg-scale 4 --cfg-interval 0,0.5
-dpm++2m_15_int0.5 | --sampler dpm++2m --steps 15 --cfg-scale 4 --cfg-interval 0,0.5
-dpm++2m_12_int0.5 | --sampler dpm++2m --steps 12 --cfg-scale 4 --cfg-interval 0,0.5
-euler_25 | --sampler euler --steps 25 --cfg-scale 4
-heun_12 | --sampler heun --steps 12 --cfg-scale 4
-heun_7 | --sampler heun --steps 7 --cfg-scale 4
-EOF
-}
-if has curve; then
-  common_settings >"$STATE/curve/settings_dense.txt"
-  { common_settings; for k in 0 1 3 4; do echo "dpm++2m_12_k$k | --sampler dpm++2m --steps 12 --cfg-scale 4 --topk $k"; done
+if has curve; then  # fid_curve.sh's default settings for both; head budgets for the MoH model (trained K = 2 of 4)
+  { for k in 0 1 3 4; do echo "dpm++2m_12_k$k | --sampler dpm++2m --steps 12 --cfg-scale 4 --topk $k"; done
     echo "dpm++2m_12_guidek1 | --sampler dpm++2m --steps 12 --cfg-scale 4 --guide-topk 1"
     for k in 1 3; do echo "dpm++2m_25_k$k | --sampler dpm++2m --steps 25 --cfg-scale 4 --topk $k"; done
-  } >"$STATE/curve/settings_moh.txt"
-  job curve_moh env LABEL=MoH-DiT-Pixel/4-75 bash scripts/fid_curve.sh "$RUNS/demo_moh" "$STATE/curve" "$STATS" \
-    "classifier:$FEATURE" "$STATE/curve/settings_moh.txt"
-  job curve_dense env LABEL=DiT-Pixel/4 bash scripts/fid_curve.sh "$RUNS/demo_dense" "$STATE/curve" "$STATS" \
-    "classifier:$FEATURE" "$STATE/curve/settings_dense.txt"
+  } >"$STATE/curve/settings_moh_k.txt"
+  job curve_moh env LABEL=MoH-DiT-Pixel/4-75 CFG=4 EXTRA_SETTINGS="$STATE/curve/settings_moh_k.txt" \
+    bash scripts/fid_curve.sh "$RUNS/demo_moh" "$STATE/curve" "$STATS" "classifier:$FEATURE"
+  job curve_dense env LABEL=DiT-Pixel/4 CFG=4 bash scripts/fid_curve.sh "$RUNS/demo_dense" "$STATE/curve" "$STATS" \
+    "classifier:$FEATURE"
 fi
 finish || true
 
