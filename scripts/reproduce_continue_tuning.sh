@@ -17,6 +17,8 @@
 #        RUNS (runs/continue_tuning) LIMIT (0: every training image; a smaller number for a smoke run)
 #        FEATURE_RUN (the FID feature network, a classifier run; default: the seed's dense classifier RUNS/cls_dense_sN)
 #        SCRATCH (1: train and measure the MoH-from-scratch model; 0 leaves it out, e.g. to run it in a parallel job)
+#        DENSE_STEPS (the dense DiT's optimizer steps when it was trained elsewhere, e.g. on a GPU whose runs are gone:
+#        only the from-scratch model is then trained and measured, for 125 % of them; needs ROUTERS="" and SCRATCH=1)
 #        SAMPLE_ARGS (more moh sample flags for the FID samples, e.g. "--set sampling.batch_size=1000" on a GPU)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,8 +28,12 @@ RUNS=${RUNS:-runs/continue_tuning}
 SEEDS=${SEEDS:-"1 2"} PARTS=${PARTS:-"cls dit"} ROUTERS=${ROUTERS-"learned query_norm"}
 CHOICES=${CHOICES:-"first importance learned"} CLS_EPOCHS=${CLS_EPOCHS:-3} DIT_EPOCHS=${DIT_EPOCHS:-4}
 SAMPLES=${SAMPLES:-2000} PRECISION=${PRECISION:-auto} LIMIT=${LIMIT:-0}
-FEATURE_RUN=${FEATURE_RUN:-} SCRATCH=${SCRATCH:-1} SAMPLE_ARGS=${SAMPLE_ARGS:-}
+FEATURE_RUN=${FEATURE_RUN:-} SCRATCH=${SCRATCH:-1} SAMPLE_ARGS=${SAMPLE_ARGS:-} DENSE_STEPS=${DENSE_STEPS:-}
 [ -x "$MOH" ] || { echo "error: $MOH not found (run scripts/setup.sh first)" >&2; exit 2; }
+if [ -n "$DENSE_STEPS" ] && { [ -n "$ROUTERS" ] || [ "$SCRATCH" != 1 ] || ! [ "$DENSE_STEPS" -gt 0 ] 2>/dev/null; }; then
+  echo "error: DENSE_STEPS=$DENSE_STEPS: measures the from-scratch DiT only (set ROUTERS=\"\" SCRATCH=1 and a step count > 0)" >&2
+  exit 2
+fi
 mkdir -p "$OUT" "$RUNS"
 echo "protocol: seeds $SEEDS; training images ${LIMIT/#0/all}; parts $PARTS; routers $ROUTERS; shared heads $CHOICES; classifier $CLS_EPOCHS epochs," \
   "DiT $DIT_EPOCHS epochs; FID on $SAMPLES samples with ${FEATURE_RUN:-the dense classifier of each seed} as the feature network;" \
@@ -116,14 +122,15 @@ head_loads() {
 features() { echo "${FEATURE_RUN:-$RUNS/cls_dense_s$1}"; }
 stats() { echo "$RUNS/fm_test_stats_$(basename "$(features "$1")").npz"; }
 diffusion() {  # diffusion SEED (after classifier SEED unless FEATURE_RUN names the feature network)
-  local s=$1 dense=dit_dense_s$1 feat
+  local s=$1 dense=dit_dense_s$1 feat total=$DENSE_STEPS
   feat=$(features "$1")
-  train "$dense" configs/fashion_mnist/dit_pixel.yaml --set train.seed="$s" --set train.epochs="$DIT_EPOCHS"
-  local total
-  total=$(steps "$dense")
+  if [ -z "$total" ]; then
+    train "$dense" configs/fashion_mnist/dit_pixel.yaml --set train.seed="$s" --set train.epochs="$DIT_EPOCHS"
+    total=$(steps "$dense")
+  fi
   [ -f "$(stats "$s")" ] ||
     "$MOH" ref-stats --images fashion_mnist:test --features "classifier:$feat" --out "$(stats "$s")" >/dev/null
-  evaluate_dit "$dense" dense 0 "$s"
+  [ -n "$DENSE_STEPS" ] || evaluate_dit "$dense" dense 0 "$s"
   local router choice pct init
   for router in $ROUTERS; do
     for choice in $CHOICES; do
