@@ -37,7 +37,8 @@ fi
 mkdir -p "$OUT" "$RUNS"
 echo "protocol: seeds $SEEDS; training images ${LIMIT/#0/all}; parts $PARTS; routers $ROUTERS; shared heads $CHOICES; classifier $CLS_EPOCHS epochs," \
   "DiT $DIT_EPOCHS epochs; FID on $SAMPLES samples with ${FEATURE_RUN:-the dense classifier of each seed} as the feature network;" \
-  "precision $PRECISION" | tee "$OUT/protocol.txt"
+  "precision $PRECISION${DENSE_STEPS:+; from-scratch DiT only, for 125 % of the $DENSE_STEPS steps of a dense DiT trained elsewhere}" |
+  tee "$OUT/protocol.txt"
 ROWS=$OUT/rows.jsonl
 touch "$ROWS"
 
