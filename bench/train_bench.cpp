@@ -15,6 +15,7 @@
 #include "bench/op_profile.h"
 #include "core/amp.h"
 #include "core/error.h"
+#include "core/optimizer.h"
 #include "core/run_context.h"
 #include "diffusion/dit_experiment.h"
 #include "diffusion/model_registry.h"
@@ -85,7 +86,9 @@ Common parse_common(cxxopts::Options& opts, int argc, char** argv, bool& help) {
       "device", "auto, cpu or cuda[:N]", cxxopts::value<std::string>()->default_value("auto"))(
       "peak-tflops", "device peak for MFU (0 = a GEMM measured in this run)",
       cxxopts::value<double>()->default_value("0"))(
-      "profile", "print the N operators with the most self time of one step",
+      "profile",
+      "profile one more step: time per op class and the N operators that took most of it (CUDA: kernels' "
+      "device time)",
       cxxopts::value<int64_t>()->default_value("0"))("json", "print one JSON object")("h,help", "show this help");
   Common c;
   help = !parse_bench_flags(opts, argc, argv, c.args);
@@ -104,6 +107,30 @@ Common parse_common(cxxopts::Options& opts, int argc, char** argv, bool& help) {
   c.ctx = RunContext::create(c.args["device"].as<std::string>(), p, 0);
   configure_cpu_threads();
   return c;
+}
+
+// One more call of `step` recorded by StepProfiler: time per op class (device time of its kernels on CUDA, host self
+// time on the CPU) and the `c.profile` operators that took most of it.
+template <class F>
+nlohmann::json profile_step(const Common& c, F&& step) {
+  StepProfiler prof(c.ctx.device.is_cuda());
+  sync(c.ctx);
+  const auto s = Clock::now();
+  prof.start();
+  step();
+  sync(c.ctx);
+  const std::vector<ProfileEvent> events = prof.stop();
+  const double wall_ms = seconds_since(s) * 1e3;
+  const ClassProfile p = classify_profile(events);
+  nlohmann::json top = nlohmann::json::array();
+  for (size_t i = 0; i < p.ops.size() && static_cast<int64_t>(i) < c.profile; ++i)
+    top.push_back({{"op", p.ops[i].name}, {"ms", p.ops[i].self_ms}, {"calls", p.ops[i].calls}});
+  return {{"time", p.device ? "device (kernels, Kineto)" : "host self time"},
+          {"wall_ms", wall_ms},
+          {"classes_ms", p.ms},
+          {"busy_ms", p.busy_ms},
+          {"span_ms", p.span_ms},
+          {"top_ops", top}};
 }
 
 // Times `step` (warm-up first), optionally profiles one more call; fills the common JSON fields.
@@ -128,19 +155,7 @@ nlohmann::json time_steps(const Common& c, F&& step) {
                      {"step_s", median(t)},
                      {"step_s_min", *std::min_element(t.begin(), t.end())},
                      {"img_per_s", static_cast<double>(c.batch) / median(t)}};
-  if (c.profile > 0) {
-    std::vector<OpTime> rows;
-    {
-      OpProfiler prof;
-      step();
-      sync(c.ctx);
-      rows = prof.table();
-    }
-    nlohmann::json top = nlohmann::json::array();
-    for (size_t i = 0; i < rows.size() && static_cast<int64_t>(i) < c.profile; ++i)
-      top.push_back({{"op", rows[i].name}, {"self_ms", rows[i].self_ms}, {"calls", rows[i].calls}});
-    out["profile"] = top;
-  }
+  if (c.profile > 0) out["profile"] = profile_step(c, step);
   return out;
 }
 
@@ -189,6 +204,20 @@ nlohmann::json time_and_count(const Common& c, Step&& step, Fwd&& forward) {
   return out;
 }
 
+void print_profile(const nlohmann::json& p) {
+  double total = 0;
+  for (const auto& [k, v] : p["classes_ms"].items()) total += v.get<double>();
+  std::cout << "  profile of one step (" << p["time"].get<std::string>() << "; wall " << std::fixed
+            << std::setprecision(2) << p["wall_ms"].get<double>() << " ms):\n";
+  for (const auto& [k, v] : p["classes_ms"].items())
+    std::cout << "  " << std::right << std::setw(10) << v.get<double>() << " ms " << std::setw(5)
+              << std::setprecision(1) << 100.0 * v.get<double>() / std::max(total, 1e-9) << " %  " << k << "\n"
+              << std::setprecision(2);
+  for (const auto& r : p["top_ops"])
+    std::cout << "  " << std::right << std::setw(10) << r["ms"].get<double>() << " ms " << std::setw(6)
+              << r["calls"].get<int64_t>() << "x  " << r["op"].get<std::string>() << "\n";
+}
+
 void print(const nlohmann::json& out, bool json) {
   if (json) {
     std::cout << out.dump() << std::endl;
@@ -198,11 +227,7 @@ void print(const nlohmann::json& out, bool json) {
             << " " << out["precision"].get<std::string>() << "\n";
   for (const char* k : {"step_s", "img_per_s", "fwd_gflops_per_img", "achieved_tflops", "peak_tflops", "mfu"})
     if (out.contains(k)) std::cout << "  " << std::left << std::setw(20) << k << out[k].get<double>() << "\n";
-  if (out.contains("profile"))
-    for (const auto& r : out["profile"])
-      std::cout << "  " << std::right << std::setw(10) << std::fixed << std::setprecision(2)
-                << r["self_ms"].get<double>() << " ms " << std::setw(6) << r["calls"].get<int64_t>() << "x  "
-                << r["op"].get<std::string>() << "\n";
+  if (out.contains("profile")) print_profile(out["profile"]);
 }
 
 int64_t resolved_size(const Common& c, int64_t variant) {
@@ -214,6 +239,10 @@ int64_t resolved_size(const Common& c, int64_t variant) {
 
 int train_bench_main(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "One training step on random data: step time, images/s, FLOPs, MFU");
+  opts.add_options()("optim-impl", "AdamW, clipping and EMA over the parameters: auto, for_loop, foreach or fused",
+                     cxxopts::value<std::string>()->default_value("auto"))(
+      "ema", "EMA decay updated every step as a run with train.ema_decay (0 = no EMA; DiT's train.py: 0.9999)",
+      cxxopts::value<double>()->default_value("0"));
   bool help = false;
   Common c = parse_common(opts, argc, argv, help);
   if (help) return 0;
@@ -224,6 +253,10 @@ int train_bench_main(int argc, char** argv) {
   r.batch = c.batch;
   r.img_size = c.args["img-size"].as<int64_t>();
   r.path = config::enum_from_string<AttentionPath>(c.args["attention-path"].as<std::string>(), "--attention-path");
+  r.optim = resolve_optim_impl(
+      config::enum_from_string<OptimImpl>(c.args["optim-impl"].as<std::string>(), "--optim-impl"), c.ctx.device);
+  r.ema_decay = c.args["ema"].as<double>();
+  if (!(r.ema_decay >= 0 && r.ema_decay < 1)) throw UserError("--ema", "must be in [0, 1)", "e.g. 0.9999");
   const std::string flag = "--model " + c.model;
   const ModelFamily& family = find_model_family(c.model, flag);
   if (!family.bench_step)
@@ -232,6 +265,8 @@ int train_bench_main(int argc, char** argv) {
   nlohmann::json out = time_and_count(c, b.step, b.forward);
   out["attention_path"] = b.attention_path;
   out["input"] = b.input;
+  out["optim_impl"] = config::to_string(r.optim);
+  out["ema_decay"] = r.ema_decay;
   out["what"] = "train_step";
   print(out, c.json);
   return 0;

@@ -1,6 +1,6 @@
 #include "core/amp.h"
 
-#include <torch/nn/utils/clip_grad.h>
+#include "core/optimizer.h"
 
 #include <ATen/autocast_mode.h>
 #include <torch/version.h>
@@ -60,6 +60,31 @@ AutocastScope::~AutocastScope() {
   set_dtype(cuda_, prev_dtype_);
 }
 
+AutocastState AutocastState::current() {
+  AutocastState s;
+  s.cpu = is_enabled(false), s.cuda = is_enabled(true);
+  s.cpu_dtype = get_dtype(false), s.cuda_dtype = get_dtype(true);
+  return s;
+}
+
+namespace {
+void apply(const AutocastState& s) {
+  set_dtype(false, s.cpu_dtype), set_dtype(true, s.cuda_dtype);
+  set_enabled(false, s.cpu), set_enabled(true, s.cuda);
+}
+}  // namespace
+
+AutocastRestore::AutocastRestore(const AutocastState& state) : prev_(AutocastState::current()) {
+  apply(state);
+  nested_ = state.cpu || state.cuda;
+  if (nested_) at::autocast::increment_nesting();
+}
+
+AutocastRestore::~AutocastRestore() {
+  if (nested_ && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  apply(prev_);
+}
+
 GradScaler::GradScaler(Precision precision) : enabled_(precision == Precision::fp16) {}
 
 bool GradScaler::unscale_and_update(const std::vector<at::Tensor>& params) {
@@ -94,12 +119,12 @@ void GradScaler::load_state(const at::Tensor& state) {
   growth_tracker_ = static_cast<int64_t>(state[1].item<double>());
 }
 
-bool finish_optimizer_step(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& params,
-                           GradScaler& scaler, double clip) {
+bool finish_optimizer_step(torch::optim::AdamW& optimizer, const std::vector<at::Tensor>& params, GradScaler& scaler,
+                           double clip, OptimImpl impl) {
   const bool take = scaler.unscale_and_update(params);  // fp16: skip steps with inf/NaN gradients
   if (take) {
-    if (clip > 0) torch::nn::utils::clip_grad_norm_(params, clip);
-    optimizer.step();
+    if (clip > 0) clip_grad_norm(params, clip, impl);
+    adamw_step(optimizer, impl);
   }
   optimizer.zero_grad();
   return take;

@@ -4,7 +4,7 @@
 // the forward pass inside the scope and compute losses on `.to(kFloat)` outputs outside it.
 #include <ATen/ATen.h>
 
-#include <torch/optim/optimizer.h>
+#include <torch/optim/adamw.h>
 
 #include <vector>
 
@@ -24,6 +24,27 @@ class AutocastScope {
  private:
   bool active_ = false, cuda_ = false, prev_enabled_ = false;
   at::ScalarType prev_dtype_ = at::kFloat;
+};
+
+/// The autocast settings of the calling thread, CPU and CUDA (activation checkpointing re-enters them when autograd
+/// recomputes a forward pass on its own thread, as torch.utils.checkpoint does).
+struct AutocastState {
+  bool cpu = false, cuda = false;
+  at::ScalarType cpu_dtype = at::kBFloat16, cuda_dtype = at::kHalf;
+  static AutocastState current();
+};
+
+/// Applies an AutocastState for its lifetime, then restores the thread's previous settings.
+class AutocastRestore {
+ public:
+  explicit AutocastRestore(const AutocastState& state);
+  ~AutocastRestore();
+  AutocastRestore(const AutocastRestore&) = delete;
+  AutocastRestore& operator=(const AutocastRestore&) = delete;
+
+ private:
+  AutocastState prev_;
+  bool nested_ = false;
 };
 
 /// Dynamic loss scaling as torch.cuda.amp.GradScaler (init 2^16, ×2 after 2000 finite steps, ×½ and skip the step on
@@ -46,8 +67,9 @@ class GradScaler {
 };
 
 /// Ends an optimizer step after the backward pass(es): unscales (fp16), clips the global gradient norm (clip > 0),
-/// steps unless an fp16 overflow says skip, and zeroes the gradients. Returns whether the step was taken.
-bool finish_optimizer_step(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& params,
-                           GradScaler& scaler, double clip);
+/// steps unless an fp16 overflow says skip, and zeroes the gradients, with AdamW and clipping in implementation
+/// `impl` (resolved, core/optimizer.h). Returns whether the step was taken.
+bool finish_optimizer_step(torch::optim::AdamW& optimizer, const std::vector<at::Tensor>& params, GradScaler& scaler,
+                           double clip, OptimImpl impl);
 
 }  // namespace moh

@@ -1,4 +1,5 @@
 #include "core/checkpoint.h"
+#include "core/optimizer.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
@@ -110,19 +111,6 @@ void load_module_file(torch::nn::Module& module, const std::string& path, bool a
 
 namespace {
 
-// LibTorch keys optimizer state by the parameter's TensorImpl: a string in 1.x, a pointer in 2.x.
-template <class Map>
-typename Map::key_type state_key(Map&, const at::Tensor& p) {
-  using Key = typename Map::key_type;
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream key;  // what LibTorch 1.x's c10::guts::to_string(impl) writes (gone in 2.x)
-    key << p.unsafeGetTensorImpl();
-    return key.str();
-  } else {
-    return p.unsafeGetTensorImpl();
-  }
-}
-
 template <class State>
 bool save_state(torch::optim::OptimizerParamState* s, const std::string& name, TensorMap& out) {
   auto* st = dynamic_cast<State*>(s);
@@ -139,7 +127,7 @@ TensorMap optimizer_tensors(torch::optim::Optimizer& optimizer, const torch::nn:
   TensorMap out;
   auto& state = optimizer.state();
   for (const auto& p : module.named_parameters()) {
-    auto it = state.find(state_key(state, p.value()));
+    auto it = state.find(optimizer_state_key(state, p.value()));
     if (it == state.end()) continue;  // not stepped yet (or frozen)
     if (!save_state<torch::optim::AdamWParamState>(it->second.get(), p.key(), out) &&
         !save_state<torch::optim::AdamParamState>(it->second.get(), p.key(), out))
@@ -162,7 +150,7 @@ void load_optimizer_tensors(torch::optim::Optimizer& optimizer, const torch::nn:
     st->exp_avg(a->second.to(p.value().device()).clone());
     st->exp_avg_sq(b->second.to(p.value().device()).clone());
     st->step(s->second.item<int64_t>());
-    state[state_key(state, p.value())] = std::move(st);
+    state[optimizer_state_key(state, p.value())] = std::move(st);
   }
 }
 

@@ -5,17 +5,17 @@
 
 #include <algorithm>
 #include <memory>
+#include <vector>
+
+#include "core/experiment_config.h"
 
 namespace moh {
 
 /// ema ← decay·ema + (1 − decay)·model over every named parameter (same names and shapes); buffers ← model's.
-inline void ema_update(torch::nn::Module& ema, const torch::nn::Module& model, double decay) {
-  torch::NoGradGuard ng;
-  auto src = model.named_parameters();
-  for (auto& p : ema.named_parameters()) p.value().mul_(decay).add_(src[p.key()], 1.0 - decay);
-  auto bufs = model.named_buffers();
-  for (auto& b : ema.named_buffers()) b.value().copy_(bufs[b.key()]);
-}
+/// for_loop updates tensor by tensor (DiT's update_ema, the reference); foreach/fused as two multi-tensor kernels
+/// over all parameters (the same ops in the same order: equal results).
+void ema_update(torch::nn::Module& ema, const torch::nn::Module& model, double decay,
+                OptimImpl impl = OptimImpl::for_loop);
 
 /// The decay used at optimizer step `step` (0-based): constant, or with warm-up min(decay, (1 + s)/(10 + s)) so that
 /// short runs do not keep decay^t of the random initialisation.
@@ -28,24 +28,22 @@ inline double ema_decay_at(double decay, bool warmup, int64_t step) {
 /// model's family, same names), kept in eval mode without gradients.
 class ModelEma {
  public:
-  ModelEma(std::shared_ptr<torch::nn::Module> copy, double decay, bool warmup)
-      : module_(std::move(copy)), decay_(decay), warmup_(warmup) {
-    module_->eval();
-    for (auto& p : module_->parameters()) p.set_requires_grad(false);
-  }
+  ModelEma(std::shared_ptr<torch::nn::Module> copy, double decay, bool warmup, OptimImpl impl = OptimImpl::for_loop);
   torch::nn::Module& module() { return *module_; }
   const std::shared_ptr<torch::nn::Module>& ptr() const { return module_; }
   /// ema ← model (DiT and timm start the average as a copy).
   void copy_from(const torch::nn::Module& model) { ema_update(*module_, model, 0.0); }
   /// The update after optimizer step `step` (0-based).
-  void update(const torch::nn::Module& model, int64_t step) {
-    ema_update(*module_, model, ema_decay_at(decay_, warmup_, step));
-  }
+  void update(const torch::nn::Module& model, int64_t step);
 
  private:
   std::shared_ptr<torch::nn::Module> module_;
   double decay_;
   bool warmup_;
+  OptimImpl impl_;
+  // The multi-tensor update's lists, paired by name once (a step does not rebuild name maps).
+  const torch::nn::Module* paired_with_ = nullptr;
+  std::vector<at::Tensor> ema_params_, model_params_, ema_buffers_, model_buffers_;
 };
 
 }  // namespace moh

@@ -26,6 +26,17 @@ const config::EnumTable<Precision>& enum_table(Precision) {
       {Precision::fp32, "fp32"}, {Precision::bf16, "bf16"}, {Precision::fp16, "fp16"}, {Precision::automatic, "auto"}};
   return t;
 }
+const config::EnumTable<OptimImpl>& enum_table(OptimImpl) {
+  static const config::EnumTable<OptimImpl> t{{OptimImpl::for_loop, "for_loop"},
+                                              {OptimImpl::foreach, "foreach"},
+                                              {OptimImpl::fused, "fused"},
+                                              {OptimImpl::automatic, "auto"}};
+  return t;
+}
+const config::EnumTable<GradCheckpoint>& enum_table(GradCheckpoint) {
+  static const config::EnumTable<GradCheckpoint> t{{GradCheckpoint::none, "none"}, {GradCheckpoint::blocks, "blocks"}};
+  return t;
+}
 const config::EnumTable<LoaderKind>& enum_table(LoaderKind) {
   static const config::EnumTable<LoaderKind> t{{LoaderKind::memory, "memory"}, {LoaderKind::stream, "stream"}};
   return t;

@@ -39,6 +39,18 @@ const config::EnumTable<RouterKind>& enum_table(RouterKind);
 enum class Precision { fp32, bf16, fp16, automatic };
 const config::EnumTable<Precision>& enum_table(Precision);
 
+/// How AdamW's step, the gradient clipping and the EMA update run over the parameters (core/optimizer.h):
+/// `for_loop` one kernel per op per tensor (LibTorch's torch::optim::AdamW, the reference), `foreach` multi-tensor
+/// kernels, `fused` one pass per parameter (_fused_adamw_), `automatic` ("auto") fused on CUDA where the build has it,
+/// else foreach.
+enum class OptimImpl { for_loop, foreach, fused, automatic };
+const config::EnumTable<OptimImpl>& enum_table(OptimImpl);
+
+/// Activation checkpointing of a training run: `none`, or `blocks` (every transformer block's activations are
+/// recomputed in the backward pass instead of kept: larger batches per device for about a third more compute).
+enum class GradCheckpoint { none, blocks };
+const config::EnumTable<GradCheckpoint>& enum_table(GradCheckpoint);
+
 /// Built-in dataset readers.
 enum class DatasetKind { fashion_mnist, image_folder, latents };
 const config::EnumTable<DatasetKind>& enum_table(DatasetKind);
@@ -185,6 +197,7 @@ struct OptimConfig {
   std::vector<double> betas{0.9, 0.999};
   double eps = 1e-8;
   double clip_grad = 1.0;  ///< global grad-norm clip; 0 = off
+  OptimImpl impl = OptimImpl::automatic;
 
   template <class V>
   void visit(V& v) {
@@ -193,6 +206,10 @@ struct OptimConfig {
     v.field("betas", betas, "AdamW (beta1, beta2)");
     v.field("eps", eps, "AdamW epsilon");
     v.field("clip_grad", clip_grad, "clip the global gradient norm to this value; 0 = off");
+    v.field("impl", impl,
+            "how AdamW, clipping and EMA run over the parameters: for_loop (per tensor, the reference), foreach "
+            "(multi-tensor kernels), fused (one pass per parameter; LibTorch >= 2.0 CUDA, >= 2.4 CPU) or auto "
+            "(fused on CUDA where available, else foreach)");
   }
 };
 
@@ -232,6 +249,7 @@ struct TrainConfig {
   int64_t eval_every_epochs = 1;
   int64_t max_steps = 0;       ///< stop after this many optimizer steps (0 = run all epochs)
   bool deterministic = false;  ///< deterministic kernels (CUDA: bit-identical reruns and resumes)
+  GradCheckpoint grad_checkpoint = GradCheckpoint::none;
 
   template <class V>
   void visit(V& v) {
@@ -258,6 +276,9 @@ struct TrainConfig {
             "deterministic kernels only (torch.use_deterministic_algorithms; CUBLAS_WORKSPACE_CONFIG=:4096:8): "
             "on a GPU, reruns and resumed runs equal uninterrupted ones bit for bit, at some speed; CPU runs are "
             "deterministic without it");
+    v.field("grad_checkpoint", grad_checkpoint,
+            "activation checkpointing: none, or blocks (each block's activations recomputed in the backward pass: "
+            "less memory, larger batches, about 1/3 more compute; gradients unchanged)");
   }
 };
 

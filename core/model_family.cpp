@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/optimizer.h"
 
 namespace moh {
 
@@ -47,6 +48,22 @@ FamilyCheckpoint open_family_checkpoint(const std::string& path, const std::vect
   if (std::find(names.begin(), names.end(), r.cfg.model.name) == names.end())
     throw UserError("checkpoint " + r.ckpt.dir, "holds a " + r.cfg.model.name + " model, not a " + family, hint);
   return r;
+}
+
+BenchOptimizer::BenchOptimizer(torch::nn::Module& model, const BenchRequest& r, double lr, double weight_decay,
+                               double clip, const std::function<std::shared_ptr<torch::nn::Module>()>& copy)
+    : impl_(resolve_optim_impl(r.optim, r.ctx.device)), clip_(clip) {
+  adamw_ = std::make_unique<torch::optim::AdamW>(model.parameters(),
+                                                 torch::optim::AdamWOptions(lr).weight_decay(weight_decay));
+  scaler_ = std::make_unique<GradScaler>(r.ctx.precision);
+  if (r.ema_decay > 0) {
+    ema_ = std::make_unique<ModelEma>(copy(), r.ema_decay, /*warmup=*/false, impl_);
+    ema_->copy_from(model);
+  }
+}
+
+void BenchOptimizer::step(torch::nn::Module& model) {
+  if (finish_optimizer_step(*adamw_, model.parameters(), *scaler_, clip_, impl_) && ema_) ema_->update(model, steps_++);
 }
 
 }  // namespace moh

@@ -11,7 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "core/amp.h"
 #include "core/checkpoint.h"
+#include "core/ema.h"
 #include "core/experiment_config.h"
 #include "core/run_context.h"
 #include "core/safetensors.h"
@@ -80,6 +82,29 @@ struct BenchRequest {
   int64_t batch = 1;
   int64_t img_size = 0;  ///< 0 = the variant's
   AttentionPath path = AttentionPath::automatic;
+  OptimImpl optim = OptimImpl::automatic;  ///< optim.impl of the step's AdamW, clipping and EMA
+  double ema_decay = 0;                    ///< > 0: the step updates an EMA copy too, as a run with train.ema_decay
+};
+
+/// The optimizer half of a benchmarked training step, as a run takes it (core/amp.h finish_optimizer_step): AdamW
+/// and gradient clipping in the request's optim.impl (resolved for its device), then the EMA update when the request
+/// keeps one.
+class BenchOptimizer {
+ public:
+  /// `copy` builds a second model of the same variant on the request's device (the EMA's).
+  BenchOptimizer(torch::nn::Module& model, const BenchRequest& r, double lr, double weight_decay, double clip,
+                 const std::function<std::shared_ptr<torch::nn::Module>()>& copy);
+  void step(torch::nn::Module& model);
+  /// The loss scaler the step's backward scales by (fp16) and step() unscales by.
+  GradScaler& scaler() { return *scaler_; }
+
+ private:
+  std::unique_ptr<torch::optim::AdamW> adamw_;
+  std::unique_ptr<GradScaler> scaler_;
+  std::unique_ptr<ModelEma> ema_;
+  OptimImpl impl_;
+  double clip_;
+  int64_t steps_ = 0;
 };
 
 /// The step (forward, backward, optimizer step) and a forward alone, with what they ran on. The closures own the

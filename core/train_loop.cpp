@@ -17,6 +17,7 @@
 #include "core/ema.h"
 #include "core/error.h"
 #include "core/interrupt.h"
+#include "core/optimizer.h"
 #include "core/progress.h"
 #include "core/sha256.h"
 
@@ -74,9 +75,9 @@ double step_learning_rate(const ExperimentConfig& cfg, int64_t epoch, int64_t ba
       cfg, static_cast<double>(epoch) + static_cast<double>(batch - skipped) / static_cast<double>(steps_per_epoch));
 }
 
-bool complete_optimizer_step(torch::optim::Optimizer& optimizer, torch::nn::Module& model, GradScaler& scaler,
-                             double clip, ModelEma* ema, TrainerState& state) {
-  const bool took = finish_optimizer_step(optimizer, model.parameters(), scaler, clip);
+bool complete_optimizer_step(torch::optim::AdamW& optimizer, torch::nn::Module& model, GradScaler& scaler, double clip,
+                             OptimImpl impl, ModelEma* ema, TrainerState& state) {
+  const bool took = finish_optimizer_step(optimizer, model.parameters(), scaler, clip, impl);
   if (!took) {
     ++state.skipped;
     return false;
@@ -165,7 +166,8 @@ class TrainLoop {
   std::unique_ptr<TrainTask> task_;
   std::shared_ptr<torch::nn::Module> model_;
   std::unique_ptr<torch::optim::AdamW> optimizer_;
-  std::unique_ptr<ModelEma> ema_;  // only when the run keeps one (train.ema_decay > 0)
+  OptimImpl optim_impl_ = OptimImpl::for_loop;  // optim.impl resolved for the run's device
+  std::unique_ptr<ModelEma> ema_;               // only when the run keeps one (train.ema_decay > 0)
   std::unique_ptr<GradScaler> scaler_;
   TrainerState state_;
   bool per_rank_ = false;
@@ -228,9 +230,10 @@ void TrainLoop::build_model_and_optimizer() {
   model_ = task_->build_model();
   model_->to(ctx_.device);
   optimizer_ = make_optimizer(cfg_, *model_, *task_);
+  optim_impl_ = resolve_optim_impl(cfg_.optim.impl, ctx_.device);
   scaler_ = std::make_unique<GradScaler>(ctx_.precision);
   if (cfg_.train.ema_decay > 0) {
-    ema_ = std::make_unique<ModelEma>(task_->build_model(), cfg_.train.ema_decay, cfg_.train.ema_warmup);
+    ema_ = std::make_unique<ModelEma>(task_->build_model(), cfg_.train.ema_decay, cfg_.train.ema_warmup, optim_impl_);
     ema_->module().to(ctx_.device);
   }
 }
@@ -372,7 +375,8 @@ void TrainLoop::run_step(at::Tensor x, at::Tensor y, int64_t epoch, int64_t b, i
   const int64_t classes = y.dim() == 1 && !y.is_floating_point() ? std::get<0>(at::_unique(y)).size(0) : 0;
   const LossTensors losses = task_->backward(*model_, std::move(x), std::move(y), {epoch, b, state_.step}, *scaler_);
   group_->average_gradients(model_->parameters());  // no-op on one process
-  const bool took = complete_optimizer_step(*optimizer_, *model_, *scaler_, cfg_.optim.clip_grad, ema_.get(), state_);
+  const bool took =
+      complete_optimizer_step(*optimizer_, *model_, *scaler_, cfg_.optim.clip_grad, optim_impl_, ema_.get(), state_);
   add_to_window(losses, images, classes, took);
   progress_->advance(1, status_);
   if (took && state_.step % cfg_.train.log_every_steps == 0) log_window(epoch);

@@ -61,8 +61,8 @@ double step_learning_rate(const ExperimentConfig& cfg, int64_t epoch, int64_t ba
 /// the step was taken, the EMA update and state.step += 1 — a skipped step (inf/NaN gradients under fp16 loss
 /// scaling) adds to state.skipped and changes nothing else (guided-diffusion: `if took_step: update_ema(); ...`).
 /// Returns whether the step was taken.
-bool complete_optimizer_step(torch::optim::Optimizer& optimizer, torch::nn::Module& model, GradScaler& scaler,
-                             double clip, ModelEma* ema, TrainerState& state);
+bool complete_optimizer_step(torch::optim::AdamW& optimizer, torch::nn::Module& model, GradScaler& scaler, double clip,
+                             OptimImpl impl, ModelEma* ema, TrainerState& state);
 
 /// Where in the run a training step is.
 struct StepInfo {

@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "core/activation_checkpoint.h"
 #include "core/error.h"
 #include "core/registry.h"
 
@@ -220,6 +221,22 @@ at::Tensor DiTImpl::unpatchify(const at::Tensor& x) const {
   return x.reshape({N, g, g, p, p, c}).permute({0, 5, 1, 3, 2, 4}).reshape({N, c, g * p, g * p});  // nhwpqc->nchpwq
 }
 
+namespace {
+// A block under activation checkpointing: its output and load-balance loss, its activations recomputed in backward.
+DiTOutput checkpointed_block(DiTBlockImpl& block, const at::Tensor& h, const at::Tensor& c) {
+  const std::vector<at::Tensor> outs = checkpointed(
+      [&block](const std::vector<at::Tensor>& in) {
+        DiTOutput o = block.forward(in[0], in[1]);
+        return o.aux_loss.defined() ? std::vector<at::Tensor>{o.out, o.aux_loss} : std::vector<at::Tensor>{o.out};
+      },
+      {h, c});
+  DiTOutput o;
+  o.out = outs[0];
+  if (outs.size() > 1) o.aux_loss = outs[1];
+  return o;
+}
+}  // namespace
+
 DiTOutput DiTImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& y,
                            const at::Tensor& force_drop) {
   at::Tensor h = x_embedder->forward(x) + pos_embed;                           // (N, T, D)
@@ -227,8 +244,9 @@ DiTOutput DiTImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::T
   at::Tensor aux_sum;
   int64_t routed = 0;
   std::vector<at::Tensor> selections;  // per block, for the routing observer
+  const bool recompute = options.grad_checkpoint && is_training() && at::GradMode::is_enabled();
   for (auto& b : *blocks) {
-    DiTOutput o = b->as<DiTBlockImpl>()->forward(h, c);
+    DiTOutput o = recompute ? checkpointed_block(*b->as<DiTBlockImpl>(), h, c) : b->as<DiTBlockImpl>()->forward(h, c);
     h = o.out;
     if (o.aux_loss.defined()) {
       aux_sum = aux_sum.defined() ? aux_sum + o.aux_loss : o.aux_loss;

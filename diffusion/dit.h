@@ -44,6 +44,7 @@ struct DiTOptions {
   LayerRuns heads, shared, topk;  ///< per-layer schedules (MoH); empty heads = num_heads everywhere
   AttentionPath path = AttentionPath::automatic;
   RouterKind router = RouterKind::learned;  ///< MoH layers' router (learned or query_norm)
+  bool grad_checkpoint = false;             ///< training: recompute each block's activations in the backward pass
 
   int64_t out_channels() const { return learn_sigma ? 2 * in_channels : in_channels; }
   int64_t grid_size() const { return input_size / patch_size; }

@@ -36,6 +36,7 @@ DiTOptions dit_options_for(const ExperimentConfig& cfg) {
   }
   o.path = cfg.model.attention_path;
   o.router = cfg.model.router;
+  o.grad_checkpoint = cfg.train.grad_checkpoint == GradCheckpoint::blocks;
   o.validate();
   return o;
 }

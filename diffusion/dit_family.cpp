@@ -55,19 +55,21 @@ BenchStep bench_step(const BenchRequest& r) {
   DiT model(o);
   model->to(r.ctx.device);
   model->train();
-  auto opt =
-      std::make_shared<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(1e-4).weight_decay(0));
+  auto opt = std::make_shared<BenchOptimizer>(*model, r, 1e-4, 0.0, 0.0, [&] {  // DiT's train.py: no clipping
+    DiT copy(o);
+    copy->to(r.ctx.device);
+    return copy.ptr();
+  });
   const auto dev = at::TensorOptions().device(r.ctx.device);
   const at::Tensor x0 = at::randn({r.batch, o.in_channels, o.input_size, o.input_size}, dev);
   const at::Tensor y = at::randint(0, o.num_classes, {r.batch}, dev.dtype(at::kLong));
   const at::Tensor t = at::randint(0, 1000, {r.batch}, dev.dtype(at::kLong));
   const RunContext ctx = r.ctx;
-  auto scaler = std::make_shared<GradScaler>(ctx.precision);
   auto chain = std::make_shared<GaussianDiffusion>(GaussianDiffusion::base(1000));
   BenchStep b;
   b.step = [=]() mutable {
-    diffusion_backward(model, *chain, x0, y, 0.01, ctx, *scaler);
-    finish_optimizer_step(*opt, model->parameters(), *scaler, 0.0);
+    diffusion_backward(model, *chain, x0, y, 0.01, ctx, opt->scaler());
+    opt->step(*model);
   };
   b.forward = [=]() mutable { model->forward(x0, t, y); };
   b.attention_path = config::to_string(o.path);

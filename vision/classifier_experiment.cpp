@@ -16,6 +16,7 @@ namespace moh::vision {
 TransNeXtOptions classifier_options_for(const ExperimentConfig& cfg) {
   TransNeXtOptions o = classifier_options(cfg.model.name);
   o.attention_path = cfg.model.attention_path;
+  o.grad_checkpoint = cfg.train.grad_checkpoint == GradCheckpoint::blocks;
   o.router = cfg.model.router;
   if (cfg.model.num_classes > 0) o.num_classes = cfg.model.num_classes;
   if (cfg.model.img_size > 0) o.img_size = cfg.model.img_size;

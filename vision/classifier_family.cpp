@@ -50,17 +50,19 @@ BenchStep bench_step(const BenchRequest& r) {
   TransNeXt model(o);
   model->to(r.ctx.device);
   model->train();
-  auto opt =
-      std::make_shared<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.05));
+  auto opt = std::make_shared<BenchOptimizer>(*model, r, 1e-3, 0.05, 1.0, [&] {
+    TransNeXt copy(o);
+    copy->to(r.ctx.device);
+    return copy.ptr();
+  });
   const auto dev = at::TensorOptions().device(r.ctx.device);
   const at::Tensor x = at::randn({r.batch, o.in_chans, o.img_size, o.img_size}, dev);
   const at::Tensor y = at::randint(0, o.num_classes, {r.batch}, dev.dtype(at::kLong));
   const RunContext ctx = r.ctx;
-  auto scaler = std::make_shared<GradScaler>(ctx.precision);
   BenchStep b;
   b.step = [=]() mutable {
-    classifier_backward(model, x, y, 1, 0.01, 0.1, ctx, *scaler);
-    finish_optimizer_step(*opt, model->parameters(), *scaler, 1.0);
+    classifier_backward(model, x, y, 1, 0.01, 0.1, ctx, opt->scaler());
+    opt->step(*model);
   };
   b.forward = [=]() mutable { model->forward(x); };
   b.attention_path = config::to_string(o.attention_path);

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/activation_checkpoint.h"
 #include "core/error.h"
 #include "core/registry.h"
 #include "vision/sliding_window_op.h"
@@ -203,7 +204,7 @@ std::vector<nn::HeadTensor> TransNeXtAttentionImpl::head_tensors() const {
 
 nn::AttentionOutput TransNeXtAttentionImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& i) {
   nn::AttentionOutput out = run(x, t, i, false);
-  if (is_training() && out.routed.defined()) count_training_picks(out.routed, options.routed_pool());
+  if (is_training() && out.routed.defined() && !recomputing()) count_training_picks(out.routed, options.routed_pool());
   return out;
 }
 nn::AttentionOutput TransNeXtAttentionImpl::forward_reference(const at::Tensor& x, const at::Tensor& t,
@@ -506,16 +507,36 @@ void TransNeXtImpl::initialize_weights() {
   }
 }
 
+namespace {
+// A block under activation checkpointing: output and load-balance loss (the routed heads are not kept: training
+// counts its head load inside the attention), activations recomputed in the backward pass.
+nn::AttentionOutput checkpointed_block(TransNeXtBlockImpl& block, const at::Tensor& x, const at::Tensor& table,
+                                       const at::Tensor& index) {
+  const std::vector<at::Tensor> outs = checkpointed(
+      [&block, index](const std::vector<at::Tensor>& in) {
+        nn::AttentionOutput a = block.forward(in[0], in[1], index);
+        return a.aux_loss.defined() ? std::vector<at::Tensor>{a.out, a.aux_loss} : std::vector<at::Tensor>{a.out};
+      },
+      {x, table});
+  nn::AttentionOutput a;
+  a.out = outs[0];
+  if (outs.size() > 1) a.aux_loss = outs[1];
+  return a;
+}
+}  // namespace
+
 ClassifierOutput TransNeXtImpl::forward(const at::Tensor& input) {
   ClassifierOutput out;
   at::Tensor x = input, aux_sum;
   int64_t routed = 0;
   const int64_t B = input.size(0);
+  const bool recompute = options.grad_checkpoint && is_training() && at::GradMode::is_enabled();
   for (int64_t i = 0; i < 4; ++i) {
     x = patch_embed[i]->forward(x);  // (B, N, C)
     const at::Tensor table = cpb_table[i].to(x.device(), x.scalar_type()), index = cpb_index[i].to(x.device());
     for (auto& m : *block[i]) {
-      nn::AttentionOutput a = m->as<TransNeXtBlockImpl>()->forward(x, table, index);
+      TransNeXtBlockImpl& b = *m->as<TransNeXtBlockImpl>();
+      nn::AttentionOutput a = recompute ? checkpointed_block(b, x, table, index) : b.forward(x, table, index);
       x = a.out;
       out.routed.push_back(a.routed);
       if (a.aux_loss.defined()) {

@@ -44,6 +44,7 @@ struct TransNeXtOptions {
   /// "MoH-ViT attention"); sparse stays available (inference-only gains at stage 3).
   AttentionPath attention_path = AttentionPath::automatic;
   RouterKind router = RouterKind::learned;  ///< MoH layers' router (learned or query_norm)
+  bool grad_checkpoint = false;             ///< training: recompute each block's activations in the backward pass
 
   /// Feature-map side of stage i at the input size (and at the pretraining size).
   int64_t stage_size(int64_t i) const;

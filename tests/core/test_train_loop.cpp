@@ -230,7 +230,7 @@ TEST(TrainLoop, SkippedStepsAdvanceNeitherEmaNorScheduleNorCounter) {
   const TensorMap w0 = snapshot(*model), e0 = snapshot(ema.module());
   model->weight.mutable_grad() = at::full({2, 3}, std::numeric_limits<float>::quiet_NaN());
   model->bias.mutable_grad() = at::ones({2});
-  EXPECT_FALSE(complete_optimizer_step(opt, *model, scaler, 1.0, &ema, state));
+  EXPECT_FALSE(complete_optimizer_step(opt, *model, scaler, 1.0, OptimImpl::for_loop, &ema, state));
   EXPECT_TRUE(same(snapshot(*model), w0));
   EXPECT_TRUE(same(snapshot(ema.module()), e0));
   EXPECT_EQ(state.step, 7);
@@ -247,7 +247,7 @@ TEST(TrainLoop, SkippedStepsAdvanceNeitherEmaNorScheduleNorCounter) {
   EXPECT_LT(step_learning_rate(cfg, 0, 5, 1, 10), step_learning_rate(cfg, 0, 5, 0, 10));
   model->weight.mutable_grad() = at::ones({2, 3}) * scaler.current_scale();
   model->bias.mutable_grad() = at::ones({2}) * scaler.current_scale();
-  EXPECT_TRUE(complete_optimizer_step(opt, *model, scaler, 1.0, &ema, state));
+  EXPECT_TRUE(complete_optimizer_step(opt, *model, scaler, 1.0, OptimImpl::for_loop, &ema, state));
   EXPECT_FALSE(same(snapshot(*model), w0));
   EXPECT_FALSE(same(snapshot(ema.module()), e0));
   EXPECT_EQ(state.step, 8);

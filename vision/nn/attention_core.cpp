@@ -1,5 +1,7 @@
 #include "vision/nn/attention_core.h"
 
+#include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <torch/version.h>
 
 #include <algorithm>
@@ -77,6 +79,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 
 at::Tensor mix_heads_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gates,
                            double scale, bool fused) {
+  RECORD_USER_SCOPE("moh::attention");
   const int64_t B = q.size(0), h = q.size(1), N = q.size(2), d = q.size(3);
   at::Tensor kk = k.size(1) == h ? k : k.expand({B, h, k.size(2), d});
   at::Tensor vv = v.size(1) == h ? v : v.expand({B, h, v.size(2), d});
@@ -164,6 +167,7 @@ std::vector<PairBucket> bucket_pairs(const at::Tensor& routed, int64_t B, int64_
 at::Tensor mix_heads_sparse(const QuerySource& queries, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& gates, const at::Tensor& routed, int64_t h, int64_t hs, double scale,
                             bool fused) {
+  RECORD_USER_SCOPE("moh::attention");
   const int64_t B = k.size(0), hkv = k.size(1), N = k.size(2), d = k.size(3);
   const int64_t T = B * N;
   TORCH_CHECK(hkv == h || hkv == 1, "mix_heads_sparse: k/v must have h or 1 heads");

@@ -1,5 +1,7 @@
 #include "vision/nn/head_surgery.h"
 
+#include <ATen/record_function.h>
+
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
@@ -37,8 +39,12 @@ std::vector<std::pair<std::string, HeadControl*>> head_controls(torch::nn::Modul
 }
 
 void HeadControl::count_training_picks(const at::Tensor& routed, int64_t pool) {
+  RECORD_USER_SCOPE("moh::router");
   c10::NoGradGuard ng;
-  const at::Tensor picks = at::bincount(routed.reshape({-1}), {}, pool);  // (pool)
+  // scatter_add, not bincount: CUDA's bincount reads the largest index back to size its output (a host sync per
+  // layer and step).
+  const at::Tensor flat = routed.reshape({-1});
+  const at::Tensor picks = at::zeros({pool}, flat.options()).scatter_add_(0, flat, at::ones_like(flat));  // (pool)
   training_load = training_load.defined() ? training_load + picks : picks;
 }
 

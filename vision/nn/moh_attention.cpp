@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "core/activation_checkpoint.h"
 #include "vision/nn/attention_core.h"
 
 namespace moh::nn {
@@ -75,6 +76,7 @@ HeadRouter::HeadRouter(torch::nn::Module& owner, const MoHAttentionOptions& o)
 }
 
 HeadRouting HeadRouter::route(const at::Tensor& x, bool training) const {
+  RECORD_USER_SCOPE("moh::router");  // profiles (moh bench train --profile) count this as the router's time
   HeadRouting r;
   const int64_t T = x.size(0);
   at::Tensor shared_g, routed_g;
@@ -119,6 +121,7 @@ void HeadRouter::set_topk(int64_t k) {
 }
 
 HeadRouting HeadRouter::route_by_queries(const at::Tensor& q) const {
+  RECORD_USER_SCOPE("moh::router");
   HeadRouting r;
   const int64_t T = q.size(0), E = heads - shared;
   if (topk == 0) {
@@ -168,7 +171,7 @@ std::vector<HeadTensor> MoHAttentionImpl::head_tensors() const {
 
 AttentionOutput MoHAttentionImpl::forward(const at::Tensor& x) {
   AttentionOutput out = forward_with_path(x, options.path);
-  if (is_training() && out.routed.defined()) count_training_picks(out.routed, options.routed_pool());
+  if (is_training() && out.routed.defined() && !recomputing()) count_training_picks(out.routed, options.routed_pool());
   return out;
 }
 
