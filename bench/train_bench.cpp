@@ -11,6 +11,7 @@
 #include <iomanip>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "bench/op_profile.h"
 #include "core/amp.h"
@@ -66,6 +67,7 @@ double gemm_tflops(const RunContext& ctx, at::ScalarType dtype, int64_t n_max) {
 
 struct Common {
   std::string model;
+  std::vector<int64_t> batches{8};  ///< --batch: one size, or a list to sweep (moh bench train)
   int64_t batch = 8, steps = 5, warmup = 2, profile = 0;
   double peak_tflops = 0;
   bool json = false;
@@ -73,10 +75,31 @@ struct Common {
   cxxopts::ParseResult args;
 };
 
+// "32,64,128" -> {32, 64, 128}: positive sizes, ascending (a sweep stops at the first that does not fit).
+std::vector<int64_t> parse_batches(const std::string& text) {
+  std::vector<int64_t> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    size_t used = 0;
+    int64_t v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || v < 1 || (!out.empty() && v <= out.back()))
+      throw UserError("--batch " + text, "expected positive sizes in ascending order", "e.g. --batch 32,64,128");
+    out.push_back(v);
+  }
+  if (out.empty()) throw UserError("--batch", "no size given", "e.g. --batch 32");
+  return out;
+}
+
 Common parse_common(cxxopts::Options& opts, int argc, char** argv, bool& help) {
   opts.add_options()("model", "registry name (moh info --list)", cxxopts::value<std::string>())(
-      "batch", "images per step", cxxopts::value<int64_t>()->default_value("8"))(
-      "steps", "timed repetitions (median reported)", cxxopts::value<int64_t>()->default_value("5"))(
+      "batch", "images per step; moh bench train takes a list (32,64,128,256) and reports the best that fits",
+      cxxopts::value<std::string>()->default_value("8"))("steps", "timed repetitions (median reported)",
+                                                         cxxopts::value<int64_t>()->default_value("5"))(
       "warmup", "untimed repetitions first", cxxopts::value<int64_t>()->default_value("2"))(
       "precision", "fp32, bf16 (autocast), fp16 (CUDA, loss scaling) or auto (bf16 on CUDA / CPUs with native bf16)",
       cxxopts::value<std::string>()->default_value("fp32"))("attention-path",
@@ -95,7 +118,8 @@ Common parse_common(cxxopts::Options& opts, int argc, char** argv, bool& help) {
   if (help) return c;
   if (!c.args.count("model")) throw UserError(argv[0], "--model is required", "e.g. --model MoH-DiT-S/2-90");
   c.model = c.args["model"].as<std::string>();
-  c.batch = c.args["batch"].as<int64_t>();
+  c.batches = parse_batches(c.args["batch"].as<std::string>());
+  c.batch = c.batches.front();
   c.steps = c.args["steps"].as<int64_t>();
   c.warmup = c.args["warmup"].as<int64_t>();
   c.profile = c.args["profile"].as<int64_t>();
@@ -237,40 +261,115 @@ int64_t resolved_size(const Common& c, int64_t variant) {
 
 }  // namespace
 
-int train_bench_main(int argc, char** argv) {
-  cxxopts::Options opts(argv[0], "One training step on random data: step time, images/s, FLOPs, MFU");
-  opts.add_options()("optim-impl", "AdamW, clipping and EMA over the parameters: auto, for_loop, foreach or fused",
-                     cxxopts::value<std::string>()->default_value("auto"))(
-      "ema", "EMA decay updated every step as a run with train.ema_decay (0 = no EMA; DiT's train.py: 0.9999)",
-      cxxopts::value<double>()->default_value("0"));
-  bool help = false;
-  Common c = parse_common(opts, argc, argv, help);
-  if (help) return 0;
-  torch::manual_seed(0);
-  BenchRequest r;
-  r.name = c.model;
-  r.ctx = c.ctx;
-  r.batch = c.batch;
-  r.img_size = c.args["img-size"].as<int64_t>();
-  r.path = config::enum_from_string<AttentionPath>(c.args["attention-path"].as<std::string>(), "--attention-path");
-  r.optim = resolve_optim_impl(
-      config::enum_from_string<OptimImpl>(c.args["optim-impl"].as<std::string>(), "--optim-impl"), c.ctx.device);
-  r.ema_decay = c.args["ema"].as<double>();
-  if (!(r.ema_decay >= 0 && r.ema_decay < 1)) throw UserError("--ema", "must be in [0, 1)", "e.g. 0.9999");
-  const std::string flag = "--model " + c.model;
-  const ModelFamily& family = find_model_family(c.model, flag);
-  if (!family.bench_step)
-    throw UserError("--model", c.model + " is a fixed network", "pick a classifier or DiT variant");
+namespace {
+
+// An allocation that failed on the device (a batch that does not fit), not a bug.
+bool out_of_memory(const c10::Error& e) {
+  const std::string m = e.what();
+  return m.find("out of memory") != std::string::npos || m.find("Tried to allocate") != std::string::npos;
+}
+
+nlohmann::json train_row(Common& c, BenchRequest r, const ModelFamily& family) {
+  c.batch = r.batch;
   const BenchStep b = family.bench_step(r);
   nlohmann::json out = time_and_count(c, b.step, b.forward);
   out["attention_path"] = b.attention_path;
   out["input"] = b.input;
   out["optim_impl"] = config::to_string(r.optim);
   out["ema_decay"] = r.ema_decay;
+  out["grad_checkpoint"] = r.grad_checkpoint ? "blocks" : "none";
   out["what"] = "train_step";
-  print(out, c.json);
+  return out;
+}
+
+// The sweep's summary: the batch with the most images/s among those that fit.
+nlohmann::json best_of(const std::vector<nlohmann::json>& rows, int64_t first_oom) {
+  const nlohmann::json* best = nullptr;
+  for (const auto& r : rows)
+    if (!best || r["img_per_s"].get<double>() > (*best)["img_per_s"].get<double>()) best = &r;
+  nlohmann::json s{{"what", "train_batch_sweep"}, {"batches_fitting", rows.size()}};
+  if (best)
+    s["best_batch"] = (*best)["batch"], s["best_img_per_s"] = (*best)["img_per_s"], s["best_mfu"] = (*best)["mfu"];
+  if (first_oom > 0) s["first_batch_out_of_memory"] = first_oom;
+  return s;
+}
+
+}  // namespace
+
+int train_bench_main(int argc, char** argv) {
+  cxxopts::Options opts(argv[0], "One training step on random data: step time, images/s, FLOPs, MFU");
+  opts.add_options()("optim-impl", "AdamW, clipping and EMA over the parameters: auto, for_loop, foreach or fused",
+                     cxxopts::value<std::string>()->default_value("auto"))(
+      "ema", "EMA decay updated every step as a run with train.ema_decay (0 = no EMA; DiT's train.py: 0.9999)",
+      cxxopts::value<double>()->default_value("0"))("grad-checkpoint",
+                                                    "activation checkpointing as train.grad_checkpoint: none or blocks",
+                                                    cxxopts::value<std::string>()->default_value("none"));
+  bool help = false;
+  Common c = parse_common(opts, argc, argv, help);
+  if (help) return 0;
+  BenchRequest r;
+  r.name = c.model;
+  r.ctx = c.ctx;
+  r.img_size = c.args["img-size"].as<int64_t>();
+  r.path = config::enum_from_string<AttentionPath>(c.args["attention-path"].as<std::string>(), "--attention-path");
+  r.optim = resolve_optim_impl(
+      config::enum_from_string<OptimImpl>(c.args["optim-impl"].as<std::string>(), "--optim-impl"), c.ctx.device);
+  r.ema_decay = c.args["ema"].as<double>();
+  if (!(r.ema_decay >= 0 && r.ema_decay < 1)) throw UserError("--ema", "must be in [0, 1)", "e.g. 0.9999");
+  r.grad_checkpoint = config::enum_from_string<GradCheckpoint>(c.args["grad-checkpoint"].as<std::string>(),
+                                                               "--grad-checkpoint") == GradCheckpoint::blocks;
+  const ModelFamily& family = find_model_family(c.model, "--model " + c.model);
+  if (!family.bench_step)
+    throw UserError("--model", c.model + " is a fixed network", "pick a classifier or DiT variant");
+  std::vector<nlohmann::json> rows;
+  int64_t first_oom = 0;
+  for (int64_t batch : c.batches) {
+    torch::manual_seed(0);
+    r.batch = batch;
+    try {
+      rows.push_back(train_row(c, r, family));
+    } catch (const c10::Error& e) {
+      if (!out_of_memory(e) || c.batches.size() == 1) throw;
+      first_oom = batch;  // larger batches do not fit either
+      break;
+    }
+    print(rows.back(), c.json);
+  }
+  if (c.batches.size() > 1) {
+    const nlohmann::json s = best_of(rows, first_oom);
+    if (c.json)
+      std::cout << s.dump() << std::endl;
+    else
+      std::cout << "best batch " << s.value("best_batch", nlohmann::json()).dump() << ": "
+                << s.value("best_img_per_s", nlohmann::json()).dump() << " img/s"
+                << (first_oom > 0 ? " (batch " + std::to_string(first_oom) + " does not fit)" : "") << "\n";
+  }
   return 0;
 }
+
+namespace {
+int64_t parse_solver_steps(const std::string& spec) {
+  size_t used = 0;
+  int64_t n = 0;
+  try {
+    n = std::stoll(spec, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != spec.size() || n < 2)
+    throw UserError("--chain " + spec, "an ODE solver takes a step count >= 2", "e.g. --chain 12");
+  return n;
+}
+
+std::array<double, 2> parse_interval(const std::string& text) {
+  double lo = -1, hi = -1;
+  char comma = 0;
+  std::istringstream in(text);
+  if (!(in >> lo >> comma >> hi) || comma != ',' || !(0 <= lo && lo <= hi && hi <= 1) || !in.eof())
+    throw UserError("--cfg-interval " + text, "expected lo,hi with 0 <= lo <= hi <= 1", "e.g. --cfg-interval 0,0.5");
+  return {lo, hi};
+}
+}  // namespace
 
 int sample_bench_main(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "Class-conditional DiT sampling on random weights: images/s of a whole reverse chain");
@@ -278,10 +377,16 @@ int sample_bench_main(int argc, char** argv) {
                      cxxopts::value<std::string>()->default_value("250"))(
       "cfg-scale", "guidance scale (1 = no batch doubling)", cxxopts::value<double>()->default_value("4.0"))(
       "topk", "routed heads per token of every routed MoH layer (the head budget at inference; -1 = as trained)",
-      cxxopts::value<int64_t>()->default_value("-1"));
+      cxxopts::value<int64_t>()->default_value("-1"))(
+      "sampler", "ddpm or ddim over --chain, or an ODE solver (dpm++2m, euler, heun) with --chain solver steps",
+      cxxopts::value<std::string>()->default_value(""))("cfg-interval", "guide only where lo <= t / (T - 1) <= hi",
+                                                        cxxopts::value<std::string>()->default_value("0,1"))(
+      "cuda-graph", "replay the network evaluations as CUDA graphs: auto or off",
+      cxxopts::value<std::string>()->default_value("auto"));
   bool help = false;
   Common c = parse_common(opts, argc, argv, help);
   if (help) return 0;
+  if (c.batches.size() > 1) throw UserError("--batch", "moh bench sample takes one size", "e.g. --batch 64");
   diffusion::DiTOptions o = diffusion::dit_options(c.model);  // a UserError for any other name
   o.input_size = resolved_size(c, o.input_size);
   o.path = config::enum_from_string<AttentionPath>(c.args["attention-path"].as<std::string>(), "--attention-path");
@@ -289,10 +394,16 @@ int sample_bench_main(int argc, char** argv) {
   diffusion::DiT model(o);
   model->to(c.ctx.device);
   model->eval();
-  const std::string spec = c.args["chain"].as<std::string>();
-  const diffusion::GaussianDiffusion chain = diffusion::GaussianDiffusion::respaced(1000, spec);
+  const std::string spec = c.args["chain"].as<std::string>(), sampler = c.args["sampler"].as<std::string>();
   diffusion::SampleOptions so;
-  so.sampler = spec.rfind("ddim", 0) == 0 ? SamplerKind::ddim : SamplerKind::ddpm;
+  so.sampler = !sampler.empty()             ? config::enum_from_string<SamplerKind>(sampler, "--sampler")
+               : spec.rfind("ddim", 0) == 0 ? SamplerKind::ddim
+                                            : SamplerKind::ddpm;
+  if (diffusion::is_ode_sampler(so.sampler)) so.ode_steps = parse_solver_steps(spec);
+  const diffusion::GaussianDiffusion chain = diffusion::sampling_chain(so.sampler, 1000, spec);
+  so.cfg_interval = parse_interval(c.args["cfg-interval"].as<std::string>());
+  so.cuda_graph = config::enum_from_string<CudaGraphMode>(c.args["cuda-graph"].as<std::string>(), "--cuda-graph") ==
+                  CudaGraphMode::automatic;
   so.cfg_scale = c.args["cfg-scale"].as<double>();
   so.topk = c.args["topk"].as<int64_t>();
   diffusion::check_sampling_topk(o, so.topk, "--topk");
@@ -300,18 +411,24 @@ int sample_bench_main(int argc, char** argv) {
   so.cfg_channels = o.in_channels >= 3 ? CfgChannels::three : CfgChannels::all;
   const auto dev = at::TensorOptions().device(c.ctx.device);
   const at::Tensor labels = at::randint(0, o.num_classes, {c.batch}, dev.dtype(at::kLong));
+  diffusion::GraphedForward graphs(model, so.cuda_graph);  // kept across the repetitions, as across a run's batches
   auto run = [&] {
     torch::NoGradGuard ng;
     AutocastScope ac(c.ctx);
     const at::Tensor noise = at::randn({c.batch, o.in_channels, o.input_size, o.input_size}, dev);
-    diffusion::sample_loop(model, chain, noise, labels, so);
+    diffusion::sample_loop(model, chain, noise, labels, so, {}, nullptr, &graphs);
   };
   nlohmann::json out = time_steps(c, run);
   out["what"] = "sample";
+  out["sampler"] = config::to_string(so.sampler);
   out["chain"] = spec;
   out["cfg_scale"] = so.cfg_scale;
+  out["cfg_interval"] = so.cfg_interval;
   out["topk"] = so.topk;
-  out["network_evals_per_s"] = static_cast<double>(chain.num_steps()) / out["step_s"].get<double>();
+  out["nfe"] = diffusion::planned_nfe(so, chain);
+  out["cuda_graphs"] = graphs.graphs();
+  if (!graphs.fallback_reason().empty()) out["cuda_graph_fallback"] = graphs.fallback_reason();
+  out["network_evals_per_s"] = static_cast<double>(diffusion::planned_nfe(so, chain)) / out["step_s"].get<double>();
   out["attention_path"] = config::to_string(o.path);
   print(out, c.json);
   return 0;

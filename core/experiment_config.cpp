@@ -37,6 +37,10 @@ const config::EnumTable<GradCheckpoint>& enum_table(GradCheckpoint) {
   static const config::EnumTable<GradCheckpoint> t{{GradCheckpoint::none, "none"}, {GradCheckpoint::blocks, "blocks"}};
   return t;
 }
+const config::EnumTable<CudaGraphMode>& enum_table(CudaGraphMode) {
+  static const config::EnumTable<CudaGraphMode> t{{CudaGraphMode::automatic, "auto"}, {CudaGraphMode::off, "off"}};
+  return t;
+}
 const config::EnumTable<LoaderKind>& enum_table(LoaderKind) {
   static const config::EnumTable<LoaderKind> t{{LoaderKind::memory, "memory"}, {LoaderKind::stream, "stream"}};
   return t;

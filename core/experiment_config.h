@@ -81,6 +81,11 @@ const config::EnumTable<SamplerKind>& enum_table(SamplerKind);
 enum class CfgChannels { three, all };
 const config::EnumTable<CfgChannels>& enum_table(CfgChannels);
 
+/// Whether sampling replays its network evaluations as CUDA graphs: `automatic` ("auto") on a GPU with a CUDA
+/// LibTorch where the forward can be captured, else eager; `off` always eager.
+enum class CudaGraphMode { automatic, off };
+const config::EnumTable<CudaGraphMode>& enum_table(CudaGraphMode);
+
 /// `model:` — which network and how its attention runs.
 struct ModelConfig {
   std::string name;                      ///< registry name, e.g. "MoH-ViT-S-75" (`moh info --list`)
@@ -312,6 +317,7 @@ struct SamplingConfig {
   int64_t topk = -1;                   ///< MoH head budget while sampling: K of every routed layer (−1 = as trained)
   std::vector<int64_t> topk_schedule;  ///< K per noise-level bucket, clean → pure noise (empty = topk everywhere)
   int64_t guide_topk = -1;             ///< K of the unconditional CFG branch (−1 = the conditional branch's K)
+  CudaGraphMode cuda_graph = CudaGraphMode::automatic;
 
   template <class V>
   void visit(V& v) {
@@ -342,6 +348,9 @@ struct SamplingConfig {
     v.field("guide_topk", guide_topk,
             "guide with fewer heads: K of the unconditional branch of CFG (the two branches then run as two "
             "forwards); -1 = the same K as the conditional branch");
+    v.field("cuda_graph", cuda_graph,
+            "replay the network evaluations as CUDA graphs (auto: on a GPU where the forward can be captured; "
+            "off: eager); the samples are the same either way");
   }
 };
 

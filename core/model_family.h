@@ -84,6 +84,7 @@ struct BenchRequest {
   AttentionPath path = AttentionPath::automatic;
   OptimImpl optim = OptimImpl::automatic;  ///< optim.impl of the step's AdamW, clipping and EMA
   double ema_decay = 0;                    ///< > 0: the step updates an EMA copy too, as a run with train.ema_decay
+  bool grad_checkpoint = false;            ///< train.grad_checkpoint: blocks
 };
 
 /// The optimizer half of a benchmarked training step, as a run takes it (core/amp.h finish_optimizer_step): AdamW

@@ -103,6 +103,7 @@ SampleOptions sample_options_for(const ExperimentConfig& cfg) {
   so.topk = sc.topk;
   so.topk_schedule = sc.topk_schedule;
   so.guide_topk = sc.guide_topk;
+  so.cuda_graph = sc.cuda_graph == CudaGraphMode::automatic;
   if (!is_ode_sampler(sc.sampler)) {
     space_timesteps(cfg.diffusion.steps, sc.steps);  // a UserError if the spec cannot respace T
     return so;

@@ -41,13 +41,17 @@ void sample_parts(DiT& model, const GaussianDiffusion& chain, AutoencoderKL& vae
   const DiTOptions& mo = model->options;
   const int64_t n = labels.size(0);
   fs::create_directories(parts_dir);
+  GraphedForward graphs(model, o.chain.cuda_graph);  // captured once, replayed over every batch
   for (const int64_t k : batches) {
     const int64_t i = k * o.batch_size, b = std::min(o.batch_size, n - i);
     torch::manual_seed(datasets::mix_seed(o.seed, static_cast<uint64_t>(k)));
     const at::Tensor noise = at::randn({b, mo.in_channels, mo.input_size, mo.input_size}).to(ctx.device);
-    at::Tensor x = sample_loop(model, chain, noise, labels.narrow(0, i, b).to(ctx.device), o.chain, [&] {
-      if (on_step) on_step();
-    });  // (b, C, I, I)
+    at::Tensor x = sample_loop(
+        model, chain, noise, labels.narrow(0, i, b).to(ctx.device), o.chain,
+        [&] {
+          if (on_step) on_step();
+        },
+        nullptr, &graphs);  // (b, C, I, I)
     if (vae) {
       torch::NoGradGuard ng;
       x = vae->decode(x / kSdVaeLatentScale);  // (b, 3, 8·I, 8·I) in ~[−1, 1]

@@ -18,12 +18,20 @@ at::Tensor combine_cfg(const at::Tensor& cond, const at::Tensor& uncond, double 
   return at::cat({at::cat({guided, guided}), rest}, 1);
 }
 
-at::Tensor forward_with_cfg(DiT& model, const at::Tensor& x, const at::Tensor& t_model, const at::Tensor& y,
+namespace {
+at::Tensor forward_with_cfg(GraphedForward& net, const at::Tensor& x, const at::Tensor& t_model, const at::Tensor& y,
                             double scale, CfgChannels channels) {
   const int64_t n = x.size(0) / 2;
   const at::Tensor half = x.narrow(0, 0, n);
-  const at::Tensor out = model->forward(at::cat({half, half}), t_model, y).out;  // (2n, C_out, H, W)
+  const at::Tensor out = net(at::cat({half, half}), t_model, y);  // (2n, C_out, H, W)
   return combine_cfg(out.narrow(0, 0, n), out.narrow(0, n, n), scale, channels, x.size(1));
+}
+}  // namespace
+
+at::Tensor forward_with_cfg(DiT& model, const at::Tensor& x, const at::Tensor& t_model, const at::Tensor& y,
+                            double scale, CfgChannels channels) {
+  GraphedForward eager(model, false);
+  return forward_with_cfg(eager, x, t_model, y, scale, channels);
 }
 
 bool is_ode_sampler(SamplerKind kind) {
@@ -80,14 +88,14 @@ class HeadBudget {
 
 // The guided output (2n, C_out, H, W) for x (n, ...) at noise level u: one forward of the doubled batch, or two when
 // the unconditional branch has its own head budget (guide_topk). y = [labels; null] (2n).
-at::Tensor guided_output(DiT& model, const at::Tensor& x, const at::Tensor& tm, const at::Tensor& y,
+at::Tensor guided_output(GraphedForward& net, const at::Tensor& x, const at::Tensor& tm, const at::Tensor& y,
                          const SampleOptions& o, HeadBudget& heads, double u) {
   const int64_t n = x.size(0);
   heads.set(u, false);
-  if (o.guide_topk < 0) return forward_with_cfg(model, at::cat({x, x}), tm, y, o.cfg_scale, o.cfg_channels);
-  const at::Tensor cond = model->forward(x, tm.narrow(0, 0, n), y.narrow(0, 0, n)).out;
+  if (o.guide_topk < 0) return forward_with_cfg(net, at::cat({x, x}), tm, y, o.cfg_scale, o.cfg_channels);
+  const at::Tensor cond = net(x, tm.narrow(0, 0, n), y.narrow(0, 0, n));
   heads.set(u, true);
-  const at::Tensor uncond = model->forward(x, tm.narrow(0, n, n), y.narrow(0, n, n)).out;
+  const at::Tensor uncond = net(x, tm.narrow(0, n, n), y.narrow(0, n, n));
   return combine_cfg(cond, uncond, o.cfg_scale, o.cfg_channels, x.size(1));
 }
 
@@ -105,17 +113,17 @@ OdeGrid ode_grid(const SampleOptions& o, const GaussianDiffusion& chain) {
 
 // The model output (2n, C_out, H, W) on the doubled state x = [x_c; x_u]: guided, or outside the guidance interval
 // the conditional output of the first half, copied to both halves (one forward of n).
-at::Tensor doubled_output(DiT& model, const at::Tensor& x, const at::Tensor& tm, const at::Tensor& y,
+at::Tensor doubled_output(GraphedForward& net, const at::Tensor& x, const at::Tensor& tm, const at::Tensor& y,
                           const SampleOptions& o, HeadBudget& heads, double t) {
   const int64_t n = x.size(0) / 2;
-  if (guided_at(o, t)) return guided_output(model, x.narrow(0, 0, n), tm, y, o, heads, noise_level(o, t));
+  if (guided_at(o, t)) return guided_output(net, x.narrow(0, 0, n), tm, y, o, heads, noise_level(o, t));
   heads.set(noise_level(o, t), false);
-  const at::Tensor out = model->forward(x.narrow(0, 0, n), tm.narrow(0, 0, n), y.narrow(0, 0, n)).out;
+  const at::Tensor out = net(x.narrow(0, 0, n), tm.narrow(0, 0, n), y.narrow(0, 0, n));
   return at::cat({out, out});
 }
 
 // DDPM / DDIM over a respaced chain; with CFG the state stays doubled so that the per-step noise is DiT's.
-at::Tensor ancestral_loop(DiT& model, const GaussianDiffusion& chain, at::Tensor x, const at::Tensor& y,
+at::Tensor ancestral_loop(GraphedForward& net, const GaussianDiffusion& chain, at::Tensor x, const at::Tensor& y,
                           const SampleOptions& o, HeadBudget& heads, const std::function<void()>& on_step,
                           int64_t& nfe) {
   const bool cfg = o.cfg_scale > 1.0;
@@ -125,7 +133,7 @@ at::Tensor ancestral_loop(DiT& model, const GaussianDiffusion& chain, at::Tensor
     const at::Tensor tm = chain.model_timesteps(t);
     const auto t_model = static_cast<double>(chain.schedule().timestep_map[static_cast<size_t>(i)]);
     if (!cfg) heads.set(noise_level(o, t_model), false);
-    const at::Tensor out = cfg ? doubled_output(model, x, tm, y, o, heads, t_model) : model->forward(x, tm, y).out;
+    const at::Tensor out = cfg ? doubled_output(net, x, tm, y, o, heads, t_model) : net(x, tm, y);
     nfe += guided_at(o, t_model) ? 2 : 1;
     const auto p = chain.p_mean_variance(out, x, t, o.clip_denoised);
     const at::Tensor z = at::randn_like(x);  // drawn every step, also at t = 0 (DiT's RNG order)
@@ -148,17 +156,17 @@ at::Tensor ancestral_loop(DiT& model, const GaussianDiffusion& chain, at::Tensor
 
 // The ε channels (n, C, H, W) the ODE solvers integrate: guided on the doubled batch inside the interval, one
 // conditional forward outside it. y holds [labels; null] when CFG is on.
-EpsModel dit_eps(DiT& model, const at::Tensor& y, const SampleOptions& o, HeadBudget& heads, int64_t& nfe) {
-  return [&model, y, &o, &heads, &nfe](const at::Tensor& x, double t) {
+EpsModel dit_eps(GraphedForward& net, const at::Tensor& y, const SampleOptions& o, HeadBudget& heads, int64_t& nfe) {
+  return [&net, y, &o, &heads, &nfe](const at::Tensor& x, double t) {
     const int64_t n = x.size(0), C = x.size(1);
     const bool guided = guided_at(o, t);
     nfe += guided ? 2 : 1;
     const at::TensorOptions f = at::TensorOptions().dtype(at::kFloat).device(x.device());
     if (!guided) {
       heads.set(noise_level(o, t), false);
-      return model->forward(x, at::full({n}, t, f), y.narrow(0, 0, n)).out.narrow(1, 0, C);
+      return net(x, at::full({n}, t, f), y.narrow(0, 0, n)).narrow(1, 0, C);
     }
-    const at::Tensor out = guided_output(model, x, at::full({2 * n}, t, f), y, o, heads, noise_level(o, t));
+    const at::Tensor out = guided_output(net, x, at::full({2 * n}, t, f), y, o, heads, noise_level(o, t));
     return out.narrow(0, 0, n).narrow(1, 0, C);
   };
 }
@@ -181,7 +189,8 @@ int64_t planned_nfe(const SampleOptions& o, const GaussianDiffusion& chain) {
 }
 
 at::Tensor sample_loop(DiT& model, const GaussianDiffusion& chain, const at::Tensor& noise, const at::Tensor& labels,
-                       const SampleOptions& o, const std::function<void()>& on_step, int64_t* nfe) {
+                       const SampleOptions& o, const std::function<void()>& on_step, int64_t* nfe,
+                       GraphedForward* graphs) {
   torch::NoGradGuard ng;
   const DiTOptions& mo = model->options;
   const bool cfg = o.cfg_scale > 1.0;
@@ -195,10 +204,13 @@ at::Tensor sample_loop(DiT& model, const GaussianDiffusion& chain, const at::Ten
   int64_t count = 0;
   at::Tensor x;
   HeadBudget heads(model, o);
+  std::unique_ptr<GraphedForward> own;  // graphs of this call alone when the caller keeps none across calls
+  if (!graphs) own = std::make_unique<GraphedForward>(model, o.cuda_graph);
+  GraphedForward& net = graphs ? *graphs : *own;
   if (!is_ode_sampler(o.sampler)) {
-    x = ancestral_loop(model, chain, cfg ? at::cat({noise, noise}) : noise, y, o, heads, on_step, count);
+    x = ancestral_loop(net, chain, cfg ? at::cat({noise, noise}) : noise, y, o, heads, on_step, count);
   } else {
-    const EpsModel eps = dit_eps(model, y, o, heads, count);
+    const EpsModel eps = dit_eps(net, y, o, heads, count);
     const OdeGrid grid = ode_grid(o, chain);
     const StepHook hook = [&](int64_t, const at::Tensor&) {
       if (on_step) on_step();

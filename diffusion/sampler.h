@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/experiment_config.h"
+#include "diffusion/cuda_graph.h"
 #include "diffusion/dit.h"
 #include "diffusion/gaussian_diffusion.h"
 
@@ -29,6 +30,7 @@ struct SampleOptions {
   int64_t topk = -1;                   ///< K of every routed MoH layer (−1 = as trained)
   std::vector<int64_t> topk_schedule;  ///< K by noise-level bucket, clean → noise (overrides topk)
   int64_t guide_topk = -1;             ///< K of the unconditional branch (CFG then runs as two forwards)
+  bool cuda_graph = false;             ///< replay the network evaluations as CUDA graphs where they can be
 };
 
 /// True for the probability-flow ODE solvers (no per-step noise; they walk the base chain's ᾱ table).
@@ -57,9 +59,11 @@ at::Tensor forward_with_cfg(DiT& model, const at::Tensor& x, const at::Tensor& t
 /// Runs the chain from `noise` (N, C, H, W) for class `labels` (N) and returns x0 samples (N, C, H, W) in the model's
 /// data space ([−1, 1] for pixels). Randomness comes from the global generator in DiT's order (the caller draws the
 /// noise first; then DDPM / DDIM draw one randn_like of the (doubled) batch per step). `on_step` is called after every
-/// step; `nfe`, when given, is increased by the network evaluations per image.
+/// step; `nfe`, when given, is increased by the network evaluations per image. `graphs` (built on `model`) keeps
+/// CUDA graphs across calls; without it a call with options.cuda_graph captures its own.
 at::Tensor sample_loop(DiT& model, const GaussianDiffusion& chain, const at::Tensor& noise, const at::Tensor& labels,
-                       const SampleOptions& options, const std::function<void()>& on_step = {}, int64_t* nfe = nullptr);
+                       const SampleOptions& options, const std::function<void()>& on_step = {}, int64_t* nfe = nullptr,
+                       GraphedForward* graphs = nullptr);
 
 /// Pixel samples in [−1, 1] → uint8 NHWC exactly as sample_ddp.py: clamp(127.5·x + 128, 0, 255) truncated.
 at::Tensor to_uint8_nhwc(const at::Tensor& samples);

@@ -171,6 +171,52 @@ TEST(OnDevice, EmaAndLossScaling) {
   EXPECT_EQ(scaler.current_scale(), 32768.0);
 }
 
+// Sampling chains replayed as CUDA graphs (sampling.cuda_graph) against the eager chain on the same device: DDPM with
+// CFG and a guidance interval (doubled and un-doubled batches: two graphs), DPM-Solver++ with a head-budget schedule
+// (a graph per K), fp32 and bf16 autocast. The same kernels run, so the samples agree to fp32 rounding at most. The
+// sparse path reads bucket sizes back to the host and cannot be captured: it falls back to eager, same samples.
+TEST(OnDevice, CudaGraphSamplingEqualsTheEagerChain) {
+  NoTf32 no_tf32;
+  const torch::Device dev = test::device();
+  if (!dev.is_cuda() || !diffusion::cuda_graphs_built()) GTEST_SKIP() << "CUDA graphs need a GPU and a CUDA LibTorch";
+  for (AttentionPath path : {AttentionPath::dense, AttentionPath::sparse}) {
+    diffusion::DiT model = tiny_dit(path);
+    model->to(dev), model->eval();
+    diffusion::SampleOptions ddpm;
+    ddpm.cfg_scale = 4.0, ddpm.cfg_channels = CfgChannels::all, ddpm.cfg_interval = {0.0, 0.5};
+    diffusion::SampleOptions dpm = ddpm;
+    dpm.sampler = SamplerKind::dpmpp_2m, dpm.ode_steps = 6, dpm.topk_schedule = {1, 2};
+    for (Precision p : {Precision::fp32, Precision::bf16}) {
+      for (const diffusion::SampleOptions& o : {ddpm, dpm}) {
+        const diffusion::GaussianDiffusion chain =
+            diffusion::sampling_chain(o.sampler, 1000, o.sampler == SamplerKind::ddpm ? "10" : "1000");
+        RunContext ctx;
+        ctx.device = dev, ctx.precision = p;
+        const at::Tensor labels = torch::tensor({1, 7, 3}).to(dev);
+        auto run = [&](diffusion::GraphedForward* graphs) {
+          AutocastScope ac(ctx);
+          torch::manual_seed(5);
+          const at::Tensor noise = torch::randn({3, 3, 8, 8}).to(dev);
+          return diffusion::sample_loop(model, chain, noise, labels, o, {}, nullptr, graphs).cpu();
+        };
+        const at::Tensor eager = run(nullptr);
+        diffusion::GraphedForward graphs(model, true);
+        const at::Tensor graphed = run(&graphs), again = run(&graphs);  // a second run replays the same graphs
+        const std::string what = config::to_string(path) + " " + config::to_string(p) + " " +
+                                 config::to_string(o.sampler) + " (" + std::to_string(graphs.graphs()) +
+                                 " graphs, fallback: " + graphs.fallback_reason() + ")";
+        if (path == AttentionPath::dense) {
+          EXPECT_GT(graphs.replays(), 0) << what;
+          EXPECT_TRUE(graphs.fallback_reason().empty()) << what;
+        }
+        EXPECT_LE(err(graphed, eager), test::tolerance(at::kFloat)) << what;
+        EXPECT_TRUE(torch::equal(graphed, again)) << what;
+        std::cerr << "[cuda graph] " << what << ": bitwise equal to eager: " << torch::equal(graphed, eager) << "\n";
+      }
+    }
+  }
+}
+
 // The FID Inception network (random weights: only the arithmetic is compared) on the device against fp64 CPU.
 TEST(OnDevice, FidInceptionFeaturesMatchFp64Cpu) {
   NoTf32 no_tf32;

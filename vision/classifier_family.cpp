@@ -46,6 +46,7 @@ BenchStep bench_step(const BenchRequest& r) {
   TransNeXtOptions o = classifier_options(r.name);
   if (r.img_size > 0) o.img_size = r.img_size;
   o.attention_path = r.path;
+  o.grad_checkpoint = r.grad_checkpoint;
   o.validate();
   TransNeXt model(o);
   model->to(r.ctx.device);
