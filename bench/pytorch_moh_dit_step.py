@@ -5,14 +5,18 @@
 # has it (timm's use_fused_attn, as the official MoHAttention), guided-diffusion's hybrid loss (MSE on ε + the
 # variational bound of the learned σ, linear β schedule of 1000 steps) + 0.01 · mean over routed layers of the
 # load-balance loss, AdamW (lr 1e-4, no weight decay), zero_grad / backward / step. Same shapes as
-# `moh bench train --model MoH-DiT-S/2-90 --batch 8 --img-size 32`: latents 32×32×4, 1000 classes.
+# `moh bench train --model MoH-DiT-S/2-90 --batch 8 --img-size 32`: latents 32×32×4, 1000 classes. On a GPU
+# (--device cuda; XL variants as `moh bench train --model DiT-XL/2 --ema 0.9999`) it is the step of DiT's train.py:
+# AdamW with PyTorch's default multi-tensor implementation, update_ema over named parameters after each step.
 # With --chain ddimN it times DiT's sample.py chain instead (eval mode, no grad): forward_with_cfg (one forward of the
 # doubled batch [cond | null], guidance scale 4 on the first 3 ε channels), guided-diffusion's DDIM (η = 0) over the
 # respaced timesteps, as `moh bench sample --chain ddimN --cfg-scale 4`.
-# usage: .venv/bin/python bench/pytorch_moh_dit_step.py [--model MoH-DiT-S/2-90|DiT-S/2] [--batch 8] [--steps 3]
-#        [--warmup 1] [--threads N] [--precision fp32|bf16] [--loss hybrid|square] [--chain ddim50]
+# usage: .venv/bin/python bench/pytorch_moh_dit_step.py [--model MoH-DiT-S/2-90|DiT-S/2|DiT-XL/2|MoH-DiT-XL/2-90]
+#        [--batch 8] [--steps 3] [--warmup 1] [--threads N] [--precision fp32|bf16] [--loss hybrid|square]
+#        [--chain ddim50] [--device cpu|cuda] [--ema 0.9999]
 #        prints one JSON line {"step_s": ...}
 import argparse, json, math, os, sys, time
+from collections import OrderedDict
 
 import torch
 import torch.nn.functional as F
@@ -21,8 +25,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from make_torch import DiT, moh_balance_loss  # noqa: E402  (the reference modules of the parity fixtures, official names)
 
 VARIANTS = {  # S/2: 12 layers, 384 wide, 6 heads of 64; MoH-DiT-S/2-90: 3 shared + top-2 of 3 in 8 layers, 6 shared in 4
-    "MoH-DiT-S/2-90": dict(heads=[6] * 12, shared=[3] * 8 + [6] * 4, topk=[2] * 8 + [0] * 4),
-    "DiT-S/2": dict(heads=[6] * 12, shared=None, topk=None),
+    "MoH-DiT-S/2-90": dict(dim=384, depth=12, head_dim=64, heads=[6] * 12, shared=[3] * 8 + [6] * 4,
+                           topk=[2] * 8 + [0] * 4),
+    "DiT-S/2": dict(dim=384, depth=12, head_dim=64, heads=[6] * 12, shared=None, topk=None),
+    # XL/2: 28 layers, 1152 wide; DiT 16 heads of 72; MoH-DiT-XL/2-90 (MoH-DiT/models.py): 8, 16, 24 heads of 72 over
+    # 9 + 10 + 9 layers, every head shared in the first 19, 16 shared + top-3 of 8 in the last 9
+    "DiT-XL/2": dict(dim=1152, depth=28, head_dim=72, heads=[16] * 28, shared=None, topk=None),
+    "MoH-DiT-XL/2-90": dict(dim=1152, depth=28, head_dim=72, heads=[8] * 9 + [16] * 10 + [24] * 9,
+                            shared=[8] * 9 + [16] * 19, topk=[0] * 19 + [3] * 9),
 }
 
 p = argparse.ArgumentParser()
@@ -39,7 +49,10 @@ p.add_argument("--loss", default="hybrid", choices=["hybrid", "square"],
 p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
 p.add_argument("--chain", default="", help="ddimN: time a CFG sampling chain instead of a training step")
 p.add_argument("--cfg-scale", type=float, default=4.0)
+p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+p.add_argument("--ema", type=float, default=0.0, help="DiT's update_ema after every step with this decay (0 = none)")
 a = p.parse_args()
+DEV = torch.device(a.device)
 if a.threads > 0:
     torch.set_num_threads(a.threads)
 torch.manual_seed(0)
@@ -65,12 +78,28 @@ def attention_forward(self, x):  # MoH-DiT MoHAttention.forward: all heads, then
 
 
 v = VARIANTS[a.model]
-model = DiT(32, 2, 4, 384, 12, 1000, v["heads"], 64, v["shared"], v["topk"])
+model = DiT(32, 2, 4, v["dim"], v["depth"], 1000, v["heads"], v["head_dim"], v["shared"], v["topk"])
 for m in model.modules():
     if type(m).__name__ == "Attention":
         m.forward = attention_forward.__get__(m)
-model.train()
+model.to(DEV).train()
 opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0)
+ema = None
+if a.ema > 0:
+    import copy
+    ema = copy.deepcopy(model).requires_grad_(False)
+
+
+@torch.no_grad()
+def update_ema():  # DiT train.py's update_ema
+    ema_params, model_params = OrderedDict(ema.named_parameters()), OrderedDict(model.named_parameters())
+    for name, param in model_params.items():
+        ema_params[name].mul_(a.ema).add_(param.data, alpha=1 - a.ema)
+
+
+def sync():
+    if DEV.type == "cuda":
+        torch.cuda.synchronize()
 
 # guided-diffusion, linear schedule, learned range σ, hybrid loss
 T = 1000
@@ -84,7 +113,7 @@ coef2 = (1 - ac_prev) * (1 - betas).sqrt() / (1 - ac)
 
 
 def at(arr, t, x):
-    return arr[t].float().view(-1, *([1] * (x.dim() - 1)))
+    return arr.to(t.device)[t].float().view(-1, *([1] * (x.dim() - 1)))
 
 
 def normal_kl(m1, lv1, m2, lv2):
@@ -108,12 +137,12 @@ def discretized_ll(x, means, log_scales):
 def training_loss(x0, y):
     if a.loss == "square":
         AUX.clear()
-        return model(x0, torch.randint(0, T, (x0.shape[0],)), y).square().mean()
-    t = torch.randint(0, T, (x0.shape[0],))
+        return model(x0, torch.randint(0, T, (x0.shape[0],), device=DEV), y).square().mean()
+    t = torch.randint(0, T, (x0.shape[0],), device=DEV)
     noise = torch.randn_like(x0)
     xt = at(ac.sqrt(), t, x0) * x0 + at((1 - ac).sqrt(), t, x0) * noise
     AUX.clear()
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+    with torch.autocast(DEV.type, dtype=torch.bfloat16, enabled=a.precision == "bf16"):
         out = model(xt, t, y)
     out = out.float()
     eps, var = out.split(4, dim=1)
@@ -134,8 +163,8 @@ def training_loss(x0, y):
     return loss
 
 
-x0 = torch.randn(a.batch, 4, 32, 32)
-y = torch.randint(0, 1000, (a.batch,))
+x0 = torch.randn(a.batch, 4, 32, 32, device=DEV)
+y = torch.randint(0, 1000, (a.batch,), device=DEV)
 
 
 @torch.no_grad()
@@ -144,12 +173,12 @@ def sample_chain():  # DiT sample.py: z doubled, y_null = 1000, forward_with_cfg
     use = list(range(0, T, T // n))[:n]  # space_timesteps(1000, "ddimN"): stride T / N
     acs = ac[use]
     acs_prev = torch.cat([torch.ones(1, dtype=torch.float64), acs[:-1]])
-    z = torch.randn(a.batch, 4, 32, 32)
+    z = torch.randn(a.batch, 4, 32, 32, device=DEV)
     yy = torch.cat([y, torch.full_like(y, 1000)])
     for i in reversed(range(n)):
         zz = torch.cat([z, z])
-        tt = torch.full((2 * a.batch,), use[i], dtype=torch.long)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+        tt = torch.full((2 * a.batch,), use[i], dtype=torch.long, device=DEV)
+        with torch.autocast(DEV.type, dtype=torch.bfloat16, enabled=a.precision == "bf16"):
             out = model(zz, tt, yy).float()
         eps, rest = out[:, :3], out[:, 3:]
         cond, uncond = eps.split(a.batch)
@@ -164,8 +193,10 @@ if a.chain:
     model.eval()
     times = []
     for i in range(a.warmup + a.steps):
+        sync()
         s = time.perf_counter()
         sample_chain()
+        sync()
         if i >= a.warmup:
             times.append(time.perf_counter() - s)
     times.sort()
@@ -174,14 +205,19 @@ if a.chain:
     sys.exit(0)
 times = []
 for i in range(a.warmup + a.steps):
+    sync()
     s = time.perf_counter()
     loss = training_loss(x0, y)
     opt.zero_grad()
     loss.backward()
     opt.step()
+    if ema is not None:
+        update_ema()
+    sync()
     if i >= a.warmup:
         times.append(time.perf_counter() - s)
 times.sort()
 print(json.dumps({"model": a.model, "batch": a.batch, "precision": a.precision, "step_s": times[len(times) // 2],
+                  "img_per_s": a.batch / times[len(times) // 2], "device": a.device, "ema": a.ema,
                   "torch": torch.__version__, "threads": torch.get_num_threads(), "fused_attention": FUSED,
                   "loss": float(loss.detach())}))

@@ -8,7 +8,7 @@
 #   MOH_GPU_TARGETS  build only these targets (default: all)
 #   MOH_GPU_TEST_DEVICE  MOH_TEST_DEVICE of the tests stage (default cuda; cpu to rehearse on a CPU machine)
 #   MOH_GPU_CTEST_EXCLUDE  ctest -E regex of the tests stage (default: format and the long command-line scripts)
-#   MOH_GPU_BENCH  which benchmarks of the bench stage (default: "train sample attention")
+#   MOH_GPU_BENCH  which benchmarks of the bench stage (default: "train sample attention"; also: step sweep graphs)
 # Stages: env (GPU, driver, torch, compiler), build (configure against the local torch with the kit's prefix, OpenCV
 # off, NCCL on, the CUDA kernels for the GPU seen), tests (ctest with MOH_TEST_DEVICE=cuda), cli (train, resume,
 # sample and fid through the moh binary on the GPU), bench (training step bf16 of DiT-XL/2 and MoH-DiT-XL/2-90 with MFU
@@ -129,7 +129,10 @@ stage_bench() {
     case "$what" in
       train | sample) for m in DiT-XL/2 MoH-DiT-XL/2-90; do "bench_$what" "$m"; done ;;
       attention) for dt in bf16 fp32; do bench_attention "$dt"; done ;;
-      *) die2 "MOH_GPU_BENCH: unknown benchmark $what (train sample attention)" ;;
+      step) for m in DiT-XL/2 MoH-DiT-XL/2-90; do bench_step "$m"; done ;;
+      sweep) bench_sweep none 32,64,128,256; bench_sweep blocks 64,128,256,512 ;;
+      graphs) for g in off auto; do bench_graphs "$g"; done ;;
+      *) die2 "MOH_GPU_BENCH: unknown benchmark $what (train sample attention step sweep graphs)" ;;
     esac
   done
 }
@@ -144,6 +147,38 @@ bench_sample() {
   run_logged bench "$key" "$BUILD/moh" bench sample --model "$1" --device cuda --precision bf16 --batch 64 \
     --chain 250 --cfg-scale 4 --steps 2 --warmup 1 --json
   record bench "$key" "$(tail -n1 "$REPORT/bench_$key.log" | grep '^{' || echo null)"
+}
+# Where a training step's time goes, before and after the multi-tensor optimizer: a DiT-XL/2-shaped step (bf16,
+# batch 32, EMA 0.9999 as DiT's train.py) with AdamW + EMA per tensor (for_loop, the old path) and as the run picks
+# them (auto: fused), each with a profile of one step by op class (Kineto kernels), then the official-structure
+# PyTorch step (bench/pytorch_moh_dit_step.py: PyTorch's default multi-tensor AdamW, DiT's update_ema) on the same GPU.
+bench_step() {
+  local key=${1//\//_} impl
+  for impl in for_loop auto; do
+    run_logged bench "step_${key}_$impl" "$BUILD/moh" bench train --model "$1" --device cuda --precision bf16 \
+      --batch 32 --ema 0.9999 --optim-impl "$impl" --steps 10 --warmup 3 --peak-tflops 989 --profile 12 --json
+    record bench "step_${key}_$impl" "$(tail -n1 "$REPORT/bench_step_${key}_$impl.log" | grep '^{' || echo null)"
+  done
+  run_logged bench "step_${key}_pytorch" "$PY" bench/pytorch_moh_dit_step.py --model "$1" --device cuda \
+    --precision bf16 --batch 32 --ema 0.9999 --steps 10 --warmup 3
+  record bench "step_${key}_pytorch" "$(tail -n1 "$REPORT/bench_step_${key}_pytorch.log" | grep '^{' || echo null)"
+}
+# The best batch that fits a GPU, without and with activation checkpointing (DiT-XL/2, bf16, EMA): one JSON line per
+# batch, then the sweep's summary.
+bench_sweep() {
+  run_logged bench "sweep_$1" "$BUILD/moh" bench train --model DiT-XL/2 --device cuda --precision bf16 --batch "$2" \
+    --ema 0.9999 --grad-checkpoint "$1" --steps 5 --warmup 2 --peak-tflops 989 --json
+  record bench "sweep_$1" "$(grep '"train_batch_sweep"' "$REPORT/bench_sweep_$1.log" | tail -n1 || echo null)"
+}
+# Sampling with and without CUDA graphs: DDPM-250 + CFG 4 (batch 64) and DPM-Solver++ 12 steps + CFG 4 in [0, 0.5].
+bench_graphs() {
+  run_logged bench "graphs_$1_ddpm" "$BUILD/moh" bench sample --model DiT-XL/2 --device cuda --precision bf16 \
+    --batch 64 --chain 250 --cfg-scale 4 --cuda-graph "$1" --steps 1 --warmup 1 --json
+  record bench "graphs_$1_ddpm" "$(tail -n1 "$REPORT/bench_graphs_$1_ddpm.log" | grep '^{' || echo null)"
+  run_logged bench "graphs_$1_dpm" "$BUILD/moh" bench sample --model DiT-XL/2 --device cuda --precision bf16 \
+    --batch 64 --sampler dpm++2m --chain 12 --cfg-scale 4 --cfg-interval 0,0.5 --cuda-graph "$1" --steps 3 \
+    --warmup 1 --json
+  record bench "graphs_$1_dpm" "$(tail -n1 "$REPORT/bench_graphs_$1_dpm.log" | grep '^{' || echo null)"
 }
 # Attention layers on the GPU, one value per shape and mode, in ms (forward, forward + backward):
 #   vit_attention_DTYPE: MoH-ViT-B-50's routed layers (224 px, batch 32): MHA, MoH dense, MoH sparse and dense without
