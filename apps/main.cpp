@@ -13,6 +13,7 @@
 
 #include "apps/cli.h"
 #include "apps/commands.h"
+#include "core/blas_core.h"
 #include "core/distributed.h"
 #include "core/error.h"
 #include "core/run_context.h"
@@ -134,6 +135,13 @@ static std::string threads_line() {
   return s;
 }
 
+// "OpenBLAS core: Cooperlake (detected Prescott; chosen by moh for this CPU, self-check passed)\n", or "".
+static std::string blas_core_line() {
+  const BlasCore c = blas_core();
+  if (c.used.empty()) return "";
+  return "OpenBLAS core: " + c.used + " (detected " + c.detected + "; " + c.how + ")\n";
+}
+
 static void print_version() {
   BlasInfo blas = detect_blas();
   std::cout << "moh " << toolkit_version() << "\n"
@@ -145,7 +153,7 @@ static void print_version() {
                                             : std::string("none visible")))
             << ")\n"
             << "BLAS: " << blas.name << (blas.path.empty() ? "" : " (" + blas.path + ")") << "\n"
-            << "CPU threads: " << threads_line() << "\n"
+            << blas_core_line() << "CPU threads: " << threads_line() << "\n"
             << "data parallel: " << (dist::available() ? "c10d (Gloo)" : "off (no c10d/Gloo headers at build time)")
             << "\n"
 #ifdef MOH_WITH_OPENCV
@@ -193,7 +201,7 @@ int main(int argc, char** argv) {
   const bool speaks = rank.empty() || (local_env && std::strcmp(local_env, "0") == 0);
   const std::string prefix = rank.empty() ? "error: " : "error: rank " + rank + ": ";
   try {
-    moh::reexec_with_sleeping_openmp(argv);  // Debian's LibTorch + OpenBLAS: before any OpenMP region runs
+    moh::reexec_for_cpu(argv);  // Debian's LibTorch + OpenBLAS: before any OpenMP region or product runs
     moh::configure_cpu_threads();
     return moh::apps::run(argc, argv);
   } catch (const moh::UserError& e) {

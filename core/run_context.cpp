@@ -284,13 +284,9 @@ ThreadSetup thread_setup() {
   return t;
 }
 
-void reexec_with_sleeping_openmp(char** argv) {
-  if (std::getenv("MOH_THREADS_SET") || std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT")) return;
-  if (!openmp_backend() || detect_blas().name != "OpenBLAS" || openblas_threads() <= 1) return;
-  ::setenv("OMP_WAIT_POLICY", "passive", 1);
-  ::setenv("MOH_THREADS_SET", "1", 1);
-  ::execv("/proc/self/exe", argv);  // returns only on failure: go on with the spinning default
-  ::unsetenv("OMP_WAIT_POLICY");
+bool needs_sleeping_openmp() {
+  if (std::getenv("MOH_THREADS_SET") || std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT")) return false;
+  return openmp_backend() && detect_blas().name == "OpenBLAS" && openblas_threads() > 1;
 }
 
 int configure_cpu_threads() {

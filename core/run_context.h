@@ -96,10 +96,10 @@ ThreadSetup thread_setup();
 
 /// LibTorch's intra-op pool is OpenMP and, in Debian's build, matrix products run on OpenBLAS's own pthread pool:
 /// idle OpenMP workers spin (libgomp's default) on the cores OpenBLAS computes on. With OMP_WAIT_POLICY=passive
-/// they sleep; libgomp reads it only when it starts, so when it is needed and not set by the user, this re-executes
-/// the program with it set (once: MOH_THREADS_SET guards). Returns when nothing was needed (MKL builds, user
-/// settings) or the re-exec failed.
-void reexec_with_sleeping_openmp(char** argv);
+/// they sleep; libgomp reads it only when it starts, so when it is needed and not set by the user (MOH_THREADS_SET
+/// marks moh's own setting), the program runs again with it set (reexec_for_cpu, core/blas_core.h). False for MKL
+/// builds and user settings.
+bool needs_sleeping_openmp();
 
 /// Which BLAS LibTorch's matrix products run on.
 struct BlasInfo {

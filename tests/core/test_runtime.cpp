@@ -5,6 +5,7 @@
 
 #include "core/amp.h"
 #include "core/atomic_io.h"
+#include "core/blas_core.h"
 #include "core/ema.h"
 #include "core/error.h"
 #include "core/progress.h"
@@ -176,6 +177,36 @@ TEST(Ema, UpdateAndWarmup) {
   EXPECT_DOUBLE_EQ(ema_decay_at(0.999, true, 0), 0.1);
   EXPECT_DOUBLE_EQ(ema_decay_at(0.999, false, 0), 0.999);
   EXPECT_DOUBLE_EQ(ema_decay_at(0.5, true, 1000), 0.5);
+}
+
+// The OpenBLAS core moh switches to, by the CPU flags of real machines (/proc/cpuinfo of this project's machine
+// kinds and of older CPUs): only upward from a known, lower core; never for an unknown name.
+TEST(BlasCore, BestCoreForTheCpuAndWhenToSwitch) {
+  const std::set<std::string> avx2{"sse4_2", "avx", "avx2", "fma"};
+  std::set<std::string> skx = avx2, spr = avx2;
+  for (const char* f : {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"}) skx.insert(f), spr.insert(f);
+  spr.insert("avx512_bf16"), spr.insert("amx_bf16");  // Sapphire Rapids; the AMD EPYC days of this machine alike
+  EXPECT_EQ(best_openblas_core(spr), "Cooperlake");
+  EXPECT_EQ(best_openblas_core(skx), "SkylakeX");
+  EXPECT_EQ(best_openblas_core(avx2), "Haswell");
+  EXPECT_EQ(best_openblas_core({"sse4_2", "avx"}), "SandyBridge");
+  EXPECT_EQ(best_openblas_core({"sse4_2"}), "");
+  std::set<std::string> partial = skx;
+  partial.erase("avx512vl");  // an incomplete AVX-512 set is not enough for the SkylakeX kernels
+  EXPECT_EQ(best_openblas_core(partial), "Haswell");
+  EXPECT_EQ(openblas_core_upgrade("Prescott", spr), "Cooperlake");  // Debian's OpenBLAS on Sapphire Rapids
+  EXPECT_EQ(openblas_core_upgrade("Haswell", skx), "SkylakeX");
+  EXPECT_EQ(openblas_core_upgrade("Cooperlake", spr), "");  // already the best
+  EXPECT_EQ(openblas_core_upgrade("SkylakeX", avx2), "");   // never downward
+  EXPECT_EQ(openblas_core_upgrade("Zen", avx2), "");
+  EXPECT_EQ(openblas_core_upgrade("Sandybridge", avx2), "Haswell");  // OpenBLAS's own spelling
+  EXPECT_EQ(openblas_core_upgrade("ThunderX2T99", spr), "");         // not a core this table knows
+  EXPECT_EQ(openblas_core_level("SAPPHIRERAPIDS"), 5);
+}
+
+// The self-check of a core: the products through LibTorch agree with the plain loop.
+TEST(BlasCore, SelfCheckPassesOnTheBlasInUse) {
+  EXPECT_EQ(check_blas_products(), "");
 }
 
 }  // namespace
