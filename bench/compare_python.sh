@@ -32,19 +32,24 @@ row() {
     margs=(bench sample --chain ddim50 --cfg-scale 4 --steps 1 --warmup 0 --img-size 32)
     pargs=(--chain ddim50 --steps 1 --warmup 0)
   fi
+  # Both sides on the same OpenBLAS kernel: the one moh runs on (it replaces a generic fallback, core/blas_core.h;
+  # Python's torch would keep the fallback).
+  local core
+  core=$("$moh" --version | awk -F': ' '/^OpenBLAS core/ {print $2}' | cut -d' ' -f1)
   for round in 1 2; do
     a+=("$("$moh" "${margs[@]}" --model "$model" "${shape[@]}" --precision "$prec" --json 2>/dev/null |
       python3 -c 'import json,sys; print(json.load(sys.stdin)["step_s"])')")
-    b+=("$("$py" "$script" "${pargs[@]}" --model "$model" "${shape[@]}" --precision "$prec" |
-      python3 -c 'import json,sys; print(json.load(sys.stdin)["step_s"])')")
+    b+=("$(env ${core:+OPENBLAS_CORETYPE=$core} "$py" "$script" "${pargs[@]}" --model "$model" "${shape[@]}" \
+      --precision "$prec" | python3 -c 'import json,sys; print(json.load(sys.stdin)["step_s"])')")
   done
-  python3 - "$label" "$kind $model $prec" "${a[@]}" "${b[@]}" "$OUT" "$("$moh" --version | sed -n 2p)" <<'PY'
+  python3 - "$label" "$kind $model $prec" "${a[@]}" "${b[@]}" "$OUT" "$("$moh" --version | sed -n 2p)" "${core:-MKL}" <<'PY'
 import json, statistics, sys, datetime
-label, row, a1, a2, b1, b2, out, lib = sys.argv[1:9]
+label, row, a1, a2, b1, b2, out, lib, core = sys.argv[1:10]
 a, b = statistics.median([float(a1), float(a2)]), statistics.median([float(b1), float(b2)])
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
 rec = {"libtorch": lib, "row": row, "moh_step_s": [float(a1), float(a2)], "python_step_s": [float(b1), float(b2)],
-       "python_over_moh": b / a, "cpu": cpu, "time": datetime.datetime.now().isoformat(timespec="seconds")}
+       "python_over_moh": b / a, "cpu": cpu, "blas_core": core,
+       "time": datetime.datetime.now().isoformat(timespec="seconds")}
 open(out, "a").write(json.dumps(rec) + "\n")
 print(f"| {label} | {row} | {float(a1):.2f} / {float(a2):.2f} | {float(b1):.2f} / {float(b2):.2f} | **{b / a:.2f}** |")
 PY

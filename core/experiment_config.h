@@ -35,7 +35,8 @@ enum class RouterKind { learned, query_norm };
 const config::EnumTable<RouterKind>& enum_table(RouterKind);
 
 /// Numeric precision of forward + loss (master weights, optimizer and EMA stay fp32). `automatic` ("auto") is
-/// resolved by RunContext::create: bf16 on CUDA and on CPUs with native bf16 (avx512_bf16 / amx_bf16), else fp32.
+/// resolved by RunContext::create: bf16 on CUDA; on a CPU bf16 where this build's bf16 autocast is measured clearly
+/// faster than fp32 on this CPU (core/cpu_precision.h, cached per machine), else fp32.
 enum class Precision { fp32, bf16, fp16, automatic };
 const config::EnumTable<Precision>& enum_table(Precision);
 
@@ -267,7 +268,7 @@ struct TrainConfig {
     v.field("seed", seed, "global random seed");
     v.field("precision", precision,
             "forward precision: fp32, bf16 (autocast on CPU or CUDA), fp16 (CUDA, loss scaling) "
-            "or auto (bf16 on CUDA and on CPUs with native bf16, else fp32)");
+            "or auto (bf16 on CUDA; on a CPU bf16 where measured faster than fp32 on this CPU and build, else fp32)");
     v.field("device", device, "auto, cpu, cuda or cuda:N");
     v.field("ema_decay", ema_decay, "EMA decay of the weights; 0 = no EMA");
     v.field("ema_warmup", ema_warmup,

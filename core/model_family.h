@@ -85,6 +85,9 @@ struct BenchRequest {
   OptimImpl optim = OptimImpl::automatic;  ///< optim.impl of the step's AdamW, clipping and EMA
   double ema_decay = 0;                    ///< > 0: the step updates an EMA copy too, as a run with train.ema_decay
   bool grad_checkpoint = false;            ///< train.grad_checkpoint: blocks
+  /// When set, the model is the experiment's (its options as a run builds them; name, img_size, path and
+  /// grad_checkpoint above are then unused).
+  const ExperimentConfig* experiment = nullptr;
 };
 
 /// The optimizer half of a benchmarked training step, as a run takes it (core/amp.h finish_optimizer_step): AdamW

@@ -23,6 +23,7 @@
 #include <sstream>
 #include <vector>
 
+#include "core/cpu_precision.h"
 #include "core/error.h"
 #include "moh_version.h"
 
@@ -41,7 +42,8 @@ static int env_int(const char* a, const char* b, int fallback) {
   return fallback;
 }
 
-RunContext RunContext::create(const std::string& device, Precision precision, uint64_t seed) {
+RunContext RunContext::create(const std::string& device, Precision precision, uint64_t seed,
+                              const PrecisionProbe* probe) {
   RunContext ctx;
   ctx.rank = env_int("RANK", "SLURM_PROCID", 0);
   ctx.world = env_int("WORLD_SIZE", "SLURM_NTASKS", 1);
@@ -60,7 +62,7 @@ RunContext RunContext::create(const std::string& device, Precision precision, ui
   // communicators and the CUDA generator then all belong to it.
   if (ctx.device.is_cuda()) c10::impl::getDeviceGuardImpl(c10::kCUDA)->setDevice(ctx.device);
   if (precision == Precision::automatic)
-    precision = ctx.device.is_cuda() || cpu_has_native_bf16() ? Precision::bf16 : Precision::fp32;
+    precision = ctx.device.is_cuda() ? Precision::bf16 : cpu_auto_precision(probe).precision;
   if (precision == Precision::fp16 && !ctx.device.is_cuda())
     throw UserError("precision fp16", "fp16 autocast needs a CUDA device", "use bf16 (CPU autocast) or fp32 on CPU");
   ctx.precision = precision;
@@ -178,13 +180,17 @@ c10::Device choose_device(const std::string& device, int local_rank, int local_w
   return d;
 }
 
-std::string precision_summary(Precision requested, const RunContext& ctx) {
+std::string precision_summary(Precision requested, const RunContext& ctx, const PrecisionProbe* probe) {
   std::string s = config::to_string(ctx.precision);
-  if (requested == Precision::automatic)
-    s += ctx.device.is_cuda()    ? " (auto: CUDA)"
-         : cpu_has_native_bf16() ? " (auto: this CPU has native bf16)"
-                                 : " (auto: no native bf16 on this CPU)";
-  return s;
+  if (requested != Precision::automatic) return s;
+  if (ctx.device.is_cuda()) return s + " (auto: CUDA)";
+  const CpuPrecision& c = cpu_auto_precision(probe);
+  if (c.fp32_ms <= 0) return s + " (auto: " + c.how + ")";
+  std::ostringstream why;
+  why.precision(2);
+  why << std::fixed << " (auto: a bf16 step takes " << c.bf16_ms / c.fp32_ms << "x the fp32 one on this CPU and build, "
+      << c.how << ")";
+  return s + why.str();
 }
 
 std::string slow_bf16_warning(const RunContext& ctx) {

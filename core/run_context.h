@@ -10,6 +10,8 @@
 
 namespace moh {
 
+struct PrecisionProbe;
+
 /// Execution context of one process.
 struct RunContext {
   c10::Device device{c10::kCPU};
@@ -23,18 +25,22 @@ struct RunContext {
   bool is_main() const { return rank == 0; }
   /// Builds the context: `device` is auto|cpu|cuda|cuda:N; rank/world from RANK/WORLD_SIZE/LOCAL_RANK or
   /// SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID. Errors (no CUDA, fp16 on CPU; bf16 is fine) are UserErrors.
-  /// Precision::automatic is resolved here (precision_summary() says to what, for the run's start line).
-  static RunContext create(const std::string& device, Precision precision, uint64_t seed);
+  /// Precision::automatic is resolved here: bf16 on CUDA; on a CPU by cpu_auto_precision(probe) (core/cpu_precision.h:
+  /// measured, cached per machine); precision_summary() says to what and why, for the run's start line.
+  static RunContext create(const std::string& device, Precision precision, uint64_t seed,
+                           const PrecisionProbe* probe = nullptr);
 };
 
-/// The run's precision for its start line: "fp32", "bf16 (auto: CUDA)", "fp32 (auto: no native bf16 on this CPU)".
-std::string precision_summary(Precision requested, const RunContext& ctx);
+/// The run's precision for its start line: "fp32", "bf16 (auto: CUDA)", "fp32 (auto: no native bf16 on this CPU)",
+/// "fp32 (auto: a bf16 step takes 1.18x the fp32 one on this CPU and build, measured ...)".
+std::string precision_summary(Precision requested, const RunContext& ctx, const PrecisionProbe* probe = nullptr);
 /// A one-line warning (without "warning: ") when bf16 autocast runs on a CPU without native bf16, where bf16 matrix
 /// products are many times slower than fp32 (LibTorch's fallback GEMM); "" otherwise.
 std::string slow_bf16_warning(const RunContext& ctx);
 
-/// Whether this CPU has native bf16 arithmetic (avx512_bf16 or amx_bf16 in /proc/cpuinfo): where LibTorch's CPU
-/// bf16 autocast beats fp32 (on an AVX2-only CPU it is several times slower; docs/BENCHMARKS.md).
+/// Whether this CPU has native bf16 arithmetic (avx512_bf16 or amx_bf16 in /proc/cpuinfo). Without it LibTorch's CPU
+/// bf16 autocast is several times slower than fp32; with it bf16 may still lose (docs/BENCHMARKS.md), which is why
+/// precision: auto measures.
 bool cpu_has_native_bf16();
 
 /// The CPU's model name (/proc/cpuinfo "model name"; "unknown" elsewhere), for benchmark records.

@@ -190,7 +190,8 @@ class TrainLoop {
 TrainLoop::TrainLoop(const ExperimentConfig& cfg, const TrainArgs& args, const TaskFactory& make_task)
     : cfg_(cfg),
       args_(args),
-      ctx_(RunContext::create(cfg.train.device, cfg.train.precision, static_cast<uint64_t>(cfg.train.seed))) {
+      ctx_(RunContext::create(cfg.train.device, cfg.train.precision, static_cast<uint64_t>(cfg.train.seed),
+                              args.precision_probe.get())) {
   run_dir_ = args.run_dir.empty() ? "runs/" + cfg.name : args.run_dir;
   check_output_dir(run_dir_, "--run-dir " + run_dir_);
   if (cfg.train.deterministic) use_deterministic_kernels();
@@ -295,8 +296,8 @@ void TrainLoop::start_writing() {
       std::cerr << "note: " << run_dir_
                 << " has no checkpoint yet (stopped before its first one): starting at step 0\n";
     if (const std::string w = slow_bf16_warning(ctx_); !w.empty()) std::cerr << "warning: " << w << "\n";
-    std::cerr << "model " << task_->describe() << ", " << precision_summary(cfg_.train.precision, ctx_) << ", run dir "
-              << run_dir_
+    std::cerr << "model " << task_->describe() << ", "
+              << precision_summary(cfg_.train.precision, ctx_, args_.precision_probe.get()) << ", run dir " << run_dir_
               << (ctx_.world > 1 ? ", " + std::to_string(ctx_.world) + " data-parallel ranks" : std::string()) << "\n";
   }
   // One bar for the whole run: batches b/S (S = epochs × batches per epoch, capped by train.max_steps), the rate of

@@ -31,6 +31,9 @@ struct TrainArgs {
   /// The process group to train in instead of joining the one the environment describes (tests: a group that
   /// records what its collectives are handed).
   std::shared_ptr<dist::Group> group = nullptr;
+  /// What decides `precision: auto` on a CPU: the experiment's own training step (set by moh train; without it, a
+  /// generic transformer block).
+  std::shared_ptr<const PrecisionProbe> precision_probe = nullptr;
 };
 
 /// What a resumed run may not change (the checkpoint's weights would not fit), and what it changes only when asked

@@ -49,10 +49,12 @@ TensorMap forward(const ForwardRequest& r) {
 }
 
 BenchStep bench_step(const BenchRequest& r) {
-  DiTOptions o = dit_options(r.name);
-  if (r.img_size > 0) o.input_size = r.img_size;
-  o.path = r.path;
-  o.grad_checkpoint = r.grad_checkpoint;
+  DiTOptions o = r.experiment ? dit_options_for(*r.experiment) : dit_options(r.name);
+  if (!r.experiment) {
+    if (r.img_size > 0) o.input_size = r.img_size;
+    o.path = r.path;
+    o.grad_checkpoint = r.grad_checkpoint;
+  }
   DiT model(o);
   model->to(r.ctx.device);
   model->train();

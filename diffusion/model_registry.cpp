@@ -1,5 +1,9 @@
 #include "diffusion/model_registry.h"
 
+#include <algorithm>
+#include <cstdlib>
+
+#include "core/cpu_precision.h"
 #include "core/error.h"
 #include "datasets/image_decode.h"
 #include "diffusion/dit_family.h"
@@ -53,9 +57,44 @@ TaskFactory task_factory(const ExperimentConfig& cfg) {
   return [&f, cfg](const RunContext& ctx) { return f.task(cfg, ctx); };
 }
 
+namespace {
+constexpr int64_t kPrecisionProbeMaxBatch = 64;
+
+// `precision: auto` on a CPU decided by this experiment's own training step (core/cpu_precision.h): its model as the
+// run builds it, at the batch one backward pass sees, with its optimizer, EMA and checkpointing, on random data.
+std::shared_ptr<const PrecisionProbe> training_probe(const ExperimentConfig& cfg) {
+  const ModelFamily& f = experiment_family(cfg);
+  if (cfg.train.precision != Precision::automatic || !f.bench_step) return nullptr;
+  const char* w = std::getenv("WORLD_SIZE");
+  const int64_t world = std::max<int64_t>(1, w ? std::atoll(w) : 1);
+  // The batch one backward pass sees, at most 64: per-example cost is about flat beyond that, and the probe runs
+  // before the data are read (a batch the data cannot fill is refused only then).
+  const int64_t micro = cfg.data.batch_size / world / std::max<int64_t>(1, cfg.train.accum_steps);
+  const int64_t batch = std::clamp<int64_t>(micro, 1, kPrecisionProbeMaxBatch);
+  auto probe = std::make_shared<PrecisionProbe>();
+  probe->name = "train " + cfg.model.name + ", img " + std::to_string(cfg.model.img_size) + ", batch " +
+                std::to_string(batch) + ", path " + config::to_string(cfg.model.attention_path) + ", optim " +
+                config::to_string(cfg.optim.impl) + ", ema " + std::to_string(cfg.train.ema_decay > 0) +
+                ", checkpoint " + config::to_string(cfg.train.grad_checkpoint);
+  probe->build = [&f, cfg, batch](Precision p) {
+    BenchRequest r;
+    r.name = cfg.model.name;
+    r.ctx.precision = p;  // the CPU
+    r.batch = batch;
+    r.optim = cfg.optim.impl;
+    r.ema_decay = cfg.train.ema_decay;
+    r.experiment = &cfg;
+    return f.bench_step(r).step;
+  };
+  return probe;
+}
+}  // namespace
+
 LoopResult train_experiment(const ExperimentConfig& cfg, const TrainArgs& args) {
   validate_experiment(cfg);
-  return run_training(cfg, args, task_factory(cfg));
+  TrainArgs a = args;
+  if (!a.precision_probe) a.precision_probe = training_probe(cfg);
+  return run_training(cfg, a, task_factory(cfg));
 }
 
 std::string attention_path_table() {

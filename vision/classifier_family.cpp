@@ -43,10 +43,12 @@ TensorMap forward(const ForwardRequest& r) {
 }
 
 BenchStep bench_step(const BenchRequest& r) {
-  TransNeXtOptions o = classifier_options(r.name);
-  if (r.img_size > 0) o.img_size = r.img_size;
-  o.attention_path = r.path;
-  o.grad_checkpoint = r.grad_checkpoint;
+  TransNeXtOptions o = r.experiment ? classifier_options_for(*r.experiment) : classifier_options(r.name);
+  if (!r.experiment) {
+    if (r.img_size > 0) o.img_size = r.img_size;
+    o.attention_path = r.path;
+    o.grad_checkpoint = r.grad_checkpoint;
+  }
   o.validate();
   TransNeXt model(o);
   model->to(r.ctx.device);
