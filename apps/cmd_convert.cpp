@@ -2,7 +2,7 @@
 // or legacy .pt/.pth/.bin, .safetensors, one of our checkpoint or run directories) → one safetensors file with the
 // official key names, which Python loads with `model.load_state_dict(safetensors.torch.load_file(OUT))`.
 // `moh convert --to-moh TARGET.yaml --in DENSE --out DIR [--shared-heads first|importance|learned]`: a dense DiT or
-// TransNeXt (toolkit run or official file) turned into the MoH model of an experiment (diffusion/moh_convert.h).
+// TransNeXt (toolkit run or official file) turned into the MoH model of an experiment (experiments/convert.h).
 // `moh compare A B [--key K] [--tol T] [--l2]`: relative error between two weights sources, per tensor and whole.
 #include <algorithm>
 #include <cmath>
@@ -16,7 +16,7 @@
 #include "core/checkpoint.h"
 #include "core/error.h"
 #include "core/safetensors.h"
-#include "diffusion/moh_convert.h"
+#include "experiments/convert.h"
 
 namespace moh::apps {
 
@@ -42,7 +42,7 @@ std::string join_heads(const std::vector<int64_t>& heads) {
 
 int convert_to_moh(const cxxopts::ParseResult& args, const std::string& in, const std::string& out,
                    const std::string& key) {
-  using namespace diffusion;
+  using namespace experiments;
   ConvertOptions o;
   o.source = in;
   o.key = key;
@@ -55,7 +55,7 @@ int convert_to_moh(const cxxopts::ParseResult& args, const std::string& in, cons
   check_output_dir(out, "--out " + out);
   const ExperimentConfig target = load_experiment(args["to-moh"].as<std::string>(), config_overrides(args));
   const RunContext ctx = RunContext::create(args["device"].as<std::string>(), Precision::fp32, target.train.seed);
-  const ConvertResult r = diffusion::convert_to_moh(target, o, ctx);
+  const ConvertResult r = experiments::convert_to_moh(target, o, ctx);
   write_conversion(out, target, o, r);
   std::cout << "converted " << in << " into " << r.target << "\n  reused: " << r.reused.size()
             << " tensors (every tensor of the dense weights)\n  new: " << created_summary(r.created)

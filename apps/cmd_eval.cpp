@@ -44,7 +44,7 @@ int cmd_eval(int argc, char** argv) {
     throw UserError(argv[0], "missing --checkpoint PATH",
                     "a checkpoint or run directory, or CONFIG.yaml --weights FILE (e.g. an official .pth)");
   }
-  validate_experiment(cfg, ExperimentUse::train);
+  experiments::validate_experiment(cfg, ExperimentUse::train);
   if (!loaded && cfg.model.weights.empty())
     throw UserError(argv[0], "missing --checkpoint PATH",
                     "a checkpoint or run directory, or --weights FILE (e.g. an official .pth)");

@@ -4,7 +4,7 @@
 //   DiT / MoH-DiT:                 x (B,C,I,I), t, y (B)  → out (B,C_out,I,I)
 //   sd-vae (AutoencoderKL kl-f8):  x (B,3,H,W) in [−1,1]  → latent_mean, latent_logvar, recon (decode of the mean)
 //   fid-inception:                 x (B,3,299,299)        → pool, spatial, logits
-// Each family's forward is its registry entry's (diffusion/model_registry.h).
+// Each family's forward is its registry entry's (experiments/registry.h).
 #include <torch/utils.h>
 
 #include <filesystem>
@@ -16,7 +16,7 @@
 #include "core/checkpoint.h"
 #include "core/error.h"
 #include "core/safetensors.h"
-#include "diffusion/model_registry.h"
+#include "experiments/registry.h"
 
 namespace moh::apps {
 
@@ -47,7 +47,7 @@ int cmd_forward(int argc, char** argv) {
 
   check_output_file(out_path, "--output " + out_path);
   const std::string flag = "--model " + r.name;
-  const ModelFamily& family = find_model_family(r.name, flag);
+  const ModelFamily& family = experiments::find_model_family(r.name, flag);
   r.inputs = load_safetensors(r.inputs_origin).tensors;
   r.weights = load_weights_tensors(weights_path, key);
   torch::NoGradGuard no_grad;

@@ -8,7 +8,7 @@
 #include "apps/cli.h"
 #include "apps/commands.h"
 #include "core/run_context.h"
-#include "diffusion/model_registry.h"
+#include "experiments/registry.h"
 
 namespace moh::apps {
 
@@ -26,12 +26,12 @@ int cmd_info(int argc, char** argv) {
   }
   const bool json = args.count("json") > 0;
   if (args.count("attention-paths")) {
-    std::cout << attention_path_table();
+    std::cout << experiments::attention_path_table();
     return 0;
   }
   if (args.count("model")) {
     const std::string name = args["model"].as<std::string>();
-    const ModelSummary s = find_model_family(name).summarize(name);
+    const ModelSummary s = experiments::find_model_family(name).summarize(name);
     if (json) {
       std::cout << nlohmann::json{{"model", s.name},
                                   {"family", s.family},
@@ -55,7 +55,7 @@ int cmd_info(int argc, char** argv) {
   }
   if (args.count("list") || argc == 1) {
     nlohmann::json all;
-    for (const ModelFamily& f : model_families()) {
+    for (const ModelFamily& f : experiments::model_families()) {
       all[f.id] = f.names();
       if (json) continue;
       std::cout << f.title << ":\n";

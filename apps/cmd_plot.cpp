@@ -21,7 +21,7 @@
 #include "core/atomic_io.h"
 #include "core/error.h"
 #include "core/progress.h"
-#include "diffusion/model_registry.h"
+#include "experiments/registry.h"
 #include "eval/line_chart.h"
 #include "eval/report.h"
 #include "vision/head_load.h"
@@ -72,8 +72,8 @@ RunCurves read_run(const std::string& dir) {
     const ExperimentConfig cfg =
         parse_experiment(read_file(dir + "/config.resolved.yaml"), dir + "/config.resolved.yaml");
     r.model = cfg.model.name;
-    r.family = experiment_family(cfg).id;
-    const double ratio = experiment_family(cfg).active_ratio(cfg);
+    r.family = experiments::experiment_family(cfg).id;
+    const double ratio = experiments::experiment_family(cfg).active_ratio(cfg);
     r.active = eval::format_metric("top1", ratio * 100) + " %";
   }
   std::istringstream in(read_file(dir + "/metrics.jsonl", "metrics"));

@@ -8,7 +8,7 @@
 
 #include "apps/cli.h"
 #include "apps/commands.h"
-#include "diffusion/sampling_run.h"
+#include "experiments/sampling_run.h"
 
 namespace moh::apps {
 
@@ -46,7 +46,7 @@ int cmd_sample(int argc, char** argv) {
                                                                                                    "show this help");
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
-  diffusion::SamplingRequest r;
+  experiments::SamplingRequest r;
   r.sets = config_overrides(args);
   for (const auto& [flag, key] : std::vector<std::pair<std::string, std::string>>{{"cfg-scale", "cfg_scale"},
                                                                                   {"cfg-channels", "cfg_channels"},
@@ -72,7 +72,7 @@ int cmd_sample(int argc, char** argv) {
   r.labels = args["labels"].as<std::string>();
   r.out = args["out"].as<std::string>();
   r.device = args["device"].as<std::string>();
-  const diffusion::SamplingSummary s = diffusion::run_sampling(r);
+  const experiments::SamplingSummary s = experiments::run_sampling(r);
   if (!s.main) return kExitOk;  // rank 0 wrote the merged .npz
   std::cout << "wrote " << s.out << "/samples.npz (" << s.count << " images) from the " << s.weights << " weights"
             << (s.step >= 0 ? " of step " + std::to_string(s.step) : std::string())

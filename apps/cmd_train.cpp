@@ -7,8 +7,9 @@
 
 #include "apps/cli.h"
 #include "apps/commands.h"
+#include "experiments/launcher.h"
 #include "core/train_loop.h"
-#include "diffusion/model_registry.h"
+#include "experiments/registry.h"
 
 namespace moh::apps {
 
@@ -29,19 +30,22 @@ int cmd_train(int argc, char** argv) {
     // Their devices are checked here, before any process starts (device: cuda with more processes than GPUs).
     const int n = static_cast<int>(cfg.train.processes);
     choose_device(cfg.train.device, n - 1, n, cuda_available() ? cuda_device_count() : 0);
-    std::vector<std::string> child{"train"};
-    for (int i = 1; i < argc; ++i) child.emplace_back(argv[i]);
-    return launch_local(static_cast<int>(cfg.train.processes), 0, child);
+    experiments::LaunchPlan plan;
+    plan.program = invoked_as();
+    plan.nproc = n;
+    plan.args = {"train"};
+    for (int i = 1; i < argc; ++i) plan.args.emplace_back(argv[i]);
+    return experiments::launch_local(plan);
   }
   const TrainArgs ta{args["run-dir"].as<std::string>(), args["resume"].as<std::string>(),
                      args.count("allow-config-change") > 0};
-  const LoopResult r = train_experiment(cfg, ta);
+  const LoopResult r = experiments::train_experiment(cfg, ta);
   const char* rank = std::getenv("RANK");
   const bool main_rank = !rank || std::string(rank) == "0";
   if (r.stop_signal != 0) {  // Ctrl-C / SIGTERM: the checkpoint is saved; say how to go on (exit 128 + signal)
     if (main_rank)
       std::cerr << "stopped at step " << r.steps << ": checkpoint " << r.checkpoint
-                << "\nresume with: " << resume_command(argc, argv, r.run_dir) << std::endl;
+                << "\nresume with: " << experiments::resume_command(invoked_as(), argc, argv, r.run_dir) << std::endl;
     return 128 + r.stop_signal;
   }
   if (!main_rank) return 0;  // only rank 0 prints the result line

@@ -101,7 +101,7 @@ ExperimentConfig config_from_args(const cxxopts::ParseResult& args, const std::s
   if (!args.count("config"))
     throw UserError(program, "missing CONFIG.yaml", "e.g. " + program + " configs/fashion_mnist/moh_vit_nano.yaml");
   ExperimentConfig cfg = load_experiment(args["config"].as<std::string>(), config_overrides(args));
-  validate_experiment(cfg, use);  // every rule of the model's family, before any work
+  experiments::validate_experiment(cfg, use);  // every rule of the model's family, before any work
   return cfg;
 }
 

@@ -19,7 +19,7 @@
 #include "core/optimizer.h"
 #include "core/run_context.h"
 #include "diffusion/dit_experiment.h"
-#include "diffusion/model_registry.h"
+#include "experiments/registry.h"
 #include "diffusion/sampler.h"
 
 namespace moh::bench {
@@ -318,7 +318,7 @@ int train_bench_main(int argc, char** argv) {
   if (!(r.ema_decay >= 0 && r.ema_decay < 1)) throw UserError("--ema", "must be in [0, 1)", "e.g. 0.9999");
   r.grad_checkpoint = config::enum_from_string<GradCheckpoint>(c.args["grad-checkpoint"].as<std::string>(),
                                                                "--grad-checkpoint") == GradCheckpoint::blocks;
-  const ModelFamily& family = find_model_family(c.model, "--model " + c.model);
+  const ModelFamily& family = experiments::find_model_family(c.model, "--model " + c.model);
   if (!family.bench_step)
     throw UserError("--model", c.model + " is a fixed network", "pick a classifier or DiT variant");
   std::vector<nlohmann::json> rows;

@@ -3,7 +3,7 @@
 // the rules of its experiments, its training task, a forward pass on tensors from a file, a size summary, a
 // benchmark step and its attention-path rows. Each family fills one ModelFamily in its own folder
 // (vision/classifier_family.cpp, diffusion/dit_family.cpp with the SD-VAE, eval/inception_family.cpp);
-// diffusion/model_registry.h lists them, and commands and benchmarks ask it instead of testing a family themselves.
+// experiments/registry.h lists them, and commands and benchmarks ask it instead of testing a family themselves.
 // This header knows no family: every hook is a function of names, configs and tensors.
 #include <functional>
 #include <memory>

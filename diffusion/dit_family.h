@@ -1,5 +1,5 @@
 #pragma once
-// DiT / MoH-DiT and the SD-VAE as entries of the model registry (diffusion/model_registry.h).
+// DiT / MoH-DiT and the SD-VAE as entries of the model registry (experiments/registry.h).
 #include "core/model_family.h"
 
 namespace moh::diffusion {

@@ -1,6 +1,6 @@
 #pragma once
 // The FID-Inception network (pytorch-fid's pt_inception weights) as an entry of the model registry
-// (diffusion/model_registry.h): a fixed network, forward and summary only.
+// (experiments/registry.h): a fixed network, forward and summary only.
 #include "core/model_family.h"
 
 namespace moh::eval {

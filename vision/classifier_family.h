@@ -1,5 +1,5 @@
 #pragma once
-// The TransNeXt / MoH-ViT classifiers as one entry of the model registry (diffusion/model_registry.h).
+// The TransNeXt / MoH-ViT classifiers as one entry of the model registry (experiments/registry.h).
 #include "core/model_family.h"
 
 namespace moh::vision {

@@ -1,4 +1,4 @@
-// Dense → MoH conversion (diffusion/moh_convert.h) for both families: head permutations keep the dense function,
+// Dense → MoH conversion (experiments/convert.h) for both families: head permutations keep the dense function,
 // a converted model with every routed head on is the dense model (both routers, forward and backward), importance
 // picks the heads that contribute most, and the refusals.
 #include <gtest/gtest.h>
@@ -7,8 +7,8 @@
 #include "core/error.h"
 #include "diffusion/dit.h"
 #include "diffusion/dit_experiment.h"
-#include "diffusion/model_registry.h"
-#include "diffusion/moh_convert.h"
+#include "experiments/registry.h"
+#include "experiments/convert.h"
 #include "tests/test_util.h"
 #include "vision/classifier_experiment.h"
 #include "vision/nn/head_surgery.h"
@@ -17,8 +17,8 @@
 namespace moh {
 namespace {
 
-using diffusion::ConvertOptions;
-using diffusion::SharedChoice;
+using experiments::ConvertOptions;
+using experiments::SharedChoice;
 
 ExperimentConfig fashion(const std::string& file, std::vector<std::string> sets) {
   sets.insert(sets.begin(), {"data.limit_train=64", "data.batch_size=16", "train.precision=fp32"});
@@ -100,7 +100,7 @@ std::string dense_file(const ExperimentConfig& dense_cfg, const test::TempDir& d
 }
 
 // The dense gradients carried through the conversion's head permutations (names of the MoH model).
-TensorMap permuted_grads(torch::nn::Module& dense, torch::nn::Module& moh, const diffusion::ConvertResult& r) {
+TensorMap permuted_grads(torch::nn::Module& dense, torch::nn::Module& moh, const experiments::ConvertResult& r) {
   TensorMap g;
   for (const auto& item : dense.named_parameters())
     if (item.value().grad().defined()) g[item.key()] = item.value().grad().clone();
@@ -124,7 +124,7 @@ TEST(Convert, EveryRoutedHeadOnEqualsTheDenseModelForwardAndBackward) {
   for (const Case& c : cases)
     for (const char* router : {"learned", "query_norm"})
       for (SharedChoice choice : {SharedChoice::first, SharedChoice::importance, SharedChoice::learned}) {
-        SCOPED_TRACE(std::string(c.dense) + " router " + router + " shared " + diffusion::to_string(choice));
+        SCOPED_TRACE(std::string(c.dense) + " router " + router + " shared " + experiments::to_string(choice));
         const test::TempDir dir;
         AnyModel dense;
         ConvertOptions o;
@@ -135,7 +135,7 @@ TEST(Convert, EveryRoutedHeadOnEqualsTheDenseModelForwardAndBackward) {
         std::vector<std::string> sets = c.every_head;
         sets.push_back(std::string("model.router=") + router);
         const ExperimentConfig target = fashion(c.dense, sets);
-        const diffusion::ConvertResult r = diffusion::convert_to_moh(target, o, ctx);
+        const experiments::ConvertResult r = experiments::convert_to_moh(target, o, ctx);
         EXPECT_EQ(r.created.empty(), std::string(router) == "query_norm");  // learned routers are new (zeros)
         for (const auto& name : r.created) EXPECT_EQ(r.weights.at(name).abs().max().item<double>(), 0.0) << name;
         AnyModel moh = build(target);
@@ -183,7 +183,7 @@ TEST(Convert, ImportanceSharesTheHeadsThatContributeMost) {
   o.shared = SharedChoice::importance;
   o.calib_batches = 2;
   const ExperimentConfig target = fashion("dit_pixel.yaml", {"model.shared_heads=[2]", "model.topk=[3]"});
-  const auto r = diffusion::convert_to_moh(target, o, RunContext::create("cpu", Precision::fp32, 0));
+  const auto r = experiments::convert_to_moh(target, o, RunContext::create("cpu", Precision::fp32, 0));
   ASSERT_EQ(r.layers.size(), 6u);
   for (const auto& l : r.layers) {
     EXPECT_EQ(l.shared_heads, (std::vector<int64_t>{2, 5})) << l.name;
@@ -192,7 +192,7 @@ TEST(Convert, ImportanceSharesTheHeadsThatContributeMost) {
   }
   // With `first`, the same layers keep heads 0 and 1.
   o.shared = SharedChoice::first;
-  for (const auto& l : diffusion::convert_to_moh(target, o, RunContext::create("cpu", Precision::fp32, 0)).layers)
+  for (const auto& l : experiments::convert_to_moh(target, o, RunContext::create("cpu", Precision::fp32, 0)).layers)
     EXPECT_EQ(l.shared_heads, (std::vector<int64_t>{0, 1}));
 }
 
@@ -207,7 +207,7 @@ TEST(Convert, RefusesWeightsOfAnotherShapeOrAlreadyMoH) {
     ConvertOptions oo = o;
     oo.source = source;
     try {
-      diffusion::convert_to_moh(target, oo, ctx);
+      experiments::convert_to_moh(target, oo, ctx);
     } catch (const UserError& e) {
       return std::string(e.what());
     }
@@ -228,7 +228,7 @@ TEST(Convert, RefusesWeightsOfAnotherShapeOrAlreadyMoH) {
 TEST(Convert, HeadSplitOverridesAreChecked) {
   auto refused = [](const std::string& file, std::vector<std::string> sets) {
     try {
-      validate_experiment(fashion(file, std::move(sets)));
+      experiments::validate_experiment(fashion(file, std::move(sets)));
     } catch (const UserError& e) {
       return std::string(e.what()).find("model.shared_heads") != std::string::npos;
     }

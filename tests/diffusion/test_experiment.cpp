@@ -1,11 +1,11 @@
-// The model registry (diffusion/model_registry.h): one decision of a model name's family with one "did you mean" over
+// The model registry (experiments/registry.h): one decision of a model name's family with one "did you mean" over
 // every variant table, every family complete, and one semantic validation that refuses what training would refuse
 // (what `moh config` runs).
 #include <set>
 
 #include "core/error.h"
 #include "diffusion/dit_experiment.h"
-#include "diffusion/model_registry.h"
+#include "experiments/registry.h"
 #include "tests/test_util.h"
 
 namespace moh {
@@ -21,20 +21,20 @@ std::string error_of(const std::function<void()>& f) {
 }
 
 TEST(Experiment, OneFamilyDecisionForEveryName) {
-  EXPECT_EQ(find_model_family("MoH-ViT-S-75").id, "classifier");
-  EXPECT_EQ(find_model_family("TransNeXt-Tiny").id, "classifier");
-  EXPECT_EQ(find_model_family("MoH-DiT-XL/2-90").id, "dit");
-  EXPECT_EQ(find_model_family("DiT-S/2").id, "dit");
-  EXPECT_EQ(find_model_family("sd-vae").id, "sd-vae");
-  EXPECT_EQ(find_model_family("fid-inception").id, "fid-inception");
-  for (const auto& n : all_model_names()) EXPECT_NO_THROW(find_model_family(n)) << n;
+  EXPECT_EQ(experiments::find_model_family("MoH-ViT-S-75").id, "classifier");
+  EXPECT_EQ(experiments::find_model_family("TransNeXt-Tiny").id, "classifier");
+  EXPECT_EQ(experiments::find_model_family("MoH-DiT-XL/2-90").id, "dit");
+  EXPECT_EQ(experiments::find_model_family("DiT-S/2").id, "dit");
+  EXPECT_EQ(experiments::find_model_family("sd-vae").id, "sd-vae");
+  EXPECT_EQ(experiments::find_model_family("fid-inception").id, "fid-inception");
+  for (const auto& n : experiments::all_model_names()) EXPECT_NO_THROW(experiments::find_model_family(n)) << n;
   // one "did you mean" across the tables: a near DiT name from a classifier-looking typo and back
-  EXPECT_NE(error_of([] { find_model_family("MoH-DiT-XL/2-9"); }).find("did you mean 'MoH-DiT-XL/2-90'"),
+  EXPECT_NE(error_of([] { experiments::find_model_family("MoH-DiT-XL/2-9"); }).find("did you mean 'MoH-DiT-XL/2-90'"),
             std::string::npos);
-  EXPECT_NE(error_of([] { find_model_family("MoH-ViT-S-7"); }).find("did you mean 'MoH-ViT-S-75'"), std::string::npos);
-  EXPECT_NE(error_of([] { find_model_family("sd-va"); }).find("did you mean 'sd-vae'"), std::string::npos);
+  EXPECT_NE(error_of([] { experiments::find_model_family("MoH-ViT-S-7"); }).find("did you mean 'MoH-ViT-S-75'"), std::string::npos);
+  EXPECT_NE(error_of([] { experiments::find_model_family("sd-va"); }).find("did you mean 'sd-vae'"), std::string::npos);
   // "DiT" in a name decides nothing
-  EXPECT_THROW(find_model_family("MyDiT"), UserError);
+  EXPECT_THROW(experiments::find_model_family("MyDiT"), UserError);
 }
 
 ExperimentConfig config(const std::string& yaml) {
@@ -44,7 +44,7 @@ ExperimentConfig config(const std::string& yaml) {
 
 TEST(Registry, EveryFamilyIsCompleteAndNamesAreUnique) {
   std::set<std::string> ids, names;
-  for (const ModelFamily& f : model_families()) {
+  for (const ModelFamily& f : experiments::model_families()) {
     EXPECT_TRUE(ids.insert(f.id).second) << f.id;
     ASSERT_TRUE(f.names && f.summarize && f.forward) << f.id;
     EXPECT_FALSE(f.names().empty()) << f.id;
@@ -57,15 +57,15 @@ TEST(Registry, EveryFamilyIsCompleteAndNamesAreUnique) {
     }
   }
   EXPECT_EQ(ids, (std::set<std::string>{"classifier", "dit", "sd-vae", "fid-inception"}));
-  EXPECT_THROW(experiment_family(config("model: {name: sd-vae}")), UserError);  // a fixed network trains nothing
+  EXPECT_THROW(experiments::experiment_family(config("model: {name: sd-vae}")), UserError);  // a fixed network trains nothing
 }
 
 TEST(Registry, FixedNetworksCountTheParametersOfTheRealPackages) {
   // diffusers AutoencoderKL with the sd-vae-ft-mse config; torchvision inception_v3(num_classes=1008,
   // aux_logits=False), whose blocks pytorch-fid's FID-Inception replaces with same-sized ones.
-  EXPECT_EQ(find_model_family("sd-vae").summarize("sd-vae").params, 83653863);
-  EXPECT_EQ(find_model_family("fid-inception").summarize("fid-inception").params, 23850960);
-  const ModelSummary s = find_model_family("MoH-DiT-S/2-75").summarize("MoH-DiT-S/2-75");
+  EXPECT_EQ(experiments::find_model_family("sd-vae").summarize("sd-vae").params, 83653863);
+  EXPECT_EQ(experiments::find_model_family("fid-inception").summarize("fid-inception").params, 23850960);
+  const ModelSummary s = experiments::find_model_family("MoH-DiT-S/2-75").summarize("MoH-DiT-S/2-75");
   EXPECT_EQ(s.family, "dit");
   EXPECT_EQ(s.moh_layers, 12);
 }
@@ -73,9 +73,9 @@ TEST(Registry, FixedNetworksCountTheParametersOfTheRealPackages) {
 TEST(Experiment, ValidationRefusesWhatTrainingRefuses) {
   const std::string cls = "model: {name: MoH-ViT-Nano}\n";
   const std::string dit = "model: {name: MoH-DiT-Pixel/4-75, num_classes: 10}\n";
-  EXPECT_NO_THROW(validate_experiment(config(cls)));
-  EXPECT_NO_THROW(validate_experiment(config(dit)));
-  EXPECT_NO_THROW(validate_experiment(config("model: {name: MoH-ViT-Nano, attention_path: sparse}")));
+  EXPECT_NO_THROW(experiments::validate_experiment(config(cls)));
+  EXPECT_NO_THROW(experiments::validate_experiment(config(dit)));
+  EXPECT_NO_THROW(experiments::validate_experiment(config("model: {name: MoH-ViT-Nano, attention_path: sparse}")));
   const std::vector<std::pair<std::string, std::string>> bad{
       {"model: {name: MoH-ViT-Nano, attention: [moh, moh]}", "model.attention"},
       {"model: {name: TransNeXt-Micro, attention: [moh, mha, mha, mha]}", "no MoH head split"},
@@ -92,7 +92,7 @@ TEST(Experiment, ValidationRefusesWhatTrainingRefuses) {
   for (const auto& [yaml, why] : bad) {
     std::string e;
     try {
-      validate_experiment(config(yaml));
+      experiments::validate_experiment(config(yaml));
     } catch (const UserError& err) {
       e = err.what();
     }
@@ -100,13 +100,13 @@ TEST(Experiment, ValidationRefusesWhatTrainingRefuses) {
   }
   // Guidance rules apply when sampling: a 1-channel pixel model trains with the defaults but cannot guide 3 channels.
   const std::string three = dit + "sampling: {cfg_scale: 4.0, cfg_channels: three}";
-  EXPECT_NO_THROW(validate_experiment(config(three)));
+  EXPECT_NO_THROW(experiments::validate_experiment(config(three)));
   EXPECT_NE(
-      error_of([&] { validate_experiment(config(three), ExperimentUse::sample); }).find("needs at least 3 channels"),
+      error_of([&] { experiments::validate_experiment(config(three), ExperimentUse::sample); }).find("needs at least 3 channels"),
       std::string::npos);
   // extract-latents reads images for a vae: sd config
   EXPECT_NO_THROW(
-      validate_experiment(config("model: {name: DiT-S/2}\ndiffusion: {vae: sd}\ndata: {dataset: fashion_mnist}"),
+      experiments::validate_experiment(config("model: {name: DiT-S/2}\ndiffusion: {vae: sd}\ndata: {dataset: fashion_mnist}"),
                           ExperimentUse::extract_latents));
 }
 

@@ -6,7 +6,7 @@
 #include "datasets/fashion_mnist.h"
 #include "datasets/latents.h"
 #include "diffusion/latent_extract.h"
-#include "diffusion/model_registry.h"
+#include "experiments/registry.h"
 #include "tests/test_util.h"
 
 namespace moh {
@@ -47,11 +47,11 @@ diffusion: {vae: sd}
   EXPECT_EQ(std::filesystem::last_write_time(datasets::latent_shard_path(o.out, 0)), stamp);
   // Training a latent DiT from the shards (16 px → 2×2×4 latents).
   ExperimentConfig train = load_experiment(d.write("t.yaml", yaml), {"data.dataset=latents", "data.root=" + o.out});
-  const LoopResult r = train_experiment(train, {d.file("run"), ""});
+  const LoopResult r = experiments::train_experiment(train, {d.file("run"), ""});
   EXPECT_EQ(r.steps, 2);  // 5 images, batch 2
   EXPECT_TRUE(std::isfinite(scalar(r.losses, "loss")));
   // vae: sd without latents is refused with the command to run.
-  EXPECT_THROW(train_experiment(cfg, {d.file("run2"), ""}), UserError);
+  EXPECT_THROW(experiments::train_experiment(cfg, {d.file("run2"), ""}), UserError);
 }
 
 }  // namespace

@@ -12,7 +12,7 @@
 #include "datasets/npz.h"
 #include "diffusion/diffusion_trainer.h"
 #include "diffusion/gaussian_diffusion.h"
-#include "diffusion/model_registry.h"
+#include "experiments/registry.h"
 #include "diffusion/sample_set.h"
 #include "diffusion/sampler.h"
 #include "diffusion/sd_vae.h"
@@ -207,12 +207,12 @@ optim: {lr: 1.0e-3, weight_decay: 0.0, clip_grad: 0.0}
 schedule: {kind: constant, warmup_epochs: 0}
 train: {epochs: 2, ema_decay: 0.9, log_every_steps: 1, seed: 4, )" +
                                                                   test::train_device_keys() + "}\n"));
-  const LoopResult full = train_experiment(cfg, {d.file("full"), ""});
+  const LoopResult full = experiments::train_experiment(cfg, {d.file("full"), ""});
   EXPECT_EQ(full.steps, 6);
   ExperimentConfig first = cfg;
   first.train.max_steps = 3;  // 48 / 16 = 3 steps: stop at the end of epoch 1
-  train_experiment(first, {d.file("split"), ""});
-  const LoopResult resumed = train_experiment(cfg, {d.file("split"), "auto"});
+  experiments::train_experiment(first, {d.file("split"), ""});
+  const LoopResult resumed = experiments::train_experiment(cfg, {d.file("split"), "auto"});
   EXPECT_EQ(resumed.steps, full.steps);
   EXPECT_EQ(scalar(resumed.losses, "loss"), scalar(full.losses, "loss"));
   Checkpoint a = load_checkpoint(d.file("full")), b = load_checkpoint(d.file("split"));
@@ -244,7 +244,7 @@ optim: {lr: 1.0e-3, weight_decay: 0.0, clip_grad: 0.0}
 schedule: {kind: constant, warmup_epochs: 0}
 train: {epochs: 1, ema_decay: 0.0, seed: 4, )" + test::train_device_keys() +
                                                                   "}\n"));
-  train_experiment(cfg, {d.file("run"), ""});
+  experiments::train_experiment(cfg, {d.file("run"), ""});
   const Checkpoint c = load_checkpoint(d.file("run"));
   EXPECT_TRUE(c.ema.empty());
   EXPECT_FALSE(std::filesystem::exists(c.dir + "/ema.safetensors"));

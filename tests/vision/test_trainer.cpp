@@ -5,7 +5,7 @@
 #include "core/checkpoint.h"
 #include "core/error.h"
 #include "datasets/loader.h"
-#include "diffusion/model_registry.h"
+#include "experiments/registry.h"
 #include "tests/test_util.h"
 #include "vision/classification_trainer.h"
 #include "vision/nn/head_surgery.h"
@@ -46,12 +46,12 @@ TEST(ClassificationTrainer, ResumeIsExact) {
   if (!have_fashion_mnist()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
   test::TempDir d;
   ExperimentConfig cfg = tiny_config(d);
-  const LoopResult full = train_experiment(cfg, {d.file("full"), ""});
+  const LoopResult full = experiments::train_experiment(cfg, {d.file("full"), ""});
   ExperimentConfig first = cfg;
   first.train.max_steps = 4;  // 256 / 64 = 4 steps: stop at the end of epoch 1
-  train_experiment(first, {d.file("split"), ""});
-  EXPECT_THROW(train_experiment(cfg, {d.file("split"), ""}), UserError);  // never overwrites an existing run
-  const LoopResult resumed = train_experiment(cfg, {d.file("split"), "auto"});
+  experiments::train_experiment(first, {d.file("split"), ""});
+  EXPECT_THROW(experiments::train_experiment(cfg, {d.file("split"), ""}), UserError);  // never overwrites an existing run
+  const LoopResult resumed = experiments::train_experiment(cfg, {d.file("split"), "auto"});
   EXPECT_EQ(resumed.steps, full.steps);
   EXPECT_EQ(scalar(resumed.final_eval, "top1"), scalar(full.final_eval, "top1"));
   EXPECT_EQ(scalar(resumed.final_eval, "val_loss"), scalar(full.final_eval, "val_loss"));

@@ -1,4 +1,4 @@
-#include "diffusion/sampling_run.h"
+#include "experiments/sampling_run.h"
 
 #include <torch/utils.h>
 
@@ -20,11 +20,14 @@
 #include "datasets/image_grid.h"
 #include "diffusion/dit_experiment.h"
 #include "diffusion/dit_family.h"
-#include "diffusion/model_registry.h"
+#include "experiments/registry.h"
 #include "diffusion/routing_stats.h"
 #include "diffusion/sample_set.h"
 
-namespace moh::diffusion {
+namespace moh::experiments {
+
+// The runs of commands are written in the families' words.
+using namespace ::moh::diffusion;
 
 namespace fs = std::filesystem;
 
@@ -315,4 +318,4 @@ SamplingSummary run_sampling(const SamplingRequest& r) {
   return out;
 }
 
-}  // namespace moh::diffusion
+}  // namespace moh::experiments

@@ -10,7 +10,7 @@
 
 #include "core/experiment_config.h"
 
-namespace moh::diffusion {
+namespace moh::experiments {
 
 /// What the user asked for (DiT sample.py / sample_ddp.py flags, as `moh sample` spells them).
 struct SamplingRequest {
@@ -51,4 +51,4 @@ SamplingSummary run_sampling(const SamplingRequest& request);
 /// (uniform, drawn from the global generator) or a list "1,7,3" (cycled to n). A bad list is a UserError.
 at::Tensor sampling_labels(const std::string& mode, int64_t n, int64_t num_classes, int64_t per_class);
 
-}  // namespace moh::diffusion
+}  // namespace moh::experiments

@@ -1,4 +1,4 @@
-#include "diffusion/moh_convert.h"
+#include "experiments/convert.h"
 
 #include <torch/optim/adam.h>
 #include <torch/torch.h>
@@ -13,10 +13,13 @@
 #include "core/atomic_io.h"
 #include "core/checkpoint.h"
 #include "core/error.h"
-#include "diffusion/model_registry.h"
+#include "experiments/registry.h"
 #include "vision/nn/head_surgery.h"
 
-namespace moh::diffusion {
+namespace moh::experiments {
+
+// The runs of commands are written in the families' words.
+using namespace ::moh::diffusion;
 
 namespace {
 
@@ -260,4 +263,4 @@ void write_conversion(const std::string& out, const ExperimentConfig& target_in,
   write_file_atomic(out + "/conversion.json", j.dump(1) + "\n");
 }
 
-}  // namespace moh::diffusion
+}  // namespace moh::experiments

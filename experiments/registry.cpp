@@ -1,4 +1,4 @@
-#include "diffusion/model_registry.h"
+#include "experiments/registry.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -10,7 +10,7 @@
 #include "eval/inception_family.h"
 #include "vision/classifier_family.h"
 
-namespace moh {
+namespace moh::experiments {
 
 const std::vector<ModelFamily>& model_families() {
   static const std::vector<ModelFamily> families{vision::classifier_family(), diffusion::dit_family(),
@@ -106,4 +106,4 @@ std::string attention_path_table() {
   return t;
 }
 
-}  // namespace moh
+}  // namespace moh::experiments

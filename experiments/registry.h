@@ -2,8 +2,7 @@
 // The one registry of model families (timm's register_model / create_model): the TransNeXt / MoH-ViT classifiers,
 // DiT / MoH-DiT, and the fixed SD-VAE and FID-Inception networks, each described once by its own folder
 // (core/model_family.h says what a family supplies). Commands, benchmarks and tests find a family here by a
-// variant name or an experiment and call its hooks; nothing else tests a family. It lives in diffusion/, the
-// highest model library (it links vision/ and eval/ to list their families).
+// variant name or an experiment and call its hooks; nothing else tests a family.
 #include <string>
 #include <vector>
 
@@ -11,7 +10,7 @@
 #include "core/model_family.h"
 #include "core/train_loop.h"
 
-namespace moh {
+namespace moh::experiments {
 
 /// Every family, in the order `moh info --list` shows them.
 const std::vector<ModelFamily>& model_families();
@@ -43,4 +42,4 @@ LoopResult train_experiment(const ExperimentConfig& cfg, const TrainArgs& args);
 /// and a test compares them).
 std::string attention_path_table();
 
-}  // namespace moh
+}  // namespace moh::experiments

@@ -17,7 +17,7 @@
 #include "core/run_context.h"
 #include "core/safetensors.h"
 
-namespace moh::diffusion {
+namespace moh::experiments {
 
 /// How the shared heads of each MoH layer are chosen among the dense heads.
 enum class SharedChoice { first, importance, learned };
@@ -61,4 +61,4 @@ ConvertResult convert_to_moh(const ExperimentConfig& target, const ConvertOption
 void write_conversion(const std::string& out, const ExperimentConfig& target, const ConvertOptions& opts,
                       const ConvertResult& result);
 
-}  // namespace moh::diffusion
+}  // namespace moh::experiments
