@@ -60,28 +60,6 @@ LatentMeta read_latent_meta(const std::string& dir) {
   return m;
 }
 
-LatentShard read_latent_shard(const std::string& dir, const LatentMeta& meta, int64_t i) {
-  const std::string path = latent_shard_path(dir, i);
-  if (!fs::exists(path))
-    throw UserError("latents " + dir, "shard " + std::to_string(i) + " is missing", "extraction unfinished? re-run it");
-  SafetensorsFile f = load_safetensors(path);
-  const int64_t n = meta.shards.at(static_cast<size_t>(i));
-  auto get = [&](const char* name, at::ScalarType dtype, std::vector<int64_t> shape) {
-    auto it = f.tensors.find(name);
-    if (it == f.tensors.end()) throw UserError(path, std::string("no tensor '") + name + "'", kHint);
-    if (it->second.scalar_type() != dtype || it->second.sizes().vec() != shape)
-      throw UserError(path,
-                      std::string("tensor '") + name + "' is " + c10::toString(it->second.scalar_type()) + " " +
-                          c10::str(it->second.sizes()) + ", expected " + c10::toString(dtype) + " " + c10::str(shape),
-                      kHint);
-    return it->second;
-  };
-  const std::vector<int64_t> shape{n, meta.channels, meta.size, meta.size};
-  LatentShard s{get("mean", at::kHalf, shape), get("std", at::kHalf, shape), get("mean_flip", at::kHalf, shape),
-                get("std_flip", at::kHalf, shape), get("labels", at::kLong, {n})};
-  return s;
-}
-
 namespace {
 // Shard files kept open at once (an ImageNet extraction has ~310 shards of 4,096); beyond it readers are reopened.
 constexpr size_t kMaxOpenShards = 512;

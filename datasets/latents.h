@@ -38,14 +38,6 @@ void write_latent_meta(const std::string& dir, const LatentMeta& meta);
 /// Reads and checks meta.json; a missing or malformed directory is a UserError pointing at `moh extract-latents`.
 LatentMeta read_latent_meta(const std::string& dir);
 
-/// One shard in memory.
-struct LatentShard {
-  at::Tensor mean, std, mean_flip, std_flip;  ///< (n, C, H, W) float16
-  at::Tensor labels;                          ///< (n) int64
-};
-/// Reads shard i, checking names, dtypes and shapes against the metadata.
-LatentShard read_latent_shard(const std::string& dir, const LatentMeta& meta, int64_t i);
-
 /// A latent directory opened for random access: the labels of every image in memory (8 bytes each), the shards'
 /// headers checked once, and their moments read row by row on demand (pread), so memory does not grow with the
 /// dataset. Shared by the epochs of a run.

@@ -136,7 +136,7 @@ struct DiTImpl : torch::nn::Module {
   /// DiT's initialize_weights(): xavier Linear, sin-cos pos_embed, N(0, .02) label/timestep, zero adaLN + final.
   void initialize_weights();
 
-  /// Called after each forward when set (routing analytics while sampling, diffusion/routing_stats.h): every block's
+  /// Called after each forward when set (routing analytics while sampling, diffusion/head_load.h): every block's
   /// selected routed heads (N·T, K) (undefined for blocks without routing), the timesteps t (N) and the labels (N)
   /// the network saw (the null class num_classes for dropped ones).
   std::function<void(const std::vector<at::Tensor>&, const at::Tensor&, const at::Tensor&)> routing_observer;

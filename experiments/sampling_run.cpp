@@ -20,9 +20,9 @@
 #include "datasets/image_grid.h"
 #include "diffusion/dit_experiment.h"
 #include "diffusion/dit_family.h"
-#include "experiments/registry.h"
-#include "diffusion/routing_stats.h"
+#include "diffusion/head_load.h"
 #include "diffusion/sample_set.h"
+#include "experiments/registry.h"
 
 namespace moh::experiments {
 
@@ -254,7 +254,7 @@ void write_sampling_outputs(const SamplingModel& m, const SamplingRequest& r, co
 }
 
 // Rank 0: DIR/head_load.json and its heat maps (by timestep; by class for few classes).
-void write_routing(const DiTRoutingStats& routing, const SamplingRequest& r, const SamplingModel& m,
+void write_routing(const DiTHeadLoadStats& routing, const SamplingRequest& r, const SamplingModel& m,
                    SamplingSummary& out) {
   nlohmann::json j = routing.to_json();
   j["model"] = m.cfg.model.name;
@@ -299,7 +299,7 @@ SamplingSummary run_sampling(const SamplingRequest& r) {
   check_parts_plan(r.out + "/parts", plan, r.out, *group);
   SamplingSummary out{r.out, m.weights, m.step, n};
   const auto start = std::chrono::steady_clock::now();
-  std::optional<DiTRoutingStats> routing;
+  std::optional<DiTHeadLoadStats> routing;
   if (r.head_load) {
     routing.emplace(mo, 10, m.cfg.diffusion.steps);
     m.model->routing_observer = [&](const std::vector<at::Tensor>& routed, const at::Tensor& t, const at::Tensor& y) {

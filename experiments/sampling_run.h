@@ -25,7 +25,7 @@ struct SamplingRequest {
   std::string out = "samples";
   std::string device = "auto";
   std::string class_names_file;  ///< one class name per line, for the grid's captions
-  bool head_load = false;        ///< routing analytics of a MoH-DiT (diffusion/routing_stats.h) into DIR/head_load.*
+  bool head_load = false;        ///< routing analytics of a MoH-DiT (diffusion/head_load.h) into DIR/head_load.*
 };
 
 /// What was written.

@@ -4,8 +4,8 @@
 
 #include "core/amp.h"
 #include "core/checkpoint.h"
-#include "vision/classification_trainer.h"
 #include "vision/classifier_experiment.h"
+#include "vision/classifier_trainer.h"
 #include "vision/transnext.h"
 
 namespace moh::vision {

@@ -7,7 +7,7 @@
 #include "datasets/loader.h"
 #include "experiments/registry.h"
 #include "tests/test_util.h"
-#include "vision/classification_trainer.h"
+#include "vision/classifier_trainer.h"
 #include "vision/nn/head_surgery.h"
 #include "vision/nn/moh_attention.h"
 
@@ -50,7 +50,8 @@ TEST(ClassificationTrainer, ResumeIsExact) {
   ExperimentConfig first = cfg;
   first.train.max_steps = 4;  // 256 / 64 = 4 steps: stop at the end of epoch 1
   experiments::train_experiment(first, {d.file("split"), ""});
-  EXPECT_THROW(experiments::train_experiment(cfg, {d.file("split"), ""}), UserError);  // never overwrites an existing run
+  EXPECT_THROW(experiments::train_experiment(cfg, {d.file("split"), ""}),
+               UserError);  // never overwrites an existing run
   const LoopResult resumed = experiments::train_experiment(cfg, {d.file("split"), "auto"});
   EXPECT_EQ(resumed.steps, full.steps);
   EXPECT_EQ(scalar(resumed.final_eval, "top1"), scalar(full.final_eval, "top1"));

@@ -1,4 +1,4 @@
-#include "vision/classification_trainer.h"
+#include "vision/classifier_trainer.h"
 
 #include <sstream>
 

@@ -1,4 +1,4 @@
-#include "diffusion/routing_stats.h"
+#include "diffusion/head_load.h"
 
 #include <cmath>
 #include <cstdio>
@@ -22,7 +22,7 @@ nlohmann::json rows(const at::Tensor& counts) {
 
 }  // namespace
 
-DiTRoutingStats::DiTRoutingStats(const DiTOptions& model, int64_t buckets, int64_t timesteps)
+DiTHeadLoadStats::DiTHeadLoadStats(const DiTOptions& model, int64_t buckets, int64_t timesteps)
     : buckets_(buckets), timesteps_(timesteps), classes_(model.num_classes) {
   for (int64_t i = 0; i < model.depth; ++i) {
     const nn::MoHAttentionOptions a = model.layer(i);
@@ -39,7 +39,7 @@ DiTRoutingStats::DiTRoutingStats(const DiTOptions& model, int64_t buckets, int64
   }
 }
 
-void DiTRoutingStats::add(const std::vector<at::Tensor>& routed, const at::Tensor& t, const at::Tensor& labels) {
+void DiTHeadLoadStats::add(const std::vector<at::Tensor>& routed, const at::Tensor& t, const at::Tensor& labels) {
   const at::Tensor tt = t.to(at::kCPU, at::kDouble), y = labels.to(at::kCPU, at::kLong).clamp(0, classes_);
   const int64_t N = tt.size(0);
   const at::Tensor bucket = (tt * buckets_ / timesteps_).floor().to(at::kLong).clamp(0, buckets_ - 1);  // (N)
@@ -64,7 +64,7 @@ void DiTRoutingStats::add(const std::vector<at::Tensor>& routed, const at::Tenso
   ++evaluations_;
 }
 
-void DiTRoutingStats::reduce(dist::Group& group) {
+void DiTHeadLoadStats::reduce(dist::Group& group) {
   std::vector<at::Tensor> counts;
   std::vector<double> changes;
   for (auto& l : layers_)
@@ -80,7 +80,7 @@ void DiTRoutingStats::reduce(dist::Group& group) {
   evaluations_ = static_cast<int64_t>(changes[k]);
 }
 
-nlohmann::json DiTRoutingStats::to_json() const {
+nlohmann::json DiTHeadLoadStats::to_json() const {
   nlohmann::json layers = nlohmann::json::array();
   for (const Layer& l : layers_) {
     if (l.pool == 0) continue;
@@ -114,7 +114,7 @@ nlohmann::json DiTRoutingStats::to_json() const {
            "of tokens whose top-K set differs from the previous sampling step of the same images"}};
 }
 
-std::string DiTRoutingStats::summary() const {
+std::string DiTHeadLoadStats::summary() const {
   double share = 0, change = 0, compared = 0;
   int64_t n = 0;
   for (const Layer& l : layers_) {
@@ -132,8 +132,8 @@ std::string DiTRoutingStats::summary() const {
   return line;
 }
 
-bool DiTRoutingStats::write_pngs(const std::string& by_timestep, const std::string& by_class,
-                                 const std::vector<std::string>& class_names) const {
+bool DiTHeadLoadStats::write_pngs(const std::string& by_timestep, const std::string& by_class,
+                                  const std::vector<std::string>& class_names) const {
   std::vector<vision::HeadLoadPanel> steps, classes;
   for (const Layer& l : layers_) {
     if (l.pool == 0) continue;

@@ -18,11 +18,11 @@
 
 namespace moh::diffusion {
 
-class DiTRoutingStats {
+class DiTHeadLoadStats {
  public:
   static constexpr int64_t kMaxClassRows = 64;
   /// `timesteps` T of the training chain (1000 for DiT).
-  explicit DiTRoutingStats(const DiTOptions& model, int64_t buckets = 10, int64_t timesteps = 1000);
+  explicit DiTHeadLoadStats(const DiTOptions& model, int64_t buckets = 10, int64_t timesteps = 1000);
   /// One network evaluation: `routed` per block ((N·T, K) routed-pool indices, undefined for unrouted blocks), the
   /// timesteps t (N) and the labels (N, num_classes = the null class) the network saw.
   void add(const std::vector<at::Tensor>& routed, const at::Tensor& t, const at::Tensor& labels);

@@ -5,7 +5,7 @@
 
 #include <cmath>
 
-#include "diffusion/routing_stats.h"
+#include "diffusion/head_load.h"
 #include "tests/diffusion/tiny_dit.h"
 
 namespace moh::diffusion {
@@ -25,8 +25,8 @@ at::Tensor sel(std::vector<int64_t> v, int64_t rows) {
   return torch::tensor(v, torch::kLong).view({rows, 2});
 }
 
-TEST(DiTRoutingStats, EqualADirectCountOnAFixedInput) {
-  DiTRoutingStats s(two_layers(), /*buckets=*/4, /*timesteps=*/100);
+TEST(DiTHeadLoadStats, EqualADirectCountOnAFixedInput) {
+  DiTHeadLoadStats s(two_layers(), /*buckets=*/4, /*timesteps=*/100);
   // Two images of two tokens each: image 0 at t = 90 (bucket 3), class 1; image 1 at t = 10 (bucket 0), null (3).
   s.add({sel({0, 1, 0, 2, 3, 1, 3, 2}, 4), at::Tensor()}, torch::tensor({90, 10}), torch::tensor({1, 3}));
   // The next step of the same images (t smaller for both): token 0 keeps {0,1} (other order), token 1 {0,2} → {0,3},
@@ -63,7 +63,7 @@ TEST(DiTRoutingStats, EqualADirectCountOnAFixedInput) {
   EXPECT_EQ(s.evaluations(), 3);
 }
 
-TEST(DiTRoutingStats, TheObserverSeesWhatTheNetworkRoutedWithDroppedLabelsAsNull) {
+TEST(DiTHeadLoadStats, TheObserverSeesWhatTheNetworkRoutedWithDroppedLabelsAsNull) {
   DiT m = tiny_dit(1, true);
   std::vector<at::Tensor> seen_routed;
   at::Tensor seen_y;
