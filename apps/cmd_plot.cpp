@@ -21,9 +21,9 @@
 #include "core/atomic_io.h"
 #include "core/error.h"
 #include "core/progress.h"
-#include "experiments/registry.h"
 #include "eval/line_chart.h"
 #include "eval/report.h"
+#include "experiments/registry.h"
 #include "vision/head_load.h"
 
 namespace moh::apps {

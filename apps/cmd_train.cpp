@@ -7,8 +7,8 @@
 
 #include "apps/cli.h"
 #include "apps/commands.h"
-#include "experiments/launcher.h"
 #include "core/train_loop.h"
+#include "experiments/launcher.h"
 #include "experiments/registry.h"
 
 namespace moh::apps {

@@ -19,8 +19,8 @@
 #include "core/optimizer.h"
 #include "core/run_context.h"
 #include "diffusion/dit_experiment.h"
-#include "experiments/registry.h"
 #include "diffusion/sampler.h"
+#include "experiments/registry.h"
 
 namespace moh::bench {
 

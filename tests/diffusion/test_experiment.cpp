@@ -31,7 +31,8 @@ TEST(Experiment, OneFamilyDecisionForEveryName) {
   // one "did you mean" across the tables: a near DiT name from a classifier-looking typo and back
   EXPECT_NE(error_of([] { experiments::find_model_family("MoH-DiT-XL/2-9"); }).find("did you mean 'MoH-DiT-XL/2-90'"),
             std::string::npos);
-  EXPECT_NE(error_of([] { experiments::find_model_family("MoH-ViT-S-7"); }).find("did you mean 'MoH-ViT-S-75'"), std::string::npos);
+  EXPECT_NE(error_of([] { experiments::find_model_family("MoH-ViT-S-7"); }).find("did you mean 'MoH-ViT-S-75'"),
+            std::string::npos);
   EXPECT_NE(error_of([] { experiments::find_model_family("sd-va"); }).find("did you mean 'sd-vae'"), std::string::npos);
   // "DiT" in a name decides nothing
   EXPECT_THROW(experiments::find_model_family("MyDiT"), UserError);
@@ -57,7 +58,8 @@ TEST(Registry, EveryFamilyIsCompleteAndNamesAreUnique) {
     }
   }
   EXPECT_EQ(ids, (std::set<std::string>{"classifier", "dit", "sd-vae", "fid-inception"}));
-  EXPECT_THROW(experiments::experiment_family(config("model: {name: sd-vae}")), UserError);  // a fixed network trains nothing
+  EXPECT_THROW(experiments::experiment_family(config("model: {name: sd-vae}")),
+               UserError);  // a fixed network trains nothing
 }
 
 TEST(Registry, FixedNetworksCountTheParametersOfTheRealPackages) {
@@ -101,13 +103,14 @@ TEST(Experiment, ValidationRefusesWhatTrainingRefuses) {
   // Guidance rules apply when sampling: a 1-channel pixel model trains with the defaults but cannot guide 3 channels.
   const std::string three = dit + "sampling: {cfg_scale: 4.0, cfg_channels: three}";
   EXPECT_NO_THROW(experiments::validate_experiment(config(three)));
-  EXPECT_NE(
-      error_of([&] { experiments::validate_experiment(config(three), ExperimentUse::sample); }).find("needs at least 3 channels"),
-      std::string::npos);
+  EXPECT_NE(error_of([&] {
+              experiments::validate_experiment(config(three), ExperimentUse::sample);
+            }).find("needs at least 3 channels"),
+            std::string::npos);
   // extract-latents reads images for a vae: sd config
-  EXPECT_NO_THROW(
-      experiments::validate_experiment(config("model: {name: DiT-S/2}\ndiffusion: {vae: sd}\ndata: {dataset: fashion_mnist}"),
-                          ExperimentUse::extract_latents));
+  EXPECT_NO_THROW(experiments::validate_experiment(
+      config("model: {name: DiT-S/2}\ndiffusion: {vae: sd}\ndata: {dataset: fashion_mnist}"),
+      ExperimentUse::extract_latents));
 }
 
 // The memory guard counts the widest layer's heads (MoH-DiT-XL/2-90's top layers have 24 heads, num_heads says 16)

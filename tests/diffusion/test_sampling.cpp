@@ -12,10 +12,10 @@
 #include "datasets/npz.h"
 #include "diffusion/diffusion_trainer.h"
 #include "diffusion/gaussian_diffusion.h"
-#include "experiments/registry.h"
 #include "diffusion/sample_set.h"
 #include "diffusion/sampler.h"
 #include "diffusion/sd_vae.h"
+#include "experiments/registry.h"
 #include "tests/diffusion/tiny_dit.h"
 #include "tests/test_util.h"
 
