@@ -6,6 +6,8 @@
 // default, meaning: `moh config --schema`). Enums are parsed once here and never compared as strings afterwards.
 #include <yaml-cpp/yaml.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <set>
 #include <string>
@@ -215,6 +217,50 @@ class Writer {
  private:
   YAML::Node node_;
 };
+
+/// Converts T to a JSON value: the YAML writer's values (enums by name, lists as arrays), as numbers and strings.
+template <class T>
+nlohmann::json to_json_value(const T& v) {
+  if constexpr (std::is_enum_v<T>) {
+    return to_string(v);
+  } else if constexpr (std::is_same_v<T, bool> || std::is_arithmetic_v<T> || std::is_same_v<T, std::string>) {
+    return v;
+  } else {
+    nlohmann::json a = nlohmann::json::array();
+    for (const auto& e : v) a.push_back(to_json_value(e));
+    return a;
+  }
+}
+
+/// struct -> JSON object with the keys of the schema (records such as sampling.json carry a config section this way,
+/// so a key added to the schema appears there without a second list).
+class JsonWriter {
+ public:
+  explicit JsonWriter(nlohmann::json* out) : out_(out) {}
+  template <class T>
+  void field(const char* key, const T& value, const char*, Need = Need::optional) {
+    (*out_)[key] = to_json_value(value);
+  }
+  template <class S>
+  void section(const char* key, S& sub, const char*) {
+    nlohmann::json child = nlohmann::json::object();
+    JsonWriter w(&child);
+    sub.visit(w);
+    (*out_)[key] = child;
+  }
+
+ private:
+  nlohmann::json* out_;
+};
+
+/// A whole struct as a JSON object (JsonWriter).
+template <class S>
+nlohmann::json to_json(S s) {
+  nlohmann::json out = nlohmann::json::object();
+  JsonWriter w(&out);
+  s.visit(w);
+  return out;
+}
 
 /// One documented key of the schema.
 struct SchemaRow {

@@ -41,13 +41,13 @@ void sample_parts(DiT& model, const GaussianDiffusion& chain, AutoencoderKL& vae
   const DiTOptions& mo = model->options;
   const int64_t n = labels.size(0);
   fs::create_directories(parts_dir);
-  GraphedForward graphs(model, o.chain.cuda_graph);  // captured once, replayed over every batch
+  GraphedForward graphs(model, o.sampling.cuda_graph);  // captured once, replayed over every batch
   for (const int64_t k : batches) {
     const int64_t i = k * o.batch_size, b = std::min(o.batch_size, n - i);
     torch::manual_seed(datasets::mix_seed(o.seed, static_cast<uint64_t>(k)));
     const at::Tensor noise = at::randn({b, mo.in_channels, mo.input_size, mo.input_size}).to(ctx.device);
     at::Tensor x = sample_loop(
-        model, chain, noise, labels.narrow(0, i, b).to(ctx.device), o.chain,
+        model, chain, noise, labels.narrow(0, i, b).to(ctx.device), o.sampling,
         [&] {
           if (on_step) on_step();
         },

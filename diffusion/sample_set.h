@@ -20,7 +20,7 @@ namespace moh::diffusion {
 
 /// What to sample and how.
 struct SampleSetOptions {
-  SampleOptions chain;  ///< sampler, eta, CFG
+  SampleOptions sampling;  ///< the sampler and its settings (sampler, eta, CFG, head budget)
   int64_t batch_size = 100;
   uint64_t seed = 0;
 };

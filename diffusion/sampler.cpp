@@ -34,8 +34,57 @@ at::Tensor forward_with_cfg(DiT& model, const at::Tensor& x, const at::Tensor& t
   return forward_with_cfg(eager, x, t_model, y, scale, channels);
 }
 
+namespace {
+
+// DDPM ancestral step (guided-diffusion p_sample): the posterior mean plus σ_t z, no noise at t = 0.
+at::Tensor ddpm_update(const GaussianDiffusion&, const GaussianDiffusion::MeanVariance& p, const at::Tensor&,
+                       const at::Tensor&, const at::Tensor& z, double, bool last) {
+  return p.mean + (last ? 0.0 : 1.0) * at::exp(0.5 * p.log_variance) * z;
+}
+
+// DDIM step (guided-diffusion ddim_sample): ε from the predicted x0, then Eq. 12 of Song et al. with σ from η.
+at::Tensor ddim_update(const GaussianDiffusion& chain, const GaussianDiffusion::MeanVariance& p, const at::Tensor& x,
+                       const at::Tensor& t, const at::Tensor& z, double eta, bool last) {
+  const auto& s = chain.schedule();
+  const at::Tensor eps = (chain.extract(s.sqrt_recip_alphas_cumprod, t, x) * x - p.pred_xstart) /
+                         chain.extract(s.sqrt_recipm1_alphas_cumprod, t, x);
+  const at::Tensor ac = chain.extract(s.alphas_cumprod, t, x), ac_prev = chain.extract(s.alphas_cumprod_prev, t, x);
+  const at::Tensor sigma = eta * at::sqrt((1.0 - ac_prev) / (1.0 - ac)) * at::sqrt(1.0 - ac / ac_prev);
+  const at::Tensor mean = p.pred_xstart * at::sqrt(ac_prev) + at::sqrt(1.0 - ac_prev - sigma.pow(2)) * eps;
+  return mean + (last ? 0.0 : 1.0) * sigma * z;
+}
+
+}  // namespace
+
+const std::vector<SamplerRecord>& samplers() {
+  static const std::vector<SamplerRecord> table = [] {
+    std::vector<SamplerRecord> t(5);
+    t[0] = {SamplerKind::ddpm, "DDPM ancestral sampling over a respaced chain (DiT's sample.py)",
+            SamplerGrid::respaced};
+    t[0].stochastic = true, t[0].update = ddpm_update;
+    t[1] = {SamplerKind::ddim, "DDIM (η configurable; 0 = deterministic) over a respaced chain", SamplerGrid::respaced};
+    t[1].stochastic = true, t[1].update = ddim_update;  // with η > 0; the noise is drawn either way (DiT's RNG order)
+    t[2] = {SamplerKind::dpmpp_2m, "DPM-Solver++(2M), diffusers' DPMSolverMultistepScheduler", SamplerGrid::solver};
+    t[2].make_grid = dpm_grid, t[2].chain = dpmpp_2m_chain;
+    t[3] = {SamplerKind::euler, "Euler on the probability-flow ODE, diffusers' EulerDiscreteScheduler",
+            SamplerGrid::solver};
+    t[3].make_grid = karras_grid, t[3].chain = euler_chain;
+    t[4] = {SamplerKind::heun, "Heun (Karras et al. 2022, Algorithm 1), diffusers' HeunDiscreteScheduler",
+            SamplerGrid::solver};
+    t[4].evals_per_step = 2, t[4].last_step_single = true, t[4].make_grid = karras_grid, t[4].chain = heun_chain;
+    return t;
+  }();
+  return table;
+}
+
+const SamplerRecord& sampler_record(SamplerKind kind) {
+  for (const SamplerRecord& r : samplers())
+    if (r.kind == kind) return r;
+  throw std::logic_error("sampler_record: no record for sampler " + config::to_string(kind));
+}
+
 bool is_ode_sampler(SamplerKind kind) {
-  return kind == SamplerKind::dpmpp_2m || kind == SamplerKind::euler || kind == SamplerKind::heun;
+  return sampler_record(kind).grid == SamplerGrid::solver;
 }
 
 GaussianDiffusion sampling_chain(SamplerKind kind, int64_t T, const std::string& steps) {
@@ -107,8 +156,7 @@ OdeGrid ode_grid(const SampleOptions& o, const GaussianDiffusion& chain) {
   const auto& s = chain.schedule();
   TORCH_CHECK(s.timestep_map.back() == s.num_steps() - 1 && s.num_steps() == o.train_steps,
               "sample_loop: the ODE solvers walk the base chain of T steps (sampling_chain)");
-  return o.sampler == SamplerKind::dpmpp_2m ? dpm_grid(s.alphas_cumprod, o.ode_steps)
-                                            : karras_grid(s.alphas_cumprod, o.ode_steps);
+  return sampler_record(o.sampler).make_grid(s.alphas_cumprod, o.ode_steps);
 }
 
 // The model output (2n, C_out, H, W) on the doubled state x = [x_c; x_u]: guided, or outside the guidance interval
@@ -128,6 +176,7 @@ at::Tensor ancestral_loop(GraphedForward& net, const GaussianDiffusion& chain, a
                           int64_t& nfe) {
   const bool cfg = o.cfg_scale > 1.0;
   const int64_t B = x.size(0);
+  const AncestralUpdate update = sampler_record(o.sampler).update;
   for (int64_t i = chain.num_steps() - 1; i >= 0; --i) {
     const at::Tensor t = at::full({B}, i, at::TensorOptions().dtype(at::kLong).device(x.device()));
     const at::Tensor tm = chain.model_timesteps(t);
@@ -137,18 +186,7 @@ at::Tensor ancestral_loop(GraphedForward& net, const GaussianDiffusion& chain, a
     nfe += guided_at(o, t_model) ? 2 : 1;
     const auto p = chain.p_mean_variance(out, x, t, o.clip_denoised);
     const at::Tensor z = at::randn_like(x);  // drawn every step, also at t = 0 (DiT's RNG order)
-    const double nonzero = i != 0 ? 1.0 : 0.0;
-    if (o.sampler == SamplerKind::ddpm) {
-      x = p.mean + nonzero * at::exp(0.5 * p.log_variance) * z;
-    } else {
-      const auto& s = chain.schedule();
-      const at::Tensor eps = (chain.extract(s.sqrt_recip_alphas_cumprod, t, x) * x - p.pred_xstart) /
-                             chain.extract(s.sqrt_recipm1_alphas_cumprod, t, x);
-      const at::Tensor ac = chain.extract(s.alphas_cumprod, t, x), ac_prev = chain.extract(s.alphas_cumprod_prev, t, x);
-      const at::Tensor sigma = o.eta * at::sqrt((1.0 - ac_prev) / (1.0 - ac)) * at::sqrt(1.0 - ac / ac_prev);
-      const at::Tensor mean = p.pred_xstart * at::sqrt(ac_prev) + at::sqrt(1.0 - ac_prev - sigma.pow(2)) * eps;
-      x = mean + nonzero * sigma * z;
-    }
+    x = update(chain, p, x, t, z, o.eta, i == 0);
     if (on_step) on_step();
   }
   return cfg ? x.narrow(0, 0, x.size(0) / 2) : x;
@@ -180,10 +218,12 @@ int64_t planned_nfe(const SampleOptions& o, const GaussianDiffusion& chain) {
     for (int64_t t : chain.schedule().timestep_map) count(static_cast<double>(t));
     return nfe;
   }
+  const SamplerRecord& r = sampler_record(o.sampler);
   const OdeGrid g = ode_grid(o, chain);
   for (int64_t i = 0; i < g.steps(); ++i) {
-    count(g.timesteps[static_cast<size_t>(i)]);
-    if (o.sampler == SamplerKind::heun && i + 1 < g.steps()) count(g.timesteps[static_cast<size_t>(i) + 1]);
+    const bool last = i + 1 == g.steps();
+    for (int e = 0; e < (last && r.last_step_single ? 1 : r.evals_per_step); ++e)
+      count(g.timesteps[static_cast<size_t>(std::min(i + e, g.steps() - 1))]);  // Heun: the slope at the step's end
   }
   return nfe;
 }
@@ -215,10 +255,7 @@ at::Tensor sample_loop(DiT& model, const GaussianDiffusion& chain, const at::Ten
     const StepHook hook = [&](int64_t, const at::Tensor&) {
       if (on_step) on_step();
     };
-    const bool clip = o.clip_denoised;
-    x = o.sampler == SamplerKind::euler  ? euler_chain(eps, noise, grid, hook, clip)
-        : o.sampler == SamplerKind::heun ? heun_chain(eps, noise, grid, hook, clip)
-                                         : dpmpp_2m_chain(eps, noise, grid, hook, clip);
+    x = sampler_record(o.sampler).chain(eps, noise, grid, hook, o.clip_denoised);
   }
   if (nfe) *nfe += count;
   return x;

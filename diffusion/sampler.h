@@ -14,6 +14,7 @@
 #include "diffusion/cuda_graph.h"
 #include "diffusion/dit.h"
 #include "diffusion/gaussian_diffusion.h"
+#include "diffusion/ode_solvers.h"
 
 namespace moh::diffusion {
 
@@ -33,7 +34,44 @@ struct SampleOptions {
   bool cuda_graph = false;             ///< replay the network evaluations as CUDA graphs where they can be
 };
 
-/// True for the probability-flow ODE solvers (no per-step noise; they walk the base chain's ᾱ table).
+/// How a sampler walks time: a respaced chain of the training process ("250", "ddim50"), or a solver's own grid of
+/// `steps` points over the base chain's ᾱ table.
+enum class SamplerGrid { respaced, solver };
+
+/// x_{t−1} of an ancestral step from the model's prediction `p` at step t of `chain`, the state x, the step's noise
+/// z and DDIM's η (`last`: the step to t = 0, which adds no noise).
+using AncestralUpdate = at::Tensor (*)(const GaussianDiffusion& chain, const GaussianDiffusion::MeanVariance& p,
+                                       const at::Tensor& x, const at::Tensor& t, const at::Tensor& z, double eta,
+                                       bool last);
+/// A solver's time grid from the base chain's ᾱ table and its step count.
+using SolverGrid = OdeGrid (*)(const std::vector<double>& alphas_cumprod, int64_t steps);
+/// A solver's chain over its grid (ode_solvers.h).
+using SolverChain = at::Tensor (*)(const EpsModel& eps, const at::Tensor& noise, const OdeGrid& grid,
+                                   const StepHook& on_step, bool clip_x0);
+
+/// Everything the toolkit knows about one sampler, in one place: adding a sampler is an entry of samplers() (and
+/// its name in the schema's SamplerKind table) plus its reference test. The loop, the NFE count, the chain and the
+/// progress bar all read it.
+struct SamplerRecord {
+  SamplerKind kind;
+  const char* summary;  ///< what it is and whose formulas it follows
+  SamplerGrid grid;
+  int evals_per_step = 1;            ///< network evaluations of one step (one more per guided evaluation's CFG pair)
+  bool last_step_single = false;     ///< the last step evaluates once (Heun's step to σ = 0)
+  bool stochastic = false;           ///< fresh noise every step (DDPM; DDIM with η > 0)
+  bool cfg_interval = true;          ///< guidance can be limited to a noise-level interval
+  bool head_budget = true;           ///< the MoH head budget (topk, topk_schedule, guide_topk) applies per evaluation
+  AncestralUpdate update = nullptr;  ///< respaced samplers
+  SolverGrid make_grid = nullptr;    ///< solver samplers
+  SolverChain chain = nullptr;       ///< solver samplers
+};
+
+/// Every sampler, in the schema's order.
+const std::vector<SamplerRecord>& samplers();
+/// The record of `kind`.
+const SamplerRecord& sampler_record(SamplerKind kind);
+
+/// True for the probability-flow ODE solvers (their own grid; no per-step noise).
 bool is_ode_sampler(SamplerKind kind);
 
 /// The chain a sampler walks: DDPM / DDIM the respacing `steps` over T ("250", "ddim50"); the ODE solvers the base

@@ -53,8 +53,7 @@ SamplingModel checkpoint_model(const SamplingRequest& r) {
       throw UserError("--set " + s, "only sampling.* can be changed when sampling a checkpoint",
                       "e.g. sampling.cfg_scale=4");
   if (!r.config.empty()) {
-    const ExperimentConfig named = load_experiment(r.config, r.sets);
-    validate_experiment(named, ExperimentUse::sample);
+    const ExperimentConfig named = load_experiment(r.config, r.sets);  // its sampling: is checked below, merged
     if (named.model.name != m.cfg.model.name)
       throw UserError("checkpoint " + r.checkpoint,
                       "was trained as " + m.cfg.model.name + ", the config describes " + named.model.name,
@@ -110,18 +109,7 @@ nlohmann::json sampling_plan(const SamplingModel& m, const SamplingRequest& r, c
           {"checkpoint", r.checkpoint},
           {"weights", m.weights},
           {"step", m.step},
-          {"sampler", config::to_string(sc.sampler)},
-          {"steps", sc.steps},
-          {"eta", sc.eta},
-          {"cfg_scale", sc.cfg_scale},
-          {"cfg_channels", sc.cfg_channels == CfgChannels::three ? "three" : "all"},
-          {"cfg_interval", sc.cfg_interval},
-          {"clip_denoised", sc.clip_denoised},
-          {"seed", sc.seed},
-          {"topk", sc.topk},
-          {"topk_schedule", sc.topk_schedule},
-          {"guide_topk", sc.guide_topk},
-          {"batch_size", sc.batch_size},
+          {"sampling", config::to_json(sc)},  // every sampling.* setting, as the schema names them
           {"count", labels.size(0)},
           {"labels", r.labels},
           {"labels_hash", std::hash<std::string>{}(label_bytes)}};
@@ -203,20 +191,31 @@ at::Tensor sampling_labels(const std::string& mode, int64_t n, int64_t num_class
 namespace {
 
 // Samples this rank's share of the batches not on disk yet into part files; returns how many were on disk.
-int64_t sample_missing_parts(SamplingModel& m, AutoencoderKL& vae, const at::Tensor& labels, const RunContext& ctx,
-                             dist::Group& group, const std::string& parts) {
+// The chain a run walks and how: built once from the experiment's sampling section.
+struct SamplingChain {
+  GaussianDiffusion chain;
+  SampleOptions options;
+};
+
+SamplingChain sampling_chain_of(const ExperimentConfig& cfg) {
+  return {sampling_chain(cfg.sampling.sampler, cfg.diffusion.steps, cfg.sampling.steps), sample_options_for(cfg)};
+}
+
+int64_t sample_missing_parts(SamplingModel& m, const SamplingChain& sc_chain, AutoencoderKL& vae,
+                             const at::Tensor& labels, const RunContext& ctx, dist::Group& group,
+                             const std::string& parts) {
   const SamplingConfig& sc = m.cfg.sampling;
   m.model->to(ctx.device);
-  const GaussianDiffusion chain = sampling_chain(sc.sampler, m.cfg.diffusion.steps, sc.steps);
+  const GaussianDiffusion& chain = sc_chain.chain;
   SampleSetOptions so;
-  so.chain = sample_options_for(m.cfg);
+  so.sampling = sc_chain.options;
   so.batch_size = sc.batch_size;
   so.seed = static_cast<uint64_t>(sc.seed);
   const int64_t n = labels.size(0), batches = (n + sc.batch_size - 1) / sc.batch_size;
   const std::vector<int64_t> missing = missing_sample_batches(n, parts, sc.batch_size);
   group.barrier();  // every rank listed the parts before any is written
   const std::vector<int64_t> mine = rank_share(missing, group);
-  Progress progress("sampling", static_cast<int64_t>(mine.size()) * sampler_steps(so.chain, chain), "step",
+  Progress progress("sampling", static_cast<int64_t>(mine.size()) * sampler_steps(so.sampling, chain), "step",
                     group.is_main() ? -1 : 2);
   sample_parts(m.model, chain, vae, labels, mine, so, ctx, parts, [&] { progress.advance(); });
   progress.finish();
@@ -225,8 +224,8 @@ int64_t sample_missing_parts(SamplingModel& m, AutoencoderKL& vae, const at::Ten
 }
 
 // Rank 0: samples.npz streamed from the parts (the grid's tiles picked on the way), grid.png, sampling.json.
-void write_sampling_outputs(const SamplingModel& m, const SamplingRequest& r, const at::Tensor& labels,
-                            nlohmann::json info, SamplingSummary& out) {
+void write_sampling_outputs(const SamplingModel& m, const SamplingChain& sc_chain, const SamplingRequest& r,
+                            const at::Tensor& labels, nlohmann::json info, SamplingSummary& out) {
   const SamplingConfig& sc = m.cfg.sampling;
   const DiTOptions& mo = m.model->options;
   const GridLayout grid =
@@ -242,10 +241,8 @@ void write_sampling_outputs(const SamplingModel& m, const SamplingRequest& r, co
   fs::remove_all(parts);
   out.grid = datasets::write_grid(r.out + "/grid.png", at::stack(tiles), grid.cols, mo.input_size < 64 ? 3 : 1,
                                   grid.row_labels, grid.tile_labels);
-  const GaussianDiffusion chain = sampling_chain(sc.sampler, m.cfg.diffusion.steps, sc.steps);
-  const SampleOptions so = sample_options_for(m.cfg);
-  info["chain_steps"] = sampler_steps(so, chain);
-  info["nfe_per_image"] = planned_nfe(so, chain);  // network evaluations per image (a guided step counts 2)
+  info["chain_steps"] = sampler_steps(sc_chain.options, sc_chain.chain);
+  info["nfe_per_image"] = planned_nfe(sc_chain.options, sc_chain.chain);  // a guided step counts 2
   out.nfe = info["nfe_per_image"].get<int64_t>();
   info["seconds"] = out.seconds;
   info["checkpoint"] = r.checkpoint.empty() ? "untrained" : r.checkpoint;
@@ -306,7 +303,8 @@ SamplingSummary run_sampling(const SamplingRequest& r) {
       routing->add(routed, t, y);
     };
   }
-  out.resumed_batches = sample_missing_parts(m, vae, labels, ctx, *group, r.out + "/parts");
+  const SamplingChain chain = sampling_chain_of(m.cfg);
+  out.resumed_batches = sample_missing_parts(m, chain, vae, labels, ctx, *group, r.out + "/parts");
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   out.main = group->is_main();
   if (routing) {
@@ -314,7 +312,7 @@ SamplingSummary run_sampling(const SamplingRequest& r) {
     routing->reduce(*group);
     if (out.main) write_routing(*routing, r, m, out);
   }
-  if (out.main) write_sampling_outputs(m, r, labels, plan, out);
+  if (out.main) write_sampling_outputs(m, chain, r, labels, plan, out);
   return out;
 }
 

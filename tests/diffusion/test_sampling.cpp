@@ -140,6 +140,37 @@ int64_t peak_rss_bytes() {
 
 // Per-batch part files, a run interrupted after some of them and resumed (in another order of ranks), and the
 // streamed merge: the .npz equals the images of one uninterrupted process, in uint8.
+// One record per sampler (diffusion/sampler.h): every name of the schema has exactly one, complete for its kind of
+// grid, and the network evaluations its record plans are the ones the loop makes (counted as it runs, with guidance
+// on half of the noise levels and a second evaluation per Heun step).
+TEST(Samplers, EveryKindHasOneCompleteRecordAndPlansTheEvaluationsTheLoopMakes) {
+  const auto& names = enum_table(SamplerKind{});
+  ASSERT_EQ(samplers().size(), names.size());
+  DiT m = tiny_dit(1, true);
+  const at::Tensor labels = torch::tensor({1, 3});
+  for (const auto& [kind, name] : names) {
+    SCOPED_TRACE(name);
+    const SamplerRecord& r = sampler_record(kind);
+    EXPECT_EQ(r.kind, kind);
+    EXPECT_NE(std::string(r.summary), "");
+    if (r.grid == SamplerGrid::respaced) {
+      EXPECT_TRUE(r.update && !r.make_grid && !r.chain);
+    } else {
+      EXPECT_TRUE(!r.update && r.make_grid && r.chain);
+    }
+    SampleOptions o;
+    o.sampler = kind, o.cfg_scale = 3.0, o.cfg_channels = CfgChannels::all, o.cfg_interval = {0.0, 0.5};
+    o.ode_steps = 5;
+    const GaussianDiffusion chain = sampling_chain(kind, 1000, "6");
+    int64_t counted = 0, steps = 0;
+    torch::manual_seed(2);
+    sample_loop(m, chain, torch::randn({2, 1, 8, 8}), labels, o, [&] { ++steps; }, &counted);
+    EXPECT_EQ(counted, planned_nfe(o, chain));
+    EXPECT_EQ(steps, sampler_steps(o, chain));
+    EXPECT_GT(counted, steps);  // the guided steps count twice
+  }
+}
+
 TEST(SampleSet, PartsResumeAndMergeExactly) {
   test::TempDir d;
   DiT model = tiny_dit(1, true);
@@ -147,7 +178,7 @@ TEST(SampleSet, PartsResumeAndMergeExactly) {
   AutoencoderKL no_vae{nullptr};
   RunContext ctx;
   SampleSetOptions o;
-  o.chain.sampler = SamplerKind::ddim;
+  o.sampling.sampler = SamplerKind::ddim;
   o.batch_size = 3;
   o.seed = 9;
   const at::Tensor labels = at::arange(10, at::kLong).remainder(10);  // 4 batches: 3, 3, 3, 1
