@@ -119,6 +119,12 @@ class Unpickler {
   size_t position() const { return p_; }
 
  private:
+  // One family of opcodes each: true when `op` belongs to it (and was executed).
+  bool stack_op(uint8_t op);
+  bool scalar_op(uint8_t op);
+  bool string_op(uint8_t op);
+  bool container_op(uint8_t op);
+  bool object_op(uint8_t op);
   [[noreturn]] void fail(const std::string& why,
                          const std::string& hint = "not a valid torch.save file, or truncated") const {
     throw UserError(origin_, why + " (pickle byte " + std::to_string(p_) + ")", hint);
@@ -313,286 +319,322 @@ PyRef Unpickler::call(const PyRef& callable, const std::vector<PyRef>& args, int
   return o;
 }
 
+// PROTO, FRAME, MARK, POP, POP_MARK, DUP and the memo (PUT / GET in their forms).
+bool Unpickler::stack_op(uint8_t op) {
+  switch (op) {
+    case 0x80:
+      need(1), ++p_;
+      return true;  // PROTO
+    case 0x95:
+      read_le(8);
+      return true;  // FRAME (ignored: data is already in memory)
+    case '(':
+      marks_.push_back(stack_.size());
+      return true;  // MARK
+    case '0':
+      pop();
+      return true;  // POP
+    case '1':
+      pop_mark();
+      return true;  // POP_MARK
+    case '2':
+      push(top());
+      return true;  // DUP
+    case 'q':
+      memo_put(read_le(1));
+      return true;  // BINPUT
+    case 'r':
+      memo_put(read_le(4));
+      return true;  // LONG_BINPUT
+    case 0x94:
+      memo_put(memo_.size());
+      return true;  // MEMOIZE
+    case 'p': {     // PUT (text)
+      std::string s = read_line();
+      try {
+        memo_put(std::stoull(s));
+      } catch (const std::logic_error&) {
+        fail("malformed memo key");
+      }
+      return true;
+    }
+    case 'h':
+      push(memo_get(read_le(1)));
+      return true;  // BINGET
+    case 'j':
+      push(memo_get(read_le(4)));
+      return true;  // LONG_BINGET
+    case 'g': {     // GET (text)
+      std::string s = read_line();
+      try {
+        push(memo_get(std::stoull(s)));
+      } catch (const std::logic_error&) {
+        fail("malformed memo key");
+      }
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+
+// None, booleans, integers (binary and text, LONG1 / LONG4) and floats.
+bool Unpickler::scalar_op(uint8_t op) {
+  switch (op) {
+    case 'N':
+      push(make(Kind::none));
+      return true;
+    case 0x88:
+    case 0x89: {  // NEWTRUE / NEWFALSE
+      PyRef b = make(Kind::boolean);
+      b->boolean = op == 0x88;
+      push(b);
+      return true;
+    }
+    case 'J':
+      push(make_int(static_cast<int32_t>(read_le(4))));
+      return true;  // BININT
+    case 'K':
+      push(make_int(static_cast<int64_t>(read_le(1))));
+      return true;  // BININT1
+    case 'M':
+      push(make_int(static_cast<int64_t>(read_le(2))));
+      return true;  // BININT2
+    case 0x8a: {
+      uint64_t k = read_le(1);
+      push(make_long(read_bytes(k)));
+      return true;
+    }  // LONG1
+    case 0x8b: {
+      uint64_t k = read_le(4);
+      push(make_long(read_bytes(k)));
+      return true;
+    }  // LONG4
+    case 'I':
+    case 'L': {  // INT / LONG (text)
+      std::string s = read_line();
+      if (!s.empty() && s.back() == 'L') s.pop_back();
+      if (op == 'I' && (s == "00" || s == "01")) {
+        PyRef b = make(Kind::boolean);
+        b->boolean = s == "01";
+        push(b);
+        return true;
+      }
+      try {
+        size_t used = 0;
+        long long v = std::stoll(s, &used);
+        if (used != s.size()) fail("malformed integer '" + s + "'");
+        push(make_int(v));
+      } catch (const std::logic_error&) {
+        fail("malformed or too large integer '" + s.substr(0, 30) + "'");
+      }
+      return true;
+    }
+    case 'G': {  // BINFLOAT (big-endian double)
+      need(8);
+      uint64_t u = 0;
+      for (int i = 0; i < 8; ++i) u = (u << 8) | d_[p_ + i];
+      p_ += 8;
+      PyRef f = make(Kind::floating);
+      std::memcpy(&f->floating, &u, 8);
+      push(f);
+      return true;
+    }
+    case 'F': {  // FLOAT (text)
+      std::string s = read_line();
+      PyRef f = make(Kind::floating);
+      try {
+        f->floating = std::stod(s);
+      } catch (const std::logic_error&) {
+        fail("malformed float '" + s.substr(0, 30) + "'");
+      }
+      push(f);
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+
+// Text and byte strings of every length prefix.
+bool Unpickler::string_op(uint8_t op) {
+  switch (op) {
+    case 'X': {
+      uint64_t k = read_le(4);
+      push(make_string(read_bytes(k)));
+      return true;
+    }  // BINUNICODE
+    case 0x8c: {
+      uint64_t k = read_le(1);
+      push(make_string(read_bytes(k)));
+      return true;
+    }  // SHORT_BINUNICODE
+    case 0x8d: {
+      uint64_t k = read_le(8);
+      push(make_string(read_bytes(k)));
+      return true;
+    }  // BINUNICODE8
+    case 'T': {
+      uint64_t k = read_le(4);
+      push(make_string(read_bytes(k)));
+      return true;
+    }  // BINSTRING
+    case 'U': {
+      uint64_t k = read_le(1);
+      push(make_string(read_bytes(k)));
+      return true;
+    }  // SHORT_BINSTRING
+    case 'B': {
+      uint64_t k = read_le(4);
+      push(make_string(read_bytes(k), Kind::bytes));
+      return true;
+    }  // BINBYTES
+    case 'C': {
+      uint64_t k = read_le(1);
+      push(make_string(read_bytes(k), Kind::bytes));
+      return true;
+    }  // SHORT_BINBYTES
+    case 0x8e: {
+      uint64_t k = read_le(8);
+      push(make_string(read_bytes(k), Kind::bytes));
+      return true;
+    }  // BINBYTES8
+    default:
+      return false;
+  }
+}
+
+// Lists, tuples, dicts and sets: built empty, from the mark, or filled (APPEND(S), SETITEM(S)).
+bool Unpickler::container_op(uint8_t op) {
+  switch (op) {
+    case ']':
+      push(make(Kind::list));
+      return true;
+    case '}':
+      push(make(Kind::dict));
+      return true;
+    case ')':
+      push(make(Kind::tuple));
+      return true;
+    case 0x8f:
+      push(make(Kind::set));
+      return true;  // EMPTY_SET
+    case 'l':
+    case 't':
+    case 0x91: {  // LIST / TUPLE / FROZENSET (from mark)
+      PyRef v = make(op == 'l' ? Kind::list : op == 't' ? Kind::tuple : Kind::set);
+      v->items = pop_mark();
+      push(v);
+      return true;
+    }
+    case 0x85:
+    case 0x86:
+    case 0x87: {  // TUPLE1/2/3
+      PyRef v = make(Kind::tuple);
+      const size_t k = op - 0x84;
+      v->items.resize(k);
+      for (size_t i = k; i-- > 0;) v->items[i] = pop();
+      push(v);
+      return true;
+    }
+    case 'd': {  // DICT (from mark)
+      std::vector<PyRef> kv = pop_mark();
+      if (kv.size() % 2) fail("DICT with an odd number of items");
+      PyRef v = make(Kind::dict);
+      for (size_t i = 0; i < kv.size(); i += 2) v->entries.emplace_back(kv[i], kv[i + 1]);
+      push(v);
+      return true;
+    }
+    case 'a': {
+      PyRef v = pop();
+      append(top(), {v});
+      return true;
+    }  // APPEND
+    case 'e':
+    case 0x90: {  // APPENDS / ADDITEMS
+      std::vector<PyRef> vs = pop_mark();
+      append(top(), std::move(vs));
+      return true;
+    }
+    case 's': {  // SETITEM
+      PyRef v = pop(), k = pop();
+      set_item(top(), k, v);
+      return true;
+    }
+    case 'u': {  // SETITEMS
+      std::vector<PyRef> kv = pop_mark();
+      if (kv.size() % 2) fail("SETITEMS with an odd number of items");
+      PyRef target = top();
+      for (size_t i = 0; i < kv.size(); i += 2) set_item(target, kv[i], kv[i + 1]);
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+
+// GLOBAL / STACK_GLOBAL, REDUCE, NEWOBJ(_EX), BUILD and persistent ids: objects through call().
+bool Unpickler::object_op(uint8_t op) {
+  switch (op) {
+    case 'c': {  // GLOBAL
+      std::string module = read_line(), name = read_line();
+      push(make_string(module + "." + name, Kind::global));
+      return true;
+    }
+    case 0x93: {  // STACK_GLOBAL
+      PyRef name = pop(), module = pop();
+      if (name->kind != Kind::string || module->kind != Kind::string) fail("STACK_GLOBAL of non-strings");
+      push(make_string(module->text + "." + name->text, Kind::global));
+      return true;
+    }
+    case 'R': {  // REDUCE
+      PyRef args = pop(), callable = pop();
+      if (args->kind != Kind::tuple) fail("REDUCE arguments are " + args->describe());
+      push(call(callable, args->items));
+      return true;
+    }
+    case 0x81:
+    case 0x92: {              // NEWOBJ / NEWOBJ_EX
+      if (op == 0x92) pop();  // kwargs
+      PyRef args = pop(), cls = pop();
+      if (args->kind != Kind::tuple) fail("NEWOBJ arguments are " + args->describe());
+      push(call(cls, args->items));
+      return true;
+    }
+    case 'b': {  // BUILD
+      PyRef state = pop();
+      PyRef& target = top();
+      if (target->kind == Kind::dict || target->kind == Kind::object || target->kind == Kind::list)
+        target->state = state;
+      return true;  // tensors etc.: state is not needed
+    }
+    case 'Q':
+    case 'P': {  // BINPERSID / PERSID
+      PyRef pid = op == 'Q' ? pop() : make_string(read_line());
+      if (!persistent_) fail("persistent id outside the object pickle");
+      push(persistent_(pid));
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+
 PyRef Unpickler::run() {
   for (;;) {
     need(1);
     const uint8_t op = d_[p_++];
-    switch (op) {
-      case 0x80:
-        need(1), ++p_;
-        break;  // PROTO
-      case 0x95:
-        read_le(8);
-        break;     // FRAME (ignored: data is already in memory)
-      case '.': {  // STOP
-        if (!marks_.empty() || stack_.size() != 1)
-          fail("pickle ended with " + std::to_string(stack_.size()) + " values on the stack");
-        return pop();
-      }
-      case '(':
-        marks_.push_back(stack_.size());
-        break;  // MARK
-      case '0':
-        pop();
-        break;  // POP
-      case '1':
-        pop_mark();
-        break;  // POP_MARK
-      case '2':
-        push(top());
-        break;  // DUP
-      case 'N':
-        push(make(Kind::none));
-        break;
-      case 0x88:
-      case 0x89: {  // NEWTRUE / NEWFALSE
-        PyRef b = make(Kind::boolean);
-        b->boolean = op == 0x88;
-        push(b);
-        break;
-      }
-      case 'J':
-        push(make_int(static_cast<int32_t>(read_le(4))));
-        break;  // BININT
-      case 'K':
-        push(make_int(static_cast<int64_t>(read_le(1))));
-        break;  // BININT1
-      case 'M':
-        push(make_int(static_cast<int64_t>(read_le(2))));
-        break;  // BININT2
-      case 0x8a: {
-        uint64_t k = read_le(1);
-        push(make_long(read_bytes(k)));
-        break;
-      }  // LONG1
-      case 0x8b: {
-        uint64_t k = read_le(4);
-        push(make_long(read_bytes(k)));
-        break;
-      }  // LONG4
-      case 'I':
-      case 'L': {  // INT / LONG (text)
-        std::string s = read_line();
-        if (!s.empty() && s.back() == 'L') s.pop_back();
-        if (op == 'I' && (s == "00" || s == "01")) {
-          PyRef b = make(Kind::boolean);
-          b->boolean = s == "01";
-          push(b);
-          break;
-        }
-        try {
-          size_t used = 0;
-          long long v = std::stoll(s, &used);
-          if (used != s.size()) fail("malformed integer '" + s + "'");
-          push(make_int(v));
-        } catch (const std::logic_error&) {
-          fail("malformed or too large integer '" + s.substr(0, 30) + "'");
-        }
-        break;
-      }
-      case 'G': {  // BINFLOAT (big-endian double)
-        need(8);
-        uint64_t u = 0;
-        for (int i = 0; i < 8; ++i) u = (u << 8) | d_[p_ + i];
-        p_ += 8;
-        PyRef f = make(Kind::floating);
-        std::memcpy(&f->floating, &u, 8);
-        push(f);
-        break;
-      }
-      case 'F': {  // FLOAT (text)
-        std::string s = read_line();
-        PyRef f = make(Kind::floating);
-        try {
-          f->floating = std::stod(s);
-        } catch (const std::logic_error&) {
-          fail("malformed float '" + s.substr(0, 30) + "'");
-        }
-        push(f);
-        break;
-      }
-      case 'X': {
-        uint64_t k = read_le(4);
-        push(make_string(read_bytes(k)));
-        break;
-      }  // BINUNICODE
-      case 0x8c: {
-        uint64_t k = read_le(1);
-        push(make_string(read_bytes(k)));
-        break;
-      }  // SHORT_BINUNICODE
-      case 0x8d: {
-        uint64_t k = read_le(8);
-        push(make_string(read_bytes(k)));
-        break;
-      }  // BINUNICODE8
-      case 'T': {
-        uint64_t k = read_le(4);
-        push(make_string(read_bytes(k)));
-        break;
-      }  // BINSTRING
-      case 'U': {
-        uint64_t k = read_le(1);
-        push(make_string(read_bytes(k)));
-        break;
-      }  // SHORT_BINSTRING
-      case 'B': {
-        uint64_t k = read_le(4);
-        push(make_string(read_bytes(k), Kind::bytes));
-        break;
-      }  // BINBYTES
-      case 'C': {
-        uint64_t k = read_le(1);
-        push(make_string(read_bytes(k), Kind::bytes));
-        break;
-      }  // SHORT_BINBYTES
-      case 0x8e: {
-        uint64_t k = read_le(8);
-        push(make_string(read_bytes(k), Kind::bytes));
-        break;
-      }  // BINBYTES8
-      case ']':
-        push(make(Kind::list));
-        break;
-      case '}':
-        push(make(Kind::dict));
-        break;
-      case ')':
-        push(make(Kind::tuple));
-        break;
-      case 0x8f:
-        push(make(Kind::set));
-        break;  // EMPTY_SET
-      case 'l':
-      case 't':
-      case 0x91: {  // LIST / TUPLE / FROZENSET (from mark)
-        PyRef v = make(op == 'l' ? Kind::list : op == 't' ? Kind::tuple : Kind::set);
-        v->items = pop_mark();
-        push(v);
-        break;
-      }
-      case 0x85:
-      case 0x86:
-      case 0x87: {  // TUPLE1/2/3
-        PyRef v = make(Kind::tuple);
-        const size_t k = op - 0x84;
-        v->items.resize(k);
-        for (size_t i = k; i-- > 0;) v->items[i] = pop();
-        push(v);
-        break;
-      }
-      case 'd': {  // DICT (from mark)
-        std::vector<PyRef> kv = pop_mark();
-        if (kv.size() % 2) fail("DICT with an odd number of items");
-        PyRef v = make(Kind::dict);
-        for (size_t i = 0; i < kv.size(); i += 2) v->entries.emplace_back(kv[i], kv[i + 1]);
-        push(v);
-        break;
-      }
-      case 'a': {
-        PyRef v = pop();
-        append(top(), {v});
-        break;
-      }  // APPEND
-      case 'e':
-      case 0x90: {  // APPENDS / ADDITEMS
-        std::vector<PyRef> vs = pop_mark();
-        append(top(), std::move(vs));
-        break;
-      }
-      case 's': {  // SETITEM
-        PyRef v = pop(), k = pop();
-        set_item(top(), k, v);
-        break;
-      }
-      case 'u': {  // SETITEMS
-        std::vector<PyRef> kv = pop_mark();
-        if (kv.size() % 2) fail("SETITEMS with an odd number of items");
-        PyRef target = top();
-        for (size_t i = 0; i < kv.size(); i += 2) set_item(target, kv[i], kv[i + 1]);
-        break;
-      }
-      case 'c': {  // GLOBAL
-        std::string module = read_line(), name = read_line();
-        push(make_string(module + "." + name, Kind::global));
-        break;
-      }
-      case 0x93: {  // STACK_GLOBAL
-        PyRef name = pop(), module = pop();
-        if (name->kind != Kind::string || module->kind != Kind::string) fail("STACK_GLOBAL of non-strings");
-        push(make_string(module->text + "." + name->text, Kind::global));
-        break;
-      }
-      case 'R': {  // REDUCE
-        PyRef args = pop(), callable = pop();
-        if (args->kind != Kind::tuple) fail("REDUCE arguments are " + args->describe());
-        push(call(callable, args->items));
-        break;
-      }
-      case 0x81:
-      case 0x92: {              // NEWOBJ / NEWOBJ_EX
-        if (op == 0x92) pop();  // kwargs
-        PyRef args = pop(), cls = pop();
-        if (args->kind != Kind::tuple) fail("NEWOBJ arguments are " + args->describe());
-        push(call(cls, args->items));
-        break;
-      }
-      case 'b': {  // BUILD
-        PyRef state = pop();
-        PyRef& target = top();
-        if (target->kind == Kind::dict || target->kind == Kind::object || target->kind == Kind::list)
-          target->state = state;
-        break;  // tensors etc.: state is not needed
-      }
-      case 'Q':
-      case 'P': {  // BINPERSID / PERSID
-        PyRef pid = op == 'Q' ? pop() : make_string(read_line());
-        if (!persistent_) fail("persistent id outside the object pickle");
-        push(persistent_(pid));
-        break;
-      }
-      case 'q':
-        memo_put(read_le(1));
-        break;  // BINPUT
-      case 'r':
-        memo_put(read_le(4));
-        break;  // LONG_BINPUT
-      case 0x94:
-        memo_put(memo_.size());
-        break;     // MEMOIZE
-      case 'p': {  // PUT (text)
-        std::string s = read_line();
-        try {
-          memo_put(std::stoull(s));
-        } catch (const std::logic_error&) {
-          fail("malformed memo key");
-        }
-        break;
-      }
-      case 'h':
-        push(memo_get(read_le(1)));
-        break;  // BINGET
-      case 'j':
-        push(memo_get(read_le(4)));
-        break;     // LONG_BINGET
-      case 'g': {  // GET (text)
-        std::string s = read_line();
-        try {
-          push(memo_get(std::stoull(s)));
-        } catch (const std::logic_error&) {
-          fail("malformed memo key");
-        }
-        break;
-      }
-      default: {
-        char hex[8];
-        std::snprintf(hex, sizeof hex, "0x%02x", op);
-        --p_;
-        fail(
-            std::string("unsupported pickle opcode ") + hex,
-            "only the pickle subset torch.save writes for checkpoints is read; re-save the state_dict with torch.save");
-      }
+    if (op == '.') {  // STOP
+      if (!marks_.empty() || stack_.size() != 1)
+        fail("pickle ended with " + std::to_string(stack_.size()) + " values on the stack");
+      return pop();
     }
+    if (stack_op(op) || scalar_op(op) || string_op(op) || container_op(op) || object_op(op)) continue;
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "0x%02x", op);
+    --p_;
+    fail(std::string("unsupported pickle opcode ") + hex,
+         "only the pickle subset torch.save writes for checkpoints is read; re-save the state_dict with torch.save");
   }
 }
 
