@@ -41,11 +41,12 @@ collect() {
   mkdir -p "$COPY_TO"
   local f
   # seven files: the device tool brings back at most eight; tables and plots are made again from these
-  for f in driver.log ct/rows.jsonl ct/protocol.txt curve/curve.jsonl curve/timing.jsonl gpu_report/results.jsonl; do
+  for f in driver.log ct/rows.jsonl curve/curve.jsonl curve/timing.jsonl gpu_report/results.jsonl; do
     [ -f "$STATE/$f" ] && cp "$STATE/$f" "$COPY_TO/$(echo "$f" | tr / _)"
   done
   (cd "$STATE" && find . \( -name '*.log' -o -name metrics.jsonl -o -name sampling.json -o -name report.json \
-    -o -name conversion.json -o -name 'settings_*.txt' \) -print0 | tar -czf "$COPY_TO/logs.tar.gz" --null -T -) || true
+    -o -name conversion.json -o -name 'settings_*.txt' -o -name 'protocol_*.txt' \) -print0 |
+    tar -czf "$COPY_TO/logs.tar.gz" --null -T -) || true
 }
 if [ -n "$COPY_TO" ]; then
   (while sleep 20; do collect 2>/dev/null; done) &

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Dense → MoH continue-tuning on Fashion-MNIST (the embedded dataset), on this machine's CPU (issue 35, docs/CONTINUE.md):
+# Dense → MoH continue-tuning on Fashion-MNIST (the embedded dataset), on this machine (docs/CONTINUE.md):
 #   classifier: a dense ViT-Nano trained by configs/fashion_mnist/mha_vit_nano.yaml is converted into MoH-ViT-Nano-75
 #   (router learned | query_norm × shared heads first | importance | learned) and evaluated right after conversion,
 #   after continue-tuning for 10 % and 25 % of the dense run's steps, beside the dense model and MoH-ViT-Nano-75 trained
@@ -35,10 +35,15 @@ if [ -n "$DENSE_STEPS" ] && { [ -n "$ROUTERS" ] || [ "$SCRATCH" != 1 ] || ! [ "$
   exit 2
 fi
 mkdir -p "$OUT" "$RUNS"
-echo "protocol: seeds $SEEDS; training images ${LIMIT/#0/all}; parts $PARTS; routers $ROUTERS; shared heads $CHOICES; classifier $CLS_EPOCHS epochs," \
+# One protocol file per job: jobs run side by side (one per seed, or per part) write into the same OUT.
+JOB=${JOB:-seeds_${SEEDS// /-}_parts_${PARTS// /-}_routers_${ROUTERS// /-}}
+LIBTORCH=$("$MOH" --version | sed -n 2p)
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then MACHINE=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1)
+else MACHINE=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); fi
+echo "protocol: $MACHINE, $LIBTORCH; seeds $SEEDS; training images ${LIMIT/#0/all}; parts $PARTS; routers $ROUTERS; shared heads $CHOICES; classifier $CLS_EPOCHS epochs," \
   "DiT $DIT_EPOCHS epochs; FID on $SAMPLES samples with ${FEATURE_RUN:-the dense classifier of each seed} as the feature network;" \
   "precision $PRECISION${DENSE_STEPS:+; from-scratch DiT only, for 125 % of the $DENSE_STEPS steps of a dense DiT trained elsewhere}" |
-  tee "$OUT/protocol.txt"
+  tee "$OUT/protocol_$JOB.txt"
 ROWS=$OUT/rows.jsonl
 touch "$ROWS"
 
@@ -165,9 +170,14 @@ evaluate_dit() {  # evaluate_dit RUN WHAT EXTRA_STEPS SEED
     --out "$run/samples" >/dev/null
   "$MOH" fid --samples "$run/samples/samples.npz" --ref "$(stats "$4")" --features "classifier:$feat" \
     --out "$run/fid" >/dev/null
-  python3 - "$1" "$2" "$3" "$4" "$run" >>"$ROWS" <<'PY'
-import json, sys
-name, what, extra, seed, run = sys.argv[1:]
+  # Provenance of the row: machine and LibTorch, the dense parent's weights (its run's latest model file), the feature
+  # network and the reference statistics by SHA-256, the sample count and the sampler.
+  local parent=""
+  [ "$2" = dense ] || [ "$2" = scratch ] || parent=$RUNS/dit_dense_s$4/checkpoints/$(cat "$RUNS/dit_dense_s$4/checkpoints/latest" 2>/dev/null)/model.safetensors
+  python3 - "$1" "$2" "$3" "$4" "$run" "$MACHINE" "$LIBTORCH" "$parent" "$(stats "$4")" "$SAMPLES" >>"$ROWS" <<'PY'
+import hashlib, json, os, sys
+name, what, extra, seed, run, machine, libtorch, parent, ref, samples = sys.argv[1:]
+sha = lambda p: hashlib.sha256(open(p, "rb").read()).hexdigest() if p and os.path.isfile(p) else None
 rep = json.load(open(run + "/fid/report.json"))
 loss = None
 try:
@@ -177,7 +187,9 @@ except FileNotFoundError:
     pass
 print(json.dumps({"id": name, "part": "dit", "seed": int(seed), "what": what, "extra_steps": int(extra),
                   "fid": rep["metrics"]["fid"], "sample_acc": rep.get("sample_accuracy", {}).get("top1"),
-                  "final_loss": loss}))
+                  "final_loss": loss, "machine": machine, "libtorch": libtorch, "parent_sha256": sha(parent),
+                  "feature_sha256": rep.get("feature_net", {}).get("weights_sha256"), "reference_sha256": sha(ref),
+                  "samples": int(samples), "sampler": "ddim50, cfg 4"}))
 PY
 }
 for s in $SEEDS; do
