@@ -164,7 +164,8 @@ TEST(Samplers, EveryKindHasOneCompleteRecordAndPlansTheEvaluationsTheLoopMakes) 
     const GaussianDiffusion chain = sampling_chain(kind, 1000, "6");
     int64_t counted = 0, steps = 0;
     torch::manual_seed(2);
-    sample_loop(m, chain, torch::randn({2, 1, 8, 8}), labels, o, [&] { ++steps; }, &counted);
+    sample_loop(
+        m, chain, torch::randn({2, 1, 8, 8}), labels, o, [&] { ++steps; }, &counted);
     EXPECT_EQ(counted, planned_nfe(o, chain));
     EXPECT_EQ(steps, sampler_steps(o, chain));
     EXPECT_GT(counted, steps);  // the guided steps count twice
