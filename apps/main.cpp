@@ -207,6 +207,9 @@ int main(int argc, char** argv) {
   } catch (const moh::UserError& e) {
     if (speaks) std::cerr << e.what() << std::endl;
     return moh::kExitUserError;
+  } catch (const moh::RunStopped& e) {
+    if (speaks) std::cerr << "error: " << e.what() << std::endl;
+    return moh::kExitRuntime;
   } catch (const std::filesystem::filesystem_error& e) {
     // A path the user gave that cannot be used (not a directory, a link loop, no permission) is an input error; a
     // full or failing disk is a runtime failure.

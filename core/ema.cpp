@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
+#include <torch/version.h>
 
 namespace moh {
 
@@ -44,12 +45,28 @@ ModelEma::ModelEma(std::shared_ptr<torch::nn::Module> copy, double decay, bool w
   for (auto& p : module_->parameters()) p.set_requires_grad(false);
 }
 
-void ModelEma::update(const torch::nn::Module& model, int64_t step) {
+void ModelEma::update(const torch::nn::Module& model, int64_t step, const at::Tensor& taken) {
   if (paired_with_ != &model) {
     pair_tensors(*module_, model, ema_params_, model_params_, ema_buffers_, model_buffers_);
     paired_with_ = &model;
   }
-  update_lists(ema_params_, model_params_, ema_buffers_, model_buffers_, ema_decay_at(decay_, warmup_, step), impl_);
+  const double d = ema_decay_at(decay_, warmup_, step);
+  if (!taken.defined()) {
+    update_lists(ema_params_, model_params_, ema_buffers_, model_buffers_, d, impl_);
+    return;
+  }
+  // Masked on the device: decay d and weight 1 − d where the step was taken, 1 and 0 where it was skipped.
+  RECORD_USER_SCOPE("moh::ema");
+  torch::NoGradGuard ng;
+  const at::Tensor decay = 1.0 - taken * (1.0 - d), weight = taken * (1.0 - d);        // 0-dim, on the device
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)  // Tensor-scalar foreach ops
+  at::_foreach_mul_(ema_params_, decay);
+  at::_foreach_add_(ema_params_, at::_foreach_mul(model_params_, weight));
+#else
+  for (size_t i = 0; i < ema_params_.size(); ++i) ema_params_[i].mul_(decay).add_(model_params_[i] * weight);
+#endif
+  for (size_t i = 0; i < ema_buffers_.size(); ++i)
+    ema_buffers_[i].copy_(at::where(taken > 0, model_buffers_[i], ema_buffers_[i]));
 }
 
 }  // namespace moh

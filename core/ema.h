@@ -33,8 +33,9 @@ class ModelEma {
   const std::shared_ptr<torch::nn::Module>& ptr() const { return module_; }
   /// ema ← model (DiT and timm start the average as a copy).
   void copy_from(const torch::nn::Module& model) { ema_update(*module_, model, 0.0); }
-  /// The update after optimizer step `step` (0-based).
-  void update(const torch::nn::Module& model, int64_t step);
+  /// The update after optimizer step `step` (0-based). `taken` (a 0-dim float on the device, 1 or 0): the update
+  /// is masked there — a step skipped on the device leaves the EMA as it was.
+  void update(const torch::nn::Module& model, int64_t step, const at::Tensor& taken = {});
 
  private:
   std::shared_ptr<torch::nn::Module> module_;

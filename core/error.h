@@ -25,6 +25,13 @@ class UserError : public std::runtime_error {
   std::string what_, why_, hint_;
 };
 
+/// A runtime failure every rank of a run meets alike (a diverged run, a full disk): exit 1 with one line, said once
+/// by each machine's first rank (as an input error is), not once per rank.
+class RunStopped : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 /// Formats the single error line `error: <what>: <why> (<hint>)`.
 std::string format_error_line(const std::string& what, const std::string& why, const std::string& hint);
 

@@ -256,6 +256,9 @@ struct TrainConfig {
   int64_t max_steps = 0;       ///< stop after this many optimizer steps (0 = run all epochs)
   bool deterministic = false;  ///< deterministic kernels (CUDA: bit-identical reruns and resumes)
   GradCheckpoint grad_checkpoint = GradCheckpoint::none;
+  int64_t max_nonfinite_steps = 10;  ///< non-finite steps in a row that end the run (0 = skip them, never stop)
+  int64_t keep_last = 0;             ///< checkpoints kept besides best and milestones (0 = all)
+  int64_t keep_every_steps = 0;      ///< checkpoints at multiples of this step kept forever (0 = none)
 
   template <class V>
   void visit(V& v) {
@@ -282,6 +285,13 @@ struct TrainConfig {
             "deterministic kernels only (torch.use_deterministic_algorithms; CUBLAS_WORKSPACE_CONFIG=:4096:8): "
             "on a GPU, reruns and resumed runs equal uninterrupted ones bit for bit, at some speed; CPU runs are "
             "deterministic without it");
+    v.field("max_nonfinite_steps", max_nonfinite_steps,
+            "steps with a non-finite loss or gradient (skipped, as an fp16 overflow) in a row that end the run with "
+            "exit 1, naming the last finite checkpoint; 0 = keep skipping");
+    v.field("keep_last", keep_last,
+            "keep only the newest N checkpoints (besides the best one and the milestones); 0 = keep every one");
+    v.field("keep_every_steps", keep_every_steps,
+            "keep the checkpoints whose step is a multiple of N forever (milestones); 0 = none");
     v.field("grad_checkpoint", grad_checkpoint,
             "activation checkpointing: none, or blocks (each block's activations recomputed in the backward pass: "
             "less memory, larger batches, about 1/3 more compute; gradients unchanged)");

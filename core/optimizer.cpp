@@ -93,24 +93,25 @@ void foreach_update(Bucket& b, const torch::optim::AdamWOptions& o, int64_t step
   at::_foreach_addcdiv_(b.params, b.exp_avgs, denom, -o.lr() / bias1);
 }
 
-void fused_update(Bucket& b, const torch::optim::AdamWOptions& o, int64_t step) {
+void fused_update(Bucket& b, const torch::optim::AdamWOptions& o, int64_t step, const at::Tensor& found_inf) {
 #if defined(MOH_HAS_FUSED_ADAMW)
   // The kernel reads the step count from a tensor on the parameters' device: a fill, not a copy from the host.
   const at::Tensor t = at::full({}, static_cast<double>(step), b.params[0].options().dtype(at::kFloat));
   const std::vector<at::Tensor> steps(b.params.size(), t);
   at::_fused_adamw_(b.params, b.grads, b.exp_avgs, b.exp_avg_sqs, {}, steps, o.lr(), std::get<0>(o.betas()),
                     std::get<1>(o.betas()), o.weight_decay(), o.eps(), /*amsgrad=*/false, /*maximize=*/false,
-                    c10::nullopt, c10::nullopt);
+                    c10::nullopt, found_inf.defined() ? c10::optional<at::Tensor>(found_inf) : c10::nullopt);
 #else
-  (void)b, (void)o, (void)step;
+  (void)b, (void)o, (void)step, (void)found_inf;
   throw std::logic_error("fused AdamW requested from a LibTorch without _fused_adamw_");
 #endif
 }
 
 }  // namespace
 
-void adamw_step(torch::optim::AdamW& optimizer, OptimImpl impl) {
+void adamw_step(torch::optim::AdamW& optimizer, OptimImpl impl, const at::Tensor& found_inf) {
   RECORD_USER_SCOPE("moh::optimizer");
+  TORCH_CHECK(!found_inf.defined() || impl == OptimImpl::fused, "adamw_step: a device-side skip needs fused AdamW");
   if (impl == OptimImpl::for_loop) {
     optimizer.step();
     return;
@@ -121,11 +122,20 @@ void adamw_step(torch::optim::AdamW& optimizer, OptimImpl impl) {
     TORCH_CHECK(!options.amsgrad(), "adamw_step: AMSGrad is not supported");
     for (auto& [step, bucket] : gather(optimizer, group)) {
       if (impl == OptimImpl::fused)
-        fused_update(bucket, options, step);
+        fused_update(bucket, options, step, found_inf);
       else
         foreach_update(bucket, options, step);
     }
   }
+}
+
+void adamw_unstep(torch::optim::AdamW& optimizer, const std::vector<at::Tensor>& params) {
+  auto& state = optimizer.state();
+  for (const auto& p : params)
+    if (auto it = state.find(optimizer_state_key(state, p)); it != state.end()) {
+      auto& s = static_cast<torch::optim::AdamWParamState&>(*it->second);
+      s.step(s.step() - 1);
+    }
 }
 
 at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm, OptimImpl impl) {

@@ -46,7 +46,13 @@ OptimImpl resolve_optim_impl(OptimImpl requested, const c10::Device& device);
 /// One AdamW step (torch::optim::AdamW: p ← p·(1 − lr·wd); m, v moments; p ← p − lr/(1 − β1^t) · m / (√v/√(1 − β2^t)
 /// + ε)) over every parameter that has a gradient, with each group's current options. `impl` is resolved (not
 /// automatic). State is created on a parameter's first step as torch::optim::AdamW creates it. No AMSGrad.
-void adamw_step(torch::optim::AdamW& optimizer, OptimImpl impl);
+/// `found_inf` (fused only; a 0-dim float on the device, 1 = skip): the step is skipped on the device, parameters and
+/// moments untouched, without the host knowing; the host's step counts still advanced (adamw_unstep takes it back
+/// once the host learns of it).
+void adamw_step(torch::optim::AdamW& optimizer, OptimImpl impl, const at::Tensor& found_inf = {});
+
+/// Takes back one step of the state counts of `params` (a step skipped on the device, learned of later).
+void adamw_unstep(torch::optim::AdamW& optimizer, const std::vector<at::Tensor>& params);
 
 /// Scales the gradients of `params` so that their global L2 norm is at most `max_norm` (torch.nn.utils.
 /// clip_grad_norm_: coefficient min(1, max_norm / (norm + 1e-6))). for_loop is LibTorch's clip_grad_norm_ (which

@@ -19,7 +19,9 @@
 #include "core/interrupt.h"
 #include "core/optimizer.h"
 #include "core/progress.h"
+#include "core/retention.h"
 #include "core/sha256.h"
+#include "core/step_guard.h"
 
 namespace moh {
 
@@ -149,7 +151,12 @@ class TrainLoop {
   void start_writing();
   void run_epoch(int64_t epoch);
   void run_step(at::Tensor x, at::Tensor y, int64_t epoch, int64_t batch, int64_t steps_per_epoch);
-  void add_to_window(const LossTensors& losses, int64_t images, int64_t classes, bool took);
+  bool optimize_on_host(const at::Tensor& finite);
+  bool optimize_on_device(const at::Tensor& finite);
+  void resolve_pending();
+  void count_outcome(bool finite, int64_t batch);
+  [[noreturn]] void report_divergence();
+  void add_to_window(const LossTensors& losses, const at::Tensor& finite, int64_t images, int64_t classes, bool took);
   void log_window(int64_t epoch);
   void end_epoch(int64_t epoch);
   std::string save();
@@ -177,8 +184,17 @@ class TrainLoop {
   MetricsWriter metrics_;
   std::unique_ptr<ConsoleLog> console_;  // the run's log.txt mirrors what rank 0 prints from start_writing on
   std::unique_ptr<Progress> progress_;
-  LossTensors window_;  // losses of the logging window, summed on the device
+  LossTensors window_;        // losses of the logging window's finite steps, summed on the device
+  at::Tensor window_finite_;  // how many of the window's steps were finite (on the device)
   int64_t window_steps_ = 0, window_images_ = 0, window_skipped_ = 0, window_classes_ = 0;
+  // The non-finite guard (core/step_guard.h): with fused AdamW the skip happens on the device and the host learns of
+  // it one step later (pending_); otherwise the host reads each step's flag before the optimizer.
+  bool device_skip_ = false;
+  DeferredFlag pending_;
+  std::vector<at::Tensor> pending_params_;        // the parameters the pending step stepped (their counts come back)
+  int64_t pending_batch_ = 0, batch_of_run_ = 0;  // batches of the run so far (what the divergence line names)
+  std::unique_ptr<NonFiniteRun> nonfinite_;
+  bool diverged_ = false;
   Clock::time_point window_start_;
   double lr_ = 0;
   std::string status_;  // the bar's "loss=… lr=…", refreshed at each metrics line
@@ -232,6 +248,8 @@ void TrainLoop::build_model_and_optimizer() {
   model_->to(ctx_.device);
   optimizer_ = make_optimizer(cfg_, *model_, *task_);
   optim_impl_ = resolve_optim_impl(cfg_.optim.impl, ctx_.device);
+  device_skip_ = optim_impl_ == OptimImpl::fused && ctx_.precision != Precision::fp16;  // fp16: the scaler reads anyway
+  nonfinite_ = std::make_unique<NonFiniteRun>(cfg_.train.max_nonfinite_steps);
   scaler_ = std::make_unique<GradScaler>(ctx_.precision);
   if (cfg_.train.ema_decay > 0) {
     ema_ = std::make_unique<ModelEma>(task_->build_model(), cfg_.train.ema_decay, cfg_.train.ema_warmup, optim_impl_);
@@ -283,6 +301,12 @@ void TrainLoop::start_writing() {
     std::cerr << "[" << utc_timestamp() << "] moh train " << cfg_.name << "\n";
     if (resume_)
       std::cerr << "resuming " << resume_->dir << " at epoch " << state_.epoch << ", step " << state_.step << "\n";
+    if (const std::string mark = run_dir_ + "/diverged.json"; resume_ && fs::exists(mark)) {
+      std::cerr << "note: the run stopped diverged ("
+                << nlohmann::json::parse(read_file(mark)).value("streak", std::string("?"))
+                << "): resuming from its last finite checkpoint, " << resume_->dir << "\n";
+      fs::remove(mark);
+    }
     if (!config_changes_.empty()) std::cerr << config_changes_ << "\n";
     if (ctx_.restart > 0) {  // logged where the curves are, so a plot of the run shows where it was restarted
       std::cerr << "restart " << ctx_.restart << " of at most " << ctx_.max_restarts
@@ -315,6 +339,7 @@ LoopResult TrainLoop::run() {
   // Ctrl-C / SIGTERM: every rank learns of a request at the same step (a collective), and all stop there together.
   const StopOnSignal stop_on_signal(/*quiet=*/!group_->is_main());
   for (int64_t epoch = state_.epoch; epoch < cfg_.train.epochs && !stop_; ++epoch) run_epoch(epoch);
+  if (diverged_) report_divergence();
   if (interrupted_) result_.stop_signal = StopOnSignal::requested() != 0 ? StopOnSignal::requested() : SIGINT;
   result_.steps = state_.step;
   result_.best_metric = state_.best_metric;
@@ -343,6 +368,7 @@ void TrainLoop::run_epoch(int64_t epoch) {
   int64_t batches_done = steps_per_epoch;  // where in this epoch a stop on a signal leaves it
   for (int64_t b = first_batch; next_batch(); ++b) {
     run_step(std::move(x), std::move(y), epoch, b, steps_per_epoch);
+    if (diverged_) break;
     if (cfg_.train.max_steps > 0 && state_.step >= cfg_.train.max_steps) {
       stop_ = true;
       break;
@@ -355,7 +381,9 @@ void TrainLoop::run_epoch(int64_t epoch) {
   }
   if (window_steps_ > 0) log_window(epoch);  // every run with a step has a metrics line, and the summary its loss
   progress_->end_line();
-  if (interrupted_) {  // resume continues at batch b + 1 of this epoch (its end-of-epoch work still to come)
+  if (diverged_) return;  // no evaluation, no checkpoint: run() says where the last finite one is
+  if (interrupted_) {     // resume continues at batch b + 1 of this epoch (its end-of-epoch work still to come)
+    resolve_pending();
     state_.epoch = epoch;
     state_.batch = batches_done;
     result_.checkpoint = save();
@@ -365,45 +393,106 @@ void TrainLoop::run_epoch(int64_t epoch) {
   end_epoch(epoch);
 }
 
-// One batch: the learning rate at this point, the task's forward/backward, gradient averaging and the optimizer
-// step. EMA, schedule and step counter advance only when the step was taken (an fp16 overflow skips it), as
-// guided-diffusion's run_step.
+// One batch: the task's forward/backward, gradient averaging, the non-finite guard, the learning rate at this point
+// and the optimizer step. EMA, schedule and step counter advance only when the step was taken (a non-finite loss or
+// gradient, or an fp16 overflow, skips it), as guided-diffusion's run_step.
 void TrainLoop::run_step(at::Tensor x, at::Tensor y, int64_t epoch, int64_t b, int64_t steps_per_epoch) {
-  lr_ = step_learning_rate(cfg_, epoch, b, state_.skipped, steps_per_epoch);
-  for (auto& g : optimizer_->param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr_);
   const int64_t images = x.size(0) * ctx_.world;
   // Distinct classes in this rank's batch (hard labels only): a class-sorted data stream shows here at once.
   const int64_t classes = y.dim() == 1 && !y.is_floating_point() ? std::get<0>(at::_unique(y)).size(0) : 0;
   const LossTensors losses = task_->backward(*model_, std::move(x), std::move(y), {epoch, b, state_.step}, *scaler_);
   group_->average_gradients(model_->parameters());  // no-op on one process
-  const bool took =
-      complete_optimizer_step(*optimizer_, *model_, *scaler_, cfg_.optim.clip_grad, optim_impl_, ema_.get(), state_);
-  add_to_window(losses, images, classes, took);
+  resolve_pending();  // the previous step's flag, read now that this step's work is queued
+  if (stop_) return optimizer_->zero_grad();
+  lr_ = step_learning_rate(cfg_, epoch, b, state_.skipped, steps_per_epoch);
+  for (auto& g : optimizer_->param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr_);
+  // Checked after the average: every rank sees the same gradients, so every rank decides alike. Under fp16 the
+  // scaled gradients overflow by design; the scaler judges them and the guard the loss alone.
+  const at::Tensor finite = finite_flag(
+      losses.front().second, ctx_.precision == Precision::fp16 ? std::vector<at::Tensor>{} : model_->parameters());
+  batch_of_run_ = epoch * steps_per_epoch + b;
+  const bool took = device_skip_ ? optimize_on_device(finite) : optimize_on_host(finite);
+  add_to_window(losses, finite, images, classes, took);
   progress_->advance(1, status_);
   if (took && state_.step % cfg_.train.log_every_steps == 0) log_window(epoch);
 }
 
-void TrainLoop::add_to_window(const LossTensors& losses, int64_t images, int64_t classes, bool took) {
-  if (window_.empty()) {
-    for (const auto& [name, v] : losses) window_.emplace_back(name, v.detach().to(at::kDouble));
+// The host reads the step's flag (free on a CPU; the fp16 scaler reads its own), then steps or skips.
+bool TrainLoop::optimize_on_host(const at::Tensor& finite) {
+  const bool ok = finite.item<float>() > 0;
+  bool took = false;
+  if (ok) {
+    took =
+        complete_optimizer_step(*optimizer_, *model_, *scaler_, cfg_.optim.clip_grad, optim_impl_, ema_.get(), state_);
   } else {
-    for (size_t i = 0; i < window_.size(); ++i) window_[i].second = window_[i].second + losses[i].second.detach();
+    optimizer_->zero_grad();
+    ++state_.skipped;
   }
+  count_outcome(ok, batch_of_run_);
+  return took;
+}
+
+// Fused AdamW skips on the device when the flag says so (its found_inf) and the EMA update is masked there; the host
+// counts the step as taken until resolve_pending() learns otherwise.
+bool TrainLoop::optimize_on_device(const at::Tensor& finite) {
+  pending_params_.clear();
+  for (const auto& p : model_->parameters())
+    if (p.grad().defined()) pending_params_.push_back(p);
+  if (cfg_.optim.clip_grad > 0) clip_grad_norm(pending_params_, cfg_.optim.clip_grad, optim_impl_);
+  adamw_step(*optimizer_, optim_impl_, 1.0 - finite);
+  optimizer_->zero_grad();
+  if (ema_) ema_->update(*model_, state_.step, finite);
+  ++state_.step;
+  pending_batch_ = batch_of_run_;
+  pending_.put(finite);
+  return true;
+}
+
+void TrainLoop::resolve_pending() {
+  if (!pending_.pending()) return;
+  const bool ok = pending_.take() > 0;
+  if (!ok) {
+    --state_.step;
+    ++state_.skipped, ++window_skipped_;
+    adamw_unstep(*optimizer_, pending_params_);
+  }
+  count_outcome(ok, pending_batch_);
+}
+
+// A non-finite step counted; too many in a row end the run (the message is raised once the loop has stopped).
+void TrainLoop::count_outcome(bool finite, int64_t batch) {
+  if (nonfinite_->record(finite, batch)) stop_ = diverged_ = true;
+}
+
+void TrainLoop::add_to_window(const LossTensors& losses, const at::Tensor& finite, int64_t images, int64_t classes,
+                              bool took) {
+  const at::Tensor keep = finite.to(at::kDouble) > 0;  // a skipped step's (non-finite) losses stay out of the means
+  if (window_.empty()) {
+    for (const auto& [name, v] : losses) window_.emplace_back(name, at::zeros({}, v.options().dtype(at::kDouble)));
+    window_finite_ = at::zeros({}, finite.options().dtype(at::kDouble));
+  }
+  for (size_t i = 0; i < window_.size(); ++i)
+    window_[i].second = window_[i].second + at::where(keep, losses[i].second.detach().to(at::kDouble), 0.0);
+  window_finite_ = window_finite_ + keep.to(at::kDouble);
   ++window_steps_, window_images_ += images, window_skipped_ += took ? 0 : 1, window_classes_ += classes;
 }
 
 // The metrics line of the window so far (every log_every_steps steps, and the partial window at an epoch's end):
 // the only place the losses are read from the device.
 void TrainLoop::log_window(int64_t epoch) {
+  resolve_pending();
   const double secs = seconds_since(window_start_);
   std::vector<at::Tensor> parts;
-  for (const auto& [name, v] : window_) parts.push_back(v.reshape({1}));
+  for (const auto& [name, v] : window_) parts.push_back(v.reshape({1}).to(window_finite_.device()));
+  parts.push_back(window_finite_.reshape({1}));
   const at::Tensor host = at::cat(parts).to(at::kCPU, at::kDouble).contiguous();
   std::vector<double> sums(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
   sums = group_->sum(sums);
+  const double finite_steps = sums.back();  // summed over the ranks, like the losses
   result_.losses.clear();
   for (size_t i = 0; i < window_.size(); ++i)
-    result_.losses.emplace_back(window_[i].first, sums[i] / group_->world() / static_cast<double>(window_steps_));
+    result_.losses.emplace_back(window_[i].first,
+                                finite_steps > 0 ? sums[i] / finite_steps : std::numeric_limits<double>::quiet_NaN());
   nlohmann::json line{
       {"step", state_.step}, {"epoch", epoch}, {"lr", lr_}, {"img_per_s", window_images_ / std::max(secs, 1e-9)}};
   for (const auto& [k, v] : result_.losses) line[k] = v;
@@ -413,12 +502,15 @@ void TrainLoop::log_window(int64_t epoch) {
   char status[96];
   std::snprintf(status, sizeof status, "loss=%.4f lr=%.2e", scalar(result_.losses, "loss"), lr_);
   status_ = status;
-  window_.clear(), window_steps_ = window_images_ = window_skipped_ = window_classes_ = 0;
+  window_.clear(), window_finite_ = at::Tensor();
+  window_steps_ = window_images_ = window_skipped_ = window_classes_ = 0;
   window_start_ = Clock::now();
 }
 
 // The end of an epoch: evaluation (model and EMA) at the cadence, the best pointer, the checkpoint.
 void TrainLoop::end_epoch(int64_t epoch) {
+  resolve_pending();
+  if (diverged_) return;
   const bool last = stop_ || epoch + 1 == cfg_.train.epochs;
   state_.epoch = epoch + 1;
   state_.batch = 0;
@@ -435,7 +527,7 @@ void TrainLoop::end_epoch(int64_t epoch) {
         for (const auto& [k, v] : result_.final_eval_ema) line[k + "_ema"] = v;
       }
       if (group_->is_main()) std::cerr << task_->eval_message(epoch, ev, result_.final_eval_ema) << "\n";
-      best = ev.front().second > state_.best_metric;
+      best = std::isfinite(ev.front().second) && ev.front().second > state_.best_metric;  // NaN is never best
       if (best) state_.best_metric = ev.front().second;
     }
     if (nlohmann::json load = head_load_shares(); !load.is_null()) line["head_load"] = std::move(load);
@@ -473,13 +565,47 @@ nlohmann::json TrainLoop::head_load_shares() {
 }
 
 // Every rank takes part (the per-rank generator gather is a collective); rank 0 writes, atomically.
+// Every rank takes part (the per-rank generator gather is a collective); rank 0 writes, atomically, after checking
+// that every tensor is finite (a non-finite checkpoint is never written, so `latest` and `best` never point at one)
+// and that the disk has room; then older checkpoints go as train.keep_last / keep_every_steps say.
 std::string TrainLoop::save() {
+  const TensorMap model = module_tensor_views(*model_), optim = optimizer_tensors(*optimizer_, *model_),
+                  ema = ema_ ? module_tensor_views(ema_->module()) : TensorMap{};
+  std::vector<at::Tensor> all;
+  int64_t bytes = 0;
+  for (const TensorMap* m : {&model, &optim, &ema})
+    for (const auto& [k, t] : *m) all.push_back(t), bytes += static_cast<int64_t>(t.nbytes());
+  if (!all_finite(all)) {  // the same weights on every rank: every rank stops here alike
+    nonfinite_->record(false, batch_of_run_);
+    stop_ = diverged_ = true;
+    report_divergence();
+  }
+  const std::string room = group_->is_main() ? disk_room_problem(run_dir_ + "/checkpoints", bytes) : "";
+  if (group_->sum({room.empty() ? 0.0 : 1.0})[0] > 0)
+    throw RunStopped("checkpoint at step " + std::to_string(state_.step) + ": " +
+                     (room.empty() ? "rank 0 found the disk full" : room) +
+                     " (free space, or keep fewer checkpoints: train.keep_last; every earlier checkpoint is intact)");
   TensorMap rng = dist::gather_rng_states(*group_, ctx_.device, per_rank_);
   rng["amp_scaler"] = scaler_->state();
   if (!group_->is_main()) return "";
   // Views of the live tensors, streamed to disk one at a time (an XL/2 state is ~11 GB).
-  return save_checkpoint(run_dir_, state_, module_tensor_views(*model_), optimizer_tensors(*optimizer_, *model_),
-                         config_yaml_, rng, ema_ ? module_tensor_views(ema_->module()) : TensorMap{});
+  const std::string dir = save_checkpoint(run_dir_, state_, model, optim, config_yaml_, rng, ema);
+  prune_checkpoints(run_dir_, cfg_.train.keep_last, cfg_.train.keep_every_steps);
+  return dir;
+}
+
+// The one line of a run that gave up: the non-finite steps, the last finite checkpoint (what --resume auto takes up),
+// and what to change; the run directory remembers it for that resume.
+void TrainLoop::report_divergence() {
+  const std::optional<std::string> last = latest_checkpoint(run_dir_);
+  const std::string where = last ? *last : "none yet";
+  if (group_->is_main())
+    write_file_atomic(
+        run_dir_ + "/diverged.json",
+        nlohmann::json{{"streak", nonfinite_->streak()}, {"last_finite_checkpoint", where}}.dump() + "\n");
+  throw RunStopped("training diverged: " + nonfinite_->streak() + " at optimizer step " + std::to_string(state_.step) +
+                   " (last finite checkpoint: " + where +
+                   "; lower optim.lr or raise optim.clip_grad, then --resume auto continues from it)");
 }
 
 bool TrainLoop::stop_requested() {

@@ -9,11 +9,14 @@
 #include <limits>
 #include <map>
 #include <random>
+#include <set>
 
 #include "core/atomic_io.h"
 #include "core/checkpoint.h"
 #include "core/error.h"
 #include "core/interrupt.h"
+#include "core/optimizer.h"
+#include "core/retention.h"
 #include "core/train_loop.h"
 #include "tests/test_util.h"
 
@@ -23,15 +26,17 @@ namespace {
 // y = x · w* on 64 fixed samples, batches of `batch` in an order drawn from (epoch), from batch `start` on.
 class Batches : public BatchStream {
  public:
-  Batches(at::Tensor x, at::Tensor y, int64_t batch, int64_t epoch, int64_t start)
-      : x_(std::move(x)), y_(std::move(y)), batch_(batch), served_(start) {
+  Batches(at::Tensor x, at::Tensor y, int64_t batch, int64_t epoch, int64_t start, int64_t drop = -1)
+      : x_(std::move(x)), y_(std::move(y)), batch_(batch), served_(start), drop_(drop) {
     at::Generator g = at::detail::createCPUGenerator(100 + static_cast<uint64_t>(epoch));
     order_ = at::randperm(x_.size(0), g, at::kLong);
   }
-  int64_t num_batches() const override { return x_.size(0) / batch_; }
+  int64_t num_batches() const override { return x_.size(0) / batch_ - (drop_ >= 0 ? 1 : 0); }
   bool next(at::Tensor& x, at::Tensor& y) override {
     if (served_ >= num_batches()) return false;
-    const at::Tensor idx = order_.narrow(0, served_++ * batch_, batch_);
+    const int64_t b = drop_ >= 0 && served_ >= drop_ ? served_ + 1 : served_;  // the dropped batch is not served
+    ++served_;
+    const at::Tensor idx = order_.narrow(0, b * batch_, batch_);
     x = x_.index_select(0, idx);
     y = y_.index_select(0, idx);
     return true;
@@ -39,7 +44,7 @@ class Batches : public BatchStream {
 
  private:
   at::Tensor x_, y_, order_;
-  int64_t batch_, served_ = 0;
+  int64_t batch_, served_ = 0, drop_ = -1;
 };
 
 class ToyTask : public TrainTask {
@@ -53,7 +58,7 @@ class ToyTask : public TrainTask {
   std::string describe() const override { return "toy linear"; }
   bool per_rank_rng() const override { return true; }
   std::unique_ptr<BatchStream> train_batches(int64_t epoch, int, int, int64_t start) const override {
-    return std::make_unique<Batches>(x_, y_, 16, epoch, start);
+    return std::make_unique<Batches>(x_, y_, 16, epoch, start, epoch == drop_epoch ? drop_batch : -1);
   }
   int64_t train_examples() const override { return x_.size(0); }
   LossTensors backward(torch::nn::Module& model, at::Tensor x, at::Tensor y, const StepInfo& at,
@@ -61,7 +66,9 @@ class ToyTask : public TrainTask {
     if (at.step == signal_at_step) std::raise(SIGINT);  // Ctrl-C during this step (the loop's handler takes it)
     auto& lin = dynamic_cast<torch::nn::LinearImpl&>(model);
     x = x.to(lin.weight.device()), y = y.to(lin.weight.device());  // MOH_TEST_DEVICE: the model may be on a GPU
-    const at::Tensor noise = 0.01 * at::randn_like(x);  // a draw from the generator the loop saves and restores
+    if (at.epoch == nan_epoch && at.batch == nan_batch) x = x * std::numeric_limits<float>::quiet_NaN();
+    // a draw from the generator the loop saves and restores (left out where runs must match batch for batch)
+    const at::Tensor noise = noise_ ? 0.01 * at::randn_like(x) : at::zeros_like(x);
     at::Tensor loss = (lin.forward(x + noise) - y).pow(2).mean();
     scaler.scale(loss).backward();
     return {{"loss", loss.detach()}, {"half", loss.detach() / 2}};
@@ -77,6 +84,9 @@ class ToyTask : public TrainTask {
   }
 
   int64_t signal_at_step = -1;
+  int64_t nan_epoch = -1, nan_batch = -1;    // this batch's input is NaN (a non-finite loss and gradients)
+  int64_t drop_epoch = -1, drop_batch = -1;  // this batch is not in the data at all
+  bool noise_ = true;
 
  private:
   at::Tensor x_, y_;
@@ -90,6 +100,16 @@ optim: {lr: 1.0e-2, weight_decay: 0.0}
 schedule: {kind: cosine, unit: step, warmup_epochs: 1, min_lr: 1.0e-4}
 train: {epochs: 3, log_every_steps: 3, seed: 11, )" +
                                                  test::train_device_keys() + ", " + train + "}\n"));
+}
+
+// A run of the toy task set up by `setup` (NaN or dropped batches, no noise).
+LoopResult run_with(const ExperimentConfig& cfg, const std::string& dir, const std::function<void(ToyTask&)>& setup,
+                    const std::string& resume = "") {
+  return run_training(cfg, {dir, resume}, [&](const RunContext&) {
+    auto task = std::make_unique<ToyTask>();
+    setup(*task);
+    return task;
+  });
 }
 
 LoopResult run(const ExperimentConfig& cfg, const std::string& dir, const std::string& resume = "",
@@ -252,6 +272,96 @@ TEST(TrainLoop, SkippedStepsAdvanceNeitherEmaNorScheduleNorCounter) {
   EXPECT_FALSE(same(snapshot(ema.module()), e0));
   EXPECT_EQ(state.step, 8);
   EXPECT_EQ(state.skipped, 1);
+}
+
+// The non-finite guard: a batch whose loss and gradients are NaN is skipped — the run ends with exactly the weights,
+// EMA and evaluations of a run whose data never held that batch (constant learning rate, no noise draws: the two
+// runs then see the same updates), in host mode (the flag read before the optimizer) and, where fused AdamW exists,
+// in device mode (the skip made by the kernel, learned by the host a step later).
+TEST(TrainLoop, ANonFiniteBatchIsSkippedAsIfItWereNotThere) {
+  std::vector<std::string> impls{"foreach"};
+  if (fused_adamw_available(test::device())) impls.push_back("fused");
+  for (const std::string& impl : impls) {
+    SCOPED_TRACE(impl);
+    test::TempDir d;
+    ExperimentConfig cfg = toy_config(d, "ema_decay: 0.9");
+    cfg.train.epochs = 2;
+    cfg.schedule.kind = LrSchedule::constant;
+    cfg.optim.impl = config::enum_from_string<OptimImpl>(impl, "impl");
+    const LoopResult guarded =
+        run_with(cfg, d.file("nan"), [](ToyTask& t) { t.nan_epoch = 0, t.nan_batch = 2, t.noise_ = false; });
+    const LoopResult without =
+        run_with(cfg, d.file("drop"), [](ToyTask& t) { t.drop_epoch = 0, t.drop_batch = 2, t.noise_ = false; });
+    EXPECT_EQ(guarded.steps, 7);
+    EXPECT_EQ(without.steps, 7);
+    const Checkpoint a = load_checkpoint(d.file("nan")), b = load_checkpoint(d.file("drop"));
+    for (const auto& [k, v] : b.model) EXPECT_TRUE(torch::equal(a.model.at(k), v)) << k;
+    for (const auto& [k, v] : b.ema) EXPECT_TRUE(torch::equal(a.ema.at(k), v)) << k;
+    for (const auto& [k, v] : b.optimizer) EXPECT_TRUE(torch::equal(a.optimizer.at(k), v)) << k;
+    EXPECT_EQ(eval_lines(d.file("nan")), eval_lines(d.file("drop")));
+    const std::string m = read_file(d.file("nan") + "/metrics.jsonl");
+    EXPECT_NE(m.find("\"skipped_steps\":1"), std::string::npos) << m;
+    EXPECT_EQ(m.find("null"), std::string::npos) << "a skipped batch's NaN loss stays out of the logged means";
+  }
+}
+
+// Too many non-finite steps in a row end the run with one line naming them and the last finite checkpoint; nothing
+// non-finite was written; `--resume auto` (with a sane learning rate) continues from that checkpoint.
+TEST(TrainLoop, ADivergedRunStopsAndResumesFromItsLastFiniteCheckpoint) {
+  test::TempDir d;
+  ExperimentConfig cfg = toy_config(d, "max_nonfinite_steps: 3");
+  cfg.schedule.kind = LrSchedule::constant;
+  const std::string dir = d.file("run");
+  const auto quiet = [](ToyTask& t) { t.noise_ = false; };
+  ExperimentConfig first = cfg;
+  first.train.epochs = 1;  // a finite checkpoint at step 4
+  run_with(first, dir, quiet);
+  ExperimentConfig bad = cfg;
+  bad.optim.lr = 1e30;  // epoch 2's first step throws the weights to ~1e30; every loss after it overflows
+  std::string message;
+  try {
+    run_with(bad, dir, quiet, "auto");
+    ADD_FAILURE() << "a run whose every step is non-finite must stop";
+  } catch (const RunStopped& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("training diverged: non-finite loss or gradients in batches 6–8 of the run (3 in a row)"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("last finite checkpoint: " + dir + "/checkpoints/0000004"), std::string::npos) << message;
+  for (const auto& e : std::filesystem::directory_iterator(dir + "/checkpoints"))
+    if (e.is_directory())
+      for (const auto& [k, v] : load_checkpoint(e.path().string()).model)
+        EXPECT_TRUE(at::isfinite(v).all().item<bool>()) << e.path() << " " << k;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/diverged.json"));
+  const LoopResult resumed = run_with(cfg, dir, quiet, "auto");  // a sane learning rate again
+  EXPECT_EQ(resumed.steps, 12);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/diverged.json"));
+}
+
+// Retention: over a 12-checkpoint run, keep_last 3 and milestones every 4 steps keep exactly those, `best` besides;
+// a pass after an interrupted deletion (kill -9 between commit and delete) removes what is left; a checkpoint a
+// reader holds is kept until a later pass.
+TEST(Retention, KeepsTheNewestTheMilestonesAndBest) {
+  EXPECT_EQ(checkpoints_to_prune({1, 2, 3, 4, 5, 6, 7, 8}, 8, 2, 3, 4), (std::vector<int64_t>{1, 3, 5}));
+  EXPECT_EQ(checkpoints_to_prune({1, 2, 3}, 3, -1, 0, 0), std::vector<int64_t>{});  // keep_last 0: keep all
+  test::TempDir d;
+  ExperimentConfig cfg = toy_config(d, "keep_last: 3, keep_every_steps: 8");
+  cfg.train.epochs = 12;  // 4 steps an epoch, a checkpoint after each: steps 4, 8, ..., 48
+  run(cfg, d.file("run"));
+  std::set<std::string> left;
+  for (const auto& e : std::filesystem::directory_iterator(d.file("run") + "/checkpoints"))
+    if (e.is_directory()) left.insert(e.path().filename().string());
+  const std::string best = read_file(d.file("run") + "/checkpoints/best");
+  std::set<std::string> want{"0000008", "0000016", "0000024",        "0000032", "0000040",  // milestones
+                             "0000044", "0000048", best.substr(0, 7)};  // the newest 3 (40-48), best
+  EXPECT_EQ(left, want);
+  std::filesystem::create_directories(d.file("run") + "/checkpoints/0000005");  // left by a kill before its deletion
+  std::filesystem::create_directories(d.file("run") + "/checkpoints/0000006");
+  hold_checkpoint(d.file("run") + "/checkpoints/0000006");  // a moh sample reading it
+  prune_checkpoints(d.file("run"), 3, 8);
+  EXPECT_FALSE(std::filesystem::exists(d.file("run") + "/checkpoints/0000005"));
+  EXPECT_TRUE(std::filesystem::exists(d.file("run") + "/checkpoints/0000006"));
 }
 
 // A group whose backend lives on a device other than the host (the `meta` device stands in for a GPU: it holds no
