@@ -16,6 +16,7 @@
 #include "core/blas_core.h"
 #include "core/distributed.h"
 #include "core/error.h"
+#include "core/progress.h"
 #include "core/run_context.h"
 
 namespace moh::apps {
@@ -203,7 +204,9 @@ int main(int argc, char** argv) {
   try {
     moh::reexec_for_cpu(argv);  // Debian's LibTorch + OpenBLAS: before any OpenMP region or product runs
     moh::configure_cpu_threads();
-    return moh::apps::run(argc, argv);
+    const int code = moh::apps::run(argc, argv);
+    if (speaks) moh::print_notes();  // input notes a command did not print itself (its input was accepted)
+    return code;
   } catch (const moh::UserError& e) {
     if (speaks) std::cerr << e.what() << std::endl;
     return moh::kExitUserError;

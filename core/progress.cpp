@@ -191,4 +191,20 @@ ConsoleLog::~ConsoleLog() {
   std::cerr.rdbuf(tee_->original());
 }
 
+namespace {
+std::mutex g_notes_mu;
+std::vector<std::string> g_notes;
+}  // namespace
+
+void note_later(const std::string& line) {
+  std::lock_guard<std::mutex> lock(g_notes_mu);
+  g_notes.push_back(line);
+}
+
+void print_notes() {
+  std::lock_guard<std::mutex> lock(g_notes_mu);
+  for (const auto& l : g_notes) std::cerr << l << "\n";
+  g_notes.clear();
+}
+
 }  // namespace moh

@@ -71,4 +71,11 @@ class ConsoleLog {
 /// "2026-11-23T00:20:01.123Z".
 std::string utc_timestamp();
 
+/// Info and warning lines about the input that wait until every input check has passed (e.g. "train: 16 images
+/// decoded, 0 unreadable skipped"): a refused input then gets its one `error:` line and nothing else. print_notes()
+/// writes them to stderr (once every check has passed: a trainer when it starts writing, a command when its data are
+/// loaded) and forgets them.
+void note_later(const std::string& line);
+void print_notes();
+
 }  // namespace moh

@@ -299,6 +299,7 @@ void TrainLoop::start_writing() {
     metrics_ = start_run_dir(run_dir_, config_yaml_, resume_ ? std::optional<int64_t>(state_.step) : std::nullopt);
     console_ = std::make_unique<ConsoleLog>(run_dir_ + "/log.txt");
     std::cerr << "[" << utc_timestamp() << "] moh train " << cfg_.name << "\n";
+    print_notes();  // what the data loading had to say, now that every input is accepted
     if (resume_)
       std::cerr << "resuming " << resume_->dir << " at epoch " << state_.epoch << ", step " << state_.step << "\n";
     if (const std::string mark = run_dir_ + "/diverged.json"; resume_ && fs::exists(mark)) {

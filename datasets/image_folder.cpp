@@ -7,6 +7,7 @@
 
 #include "core/atomic_io.h"
 #include "core/error.h"
+#include "core/progress.h"
 #include "core/run_context.h"
 #include "datasets/image_decode.h"
 #include "datasets/loader.h"
@@ -100,8 +101,8 @@ ImageSet load_image_folder(const std::string& root, const std::string& split, in
 #else
   ImageFolderIndex idx = scan_image_folder(root, split);
   if (!idx.empty_classes.empty())
-    std::cerr << "warning: " << root << "/" << split << ": " << idx.empty_classes.size()
-              << " class folder(s) without images (kept as labels): " << join(idx.empty_classes) << "\n";
+    note_later("warning: " + root + "/" + split + ": " + std::to_string(idx.empty_classes.size()) +
+               " class folder(s) without images (kept as labels): " + join(idx.empty_classes));
   limit_image_folder(idx, limit, seed);
   const auto n = static_cast<int64_t>(idx.files.size());
   std::vector<DecodedImage> decoded(static_cast<size_t>(n));
@@ -128,8 +129,8 @@ ImageSet load_image_folder(const std::string& root, const std::string& split, in
         "data.root " + root,
         std::to_string(r.bad) + " of " + std::to_string(n) + " images are unreadable (" + join(r.bad_files) + ")",
         "above data.max_bad_fraction; fix or remove them");
-  std::cerr << root << "/" << split << ": " << r.decoded << " images decoded, " << r.bad << " unreadable skipped"
-            << (r.bad ? " (first: " + r.bad_files.front() + ")" : std::string()) << "\n";
+  note_later(root + "/" + split + ": " + std::to_string(r.decoded) + " images decoded, " + std::to_string(r.bad) +
+             " unreadable skipped" + (r.bad ? " (first: " + r.bad_files.front() + ")" : std::string()));
   // The decoded split lives in memory: refuse what cannot fit rather than fail half-way.
   const double bytes = static_cast<double>(r.decoded) * static_cast<double>(size) * static_cast<double>(size) *
                        static_cast<double>(channels == 1 ? 1 : 3);

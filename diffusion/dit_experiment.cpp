@@ -3,6 +3,7 @@
 #include "core/checkpoint.h"
 #include "core/error.h"
 #include "core/model_family.h"
+#include "core/retention.h"
 #include "core/run_context.h"
 #include "datasets/experiment_data.h"
 #include "diffusion/diffusion_schedule.h"
@@ -220,6 +221,7 @@ AutoencoderKL load_sampling_vae(const ExperimentConfig& cfg, const RunContext& c
 
 LoadedDiT load_dit_checkpoint(const std::string& path, bool prefer_ema) {
   auto [ckpt, cfg] = open_family_checkpoint(path, names_of(dit_variants()), "DiT", "pass a DiT run");
+  hold_checkpoint(ckpt.dir);  // a run pruning its checkpoints leaves this one alone while we read it
   LoadedDiT r;
   r.cfg = cfg;
   r.model = DiT(dit_options_for(r.cfg));

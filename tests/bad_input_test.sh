@@ -39,6 +39,9 @@ for f in $(find "$F/cut/train" -name '*.jpg' | sort | head -10); do head -c 300 
 cp -r "$F/tree" "$F/allcut"
 for f in $(find "$F/allcut/train" -name '*.jpg'); do head -c 300 "$f" >"$f.x" && mv "$f.x" "$f"; done
 cp -r "$F/tree" "$F/shift" && mkdir -p "$F/shift/val/00_a_extra"
+# a tree whose val split is all cut short (the training split loads first, fine)
+cp -r "$F/tree" "$F/valcut"
+for f in $(find "$F/valcut/val" -name '*.jpg'); do head -c 300 "$f" >"$f.x" && mv "$f.x" "$f"; done
 # a folder of sample images with one truncated PNG
 setup "$MOH" export-images --images fashion_mnist:test:8 --out "$F/pngs"
 mkdir -p "$F/samples" && find "$F/pngs" -name '*.png' -exec cp {} "$F/samples/" \;
@@ -204,6 +207,9 @@ bad "10 of 60 images are unreadable" -- train $NANO "${IMG[@]}" --set data.root=
 bad "unreadable images in an epoch of 60" -- train $NANO "${IMG[@]}" --set data.root="$F/allcut" --set data.loader=stream --set data.max_bad_fraction=0 --run-dir "$O/r"
 bad "train and val have different class folders" -- train $NANO "${IMG[@]}" --set data.root="$F/shift" --run-dir "$O/r"
 bad "has no 'train' folder" -- train $NANO "${IMG[@]}" --set data.root="$F/nothing" --run-dir "$O/r"
+# the training split's info line waits until every input is accepted: a refused run says one line
+bad "30 of 30 images are unreadable" -- train $NANO "${IMG[@]}" --set data.root="$F/valcut" --run-dir "$O/r"
+bad "the training data has labels up to 9" -- train $NANO "${IMG[@]}" --set data.root="$F/tree" --set model.num_classes=5 --run-dir "$O/r"
 bad "truncated PNG" -- fid --samples "$F/samples" --ref "$F/ref.npz" --features "classifier:$F/run"
 
 # 7. Evaluator inputs.

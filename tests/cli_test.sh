@@ -209,6 +209,13 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   expect 0 "top-1" -- eval --ckpt "$tmp/run" --set data.limit_val=64 --batch 32
   expect 2 "has no EMA weights" -- eval $NANO --set data.limit_val=64 --checkpoint "$tmp/run" --ema
   expect 0 '"steps":2' -- train $NANO "${TINY[@]}" --set train.precision=bf16 --run-dir "$tmp/run_bf16"
+  # A diverging run (optim.lr 1e6) stops itself: exit 1, one error line naming the non-finite batches, nothing
+  # non-finite written.
+  expect 1 'error: training diverged: non-finite loss or gradients in batches' -- train $NANO --set data.limit_train=512 \
+    --set data.batch_size=32 --set train.epochs=2 --set train.processes=1 --set optim.lr=1e6 --set train.precision=fp32 \
+    --run-dir "$tmp/run_diverged"
+  [ "$(grep -c '^error:' "$tmp/err")" = 1 ] && [ ! -e "$tmp/run_diverged/checkpoints/latest" ] &&
+    pass=$((pass + 1)) || { echo "FAIL: the diverged run: $(cat "$tmp/err")"; fails=$((fails + 1)); }
   # The ImageNet-style streaming ImageFolder path with the whole augmentation recipe, on PNG trees of Fashion-MNIST.
   expect 0 "wrote 96 images" -- export-images --images fashion_mnist:train:96 --out "$tmp/tree/train"
   expect 0 "wrote 48 images" -- export-images --images fashion_mnist:test:48 --out "$tmp/tree/val"

@@ -89,5 +89,14 @@ else bad "rank 0 after rank 1 died: exit $rc after ${took}s: $(tail -2 "$tmp/k0.
 [ "$(run "$tmp/l.log" -- launch --nproc 2 -- train $NANO --set optim.lr=-1 --run-dir "$tmp/l")" = 2 ] && \
   [ "$(grep -c '^error: ' "$tmp/l.log")" = 1 ] && ok "launch: a config error is one line, exit 2" || bad "launch bad config: $(cat "$tmp/l.log")"
 
+# A diverging run on 2 ranks (optim.lr 1e6): both ranks see the same averaged gradients, so both skip the same
+# steps and stop together at train.max_nonfinite_steps — exit 1 and one error line for the machine, not one per rank.
+V=(--set train.device=cpu --set data.limit_train=512 --set data.batch_size=32 --set train.epochs=2 --set optim.lr=1e6
+   --set train.precision=fp32 --set train.max_nonfinite_steps=3)
+code=$(run "$tmp/v.log" -- launch --nproc 2 -- train $NANO "${V[@]}" --run-dir "$tmp/v")
+[ "$code" = 1 ] && ok "2-rank diverging run exits 1" || bad "2-rank diverging run: exit $code: $(tail -3 "$tmp/v.log")"
+[ "$(grep -c '^error:' "$tmp/v.log")" = 1 ] && grep -q '^error: training diverged: non-finite loss or gradients' "$tmp/v.log" &&
+  ok "one line: $(grep '^error:' "$tmp/v.log")" || bad "diverging run's errors: $(grep error "$tmp/v.log")"
+
 echo "ddp_test: $pass passed, $fails failed"
 [ "$fails" = 0 ]

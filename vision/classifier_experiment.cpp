@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/model_family.h"
 #include "core/progress.h"
+#include "core/retention.h"
 #include "datasets/experiment_data.h"
 #include "datasets/stream_loader.h"
 
@@ -228,6 +229,7 @@ EvalResult evaluate_sharded(TransNeXt& model, const ClassifierSplit& split, int6
 LoadedClassifier load_classifier_checkpoint(const std::string& path, bool ema) {
   auto [ckpt, cfg] = open_family_checkpoint(path, names_of(classifier_variants()), "classifier",
                                             "pass a classifier run (moh train with a MoH-ViT / TransNeXt config)");
+  hold_checkpoint(ckpt.dir);  // a run pruning its checkpoints leaves this one alone while we read it
   LoadedClassifier r;
   r.cfg = cfg;
   r.model = TransNeXt(classifier_options_for(r.cfg));
