@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "core/experiment_config.h"
+#include "experiments/experiment_config.h"
 #include "experiments/registry.h"
 
 namespace moh::apps {
@@ -27,7 +27,7 @@ std::vector<std::string> config_overrides(const cxxopts::ParseResult& args);
 
 /// Loads, overrides and validates the experiment named on the command line (UserError if it is missing): the
 /// schema, the cross-field rules and every rule of its model family (validate_experiment).
-ExperimentConfig config_from_args(const cxxopts::ParseResult& args, const std::string& program,
-                                  ExperimentUse use = ExperimentUse::train);
+experiments::ExperimentConfig config_from_args(const cxxopts::ParseResult& args, const std::string& program,
+                                               experiments::ExperimentUse use = experiments::ExperimentUse::train);
 
 }  // namespace moh::apps

@@ -4,12 +4,12 @@
 
 #include "apps/cli.h"
 #include "apps/commands.h"
-#include "core/experiment_config.h"
+#include "experiments/experiment_config.h"
 
 namespace moh::apps {
 
 static void print_schema(bool markdown) {
-  auto rows = config::list_schema<ExperimentConfig>();
+  auto rows = config::list_schema<experiments::ExperimentConfig>();
   if (markdown) {
     std::cout << "| key | type | default | meaning |\n|---|---|---|---|\n";
     for (const auto& r : rows) {
@@ -44,8 +44,8 @@ int cmd_config(int argc, char** argv) {
     print_schema(args.count("markdown") > 0);
     return 0;
   }
-  ExperimentConfig cfg = config_from_args(args, argv[0]);
-  std::cout << to_yaml(cfg);
+  experiments::ExperimentConfig cfg = config_from_args(args, argv[0]);
+  std::cout << experiments::to_yaml(cfg);
   return 0;
 }
 

@@ -53,7 +53,8 @@ int convert_to_moh(const cxxopts::ParseResult& args, const std::string& in, cons
   if (std::filesystem::exists(out) && !std::filesystem::is_empty(out))
     throw UserError("--out " + out, "exists and is not empty", "choose a new directory");
   check_output_dir(out, "--out " + out);
-  const ExperimentConfig target = load_experiment(args["to-moh"].as<std::string>(), config_overrides(args));
+  const experiments::ExperimentConfig target =
+      experiments::load_experiment(args["to-moh"].as<std::string>(), config_overrides(args));
   const RunContext ctx = RunContext::create(args["device"].as<std::string>(), Precision::fp32, target.train.seed);
   const ConvertResult r = experiments::convert_to_moh(target, o, ctx);
   write_conversion(out, target, o, r);

@@ -10,7 +10,7 @@
 #include "core/checkpoint.h"
 #include "core/sha256.h"
 #include "eval/report.h"
-#include "vision/classifier_experiment.h"
+#include "experiments/classifier_experiment.h"
 
 namespace moh::apps {
 
@@ -32,19 +32,19 @@ int cmd_eval(int argc, char** argv) {
   if (!out.empty()) check_output_dir(out, "--out " + out);
   std::vector<std::string> sets = config_overrides(args);
   if (args.count("batch")) sets.push_back("data.eval_batch_size=" + args["batch"].as<std::string>());
-  std::optional<vision::LoadedClassifier> loaded;
+  std::optional<experiments::LoadedClassifier> loaded;
   if (args.count("checkpoint"))
-    loaded = vision::load_classifier_checkpoint(args["checkpoint"].as<std::string>(), args.count("ema") > 0);
-  ExperimentConfig cfg;
+    loaded = experiments::load_classifier_checkpoint(args["checkpoint"].as<std::string>(), args.count("ema") > 0);
+  experiments::ExperimentConfig cfg;
   if (args.count("config")) {
-    cfg = load_experiment(args["config"].as<std::string>(), sets);
+    cfg = experiments::load_experiment(args["config"].as<std::string>(), sets);
   } else if (loaded) {  // the run's own experiment: its validation split, with --set / --batch applied
-    cfg = with_overrides(loaded->cfg, sets, "checkpoint " + loaded->dir + "/config.resolved.yaml");
+    cfg = experiments::with_overrides(loaded->cfg, sets, "checkpoint " + loaded->dir + "/config.resolved.yaml");
   } else {
     throw UserError(argv[0], "missing --checkpoint PATH",
                     "a checkpoint or run directory, or CONFIG.yaml --weights FILE (e.g. an official .pth)");
   }
-  experiments::validate_experiment(cfg, ExperimentUse::train);
+  experiments::validate_experiment(cfg, experiments::ExperimentUse::train);
   if (!loaded && cfg.model.weights.empty())
     throw UserError(argv[0], "missing --checkpoint PATH",
                     "a checkpoint or run directory, or --weights FILE (e.g. an official .pth)");
@@ -60,7 +60,7 @@ int cmd_eval(int argc, char** argv) {
     step = loaded->step;
     model_name = loaded->cfg.model.name;
   } else {  // official or converted weights, e.g. a TransNeXt / MoH-ViT .pth with --weights-key model
-    model = vision::TransNeXt(vision::classifier_options_for(cfg));
+    model = vision::TransNeXt(experiments::classifier_options_for(cfg));
     load_initial_weights(*model, cfg.model.weights, cfg.model.weights_key, cfg.model.weights_allow_missing);
     source = cfg.model.weights;
     weights = cfg.model.weights_key.empty() ? "file" : cfg.model.weights_key;
@@ -68,11 +68,13 @@ int cmd_eval(int argc, char** argv) {
   const vision::TransNeXtOptions mo = model->options;
   model->to(ctx.device);
   vision::HeadLoadStats head_load(mo, mo.num_classes);
-  const vision::ClassifierSplit val(cfg, mo, /*train=*/false);
+  const experiments::ClassifierSplit val(cfg, mo, /*train=*/false);
   // `moh launch -- eval ...`: each rank evaluates its share of the same model and split
-  const auto group = dist::Group::join(
-      ctx, {{"config (sha256 of the resolved YAML)", sha256_hex(to_yaml(cfg))}, {"weights", source + " " + weights}});
-  vision::EvalResult r = vision::evaluate_sharded(model, val, cfg.data.eval_batch_size, ctx, *group, &head_load);
+  const auto group =
+      dist::Group::join(ctx, {{"config (sha256 of the resolved YAML)", sha256_hex(experiments::to_yaml(cfg))},
+                              {"weights", source + " " + weights}});
+  experiments::EvalResult r =
+      experiments::evaluate_sharded(model, val, cfg.data.eval_batch_size, ctx, *group, &head_load);
   if (!group->is_main()) return kExitOk;  // rank 0 reports
   nlohmann::json report{{"metrics", {{"top1", r.top1}, {"top5", r.top5}, {"loss", r.loss}}},
                         {"checkpoint", source},

@@ -8,7 +8,7 @@
 #include "core/atomic_io.h"
 #include "core/error.h"
 #include "core/run_context.h"
-#include "diffusion/latent_extract.h"
+#include "experiments/latent_extract.h"
 
 namespace moh::apps {
 
@@ -24,11 +24,11 @@ int cmd_extract_latents(int argc, char** argv) {
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
   if (!args.count("out")) throw UserError(argv[0], "missing --out DIR", "the latent directory to create");
-  ExperimentConfig cfg = config_from_args(args, argv[0], ExperimentUse::extract_latents);
+  experiments::ExperimentConfig cfg = config_from_args(args, argv[0], experiments::ExperimentUse::extract_latents);
   if (cfg.diffusion.vae != VaeKind::sd) throw UserError("config: diffusion.vae", "is none", "latents need vae: sd");
   if (cfg.diffusion.vae_weights.empty())
     throw UserError("config: diffusion.vae_weights", "is empty", "sd-vae-ft-ema's diffusion_pytorch_model.safetensors");
-  diffusion::ExtractOptions o;
+  experiments::ExtractOptions o;
   o.out = args["out"].as<std::string>();
   check_output_dir(o.out, "--out " + o.out);
   o.split = args["split"].as<std::string>();
@@ -38,7 +38,7 @@ int cmd_extract_latents(int argc, char** argv) {
   RunContext ctx = RunContext::create(args["device"].as<std::string>(), Precision::fp32, 0);
   diffusion::AutoencoderKL vae;
   diffusion::load_sd_vae(vae, cfg.diffusion.vae_weights);
-  const datasets::LatentMeta meta = diffusion::extract_latents(cfg, vae, cfg.diffusion.vae_weights, o, ctx);
+  const datasets::LatentMeta meta = experiments::extract_latents(cfg, vae, cfg.diffusion.vae_weights, o, ctx);
   std::cout << "wrote " << o.out << ": " << meta.count << " images in " << meta.num_shards() << " shards, latents "
             << meta.channels << "x" << meta.size << "x" << meta.size << std::endl;
   return kExitOk;

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "eval/generative.h"
 #include "eval/report.h"
+#include "experiments/feature_nets.h"
 
 namespace moh::apps {
 
@@ -65,7 +66,8 @@ int cmd_fid(int argc, char** argv) {
   if (!o.save_features.empty()) check_output_file(o.save_features, "--save-features " + o.save_features);
   RunContext ctx = RunContext::create(args["device"].as<std::string>(), Precision::fp32, 0);
 
-  nlohmann::json report = eval::evaluate_generative(o, ctx);
+  const std::unique_ptr<eval::FeatureNet> net = experiments::make_feature_net(o.features, ctx, o.resize);
+  nlohmann::json report = eval::evaluate_generative(o, *net);
   const std::string out = args["out"].as<std::string>();
   if (!out.empty()) eval::write_report(out, report, "Generative evaluation: " + o.samples);
   if (args.count("json")) {
@@ -108,7 +110,8 @@ int cmd_ref_stats(int argc, char** argv) {
   const int64_t batch = args["batch"].as<int64_t>();
   if (batch < 1) throw UserError("--batch", "must be at least 1", "");
   RunContext ctx = RunContext::create(args["device"].as<std::string>(), Precision::fp32, 0);
-  auto net = eval::make_feature_net(args["features"].as<std::string>(), ctx,
+  auto net =
+      experiments::make_feature_net(args["features"].as<std::string>(), ctx,
                                     resize == "tf1" ? eval::InceptionResize::tf1 : eval::InceptionResize::pytorch);
   auto images = datasets::open_image_source(args["images"].as<std::string>());
   const eval::FeatureSet f = eval::extract_features(*net, *images, batch, "reference");

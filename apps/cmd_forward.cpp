@@ -36,7 +36,7 @@ int cmd_forward(int argc, char** argv) {
   if (print_help_if_asked(opts, args)) return 0;
   for (const char* required : {"model", "weights", "input", "output"})
     if (!args.count(required)) throw UserError(argv[0], std::string("missing --") + required, "see --help");
-  ForwardRequest r;
+  experiments::ForwardRequest r;
   r.name = args["model"].as<std::string>();
   r.inputs_origin = args["input"].as<std::string>();
   const std::string weights_path = args["weights"].as<std::string>(), out_path = args["output"].as<std::string>();
@@ -47,7 +47,7 @@ int cmd_forward(int argc, char** argv) {
 
   check_output_file(out_path, "--output " + out_path);
   const std::string flag = "--model " + r.name;
-  const ModelFamily& family = experiments::find_model_family(r.name, flag);
+  const experiments::ModelFamily& family = experiments::find_model_family(r.name, flag);
   r.inputs = load_safetensors(r.inputs_origin).tensors;
   r.weights = load_weights_tensors(weights_path, key);
   torch::NoGradGuard no_grad;

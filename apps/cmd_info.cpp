@@ -31,7 +31,7 @@ int cmd_info(int argc, char** argv) {
   }
   if (args.count("model")) {
     const std::string name = args["model"].as<std::string>();
-    const ModelSummary s = experiments::find_model_family(name).summarize(name);
+    const experiments::ModelSummary s = experiments::find_model_family(name).summarize(name);
     if (json) {
       std::cout << nlohmann::json{{"model", s.name},
                                   {"family", s.family},
@@ -55,7 +55,7 @@ int cmd_info(int argc, char** argv) {
   }
   if (args.count("list") || argc == 1) {
     nlohmann::json all;
-    for (const ModelFamily& f : experiments::model_families()) {
+    for (const experiments::ModelFamily& f : experiments::model_families()) {
       all[f.id] = f.names();
       if (json) continue;
       std::cout << f.title << ":\n";

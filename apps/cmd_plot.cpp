@@ -69,8 +69,8 @@ RunCurves read_run(const std::string& dir) {
   r.name = fs::path(dir).filename().string();
   if (r.name.empty()) r.name = fs::path(dir).parent_path().filename().string();
   if (fs::is_regular_file(dir + "/config.resolved.yaml")) {
-    const ExperimentConfig cfg =
-        parse_experiment(read_file(dir + "/config.resolved.yaml"), dir + "/config.resolved.yaml");
+    const experiments::ExperimentConfig cfg =
+        experiments::parse_experiment(read_file(dir + "/config.resolved.yaml"), dir + "/config.resolved.yaml");
     r.model = cfg.model.name;
     r.family = experiments::experiment_family(cfg).id;
     const double ratio = experiments::experiment_family(cfg).active_ratio(cfg);

@@ -24,7 +24,7 @@ int cmd_train(int argc, char** argv) {
       "h,help", "show this help");
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
-  ExperimentConfig cfg = config_from_args(args, argv[0]);
+  experiments::ExperimentConfig cfg = config_from_args(args, argv[0]);
   if (cfg.train.processes > 1 && !std::getenv("WORLD_SIZE") && !std::getenv("SLURM_NTASKS")) {
     // train.processes: run as that many data-parallel processes here, exactly as `moh launch --nproc N -- train ...`.
     // Their devices are checked here, before any process starts (device: cuda with more processes than GPUs).

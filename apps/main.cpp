@@ -45,8 +45,9 @@ const std::vector<Command>& commands() {
 }
 
 cxxopts::ParseResult parse_or_throw(cxxopts::Options& options, int argc, char** argv) {
+  cxxopts::ParseResult result;
   try {
-    return options.parse(argc, argv);
+    result = options.parse(argc, argv);
   } catch (const cxxopts::exceptions::no_such_option& e) {
     // "Option ‘chekpoint’ does not exist": suggest the nearest flag of this command.
     std::string what = e.what(), name;
@@ -67,6 +68,11 @@ cxxopts::ParseResult parse_or_throw(cxxopts::Options& options, int argc, char** 
   } catch (const cxxopts::exceptions::exception& e) {
     throw UserError(options.program(), e.what(), "see `" + options.program() + " --help`");
   }
+  // A word beyond the command's positional arguments ("moh train a.yaml lr=1") would otherwise be dropped unread.
+  if (!result.unmatched().empty())
+    throw UserError(options.program(), "unexpected argument '" + result.unmatched().front() + "'",
+                    "overrides are --set key=value; see `" + options.program() + " --help`");
+  return result;
 }
 
 void add_config_args(cxxopts::Options& options) {
@@ -98,10 +104,12 @@ std::vector<std::string> config_overrides(const cxxopts::ParseResult& args) {
   return sets;
 }
 
-ExperimentConfig config_from_args(const cxxopts::ParseResult& args, const std::string& program, ExperimentUse use) {
+experiments::ExperimentConfig config_from_args(const cxxopts::ParseResult& args, const std::string& program,
+                                               experiments::ExperimentUse use) {
   if (!args.count("config"))
     throw UserError(program, "missing CONFIG.yaml", "e.g. " + program + " configs/fashion_mnist/moh_vit_nano.yaml");
-  ExperimentConfig cfg = load_experiment(args["config"].as<std::string>(), config_overrides(args));
+  experiments::ExperimentConfig cfg =
+      experiments::load_experiment(args["config"].as<std::string>(), config_overrides(args));
   experiments::validate_experiment(cfg, use);  // every rule of the model's family, before any work
   return cfg;
 }

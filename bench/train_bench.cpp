@@ -18,8 +18,8 @@
 #include "core/error.h"
 #include "core/optimizer.h"
 #include "core/run_context.h"
-#include "diffusion/dit_experiment.h"
 #include "diffusion/sampler.h"
+#include "experiments/dit_experiment.h"
 #include "experiments/registry.h"
 
 namespace moh::bench {
@@ -269,9 +269,9 @@ bool out_of_memory(const c10::Error& e) {
   return m.find("out of memory") != std::string::npos || m.find("Tried to allocate") != std::string::npos;
 }
 
-nlohmann::json train_row(Common& c, BenchRequest r, const ModelFamily& family) {
+nlohmann::json train_row(Common& c, experiments::BenchRequest r, const experiments::ModelFamily& family) {
   c.batch = r.batch;
-  const BenchStep b = family.bench_step(r);
+  const experiments::BenchStep b = family.bench_step(r);
   nlohmann::json out = time_and_count(c, b.step, b.forward);
   out["attention_path"] = b.attention_path;
   out["input"] = b.input;
@@ -307,7 +307,7 @@ int train_bench_main(int argc, char** argv) {
   bool help = false;
   Common c = parse_common(opts, argc, argv, help);
   if (help) return 0;
-  BenchRequest r;
+  experiments::BenchRequest r;
   r.name = c.model;
   r.ctx = c.ctx;
   r.img_size = c.args["img-size"].as<int64_t>();
@@ -318,7 +318,7 @@ int train_bench_main(int argc, char** argv) {
   if (!(r.ema_decay >= 0 && r.ema_decay < 1)) throw UserError("--ema", "must be in [0, 1)", "e.g. 0.9999");
   r.grad_checkpoint = config::enum_from_string<GradCheckpoint>(c.args["grad-checkpoint"].as<std::string>(),
                                                                "--grad-checkpoint") == GradCheckpoint::blocks;
-  const ModelFamily& family = experiments::find_model_family(c.model, "--model " + c.model);
+  const experiments::ModelFamily& family = experiments::find_model_family(c.model, "--model " + c.model);
   if (!family.bench_step)
     throw UserError("--model", c.model + " is a fixed network", "pick a classifier or DiT variant");
   std::vector<nlohmann::json> rows;
@@ -406,7 +406,7 @@ int sample_bench_main(int argc, char** argv) {
                   CudaGraphMode::automatic;
   so.cfg_scale = c.args["cfg-scale"].as<double>();
   so.topk = c.args["topk"].as<int64_t>();
-  diffusion::check_sampling_topk(o, so.topk, "--topk");
+  experiments::check_sampling_topk(o, so.topk, "--topk");
   // DiT's guidance of the first 3 channels (latents); pixel models with fewer channels guide every ε channel.
   so.cfg_channels = o.in_channels >= 3 ? CfgChannels::three : CfgChannels::all;
   const auto dev = at::TensorOptions().device(c.ctx.device);

@@ -8,8 +8,8 @@
 
 #include <vector>
 
-#include "core/experiment_config.h"
 #include "core/run_context.h"
+#include "core/train_config.h"
 
 namespace moh {
 

@@ -1,5 +1,7 @@
 #include "core/config_schema.h"
 
+#include <map>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -251,3 +253,46 @@ void apply_override(YAML::Node& root, const std::string& assignment) {
 }
 
 }  // namespace moh::config
+
+namespace moh {
+
+namespace {
+
+// Dotted key -> flow-style YAML text of every leaf (lists are leaves).
+void flatten(const YAML::Node& n, const std::string& prefix, std::map<std::string, std::string>& out) {
+  if (n.IsMap()) {
+    for (const auto& kv : n)
+      flatten(kv.second, prefix.empty() ? kv.first.Scalar() : prefix + "." + kv.first.Scalar(), out);
+    return;
+  }
+  YAML::Emitter e;
+  e << YAML::Flow << n;
+  out[prefix] = n.IsScalar() && n.Scalar().empty() ? "\"\"" : e.c_str();
+}
+
+}  // namespace
+
+std::vector<ConfigChange> config_changes(const std::string& before_yaml, const std::string& after_yaml) {
+  std::map<std::string, std::string> a, b;
+  try {
+    flatten(YAML::Load(before_yaml), "", a);
+    flatten(YAML::Load(after_yaml), "", b);
+  } catch (const YAML::Exception& e) {
+    throw UserError("config.resolved.yaml", std::string("invalid YAML: ") + e.what(), "the stored config is corrupt");
+  }
+  std::vector<ConfigChange> out;
+  for (const auto& [k, v] : a) {
+    if (k == "name") continue;
+    auto it = b.find(k);
+    if (it == b.end())
+      out.push_back({k, v, "(absent)"});
+    else if (it->second != v)
+      out.push_back({k, v, it->second});
+  }
+  for (const auto& [k, v] : b)
+    if (k != "name" && !a.count(k)) out.push_back({k, "(absent)", v});
+  std::sort(out.begin(), out.end(), [](const ConfigChange& x, const ConfigChange& y) { return x.key < y.key; });
+  return out;
+}
+
+}  // namespace moh

@@ -349,3 +349,15 @@ void apply_override(YAML::Node& root, const std::string& assignment);
 YAML::Node merge(const YAML::Node& base, const YAML::Node& over);
 
 }  // namespace moh::config
+
+namespace moh {
+
+/// One key whose value differs between two resolved configs (YAML text of each side; "(absent)" if missing).
+struct ConfigChange {
+  std::string key, before, after;
+};
+/// The keys (dotted, sorted) whose values differ between two resolved config texts (e.g. a checkpoint's and the
+/// resumed run's); `name` is ignored.
+std::vector<ConfigChange> config_changes(const std::string& before_yaml, const std::string& after_yaml);
+
+}  // namespace moh

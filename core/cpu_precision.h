@@ -10,7 +10,7 @@
 #include <string>
 #include <utility>
 
-#include "core/experiment_config.h"
+#include "core/train_config.h"
 
 namespace moh {
 

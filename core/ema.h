@@ -7,7 +7,7 @@
 #include <memory>
 #include <vector>
 
-#include "core/experiment_config.h"
+#include "core/train_config.h"
 
 namespace moh {
 

@@ -17,7 +17,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "core/experiment_config.h"
+#include "core/train_config.h"
 
 namespace moh {
 

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "core/experiment_config.h"
+#include "core/train_config.h"
 
 namespace moh {
 

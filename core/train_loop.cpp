@@ -37,7 +37,7 @@ double seconds_since(Clock::time_point t) {
 }
 
 // AdamW over the model's parameters: those the task decays, then (if any) the rest with weight_decay 0.
-std::unique_ptr<torch::optim::AdamW> make_optimizer(const ExperimentConfig& cfg, torch::nn::Module& model,
+std::unique_ptr<torch::optim::AdamW> make_optimizer(const LoopConfig& cfg, torch::nn::Module& model,
                                                     const TrainTask& task) {
   std::vector<at::Tensor> decay, plain;
   for (const auto& p : model.named_parameters()) (task.decays(p.key(), p.value()) ? decay : plain).push_back(p.value());
@@ -61,7 +61,7 @@ double scalar(const Scalars& s, const std::string& name) {
   return 0.0;
 }
 
-double learning_rate_at(const ExperimentConfig& cfg, double t) {
+double learning_rate_at(const LoopConfig& cfg, double t) {
   const double base = cfg.optim.lr;
   if (cfg.schedule.kind == LrSchedule::constant) return base;
   const double warm = cfg.schedule.warmup_epochs;
@@ -70,7 +70,7 @@ double learning_rate_at(const ExperimentConfig& cfg, double t) {
   return cfg.schedule.min_lr + 0.5 * (base - cfg.schedule.min_lr) * (1.0 + std::cos(kPi * std::min(t, T) / T));
 }
 
-double step_learning_rate(const ExperimentConfig& cfg, int64_t epoch, int64_t batch, int64_t skipped,
+double step_learning_rate(const LoopConfig& cfg, int64_t epoch, int64_t batch, int64_t skipped,
                           int64_t steps_per_epoch) {
   if (cfg.schedule.unit == ScheduleUnit::epoch) return learning_rate_at(cfg, static_cast<double>(epoch));
   return learning_rate_at(
@@ -141,7 +141,7 @@ namespace {
 // log_window, end_epoch (evaluate, best, save).
 class TrainLoop {
  public:
-  TrainLoop(const ExperimentConfig& cfg, const TrainArgs& args, const TaskFactory& make_task);
+  TrainLoop(const LoopConfig& cfg, const TrainArgs& args, const TaskFactory& make_task);
   LoopResult run();
 
  private:
@@ -163,10 +163,10 @@ class TrainLoop {
   nlohmann::json head_load_shares();
   bool stop_requested();
 
-  const ExperimentConfig& cfg_;
+  const LoopConfig& cfg_;
   const TrainArgs& args_;
   RunContext ctx_;
-  std::string run_dir_, config_changes_, config_yaml_;
+  std::string run_dir_, config_changes_;
   std::optional<Checkpoint> resume_;
   std::unique_ptr<RunDirLock> lock_;
   std::shared_ptr<dist::Group> group_;
@@ -203,7 +203,7 @@ class TrainLoop {
   const Clock::time_point start_ = Clock::now();
 };
 
-TrainLoop::TrainLoop(const ExperimentConfig& cfg, const TrainArgs& args, const TaskFactory& make_task)
+TrainLoop::TrainLoop(const LoopConfig& cfg, const TrainArgs& args, const TaskFactory& make_task)
     : cfg_(cfg),
       args_(args),
       ctx_(RunContext::create(cfg.train.device, cfg.train.precision, static_cast<uint64_t>(cfg.train.seed),
@@ -211,30 +211,30 @@ TrainLoop::TrainLoop(const ExperimentConfig& cfg, const TrainArgs& args, const T
   run_dir_ = args.run_dir.empty() ? "runs/" + cfg.name : args.run_dir;
   check_output_dir(run_dir_, "--run-dir " + run_dir_);
   if (cfg.train.deterministic) use_deterministic_kernels();
-  const int64_t world = ctx_.world, local_batch = cfg.data.batch_size / world;
-  if (cfg.data.batch_size % world != 0 || local_batch % cfg.train.accum_steps != 0)
+  const int64_t world = ctx_.world, local_batch = cfg.batch_size / world;
+  if (cfg.batch_size % world != 0 || local_batch % cfg.train.accum_steps != 0)
     throw UserError("config: data.batch_size",
-                    std::to_string(cfg.data.batch_size) + " does not split into " + std::to_string(world) +
-                        " ranks × " + std::to_string(cfg.train.accum_steps) + " accumulation steps",
+                    std::to_string(cfg.batch_size) + " does not split into " + std::to_string(world) + " ranks × " +
+                        std::to_string(cfg.train.accum_steps) + " accumulation steps",
                     "use a multiple of world size × train.accum_steps");
   // Resume decision before anything touches the run directory (every rank decides alike, then rank 0 writes).
   resume_ = resolve_resume(run_dir_, args.resume);
   if (resume_)
     config_changes_ =
-        check_resume_config(resume_->config_yaml, to_yaml(cfg), resume_->dir, args.allow_config_change, resume_->state);
+        check_resume_config(resume_->config_yaml, cfg.yaml, resume_->dir, args.allow_config_change, resume_->state);
   // One writer per run directory: an existing one is locked at once (a second process is refused before it loads
   // any data); a new one only once every input has been checked (start_writing), so a refused run creates nothing.
   if (ctx_.is_main() && fs::exists(run_dir_)) lock_ = std::make_unique<RunDirLock>(run_dir_);
   // Every machine must run this run: the same resolved config and the same starting checkpoint (a run directory
   // that is not shared between machines would start one afresh and resume the other).
-  const dist::Agreement agree{{"config (sha256 of the resolved YAML)", sha256_hex(to_yaml(cfg))},
+  const dist::Agreement agree{{"config (sha256 of the resolved YAML)", sha256_hex(cfg.yaml)},
                               {"starting point", resume_ ? "step " + std::to_string(resume_->state.step) : "step 0"}};
   group_ = args.group ? args.group : dist::Group::join(ctx_, agree);
   group_->barrier();
   task_ = make_task(ctx_);
-  if (task_->train_examples() < cfg.data.batch_size)
+  if (task_->train_examples() < cfg.batch_size)
     throw UserError("config: data.batch_size",
-                    std::to_string(cfg.data.batch_size) + " is larger than the training set (" +
+                    std::to_string(cfg.batch_size) + " is larger than the training set (" +
                         std::to_string(task_->train_examples()) + " examples)",
                     "lower data.batch_size or raise data.limit_train");
   build_model_and_optimizer();
@@ -259,8 +259,8 @@ void TrainLoop::build_model_and_optimizer() {
 
 // Initial weights or the checkpoint's state, rank 0's weights on every rank, and the random state.
 void TrainLoop::load_start_state() {
-  if (!resume_ && !cfg_.model.weights.empty())
-    load_initial_weights(*model_, cfg_.model.weights, cfg_.model.weights_key, cfg_.model.weights_allow_missing);
+  if (!resume_ && !cfg_.weights.path.empty())
+    load_initial_weights(*model_, cfg_.weights.path, cfg_.weights.key, cfg_.weights.allow_missing);
   const bool resumed_ema = resume_ && ema_ && !resume_->ema.empty();
   if (resume_) {
     load_module_tensors(*model_, resume_->model, resume_->dir);
@@ -292,11 +292,10 @@ void TrainLoop::take_first_batch() {
 
 // Every input has been checked: from here on only runtime failures remain.
 void TrainLoop::start_writing() {
-  config_yaml_ = to_yaml(cfg_);
   if (group_->is_main()) {
     if (!lock_) lock_ = std::make_unique<RunDirLock>(run_dir_);
     const bool restart = !resume_ && args_.resume == "auto" && fs::exists(run_dir_ + "/metrics.jsonl");
-    metrics_ = start_run_dir(run_dir_, config_yaml_, resume_ ? std::optional<int64_t>(state_.step) : std::nullopt);
+    metrics_ = start_run_dir(run_dir_, cfg_.yaml, resume_ ? std::optional<int64_t>(state_.step) : std::nullopt);
     console_ = std::make_unique<ConsoleLog>(run_dir_ + "/log.txt");
     std::cerr << "[" << utc_timestamp() << "] moh train " << cfg_.name << "\n";
     print_notes();  // what the data loading had to say, now that every input is accepted
@@ -590,7 +589,7 @@ std::string TrainLoop::save() {
   rng["amp_scaler"] = scaler_->state();
   if (!group_->is_main()) return "";
   // Views of the live tensors, streamed to disk one at a time (an XL/2 state is ~11 GB).
-  const std::string dir = save_checkpoint(run_dir_, state_, model, optim, config_yaml_, rng, ema);
+  const std::string dir = save_checkpoint(run_dir_, state_, model, optim, cfg_.yaml, rng, ema);
   prune_checkpoints(run_dir_, cfg_.train.keep_last, cfg_.train.keep_every_steps);
   return dir;
 }
@@ -615,7 +614,7 @@ bool TrainLoop::stop_requested() {
 
 }  // namespace
 
-LoopResult run_training(const ExperimentConfig& cfg, const TrainArgs& args, const TaskFactory& make_task) {
+LoopResult run_training(const LoopConfig& cfg, const TrainArgs& args, const TaskFactory& make_task) {
   return TrainLoop(cfg, args, make_task).run();
 }
 

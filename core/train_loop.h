@@ -18,8 +18,8 @@
 #include "core/checkpoint.h"
 #include "core/distributed.h"
 #include "core/ema.h"
-#include "core/experiment_config.h"
 #include "core/run_context.h"
+#include "core/train_config.h"
 
 namespace moh {
 
@@ -53,11 +53,11 @@ double scalar(const Scalars& s, const std::string& name);
 /// Learning rate at (fractional) epoch t: timm CosineLRScheduler as the official TransNeXt recipe configures it
 /// (t_initial = epochs, warm-up from warmup_lr over warmup_epochs, cosine to min_lr over t / epochs), or constant
 /// (DiT).
-double learning_rate_at(const ExperimentConfig& cfg, double t);
+double learning_rate_at(const LoopConfig& cfg, double t);
 
 /// The learning rate for batch `batch` of `epoch` (of `steps_per_epoch`), when `skipped` of the epoch's earlier
 /// optimizer steps were skipped (fp16 overflow): a step-unit schedule advances with the steps taken, not the batches.
-double step_learning_rate(const ExperimentConfig& cfg, int64_t epoch, int64_t batch, int64_t skipped,
+double step_learning_rate(const LoopConfig& cfg, int64_t epoch, int64_t batch, int64_t skipped,
                           int64_t steps_per_epoch);
 
 /// The optimizer half of a training step: unscale, clip and step (finish_optimizer_step, core/amp.h); then, only when
@@ -137,6 +137,6 @@ using TaskFactory = std::function<std::unique_ptr<TrainTask>(const RunContext&)>
 /// Runs (or resumes) training as configured. SIGINT/SIGTERM during the run stop it at the next step boundary with a
 /// checkpoint (result.stop_signal set; `--resume auto` continues exactly, inside the epoch); a second one exits at
 /// once.
-LoopResult run_training(const ExperimentConfig& cfg, const TrainArgs& args, const TaskFactory& make_task);
+LoopResult run_training(const LoopConfig& cfg, const TrainArgs& args, const TaskFactory& make_task);
 
 }  // namespace moh

@@ -1,14 +1,12 @@
 #pragma once
-// The DiT / MoH-DiT task of the training loop (DiT train.py recipe): uniform t ~ U{0..T−1}, the hybrid loss
-// (MSE + VLB) plus β·MoH load-balance loss, AdamW (DiT: lr 1e-4, no weight decay, constant), EMA when
-// train.ema_decay > 0 (DiT: 0.9999, initialised as a copy). The loop (checkpoints, resume, ranks, metrics) is
-// core/train_loop.h; the experiment's model and data are diffusion/dit_experiment.h.
+// The DiT / MoH-DiT training step (DiT train.py recipe): uniform t ~ U{0..T−1}, the hybrid loss (MSE + VLB) plus
+// β·MoH load-balance loss. The loop (AdamW, EMA, checkpoints, resume, ranks, metrics) is core/train_loop.h; the task
+// that joins them with the experiment's data is experiments/train_tasks.h.
 #include <string>
 
 #include "core/amp.h"
 #include "core/train_loop.h"
 #include "diffusion/dit.h"
-#include "diffusion/dit_experiment.h"
 #include "diffusion/gaussian_diffusion.h"
 
 namespace moh::diffusion {
@@ -31,8 +29,5 @@ DiffusionDraws draw_training_noise(const std::vector<int64_t>& local_shape, int6
 LossTensors diffusion_backward(DiT& model, const GaussianDiffusion& diffusion, const at::Tensor& x0,
                                const at::Tensor& y, double beta, const RunContext& ctx, const GradScaler& scaler,
                                int rank = 0, int world = 1);
-
-/// The DiT task for run_training().
-std::unique_ptr<TrainTask> make_dit_task(const ExperimentConfig& cfg, const RunContext& ctx);
 
 }  // namespace moh::diffusion

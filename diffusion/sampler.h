@@ -10,8 +10,8 @@
 #include <functional>
 #include <vector>
 
-#include "core/experiment_config.h"
 #include "diffusion/cuda_graph.h"
+#include "diffusion/diffusion_config.h"
 #include "diffusion/dit.h"
 #include "diffusion/gaussian_diffusion.h"
 #include "diffusion/ode_solvers.h"

@@ -11,7 +11,6 @@
 #include "core/progress.h"
 #include "core/sha256.h"
 #include "datasets/loader.h"
-#include "vision/classifier_experiment.h"
 
 namespace moh::eval {
 
@@ -50,70 +49,63 @@ class InceptionNet : public FeatureNet {
   std::string sha_;
 };
 
-class ClassifierNet : public FeatureNet {
- public:
-  ClassifierNet(const std::string& path, const RunContext& ctx) : device_(ctx.device), model_(nullptr) {
-    vision::LoadedClassifier c = vision::load_classifier_checkpoint(path);
-    options_ = c.model->options;
-    tf_ = vision::transform_for(c.cfg, options_);
-    model_ = c.model;
-    model_->to(device_);
-    name_ = "classifier:" + c.cfg.model.name;
-    sha_ = sha256_file(c.weights_file);
-  }
-  InceptionFeatures extract(const at::Tensor& images_u8) override {
-    torch::NoGradGuard ng;
-    at::Tensor x = images_u8;  // (B, H, W, C)
-    const int64_t want_c = options_.in_chans;
-    if (want_c == 1 && x.size(3) == 3) x = x.to(at::kFloat).mean(3, true).round().to(at::kByte);
-    if (want_c == 3 && x.size(3) == 1) x = x.expand({-1, -1, -1, 3}).contiguous();
-    if (x.size(1) > tf_.size || x.size(2) > tf_.size) {  // larger than the model input: area downsampling
-      at::Tensor f = x.permute({0, 3, 1, 2}).to(at::kFloat);
-      f = at::adaptive_avg_pool2d(f, {tf_.size, tf_.size});
-      x = f.round().clamp(0, 255).to(at::kByte).permute({0, 2, 3, 1});
-    }
-    datasets::ImageSet set;
-    set.images = (x.size(3) == 1 ? x.squeeze(3) : x).contiguous();
-    set.labels = at::zeros({x.size(0)}, at::kLong);
-    std::vector<int64_t> idx(static_cast<size_t>(x.size(0)));
-    std::iota(idx.begin(), idx.end(), 0);
-    const at::Tensor input = datasets::make_batch(set, idx, tf_, false, 0, 0).first.to(device_);  // (B, C, S, S)
-    vision::ClassifierOutput out = model_->forward(input);
-    const int64_t c = std::min<int64_t>(kSpatialChannels, out.stage3.size(3));
-    at::Tensor spatial = out.stage3.narrow(3, 0, c).reshape({x.size(0), -1});  // NHWC flatten, like ADM's mixed_6
-    return {out.features.to(at::kCPU, at::kFloat), spatial.to(at::kCPU, at::kFloat),
-            out.logits.to(at::kCPU, at::kFloat)};
-  }
-  std::string name() const override { return name_; }
-  std::string weights_sha256() const override { return sha_; }
-  std::string preprocessing() const override {
-    return "grey/RGB to " + std::to_string(options_.in_chans) + " channels, pad or area-resize to " +
-           std::to_string(tf_.size) + ", normalise (x/255 - " + c10::str(tf_.mean) + ") / " + c10::str(tf_.std);
-  }
-  bool predicts_dataset_classes() const override { return true; }
-
- private:
-  at::Device device_;
-  vision::TransNeXtOptions options_;
-  datasets::ImageTransform tf_;
-  vision::TransNeXt model_;
-  std::string name_, sha_;
-};
-
 }  // namespace
 
-std::unique_ptr<FeatureNet> make_feature_net(const std::string& spec, const RunContext& ctx, InceptionResize resize) {
+ClassifierFeatureNet::ClassifierFeatureNet(vision::TransNeXt model, datasets::ImageTransform transform,
+                                           std::string name, std::string weights_sha256, const RunContext& ctx)
+    : device_(ctx.device),
+      options_(model->options),
+      tf_(std::move(transform)),
+      model_(std::move(model)),
+      name_(std::move(name)),
+      sha_(std::move(weights_sha256)) {
+  model_->eval();
+  model_->to(device_);
+}
+
+InceptionFeatures ClassifierFeatureNet::extract(const at::Tensor& images_u8) {
+  torch::NoGradGuard ng;
+  at::Tensor x = images_u8;  // (B, H, W, C)
+  const int64_t want_c = options_.in_chans;
+  if (want_c == 1 && x.size(3) == 3) x = x.to(at::kFloat).mean(3, true).round().to(at::kByte);
+  if (want_c == 3 && x.size(3) == 1) x = x.expand({-1, -1, -1, 3}).contiguous();
+  if (x.size(1) > tf_.size || x.size(2) > tf_.size) {  // larger than the model input: area downsampling
+    at::Tensor f = x.permute({0, 3, 1, 2}).to(at::kFloat);
+    f = at::adaptive_avg_pool2d(f, {tf_.size, tf_.size});
+    x = f.round().clamp(0, 255).to(at::kByte).permute({0, 2, 3, 1});
+  }
+  datasets::ImageSet set;
+  set.images = (x.size(3) == 1 ? x.squeeze(3) : x).contiguous();
+  set.labels = at::zeros({x.size(0)}, at::kLong);
+  std::vector<int64_t> idx(static_cast<size_t>(x.size(0)));
+  std::iota(idx.begin(), idx.end(), 0);
+  const at::Tensor input = datasets::make_batch(set, idx, tf_, false, 0, 0).first.to(device_);  // (B, C, S, S)
+  vision::ClassifierOutput out = model_->forward(input);
+  const int64_t c = std::min<int64_t>(kSpatialChannels, out.stage3.size(3));
+  at::Tensor spatial = out.stage3.narrow(3, 0, c).reshape({x.size(0), -1});  // NHWC flatten, like ADM's mixed_6
+  return {out.features.to(at::kCPU, at::kFloat), spatial.to(at::kCPU, at::kFloat), out.logits.to(at::kCPU, at::kFloat)};
+}
+
+std::string ClassifierFeatureNet::preprocessing() const {
+  return "grey/RGB to " + std::to_string(options_.in_chans) + " channels, pad or area-resize to " +
+         std::to_string(tf_.size) + ", normalise (x/255 - " + c10::str(tf_.mean) + ") / " + c10::str(tf_.std);
+}
+
+FeatureSpec parse_feature_spec(const std::string& spec) {
   const size_t colon = spec.find(':');
   const std::string kind = spec.substr(0, colon), arg = colon == std::string::npos ? "" : spec.substr(colon + 1);
   if (colon == std::string::npos || arg.empty())
     throw UserError("--features " + spec, "expected KIND:PATH", kFeaturesHint);
-  if (kind == "inception") return std::make_unique<InceptionNet>(arg, ctx, resize);
-  if (kind == "classifier") {
-    if (!std::filesystem::exists(arg))
-      throw UserError("--features " + spec, "no such checkpoint or run directory", kFeaturesHint);
-    return std::make_unique<ClassifierNet>(arg, ctx);
-  }
-  throw UserError("--features " + spec, "unknown feature network '" + kind + "'", kFeaturesHint);
+  if (kind != "inception" && kind != "classifier")
+    throw UserError("--features " + spec, "unknown feature network '" + kind + "'", kFeaturesHint);
+  if (kind == "classifier" && !std::filesystem::exists(arg))
+    throw UserError("--features " + spec, "no such checkpoint or run directory", kFeaturesHint);
+  return {kind, arg};
+}
+
+std::unique_ptr<FeatureNet> make_inception_net(const std::string& weights, const RunContext& ctx,
+                                               InceptionResize resize) {
+  return std::make_unique<InceptionNet>(weights, ctx, resize);
 }
 
 FeatureSet extract_features(FeatureNet& net, datasets::ImageSource& source, int64_t batch_size,

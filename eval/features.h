@@ -12,7 +12,9 @@
 
 #include "core/run_context.h"
 #include "datasets/image_source.h"
+#include "datasets/loader.h"
 #include "eval/inception.h"
+#include "vision/transnext.h"
 
 namespace moh::eval {
 
@@ -40,9 +42,36 @@ class FeatureNet {
   virtual bool predicts_dataset_classes() const = 0;
 };
 
-/// Builds a feature net from its spec (see the file comment). Bad specs and missing files are UserErrors.
-std::unique_ptr<FeatureNet> make_feature_net(const std::string& spec, const RunContext& ctx,
-                                             InceptionResize resize = InceptionResize::tf1);
+/// A `--features KIND:PATH` spec, checked (known kind, an existing classifier path); bad ones are UserErrors.
+struct FeatureSpec {
+  std::string kind;  ///< "inception" or "classifier"
+  std::string path;
+};
+FeatureSpec parse_feature_spec(const std::string& spec);
+
+/// The FID Inception from its weights file.
+std::unique_ptr<FeatureNet> make_inception_net(const std::string& weights, const RunContext& ctx,
+                                               InceptionResize resize = InceptionResize::tf1);
+
+/// A trained classifier as feature network (the checkpoint is read by experiments/feature_nets.h, which builds every
+/// kind from its spec): images converted to its channels, padded or area-resized to its input, normalised.
+class ClassifierFeatureNet : public FeatureNet {
+ public:
+  ClassifierFeatureNet(vision::TransNeXt model, datasets::ImageTransform transform, std::string name,
+                       std::string weights_sha256, const RunContext& ctx);
+  InceptionFeatures extract(const at::Tensor& images_u8) override;
+  std::string name() const override { return name_; }
+  std::string weights_sha256() const override { return sha_; }
+  std::string preprocessing() const override;
+  bool predicts_dataset_classes() const override { return true; }
+
+ private:
+  at::Device device_;
+  vision::TransNeXtOptions options_;
+  datasets::ImageTransform tf_;
+  vision::TransNeXt model_;
+  std::string name_, sha_;
+};
 
 /// Runs the net over a whole source in batches (the next block is read/decoded on a second thread while the
 /// network runs), with a progress bar labelled `label`.

@@ -267,25 +267,24 @@ nlohmann::json describe_run(const GenerativeEvalOptions& o, const FeatureNet& ne
 
 }  // namespace
 
-nlohmann::json evaluate_generative(const GenerativeEvalOptions& o, const RunContext& ctx) {
+nlohmann::json evaluate_generative(const GenerativeEvalOptions& o, FeatureNet& net) {
   const auto start = std::chrono::steady_clock::now();
-  std::unique_ptr<FeatureNet> net = make_feature_net(o.features, ctx, o.resize);
   std::unique_ptr<datasets::ImageSource> samples = datasets::open_image_source(o.samples);
-  const ReferenceInputs refs = open_reference(o, *net);
+  const ReferenceInputs refs = open_reference(o, net);
   check_counts(o, samples->size(), refs);
-  check_widths(o, *net, *samples, refs);  // every input check is done before the first feature is extracted
+  check_widths(o, net, *samples, refs);  // every input check is done before the first feature is extracted
 
-  const FeatureSet s = extract_features(*net, *samples, o.batch_size, "samples");
+  const FeatureSet s = extract_features(net, *samples, o.batch_size, "samples");
   const std::string net_hint = "the feature network's weights (" + o.features + ") give non-finite outputs";
   check_finite(s.pool, "features of --samples " + o.samples, net_hint);
   check_finite(s.logits, "logits of --samples " + o.samples, net_hint);
   FeatureSet rf;
   if (refs.images) {
-    rf = extract_features(*net, *refs.images, o.batch_size, "reference");
+    rf = extract_features(net, *refs.images, o.batch_size, "reference");
     check_finite(rf.pool, "features of --ref " + o.reference, net_hint);
   }
-  const ReferenceStats ref = complete_reference(refs, rf, *net);
-  nlohmann::json report = describe_run(o, *net, s, ref, refs.stored.has_value());
+  const ReferenceStats ref = complete_reference(refs, rf, net);
+  nlohmann::json report = describe_run(o, net, s, ref, refs.stored.has_value());
   if ((o.metrics.fid || o.metrics.sfid) && s.pool.size(0) < s.pool.size(1)) {
     const std::string w = "FID from " + std::to_string(s.pool.size(0)) + " samples with " +
                           std::to_string(s.pool.size(1)) +

@@ -50,7 +50,8 @@ void save_reference_stats(const std::string& path, const ReferenceStats& stats);
 /// Reads the stats stored in an .npz, if any (`mu`+`sigma` at least); nullopt if it holds only images.
 std::optional<ReferenceStats> load_reference_stats(const std::string& path);
 
-/// Runs the whole evaluation and returns the report record (also printed/written by the app).
-nlohmann::json evaluate_generative(const GenerativeEvalOptions& options, const RunContext& ctx);
+/// Runs the whole evaluation through `net` (built from options.features: experiments/feature_nets.h) and returns the
+/// report record (also printed/written by the app).
+nlohmann::json evaluate_generative(const GenerativeEvalOptions& options, FeatureNet& net);
 
 }  // namespace moh::eval

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "core/experiment_config.h"
 #include "core/run_context.h"
 #include "core/safetensors.h"
+#include "experiments/experiment_config.h"
 
 namespace moh::experiments {
 

@@ -6,15 +6,16 @@
 #include "core/cpu_precision.h"
 #include "core/error.h"
 #include "datasets/image_decode.h"
-#include "diffusion/dit_family.h"
-#include "eval/inception_family.h"
-#include "vision/classifier_family.h"
+#include "experiments/classifier_family.h"
+#include "experiments/dit_family.h"
+#include "experiments/inception_family.h"
+#include "experiments/train_tasks.h"
 
 namespace moh::experiments {
 
 const std::vector<ModelFamily>& model_families() {
-  static const std::vector<ModelFamily> families{vision::classifier_family(), diffusion::dit_family(),
-                                                 diffusion::sd_vae_family(), eval::fid_inception_family()};
+  static const std::vector<ModelFamily> families{experiments::classifier_family(), experiments::dit_family(),
+                                                 experiments::sd_vae_family(), experiments::fid_inception_family()};
   return families;
 }
 
@@ -94,7 +95,7 @@ LoopResult train_experiment(const ExperimentConfig& cfg, const TrainArgs& args) 
   validate_experiment(cfg);
   TrainArgs a = args;
   if (!a.precision_probe) a.precision_probe = training_probe(cfg);
-  return run_training(cfg, a, task_factory(cfg));
+  return run_training(loop_config(cfg), a, task_factory(cfg));
 }
 
 std::string attention_path_table() {

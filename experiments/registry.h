@@ -1,14 +1,14 @@
 #pragma once
 // The one registry of model families (timm's register_model / create_model): the TransNeXt / MoH-ViT classifiers,
 // DiT / MoH-DiT, and the fixed SD-VAE and FID-Inception networks, each described once by its own folder
-// (core/model_family.h says what a family supplies). Commands, benchmarks and tests find a family here by a
+// (experiments/model_family.h says what a family supplies). Commands, benchmarks and tests find a family here by a
 // variant name or an experiment and call its hooks; nothing else tests a family.
 #include <string>
 #include <vector>
 
-#include "core/experiment_config.h"
-#include "core/model_family.h"
 #include "core/train_loop.h"
+#include "experiments/experiment_config.h"
+#include "experiments/model_family.h"
 
 namespace moh::experiments {
 

@@ -18,10 +18,10 @@
 #include "core/sha256.h"
 #include "datasets/fashion_mnist.h"
 #include "datasets/image_grid.h"
-#include "diffusion/dit_experiment.h"
-#include "diffusion/dit_family.h"
 #include "diffusion/head_load.h"
 #include "diffusion/sample_set.h"
+#include "experiments/dit_experiment.h"
+#include "experiments/dit_family.h"
 #include "experiments/registry.h"
 
 namespace moh::experiments {

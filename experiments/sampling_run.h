@@ -8,7 +8,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "core/experiment_config.h"
+#include "experiments/experiment_config.h"
 
 namespace moh::experiments {
 

@@ -206,6 +206,7 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
     grep -q "epoch 1: top-1" "$tmp/run_ema/log.txt" && pass=$((pass + 1)) || { echo "FAIL: plot files, metrics time or log.txt"; fails=$((fails + 1)); }
   expect 2 "has no metrics.jsonl" -- plot "$tmp/run_ema/checkpoints"
   expect 2 "unknown flag --chekpoint (did you mean --checkpoint?)" -- eval --chekpoint "$tmp/run"
+  expect 2 "unexpected argument 'train.epochs=1'" -- train $NANO train.epochs=1 --run-dir "$tmp/run_stray"
   expect 0 "top-1" -- eval --ckpt "$tmp/run" --set data.limit_val=64 --batch 32
   expect 2 "has no EMA weights" -- eval $NANO --set data.limit_val=64 --checkpoint "$tmp/run" --ema
   expect 0 '"steps":2' -- train $NANO "${TINY[@]}" --set train.precision=bf16 --run-dir "$tmp/run_bf16"

@@ -7,8 +7,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <stdexcept>
 #include <string>
+
+#include "core/error.h"
 
 namespace moh::test {
 
@@ -80,6 +83,16 @@ inline double tolerance(torch::ScalarType dtype) {
 inline double rel_err(const torch::Tensor& a, const torch::Tensor& b) {
   double denom = std::max(b.abs().max().item<double>(), 1e-30);
   return (a - b).abs().max().item<double>() / denom;
+}
+
+/// The message of the UserError `f` throws ("" when it throws none).
+inline std::string user_error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
 }
 
 }  // namespace moh::test

@@ -1,87 +1,6 @@
 #include "vision/classifier_trainer.h"
 
-#include <sstream>
-
-#include "datasets/augment.h"
-#include "vision/nn/head_surgery.h"
-
 namespace moh::vision {
-
-namespace {
-
-// Parameter names excluded from weight decay besides 1-D tensors (TransNeXt optimizer.py no_weight_decay_keywords).
-const std::vector<std::string> kNoDecayKeywords{"query_embedding", "relative_pos_bias_local", "cpb", "temperature"};
-
-class ClassifierTask : public TrainTask {
- public:
-  std::vector<at::Tensor> take_head_load(torch::nn::Module& model) override { return nn::take_training_load(model); }
-  ClassifierTask(const ExperimentConfig& cfg, const RunContext& ctx)
-      : cfg_(cfg),
-        ctx_(ctx),
-        options_(classifier_options_for(cfg)),
-        train_(cfg, options_, true),
-        val_(cfg, options_, false),
-        mixup_(mixup_for(cfg, options_)) {}
-
-  std::shared_ptr<torch::nn::Module> build_model() override { return TransNeXt(options_).ptr(); }
-  std::string describe() const override {
-    std::ostringstream s;
-    s << cfg_.model.name << ": " << options_.active_ratio() * 100 << " % active heads";
-    return s.str();
-  }
-  bool decays(const std::string& name, const at::Tensor& p) const override {
-    if (p.dim() <= 1) return false;
-    for (const auto& k : kNoDecayKeywords)
-      if (name.find(k) != std::string::npos) return false;
-    return true;
-  }
-  bool per_rank_rng() const override { return true; }  // drop path draws differ per rank
-  std::unique_ptr<BatchStream> train_batches(int64_t epoch, int rank, int world, int64_t start_batch) const override {
-    return train_.epoch(epoch, cfg_.data.batch_size / world, /*train=*/true, start_batch, true, rank, world);
-  }
-  int64_t train_examples() const override { return train_.size(); }
-  LossTensors backward(torch::nn::Module& model, at::Tensor x, at::Tensor y, const StepInfo& at,
-                       const GradScaler& scaler) override {
-    if (mixup_.enabled()) {  // one λ per batch, drawn from (seed, epoch, batch): the same after a resume
-      datasets::AugRng rng(datasets::mix_seed(
-          datasets::mix_seed(static_cast<uint64_t>(cfg_.train.seed) ^ 0x6d697875ull, static_cast<uint64_t>(at.epoch)),
-          static_cast<uint64_t>(at.batch)));
-      y = datasets::mixup_batch_(x, y, mixup_, rng);
-    }
-    TransNeXt net(as_impl(model));
-    return classifier_backward(net, x.to(ctx_.device), y.to(ctx_.device), cfg_.train.accum_steps,
-                               cfg_.train.moh_loss_coeff, cfg_.train.label_smoothing, ctx_, scaler);
-  }
-  Scalars evaluate(const std::shared_ptr<torch::nn::Module>& model, dist::Group& group) override {
-    TransNeXt net(std::dynamic_pointer_cast<TransNeXtImpl>(model));
-    const EvalResult r = evaluate_sharded(net, val_, cfg_.data.eval_batch_size, ctx_, group);
-    return {{"top1", r.top1}, {"top5", r.top5}, {"val_loss", r.loss}};
-  }
-  std::string eval_message(int64_t epoch, const Scalars& m, const Scalars& ema) const override {
-    std::ostringstream s;
-    char line[160];
-    std::snprintf(line, sizeof line, "epoch %lld: top-1 %.2f %%, top-5 %.2f %%, val loss %.4f",
-                  static_cast<long long>(epoch + 1), scalar(m, "top1"), scalar(m, "top5"), scalar(m, "val_loss"));
-    s << line;
-    if (!ema.empty()) {
-      std::snprintf(line, sizeof line, "; EMA top-1 %.2f %%", scalar(ema, "top1"));
-      s << line;
-    }
-    return s.str();
-  }
-
- private:
-  static std::shared_ptr<TransNeXtImpl> as_impl(torch::nn::Module& m) {
-    return std::dynamic_pointer_cast<TransNeXtImpl>(m.shared_from_this());
-  }
-  ExperimentConfig cfg_;
-  RunContext ctx_;
-  TransNeXtOptions options_;
-  ClassifierSplit train_, val_;
-  datasets::MixupOptions mixup_;
-};
-
-}  // namespace
 
 LossTensors classifier_backward(TransNeXt& model, const at::Tensor& x, const at::Tensor& y, int64_t accum, double beta,
                                 double label_smoothing, const RunContext& ctx, const GradScaler& scaler) {
@@ -104,10 +23,6 @@ LossTensors classifier_backward(TransNeXt& model, const at::Tensor& x, const at:
     scaler.scale(loss / static_cast<double>(accum)).backward();
   }
   return {{"loss", task_sum / static_cast<double>(accum)}, {"aux", aux_sum / static_cast<double>(accum)}};
-}
-
-std::unique_ptr<TrainTask> make_classifier_task(const ExperimentConfig& cfg, const RunContext& ctx) {
-  return std::make_unique<ClassifierTask>(cfg, ctx);
 }
 
 }  // namespace moh::vision

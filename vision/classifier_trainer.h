@@ -1,12 +1,12 @@
 #pragma once
-// The classification task of the training loop (TransNeXt / MoH-ViT recipe): AdamW with the official no-decay
-// rules, cross-entropy with label smoothing (or Mixup/CutMix soft targets) plus the MoH load-balance loss
-// (mean over routed layers × β), gradient accumulation, top-1/top-5 evaluation of the model and its EMA. The loop
-// itself (schedule, EMA, checkpoints, resume, ranks) is core/train_loop.h; the experiment's model, data and
-// evaluation are vision/classifier_experiment.h.
+// The classifier's training step (TransNeXt / MoH-ViT recipe): cross-entropy with label smoothing (or Mixup/CutMix
+// soft targets) plus the MoH load-balance loss (mean over routed layers × β), gradient accumulation. The loop
+// (schedule, EMA, checkpoints, resume, ranks) is core/train_loop.h; the task that joins them with the experiment's
+// data and evaluation is experiments/train_tasks.h.
 #include "core/amp.h"
+#include "core/run_context.h"
 #include "core/train_loop.h"
-#include "vision/classifier_experiment.h"
+#include "vision/transnext.h"
 
 namespace moh::vision {
 
@@ -17,8 +17,5 @@ namespace moh::vision {
 /// micro-batches; 0-dim, on the device).
 LossTensors classifier_backward(TransNeXt& model, const at::Tensor& x, const at::Tensor& y, int64_t accum, double beta,
                                 double label_smoothing, const RunContext& ctx, const GradScaler& scaler);
-
-/// The classification task for run_training().
-std::unique_ptr<TrainTask> make_classifier_task(const ExperimentConfig& cfg, const RunContext& ctx);
 
 }  // namespace moh::vision

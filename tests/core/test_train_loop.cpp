@@ -92,18 +92,27 @@ class ToyTask : public TrainTask {
   at::Tensor x_, y_;
 };
 
-ExperimentConfig toy_config(const test::TempDir& d, const std::string& train) {
-  return load_experiment(d.write("toy.yaml", R"(
-model: {name: toy}
-data: {batch_size: 16}
-optim: {lr: 1.0e-2, weight_decay: 0.0}
-schedule: {kind: cosine, unit: step, warmup_epochs: 1, min_lr: 1.0e-4}
-train: {epochs: 3, log_every_steps: 3, seed: 11, )" +
-                                                 test::train_device_keys() + ", " + train + "}\n"));
+// The toy experiment as the loop sees it (the experiments layer fills a LoopConfig from a whole file the same way).
+LoopConfig toy_config(const test::TempDir& d, const std::string& train) {
+  (void)d;
+  const std::string yaml =
+      "optim: {lr: 1.0e-2, weight_decay: 0.0}\n"
+      "schedule: {kind: cosine, unit: step, warmup_epochs: 1, min_lr: 1.0e-4}\n"
+      "train: {epochs: 3, log_every_steps: 3, seed: 11, " +
+      test::train_device_keys() + ", " + train + "}\n";
+  const YAML::Node root = YAML::Load(yaml);
+  LoopConfig cfg;
+  cfg.name = "toy";
+  cfg.yaml = yaml;
+  cfg.batch_size = 16;
+  cfg.optim = config::read_struct<OptimConfig>(root["optim"], "toy optim");
+  cfg.schedule = config::read_struct<ScheduleConfig>(root["schedule"], "toy schedule");
+  cfg.train = config::read_struct<TrainConfig>(root["train"], "toy train");
+  return cfg;
 }
 
 // A run of the toy task set up by `setup` (NaN or dropped batches, no noise).
-LoopResult run_with(const ExperimentConfig& cfg, const std::string& dir, const std::function<void(ToyTask&)>& setup,
+LoopResult run_with(const LoopConfig& cfg, const std::string& dir, const std::function<void(ToyTask&)>& setup,
                     const std::string& resume = "") {
   return run_training(cfg, {dir, resume}, [&](const RunContext&) {
     auto task = std::make_unique<ToyTask>();
@@ -112,7 +121,7 @@ LoopResult run_with(const ExperimentConfig& cfg, const std::string& dir, const s
   });
 }
 
-LoopResult run(const ExperimentConfig& cfg, const std::string& dir, const std::string& resume = "",
+LoopResult run(const LoopConfig& cfg, const std::string& dir, const std::string& resume = "",
                int64_t signal_at_step = -1) {
   return run_training(cfg, {dir, resume}, [&](const RunContext&) {
     auto task = std::make_unique<ToyTask>();
@@ -147,10 +156,10 @@ std::string metrics_without_timing(const std::string& run) {
 
 TEST(TrainLoop, ResumeIsExactWithEmaAndNamedLosses) {
   test::TempDir d;
-  const ExperimentConfig cfg = toy_config(d, "ema_decay: 0.9");
+  const LoopConfig cfg = toy_config(d, "ema_decay: 0.9");
   const LoopResult full = run(cfg, d.file("full"));
   EXPECT_EQ(full.steps, 12);
-  ExperimentConfig first = cfg;
+  LoopConfig first = cfg;
   first.train.max_steps = 4;  // stop after epoch 1
   run(first, d.file("split"));
   const LoopResult resumed = run(cfg, d.file("split"), "auto");
@@ -175,7 +184,7 @@ TEST(TrainLoop, ResumeIsExactWithEmaAndNamedLosses) {
 // an epoch's last step leaves the end-of-epoch evaluation to the resumed run.
 TEST(TrainLoop, SignalStopsAtAStepBoundaryAndResumesInsideTheEpoch) {
   test::TempDir d;
-  const ExperimentConfig cfg = toy_config(d, "ema_decay: 0.9");  // 3 epochs × 4 steps
+  const LoopConfig cfg = toy_config(d, "ema_decay: 0.9");  // 3 epochs × 4 steps
   run(cfg, d.file("full"));
   const Checkpoint a = load_checkpoint(d.file("full"));
   for (const int64_t at : {5, 7}) {  // epoch 2 batch 2 of 4; epoch 2's last batch
@@ -224,7 +233,7 @@ TEST(TrainLoop, NoEmaUnlessAskedFor) {
 
 TEST(TrainLoop, RefusesToOverwriteARun) {
   test::TempDir d;
-  const ExperimentConfig cfg = toy_config(d, "max_steps: 2");
+  const LoopConfig cfg = toy_config(d, "max_steps: 2");
   run(cfg, d.file("run"));
   EXPECT_THROW(run(cfg, d.file("run")), UserError);
 }
@@ -256,7 +265,7 @@ TEST(TrainLoop, SkippedStepsAdvanceNeitherEmaNorScheduleNorCounter) {
   EXPECT_EQ(state.step, 7);
   EXPECT_EQ(state.skipped, 1);
   EXPECT_EQ(scaler.current_scale(), 32768.0);
-  ExperimentConfig cfg;  // warm-up over the first epoch of 10 batches: the lr moves with every step taken
+  LoopConfig cfg;  // warm-up over the first epoch of 10 batches: the lr moves with every step taken
   cfg.optim.lr = 1e-3;
   cfg.schedule.kind = LrSchedule::cosine;
   cfg.schedule.unit = ScheduleUnit::step;
@@ -284,7 +293,7 @@ TEST(TrainLoop, ANonFiniteBatchIsSkippedAsIfItWereNotThere) {
   for (const std::string& impl : impls) {
     SCOPED_TRACE(impl);
     test::TempDir d;
-    ExperimentConfig cfg = toy_config(d, "ema_decay: 0.9");
+    LoopConfig cfg = toy_config(d, "ema_decay: 0.9");
     cfg.train.epochs = 2;
     cfg.schedule.kind = LrSchedule::constant;
     cfg.optim.impl = config::enum_from_string<OptimImpl>(impl, "impl");
@@ -309,14 +318,14 @@ TEST(TrainLoop, ANonFiniteBatchIsSkippedAsIfItWereNotThere) {
 // non-finite was written; `--resume auto` (with a sane learning rate) continues from that checkpoint.
 TEST(TrainLoop, ADivergedRunStopsAndResumesFromItsLastFiniteCheckpoint) {
   test::TempDir d;
-  ExperimentConfig cfg = toy_config(d, "max_nonfinite_steps: 3");
+  LoopConfig cfg = toy_config(d, "max_nonfinite_steps: 3");
   cfg.schedule.kind = LrSchedule::constant;
   const std::string dir = d.file("run");
   const auto quiet = [](ToyTask& t) { t.noise_ = false; };
-  ExperimentConfig first = cfg;
+  LoopConfig first = cfg;
   first.train.epochs = 1;  // a finite checkpoint at step 4
   run_with(first, dir, quiet);
-  ExperimentConfig bad = cfg;
+  LoopConfig bad = cfg;
   bad.optim.lr = 1e30;  // epoch 2's first step throws the weights to ~1e30; every loss after it overflows
   std::string message;
   try {
@@ -346,7 +355,7 @@ TEST(Retention, KeepsTheNewestTheMilestonesAndBest) {
   EXPECT_EQ(checkpoints_to_prune({1, 2, 3, 4, 5, 6, 7, 8}, 8, 2, 3, 4), (std::vector<int64_t>{1, 3, 5}));
   EXPECT_EQ(checkpoints_to_prune({1, 2, 3}, 3, -1, 0, 0), std::vector<int64_t>{});  // keep_last 0: keep all
   test::TempDir d;
-  ExperimentConfig cfg = toy_config(d, "keep_last: 3, keep_every_steps: 8");
+  LoopConfig cfg = toy_config(d, "keep_last: 3, keep_every_steps: 8");
   cfg.train.epochs = 12;  // 4 steps an epoch, a checkpoint after each: steps 4, 8, ..., 48
   run(cfg, d.file("run"));
   std::set<std::string> left;
@@ -453,7 +462,7 @@ TEST(Distributed, GroupOfOneThroughTheBackendEqualsNoGroup) {
   }
   group->barrier();
   test::TempDir d;
-  const ExperimentConfig cfg = toy_config(d, "ema_decay: 0.9");
+  const LoopConfig cfg = toy_config(d, "ema_decay: 0.9");
   run(cfg, d.file("alone"));
   TrainArgs args{d.file("grouped"), ""};
   args.group = group;
@@ -466,7 +475,7 @@ TEST(Distributed, GroupOfOneThroughTheBackendEqualsNoGroup) {
 
 // timm CosineLRScheduler as the TransNeXt recipe configures it (per-epoch t, warm-up, cosine over t / epochs).
 TEST(TrainLoop, LearningRateSchedule) {
-  ExperimentConfig cfg;
+  LoopConfig cfg;
   cfg.optim.lr = 1e-3;
   cfg.schedule.kind = LrSchedule::cosine;
   cfg.schedule.warmup_epochs = 5;

@@ -4,21 +4,12 @@
 #include <set>
 
 #include "core/error.h"
-#include "diffusion/dit_experiment.h"
+#include "experiments/dit_experiment.h"
 #include "experiments/registry.h"
 #include "tests/test_util.h"
 
 namespace moh {
 namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(Experiment, OneFamilyDecisionForEveryName) {
   EXPECT_EQ(experiments::find_model_family("MoH-ViT-S-75").id, "classifier");
@@ -29,23 +20,27 @@ TEST(Experiment, OneFamilyDecisionForEveryName) {
   EXPECT_EQ(experiments::find_model_family("fid-inception").id, "fid-inception");
   for (const auto& n : experiments::all_model_names()) EXPECT_NO_THROW(experiments::find_model_family(n)) << n;
   // one "did you mean" across the tables: a near DiT name from a classifier-looking typo and back
-  EXPECT_NE(error_of([] { experiments::find_model_family("MoH-DiT-XL/2-9"); }).find("did you mean 'MoH-DiT-XL/2-90'"),
+  EXPECT_NE(test::user_error_of([] {
+              experiments::find_model_family("MoH-DiT-XL/2-9");
+            }).find("did you mean 'MoH-DiT-XL/2-90'"),
             std::string::npos);
-  EXPECT_NE(error_of([] { experiments::find_model_family("MoH-ViT-S-7"); }).find("did you mean 'MoH-ViT-S-75'"),
+  EXPECT_NE(
+      test::user_error_of([] { experiments::find_model_family("MoH-ViT-S-7"); }).find("did you mean 'MoH-ViT-S-75'"),
+      std::string::npos);
+  EXPECT_NE(test::user_error_of([] { experiments::find_model_family("sd-va"); }).find("did you mean 'sd-vae'"),
             std::string::npos);
-  EXPECT_NE(error_of([] { experiments::find_model_family("sd-va"); }).find("did you mean 'sd-vae'"), std::string::npos);
   // "DiT" in a name decides nothing
   EXPECT_THROW(experiments::find_model_family("MyDiT"), UserError);
 }
 
-ExperimentConfig config(const std::string& yaml) {
+experiments::ExperimentConfig config(const std::string& yaml) {
   test::TempDir d;
-  return load_experiment(d.write("c.yaml", yaml));
+  return experiments::load_experiment(d.write("c.yaml", yaml));
 }
 
 TEST(Registry, EveryFamilyIsCompleteAndNamesAreUnique) {
   std::set<std::string> ids, names;
-  for (const ModelFamily& f : experiments::model_families()) {
+  for (const experiments::ModelFamily& f : experiments::model_families()) {
     EXPECT_TRUE(ids.insert(f.id).second) << f.id;
     ASSERT_TRUE(f.names && f.summarize && f.forward) << f.id;
     EXPECT_FALSE(f.names().empty()) << f.id;
@@ -67,7 +62,7 @@ TEST(Registry, FixedNetworksCountTheParametersOfTheRealPackages) {
   // aux_logits=False), whose blocks pytorch-fid's FID-Inception replaces with same-sized ones.
   EXPECT_EQ(experiments::find_model_family("sd-vae").summarize("sd-vae").params, 83653863);
   EXPECT_EQ(experiments::find_model_family("fid-inception").summarize("fid-inception").params, 23850960);
-  const ModelSummary s = experiments::find_model_family("MoH-DiT-S/2-75").summarize("MoH-DiT-S/2-75");
+  const experiments::ModelSummary s = experiments::find_model_family("MoH-DiT-S/2-75").summarize("MoH-DiT-S/2-75");
   EXPECT_EQ(s.family, "dit");
   EXPECT_EQ(s.moh_layers, 12);
 }
@@ -103,14 +98,14 @@ TEST(Experiment, ValidationRefusesWhatTrainingRefuses) {
   // Guidance rules apply when sampling: a 1-channel pixel model trains with the defaults but cannot guide 3 channels.
   const std::string three = dit + "sampling: {cfg_scale: 4.0, cfg_channels: three}";
   EXPECT_NO_THROW(experiments::validate_experiment(config(three)));
-  EXPECT_NE(error_of([&] {
-              experiments::validate_experiment(config(three), ExperimentUse::sample);
+  EXPECT_NE(test::user_error_of([&] {
+              experiments::validate_experiment(config(three), experiments::ExperimentUse::sample);
             }).find("needs at least 3 channels"),
             std::string::npos);
   // extract-latents reads images for a vae: sd config
   EXPECT_NO_THROW(experiments::validate_experiment(
       config("model: {name: DiT-S/2}\ndiffusion: {vae: sd}\ndata: {dataset: fashion_mnist}"),
-      ExperimentUse::extract_latents));
+      experiments::ExperimentUse::extract_latents));
 }
 
 // The memory guard counts the widest layer's heads (MoH-DiT-XL/2-90's top layers have 24 heads, num_heads says 16)
@@ -119,13 +114,13 @@ TEST(Experiment, MemoryGuardUsesTheWidestLayerAndTheDevice) {
   diffusion::DiTOptions o = diffusion::dit_options("MoH-DiT-XL/2-90");
   o.input_size = 64;                              // 512 px: 1,024 tokens
   const double per_head = 1024.0 * 1024.0 * 4.0;  // one image, one head
-  EXPECT_DOUBLE_EQ(diffusion::attention_map_bytes(o, 1), 24 * per_head);
+  EXPECT_DOUBLE_EQ(experiments::attention_map_bytes(o, 1), 24 * per_head);
   const auto budget = static_cast<int64_t>(20 * per_head * 32);  // fits 16 heads × 32 images, not 24 heads
-  EXPECT_NE(error_of([&] {
-              diffusion::check_attention_memory(o, 32, {budget, "GPU cuda:0"});
+  EXPECT_NE(test::user_error_of([&] {
+              experiments::check_attention_memory(o, 32, {budget, "GPU cuda:0"});
             }).find("GiB of GPU cuda:0"),
             std::string::npos);
-  EXPECT_EQ(error_of([&] { diffusion::check_attention_memory(o, 16, {budget, "GPU cuda:0"}); }), "");
+  EXPECT_EQ(test::user_error_of([&] { experiments::check_attention_memory(o, 16, {budget, "GPU cuda:0"}); }), "");
   EXPECT_EQ(device_memory("cpu").bytes, physical_memory_bytes());
   EXPECT_EQ(device_memory("cpu").name, "this machine");
 }

@@ -15,6 +15,7 @@
 #include "diffusion/sample_set.h"
 #include "diffusion/sampler.h"
 #include "diffusion/sd_vae.h"
+#include "experiments/dit_experiment.h"
 #include "experiments/registry.h"
 #include "tests/diffusion/tiny_dit.h"
 #include "tests/test_util.h"
@@ -232,16 +233,16 @@ TEST(DiffusionTrainer, ResumeIsExactWithEma) {
   if (!std::filesystem::exists(std::string(datasets::kFashionMnistDir) + "/train-labels-idx1-ubyte.gz"))
     GTEST_SKIP() << "dataset-fashion-mnist not installed";
   test::TempDir d;
-  ExperimentConfig cfg = load_experiment(d.write("tiny.yaml", R"(
+  experiments::ExperimentConfig cfg = experiments::load_experiment(d.write("tiny.yaml", R"(
 model: {name: MoH-DiT-Pixel/4-75, num_classes: 10}
 data: {batch_size: 16, limit_train: 48, hflip: true}
 optim: {lr: 1.0e-3, weight_decay: 0.0, clip_grad: 0.0}
 schedule: {kind: constant, warmup_epochs: 0}
-train: {epochs: 2, ema_decay: 0.9, log_every_steps: 1, seed: 4, )" +
-                                                                  test::train_device_keys() + "}\n"));
+train: {epochs: 2, ema_decay: 0.9, log_every_steps: 1, seed: 4, )" + test::train_device_keys() +
+                                                                                            "}\n"));
   const LoopResult full = experiments::train_experiment(cfg, {d.file("full"), ""});
   EXPECT_EQ(full.steps, 6);
-  ExperimentConfig first = cfg;
+  experiments::ExperimentConfig first = cfg;
   first.train.max_steps = 3;  // 48 / 16 = 3 steps: stop at the end of epoch 1
   experiments::train_experiment(first, {d.file("split"), ""});
   const LoopResult resumed = experiments::train_experiment(cfg, {d.file("split"), "auto"});
@@ -254,13 +255,13 @@ train: {epochs: 2, ema_decay: 0.9, log_every_steps: 1, seed: 4, )" +
   EXPECT_FALSE(torch::equal(a.ema.at("final_layer.linear.weight"), a.model.at("final_layer.linear.weight")));
   EXPECT_EQ(read_file(d.file("full") + "/metrics.jsonl").size() > 0, true);
   // The EMA weights load for sampling.
-  LoadedDiT loaded = load_dit_checkpoint(d.file("full"));
+  experiments::LoadedDiT loaded = experiments::load_dit_checkpoint(d.file("full"));
   EXPECT_EQ(loaded.cfg.model.name, "MoH-DiT-Pixel/4-75");
   EXPECT_EQ(loaded.weights, "ema");
   EXPECT_EQ(loaded.step, 6);
   EXPECT_FALSE(loaded.model->is_training());
   EXPECT_TRUE(torch::equal(loaded.model->final_layer->linear->weight, a.ema.at("final_layer.linear.weight")));
-  EXPECT_EQ(load_dit_checkpoint(d.file("full"), /*prefer_ema=*/false).weights, "model");
+  EXPECT_EQ(experiments::load_dit_checkpoint(d.file("full"), /*prefer_ema=*/false).weights, "model");
 }
 
 // train.ema_decay: 0 means no EMA: the checkpoint has no ema.safetensors and sampling uses the trained weights
@@ -269,18 +270,17 @@ TEST(DiffusionTrainer, NoEmaSamplesTheTrainedWeights) {
   if (!std::filesystem::exists(std::string(datasets::kFashionMnistDir) + "/train-labels-idx1-ubyte.gz"))
     GTEST_SKIP() << "dataset-fashion-mnist not installed";
   test::TempDir d;
-  ExperimentConfig cfg = load_experiment(d.write("tiny.yaml", R"(
+  experiments::ExperimentConfig cfg = experiments::load_experiment(d.write("tiny.yaml", R"(
 model: {name: MoH-DiT-Pixel/4-75, num_classes: 10}
 data: {batch_size: 16, limit_train: 32}
 optim: {lr: 1.0e-3, weight_decay: 0.0, clip_grad: 0.0}
 schedule: {kind: constant, warmup_epochs: 0}
-train: {epochs: 1, ema_decay: 0.0, seed: 4, )" + test::train_device_keys() +
-                                                                  "}\n"));
+train: {epochs: 1, ema_decay: 0.0, seed: 4, )" + test::train_device_keys() + "}\n"));
   experiments::train_experiment(cfg, {d.file("run"), ""});
   const Checkpoint c = load_checkpoint(d.file("run"));
   EXPECT_TRUE(c.ema.empty());
   EXPECT_FALSE(std::filesystem::exists(c.dir + "/ema.safetensors"));
-  LoadedDiT loaded = load_dit_checkpoint(d.file("run"));
+  experiments::LoadedDiT loaded = experiments::load_dit_checkpoint(d.file("run"));
   EXPECT_EQ(loaded.weights, "model");
   EXPECT_EQ(loaded.step, 2);
   EXPECT_TRUE(torch::equal(loaded.model->final_layer->linear->weight, c.model.at("final_layer.linear.weight")));

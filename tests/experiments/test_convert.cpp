@@ -6,11 +6,11 @@
 #include "core/checkpoint.h"
 #include "core/error.h"
 #include "diffusion/dit.h"
-#include "diffusion/dit_experiment.h"
+#include "experiments/classifier_experiment.h"
 #include "experiments/convert.h"
+#include "experiments/dit_experiment.h"
 #include "experiments/registry.h"
 #include "tests/test_util.h"
-#include "vision/classifier_experiment.h"
 #include "vision/nn/head_surgery.h"
 #include "vision/transnext.h"
 
@@ -20,9 +20,9 @@ namespace {
 using experiments::ConvertOptions;
 using experiments::SharedChoice;
 
-ExperimentConfig fashion(const std::string& file, std::vector<std::string> sets) {
+experiments::ExperimentConfig fashion(const std::string& file, std::vector<std::string> sets) {
   sets.insert(sets.begin(), {"data.limit_train=64", "data.batch_size=16", "train.precision=fp32"});
-  return load_experiment(std::string(MOH_SOURCE_DIR) + "/configs/fashion_mnist/" + file, sets);
+  return experiments::load_experiment(std::string(MOH_SOURCE_DIR) + "/configs/fashion_mnist/" + file, sets);
 }
 
 // Moves every parameter off its initial value (DiT's adaLN-Zero would hide the attention; TransNeXt's temperature
@@ -38,9 +38,9 @@ struct AnyModel {
   std::shared_ptr<torch::nn::Module> module;
   std::function<torch::Tensor(const torch::Tensor&)> forward;
 };
-AnyModel build(const ExperimentConfig& cfg) {
+AnyModel build(const experiments::ExperimentConfig& cfg) {
   if (cfg.model.name.rfind("DiT", 0) == 0 || cfg.model.name.rfind("MoH-DiT", 0) == 0) {
-    auto m = diffusion::DiT(diffusion::dit_options_for(cfg));
+    auto m = diffusion::DiT(experiments::dit_options_for(cfg));
     return {m.ptr(), [m](const torch::Tensor& x) mutable {
               const auto n = x.size(0);
               return m
@@ -49,10 +49,10 @@ AnyModel build(const ExperimentConfig& cfg) {
                   .out;
             }};
   }
-  auto m = vision::TransNeXt(vision::classifier_options_for(cfg));
+  auto m = vision::TransNeXt(experiments::classifier_options_for(cfg));
   return {m.ptr(), [m](const torch::Tensor& x) mutable { return m->forward(x).logits; }};
 }
-torch::Tensor input_for(const ExperimentConfig& cfg, torch::ScalarType dtype) {
+torch::Tensor input_for(const experiments::ExperimentConfig& cfg, torch::ScalarType dtype) {
   torch::manual_seed(5);
   const bool dit = cfg.model.name.find("DiT") != std::string::npos;
   return torch::randn({3, 1, dit ? 28 : 32, dit ? 28 : 32}, torch::TensorOptions().dtype(dtype));
@@ -62,7 +62,7 @@ TEST(Convert, PermutingHeadsKeepsTheDenseFunction) {
   for (const char* file : {"dit_pixel.yaml", "mha_vit_nano.yaml"})
     for (auto dtype : {torch::kFloat, torch::kDouble}) {
       SCOPED_TRACE(std::string(file) + (dtype == torch::kDouble ? " fp64" : " fp32"));
-      const ExperimentConfig cfg = fashion(file, {});
+      const experiments::ExperimentConfig cfg = fashion(file, {});
       AnyModel a = build(cfg), b = build(cfg);
       perturb(*a.module, 1);
       a.module->to(dtype);
@@ -91,7 +91,7 @@ TEST(Convert, PermutingHeadsKeepsTheDenseFunction) {
 }
 
 // Dense weights of `dense_cfg`'s model (perturbed) in a file.
-std::string dense_file(const ExperimentConfig& dense_cfg, const test::TempDir& dir, AnyModel& dense) {
+std::string dense_file(const experiments::ExperimentConfig& dense_cfg, const test::TempDir& dir, AnyModel& dense) {
   dense = build(dense_cfg);
   perturb(*dense.module, 3);
   const std::string path = dir.file("dense.safetensors");
@@ -134,7 +134,7 @@ TEST(Convert, EveryRoutedHeadOnEqualsTheDenseModelForwardAndBackward) {
         o.mask_steps = 3;
         std::vector<std::string> sets = c.every_head;
         sets.push_back(std::string("model.router=") + router);
-        const ExperimentConfig target = fashion(c.dense, sets);
+        const experiments::ExperimentConfig target = fashion(c.dense, sets);
         const experiments::ConvertResult r = experiments::convert_to_moh(target, o, ctx);
         EXPECT_EQ(r.created.empty(), std::string(router) == "query_norm");  // learned routers are new (zeros)
         for (const auto& name : r.created) EXPECT_EQ(r.weights.at(name).abs().max().item<double>(), 0.0) << name;
@@ -166,7 +166,7 @@ TEST(Convert, EveryRoutedHeadOnEqualsTheDenseModelForwardAndBackward) {
 
 TEST(Convert, ImportanceSharesTheHeadsThatContributeMost) {
   const test::TempDir dir;
-  const ExperimentConfig dense_cfg = fashion("dit_pixel.yaml", {});
+  const experiments::ExperimentConfig dense_cfg = fashion("dit_pixel.yaml", {});
   AnyModel dense = build(dense_cfg);
   perturb(*dense.module, 4);
   {
@@ -182,7 +182,7 @@ TEST(Convert, ImportanceSharesTheHeadsThatContributeMost) {
   o.source = dir.file("dense.safetensors");
   o.shared = SharedChoice::importance;
   o.calib_batches = 2;
-  const ExperimentConfig target = fashion("dit_pixel.yaml", {"model.shared_heads=[2]", "model.topk=[3]"});
+  const experiments::ExperimentConfig target = fashion("dit_pixel.yaml", {"model.shared_heads=[2]", "model.topk=[3]"});
   const auto r = experiments::convert_to_moh(target, o, RunContext::create("cpu", Precision::fp32, 0));
   ASSERT_EQ(r.layers.size(), 6u);
   for (const auto& l : r.layers) {
@@ -199,11 +199,11 @@ TEST(Convert, ImportanceSharesTheHeadsThatContributeMost) {
 TEST(Convert, RefusesWeightsOfAnotherShapeOrAlreadyMoH) {
   const test::TempDir dir;
   AnyModel dense;
-  const ExperimentConfig dense_cfg = fashion("dit_pixel.yaml", {});
+  const experiments::ExperimentConfig dense_cfg = fashion("dit_pixel.yaml", {});
   ConvertOptions o;
   o.source = dense_file(dense_cfg, dir, dense);
   const RunContext ctx = RunContext::create("cpu", Precision::fp32, 0);
-  auto message = [&](const ExperimentConfig& target, const std::string& source) {
+  auto message = [&](const experiments::ExperimentConfig& target, const std::string& source) {
     ConvertOptions oo = o;
     oo.source = source;
     try {
@@ -213,7 +213,7 @@ TEST(Convert, RefusesWeightsOfAnotherShapeOrAlreadyMoH) {
     }
     return std::string("no error");
   };
-  const ExperimentConfig moh = fashion("moh_dit_pixel.yaml", {});
+  const experiments::ExperimentConfig moh = fashion("moh_dit_pixel.yaml", {});
   EXPECT_NE(message(fashion("moh_vit_nano.yaml", {}), o.source).find("has no place in"), std::string::npos);
   TensorMap w = load_safetensors(o.source).tensors;
   w["blocks.0.attn.qkv.weight"] = w["blocks.0.attn.qkv.weight"].narrow(0, 0, 96);
@@ -241,10 +241,10 @@ TEST(Convert, HeadSplitOverridesAreChecked) {
   EXPECT_TRUE(refused("dit_pixel.yaml", {"model.shared_heads=[4,4]", "model.topk=[2,2]"}));  // 6 layers
   EXPECT_TRUE(refused("mha_vit_nano.yaml", {"model.shared_heads=[2]", "model.topk=[0]"}));   // 4 stages
   EXPECT_FALSE(refused("dit_pixel.yaml", {"model.shared_heads=[4,4,4,4,8,8]", "model.topk=[2,2,2,2,0,0]"}));
-  const auto o = diffusion::dit_options_for(fashion("dit_pixel.yaml", {"model.shared_heads=[4]", "model.topk=[2]"}));
+  const auto o = experiments::dit_options_for(fashion("dit_pixel.yaml", {"model.shared_heads=[4]", "model.topk=[2]"}));
   EXPECT_NEAR(o.active_ratio(), 0.75, 1e-12);
   EXPECT_EQ(o.routed_layers(), 6);
-  const auto v = vision::classifier_options_for(
+  const auto v = experiments::classifier_options_for(
       fashion("mha_vit_nano.yaml", {"model.shared_heads=[2,2,2,4]", "model.topk=[0,1,4,2]"}));
   EXPECT_NEAR(v.active_ratio(), vision::classifier_options("MoH-ViT-Nano-75").active_ratio(), 1e-12);
 }

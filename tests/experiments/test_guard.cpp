@@ -6,6 +6,7 @@
 #include "core/atomic_io.h"
 #include "core/checkpoint.h"
 #include "experiments/registry.h"
+#include "experiments/train_tasks.h"
 #include "tests/test_util.h"
 
 namespace moh {
@@ -38,10 +39,11 @@ class NanBatch : public TrainTask {
   int64_t batch_;
 };
 
-ExperimentConfig tiny(const std::string& file, const std::string& precision) {
-  return load_experiment(std::string(MOH_SOURCE_DIR) + "/configs/fashion_mnist/" + file,
-                         {"data.limit_train=256", "data.limit_val=64", "train.epochs=1", "train.processes=1",
-                          "train.log_every_steps=1", "train.precision=" + precision, "train.device=cpu"});
+experiments::ExperimentConfig tiny(const std::string& file, const std::string& precision) {
+  return experiments::load_experiment(
+      std::string(MOH_SOURCE_DIR) + "/configs/fashion_mnist/" + file,
+      {"data.limit_train=256", "data.limit_val=64", "train.epochs=1", "train.processes=1", "train.log_every_steps=1",
+       "train.precision=" + precision, "train.device=cpu"});
 }
 
 TEST(Guard, TheRealTrainersSkipANonFiniteBatchAndKeepEverythingElse) {
@@ -49,19 +51,21 @@ TEST(Guard, TheRealTrainersSkipANonFiniteBatchAndKeepEverythingElse) {
     for (const char* precision : {"fp32", "bf16"}) {
       SCOPED_TRACE(std::string(file) + " " + precision);
       test::TempDir d;
-      const ExperimentConfig cfg = tiny(file, precision);
+      const experiments::ExperimentConfig cfg = tiny(file, precision);
       const TaskFactory make = experiments::task_factory(cfg);
       int64_t batches = 0;
-      const LoopResult guarded = run_training(cfg, {d.file("nan"), ""}, [&](const RunContext& ctx) {
-        std::unique_ptr<TrainTask> inner = make(ctx);
-        batches = inner->train_batches(0, 0, 1, 0)->num_batches();
-        return std::make_unique<NanBatch>(std::move(inner), batches - 1);  // the epoch's last batch
-      });
+      const LoopResult guarded =
+          run_training(experiments::loop_config(cfg), {d.file("nan"), ""}, [&](const RunContext& ctx) {
+            std::unique_ptr<TrainTask> inner = make(ctx);
+            batches = inner->train_batches(0, 0, 1, 0)->num_batches();
+            return std::make_unique<NanBatch>(std::move(inner), batches - 1);  // the epoch's last batch
+          });
       ASSERT_GE(batches, 2);
       EXPECT_EQ(guarded.steps, batches - 1);
-      ExperimentConfig stopped = cfg;
-      stopped.train.max_steps = batches - 1;  // the same run, stopped before the batch
-      run_training(stopped, {d.file("stop"), ""}, make);
+      // the same run, stopped before the batch
+      const experiments::ExperimentConfig stopped =
+          experiments::with_overrides(cfg, {"train.max_steps=" + std::to_string(batches - 1)});
+      run_training(experiments::loop_config(stopped), {d.file("stop"), ""}, make);
       const Checkpoint a = load_checkpoint(d.file("nan")), b = load_checkpoint(d.file("stop"));
       for (const auto& [k, v] : b.model) EXPECT_TRUE(torch::equal(a.model.at(k), v)) << k;
       for (const auto& [k, v] : b.ema) EXPECT_TRUE(torch::equal(a.ema.at(k), v)) << k;

@@ -5,6 +5,7 @@
 #include "core/checkpoint.h"
 #include "core/error.h"
 #include "datasets/loader.h"
+#include "experiments/classifier_experiment.h"
 #include "experiments/registry.h"
 #include "tests/test_util.h"
 #include "vision/classifier_trainer.h"
@@ -18,7 +19,7 @@ bool have_fashion_mnist() {
   return std::filesystem::exists(std::string(datasets::kFashionMnistDir) + "/t10k-labels-idx1-ubyte.gz");
 }
 
-ExperimentConfig tiny_config(const test::TempDir& d) {
+experiments::ExperimentConfig tiny_config(const test::TempDir& d) {
   std::string f = d.write("tiny.yaml", R"(
 model: {name: MoH-ViT-Nano}
 data: {batch_size: 64, limit_train: 256, limit_val: 128, shift: 2, hflip: true}
@@ -27,7 +28,7 @@ schedule: {kind: cosine, unit: step, warmup_epochs: 1}
 train: {epochs: 2, log_every_steps: 1, seed: 3, )" +
                                            test::train_device_keys() + R"(}
 )");
-  return load_experiment(f);
+  return experiments::load_experiment(f);
 }
 
 std::vector<std::string> metric_lines(const std::string& run) {
@@ -45,9 +46,9 @@ std::vector<std::string> metric_lines(const std::string& run) {
 TEST(ClassificationTrainer, ResumeIsExact) {
   if (!have_fashion_mnist()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
   test::TempDir d;
-  ExperimentConfig cfg = tiny_config(d);
+  experiments::ExperimentConfig cfg = tiny_config(d);
   const LoopResult full = experiments::train_experiment(cfg, {d.file("full"), ""});
-  ExperimentConfig first = cfg;
+  experiments::ExperimentConfig first = cfg;
   first.train.max_steps = 4;  // 256 / 64 = 4 steps: stop at the end of epoch 1
   experiments::train_experiment(first, {d.file("split"), ""});
   EXPECT_THROW(experiments::train_experiment(cfg, {d.file("split"), ""}),

@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/experiment_config.h"
+#include "vision/nn/model_config.h"
 
 namespace moh::nn {
 

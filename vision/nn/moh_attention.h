@@ -9,10 +9,10 @@
 
 #include <cstdint>
 
-#include "core/experiment_config.h"
 #include "vision/nn/attention_core.h"
 #include "vision/nn/head_surgery.h"
 #include "vision/nn/linear.h"
+#include "vision/nn/model_config.h"
 
 namespace moh::nn {
 

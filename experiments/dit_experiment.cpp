@@ -1,17 +1,17 @@
-#include "diffusion/dit_experiment.h"
+#include "experiments/dit_experiment.h"
 
 #include "core/checkpoint.h"
 #include "core/error.h"
-#include "core/model_family.h"
 #include "core/retention.h"
 #include "core/run_context.h"
-#include "datasets/experiment_data.h"
 #include "diffusion/diffusion_schedule.h"
+#include "experiments/experiment_data.h"
+#include "experiments/model_family.h"
 
-namespace moh::diffusion {
+namespace moh::experiments {
 
-DiTOptions dit_options_for(const ExperimentConfig& cfg) {
-  DiTOptions o = dit_options(cfg.model.name);
+diffusion::DiTOptions dit_options_for(const ExperimentConfig& cfg) {
+  diffusion::DiTOptions o = diffusion::dit_options(cfg.model.name);
   if (cfg.model.num_classes > 0) o.num_classes = cfg.model.num_classes;
   if (cfg.model.img_size > 0) {  // pixel space: image side = input side; SD latents: image side / 8
     const bool latent = cfg.diffusion.vae == VaeKind::sd;
@@ -42,14 +42,14 @@ DiTOptions dit_options_for(const ExperimentConfig& cfg) {
   return o;
 }
 
-double attention_map_bytes(const DiTOptions& o, int64_t rank_batch) {
+double attention_map_bytes(const diffusion::DiTOptions& o, int64_t rank_batch) {
   int64_t heads = 0;  // the widest layer (MoH-DiT-L/XL: 24-head layers above num_heads = 16)
   for (int64_t i = 0; i < o.depth; ++i) heads = std::max(heads, o.layer(i).num_heads);
   const double tokens = static_cast<double>(o.num_patches());
   return static_cast<double>(rank_batch) * static_cast<double>(heads) * tokens * tokens * 4.0;
 }
 
-void check_attention_memory(const DiTOptions& o, int64_t rank_batch, const DeviceMemory& memory) {
+void check_attention_memory(const diffusion::DiTOptions& o, int64_t rank_batch, const DeviceMemory& memory) {
   const double bytes = attention_map_bytes(o, rank_batch);
   if (bytes > static_cast<double>(memory.bytes))
     throw UserError("config: model.img_size",
@@ -60,7 +60,7 @@ void check_attention_memory(const DiTOptions& o, int64_t rank_batch, const Devic
                     "lower model.img_size or data.batch_size");
 }
 
-void check_sampling_topk(const DiTOptions& o, int64_t topk, const std::string& key) {
+void check_sampling_topk(const diffusion::DiTOptions& o, int64_t topk, const std::string& key) {
   if (topk == -1) return;
   int64_t pool = 0, shared = -1;  // the smallest routed pool and shared count: every routed layer takes the same K
   for (int64_t i = 0; i < o.depth; ++i)
@@ -81,7 +81,7 @@ void check_sampling_topk(const DiTOptions& o, int64_t topk, const std::string& k
                     "choose K ≥ 1");
 }
 
-void check_head_budgets(const DiTOptions& o, const SamplingConfig& sc) {
+void check_head_budgets(const diffusion::DiTOptions& o, const SamplingConfig& sc) {
   check_sampling_topk(o, sc.topk, "sampling.topk");
   for (size_t i = 0; i < sc.topk_schedule.size(); ++i)
     check_sampling_topk(o, sc.topk_schedule[i], "sampling.topk_schedule[" + std::to_string(i) + "]");
@@ -91,9 +91,9 @@ void check_head_budgets(const DiTOptions& o, const SamplingConfig& sc) {
                     "set sampling.cfg_scale > 1 or remove sampling.guide_topk");
 }
 
-SampleOptions sample_options_for(const ExperimentConfig& cfg) {
+diffusion::SampleOptions sample_options_for(const ExperimentConfig& cfg) {
   const SamplingConfig& sc = cfg.sampling;
-  SampleOptions so;
+  diffusion::SampleOptions so;
   so.sampler = sc.sampler;
   so.eta = sc.eta;
   so.cfg_scale = sc.cfg_scale;
@@ -105,8 +105,8 @@ SampleOptions sample_options_for(const ExperimentConfig& cfg) {
   so.topk_schedule = sc.topk_schedule;
   so.guide_topk = sc.guide_topk;
   so.cuda_graph = sc.cuda_graph == CudaGraphMode::automatic;
-  if (!is_ode_sampler(sc.sampler)) {
-    space_timesteps(cfg.diffusion.steps, sc.steps);  // a UserError if the spec cannot respace T
+  if (!diffusion::is_ode_sampler(sc.sampler)) {
+    diffusion::space_timesteps(cfg.diffusion.steps, sc.steps);  // a UserError if the spec cannot respace T
     return so;
   }
   const std::string& s = sc.steps;
@@ -123,7 +123,7 @@ SampleOptions sample_options_for(const ExperimentConfig& cfg) {
 }
 
 void validate_dit_experiment(const ExperimentConfig& cfg, bool training, bool sampling) {
-  const DiTOptions o = dit_options_for(cfg);
+  const diffusion::DiTOptions o = dit_options_for(cfg);
   // One attention map of the widest layer for a rank's batch (a lower bound of what training holds) must fit the
   // memory of the device the run trains on.
   check_attention_memory(o, cfg.data.batch_size / std::max<int64_t>(1, cfg.train.processes),
@@ -149,7 +149,7 @@ void validate_dit_experiment(const ExperimentConfig& cfg, bool training, bool sa
     throw UserError("config: diffusion.vae", "data.dataset: latents needs vae: sd", "set diffusion.vae: sd");
 }
 
-DiTTrainData::DiTTrainData(const ExperimentConfig& cfg, const DiTOptions& mo)
+DiTTrainData::DiTTrainData(const ExperimentConfig& cfg, const diffusion::DiTOptions& mo)
     : cfg_(cfg), latent_(cfg.data.dataset == DatasetKind::latents) {
   if (latent_) {
     latent_meta_ = datasets::read_latent_meta(cfg.data.root);
@@ -168,7 +168,7 @@ DiTTrainData::DiTTrainData(const ExperimentConfig& cfg, const DiTOptions& mo)
         std::make_shared<const datasets::LatentStore>(cfg.data.root, latent_meta_);  // every shard's header checked
     return;
   }
-  pixels_ = datasets::load_split(cfg, true, mo.in_channels);
+  pixels_ = experiments::load_split(cfg, true, mo.in_channels);
   tf_.size = mo.input_size;
   tf_.hflip = cfg.data.hflip;
   tf_.shift = 0;  // no padding: side = input size
@@ -207,12 +207,12 @@ std::unique_ptr<BatchStream> DiTTrainData::epoch(int64_t epoch, int rank, int wo
                                                  world);  // the rank's strided share of every batch
 }
 
-AutoencoderKL load_sampling_vae(const ExperimentConfig& cfg, const RunContext& ctx) {
-  if (cfg.diffusion.vae != VaeKind::sd) return AutoencoderKL(nullptr);
+diffusion::AutoencoderKL load_sampling_vae(const ExperimentConfig& cfg, const RunContext& ctx) {
+  if (cfg.diffusion.vae != VaeKind::sd) return diffusion::AutoencoderKL(nullptr);
   if (cfg.diffusion.vae_weights.empty())
     throw UserError("config: diffusion.vae_weights", "is empty, but vae: sd samples must be decoded",
                     "set it to sd-vae-ft-ema's diffusion_pytorch_model.safetensors");
-  AutoencoderKL vae;
+  diffusion::AutoencoderKL vae;
   load_sd_vae(vae, cfg.diffusion.vae_weights);
   vae->eval();
   vae->to(ctx.device);
@@ -220,11 +220,11 @@ AutoencoderKL load_sampling_vae(const ExperimentConfig& cfg, const RunContext& c
 }
 
 LoadedDiT load_dit_checkpoint(const std::string& path, bool prefer_ema) {
-  auto [ckpt, cfg] = open_family_checkpoint(path, names_of(dit_variants()), "DiT", "pass a DiT run");
+  auto [ckpt, cfg] = open_family_checkpoint(path, names_of(diffusion::dit_variants()), "DiT", "pass a DiT run");
   hold_checkpoint(ckpt.dir);  // a run pruning its checkpoints leaves this one alone while we read it
   LoadedDiT r;
   r.cfg = cfg;
-  r.model = DiT(dit_options_for(r.cfg));
+  r.model = diffusion::DiT(dit_options_for(r.cfg));
   r.dir = ckpt.dir;
   r.step = ckpt.state.step;
   r.weights = load_checkpoint_weights(*r.model, ckpt, prefer_ema, /*require_ema=*/false).which;
@@ -232,4 +232,4 @@ LoadedDiT load_dit_checkpoint(const std::string& path, bool prefer_ema) {
   return r;
 }
 
-}  // namespace moh::diffusion
+}  // namespace moh::experiments

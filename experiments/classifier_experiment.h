@@ -1,40 +1,40 @@
 #pragma once
 // A classification experiment built from its config: the model options, input pipelines, data splits and their
-// loaders, top-1/top-5 evaluation and checkpoint loading. Used by the classification trainer, `moh eval` and the
-// classifier feature net of the evaluators (eval/features.cpp).
+// loaders, top-1/top-5 evaluation and checkpoint loading. Used by the classification task (train_tasks.cpp),
+// `moh eval` and the classifier feature net (feature_nets.cpp).
 #include <memory>
 #include <string>
 
 #include "core/distributed.h"
-#include "core/experiment_config.h"
 #include "core/run_context.h"
 #include "datasets/augment.h"
 #include "datasets/image_folder.h"
 #include "datasets/loader.h"
+#include "experiments/experiment_config.h"
 #include "vision/head_load.h"
 #include "vision/transnext.h"
 
-namespace moh::vision {
+namespace moh::experiments {
 
 /// The model of an experiment: the registry variant with the config's overrides applied (UserError for overrides a
 /// classifier cannot take).
-TransNeXtOptions classifier_options_for(const ExperimentConfig& cfg);
+vision::TransNeXtOptions classifier_options_for(const ExperimentConfig& cfg);
 
 /// Every rule of a classification experiment beyond ExperimentConfig::validate(): model overrides, augmentation
 /// specs. Reads no data; run by `moh config` and before any work by every command.
 void validate_classifier_experiment(const ExperimentConfig& cfg);
 
 /// Input pipeline of the experiment (training adds the configured augmentation).
-datasets::ImageTransform transform_for(const ExperimentConfig& cfg, const TransNeXtOptions& model);
+datasets::ImageTransform transform_for(const ExperimentConfig& cfg, const vision::TransNeXtOptions& model);
 
 /// Mixup/CutMix settings of the experiment (off unless augment.mixup / augment.cutmix > 0).
-datasets::MixupOptions mixup_for(const ExperimentConfig& cfg, const TransNeXtOptions& model);
+datasets::MixupOptions mixup_for(const ExperimentConfig& cfg, const vision::TransNeXtOptions& model);
 
 /// One split of a classification experiment: decoded into memory (data.loader: memory) or an ImageFolder index
 /// streamed batch by batch (data.loader: stream), with the loaders of its epochs.
 class ClassifierSplit {
  public:
-  ClassifierSplit(const ExperimentConfig& cfg, const TransNeXtOptions& model, bool train);
+  ClassifierSplit(const ExperimentConfig& cfg, const vision::TransNeXtOptions& model, bool train);
   int64_t size() const;
   /// One epoch in batches (train: shuffled and augmented; eval: in order, every image once).
   /// With world > 1 the rank's share (strided), `batch_size` images per rank.
@@ -43,7 +43,7 @@ class ClassifierSplit {
 
  private:
   ExperimentConfig cfg_;
-  TransNeXtOptions model_;
+  vision::TransNeXtOptions model_;
   datasets::ImageTransform tf_;
   datasets::SampleTransformOptions stream_tf_;
   datasets::ImageSet set_;
@@ -57,23 +57,23 @@ struct EvalResult {
   int64_t count = 0;
 };
 /// With `head_load`, also accumulates the MoH head selections of every batch.
-EvalResult evaluate_classifier(TransNeXt& model, datasets::BatchStream& batches, const RunContext& ctx,
-                               HeadLoadStats* head_load = nullptr);
+EvalResult evaluate_classifier(vision::TransNeXt& model, datasets::BatchStream& batches, const RunContext& ctx,
+                               vision::HeadLoadStats* head_load = nullptr);
 /// Every rank evaluates its share of the split; the counts (and head loads) are summed (identical on every rank).
-EvalResult evaluate_sharded(TransNeXt& model, const ClassifierSplit& split, int64_t batch_size, const RunContext& ctx,
-                            dist::Group& group, HeadLoadStats* head_load = nullptr);
+EvalResult evaluate_sharded(vision::TransNeXt& model, const ClassifierSplit& split, int64_t batch_size,
+                            const RunContext& ctx, dist::Group& group, vision::HeadLoadStats* head_load = nullptr);
 
 /// A classifier loaded from one of this toolkit's checkpoints.
 struct LoadedClassifier {
-  TransNeXt model{nullptr};  ///< in eval mode, on the CPU
-  ExperimentConfig cfg;      ///< the experiment it was trained with
-  std::string dir;           ///< the checkpoint directory
-  std::string weights;       ///< "ema" or "model": which weights were loaded
-  std::string weights_file;  ///< the .safetensors file they came from
-  int64_t step = 0;          ///< optimizer steps of the checkpoint
+  vision::TransNeXt model{nullptr};  ///< in eval mode, on the CPU
+  ExperimentConfig cfg;              ///< the experiment it was trained with
+  std::string dir;                   ///< the checkpoint directory
+  std::string weights;               ///< "ema" or "model": which weights were loaded
+  std::string weights_file;          ///< the .safetensors file they came from
+  int64_t step = 0;                  ///< optimizer steps of the checkpoint
 };
 /// Loads a classifier checkpoint (checkpoint or run directory): its model weights, or with `ema` its EMA weights (a
 /// UserError if it kept none). A DiT checkpoint is a UserError.
 LoadedClassifier load_classifier_checkpoint(const std::string& path, bool ema = false);
 
-}  // namespace moh::vision
+}  // namespace moh::experiments

@@ -1,4 +1,4 @@
-#include "vision/classifier_experiment.h"
+#include "experiments/classifier_experiment.h"
 
 #include <cmath>
 #include <iostream>
@@ -6,16 +6,16 @@
 #include "core/amp.h"
 #include "core/checkpoint.h"
 #include "core/error.h"
-#include "core/model_family.h"
 #include "core/progress.h"
 #include "core/retention.h"
-#include "datasets/experiment_data.h"
 #include "datasets/stream_loader.h"
+#include "experiments/experiment_data.h"
+#include "experiments/model_family.h"
 
-namespace moh::vision {
+namespace moh::experiments {
 
-TransNeXtOptions classifier_options_for(const ExperimentConfig& cfg) {
-  TransNeXtOptions o = classifier_options(cfg.model.name);
+vision::TransNeXtOptions classifier_options_for(const ExperimentConfig& cfg) {
+  vision::TransNeXtOptions o = vision::classifier_options(cfg.model.name);
   o.attention_path = cfg.model.attention_path;
   o.grad_checkpoint = cfg.train.grad_checkpoint == GradCheckpoint::blocks;
   o.router = cfg.model.router;
@@ -27,7 +27,7 @@ TransNeXtOptions classifier_options_for(const ExperimentConfig& cfg) {
       throw UserError("config: model.attention",
                       "expected 4 entries (one per stage), got " + std::to_string(cfg.model.attention.size()),
                       "e.g. [moh, moh, moh, moh]");
-    const TransNeXtOptions base = o;
+    const vision::TransNeXtOptions base = o;
     for (int i = 0; i < 4; ++i) {
       o.attention[i] = cfg.model.attention[i];
       if (o.attention[i] == AttentionMode::moh && base.attention[i] != AttentionMode::moh)
@@ -49,7 +49,7 @@ TransNeXtOptions classifier_options_for(const ExperimentConfig& cfg) {
 }
 
 void validate_classifier_experiment(const ExperimentConfig& cfg) {
-  const TransNeXtOptions o = classifier_options_for(cfg);
+  const vision::TransNeXtOptions o = classifier_options_for(cfg);
   // The first stage's activation of one rank's batch alone (a lower bound of what training holds) must fit the machine.
   const int64_t side = (o.img_size + o.patch_size - 1) / o.patch_size;
   const double bytes = static_cast<double>(cfg.data.batch_size / std::max<int64_t>(1, cfg.train.processes)) *
@@ -65,7 +65,7 @@ void validate_classifier_experiment(const ExperimentConfig& cfg) {
   datasets::RandAugmentSpec::parse(cfg.augment.rand_augment, "config: augment.rand_augment");
 }
 
-datasets::ImageTransform transform_for(const ExperimentConfig& cfg, const TransNeXtOptions& model) {
+datasets::ImageTransform transform_for(const ExperimentConfig& cfg, const vision::TransNeXtOptions& model) {
   datasets::ImageTransform tf;
   tf.size = model.img_size;
   tf.shift = cfg.data.shift;
@@ -74,7 +74,7 @@ datasets::ImageTransform transform_for(const ExperimentConfig& cfg, const TransN
   return tf;
 }
 
-ClassifierSplit::ClassifierSplit(const ExperimentConfig& cfg, const TransNeXtOptions& model, bool train)
+ClassifierSplit::ClassifierSplit(const ExperimentConfig& cfg, const vision::TransNeXtOptions& model, bool train)
     : cfg_(cfg),
       model_(model),
       tf_(transform_for(cfg, model)),
@@ -83,7 +83,7 @@ ClassifierSplit::ClassifierSplit(const ExperimentConfig& cfg, const TransNeXtOpt
   if (cfg.data.dataset == DatasetKind::image_folder && !cfg.data.root.empty())
     datasets::check_same_classes(cfg.data.root);
   if (!stream_) {
-    set_ = datasets::load_split(cfg, train, model.in_chans);
+    set_ = experiments::load_split(cfg, train, model.in_chans);
     const int64_t labels_max = set_.labels.max().item<int64_t>();
     if (labels_max >= model.num_classes)
       throw UserError("config: model.num_classes",
@@ -157,7 +157,7 @@ std::unique_ptr<datasets::BatchStream> ClassifierSplit::epoch(int64_t epoch, int
   return std::make_unique<datasets::StreamLoader>(index_, stream_tf_, o);
 }
 
-datasets::MixupOptions mixup_for(const ExperimentConfig& cfg, const TransNeXtOptions& model) {
+datasets::MixupOptions mixup_for(const ExperimentConfig& cfg, const vision::TransNeXtOptions& model) {
   datasets::MixupOptions m;
   m.mixup_alpha = cfg.augment.mixup;
   m.cutmix_alpha = cfg.augment.cutmix;
@@ -168,8 +168,8 @@ datasets::MixupOptions mixup_for(const ExperimentConfig& cfg, const TransNeXtOpt
   return m;
 }
 
-EvalResult evaluate_classifier(TransNeXt& model, datasets::BatchStream& batches, const RunContext& ctx,
-                               HeadLoadStats* head_load) {
+EvalResult evaluate_classifier(vision::TransNeXt& model, datasets::BatchStream& batches, const RunContext& ctx,
+                               vision::HeadLoadStats* head_load) {
   torch::NoGradGuard ng;
   const bool was_training = model->is_training();
   model->eval();
@@ -181,7 +181,7 @@ EvalResult evaluate_classifier(TransNeXt& model, datasets::BatchStream& batches,
   while (batches.next(x, y)) {
     x = x.to(ctx.device);
     y = y.to(ctx.device);
-    ClassifierOutput out;
+    vision::ClassifierOutput out;
     {
       AutocastScope autocast(ctx);  // bf16/fp16 runs evaluate under autocast too (the official eval uses fp16)
       out = model->forward(x);
@@ -207,8 +207,8 @@ EvalResult evaluate_classifier(TransNeXt& model, datasets::BatchStream& batches,
   return r;
 }
 
-EvalResult evaluate_sharded(TransNeXt& model, const ClassifierSplit& split, int64_t batch_size, const RunContext& ctx,
-                            dist::Group& group, HeadLoadStats* head_load) {
+EvalResult evaluate_sharded(vision::TransNeXt& model, const ClassifierSplit& split, int64_t batch_size,
+                            const RunContext& ctx, dist::Group& group, vision::HeadLoadStats* head_load) {
   EvalResult r = evaluate_classifier(model, *split.epoch(0, batch_size, false, 0, false, group.rank(), group.world()),
                                      ctx, head_load);
   if (group.world() == 1) return r;
@@ -227,12 +227,12 @@ EvalResult evaluate_sharded(TransNeXt& model, const ClassifierSplit& split, int6
 }
 
 LoadedClassifier load_classifier_checkpoint(const std::string& path, bool ema) {
-  auto [ckpt, cfg] = open_family_checkpoint(path, names_of(classifier_variants()), "classifier",
+  auto [ckpt, cfg] = open_family_checkpoint(path, names_of(vision::classifier_variants()), "classifier",
                                             "pass a classifier run (moh train with a MoH-ViT / TransNeXt config)");
   hold_checkpoint(ckpt.dir);  // a run pruning its checkpoints leaves this one alone while we read it
   LoadedClassifier r;
   r.cfg = cfg;
-  r.model = TransNeXt(classifier_options_for(r.cfg));
+  r.model = vision::TransNeXt(classifier_options_for(r.cfg));
   r.dir = ckpt.dir;
   r.step = ckpt.state.step;
   const CheckpointWeights w = load_checkpoint_weights(*r.model, ckpt, ema, /*require_ema=*/true);
@@ -242,4 +242,4 @@ LoadedClassifier load_classifier_checkpoint(const std::string& path, bool ema) {
   return r;
 }
 
-}  // namespace moh::vision
+}  // namespace moh::experiments

@@ -1,4 +1,4 @@
-#include "diffusion/dit_family.h"
+#include "experiments/dit_family.h"
 
 #include <torch/optim/adamw.h>
 
@@ -9,17 +9,18 @@
 #include "core/error.h"
 #include "diffusion/diffusion_trainer.h"
 #include "diffusion/dit.h"
-#include "diffusion/dit_experiment.h"
 #include "diffusion/sd_vae.h"
+#include "experiments/dit_experiment.h"
+#include "experiments/train_tasks.h"
 #include "vision/nn/attention_core.h"
 
-namespace moh::diffusion {
+namespace moh::experiments {
 
 namespace {
 
 ModelSummary summarize(const std::string& name) {
-  const DiTOptions o = dit_options(name);
-  ModelSummary s = parameter_summary(name, "dit", *DiT(o));
+  const diffusion::DiTOptions o = diffusion::dit_options(name);
+  ModelSummary s = parameter_summary(name, "dit", *diffusion::DiT(o));
   s.layers = o.depth;
   s.moh_layers = o.attention == AttentionMode::mha ? 0 : o.depth;
   s.routed_layers = o.routed_layers();
@@ -32,10 +33,10 @@ constexpr const char* kForwardInputs = "x (B,C,I,I) float, t (B) int, y (B) int"
 // The weights decide input size, channels and classes (an official DiT-XL-2-512x512.pt builds a 64-token-wide model).
 TensorMap forward(const ForwardRequest& r) {
   check_forward_inputs(r, {"x", "t", "y"}, {"out"}, kForwardInputs);
-  DiTOptions o = dit_options_for_weights(dit_options(r.name), r.weights);
+  diffusion::DiTOptions o = diffusion::dit_options_for_weights(diffusion::dit_options(r.name), r.weights);
   o.router = r.router;
   o.validate();
-  DiT model(o);
+  diffusion::DiT model(o);
   load_module_tensors(*model, r.weights, r.weights_origin, r.allow_missing);
   model->eval();
   const at::Tensor x = forward_input(r, "x", at::kFloat, 4, kForwardInputs);
@@ -49,17 +50,17 @@ TensorMap forward(const ForwardRequest& r) {
 }
 
 BenchStep bench_step(const BenchRequest& r) {
-  DiTOptions o = r.experiment ? dit_options_for(*r.experiment) : dit_options(r.name);
+  diffusion::DiTOptions o = r.experiment ? dit_options_for(*r.experiment) : diffusion::dit_options(r.name);
   if (!r.experiment) {
     if (r.img_size > 0) o.input_size = r.img_size;
     o.path = r.path;
     o.grad_checkpoint = r.grad_checkpoint;
   }
-  DiT model(o);
+  diffusion::DiT model(o);
   model->to(r.ctx.device);
   model->train();
   auto opt = std::make_shared<BenchOptimizer>(*model, r, 1e-4, 0.0, 0.0, [&] {  // DiT's train.py: no clipping
-    DiT copy(o);
+    diffusion::DiT copy(o);
     copy->to(r.ctx.device);
     return copy.ptr();
   });
@@ -68,7 +69,7 @@ BenchStep bench_step(const BenchRequest& r) {
   const at::Tensor y = at::randint(0, o.num_classes, {r.batch}, dev.dtype(at::kLong));
   const at::Tensor t = at::randint(0, 1000, {r.batch}, dev.dtype(at::kLong));
   const RunContext ctx = r.ctx;
-  auto chain = std::make_shared<GaussianDiffusion>(GaussianDiffusion::base(1000));
+  auto chain = std::make_shared<diffusion::GaussianDiffusion>(diffusion::GaussianDiffusion::base(1000));
   BenchStep b;
   b.step = [=]() mutable {
     diffusion_backward(model, *chain, x0, y, 0.01, ctx, opt->scaler());
@@ -86,7 +87,7 @@ std::string path_word(AttentionPath p) {
 
 // Rows of a DiT variant at `image_px`: consecutive layers with the same heads and active heads share a row.
 std::string path_rows(const std::string& name, int64_t image_px, int64_t latent_factor) {
-  DiTOptions o = dit_options(name);
+  diffusion::DiTOptions o = diffusion::dit_options(name);
   o.input_size = image_px / latent_factor;
   const int64_t tokens = o.num_patches();
   std::string rows;
@@ -111,7 +112,7 @@ std::string path_rows(const std::string& name, int64_t image_px, int64_t latent_
 // The latent variants at 256 px, XL at 512 px, and the Fashion-MNIST pixel model.
 std::string attention_path_rows() {
   std::string rows;
-  for (const auto& [name, o] : dit_variants())
+  for (const auto& [name, o] : diffusion::dit_variants())
     if (o.attention == AttentionMode::moh && name.find("Pixel") == std::string::npos) rows += path_rows(name, 256, 8);
   rows += path_rows("MoH-DiT-XL/2-90", 512, 8) + path_rows("MoH-DiT-XL/2-75", 512, 8);
   return rows + path_rows("MoH-DiT-Pixel/4-75", 28, 1);
@@ -121,13 +122,13 @@ constexpr const char* kVaeInputs = "x (B,3,H,W) in [-1,1], H and W multiples of 
 
 TensorMap vae_forward(const ForwardRequest& r) {
   check_forward_inputs(r, {"x"}, {"latent_mean", "latent_logvar", "recon"}, kVaeInputs);
-  AutoencoderKL vae;
-  load_module_tensors(*vae, normalize_vae_keys(r.weights), r.weights_origin, r.allow_missing);
+  diffusion::AutoencoderKL vae;
+  load_module_tensors(*vae, diffusion::normalize_vae_keys(r.weights), r.weights_origin, r.allow_missing);
   vae->eval();
   const at::Tensor x = forward_input(r, "x", at::kFloat, 4, kVaeInputs);
   if (x.size(1) != 3 || x.size(2) % 8 || x.size(3) % 8)
     throw UserError("--input " + r.inputs_origin, "x has shape " + c10::str(x.sizes()), kVaeInputs);
-  const LatentPosterior post = vae->encode(x);
+  const diffusion::LatentPosterior post = vae->encode(x);
   return {{"latent_mean", post.mean}, {"latent_logvar", post.logvar}, {"recon", vae->decode(post.mean)}};
 }
 
@@ -137,14 +138,14 @@ ModelFamily dit_family() {
   ModelFamily f;
   f.id = "dit";
   f.title = "DiT / MoH-DiT (diffusion)";
-  f.names = [] { return names_of(dit_variants()); };
+  f.names = [] { return names_of(diffusion::dit_variants()); };
   f.summarize = summarize;
   f.forward = forward;
   f.forward_inputs = kForwardInputs;
   f.validate = [](const ExperimentConfig& cfg, ExperimentUse use) {
     validate_dit_experiment(cfg, use != ExperimentUse::extract_latents, use == ExperimentUse::sample);
   };
-  f.task = make_dit_task;
+  f.task = experiments::make_dit_task;
   f.active_ratio = [](const ExperimentConfig& cfg) { return dit_options_for(cfg).active_ratio(); };
   f.bench_step = bench_step;
   f.attention_path_rows = attention_path_rows;
@@ -156,10 +157,12 @@ ModelFamily sd_vae_family() {
   f.id = kSdVaeName;
   f.title = "SD-VAE (fixed: latent encoder/decoder of latent DiTs)";
   f.names = [] { return std::vector<std::string>{kSdVaeName}; };
-  f.summarize = [](const std::string& name) { return parameter_summary(name, kSdVaeName, *AutoencoderKL()); };
+  f.summarize = [](const std::string& name) {
+    return parameter_summary(name, kSdVaeName, *diffusion::AutoencoderKL());
+  };
   f.forward = vae_forward;
   f.forward_inputs = kVaeInputs;
   return f;
 }
 
-}  // namespace moh::diffusion
+}  // namespace moh::experiments

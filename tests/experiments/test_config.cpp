@@ -1,6 +1,6 @@
 // Config system: base inheritance, overrides, and one failing example per error kind / validation rule.
 #include "core/config_schema.h"
-#include "core/experiment_config.h"
+#include "experiments/experiment_config.h"
 #include "tests/test_util.h"
 
 namespace moh {
@@ -8,14 +8,7 @@ namespace {
 
 using test::TempDir;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using test::user_error_of;
 
 TEST(Config, BaseInheritanceMultiLevelAndOverrides) {
   TempDir d;
@@ -23,8 +16,8 @@ TEST(Config, BaseInheritanceMultiLevelAndOverrides) {
   d.write("base/mid.yaml", "base: root.yaml\noptim:\n  lr: 0.003\ntrain:\n  epochs: 7\n");
   std::string leaf =
       d.write("exp/leaf.yaml", "base: ../base/mid.yaml\nmodel:\n  name: DiT-S/2\n  attention: [moh, mha]\n");
-  ExperimentConfig c =
-      load_experiment(leaf, {"train.epochs=9", "optim.betas=[0.8, 0.95]", "model.attention_path=sparse"});
+  experiments::ExperimentConfig c =
+      experiments::load_experiment(leaf, {"train.epochs=9", "optim.betas=[0.8, 0.95]", "model.attention_path=sparse"});
   EXPECT_EQ(c.model.name, "DiT-S/2");
   EXPECT_DOUBLE_EQ(c.optim.lr, 0.003);          // mid overrides root
   EXPECT_DOUBLE_EQ(c.optim.weight_decay, 0.1);  // from root
@@ -32,41 +25,43 @@ TEST(Config, BaseInheritanceMultiLevelAndOverrides) {
   EXPECT_EQ(c.train.epochs, 9);  // --set wins
   EXPECT_EQ(c.optim.betas, (std::vector<double>{0.8, 0.95}));
   EXPECT_EQ(c.model.attention_path, AttentionPath::sparse);
-  EXPECT_EQ(load_experiment(leaf).model.attention_path, AttentionPath::automatic);  // the default: auto
-  EXPECT_EQ(load_experiment(leaf, {"model.attention_path=auto"}).model.attention_path, AttentionPath::automatic);
+  EXPECT_EQ(experiments::load_experiment(leaf).model.attention_path, AttentionPath::automatic);  // the default: auto
+  EXPECT_EQ(experiments::load_experiment(leaf, {"model.attention_path=auto"}).model.attention_path,
+            AttentionPath::automatic);
   ASSERT_EQ(c.model.attention.size(), 2u);
   EXPECT_EQ(c.model.attention[0], AttentionMode::moh);
   EXPECT_EQ(c.name, "leaf");
   // The resolved YAML parses back to the same values.
-  std::string again = d.write("resolved.yaml", to_yaml(c));
-  ExperimentConfig c2 = load_experiment(again);
-  EXPECT_EQ(to_yaml(c2), to_yaml(c));
+  std::string again = d.write("resolved.yaml", experiments::to_yaml(c));
+  experiments::ExperimentConfig c2 = experiments::load_experiment(again);
+  EXPECT_EQ(experiments::to_yaml(c2), experiments::to_yaml(c));
 }
 
 TEST(Config, UnknownKeySuggestsNearest) {
   TempDir d;
   std::string f = d.write("a.yaml", "model:\n  name: DiT-S/2\n");
-  std::string e = error_of([&] { load_experiment(f, {"optim.lrr=1"}); });
+  std::string e = user_error_of([&] { experiments::load_experiment(f, {"optim.lrr=1"}); });
   EXPECT_NE(e.find("unknown key 'optim.lrr'"), std::string::npos) << e;
   EXPECT_NE(e.find("did you mean 'optim.lr'?"), std::string::npos) << e;
   EXPECT_EQ(e.rfind("error: config " + f, 0), 0u) << e;
-  std::string e2 = error_of([&] { load_experiment(d.write("b.yaml", "model:\n  name: x\nzzz_totally_new: 1\n")); });
+  std::string e2 = user_error_of(
+      [&] { experiments::load_experiment(d.write("b.yaml", "model:\n  name: x\nzzz_totally_new: 1\n")); });
   EXPECT_NE(e2.find("unknown key 'zzz_totally_new'"), std::string::npos) << e2;
 }
 
 TEST(Config, WrongTypeNamesPathAndExpectedType) {
   TempDir d;
   std::string f = d.write("a.yaml", "model:\n  name: DiT-S/2\noptim:\n  lr: fast\n");
-  std::string e = error_of([&] { load_experiment(f); });
+  std::string e = user_error_of([&] { experiments::load_experiment(f); });
   EXPECT_NE(e.find("optim.lr: expected a number, got \"fast\""), std::string::npos) << e;
-  e = error_of([&] { load_experiment(f, {"optim.lr=1e-3", "data.batch_size=1.5"}); });
+  e = user_error_of([&] { experiments::load_experiment(f, {"optim.lr=1e-3", "data.batch_size=1.5"}); });
   EXPECT_NE(e.find("data.batch_size: expected an integer"), std::string::npos) << e;
-  e = error_of([&] { load_experiment(f, {"optim.lr=1e-3", "model.attention_path=sparce"}); });
+  e = user_error_of([&] { experiments::load_experiment(f, {"optim.lr=1e-3", "model.attention_path=sparce"}); });
   EXPECT_NE(e.find("expected one of dense|sparse"), std::string::npos) << e;
   EXPECT_NE(e.find("did you mean 'sparse'"), std::string::npos) << e;
-  e = error_of([&] { load_experiment(f, {"optim.lr=1e-3", "optim=3"}); });
+  e = user_error_of([&] { experiments::load_experiment(f, {"optim.lr=1e-3", "optim=3"}); });
   EXPECT_NE(e.find("optim: expected a map"), std::string::npos) << e;
-  e = error_of([&] { load_experiment(f, {"optim.lr=1e-3", "train.ema_decay=[1]"}); });
+  e = user_error_of([&] { experiments::load_experiment(f, {"optim.lr=1e-3", "train.ema_decay=[1]"}); });
   EXPECT_NE(e.find("train.ema_decay: expected a number, got a list"), std::string::npos) << e;
 }
 
@@ -75,19 +70,21 @@ TEST(Config, NonFiniteNumbersAndDuplicateKeys) {
   const std::string f = d.write("a.yaml", "version: 1\nmodel:\n  name: DiT-S/2\n");
   for (const char* kv : {"optim.lr=.inf", "schedule.min_lr=.nan", "sampling.cfg_scale=-.inf", "optim.lr=1e39",
                          "optim.betas=[.nan, 0.9]"}) {
-    const std::string e = error_of([&] { load_experiment(f, {kv}); });
+    const std::string e = user_error_of([&] { experiments::load_experiment(f, {kv}); });
     EXPECT_NE(e.find(std::string(kv).substr(0, std::string(kv).find('='))), std::string::npos) << kv << ": " << e;
   }
-  EXPECT_NO_THROW(load_experiment(f, {"optim.lr=3e38"}));
+  EXPECT_NO_THROW(experiments::load_experiment(f, {"optim.lr=3e38"}));
   // yaml-cpp keeps the first of two equal keys; a config must not mean something else than it says.
-  EXPECT_NE(error_of([&] {
-              load_experiment(d.write("b.yaml", "model:\n  name: x\nmodel:\n  name: y\n"));
+  EXPECT_NE(user_error_of([&] {
+              experiments::load_experiment(d.write("b.yaml", "model:\n  name: x\nmodel:\n  name: y\n"));
             }).find("key 'model' appears twice"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { load_experiment(f, {"optim={lr: 1, lr: 2}"}); }).find("appears twice"), std::string::npos);
+  EXPECT_NE(user_error_of([&] { experiments::load_experiment(f, {"optim={lr: 1, lr: 2}"}); }).find("appears twice"),
+            std::string::npos);
   // What a resume reports: the changed leaves, old -> new (lists compared whole).
-  ExperimentConfig a = load_experiment(f), b = load_experiment(f, {"optim.lr=0.5", "optim.betas=[0.9, 0.95]"});
-  const std::vector<ConfigChange> ch = config_changes(to_yaml(a), to_yaml(b));
+  experiments::ExperimentConfig a = experiments::load_experiment(f),
+                                b = experiments::load_experiment(f, {"optim.lr=0.5", "optim.betas=[0.9, 0.95]"});
+  const std::vector<ConfigChange> ch = config_changes(experiments::to_yaml(a), experiments::to_yaml(b));
   ASSERT_EQ(ch.size(), 2u);
   EXPECT_EQ(ch[0].key, "optim.betas");
   EXPECT_EQ(ch[1].key, "optim.lr");
@@ -96,20 +93,22 @@ TEST(Config, NonFiniteNumbersAndDuplicateKeys) {
 
 TEST(Config, MissingRequiredKey) {
   TempDir d;
-  std::string e = error_of([&] { load_experiment(d.write("a.yaml", "optim:\n  lr: 0.1\n")); });
+  std::string e = user_error_of([&] { experiments::load_experiment(d.write("a.yaml", "optim:\n  lr: 0.1\n")); });
   EXPECT_NE(e.find("missing required key 'model.name'"), std::string::npos) << e;
 }
 
 TEST(Config, FileErrors) {
   TempDir d;
-  EXPECT_NE(error_of([&] { load_experiment(d.file("nope.yaml")); }).find("file not found"), std::string::npos);
+  EXPECT_NE(user_error_of([&] { experiments::load_experiment(d.file("nope.yaml")); }).find("file not found"),
+            std::string::npos);
   std::string bad = d.write("bad.yaml", "model: [unclosed\n");
-  EXPECT_NE(error_of([&] { load_experiment(bad); }).find("YAML syntax error"), std::string::npos);
+  EXPECT_NE(user_error_of([&] { experiments::load_experiment(bad); }).find("YAML syntax error"), std::string::npos);
   d.write("c1.yaml", "base: c2.yaml\n");
   std::string c2 = d.write("c2.yaml", "base: c1.yaml\n");
-  EXPECT_NE(error_of([&] { load_experiment(c2); }).find("cycle"), std::string::npos);
+  EXPECT_NE(user_error_of([&] { experiments::load_experiment(c2); }).find("cycle"), std::string::npos);
   std::string ok = d.write("ok.yaml", "model:\n  name: x\n");
-  EXPECT_NE(error_of([&] { load_experiment(ok, {"noequals"}); }).find("expected KEY=VALUE"), std::string::npos);
+  EXPECT_NE(user_error_of([&] { experiments::load_experiment(ok, {"noequals"}); }).find("expected KEY=VALUE"),
+            std::string::npos);
 }
 
 // Hostile files are refused before anything walks them: an alias chain that expands to 9^9 nodes, nesting past the
@@ -123,7 +122,7 @@ TEST(Config, HostileYamlIsRefusedByItsLimits) {
     bomb += "]\n";
   }
   const auto refused = [&](const std::string& name, const std::string& text, const std::string& why) {
-    const std::string e = error_of([&] { load_experiment(d.write(name, text)); });
+    const std::string e = user_error_of([&] { experiments::load_experiment(d.write(name, text)); });
     EXPECT_NE(e.find(why), std::string::npos) << name << ": " << e;
   };
   refused("bomb.yaml", bomb, "more than 100000 YAML nodes once aliases are expanded");
@@ -137,14 +136,16 @@ TEST(Config, HostileYamlIsRefusedByItsLimits) {
   for (size_t j = flow.find('\n'); j + 1 < flow.size(); j = flow.find('\n', j)) flow.replace(j, 1, ", ");
   flow = "{" + flow.substr(0, flow.size() - 1) + "}";
   const std::string ok = d.write("ok.yaml", "model:\n  name: x\n");
-  EXPECT_NE(error_of([&] { load_experiment(ok, {"model.x=" + flow}); }).find("YAML nodes once aliases"),
-            std::string::npos);
+  EXPECT_NE(
+      user_error_of([&] { experiments::load_experiment(ok, {"model.x=" + flow}); }).find("YAML nodes once aliases"),
+      std::string::npos);
   // Within the limits: 60 levels, 9^4 expanded nodes, UTF-8 text; these fail later, for their content.
   std::string fine;
   for (int i = 0; i < 60; ++i) fine += std::string(2 * i, ' ') + "k:\n";
-  EXPECT_NE(error_of([&] { load_experiment(d.write("fine.yaml", fine)); }).find("missing required"), std::string::npos);
+  EXPECT_NE(user_error_of([&] { experiments::load_experiment(d.write("fine.yaml", fine)); }).find("missing required"),
+            std::string::npos);
   std::string small = bomb.substr(0, bomb.find("\ne:") + 1) + "name: café\n";
-  EXPECT_NE(error_of([&] { load_experiment(d.write("small.yaml", small)); }).find("missing required"),
+  EXPECT_NE(user_error_of([&] { experiments::load_experiment(d.write("small.yaml", small)); }).find("missing required"),
             std::string::npos);
 }
 
@@ -187,14 +188,14 @@ TEST(Config, ValidationRules) {
       {"data.shift=-2", "data.shift"},
   };
   for (const auto& [set, key] : cases) {
-    std::string e = error_of([&] { load_experiment(f, {set}); });
+    std::string e = user_error_of([&] { experiments::load_experiment(f, {set}); });
     EXPECT_NE(e.find(": " + key + ":"), std::string::npos) << set << " -> " << e;
   }
-  EXPECT_NO_THROW(load_experiment(f));
+  EXPECT_NO_THROW(experiments::load_experiment(f));
 }
 
 TEST(Config, SchemaListsEveryKeyWithDefaults) {
-  auto rows = config::list_schema<ExperimentConfig>();
+  auto rows = config::list_schema<experiments::ExperimentConfig>();
   bool found_lr = false;
   for (const auto& r : rows) {
     EXPECT_FALSE(r.help.empty()) << r.key;

@@ -1,8 +1,8 @@
 #pragma once
 // What a model family tells the rest of the toolkit about itself, once (timm's register_model): its variant names,
 // the rules of its experiments, its training task, a forward pass on tensors from a file, a size summary, a
-// benchmark step and its attention-path rows. Each family fills one ModelFamily in its own folder
-// (vision/classifier_family.cpp, diffusion/dit_family.cpp with the SD-VAE, eval/inception_family.cpp);
+// benchmark step and its attention-path rows. Each family fills one ModelFamily
+// (classifier_family.cpp, dit_family.cpp with the SD-VAE, inception_family.cpp, all in experiments/);
 // experiments/registry.h lists them, and commands and benchmarks ask it instead of testing a family themselves.
 // This header knows no family: every hook is a function of names, configs and tensors.
 #include <functional>
@@ -14,12 +14,12 @@
 #include "core/amp.h"
 #include "core/checkpoint.h"
 #include "core/ema.h"
-#include "core/experiment_config.h"
 #include "core/run_context.h"
 #include "core/safetensors.h"
 #include "core/train_loop.h"
+#include "experiments/experiment_config.h"
 
-namespace moh {
+namespace moh::experiments {
 
 /// What an experiment file is used for: training (and `moh config`, `moh eval`), sampling (`moh sample`: the training
 /// rules plus those of classifier-free guidance), or encoding its images with `moh extract-latents` (a DiT config
@@ -138,4 +138,4 @@ struct ModelFamily {
   bool trainable() const { return static_cast<bool>(task); }
 };
 
-}  // namespace moh
+}  // namespace moh::experiments

@@ -1,10 +1,10 @@
 #pragma once
 // The TransNeXt / MoH-ViT classifiers as one entry of the model registry (experiments/registry.h).
-#include "core/model_family.h"
+#include "experiments/model_family.h"
 
-namespace moh::vision {
+namespace moh::experiments {
 
 /// Variants, experiment rules, training task, forward, summary, benchmark step and attention-path rows.
 ModelFamily classifier_family();
 
-}  // namespace moh::vision
+}  // namespace moh::experiments

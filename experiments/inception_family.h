@@ -1,13 +1,13 @@
 #pragma once
 // The FID-Inception network (pytorch-fid's pt_inception weights) as an entry of the model registry
 // (experiments/registry.h): a fixed network, forward and summary only.
-#include "core/model_family.h"
+#include "experiments/model_family.h"
 
-namespace moh::eval {
+namespace moh::experiments {
 
 /// The registered name of the FID-Inception network.
 constexpr const char* kFidInceptionName = "fid-inception";
 
 ModelFamily fid_inception_family();
 
-}  // namespace moh::eval
+}  // namespace moh::experiments

@@ -1,27 +1,28 @@
-#include "datasets/experiment_data.h"
+#include "experiments/experiment_data.h"
 
 #include "core/error.h"
 #include "datasets/image_folder.h"
 #include "datasets/loader.h"
 
-namespace moh::datasets {
+namespace moh::experiments {
 
-ImageSet load_split(const ExperimentConfig& cfg, bool train, int64_t channels) {
+datasets::ImageSet load_split(const ExperimentConfig& cfg, bool train, int64_t channels) {
   const int64_t limit = train ? cfg.data.limit_train : cfg.data.limit_val;
   const auto seed = static_cast<uint64_t>(cfg.train.seed);  // limits take a seeded subset (datasets/loader.h)
   if (cfg.data.dataset != DatasetKind::fashion_mnist) {
     if (cfg.data.root.empty())
       throw UserError("config: data.root", "image_folder needs a root", "<root>/{train,val}/<class>/*");
-    return load_image_folder(cfg.data.root, train ? "train" : "val", channels, 0, cfg.data.max_bad_fraction, nullptr,
-                             limit, seed);
+    return datasets::load_image_folder(cfg.data.root, train ? "train" : "val", channels, 0, cfg.data.max_bad_fraction,
+                                       nullptr, limit, seed);
   }
-  ImageSet set = load_fashion_mnist(train ? "train" : "test", cfg.data.root.empty() ? kFashionMnistDir : cfg.data.root);
+  datasets::ImageSet set = datasets::load_fashion_mnist(
+      train ? "train" : "test", cfg.data.root.empty() ? datasets::kFashionMnistDir : cfg.data.root);
   if (limit > 0 && limit < set.size()) {
-    const at::Tensor rows = at::tensor(limited_subset(set.size(), limit, seed), at::kLong);
+    const at::Tensor rows = at::tensor(datasets::limited_subset(set.size(), limit, seed), at::kLong);
     set.images = set.images.index_select(0, rows);
     set.labels = set.labels.index_select(0, rows);
   }
   return set;
 }
 
-}  // namespace moh::datasets
+}  // namespace moh::experiments

@@ -1,11 +1,11 @@
-#include "core/model_family.h"
+#include "experiments/model_family.h"
 
 #include <algorithm>
 
 #include "core/error.h"
 #include "core/optimizer.h"
 
-namespace moh {
+namespace moh::experiments {
 
 void count_parameters(const torch::nn::Module& module, ModelSummary& s) {
   for (const auto& p : module.parameters()) {
@@ -66,4 +66,4 @@ void BenchOptimizer::step(torch::nn::Module& model) {
   if (finish_optimizer_step(*adamw_, model.parameters(), *scaler_, clip_, impl_) && ema_) ema_->update(model, steps_++);
 }
 
-}  // namespace moh
+}  // namespace moh::experiments

@@ -1,20 +1,21 @@
-#include "vision/classifier_family.h"
+#include "experiments/classifier_family.h"
 
 #include <torch/optim/adamw.h>
 
 #include "core/amp.h"
 #include "core/checkpoint.h"
-#include "vision/classifier_experiment.h"
+#include "experiments/classifier_experiment.h"
+#include "experiments/train_tasks.h"
 #include "vision/classifier_trainer.h"
 #include "vision/transnext.h"
 
-namespace moh::vision {
+namespace moh::experiments {
 
 namespace {
 
 ModelSummary summarize(const std::string& name) {
-  const TransNeXtOptions o = classifier_options(name);
-  ModelSummary s = parameter_summary(name, "classifier", *TransNeXt(o));
+  const vision::TransNeXtOptions o = vision::classifier_options(name);
+  ModelSummary s = parameter_summary(name, "classifier", *vision::TransNeXt(o));
   s.layers = o.total_layers();
   for (int64_t i = 0; i < 4; ++i) s.moh_layers += o.attention[i] == AttentionMode::mha ? 0 : o.depths[i];
   s.routed_layers = o.routed_layers();
@@ -28,33 +29,34 @@ constexpr const char* kForwardInputs = "x (B,C,H,W) float";
 TensorMap forward(const ForwardRequest& r) {
   check_forward_inputs(r, {"x"}, {"logits", "features"}, kForwardInputs);
   const at::Tensor x = forward_input(r, "x", at::kFloat, 4, kForwardInputs);
-  TransNeXtOptions o = classifier_options(r.name);
+  vision::TransNeXtOptions o = vision::classifier_options(r.name);
   o.img_size = x.size(2);
   o.in_chans = x.size(1);
   if (auto it = r.weights.find("head.weight"); it != r.weights.end() && it->second.dim() == 2)
     o.num_classes = it->second.size(0);
   o.router = r.router;
   o.validate();
-  TransNeXt model(o);
+  vision::TransNeXt model(o);
   load_module_tensors(*model, r.weights, r.weights_origin, r.allow_missing);
   model->eval();
-  const ClassifierOutput out = model->forward(x);
+  const vision::ClassifierOutput out = model->forward(x);
   return {{"logits", out.logits}, {"features", out.features}};
 }
 
 BenchStep bench_step(const BenchRequest& r) {
-  TransNeXtOptions o = r.experiment ? classifier_options_for(*r.experiment) : classifier_options(r.name);
+  vision::TransNeXtOptions o =
+      r.experiment ? classifier_options_for(*r.experiment) : vision::classifier_options(r.name);
   if (!r.experiment) {
     if (r.img_size > 0) o.img_size = r.img_size;
     o.attention_path = r.path;
     o.grad_checkpoint = r.grad_checkpoint;
   }
   o.validate();
-  TransNeXt model(o);
+  vision::TransNeXt model(o);
   model->to(r.ctx.device);
   model->train();
   auto opt = std::make_shared<BenchOptimizer>(*model, r, 1e-3, 0.05, 1.0, [&] {
-    TransNeXt copy(o);
+    vision::TransNeXt copy(o);
     copy->to(r.ctx.device);
     return copy.ptr();
   });
@@ -77,7 +79,7 @@ BenchStep bench_step(const BenchRequest& r) {
 // faster than its dense one.
 std::string attention_path_rows() {
   std::string rows;
-  for (const auto& [name, o] : classifier_variants())
+  for (const auto& [name, o] : vision::classifier_variants())
     if (name.rfind("MoH-ViT", 0) == 0 && name.find("Nano") == std::string::npos)
       rows += "| " + name + " | 224 px | every MoH layer | " +
               std::to_string(static_cast<int>(o.active_ratio() * 100 + 0.5)) + " % overall | dense | dense | dense |\n";
@@ -90,16 +92,16 @@ ModelFamily classifier_family() {
   ModelFamily f;
   f.id = "classifier";
   f.title = "TransNeXt / MoH-ViT (classification)";
-  f.names = [] { return names_of(classifier_variants()); };
+  f.names = [] { return names_of(vision::classifier_variants()); };
   f.summarize = summarize;
   f.forward = forward;
   f.forward_inputs = kForwardInputs;
   f.validate = [](const ExperimentConfig& cfg, ExperimentUse) { validate_classifier_experiment(cfg); };
-  f.task = make_classifier_task;
+  f.task = experiments::make_classifier_task;
   f.active_ratio = [](const ExperimentConfig& cfg) { return classifier_options_for(cfg).active_ratio(); };
   f.bench_step = bench_step;
   f.attention_path_rows = attention_path_rows;
   return f;
 }
 
-}  // namespace moh::vision
+}  // namespace moh::experiments

@@ -1,8 +1,8 @@
 #pragma once
 // DiT / MoH-DiT and the SD-VAE as entries of the model registry (experiments/registry.h).
-#include "core/model_family.h"
+#include "experiments/model_family.h"
 
-namespace moh::diffusion {
+namespace moh::experiments {
 
 /// Variants, experiment rules, training task, forward, summary, benchmark step and attention-path rows.
 ModelFamily dit_family();
@@ -13,4 +13,4 @@ ModelFamily sd_vae_family();
 /// The registered name of the SD-VAE.
 constexpr const char* kSdVaeName = "sd-vae";
 
-}  // namespace moh::diffusion
+}  // namespace moh::experiments

@@ -4,12 +4,12 @@
 // model.img_size, [−1, 1]); the posterior moments of each image and of its mirror are stored.
 #include <string>
 
-#include "core/experiment_config.h"
 #include "core/run_context.h"
 #include "datasets/latents.h"
 #include "diffusion/sd_vae.h"
+#include "experiments/experiment_config.h"
 
-namespace moh::diffusion {
+namespace moh::experiments {
 
 struct ExtractOptions {
   std::string out;  ///< directory to write
@@ -20,7 +20,7 @@ struct ExtractOptions {
 
 /// Encodes the configured data (fashion_mnist or image_folder) at model.img_size. Shards already present in `out`
 /// (from an interrupted extraction of the same source) are kept; meta.json is written last.
-datasets::LatentMeta extract_latents(const ExperimentConfig& cfg, AutoencoderKL& vae, const std::string& vae_file,
-                                     const ExtractOptions& options, const RunContext& ctx);
+datasets::LatentMeta extract_latents(const ExperimentConfig& cfg, diffusion::AutoencoderKL& vae,
+                                     const std::string& vae_file, const ExtractOptions& options, const RunContext& ctx);
 
-}  // namespace moh::diffusion
+}  // namespace moh::experiments

@@ -1,4 +1,4 @@
-#include "diffusion/latent_extract.h"
+#include "experiments/latent_extract.h"
 
 #include <torch/utils.h>
 
@@ -13,7 +13,7 @@
 #include "datasets/image_folder.h"
 #include "datasets/loader.h"
 
-namespace moh::diffusion {
+namespace moh::experiments {
 
 namespace fs = std::filesystem;
 
@@ -82,8 +82,8 @@ class SplitReader {
 
 }  // namespace
 
-datasets::LatentMeta extract_latents(const ExperimentConfig& cfg, AutoencoderKL& vae, const std::string& vae_file,
-                                     const ExtractOptions& o, const RunContext& ctx) {
+datasets::LatentMeta extract_latents(const ExperimentConfig& cfg, diffusion::AutoencoderKL& vae,
+                                     const std::string& vae_file, const ExtractOptions& o, const RunContext& ctx) {
   const int64_t size = cfg.model.img_size;
   if (size <= 0 || size % vae->options.factor() != 0)
     throw UserError("config: model.img_size", "must be a positive multiple of " + std::to_string(vae->options.factor()),
@@ -96,7 +96,7 @@ datasets::LatentMeta extract_latents(const ExperimentConfig& cfg, AutoencoderKL&
   meta.channels = vae->options.latent_channels;
   meta.size = size / vae->options.factor();
   meta.image_size = size;
-  meta.scale = kSdVaeLatentScale;
+  meta.scale = diffusion::kSdVaeLatentScale;
   meta.classes = reader.classes();
   meta.vae = fs::path(vae_file).filename().string();
   meta.vae_sha256 = vae_file.empty() ? "" : sha256_file(vae_file);
@@ -126,7 +126,7 @@ datasets::LatentMeta extract_latents(const ExperimentConfig& cfg, AutoencoderKL&
       reader.read(b, std::min(end, b + o.batch_size), images, lab, bad);
       if (images.size(0) > 0) {
         const at::Tensor x = images.permute({0, 3, 1, 2}).to(ctx.device).to(at::kFloat) / 127.5 - 1.0;  // (n, 3, S, S)
-        const LatentPosterior p = vae->encode(x), pf = vae->encode(x.flip({3}));
+        const diffusion::LatentPosterior p = vae->encode(x), pf = vae->encode(x.flip({3}));
         mean.push_back(p.mean.to(at::kCPU).to(at::kHalf)),
             std.push_back((0.5 * p.logvar).exp().to(at::kCPU).to(at::kHalf));
         mean_f.push_back(pf.mean.to(at::kCPU).to(at::kHalf)),
@@ -155,4 +155,4 @@ datasets::LatentMeta extract_latents(const ExperimentConfig& cfg, AutoencoderKL&
   return meta;
 }
 
-}  // namespace moh::diffusion
+}  // namespace moh::experiments

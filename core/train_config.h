@@ -1,0 +1,161 @@
+#pragma once
+// The training sections of an experiment file (`optim:`, `schedule:`, `train:`) and their choices: what the one
+// training loop (core/train_loop.h) reads. The whole file is experiments/experiment_config.h; each section is
+// declared by the library that owns its words, all registered with the schema through the same visit().
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/config_schema.h"
+
+namespace moh {
+
+/// Numeric precision of forward + loss (master weights, optimizer and EMA stay fp32). `automatic` ("auto") is
+/// resolved by RunContext::create: bf16 on CUDA; on a CPU bf16 where this build's bf16 autocast is measured clearly
+/// faster than fp32 on this CPU (core/cpu_precision.h, cached per machine), else fp32.
+enum class Precision { fp32, bf16, fp16, automatic };
+const config::EnumTable<Precision>& enum_table(Precision);
+
+/// How AdamW's step, the gradient clipping and the EMA update run over the parameters (core/optimizer.h):
+/// `for_loop` one kernel per op per tensor (LibTorch's torch::optim::AdamW, the reference), `foreach` multi-tensor
+/// kernels, `fused` one pass per parameter (_fused_adamw_), `automatic` ("auto") fused on CUDA where the build has it,
+/// else foreach.
+enum class OptimImpl { for_loop, foreach, fused, automatic };
+const config::EnumTable<OptimImpl>& enum_table(OptimImpl);
+
+/// Activation checkpointing of a training run: `none`, or `blocks` (every transformer block's activations are
+/// recomputed in the backward pass instead of kept: larger batches per device for about a third more compute).
+enum class GradCheckpoint { none, blocks };
+const config::EnumTable<GradCheckpoint>& enum_table(GradCheckpoint);
+
+/// Learning-rate schedule shape.
+enum class LrSchedule { cosine, constant };
+const config::EnumTable<LrSchedule>& enum_table(LrSchedule);
+
+/// Whether the schedule advances once per epoch (official DeiT/TransNeXt recipe) or every optimizer step.
+enum class ScheduleUnit { epoch, step };
+const config::EnumTable<ScheduleUnit>& enum_table(ScheduleUnit);
+
+/// `optim:` — AdamW settings.
+struct OptimConfig {
+  double lr = 1e-3;
+  double weight_decay = 0.05;
+  std::vector<double> betas{0.9, 0.999};
+  double eps = 1e-8;
+  double clip_grad = 1.0;  ///< global grad-norm clip; 0 = off
+  OptimImpl impl = OptimImpl::automatic;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("lr", lr, "peak learning rate (absolute, no batch scaling)");
+    v.field("weight_decay", weight_decay, "AdamW decoupled weight decay");
+    v.field("betas", betas, "AdamW (beta1, beta2)");
+    v.field("eps", eps, "AdamW epsilon");
+    v.field("clip_grad", clip_grad, "clip the global gradient norm to this value; 0 = off");
+    v.field("impl", impl,
+            "how AdamW, clipping and EMA run over the parameters: for_loop (per tensor, the reference), foreach "
+            "(multi-tensor kernels), fused (one pass per parameter; LibTorch >= 2.0 CUDA, >= 2.4 CPU) or auto "
+            "(fused on CUDA where available, else foreach)");
+  }
+};
+
+/// `schedule:` — learning-rate schedule.
+struct ScheduleConfig {
+  LrSchedule kind = LrSchedule::cosine;
+  ScheduleUnit unit = ScheduleUnit::epoch;
+  double warmup_epochs = 5;
+  double warmup_lr = 1e-6;
+  double min_lr = 1e-5;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("kind", kind, "cosine (with linear warm-up) or constant");
+    v.field("unit", unit, "advance the schedule per epoch (official recipe) or per step");
+    v.field("warmup_epochs", warmup_epochs, "linear warm-up length in epochs");
+    v.field("warmup_lr", warmup_lr, "learning rate at the start of warm-up");
+    v.field("min_lr", min_lr, "final learning rate of the cosine");
+  }
+};
+
+/// `train:` — the loop.
+struct TrainConfig {
+  int64_t epochs = 300;
+  int64_t accum_steps = 1;
+  int64_t processes =
+      1;  ///< data-parallel processes `moh train` starts itself when not launched by torchrun/moh launch
+  double moh_loss_coeff = 0.01;  ///< beta of the MoH load-balance loss (paper Eq. 8)
+  int64_t seed = 0;
+  Precision precision = Precision::fp32;
+  std::string device = "auto";
+  double ema_decay = 0.0;   ///< 0 = no EMA
+  bool ema_warmup = false;  ///< decay_t = min(decay, (1 + t) / (10 + t)) instead of a constant decay
+  int64_t ckpt_every_epochs = 1;
+  int64_t log_every_steps = 50;
+  double label_smoothing = 0.1;
+  int64_t eval_every_epochs = 1;
+  int64_t max_steps = 0;       ///< stop after this many optimizer steps (0 = run all epochs)
+  bool deterministic = false;  ///< deterministic kernels (CUDA: bit-identical reruns and resumes)
+  GradCheckpoint grad_checkpoint = GradCheckpoint::none;
+  int64_t max_nonfinite_steps = 10;  ///< non-finite steps in a row that end the run (0 = skip them, never stop)
+  int64_t keep_last = 0;             ///< checkpoints kept besides best and milestones (0 = all)
+  int64_t keep_every_steps = 0;      ///< checkpoints at multiples of this step kept forever (0 = none)
+
+  template <class V>
+  void visit(V& v) {
+    v.field("epochs", epochs, "number of training epochs");
+    v.field("accum_steps", accum_steps, "gradient accumulation steps per optimizer step");
+    v.field("processes", processes,
+            "data-parallel processes moh train starts on this machine (as moh launch --nproc N) "
+            "unless already launched; on CPUs small models train faster as N 1-thread processes");
+    v.field("moh_loss_coeff", moh_loss_coeff, "beta: weight of the MoH load-balance loss (mean over routed layers)");
+    v.field("seed", seed, "global random seed");
+    v.field("precision", precision,
+            "forward precision: fp32, bf16 (autocast on CPU or CUDA), fp16 (CUDA, loss scaling) "
+            "or auto (bf16 on CUDA; on a CPU bf16 where measured faster than fp32 on this CPU and build, else fp32)");
+    v.field("device", device, "auto, cpu, cuda or cuda:N");
+    v.field("ema_decay", ema_decay, "EMA decay of the weights; 0 = no EMA");
+    v.field("ema_warmup", ema_warmup,
+            "EMA decay min(ema_decay, (1+step)/(10+step)) for short runs; off = constant (DiT)");
+    v.field("ckpt_every_epochs", ckpt_every_epochs, "write a checkpoint every N epochs");
+    v.field("log_every_steps", log_every_steps, "write a metrics line every N optimizer steps");
+    v.field("label_smoothing", label_smoothing, "label smoothing of the classification loss");
+    v.field("eval_every_epochs", eval_every_epochs, "evaluate every N epochs (and after the last)");
+    v.field("max_steps", max_steps, "stop after N optimizer steps (0 = run all epochs; for smoke tests)");
+    v.field("deterministic", deterministic,
+            "deterministic kernels only (torch.use_deterministic_algorithms; CUBLAS_WORKSPACE_CONFIG=:4096:8): "
+            "on a GPU, reruns and resumed runs equal uninterrupted ones bit for bit, at some speed; CPU runs are "
+            "deterministic without it");
+    v.field("max_nonfinite_steps", max_nonfinite_steps,
+            "steps with a non-finite loss or gradient (skipped, as an fp16 overflow) in a row that end the run with "
+            "exit 1, naming the last finite checkpoint; 0 = keep skipping");
+    v.field("keep_last", keep_last,
+            "keep only the newest N checkpoints (besides the best one and the milestones); 0 = keep every one");
+    v.field("keep_every_steps", keep_every_steps,
+            "keep the checkpoints whose step is a multiple of N forever (milestones); 0 = none");
+    v.field("grad_checkpoint", grad_checkpoint,
+            "activation checkpointing: none, or blocks (each block's activations recomputed in the backward pass: "
+            "less memory, larger batches, about 1/3 more compute; gradients unchanged)");
+  }
+};
+
+/// Weights a fresh run starts from (`model.weights`; a resumed run takes its checkpoint's instead).
+struct InitialWeights {
+  std::string path;            ///< "" = the task's own initialisation
+  std::string key;             ///< the entry of a nested checkpoint to load (ema, model, state_dict; "" = whole)
+  bool allow_missing = false;  ///< parameters the file lacks keep their initialisation
+};
+
+/// What the training loop reads of an experiment: the sections above, the global batch, the starting weights and
+/// the whole resolved experiment file (stored in every checkpoint, compared on resume, agreed on by every rank).
+/// The experiments layer fills it from the whole file; the loop knows no other section.
+struct LoopConfig {
+  std::string name;        ///< the run's name (runs/<name> by default)
+  std::string yaml;        ///< the resolved experiment file
+  int64_t batch_size = 0;  ///< global batch per optimizer step (all ranks, all accumulation steps)
+  OptimConfig optim;
+  ScheduleConfig schedule;
+  TrainConfig train;
+  InitialWeights weights;
+};
+
+}  // namespace moh

@@ -1,0 +1,99 @@
+#pragma once
+// The diffusion sections of an experiment file (`diffusion:`, `sampling:`) and their choices (VAE, sampler, CFG
+// channels, CUDA graphs), declared by the diffusion library (experiments/experiment_config.h holds the whole file).
+// The sampler names come from the sampler records (diffusion/sampler.h): adding a sampler is one record there.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/config_schema.h"
+
+namespace moh {
+
+/// Latent space of a diffusion model: `none` = pixel-space diffusion.
+enum class VaeKind { none, sd };
+const config::EnumTable<VaeKind>& enum_table(VaeKind);
+
+/// Reverse-process sampler: DDPM / DDIM over a respaced chain, or a probability-flow ODE solver (DPM-Solver++(2M),
+/// Euler, Heun) over the base chain.
+enum class SamplerKind { ddpm, ddim, dpmpp_2m, euler, heun };
+const config::EnumTable<SamplerKind>& enum_table(SamplerKind);
+
+/// Output channels classifier-free guidance is applied to: `three` = the first 3 (DiT's code, needed for parity with
+/// published FIDs), `all` = every ε channel (the standard formulation, diffusers).
+enum class CfgChannels { three, all };
+const config::EnumTable<CfgChannels>& enum_table(CfgChannels);
+
+/// Whether sampling replays its network evaluations as CUDA graphs: `automatic` ("auto") on a GPU with a CUDA
+/// LibTorch where the forward can be captured, else eager; `off` always eager.
+enum class CudaGraphMode { automatic, off };
+const config::EnumTable<CudaGraphMode>& enum_table(CudaGraphMode);
+
+/// `diffusion:` — the Gaussian diffusion process of a DiT experiment (DiT: linear β, T = 1000, learned σ, hybrid loss).
+struct DiffusionConfig {
+  int64_t steps = 1000;  ///< T of the training chain
+  VaeKind vae = VaeKind::none;
+  std::string vae_weights;  ///< diffusers AutoencoderKL file (vae: sd)
+
+  template <class V>
+  void visit(V& v) {
+    v.field("steps", steps, "diffusion steps T of the training chain (linear beta schedule scaled by 1000/T)");
+    v.field("vae", vae, "latent space: none = pixel-space diffusion, sd = SD kl-f8 latents (scale 0.18215)");
+    v.field("vae_weights", vae_weights,
+            "vae: sd weights, e.g. sd-vae-ft-ema/diffusion_pytorch_model.safetensors (or .bin)");
+  }
+};
+
+/// `sampling:` — how `moh sample` (and the end-of-training samples) run the reverse process.
+struct SamplingConfig {
+  SamplerKind sampler = SamplerKind::ddpm;
+  std::string steps = "250";  ///< respacing spec: "250", "ddim50", "10,15,20"; ODE solvers: a step count
+  double eta = 0.0;
+  double cfg_scale = 1.5;  ///< 1 = no guidance (no batch doubling)
+  CfgChannels cfg_channels = CfgChannels::three;
+  std::vector<double> cfg_interval{0.0, 1.0};  ///< guide where lo ≤ t / (T − 1) ≤ hi (1 = pure noise)
+  bool clip_denoised = false;  ///< clamp predicted x0 to [−1, 1] each step (pixel models; DiT's latents: never)
+  int64_t per_class = 10;
+  int64_t batch_size = 64;
+  int64_t seed = 0;
+  int64_t topk = -1;                   ///< MoH head budget while sampling: K of every routed layer (−1 = as trained)
+  std::vector<int64_t> topk_schedule;  ///< K per noise-level bucket, clean → pure noise (empty = topk everywhere)
+  int64_t guide_topk = -1;             ///< K of the unconditional CFG branch (−1 = the conditional branch's K)
+  CudaGraphMode cuda_graph = CudaGraphMode::automatic;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("sampler", sampler,
+            "ddpm (ancestral, what DiT uses), ddim, or an ODE solver: dpm++2m (DPM-Solver++ 2M), euler, heun "
+            "(diffusers' schedulers on the same linear schedule)");
+    v.field("steps", steps,
+            "ddpm/ddim: timestep respacing \"250\", \"ddim50\" or per-section counts \"10,15,20\"; ODE solvers: "
+            "solver steps (>= 2; heun evaluates the network 2 x steps - 1 times)");
+    v.field("eta", eta, "DDIM noise (0 = deterministic)");
+    v.field("cfg_scale", cfg_scale, "classifier-free guidance scale; 1 = off");
+    v.field("cfg_channels", cfg_channels,
+            "guide the first 3 output channels (three, DiT-exact) or all eps channels (all)");
+    v.field("cfg_interval", cfg_interval,
+            "guidance interval [lo, hi] in noise level t / (T - 1) (1 = pure noise): CFG only inside, one "
+            "conditional forward outside (Kynkaanniemi et al. 2024); [0, 1] = everywhere");
+    v.field("clip_denoised", clip_denoised,
+            "clamp the predicted x0 to [-1, 1] at every step (pixel space; DiT: false)");
+    v.field("per_class", per_class, "images per class written by moh sample");
+    v.field("batch_size", batch_size, "images per sampling batch (before CFG doubling)");
+    v.field("seed", seed, "sampling seed");
+    v.field("topk", topk,
+            "MoH head budget at inference: routed heads per token K of every routed layer, 0 … the smallest routed "
+            "pool (no retraining; 0 = the shared heads alone; -1 = as trained)");
+    v.field("topk_schedule", topk_schedule,
+            "MoH head budget by noise level: B values of K for B equal buckets of t / (T - 1), from clean (first) "
+            "to pure noise (last), e.g. [2, 2, 4, 4]; empty = sampling.topk at every step");
+    v.field("guide_topk", guide_topk,
+            "guide with fewer heads: K of the unconditional branch of CFG (the two branches then run as two "
+            "forwards); -1 = the same K as the conditional branch");
+    v.field("cuda_graph", cuda_graph,
+            "replay the network evaluations as CUDA graphs (auto: on a GPU where the forward can be captured; "
+            "off: eager); the samples are the same either way");
+  }
+};
+
+}  // namespace moh

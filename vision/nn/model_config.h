@@ -1,0 +1,84 @@
+#pragma once
+// The `model:` section of an experiment file and the attention choices it names (head mixing, execution path,
+// router), declared beside the attention that uses them (experiments/experiment_config.h holds the whole file).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/config_schema.h"
+
+namespace moh {
+
+/// Largest model.img_size accepted (a sanity bound; memory is checked against the machine separately).
+constexpr int64_t kMaxImageSize = 8192;
+
+/// How heads are mixed in an attention layer.
+enum class AttentionMode { mha, moh, moa };
+const config::EnumTable<AttentionMode>& enum_table(AttentionMode);
+
+/// Execution path of MoH attention: `dense` computes every head then gates (the official code, the reference);
+/// `sparse` computes only the selected (token, head) pairs; `automatic` ("auto", the default) lets each layer pick
+/// the faster of the two from its active-head ratio and sequence length (vision/nn/attention_core.h:
+/// choose_attention_path).
+enum class AttentionPath { dense, sparse, automatic };
+const config::EnumTable<AttentionPath>& enum_table(AttentionPath);
+
+/// How a MoH layer chooses its routed heads: `learned` (the official router `wg`/`wg_0`/`wg_1`, Eq. 5 of the paper)
+/// or `query_norm` (no parameters, as the released continue-tuned MoH-LLaMA3: per token the L2 norms of the routed
+/// heads' query projections, divided by their standard deviation, softmax, top-K; selected heads and shared heads
+/// get weight 1, the others 0, so a dense model's output distribution is kept).
+enum class RouterKind { learned, query_norm };
+const config::EnumTable<RouterKind>& enum_table(RouterKind);
+
+/// `model:` — which network and how its attention runs.
+struct ModelConfig {
+  std::string name;                      ///< registry name, e.g. "MoH-ViT-S-75" (`moh info --list`)
+  std::vector<AttentionMode> attention;  ///< per-stage override of the head mixing; empty = variant default
+  AttentionPath attention_path = AttentionPath::automatic;
+  RouterKind router = RouterKind::learned;  ///< how MoH layers choose their routed heads
+  std::vector<int64_t> shared_heads;        ///< MoH split override: h_s per stage (classifier) or layer (DiT)
+  std::vector<int64_t> topk;                ///< with shared_heads: K per stage / layer (0 = all heads weighted)
+  int64_t num_classes = 0;                  ///< 0 = variant default
+  int64_t img_size = 0;                     ///< 0 = variant default
+  double drop_path = -1.0;                  ///< < 0 = variant default
+  std::string weights;                      ///< initialise from this file (safetensors or torch.save)
+  std::string weights_key;                  ///< key inside a nested checkpoint (ema|model|state_dict)
+  bool weights_allow_missing = false;       ///< tolerate tensors the weights file lacks (e.g. pos_embed)
+
+  template <class V>
+  void visit(V& v) {
+    v.field("name", name, "model variant from the registry (`moh info --list`)", config::Need::required);
+    v.field("attention", attention, "per-stage head mixing override (mha|moh|moa); empty = the variant's own");
+    v.field("attention_path", attention_path,
+            "MoH execution path of the attention layers (DiT and classifier): auto (per layer, the faster path for its "
+            "active ratio and length), dense (official, gates all heads) or sparse (selected pairs only)");
+    v.field("router", router,
+            "MoH head router: learned (official, wg / wg_0 / wg_1) or query_norm (parameter-free: top-K of the routed "
+            "heads' query norms, selected and shared heads weighted 1; for dense checkpoints turned into MoH)");
+    v.field("shared_heads", shared_heads,
+            "MoH split on the variant's own heads (a dense model becomes MoH: `moh convert --to-moh`): shared heads "
+            "h_s per stage (classifiers, 4 values) or per layer (DiT: depth values, or one for every layer)");
+    v.field("topk", topk,
+            "with model.shared_heads: routed heads per token K of each stage / layer (same length; 0 = every head "
+            "on, softmax-weighted, needs shared = heads)");
+    v.field("num_classes", num_classes, "classifier outputs / DiT label classes; 0 = variant default");
+    v.field("img_size", img_size, "input resolution in pixels; 0 = variant default");
+    v.field("drop_path", drop_path, "stochastic-depth rate at the last block; negative = variant default");
+    v.field("weights", weights, "initialise from this weights file (.safetensors or torch.save .pt/.pth)");
+    v.field("weights_key", weights_key, "entry inside a nested checkpoint to load (ema, model, state_dict)");
+    v.field("weights_allow_missing", weights_allow_missing,
+            "keep initialised values for tensors the weights file lacks");
+  }
+};
+
+/// One layer's (or stage's) MoH split from model.shared_heads / model.topk.
+struct HeadSplit {
+  int64_t shared = 0, topk = 0;
+};
+/// The split model.shared_heads / model.topk gives to `heads.size()` layers (stages) with heads[i] heads each; one
+/// value for all of them when `one_for_all` allows it. Empty when neither key is set; UserErrors naming the key for
+/// a missing partner, a wrong length or a value outside 0 ≤ h_s ≤ h, 0 ≤ K ≤ h − h_s (K = 0 needs h_s = h).
+std::vector<HeadSplit> moh_split(const ModelConfig& model, const std::vector<int64_t>& heads, bool one_for_all,
+                                 const std::string& unit);
+
+}  // namespace moh
