@@ -37,24 +37,24 @@ int cmd_forward(int argc, char** argv) {
   for (const char* required : {"model", "weights", "input", "output"})
     if (!args.count(required)) throw UserError(argv[0], std::string("missing --") + required, "see --help");
   experiments::ForwardRequest r;
-  r.name = args["model"].as<std::string>();
+  r.model.name = args["model"].as<std::string>();
   r.inputs_origin = args["input"].as<std::string>();
   const std::string weights_path = args["weights"].as<std::string>(), out_path = args["output"].as<std::string>();
   const std::string key = args["weights-key"].as<std::string>();
   r.weights_origin = weights_path + (key.empty() ? "" : " [" + key + "]");
-  r.allow_missing = args.count("allow-missing") > 0;
-  r.router = config::enum_from_string<RouterKind>(args["router"].as<std::string>(), "--router");
+  r.model.weights_allow_missing = args.count("allow-missing") > 0;
+  r.model.router = config::enum_from_string<RouterKind>(args["router"].as<std::string>(), "--router");
 
   check_output_file(out_path, "--output " + out_path);
-  const std::string flag = "--model " + r.name;
-  const experiments::ModelFamily& family = experiments::find_model_family(r.name, flag);
+  const std::string flag = "--model " + r.model.name;
+  const experiments::ModelFamily& family = experiments::find_model_family(r.model.name, flag);
   r.inputs = load_safetensors(r.inputs_origin).tensors;
   r.weights = load_weights_tensors(weights_path, key);
   torch::NoGradGuard no_grad;
   const TensorMap out = family.forward(r);
   if (auto parent = std::filesystem::path(out_path).parent_path(); !parent.empty())
     std::filesystem::create_directories(parent);
-  save_safetensors(out_path, out, {{"model", r.name}});
+  save_safetensors(out_path, out, {{"model", r.model.name}});
   for (const auto& [n, t] : out) std::cout << n << " " << c10::str(t.sizes()) << "\n";
   std::cout << "wrote " << out_path << std::endl;
   return kExitOk;

@@ -65,9 +65,7 @@ int64_t DiTOptions::routed_layers() const {
 
 void DiTOptions::validate() const {
   const std::string what = "DiT options";
-  if (router == RouterKind::query_norm && attention != AttentionMode::moh)
-    throw UserError("model.router", "query_norm routes the heads of MoH layers; this variant has none",
-                    "pick a MoH-DiT variant; a dense checkpoint loads into one with model.weights");
+  check_router(router, attention == AttentionMode::moh, "MoH-DiT");
   if (input_size <= 0 || patch_size <= 0 || input_size % patch_size != 0)
     throw UserError(
         what,

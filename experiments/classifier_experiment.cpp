@@ -14,36 +14,41 @@
 
 namespace moh::experiments {
 
-vision::TransNeXtOptions classifier_options_for(const ExperimentConfig& cfg) {
-  vision::TransNeXtOptions o = vision::classifier_options(cfg.model.name);
-  o.attention_path = cfg.model.attention_path;
-  o.grad_checkpoint = cfg.train.grad_checkpoint == GradCheckpoint::blocks;
-  o.router = cfg.model.router;
-  if (cfg.model.num_classes > 0) o.num_classes = cfg.model.num_classes;
-  if (cfg.model.img_size > 0) o.img_size = cfg.model.img_size;
-  if (cfg.model.drop_path >= 0) o.drop_path_rate = cfg.model.drop_path;
-  if (!cfg.model.attention.empty()) {
-    if (cfg.model.attention.size() != 4)
+vision::TransNeXtOptions classifier_options_for(const ModelConfig& model) {
+  vision::TransNeXtOptions o = vision::classifier_options(model.name);
+  o.attention_path = model.attention_path;
+  o.router = model.router;
+  if (model.num_classes > 0) o.num_classes = model.num_classes;
+  if (model.img_size > 0) o.img_size = model.img_size;
+  if (model.drop_path >= 0) o.drop_path_rate = model.drop_path;
+  if (!model.attention.empty()) {
+    if (model.attention.size() != 4)
       throw UserError("config: model.attention",
-                      "expected 4 entries (one per stage), got " + std::to_string(cfg.model.attention.size()),
+                      "expected 4 entries (one per stage), got " + std::to_string(model.attention.size()),
                       "e.g. [moh, moh, moh, moh]");
     const vision::TransNeXtOptions base = o;
     for (int i = 0; i < 4; ++i) {
-      o.attention[i] = cfg.model.attention[i];
+      o.attention[i] = model.attention[i];
       if (o.attention[i] == AttentionMode::moh && base.attention[i] != AttentionMode::moh)
         throw UserError("config: model.attention",
-                        "stage " + std::to_string(i + 1) + " of " + cfg.model.name + " has no MoH head split",
+                        "stage " + std::to_string(i + 1) + " of " + model.name + " has no MoH head split",
                         "use a MoH-ViT variant for moh stages");
       if (o.attention[i] == AttentionMode::moa && o.topk[i] == 0) o.topk[i] = std::max<int64_t>(1, o.num_heads[i] / 2);
     }
   }
   // model.shared_heads / topk last: a dense variant (or one made dense by model.attention) with this head split
-  const auto split = moh_split(cfg.model, {o.num_heads.begin(), o.num_heads.end()}, /*one_for_all=*/false, "stage");
+  const auto split = moh_split(model, {o.num_heads.begin(), o.num_heads.end()}, /*one_for_all=*/false, "stage");
   for (size_t i = 0; i < split.size(); ++i) {
     o.attention[i] = AttentionMode::moh;
     o.shared_heads[i] = split[i].shared;
     o.topk[i] = split[i].topk;
   }
+  return o;
+}
+
+vision::TransNeXtOptions classifier_options_for(const ExperimentConfig& cfg) {
+  vision::TransNeXtOptions o = classifier_options_for(cfg.model);
+  o.grad_checkpoint = cfg.train.grad_checkpoint == GradCheckpoint::blocks;
   o.validate();
   return o;
 }

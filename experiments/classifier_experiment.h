@@ -16,8 +16,10 @@
 
 namespace moh::experiments {
 
-/// The model of an experiment: the registry variant with the config's overrides applied (UserError for overrides a
-/// classifier cannot take).
+/// The registry variant with the model section's overrides applied (UserError for overrides a classifier cannot
+/// take); not yet validated, as `moh forward` still sets the input's size and the weights' classes.
+vision::TransNeXtOptions classifier_options_for(const ModelConfig& model);
+/// The model of an experiment: the above with the training settings that shape it, validated.
 vision::TransNeXtOptions classifier_options_for(const ExperimentConfig& cfg);
 
 /// Every rule of a classification experiment beyond ExperimentConfig::validate(): model overrides, augmentation

@@ -29,15 +29,14 @@ constexpr const char* kForwardInputs = "x (B,C,H,W) float";
 TensorMap forward(const ForwardRequest& r) {
   check_forward_inputs(r, {"x"}, {"logits", "features"}, kForwardInputs);
   const at::Tensor x = forward_input(r, "x", at::kFloat, 4, kForwardInputs);
-  vision::TransNeXtOptions o = vision::classifier_options(r.name);
+  vision::TransNeXtOptions o = classifier_options_for(r.model);
   o.img_size = x.size(2);
   o.in_chans = x.size(1);
   if (auto it = r.weights.find("head.weight"); it != r.weights.end() && it->second.dim() == 2)
     o.num_classes = it->second.size(0);
-  o.router = r.router;
   o.validate();
   vision::TransNeXt model(o);
-  load_module_tensors(*model, r.weights, r.weights_origin, r.allow_missing);
+  load_module_tensors(*model, r.weights, r.weights_origin, r.model.weights_allow_missing);
   model->eval();
   const vision::ClassifierOutput out = model->forward(x);
   return {{"logits", out.logits}, {"features", out.features}};

@@ -10,21 +10,20 @@
 
 namespace moh::experiments {
 
-diffusion::DiTOptions dit_options_for(const ExperimentConfig& cfg) {
-  diffusion::DiTOptions o = diffusion::dit_options(cfg.model.name);
-  if (cfg.model.num_classes > 0) o.num_classes = cfg.model.num_classes;
-  if (cfg.model.img_size > 0) {  // pixel space: image side = input side; SD latents: image side / 8
-    const bool latent = cfg.diffusion.vae == VaeKind::sd;
-    if (latent && cfg.model.img_size % 8 != 0)
+diffusion::DiTOptions dit_options_for(const ModelConfig& model, bool latent) {
+  diffusion::DiTOptions o = diffusion::dit_options(model.name);
+  if (model.num_classes > 0) o.num_classes = model.num_classes;
+  if (model.img_size > 0) {  // pixel space: image side = input side; SD latents: image side / 8
+    if (latent && model.img_size % 8 != 0)
       throw UserError("config: model.img_size", "must be a multiple of 8 with vae: sd", "e.g. 256 (32×32 latents)");
-    o.input_size = latent ? cfg.model.img_size / 8 : cfg.model.img_size;
+    o.input_size = latent ? model.img_size / 8 : model.img_size;
   }
-  if (!cfg.model.attention.empty())
+  if (!model.attention.empty())
     throw UserError("config: model.attention", "per-stage overrides are for classifiers",
                     "pick a DiT or MoH-DiT variant");
   std::vector<int64_t> heads;
   for (int64_t i = 0; i < o.depth; ++i) heads.push_back(o.layer(i).num_heads);
-  const auto split = moh_split(cfg.model, heads, /*one_for_all=*/true, "layer");
+  const auto split = moh_split(model, heads, /*one_for_all=*/true, "layer");
   if (!split.empty()) {  // a dense (or other MoH) variant with this head split, widths unchanged
     o.head_dim = o.layer(0).head_dim_resolved();
     o.heads = o.shared = o.topk = {};
@@ -35,8 +34,13 @@ diffusion::DiTOptions dit_options_for(const ExperimentConfig& cfg) {
     }
     o.attention = AttentionMode::moh;
   }
-  o.path = cfg.model.attention_path;
-  o.router = cfg.model.router;
+  o.path = model.attention_path;
+  o.router = model.router;
+  return o;
+}
+
+diffusion::DiTOptions dit_options_for(const ExperimentConfig& cfg) {
+  diffusion::DiTOptions o = dit_options_for(cfg.model, cfg.diffusion.vae == VaeKind::sd);
   o.grad_checkpoint = cfg.train.grad_checkpoint == GradCheckpoint::blocks;
   o.validate();
   return o;

@@ -15,7 +15,10 @@
 
 namespace moh::experiments {
 
-/// The model of a diffusion experiment: the variant with model.num_classes / model.img_size / attention_path applied.
+/// The variant with the model section's overrides applied (model.img_size in pixels: a latent model's input is an
+/// eighth of it); not yet validated, as `moh forward` still reads sizes from the weights.
+diffusion::DiTOptions dit_options_for(const ModelConfig& model, bool latent);
+/// The model of a diffusion experiment: the above with the training settings that shape it, validated.
 diffusion::DiTOptions dit_options_for(const ExperimentConfig& cfg);
 
 /// Bytes of one fp32 attention map of the widest layer for `rank_batch` images: a lower bound of training memory.

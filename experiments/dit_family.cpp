@@ -33,11 +33,10 @@ constexpr const char* kForwardInputs = "x (B,C,I,I) float, t (B) int, y (B) int"
 // The weights decide input size, channels and classes (an official DiT-XL-2-512x512.pt builds a 64-token-wide model).
 TensorMap forward(const ForwardRequest& r) {
   check_forward_inputs(r, {"x", "t", "y"}, {"out"}, kForwardInputs);
-  diffusion::DiTOptions o = diffusion::dit_options_for_weights(diffusion::dit_options(r.name), r.weights);
-  o.router = r.router;
+  diffusion::DiTOptions o = diffusion::dit_options_for_weights(dit_options_for(r.model, false), r.weights);
   o.validate();
   diffusion::DiT model(o);
-  load_module_tensors(*model, r.weights, r.weights_origin, r.allow_missing);
+  load_module_tensors(*model, r.weights, r.weights_origin, r.model.weights_allow_missing);
   model->eval();
   const at::Tensor x = forward_input(r, "x", at::kFloat, 4, kForwardInputs);
   if (x.size(1) != o.in_channels || x.size(2) != o.input_size || x.size(3) != o.input_size)
@@ -123,7 +122,7 @@ constexpr const char* kVaeInputs = "x (B,3,H,W) in [-1,1], H and W multiples of 
 TensorMap vae_forward(const ForwardRequest& r) {
   check_forward_inputs(r, {"x"}, {"latent_mean", "latent_logvar", "recon"}, kVaeInputs);
   diffusion::AutoencoderKL vae;
-  load_module_tensors(*vae, diffusion::normalize_vae_keys(r.weights), r.weights_origin, r.allow_missing);
+  load_module_tensors(*vae, diffusion::normalize_vae_keys(r.weights), r.weights_origin, r.model.weights_allow_missing);
   vae->eval();
   const at::Tensor x = forward_input(r, "x", at::kFloat, 4, kVaeInputs);
   if (x.size(1) != 3 || x.size(2) % 8 || x.size(3) % 8)

@@ -13,7 +13,7 @@ constexpr const char* kInputs = "x (B,3,299,299), already normalised to [-1,1]";
 TensorMap forward(const ForwardRequest& r) {
   check_forward_inputs(r, {"x"}, {"pool", "spatial", "logits"}, kInputs);
   eval::FIDInceptionV3 net;
-  load_module_tensors(*net, r.weights, r.weights_origin, r.allow_missing);
+  load_module_tensors(*net, r.weights, r.weights_origin, r.model.weights_allow_missing);
   net->eval();
   const at::Tensor x = forward_input(r, "x", at::kFloat, 4, kInputs);
   if (x.size(1) != 3 || x.size(2) != 299 || x.size(3) != 299)

@@ -59,11 +59,11 @@ FamilyCheckpoint open_family_checkpoint(const std::string& path, const std::vect
 
 /// `moh forward`: one fp32 eval-mode forward of variant `name` with `weights` on the tensors of `inputs`.
 struct ForwardRequest {
-  std::string name;
+  /// The network as an experiment's model section gives it: name, router, head split, weights_allow_missing (the
+  /// inputs and weights decide sizes and classes).
+  ModelConfig model;
   TensorMap weights, inputs;
   std::string weights_origin, inputs_origin;  ///< the files, for errors
-  bool allow_missing = false;                 ///< keep initialised values for tensors the weights lack
-  RouterKind router = RouterKind::learned;    ///< MoH layers' router (query_norm: a dense checkpoint runs as MoH)
 };
 
 /// Input `name` of a forward request as `dtype` with `dim` dimensions, or a UserError naming what the model needs.

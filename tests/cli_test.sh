@@ -130,6 +130,7 @@ expect 2 "unknown model variant or network" -- forward --model MoH-DiT-Pixel/9 -
 expect 2 "unexpected tensor 'blocks.0.attn.wg.weight'" -- forward --model DiT-Pixel/4 --weights $FX/moh_dit_pixel_fp16.pt --input $FX/moh_dit_pixel_io.safetensors --output "$tmp/f.safetensors"
 expect 2 "unexpected tensor 'ema.0.bias'" -- forward --model MoH-DiT-Pixel/4-75 --weights $FX/moh_dit_pixel_fp16.pt --input $FX/nested_expected.safetensors --output "$tmp/f.safetensors"
 expect 2 "unexpected tensor 'out'" -- forward --model fid-inception --weights $FX/ddp_prefix.pt --input $FX/moh_dit_pixel_io.safetensors --output "$tmp/f.safetensors"
+expect 2 "model.router: query_norm routes the heads of MoH layers; this variant has none" -- forward --model DiT-Pixel/4 --router query_norm --weights $FX/moh_dit_pixel_fp16.pt --allow-missing --input $FX/moh_dit_pixel_io.safetensors --output "$tmp/f.safetensors"
 expect 2 "ddp_prefix.pt: missing tensor '" -- forward --model DiT-Pixel/4 --weights $FX/ddp_prefix.pt --input $FX/moh_dit_pixel_io.safetensors --output "$tmp/f.safetensors"
 
 # Latent DiT (SD-VAE): bad inputs of extract-latents and of training from latents.

@@ -119,10 +119,7 @@ void TransNeXtOptions::validate() const {
     stage_attention(i).validate();
   }
   if (drop_path_rate < 0 || drop_path_rate >= 1) throw UserError(what, "drop_path_rate must be in [0, 1)", "");
-  if (router == RouterKind::query_norm &&
-      std::find(attention.begin(), attention.end(), AttentionMode::moh) == attention.end())
-    throw UserError("model.router", "query_norm routes the heads of MoH layers; this variant has none",
-                    "pick a MoH-ViT variant; a dense checkpoint loads into one with model.weights");
+  check_router(router, std::find(attention.begin(), attention.end(), AttentionMode::moh) != attention.end(), "MoH-ViT");
   if (num_classes <= 0 || in_chans <= 0) throw UserError(what, "num_classes and in_chans must be positive", "");
 }
 

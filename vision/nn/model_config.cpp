@@ -22,6 +22,21 @@ const config::EnumTable<RouterKind>& enum_table(RouterKind) {
   return t;
 }
 
+std::string head_split_error(int64_t heads, int64_t shared, int64_t topk) {
+  const std::string given = "shared " + std::to_string(shared) + ", top-K " + std::to_string(topk);
+  if (shared < 0 || shared > heads || topk < 0 || topk > heads - shared)
+    return given + " do not fit (0 ≤ shared ≤ heads, 0 ≤ K ≤ heads − shared)";
+  if (topk == 0 && shared != heads)
+    return given + ": K = 0 weights every head, so shared must be " + std::to_string(heads) + " (or give K > 0)";
+  return "";
+}
+
+void check_router(RouterKind router, bool has_moh_layers, const std::string& variant) {
+  if (router == RouterKind::query_norm && !has_moh_layers)
+    throw UserError("model.router", "query_norm routes the heads of MoH layers; this variant has none",
+                    "pick a " + variant + " variant; a dense checkpoint loads into one with model.weights");
+}
+
 std::vector<HeadSplit> moh_split(const ModelConfig& model, const std::vector<int64_t>& heads, bool one_for_all,
                                  const std::string& unit) {
   const auto& s = model.shared_heads;
@@ -42,15 +57,8 @@ std::vector<HeadSplit> moh_split(const ModelConfig& model, const std::vector<int
   for (size_t i = 0; i < n; ++i) {
     const size_t j = s.size() == 1 ? 0 : i;
     const int64_t h = heads[i], hs = s[j], kk = k[j];
-    const std::string where = unit + " " + std::to_string(i + 1) + " (" + std::to_string(h) + " heads)";
-    if (hs < 0 || hs > h || kk < 0 || kk > h - hs)
-      throw UserError(what,
-                      where + ": shared " + std::to_string(hs) + ", top-K " + std::to_string(kk) +
-                          " do not fit (0 ≤ shared ≤ heads, 0 ≤ K ≤ heads − shared)",
-                      "");
-    if (kk == 0 && hs != h)
-      throw UserError(what, where + ": K = 0 weights every head, so shared must be " + std::to_string(h),
-                      "or give K > 0");
+    if (const std::string why = head_split_error(h, hs, kk); !why.empty())
+      throw UserError(what, unit + " " + std::to_string(i + 1) + " (" + std::to_string(h) + " heads): " + why, "");
     out.push_back({hs, kk});
   }
   return out;

@@ -71,6 +71,15 @@ struct ModelConfig {
   }
 };
 
+/// Why h_s always-on heads and top-K of the remaining h − h_s do not fit a layer of h heads, or "" when they do:
+/// 0 ≤ h_s ≤ h, 0 ≤ K ≤ h − h_s, and K = 0 (every head weighted) only with h_s = h. The one rule behind
+/// model.shared_heads / model.topk and each MoH layer's options.
+std::string head_split_error(int64_t heads, int64_t shared, int64_t topk);
+
+/// UserError on model.router when query_norm is asked of a model without MoH layers (it routes their heads; a dense
+/// checkpoint runs as MoH by loading it into a MoH variant). `variant` names the family's MoH variants for the hint.
+void check_router(RouterKind router, bool has_moh_layers, const std::string& variant);
+
 /// One layer's (or stage's) MoH split from model.shared_heads / model.topk.
 struct HeadSplit {
   int64_t shared = 0, topk = 0;

@@ -36,19 +36,8 @@ void MoHAttentionOptions::validate() const {
                     "choose heads dividing dim, or set head_dim explicitly");
   if (head_dim < 0) throw UserError(what, "head_dim must be >= 0 (0 = dim / num_heads)", "");
   if (mode == AttentionMode::moh) {
-    if (shared_heads < 0 || shared_heads > num_heads)
-      throw UserError(
-          what,
-          "shared_heads " + std::to_string(shared_heads) + " outside [0, num_heads=" + std::to_string(num_heads) + "]",
-          "");
-    if (topk < 0 || topk > num_heads - shared_heads)
-      throw UserError(what,
-                      "topk " + std::to_string(topk) +
-                          " exceeds the routed pool h - h_s = " + std::to_string(num_heads - shared_heads),
-                      "lower topk or shared_heads");
-    if (topk == 0 && shared_heads != num_heads)
-      throw UserError(what, "topk = 0 layers weight all heads, so shared_heads must equal num_heads",
-                      "set shared_heads = " + std::to_string(num_heads) + " or topk > 0");
+    if (const std::string why = head_split_error(num_heads, shared_heads, topk); !why.empty())
+      throw UserError(what, why, "");
   } else if (mode == AttentionMode::moa) {
     if (router == RouterKind::query_norm)
       throw UserError(what, "the query_norm router is for moh layers (moa keeps one key/value head)",

@@ -390,11 +390,26 @@ TEST(MoHAttention, BadOptionsAreClearErrors) {
     }
     return std::string("<no error>");
   };
-  EXPECT_NE(msg(MoHAttentionOptions(32, 4).moh(1, 4)).find("exceeds the routed pool"), std::string::npos);
-  EXPECT_NE(msg(MoHAttentionOptions(32, 4).moh(5, 0)).find("shared_heads 5 outside"), std::string::npos);
+  EXPECT_NE(msg(MoHAttentionOptions(32, 4).moh(1, 4)).find("shared 1, top-K 4 do not fit"), std::string::npos);
+  EXPECT_NE(msg(MoHAttentionOptions(32, 4).moh(5, 0)).find("shared 5, top-K 0 do not fit"), std::string::npos);
   EXPECT_NE(msg(MoHAttentionOptions(30, 4)).find("not divisible"), std::string::npos);
-  EXPECT_NE(msg(MoHAttentionOptions(32, 4).moh(2, 0)).find("shared_heads must equal num_heads"), std::string::npos);
+  EXPECT_NE(msg(MoHAttentionOptions(32, 4).moh(2, 0)).find("so shared must be 4"), std::string::npos);
+  EXPECT_EQ(msg(MoHAttentionOptions(32, 4).moh(4, 0)), "<no error>");  // K = 0 with every head shared is allowed
+  EXPECT_EQ(msg(MoHAttentionOptions(32, 4).moh(1, 3)), "<no error>");
   EXPECT_NE(msg(MoHAttentionOptions(32, 4).moa(0)).find("moa needs"), std::string::npos);
+}
+
+// The one head-split rule behind model.shared_heads / model.topk and the layer options: every (h_s, K) of a 4-head
+// layer against 0 ≤ h_s ≤ h, 0 ≤ K ≤ h − h_s, K = 0 only with h_s = h.
+TEST(MoHAttention, HeadSplitRule) {
+  for (int64_t s = -1; s <= 5; ++s)
+    for (int64_t k = -1; k <= 5; ++k) {
+      const bool fits = s >= 0 && s <= 4 && k >= 0 && k <= 4 - s && (k > 0 || s == 4);
+      EXPECT_EQ(head_split_error(4, s, k).empty(), fits) << "shared " << s << " K " << k;
+    }
+  EXPECT_NO_THROW(check_router(RouterKind::query_norm, true, "MoH-ViT"));
+  EXPECT_NO_THROW(check_router(RouterKind::learned, false, "MoH-ViT"));
+  EXPECT_THROW(check_router(RouterKind::query_norm, false, "MoH-ViT"), UserError);
 }
 
 }  // namespace
