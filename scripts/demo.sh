@@ -22,23 +22,35 @@ if [ -e "$OUT" ]; then echo "== removing the previous demo output $OUT"; rm -rf 
 mkdir -p "$OUT"
 
 echo "== $($MOH --version | tr '\n' ' ')"
+lap_start=$(date +%s)
+lap() {  # the seconds of each stage, in the log (docs/RESULTS.md's demo table reads them from there)
+  local now
+  now=$(date +%s)
+  echo "== $1: $((now - lap_start)) s"
+  lap_start=$now
+}
 echo "== 1/3 classifier: MoH-ViT-Nano on Fashion-MNIST ($CLS_STEPS steps)"
 $MOH train configs/fashion_mnist/moh_vit_nano.yaml --run-dir "$OUT/classifier" --set train.epochs=1 \
   --set train.max_steps=$CLS_STEPS --set schedule.warmup_epochs=0.1 --set data.limit_val=$VAL --set train.log_every_steps=20
+lap "classifier training"
 $MOH eval configs/fashion_mnist/moh_vit_nano.yaml --checkpoint "$OUT/classifier" --set data.limit_val=$VAL \
   --out "$OUT/classifier/eval"
+lap "classifier evaluation + head load"
 
 echo "== 2/3 diffusion: MoH-DiT-Pixel/4-75 on Fashion-MNIST ($DIT_STEPS steps), then CFG samples"
 $MOH train configs/fashion_mnist/moh_dit_pixel.yaml --run-dir "$OUT/dit" --set train.max_steps=$DIT_STEPS
+lap "diffusion training"
 # The best measured setting of docs/RESULTS.md's FID-versus-compute curve: DPM-Solver++(2M), 12 steps, CFG 4 only in
 # the cleaner half of the noise range (17 network evaluations per image; FID 41.1 against DDIM-50's 51.7).
 $MOH sample --checkpoint "$OUT/dit" --sampler dpm++2m --steps $STEPS --cfg-scale 4 --cfg-interval 0,0.5 \
   --set sampling.per_class=$PER_CLASS --out "$OUT/samples"
+lap "sampling"
 
 echo "== 3/3 FID report (classifier features; reference = Fashion-MNIST test set)"
 $MOH ref-stats --images $REF --features "classifier:$OUT/classifier" --out "$OUT/fm_test_stats.npz"
 $MOH fid --samples "$OUT/samples/samples.npz" --ref "$OUT/fm_test_stats.npz" --features "classifier:$OUT/classifier" \
   --out "$OUT/fid"
+lap "reference statistics + FID report"
 
 echo
 echo "demo finished in $(( $(date +%s) - start )) s. Artefacts:"

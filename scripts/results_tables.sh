@@ -6,10 +6,16 @@
 # of DOC holds exactly the contents of DIR/NAME.md.
 #   results_tables.sh splice DOC DIR   rewrite every block from its file (used by scripts/reproduce_small.sh)
 #   results_tables.sh check DOC DIR    exit 1 if a block differs from its file or a file is missing (a ctest)
+#   results_tables.sh trace DOC...     exit 1 if a number of a table in DOC has no raw file under docs/results/ that
+#                                      holds it (scripts/trace_numbers.py: the <!-- raw: FILES --> line over a table)
 set -euo pipefail
+if [ "${1:-}" = trace ]; then
+  shift
+  exec python3 "$(dirname "$0")/trace_numbers.py" "$@"
+fi
 mode=${1:-} doc=${2:-} dir=${3:-}
 if [ -z "$dir" ] || { [ "$mode" != splice ] && [ "$mode" != check ]; }; then
-  echo "usage: results_tables.sh splice|check DOC DIR" >&2
+  echo "usage: results_tables.sh splice|check DOC DIR | trace DOC..." >&2
   exit 2
 fi
 names=$(sed -n 's/^<!-- begin \(.*\) -->$/\1/p' "$doc")
