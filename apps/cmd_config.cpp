@@ -36,8 +36,10 @@ int cmd_config(int argc, char** argv) {
   cxxopts::Options opts(argv[0],
                         "Validate an experiment YAML (base: inheritance, --set overrides) and print it resolved");
   add_config_args(opts);
-  opts.add_options()("schema", "print every key with type, default and meaning")(
-      "markdown", "with --schema: a Markdown table")("h,help", "show this help");
+  auto flag = opts.add_options();
+  flag("schema", "print every key with type, default and meaning");
+  flag("markdown", "with --schema: a Markdown table");
+  flag("h,help", "show this help");
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
   if (args.count("schema")) {

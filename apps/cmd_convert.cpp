@@ -75,27 +75,34 @@ int cmd_convert(int argc, char** argv) {
   cxxopts::Options opts(argv[0],
                         "Convert weights (torch.save file, checkpoint directory, safetensors) to safetensors, "
                         "or a dense model into MoH (--to-moh)");
-  opts.add_options()("in,ckpt", "torch.save .pt/.pth/.bin (zip or legacy), .safetensors, or a checkpoint/run directory",
-                     cxxopts::value<std::string>())(
-      "key", "entry of a nested checkpoint: ema, model, state_dict, ... (directories: model or ema)",
-      cxxopts::value<std::string>()->default_value(""))("out", "output .safetensors file",
-                                                        cxxopts::value<std::string>())("h,help", "show this help");
-  opts.add_options("dense to MoH")(
+  auto flag = opts.add_options();
+  flag("in,ckpt", "torch.save .pt/.pth/.bin (zip or legacy), .safetensors, or a checkpoint/run directory",
+       cxxopts::value<std::string>());
+  flag("key", "entry of a nested checkpoint: ema, model, state_dict, ... (directories: model or ema)",
+       cxxopts::value<std::string>()->default_value(""));
+  flag("out", "output .safetensors file", cxxopts::value<std::string>());
+  flag("h,help", "show this help");
+  auto flag_dense_to_moh = opts.add_options("dense to MoH");
+  flag_dense_to_moh(
       "to-moh",
       "TARGET.yaml: the MoH experiment to convert into (its model; its training data calibrate); --out is "
       "then a directory",
-      cxxopts::value<std::string>())(
+      cxxopts::value<std::string>());
+  flag_dense_to_moh(
       "set", "override a key of TARGET.yaml (repeatable), e.g. --set model.shared_heads=[8] --set model.topk=[4]",
-      cxxopts::value<std::vector<std::string>>())(
-      "shared-heads",
-      "which dense heads become shared: first (official order), importance (contribution norm on "
-      "calibration batches) or learned (binary masks learned with the weights frozen)",
-      cxxopts::value<std::string>()->default_value("first"))(
-      "calib-batches", "training batches measured (importance) or cycled (learned)",
-      cxxopts::value<int64_t>()->default_value("8"))("mask-steps", "optimizer steps of the learned masks",
-                                                     cxxopts::value<int64_t>()->default_value("50"))(
-      "mask-lr", "Adam learning rate of the mask scores", cxxopts::value<double>()->default_value("0.05"))(
-      "device", "auto, cpu, cuda or cuda:N for the calibration", cxxopts::value<std::string>()->default_value("cpu"));
+      cxxopts::value<std::vector<std::string>>());
+  flag_dense_to_moh("shared-heads",
+                    "which dense heads become shared: first (official order), importance (contribution norm on "
+                    "calibration batches) or learned (binary masks learned with the weights frozen)",
+                    cxxopts::value<std::string>()->default_value("first"));
+  flag_dense_to_moh("calib-batches", "training batches measured (importance) or cycled (learned)",
+                    cxxopts::value<int64_t>()->default_value("8"));
+  flag_dense_to_moh("mask-steps", "optimizer steps of the learned masks",
+                    cxxopts::value<int64_t>()->default_value("50"));
+  flag_dense_to_moh("mask-lr", "Adam learning rate of the mask scores",
+                    cxxopts::value<double>()->default_value("0.05"));
+  flag_dense_to_moh("device", "auto, cpu, cuda or cuda:N for the calibration",
+                    cxxopts::value<std::string>()->default_value("cpu"));
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
   for (const char* required : {"in", "out"})
@@ -122,14 +129,15 @@ int cmd_convert(int argc, char** argv) {
 
 int cmd_compare(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "Compare two weights sources tensor by tensor (max relative error in the inf-norm)");
-  opts.add_options()("a", "first weights source (file or checkpoint/run directory)", cxxopts::value<std::string>())(
-      "b", "second weights source", cxxopts::value<std::string>())(
-      "key", "entry of nested checkpoints / directories (model, ema, ...)",
-      cxxopts::value<std::string>()->default_value(""))("tol", "largest accepted relative error (exit 1 above it)",
-                                                        cxxopts::value<double>()->default_value("0"))(
-      "worst", "also list the N tensors with the largest errors", cxxopts::value<int>()->default_value("0"))(
-      "l2", "judge --tol by the whole model's ||A − B||₂ / ||B||₂ instead of the worst tensor's max error")(
-      "h,help", "show this help");
+  auto flag = opts.add_options();
+  flag("a", "first weights source (file or checkpoint/run directory)", cxxopts::value<std::string>());
+  flag("b", "second weights source", cxxopts::value<std::string>());
+  flag("key", "entry of nested checkpoints / directories (model, ema, ...)",
+       cxxopts::value<std::string>()->default_value(""));
+  flag("tol", "largest accepted relative error (exit 1 above it)", cxxopts::value<double>()->default_value("0"));
+  flag("worst", "also list the N tensors with the largest errors", cxxopts::value<int>()->default_value("0"));
+  flag("l2", "judge --tol by the whole model's ||A − B||₂ / ||B||₂ instead of the worst tensor's max error");
+  flag("h,help", "show this help");
   opts.parse_positional({"a", "b"});
   opts.positional_help("A B");
   auto args = parse_or_throw(opts, argc, argv);

@@ -17,15 +17,17 @@ namespace moh::apps {
 int cmd_eval(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "Evaluate a classifier checkpoint on the configured validation split");
   add_config_args(opts);
-  opts.add_options()("checkpoint,ckpt",
-                     "checkpoint or run directory (its config is used when CONFIG.yaml is not "
-                     "given), or give CONFIG.yaml --weights FILE",
-                     cxxopts::value<std::string>())(
-      "device", "auto, cpu, cuda or cuda:N (default: the config's train.device)", cxxopts::value<std::string>())(
-      "batch,batch-size", "= data.eval_batch_size", cxxopts::value<std::string>())("json", "print JSON")(
-      "ema", "evaluate the checkpoint's EMA weights (train.ema_decay > 0)")(
-      "out", "write report.json and report.md into this directory", cxxopts::value<std::string>()->default_value(""))(
-      "h,help", "show this help");
+  auto flag = opts.add_options();
+  flag("checkpoint,ckpt",
+       "checkpoint or run directory (its config is used when CONFIG.yaml is not "
+       "given), or give CONFIG.yaml --weights FILE",
+       cxxopts::value<std::string>());
+  flag("device", "auto, cpu, cuda or cuda:N (default: the config's train.device)", cxxopts::value<std::string>());
+  flag("batch,batch-size", "= data.eval_batch_size", cxxopts::value<std::string>());
+  flag("json", "print JSON");
+  flag("ema", "evaluate the checkpoint's EMA weights (train.ema_decay > 0)");
+  flag("out", "write report.json and report.md into this directory", cxxopts::value<std::string>()->default_value(""));
+  flag("h,help", "show this help");
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
   const std::string out = args["out"].as<std::string>();

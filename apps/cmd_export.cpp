@@ -13,11 +13,13 @@ namespace moh::apps {
 
 int cmd_export_images(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "Write labelled images as an ImageFolder split (<out>/<NN>_<class>/<index>.png)");
-  opts.add_options()("images", "labelled source: fashion_mnist:train|test[:N] or an .npz with arr_1 labels",
-                     cxxopts::value<std::string>())("out", "split directory to create, e.g. fm_tree/train",
-                                                    cxxopts::value<std::string>())(
-      "format", "png (lossless) or jpg (quality 95, as ImageNet's files)",
-      cxxopts::value<std::string>()->default_value("png"))("h,help", "show this help");
+  auto flag = opts.add_options();
+  flag("images", "labelled source: fashion_mnist:train|test[:N] or an .npz with arr_1 labels",
+       cxxopts::value<std::string>());
+  flag("out", "split directory to create, e.g. fm_tree/train", cxxopts::value<std::string>());
+  flag("format", "png (lossless) or jpg (quality 95, as ImageNet's files)",
+       cxxopts::value<std::string>()->default_value("png"));
+  flag("h,help", "show this help");
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
   for (const char* required : {"images", "out"})

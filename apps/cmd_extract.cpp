@@ -15,12 +15,14 @@ namespace moh::apps {
 int cmd_extract_latents(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "Encode a dataset split with the SD-VAE into latent shards for DiT training");
   add_config_args(opts);
-  opts.add_options()("out", "directory to write (shards already there from an interrupted run are kept)",
-                     cxxopts::value<std::string>())("split", "train or val",
-                                                    cxxopts::value<std::string>()->default_value("train"))(
-      "shard-size", "images per shard", cxxopts::value<int64_t>()->default_value("4096"))(
-      "batch", "images per VAE forward", cxxopts::value<int64_t>()->default_value("16"))(
-      "device", "cpu, cuda or cuda:N", cxxopts::value<std::string>()->default_value("cpu"))("h,help", "show this help");
+  auto flag = opts.add_options();
+  flag("out", "directory to write (shards already there from an interrupted run are kept)",
+       cxxopts::value<std::string>());
+  flag("split", "train or val", cxxopts::value<std::string>()->default_value("train"));
+  flag("shard-size", "images per shard", cxxopts::value<int64_t>()->default_value("4096"));
+  flag("batch", "images per VAE forward", cxxopts::value<int64_t>()->default_value("16"));
+  flag("device", "cpu, cuda or cuda:N", cxxopts::value<std::string>()->default_value("cpu"));
+  flag("h,help", "show this help");
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
   if (!args.count("out")) throw UserError(argv[0], "missing --out DIR", "the latent directory to create");

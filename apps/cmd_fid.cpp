@@ -23,24 +23,26 @@ std::string fmt(const nlohmann::json& m, const char* key) {
 
 int cmd_fid(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "FID / sFID / IS / precision / recall of samples against a reference (ADM evaluator)");
-  opts.add_options()("samples",
-                     "samples: PATH.npz (arr_0 uint8 NHWC, optional arr_1 labels), an image folder, or "
-                     "fashion_mnist:train|test[:N]",
-                     cxxopts::value<std::string>())(
-      "ref", "reference: same kinds, or an .npz with mu/sigma[/mu_s/sigma_s] statistics (moh ref-stats, ADM batches)",
-      cxxopts::value<std::string>())(
-      "features", "feature network: inception:WEIGHTS(.pth|.safetensors) or classifier:CHECKPOINT_OR_RUN_DIR",
-      cxxopts::value<std::string>())("metrics", "comma list of fid,sfid,is,pr (or all)",
-                                     cxxopts::value<std::string>()->default_value("all"))(
-      "is-mode", "adm (splits of 5000 in order) or fidelity (torch-fidelity: 10 shuffled splits, mean ± std)",
-      cxxopts::value<std::string>()->default_value("adm"))(
-      "resize", "Inception resize: tf1 (ADM / torch-fidelity) or pytorch (pytorch-fid)",
-      cxxopts::value<std::string>()->default_value("tf1"))("batch,batch-size", "images per forward pass",
-                                                           cxxopts::value<int64_t>()->default_value("64"))(
-      "device", "auto, cpu, cuda or cuda:N", cxxopts::value<std::string>()->default_value("auto"))(
-      "out", "write report.json and report.md into this directory", cxxopts::value<std::string>()->default_value(""))(
-      "save-features", "store the raw feature arrays in this .npz", cxxopts::value<std::string>()->default_value(""))(
-      "json", "print the report as JSON")("h,help", "show this help");
+  auto flag = opts.add_options();
+  flag("samples",
+       "samples: PATH.npz (arr_0 uint8 NHWC, optional arr_1 labels), an image folder, or "
+       "fashion_mnist:train|test[:N]",
+       cxxopts::value<std::string>());
+  flag("ref", "reference: same kinds, or an .npz with mu/sigma[/mu_s/sigma_s] statistics (moh ref-stats, ADM batches)",
+       cxxopts::value<std::string>());
+  flag("features", "feature network: inception:WEIGHTS(.pth|.safetensors) or classifier:CHECKPOINT_OR_RUN_DIR",
+       cxxopts::value<std::string>());
+  flag("metrics", "comma list of fid,sfid,is,pr (or all)", cxxopts::value<std::string>()->default_value("all"));
+  flag("is-mode", "adm (splits of 5000 in order) or fidelity (torch-fidelity: 10 shuffled splits, mean ± std)",
+       cxxopts::value<std::string>()->default_value("adm"));
+  flag("resize", "Inception resize: tf1 (ADM / torch-fidelity) or pytorch (pytorch-fid)",
+       cxxopts::value<std::string>()->default_value("tf1"));
+  flag("batch,batch-size", "images per forward pass", cxxopts::value<int64_t>()->default_value("64"));
+  flag("device", "auto, cpu, cuda or cuda:N", cxxopts::value<std::string>()->default_value("auto"));
+  flag("out", "write report.json and report.md into this directory", cxxopts::value<std::string>()->default_value(""));
+  flag("save-features", "store the raw feature arrays in this .npz", cxxopts::value<std::string>()->default_value(""));
+  flag("json", "print the report as JSON");
+  flag("h,help", "show this help");
   opts.parse_positional({"samples", "ref"});  // pytorch-fid's order: moh fid SAMPLES REF --features ...
   opts.positional_help("[SAMPLES REF]");
   auto args = parse_or_throw(opts, argc, argv);
@@ -89,14 +91,15 @@ int cmd_fid(int argc, char** argv) {
 int cmd_ref_stats(int argc, char** argv) {
   cxxopts::Options opts(argv[0],
                         "Precompute reference statistics (mu, sigma, mu_s, sigma_s, P/R features) for moh fid");
-  opts.add_options()("images", "PATH.npz, an image folder, or fashion_mnist:train|test[:N]",
-                     cxxopts::value<std::string>())("out", "output .npz", cxxopts::value<std::string>())(
-      "features", "inception:WEIGHTS(.pth|.safetensors) or classifier:CHECKPOINT_OR_RUN_DIR",
-      cxxopts::value<std::string>())("resize", "Inception resize: tf1 or pytorch",
-                                     cxxopts::value<std::string>()->default_value("tf1"))(
-      "batch", "images per forward pass", cxxopts::value<int64_t>()->default_value("64"))(
-      "device", "auto, cpu, cuda or cuda:N", cxxopts::value<std::string>()->default_value("auto"))("h,help",
-                                                                                                   "show this help");
+  auto flag = opts.add_options();
+  flag("images", "PATH.npz, an image folder, or fashion_mnist:train|test[:N]", cxxopts::value<std::string>());
+  flag("out", "output .npz", cxxopts::value<std::string>());
+  flag("features", "inception:WEIGHTS(.pth|.safetensors) or classifier:CHECKPOINT_OR_RUN_DIR",
+       cxxopts::value<std::string>());
+  flag("resize", "Inception resize: tf1 or pytorch", cxxopts::value<std::string>()->default_value("tf1"));
+  flag("batch", "images per forward pass", cxxopts::value<int64_t>()->default_value("64"));
+  flag("device", "auto, cpu, cuda or cuda:N", cxxopts::value<std::string>()->default_value("auto"));
+  flag("h,help", "show this help");
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
   for (const char* required : {"images", "out", "features"})

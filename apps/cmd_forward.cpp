@@ -22,16 +22,19 @@ namespace moh::apps {
 
 int cmd_forward(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "One fp32 eval-mode forward pass of a network on tensors from a safetensors file");
-  opts.add_options()("model", "a name of moh info --list (classifier or DiT variant, sd-vae, fid-inception)",
-                     cxxopts::value<std::string>())(
-      "weights", "torch.save .pt/.pth/.bin, .safetensors, or a checkpoint/run directory",
-      cxxopts::value<std::string>())("weights-key", "entry of a nested checkpoint (ema, model, state_dict)",
-                                     cxxopts::value<std::string>()->default_value(""))(
-      "allow-missing", "keep initialised values for tensors the weights lack")(
-      "input", "safetensors file with the inputs (names above)", cxxopts::value<std::string>())(
-      "output", "safetensors file to write the outputs to", cxxopts::value<std::string>())(
-      "router", "MoH layers' router: learned (official) or query_norm (parameter-free; dense weights into MoH)",
-      cxxopts::value<std::string>()->default_value("learned"))("h,help", "show this help");
+  auto flag = opts.add_options();
+  flag("model", "a name of moh info --list (classifier or DiT variant, sd-vae, fid-inception)",
+       cxxopts::value<std::string>());
+  flag("weights", "torch.save .pt/.pth/.bin, .safetensors, or a checkpoint/run directory",
+       cxxopts::value<std::string>());
+  flag("weights-key", "entry of a nested checkpoint (ema, model, state_dict)",
+       cxxopts::value<std::string>()->default_value(""));
+  flag("allow-missing", "keep initialised values for tensors the weights lack");
+  flag("input", "safetensors file with the inputs (names above)", cxxopts::value<std::string>());
+  flag("output", "safetensors file to write the outputs to", cxxopts::value<std::string>());
+  flag("router", "MoH layers' router: learned (official) or query_norm (parameter-free; dense weights into MoH)",
+       cxxopts::value<std::string>()->default_value("learned"));
+  flag("h,help", "show this help");
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
   for (const char* required : {"model", "weights", "input", "output"})
@@ -46,8 +49,8 @@ int cmd_forward(int argc, char** argv) {
   r.model.router = config::enum_from_string<RouterKind>(args["router"].as<std::string>(), "--router");
 
   check_output_file(out_path, "--output " + out_path);
-  const std::string flag = "--model " + r.model.name;
-  const experiments::ModelFamily& family = experiments::find_model_family(r.model.name, flag);
+  const std::string model_flag = "--model " + r.model.name;
+  const experiments::ModelFamily& family = experiments::find_model_family(r.model.name, model_flag);
   r.inputs = load_safetensors(r.inputs_origin).tensors;
   r.weights = load_weights_tensors(weights_path, key);
   torch::NoGradGuard no_grad;

@@ -14,11 +14,12 @@ namespace moh::apps {
 
 int cmd_info(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "Model variants: list them, or build one and report its size and MoH layout");
-  opts.add_options()("list", "list every registered variant")(
-      "model", "variant name, e.g. MoH-ViT-B-75 or MoH-DiT-XL/2-90", cxxopts::value<std::string>())(
-      "json", "machine-readable output")(
-      "attention-paths", "the table of what attention_path: auto runs in each MoH layer of the paper variants")(
-      "h,help", "show this help");
+  auto flag = opts.add_options();
+  flag("list", "list every registered variant");
+  flag("model", "variant name, e.g. MoH-ViT-B-75 or MoH-DiT-XL/2-90", cxxopts::value<std::string>());
+  flag("json", "machine-readable output");
+  flag("attention-paths", "the table of what attention_path: auto runs in each MoH layer of the paper variants");
+  flag("h,help", "show this help");
   auto args = parse_or_throw(opts, argc, argv);
   if (args.count("help")) {
     std::cout << opts.help() << std::endl;

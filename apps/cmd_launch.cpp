@@ -49,20 +49,23 @@ int cmd_launch(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "Run a moh subcommand as N data-parallel processes per machine (like torchrun)");
   opts.positional_help("-- train CONFIG.yaml [ARGS...]");
   opts.custom_help("[--nproc N] [--master-port P] [--nnodes M --node_rank R --master_addr HOST] [--max-restarts N]");
-  opts.add_options()("nproc,nproc_per_node,nproc-per-node", "number of processes (torchrun: --nproc_per_node)",
-                     cxxopts::value<int>()->default_value("2"))(
-      "master-port,master_port", "TCPStore port (0 = a free one on one machine, 29500 on several)",
-      cxxopts::value<int>()->default_value("0"))("nnodes", "machines taking part, one launcher on each (M or M:M)",
-                                                 cxxopts::value<std::string>()->default_value("1"))(
-      "node_rank,node-rank", "this machine's index, 0 … M-1 (0 hosts the rendezvous)",
-      cxxopts::value<int>()->default_value("0"))("master_addr,master-addr",
-                                                 "address of machine 0, reachable from every machine",
-                                                 cxxopts::value<std::string>()->default_value("127.0.0.1"))(
-      "max-restarts,max_restarts",
-      "when a rank fails, stop every rank and start them again, at most N times "
-      "(torchrun's meaning; training resumes from its latest checkpoint)",
-      cxxopts::value<int>()->default_value("0"))("standalone", "torchrun's single-machine flag (one machine)")(
-      "h,help", "show this help");
+  auto flag = opts.add_options();
+  flag("nproc,nproc_per_node,nproc-per-node", "number of processes (torchrun: --nproc_per_node)",
+       cxxopts::value<int>()->default_value("2"));
+  flag("master-port,master_port", "TCPStore port (0 = a free one on one machine, 29500 on several)",
+       cxxopts::value<int>()->default_value("0"));
+  flag("nnodes", "machines taking part, one launcher on each (M or M:M)",
+       cxxopts::value<std::string>()->default_value("1"));
+  flag("node_rank,node-rank", "this machine's index, 0 … M-1 (0 hosts the rendezvous)",
+       cxxopts::value<int>()->default_value("0"));
+  flag("master_addr,master-addr", "address of machine 0, reachable from every machine",
+       cxxopts::value<std::string>()->default_value("127.0.0.1"));
+  flag("max-restarts,max_restarts",
+       "when a rank fails, stop every rank and start them again, at most N times "
+       "(torchrun's meaning; training resumes from its latest checkpoint)",
+       cxxopts::value<int>()->default_value("0"));
+  flag("standalone", "torchrun's single-machine flag (one machine)");
+  flag("h,help", "show this help");
   auto args = parse_or_throw(opts, split, argv);
   if (args.count("help")) {
     std::cout

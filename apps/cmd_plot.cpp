@@ -268,12 +268,13 @@ eval::ChartFiles draw_runs(const std::vector<RunCurves>& runs, const std::string
 
 int cmd_plot(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "Loss / lr / top-1 curves of one or more runs (PNG) and a Markdown table across them");
-  opts.add_options()("runs", "run directories", cxxopts::value<std::vector<std::string>>())(
-      "out", "output directory (default: <run>/plots for one run, plots/ for several)", cxxopts::value<std::string>())(
-      "fid-curve", "FID against NFE and seconds from scripts/fid_curve.sh's curve.jsonl (instead of runs)",
-      cxxopts::value<std::string>())(
-      "head-load", "compare the head load of evaluations given as [LABEL=]PATH (head_load.json or its directory)")(
-      "h,help", "show this help");
+  auto flag = opts.add_options();
+  flag("runs", "run directories", cxxopts::value<std::vector<std::string>>());
+  flag("out", "output directory (default: <run>/plots for one run, plots/ for several)", cxxopts::value<std::string>());
+  flag("fid-curve", "FID against NFE and seconds from scripts/fid_curve.sh's curve.jsonl (instead of runs)",
+       cxxopts::value<std::string>());
+  flag("head-load", "compare the head load of evaluations given as [LABEL=]PATH (head_load.json or its directory)");
+  flag("h,help", "show this help");
   opts.parse_positional({"runs"});
   opts.positional_help("RUN_DIR...");
   auto args = parse_or_throw(opts, argc, argv);

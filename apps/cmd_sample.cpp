@@ -15,35 +15,39 @@ namespace moh::apps {
 int cmd_sample(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "Class-conditional samples of a DiT / MoH-DiT with classifier-free guidance");
   add_config_args(opts);
-  opts.add_options()("checkpoint,ckpt",
-                     "DiT checkpoint or run directory (its config is used; CONFIG.yaml, if given, must "
-                     "name the same model)",
-                     cxxopts::value<std::string>())("untrained",
-                                                    "sample a freshly initialised model of CONFIG.yaml (a baseline)")(
-      "raw", "use the raw weights instead of the EMA")("num-samples,num-fid-samples",
-                                                       "images to generate (default: every class × sampling.per_class)",
-                                                       cxxopts::value<int64_t>())(
-      "labels", "class labels: balanced (default: rows of per_class), random, or a list 1,2,3 (cycled)",
-      cxxopts::value<std::string>()->default_value("balanced"))("cfg-scale", "= sampling.cfg_scale",
-                                                                cxxopts::value<std::string>())(
-      "cfg-channels", "= sampling.cfg_channels (three|all)", cxxopts::value<std::string>())(
-      "cfg-interval", "= sampling.cfg_interval as LO,HI (noise level; CFG only inside)", cxxopts::value<std::string>())(
-      "sampler", "= sampling.sampler (ddpm|ddim|dpm++2m|euler|heun)", cxxopts::value<std::string>())(
-      "steps,num-sampling-steps", "= sampling.steps (250, ddim50, ...; DiT's --num-sampling-steps)",
-      cxxopts::value<std::string>())("seed", "= sampling.seed", cxxopts::value<std::string>())(
-      "topk", "= sampling.topk: routed heads per token of every routed MoH layer (the head budget at inference)",
-      cxxopts::value<std::string>())(
-      "guide-topk", "= sampling.guide_topk: K of the unconditional CFG branch (guide with fewer heads)",
-      cxxopts::value<std::string>())("batch,batch-size",
-                                     "= sampling.batch_size (per batch file; every rank samples whole batches)",
-                                     cxxopts::value<std::string>())(
-      "class-names", "text file with one class name per line (label order), for the grid's captions",
-      cxxopts::value<std::string>())("head-load",
-                                     "MoH-DiT routing analytics: head load by timestep and class, entropy, top-K "
-                                     "changes between steps → DIR/head_load.json and heat maps")(
-      "out", "output directory", cxxopts::value<std::string>()->default_value("samples"))(
-      "device", "auto, cpu, cuda or cuda:N", cxxopts::value<std::string>()->default_value("auto"))("h,help",
-                                                                                                   "show this help");
+  auto flag = opts.add_options();
+  flag("checkpoint,ckpt",
+       "DiT checkpoint or run directory (its config is used; CONFIG.yaml, if given, must "
+       "name the same model)",
+       cxxopts::value<std::string>());
+  flag("untrained", "sample a freshly initialised model of CONFIG.yaml (a baseline)");
+  flag("raw", "use the raw weights instead of the EMA");
+  flag("num-samples,num-fid-samples", "images to generate (default: every class × sampling.per_class)",
+       cxxopts::value<int64_t>());
+  flag("labels", "class labels: balanced (default: rows of per_class), random, or a list 1,2,3 (cycled)",
+       cxxopts::value<std::string>()->default_value("balanced"));
+  flag("cfg-scale", "= sampling.cfg_scale", cxxopts::value<std::string>());
+  flag("cfg-channels", "= sampling.cfg_channels (three|all)", cxxopts::value<std::string>());
+  flag("cfg-interval", "= sampling.cfg_interval as LO,HI (noise level; CFG only inside)",
+       cxxopts::value<std::string>());
+  flag("sampler", "= sampling.sampler (ddpm|ddim|dpm++2m|euler|heun)", cxxopts::value<std::string>());
+  flag("steps,num-sampling-steps", "= sampling.steps (250, ddim50, ...; DiT's --num-sampling-steps)",
+       cxxopts::value<std::string>());
+  flag("seed", "= sampling.seed", cxxopts::value<std::string>());
+  flag("topk", "= sampling.topk: routed heads per token of every routed MoH layer (the head budget at inference)",
+       cxxopts::value<std::string>());
+  flag("guide-topk", "= sampling.guide_topk: K of the unconditional CFG branch (guide with fewer heads)",
+       cxxopts::value<std::string>());
+  flag("batch,batch-size", "= sampling.batch_size (per batch file; every rank samples whole batches)",
+       cxxopts::value<std::string>());
+  flag("class-names", "text file with one class name per line (label order), for the grid's captions",
+       cxxopts::value<std::string>());
+  flag("head-load",
+       "MoH-DiT routing analytics: head load by timestep and class, entropy, top-K "
+       "changes between steps → DIR/head_load.json and heat maps");
+  flag("out", "output directory", cxxopts::value<std::string>()->default_value("samples"));
+  flag("device", "auto, cpu, cuda or cuda:N", cxxopts::value<std::string>()->default_value("auto"));
+  flag("h,help", "show this help");
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
   experiments::SamplingRequest r;

@@ -16,12 +16,12 @@ namespace moh::apps {
 int cmd_train(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "Train a model from an experiment YAML");
   add_config_args(opts);
-  opts.add_options()("run-dir", "run directory (default runs/<config name>)",
-                     cxxopts::value<std::string>()->default_value(""))(
-      "resume", "auto (latest checkpoint of the run dir, if any) or a checkpoint/run directory",
-      cxxopts::value<std::string>()->default_value(""))(
-      "allow-config-change", "resume although data.* / batch / seed settings differ from the checkpoint's")(
-      "h,help", "show this help");
+  auto flag = opts.add_options();
+  flag("run-dir", "run directory (default runs/<config name>)", cxxopts::value<std::string>()->default_value(""));
+  flag("resume", "auto (latest checkpoint of the run dir, if any) or a checkpoint/run directory",
+       cxxopts::value<std::string>()->default_value(""));
+  flag("allow-config-change", "resume although data.* / batch / seed settings differ from the checkpoint's");
+  flag("h,help", "show this help");
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
   experiments::ExperimentConfig cfg = config_from_args(args, argv[0]);

@@ -76,15 +76,16 @@ cxxopts::ParseResult parse_or_throw(cxxopts::Options& options, int argc, char** 
 }
 
 void add_config_args(cxxopts::Options& options) {
-  options.add_options()("config", "experiment YAML file", cxxopts::value<std::string>())(
-      "set", "override a key: --set optim.lr=5e-4 (repeatable)", cxxopts::value<std::vector<std::string>>())(
-      "weights",
-      "initialise the model from this file (= --set model.weights=...): torch.save .pt/.pth/.bin, "
-      ".safetensors or a checkpoint dir",
-      cxxopts::value<std::string>())("weights-key",
-                                     "entry of a nested checkpoint: ema, model, state_dict (= model.weights_key)",
-                                     cxxopts::value<std::string>())(
-      "allow-missing", "tolerate tensors the weights lack (= model.weights_allow_missing)");
+  auto flag = options.add_options();
+  flag("config", "experiment YAML file", cxxopts::value<std::string>());
+  flag("set", "override a key: --set optim.lr=5e-4 (repeatable)", cxxopts::value<std::vector<std::string>>());
+  flag("weights",
+       "initialise the model from this file (= --set model.weights=...): torch.save .pt/.pth/.bin, "
+       ".safetensors or a checkpoint dir",
+       cxxopts::value<std::string>());
+  flag("weights-key", "entry of a nested checkpoint: ema, model, state_dict (= model.weights_key)",
+       cxxopts::value<std::string>());
+  flag("allow-missing", "tolerate tensors the weights lack (= model.weights_allow_missing)");
   options.parse_positional({"config"});
   options.positional_help("CONFIG.yaml");
 }

@@ -201,20 +201,22 @@ static std::vector<T> parse_list(const std::string& s, const std::string& flag) 
 
 int attention_bench_main(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "MHA vs MoH dense vs MoH sparse attention timings (median of --runs after --warmup)");
-  opts.add_options()("json", "print rows as a JSON list")(
-      "seqs", "sequence lengths", cxxopts::value<std::string>()->default_value("196,256,1024,4096"))(
-      "dims", "dim:heads pairs", cxxopts::value<std::string>()->default_value("384:6,768:12"))(
-      "actives", "active-head fractions", cxxopts::value<std::string>()->default_value("0.5,0.75,0.9"))(
-      "scopes", "core,module", cxxopts::value<std::string>()->default_value("core,module"))(
-      "runs", "timed runs (median)", cxxopts::value<int>()->default_value("10"))(
-      "warmup", "untimed runs before timing", cxxopts::value<int>()->default_value("0"))(
-      "batch", "batch at seq <= 256 (divided by 4 per 4x longer sequence, at least 1)",
-      cxxopts::value<int64_t>()->default_value("8"))("threads", "intra-op threads (0 = LibTorch default)",
-                                                     cxxopts::value<int>()->default_value("0"))(
-      "fused", "attend with scaled_dot_product_attention (LibTorch >= 2.1) instead of matmul-softmax-matmul")(
-      "device", "cpu or cuda[:N]", cxxopts::value<std::string>()->default_value("cpu"))(
-      "dtype", "fp32, bf16 or fp16 (CUDA): the layers' weights and inputs",
-      cxxopts::value<std::string>()->default_value("fp32"))("h,help", "show this help");
+  auto flag = opts.add_options();
+  flag("json", "print rows as a JSON list");
+  flag("seqs", "sequence lengths", cxxopts::value<std::string>()->default_value("196,256,1024,4096"));
+  flag("dims", "dim:heads pairs", cxxopts::value<std::string>()->default_value("384:6,768:12"));
+  flag("actives", "active-head fractions", cxxopts::value<std::string>()->default_value("0.5,0.75,0.9"));
+  flag("scopes", "core,module", cxxopts::value<std::string>()->default_value("core,module"));
+  flag("runs", "timed runs (median)", cxxopts::value<int>()->default_value("10"));
+  flag("warmup", "untimed runs before timing", cxxopts::value<int>()->default_value("0"));
+  flag("batch", "batch at seq <= 256 (divided by 4 per 4x longer sequence, at least 1)",
+       cxxopts::value<int64_t>()->default_value("8"));
+  flag("threads", "intra-op threads (0 = LibTorch default)", cxxopts::value<int>()->default_value("0"));
+  flag("fused", "attend with scaled_dot_product_attention (LibTorch >= 2.1) instead of matmul-softmax-matmul");
+  flag("device", "cpu or cuda[:N]", cxxopts::value<std::string>()->default_value("cpu"));
+  flag("dtype", "fp32, bf16 or fp16 (CUDA): the layers' weights and inputs",
+       cxxopts::value<std::string>()->default_value("fp32"));
+  flag("h,help", "show this help");
   cxxopts::ParseResult args;
   if (!parse_bench_flags(opts, argc, argv, args)) return 0;
   AttentionBenchOptions o;

@@ -126,18 +126,20 @@ double torchvision(const std::string& python, const std::string& script, const s
 int data_bench_main(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "Input pipeline throughput (JPEG decode + ImageNet train / eval transforms)");
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  opts.add_options()("root", "ImageFolder tree with a train/ split (default: generate an ImageNet-like one)",
-                     cxxopts::value<std::string>()->default_value(""))("images", "images per measurement",
-                                                                       cxxopts::value<int64_t>()->default_value("512"))(
-      "workers", "loader threads of the all-cores rows", cxxopts::value<int>()->default_value(std::to_string(cores)))(
-      "batch", "batch size", cxxopts::value<int64_t>()->default_value("32"))("rounds", "interleaved rounds",
-                                                                             cxxopts::value<int>()->default_value("2"))(
-      "python", "also run bench/torchvision_data.py with this Python (e.g. .venv/bin/python) between our rows",
-      cxxopts::value<std::string>()->default_value(""))(
-      "script", "path of torchvision_data.py",
-      cxxopts::value<std::string>()->default_value("bench/torchvision_data.py"))(
-      "keep", "write the generated tree here and keep it", cxxopts::value<std::string>()->default_value(""))(
-      "json", "print one JSON object")("h,help", "show this help");
+  auto flag = opts.add_options();
+  flag("root", "ImageFolder tree with a train/ split (default: generate an ImageNet-like one)",
+       cxxopts::value<std::string>()->default_value(""));
+  flag("images", "images per measurement", cxxopts::value<int64_t>()->default_value("512"));
+  flag("workers", "loader threads of the all-cores rows", cxxopts::value<int>()->default_value(std::to_string(cores)));
+  flag("batch", "batch size", cxxopts::value<int64_t>()->default_value("32"));
+  flag("rounds", "interleaved rounds", cxxopts::value<int>()->default_value("2"));
+  flag("python", "also run bench/torchvision_data.py with this Python (e.g. .venv/bin/python) between our rows",
+       cxxopts::value<std::string>()->default_value(""));
+  flag("script", "path of torchvision_data.py",
+       cxxopts::value<std::string>()->default_value("bench/torchvision_data.py"));
+  flag("keep", "write the generated tree here and keep it", cxxopts::value<std::string>()->default_value(""));
+  flag("json", "print one JSON object");
+  flag("h,help", "show this help");
   cxxopts::ParseResult args;
   if (!parse_bench_flags(opts, argc, argv, args)) return 0;
   const int64_t images = args["images"].as<int64_t>(), batch = args["batch"].as<int64_t>();

@@ -41,14 +41,16 @@ at::Tensor synthetic_features(int64_t n, int64_t d, double shift) {
 
 int eval_bench_main(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "Evaluator timings: statistics, Fréchet distance, precision/recall, Inception img/s");
-  opts.add_options()("json", "print one JSON object")("dim", "feature dimension",
-                                                      cxxopts::value<int64_t>()->default_value("2048"))(
-      "n", "feature rows for the statistics", cxxopts::value<int64_t>()->default_value("10000"))(
-      "pr-n", "rows of each set for precision/recall (0 = skip)", cxxopts::value<int64_t>()->default_value("5000"))(
-      "images", "images through the Inception network (0 = skip)", cxxopts::value<int64_t>()->default_value("32"))(
-      "batch", "Inception batch size", cxxopts::value<int64_t>()->default_value("16"))(
-      "runs", "timed repetitions of the distance (median)", cxxopts::value<int>()->default_value("3"))(
-      "device", "auto, cpu or cuda", cxxopts::value<std::string>()->default_value("auto"))("h,help", "show this help");
+  auto flag = opts.add_options();
+  flag("json", "print one JSON object");
+  flag("dim", "feature dimension", cxxopts::value<int64_t>()->default_value("2048"));
+  flag("n", "feature rows for the statistics", cxxopts::value<int64_t>()->default_value("10000"));
+  flag("pr-n", "rows of each set for precision/recall (0 = skip)", cxxopts::value<int64_t>()->default_value("5000"));
+  flag("images", "images through the Inception network (0 = skip)", cxxopts::value<int64_t>()->default_value("32"));
+  flag("batch", "Inception batch size", cxxopts::value<int64_t>()->default_value("16"));
+  flag("runs", "timed repetitions of the distance (median)", cxxopts::value<int>()->default_value("3"));
+  flag("device", "auto, cpu or cuda", cxxopts::value<std::string>()->default_value("auto"));
+  flag("h,help", "show this help");
   cxxopts::ParseResult args;
   if (!parse_bench_flags(opts, argc, argv, args)) return 0;
   const int64_t d = args["dim"].as<int64_t>(), n = args["n"].as<int64_t>(), prn = args["pr-n"].as<int64_t>();

@@ -96,23 +96,26 @@ std::vector<int64_t> parse_batches(const std::string& text) {
 }
 
 Common parse_common(cxxopts::Options& opts, int argc, char** argv, bool& help) {
-  opts.add_options()("model", "registry name (moh info --list)", cxxopts::value<std::string>())(
-      "batch", "images per step; moh bench train takes a list (32,64,128,256) and reports the best that fits",
-      cxxopts::value<std::string>()->default_value("8"))("steps", "timed repetitions (median reported)",
-                                                         cxxopts::value<int64_t>()->default_value("5"))(
-      "warmup", "untimed repetitions first", cxxopts::value<int64_t>()->default_value("2"))(
-      "precision", "fp32, bf16 (autocast), fp16 (CUDA, loss scaling) or auto (bf16 on CUDA / CPUs with native bf16)",
-      cxxopts::value<std::string>()->default_value("fp32"))("attention-path",
-                                                            "MoH path of the attention layers: auto, dense or sparse",
-                                                            cxxopts::value<std::string>()->default_value("auto"))(
-      "img-size", "input side in pixels/latents (0 = the variant's)", cxxopts::value<int64_t>()->default_value("0"))(
-      "device", "auto, cpu or cuda[:N]", cxxopts::value<std::string>()->default_value("auto"))(
-      "peak-tflops", "device peak for MFU (0 = a GEMM measured in this run)",
-      cxxopts::value<double>()->default_value("0"))(
-      "profile",
-      "profile one more step: time per op class and the N operators that took most of it (CUDA: kernels' "
-      "device time)",
-      cxxopts::value<int64_t>()->default_value("0"))("json", "print one JSON object")("h,help", "show this help");
+  auto flag = opts.add_options();
+  flag("model", "registry name (moh info --list)", cxxopts::value<std::string>());
+  flag("batch", "images per step; moh bench train takes a list (32,64,128,256) and reports the best that fits",
+       cxxopts::value<std::string>()->default_value("8"));
+  flag("steps", "timed repetitions (median reported)", cxxopts::value<int64_t>()->default_value("5"));
+  flag("warmup", "untimed repetitions first", cxxopts::value<int64_t>()->default_value("2"));
+  flag("precision", "fp32, bf16 (autocast), fp16 (CUDA, loss scaling) or auto (bf16 on CUDA / CPUs with native bf16)",
+       cxxopts::value<std::string>()->default_value("fp32"));
+  flag("attention-path", "MoH path of the attention layers: auto, dense or sparse",
+       cxxopts::value<std::string>()->default_value("auto"));
+  flag("img-size", "input side in pixels/latents (0 = the variant's)", cxxopts::value<int64_t>()->default_value("0"));
+  flag("device", "auto, cpu or cuda[:N]", cxxopts::value<std::string>()->default_value("auto"));
+  flag("peak-tflops", "device peak for MFU (0 = a GEMM measured in this run)",
+       cxxopts::value<double>()->default_value("0"));
+  flag("profile",
+       "profile one more step: time per op class and the N operators that took most of it (CUDA: kernels' "
+       "device time)",
+       cxxopts::value<int64_t>()->default_value("0"));
+  flag("json", "print one JSON object");
+  flag("h,help", "show this help");
   Common c;
   help = !parse_bench_flags(opts, argc, argv, c.args);
   if (help) return c;
@@ -298,12 +301,13 @@ nlohmann::json best_of(const std::vector<nlohmann::json>& rows, int64_t first_oo
 
 int train_bench_main(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "One training step on random data: step time, images/s, FLOPs, MFU");
-  opts.add_options()("optim-impl", "AdamW, clipping and EMA over the parameters: auto, for_loop, foreach or fused",
-                     cxxopts::value<std::string>()->default_value("auto"))(
-      "ema", "EMA decay updated every step as a run with train.ema_decay (0 = no EMA; DiT's train.py: 0.9999)",
-      cxxopts::value<double>()->default_value("0"))("grad-checkpoint",
-                                                    "activation checkpointing as train.grad_checkpoint: none or blocks",
-                                                    cxxopts::value<std::string>()->default_value("none"));
+  auto flag = opts.add_options();
+  flag("optim-impl", "AdamW, clipping and EMA over the parameters: auto, for_loop, foreach or fused",
+       cxxopts::value<std::string>()->default_value("auto"));
+  flag("ema", "EMA decay updated every step as a run with train.ema_decay (0 = no EMA; DiT's train.py: 0.9999)",
+       cxxopts::value<double>()->default_value("0"));
+  flag("grad-checkpoint", "activation checkpointing as train.grad_checkpoint: none or blocks",
+       cxxopts::value<std::string>()->default_value("none"));
   bool help = false;
   Common c = parse_common(opts, argc, argv, help);
   if (help) return 0;
@@ -373,16 +377,17 @@ std::array<double, 2> parse_interval(const std::string& text) {
 
 int sample_bench_main(int argc, char** argv) {
   cxxopts::Options opts(argv[0], "Class-conditional DiT sampling on random weights: images/s of a whole reverse chain");
-  opts.add_options()("chain", "timestep respacing of the chain (\"250\" = DiT's DDPM default, \"ddim50\", ...)",
-                     cxxopts::value<std::string>()->default_value("250"))(
-      "cfg-scale", "guidance scale (1 = no batch doubling)", cxxopts::value<double>()->default_value("4.0"))(
-      "topk", "routed heads per token of every routed MoH layer (the head budget at inference; -1 = as trained)",
-      cxxopts::value<int64_t>()->default_value("-1"))(
-      "sampler", "ddpm or ddim over --chain, or an ODE solver (dpm++2m, euler, heun) with --chain solver steps",
-      cxxopts::value<std::string>()->default_value(""))("cfg-interval", "guide only where lo <= t / (T - 1) <= hi",
-                                                        cxxopts::value<std::string>()->default_value("0,1"))(
-      "cuda-graph", "replay the network evaluations as CUDA graphs: auto or off",
-      cxxopts::value<std::string>()->default_value("auto"));
+  auto flag = opts.add_options();
+  flag("chain", "timestep respacing of the chain (\"250\" = DiT's DDPM default, \"ddim50\", ...)",
+       cxxopts::value<std::string>()->default_value("250"));
+  flag("cfg-scale", "guidance scale (1 = no batch doubling)", cxxopts::value<double>()->default_value("4.0"));
+  flag("topk", "routed heads per token of every routed MoH layer (the head budget at inference; -1 = as trained)",
+       cxxopts::value<int64_t>()->default_value("-1"));
+  flag("sampler", "ddpm or ddim over --chain, or an ODE solver (dpm++2m, euler, heun) with --chain solver steps",
+       cxxopts::value<std::string>()->default_value(""));
+  flag("cfg-interval", "guide only where lo <= t / (T - 1) <= hi", cxxopts::value<std::string>()->default_value("0,1"));
+  flag("cuda-graph", "replay the network evaluations as CUDA graphs: auto or off",
+       cxxopts::value<std::string>()->default_value("auto"));
   bool help = false;
   Common c = parse_common(opts, argc, argv, help);
   if (help) return 0;

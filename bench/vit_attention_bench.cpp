@@ -53,18 +53,20 @@ int vit_attention_bench_main(int argc, char** argv) {
   cxxopts::Options opts(argv[0],
                         "MoH-ViT attention layers: MHA vs MoH dense vs MoH sparse (and dense without the window "
                         "kernels) at a variant's shapes");
-  opts.add_options()("model", "classifier variant", cxxopts::value<std::string>()->default_value("MoH-ViT-B-50"))(
-      "batch", "batch size", cxxopts::value<int64_t>()->default_value("8"))(
-      "img-size", "input side (0 = the variant's)", cxxopts::value<int64_t>()->default_value("0"))(
-      "runs", "timed runs (median)", cxxopts::value<int>()->default_value("5"))(
-      "warmup", "untimed runs before timing", cxxopts::value<int>()->default_value("1"))(
-      "threads", "intra-op threads (0 = LibTorch default)", cxxopts::value<int>()->default_value("0"))(
-      "seed", "seed of weights and inputs", cxxopts::value<uint64_t>()->default_value("0"))(
-      "device", "cpu or cuda[:N]", cxxopts::value<std::string>()->default_value("cpu"))(
-      "dtype", "fp32, bf16 or fp16 (CUDA): the layers' weights and inputs",
-      cxxopts::value<std::string>()->default_value("fp32"))(
-      "profile", "print the 12 slowest operators of each mode's forward + backward (stderr)")(
-      "json", "print rows as a JSON list")("h,help", "show this help");
+  auto flag = opts.add_options();
+  flag("model", "classifier variant", cxxopts::value<std::string>()->default_value("MoH-ViT-B-50"));
+  flag("batch", "batch size", cxxopts::value<int64_t>()->default_value("8"));
+  flag("img-size", "input side (0 = the variant's)", cxxopts::value<int64_t>()->default_value("0"));
+  flag("runs", "timed runs (median)", cxxopts::value<int>()->default_value("5"));
+  flag("warmup", "untimed runs before timing", cxxopts::value<int>()->default_value("1"));
+  flag("threads", "intra-op threads (0 = LibTorch default)", cxxopts::value<int>()->default_value("0"));
+  flag("seed", "seed of weights and inputs", cxxopts::value<uint64_t>()->default_value("0"));
+  flag("device", "cpu or cuda[:N]", cxxopts::value<std::string>()->default_value("cpu"));
+  flag("dtype", "fp32, bf16 or fp16 (CUDA): the layers' weights and inputs",
+       cxxopts::value<std::string>()->default_value("fp32"));
+  flag("profile", "print the 12 slowest operators of each mode's forward + backward (stderr)");
+  flag("json", "print rows as a JSON list");
+  flag("h,help", "show this help");
   cxxopts::ParseResult args;
   if (!parse_bench_flags(opts, argc, argv, args)) return 0;
   vision::TransNeXtOptions o = vision::classifier_options(args["model"].as<std::string>());

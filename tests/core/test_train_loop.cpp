@@ -338,10 +338,11 @@ TEST(TrainLoop, ADivergedRunStopsAndResumesFromItsLastFiniteCheckpoint) {
             std::string::npos)
       << message;
   EXPECT_NE(message.find("last finite checkpoint: " + dir + "/checkpoints/0000004"), std::string::npos) << message;
-  for (const auto& e : std::filesystem::directory_iterator(dir + "/checkpoints"))
-    if (e.is_directory())
-      for (const auto& [k, v] : load_checkpoint(e.path().string()).model)
-        EXPECT_TRUE(at::isfinite(v).all().item<bool>()) << e.path() << " " << k;
+  for (const auto& e : std::filesystem::directory_iterator(dir + "/checkpoints")) {
+    if (!e.is_directory()) continue;
+    for (const auto& [k, v] : load_checkpoint(e.path().string()).model)
+      EXPECT_TRUE(at::isfinite(v).all().item<bool>()) << e.path() << " " << k;
+  }
   EXPECT_TRUE(std::filesystem::exists(dir + "/diverged.json"));
   const LoopResult resumed = run_with(cfg, dir, quiet, "auto");  // a sane learning rate again
   EXPECT_EQ(resumed.steps, 12);
