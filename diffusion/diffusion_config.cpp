@@ -1,5 +1,7 @@
 #include "diffusion/diffusion_config.h"
 
+#include "diffusion/sampler.h"
+
 namespace moh {
 
 const config::EnumTable<VaeKind>& enum_table(VaeKind) {
@@ -8,11 +10,11 @@ const config::EnumTable<VaeKind>& enum_table(VaeKind) {
 }
 
 const config::EnumTable<SamplerKind>& enum_table(SamplerKind) {
-  static const config::EnumTable<SamplerKind> t{{SamplerKind::ddpm, "ddpm"},
-                                                {SamplerKind::ddim, "ddim"},
-                                                {SamplerKind::dpmpp_2m, "dpm++2m"},
-                                                {SamplerKind::euler, "euler"},
-                                                {SamplerKind::heun, "heun"}};
+  static const config::EnumTable<SamplerKind> t = [] {  // the sampler records name their kinds
+    config::EnumTable<SamplerKind> names;
+    for (const auto& r : diffusion::samplers()) names.emplace_back(r.kind, r.name);
+    return names;
+  }();
   return t;
 }
 

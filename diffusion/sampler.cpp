@@ -59,17 +59,17 @@ at::Tensor ddim_update(const GaussianDiffusion& chain, const GaussianDiffusion::
 const std::vector<SamplerRecord>& samplers() {
   static const std::vector<SamplerRecord> table = [] {
     std::vector<SamplerRecord> t(5);
-    t[0] = {SamplerKind::ddpm, "DDPM ancestral sampling over a respaced chain (DiT's sample.py)",
+    t[0] = {SamplerKind::ddpm, "ddpm", "DDPM ancestral sampling over a respaced chain (DiT's sample.py)",
             SamplerGrid::respaced};
     t[0].stochastic = true, t[0].update = ddpm_update;
-    t[1] = {SamplerKind::ddim, "DDIM (η configurable; 0 = deterministic) over a respaced chain", SamplerGrid::respaced};
+    t[1] = {SamplerKind::ddim, "ddim", "DDIM (η configurable; 0 = deterministic) over a respaced chain", SamplerGrid::respaced};
     t[1].stochastic = true, t[1].update = ddim_update;  // with η > 0; the noise is drawn either way (DiT's RNG order)
-    t[2] = {SamplerKind::dpmpp_2m, "DPM-Solver++(2M), diffusers' DPMSolverMultistepScheduler", SamplerGrid::solver};
+    t[2] = {SamplerKind::dpmpp_2m, "dpm++2m", "DPM-Solver++(2M), diffusers' DPMSolverMultistepScheduler", SamplerGrid::solver};
     t[2].make_grid = dpm_grid, t[2].chain = dpmpp_2m_chain;
-    t[3] = {SamplerKind::euler, "Euler on the probability-flow ODE, diffusers' EulerDiscreteScheduler",
+    t[3] = {SamplerKind::euler, "euler", "Euler on the probability-flow ODE, diffusers' EulerDiscreteScheduler",
             SamplerGrid::solver};
     t[3].make_grid = karras_grid, t[3].chain = euler_chain;
-    t[4] = {SamplerKind::heun, "Heun (Karras et al. 2022, Algorithm 1), diffusers' HeunDiscreteScheduler",
+    t[4] = {SamplerKind::heun, "heun", "Heun (Karras et al. 2022, Algorithm 1), diffusers' HeunDiscreteScheduler",
             SamplerGrid::solver};
     t[4].evals_per_step = 2, t[4].last_step_single = true, t[4].make_grid = karras_grid, t[4].chain = heun_chain;
     return t;

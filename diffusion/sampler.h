@@ -49,11 +49,12 @@ using SolverGrid = OdeGrid (*)(const std::vector<double>& alphas_cumprod, int64_
 using SolverChain = at::Tensor (*)(const EpsModel& eps, const at::Tensor& noise, const OdeGrid& grid,
                                    const StepHook& on_step, bool clip_x0);
 
-/// Everything the toolkit knows about one sampler, in one place: adding a sampler is an entry of samplers() (and
-/// its name in the schema's SamplerKind table) plus its reference test. The loop, the NFE count, the chain and the
+/// Everything the toolkit knows about one sampler, in one place: adding a sampler is its SamplerKind value and an
+/// entry of samplers() (which also names it for the schema) plus its reference test. The loop, the NFE count, the chain and the
 /// progress bar all read it.
 struct SamplerRecord {
   SamplerKind kind;
+  const char* name;     ///< the word of sampling.sampler / --sampler (the schema's SamplerKind table is these)
   const char* summary;  ///< what it is and whose formulas it follows
   SamplerGrid grid;
   int evals_per_step = 1;            ///< network evaluations of one step (one more per guided evaluation's CFG pair)
