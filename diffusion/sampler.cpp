@@ -62,9 +62,11 @@ const std::vector<SamplerRecord>& samplers() {
     t[0] = {SamplerKind::ddpm, "ddpm", "DDPM ancestral sampling over a respaced chain (DiT's sample.py)",
             SamplerGrid::respaced};
     t[0].stochastic = true, t[0].update = ddpm_update;
-    t[1] = {SamplerKind::ddim, "ddim", "DDIM (η configurable; 0 = deterministic) over a respaced chain", SamplerGrid::respaced};
+    t[1] = {SamplerKind::ddim, "ddim", "DDIM (η configurable; 0 = deterministic) over a respaced chain",
+            SamplerGrid::respaced};
     t[1].stochastic = true, t[1].update = ddim_update;  // with η > 0; the noise is drawn either way (DiT's RNG order)
-    t[2] = {SamplerKind::dpmpp_2m, "dpm++2m", "DPM-Solver++(2M), diffusers' DPMSolverMultistepScheduler", SamplerGrid::solver};
+    t[2] = {SamplerKind::dpmpp_2m, "dpm++2m", "DPM-Solver++(2M), diffusers' DPMSolverMultistepScheduler",
+            SamplerGrid::solver};
     t[2].make_grid = dpm_grid, t[2].chain = dpmpp_2m_chain;
     t[3] = {SamplerKind::euler, "euler", "Euler on the probability-flow ODE, diffusers' EulerDiscreteScheduler",
             SamplerGrid::solver};

@@ -50,8 +50,8 @@ using SolverChain = at::Tensor (*)(const EpsModel& eps, const at::Tensor& noise,
                                    const StepHook& on_step, bool clip_x0);
 
 /// Everything the toolkit knows about one sampler, in one place: adding a sampler is its SamplerKind value and an
-/// entry of samplers() (which also names it for the schema) plus its reference test. The loop, the NFE count, the chain and the
-/// progress bar all read it.
+/// entry of samplers() (which also names it for the schema) plus its reference test. The loop, the NFE count, the chain
+/// and the progress bar all read it.
 struct SamplerRecord {
   SamplerKind kind;
   const char* name;     ///< the word of sampling.sampler / --sampler (the schema's SamplerKind table is these)
