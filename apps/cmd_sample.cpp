@@ -83,7 +83,9 @@ int cmd_sample(int argc, char** argv) {
             << (s.grid ? ", " + s.out + "/grid.png" : std::string(" (no grid: built without OpenCV)"))
             << (s.resumed_batches > 0 ? ", " + std::to_string(s.resumed_batches) + " batches resumed from parts"
                                       : std::string())
-            << " in " << s.seconds << " s, " << s.nfe << " network evaluations per image\n";
+            << " in " << s.seconds << " s, "
+            << (s.nfe >= 0 ? std::to_string(s.nfe) : std::string("unmeasured (every batch resumed)"))
+            << " network evaluations per image\n";
   if (!s.head_load.empty()) std::cout << s.head_load << "\n";
   return 0;
 }

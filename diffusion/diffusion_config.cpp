@@ -18,6 +18,33 @@ const config::EnumTable<SamplerKind>& enum_table(SamplerKind) {
   return t;
 }
 
+const config::EnumTable<Objective>& enum_table(Objective) {
+  static const config::EnumTable<Objective> t{{Objective::ddpm, "ddpm"}, {Objective::flow, "flow"}};
+  return t;
+}
+
+const config::EnumTable<FlowPath>& enum_table(FlowPath) {
+  static const config::EnumTable<FlowPath> t{{FlowPath::linear, "linear"}, {FlowPath::gvp, "gvp"}};
+  return t;
+}
+
+const config::EnumTable<FlowPrediction>& enum_table(FlowPrediction) {
+  static const config::EnumTable<FlowPrediction> t{
+      {FlowPrediction::velocity, "velocity"}, {FlowPrediction::noise, "noise"}, {FlowPrediction::score, "score"}};
+  return t;
+}
+
+const config::EnumTable<TimeSampling>& enum_table(TimeSampling) {
+  static const config::EnumTable<TimeSampling> t{{TimeSampling::uniform, "uniform"},
+                                                 {TimeSampling::lognormal, "lognormal"}};
+  return t;
+}
+
+const config::EnumTable<FlowLoss>& enum_table(FlowLoss) {
+  static const config::EnumTable<FlowLoss> t{{FlowLoss::mse, "mse"}, {FlowLoss::mse_cosine, "mse+cosine"}};
+  return t;
+}
+
 const config::EnumTable<CfgChannels>& enum_table(CfgChannels) {
   static const config::EnumTable<CfgChannels> t{{CfgChannels::three, "three"}, {CfgChannels::all, "all"}};
   return t;

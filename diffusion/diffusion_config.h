@@ -14,9 +14,10 @@ namespace moh {
 enum class VaeKind { none, sd };
 const config::EnumTable<VaeKind>& enum_table(VaeKind);
 
-/// Reverse-process sampler: DDPM / DDIM over a respaced chain, or a probability-flow ODE solver (DPM-Solver++(2M),
-/// Euler, Heun) over the base chain.
-enum class SamplerKind { ddpm, ddim, dpmpp_2m, euler, heun };
+/// Reverse-process sampler: DDPM / DDIM over a respaced chain, a probability-flow ODE solver (DPM-Solver++(2M),
+/// Euler, Heun) over the base chain; for flow models Euler, Heun, adaptive Dormand–Prince (dopri5) or the SDE
+/// (Euler–Maruyama) on the interpolant's time. The records in diffusion/sampler.h say which runs on which objective.
+enum class SamplerKind { ddpm, ddim, dpmpp_2m, euler, heun, dopri5, sde };
 const config::EnumTable<SamplerKind>& enum_table(SamplerKind);
 
 /// Output channels classifier-free guidance is applied to: `three` = the first 3 (DiT's code, needed for parity with
@@ -29,19 +30,65 @@ const config::EnumTable<CfgChannels>& enum_table(CfgChannels);
 enum class CudaGraphMode { automatic, off };
 const config::EnumTable<CudaGraphMode>& enum_table(CudaGraphMode);
 
+/// What the network is trained for: DDPM's ε prediction on a discrete chain (DiT) or flow matching (SiT).
+enum class Objective { ddpm, flow };
+const config::EnumTable<Objective>& enum_table(Objective);
+
+/// The interpolant of flow matching: linear (α = t, σ = 1 − t) or GVP (α = sin(πt/2), σ = cos(πt/2)).
+enum class FlowPath { linear, gvp };
+const config::EnumTable<FlowPath>& enum_table(FlowPath);
+
+/// What a flow model predicts.
+enum class FlowPrediction { velocity, noise, score };
+const config::EnumTable<FlowPrediction>& enum_table(FlowPrediction);
+
+/// How flow training draws t: uniform, or logit-normal sigmoid(N(m, s²)) (LightningDiT's use_lognorm).
+enum class TimeSampling { uniform, lognormal };
+const config::EnumTable<TimeSampling>& enum_table(TimeSampling);
+
+/// Flow training loss: MSE, or MSE + LightningDiT's velocity-direction term 1 − cos.
+enum class FlowLoss { mse, mse_cosine };
+const config::EnumTable<FlowLoss>& enum_table(FlowLoss);
+
+/// The flow-matching keys of `diffusion:` (read when objective: flow).
+struct FlowConfig {
+  FlowPath path = FlowPath::linear;
+  FlowPrediction prediction = FlowPrediction::velocity;
+  TimeSampling t_sampling = TimeSampling::uniform;
+  std::vector<double> t_lognormal{0.0, 1.0};  ///< [m, s] of t_sampling: lognormal
+  FlowLoss loss = FlowLoss::mse;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("path", path, "objective: flow interpolant: linear (SiT's default) or gvp");
+    v.field("prediction", prediction, "objective: flow network output: velocity (SiT's default), noise or score");
+    v.field("t_sampling", t_sampling,
+            "objective: flow training times: uniform, or lognormal = sigmoid(N(m, s^2)) (LightningDiT)");
+    v.field("t_lognormal", t_lognormal, "[m, s] of t_sampling: lognormal (LightningDiT: [0, 1])");
+    v.field("loss", loss,
+            "objective: flow loss: mse, or mse+cosine (adds LightningDiT's 1 - cos(v, u) over channels; velocity)");
+  }
+};
+
 /// `diffusion:` — the Gaussian diffusion process of a DiT experiment (DiT: linear β, T = 1000, learned σ, hybrid loss).
 struct DiffusionConfig {
+  Objective objective = Objective::ddpm;
   int64_t steps = 1000;  ///< T of the training chain
   VaeKind vae = VaeKind::none;
   std::string vae_weights;  ///< diffusers AutoencoderKL file (vae: sd)
 
   template <class V>
   void visit(V& v) {
-    v.field("steps", steps, "diffusion steps T of the training chain (linear beta schedule scaled by 1000/T)");
+    v.field("objective", objective,
+            "ddpm (DiT: eps prediction on a chain of T steps, learned sigma) or flow (SiT: flow matching on the "
+            "interpolant of diffusion.path)");
+    v.field("steps", steps, "ddpm: diffusion steps T of the training chain (linear beta schedule scaled by 1000/T)");
     v.field("vae", vae, "latent space: none = pixel-space diffusion, sd = SD kl-f8 latents (scale 0.18215)");
     v.field("vae_weights", vae_weights,
             "vae: sd weights, e.g. sd-vae-ft-ema/diffusion_pytorch_model.safetensors (or .bin)");
+    flow.visit(v);
   }
+  FlowConfig flow;
 };
 
 /// `sampling:` — how `moh sample` (and the end-of-training samples) run the reverse process.
@@ -49,7 +96,8 @@ struct SamplingConfig {
   SamplerKind sampler = SamplerKind::ddpm;
   std::string steps = "250";  ///< respacing spec: "250", "ddim50", "10,15,20"; ODE solvers: a step count
   double eta = 0.0;
-  double cfg_scale = 1.5;  ///< 1 = no guidance (no batch doubling)
+  double atol = 1e-6, rtol = 1e-3;  ///< dopri5's tolerances (SiT's sample.py defaults)
+  double cfg_scale = 1.5;           ///< 1 = no guidance (no batch doubling)
   CfgChannels cfg_channels = CfgChannels::three;
   std::vector<double> cfg_interval{0.0, 1.0};  ///< guide where lo ≤ t / (T − 1) ≤ hi (1 = pure noise)
   bool clip_denoised = false;  ///< clamp predicted x0 to [−1, 1] each step (pixel models; DiT's latents: never)
@@ -65,11 +113,15 @@ struct SamplingConfig {
   void visit(V& v) {
     v.field("sampler", sampler,
             "ddpm (ancestral, what DiT uses), ddim, or an ODE solver: dpm++2m (DPM-Solver++ 2M), euler, heun "
-            "(diffusers' schedulers on the same linear schedule)");
+            "(diffusers' schedulers on the same linear schedule); flow models (diffusion.objective: flow): euler, "
+            "heun, dopri5 (adaptive, torchdiffeq's) or sde (Euler-Maruyama, SiT's SDE)");
     v.field("steps", steps,
             "ddpm/ddim: timestep respacing \"250\", \"ddim50\" or per-section counts \"10,15,20\"; ODE solvers: "
-            "solver steps (>= 2; heun evaluates the network 2 x steps - 1 times)");
+            "solver steps (>= 2; heun evaluates the network 2 x steps - 1 times); sde: steps including the last "
+            "(SiT: 250); dopri5: not used (adaptive)");
     v.field("eta", eta, "DDIM noise (0 = deterministic)");
+    v.field("atol", atol, "dopri5 absolute tolerance (SiT: 1e-6)");
+    v.field("rtol", rtol, "dopri5 relative tolerance (SiT: 1e-3)");
     v.field("cfg_scale", cfg_scale, "classifier-free guidance scale; 1 = off");
     v.field("cfg_channels", cfg_channels,
             "guide the first 3 output channels (three, DiT-exact) or all eps channels (all)");

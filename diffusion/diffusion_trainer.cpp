@@ -2,7 +2,7 @@
 
 namespace moh::diffusion {
 
-DiffusionDraws draw_training_noise(const std::vector<int64_t>& local_shape, int64_t num_steps, double drop_prob,
+DiffusionDraws draw_training_noise(const std::vector<int64_t>& local_shape, const TimeDraw& draw_t, double drop_prob,
                                    int rank, int world, const c10::Device& device) {
   const int64_t B = local_shape.at(0), G = B * world;  // local and global batch
   auto mine = [&](const at::Tensor& global) {
@@ -11,32 +11,72 @@ DiffusionDraws draw_training_noise(const std::vector<int64_t>& local_shape, int6
   std::vector<int64_t> shape = local_shape;
   shape[0] = G;
   DiffusionDraws d;
-  d.t = mine(at::randint(0, num_steps, {G}, at::kLong));                    // (B)
+  d.t = mine(draw_t(G));                                                    // (B)
   d.noise = mine(at::randn(shape, at::kFloat));                             // (B, C, H, W)
   if (drop_prob > 0) d.drop = mine(at::rand({G}, at::kFloat) < drop_prob);  // DiT's token_drop, drawn here
   return d;
 }
+
+DiffusionDraws draw_training_noise(const std::vector<int64_t>& local_shape, int64_t num_steps, double drop_prob,
+                                   int rank, int world, const c10::Device& device) {
+  const TimeDraw draw = [num_steps](int64_t G) { return at::randint(0, num_steps, {G}, at::kLong); };
+  return draw_training_noise(local_shape, draw, drop_prob, rank, world, device);
+}
+
+TimeDraw flow_time_draw(const FlowProcess& flow) {
+  return [flow](int64_t G) {
+    return flow.training_times(flow.normal_draws() ? at::randn({G}, at::kFloat) : at::rand({G}, at::kFloat));
+  };
+}
+
+namespace {
+
+// The model's output under autocast (bf16/fp16 forward; the losses are computed in fp32 by the caller).
+DiTOutput forward_autocast(DiT& model, const at::Tensor& xt, const at::Tensor& t, const at::Tensor& y,
+                           const DiffusionDraws& d, const RunContext& ctx) {
+  AutocastScope autocast(ctx);
+  return model->forward(xt, t, y, d.drop);
+}
+
+// loss + β·aux, scaled backward; `r` gets the aux term beside the loss terms already in it.
+LossTensors finish_backward(at::Tensor loss, const DiTOutput& out, double beta, const GradScaler& scaler,
+                            LossTensors r) {
+  const at::Tensor aux = out.aux_loss.defined() ? out.aux_loss.to(at::kFloat) : at::zeros({}, loss.options());
+  r.emplace_back("aux", aux.detach());
+  if (out.aux_loss.defined()) loss = loss + beta * aux;
+  scaler.scale(loss).backward();
+  return r;
+}
+
+}  // namespace
 
 LossTensors diffusion_backward(DiT& model, const GaussianDiffusion& diffusion, const at::Tensor& x0,
                                const at::Tensor& y, double beta, const RunContext& ctx, const GradScaler& scaler,
                                int rank, int world) {
   const double p = model->is_training() ? model->y_embedder->dropout_prob : 0.0;
   const DiffusionDraws d = draw_training_noise(x0.sizes().vec(), diffusion.num_steps(), p, rank, world, x0.device());
-  const at::Tensor &t = d.t, &drop = d.drop, noise = d.noise.to(x0.scalar_type());
-  const at::Tensor xt = diffusion.q_sample(x0, t, noise);
-  DiTOutput out;
-  {
-    AutocastScope autocast(ctx);  // bf16/fp16 forward; the losses below are fp32
-    out = model->forward(xt, t, y, drop);
-  }
-  const GaussianDiffusion::Losses l = diffusion.training_losses(out.out.to(at::kFloat), x0, xt, t, noise);
-  at::Tensor loss = l.loss.mean();
-  const at::Tensor aux = out.aux_loss.defined() ? out.aux_loss.to(at::kFloat) : at::zeros({}, loss.options());
-  LossTensors r{
-      {"loss", loss.detach()}, {"mse", l.mse.mean().detach()}, {"vb", l.vb.mean().detach()}, {"aux", aux.detach()}};
-  if (out.aux_loss.defined()) loss = loss + beta * aux;
-  scaler.scale(loss).backward();
-  return r;
+  const at::Tensor noise = d.noise.to(x0.scalar_type());
+  const at::Tensor xt = diffusion.q_sample(x0, d.t, noise);
+  const DiTOutput out = forward_autocast(model, xt, d.t, y, d, ctx);
+  const GaussianDiffusion::Losses l = diffusion.training_losses(out.out.to(at::kFloat), x0, xt, d.t, noise);
+  const at::Tensor loss = l.loss.mean();
+  return finish_backward(loss, out, beta, scaler,
+                         {{"loss", loss.detach()}, {"mse", l.mse.mean().detach()}, {"vb", l.vb.mean().detach()}});
+}
+
+LossTensors flow_backward(DiT& model, const FlowProcess& flow, const at::Tensor& x1, const at::Tensor& y, double beta,
+                          const RunContext& ctx, const GradScaler& scaler, int rank, int world) {
+  const double p = model->is_training() ? model->y_embedder->dropout_prob : 0.0;
+  const DiffusionDraws d = draw_training_noise(x1.sizes().vec(), flow_time_draw(flow), p, rank, world, x1.device());
+  const at::Tensor x0 = d.noise.to(x1.scalar_type()), t = d.t.to(x1.scalar_type());
+  const at::Tensor xt = flow.interpolate(x1, x0, t).first;
+  const DiTOutput out = forward_autocast(model, xt, t, y, d, ctx);
+  const at::Tensor pred = out.out.to(at::kFloat).narrow(1, 0, x1.size(1));  // (B, C, H, W)
+  const FlowProcess::Losses l = flow.training_losses(pred, x1.to(at::kFloat), x0.to(at::kFloat), t.to(at::kFloat));
+  const at::Tensor loss = l.loss.mean();
+  return finish_backward(
+      loss, out, beta, scaler,
+      {{"loss", loss.detach()}, {"mse", l.mse.mean().detach()}, {"cosine", l.cosine.mean().detach()}});
 }
 
 }  // namespace moh::diffusion

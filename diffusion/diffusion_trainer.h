@@ -1,12 +1,15 @@
 #pragma once
-// The DiT / MoH-DiT training step (DiT train.py recipe): uniform t ~ U{0..T−1}, the hybrid loss (MSE + VLB) plus
+// The DiT / MoH-DiT training step: DiT's train.py recipe (uniform t ~ U{0..T−1}, the hybrid loss MSE + VLB) or SiT's
+// flow matching (t on the interpolant, the velocity / noise / score loss of diffusion/flow_matching.h), plus
 // β·MoH load-balance loss. The loop (AdamW, EMA, checkpoints, resume, ranks, metrics) is core/train_loop.h; the task
 // that joins them with the experiment's data is experiments/train_tasks.h.
+#include <functional>
 #include <string>
 
 #include "core/amp.h"
 #include "core/train_loop.h"
 #include "diffusion/dit.h"
+#include "diffusion/flow_matching.h"
 #include "diffusion/gaussian_diffusion.h"
 
 namespace moh::diffusion {
@@ -19,8 +22,15 @@ namespace moh::diffusion {
 struct DiffusionDraws {
   at::Tensor t, noise, drop;
 };
+/// The training times of a global batch of G rows (drawn from the global CPU generator).
+using TimeDraw = std::function<at::Tensor(int64_t global_batch)>;
+DiffusionDraws draw_training_noise(const std::vector<int64_t>& local_shape, const TimeDraw& draw_t, double drop_prob,
+                                   int rank, int world, const c10::Device& device);
+/// DDPM's draws: t ~ U{0..num_steps−1}.
 DiffusionDraws draw_training_noise(const std::vector<int64_t>& local_shape, int64_t num_steps, double drop_prob,
                                    int rank, int world, const c10::Device& device);
+/// A flow process's draws: t (float32) by its t_sampling.
+TimeDraw flow_time_draw(const FlowProcess& flow);
 
 /// The forward/backward half of a DiT training step on clean data x0 (B, C, H, W) with labels y: the draws above,
 /// q_sample, forward under autocast, hybrid loss in fp32 + β·aux, scaled backward. The optimizer half is
@@ -29,5 +39,11 @@ DiffusionDraws draw_training_noise(const std::vector<int64_t>& local_shape, int6
 LossTensors diffusion_backward(DiT& model, const GaussianDiffusion& diffusion, const at::Tensor& x0,
                                const at::Tensor& y, double beta, const RunContext& ctx, const GradScaler& scaler,
                                int rank = 0, int world = 1);
+
+/// The same half step for flow matching (SiT train.py): t, noise x0 and the class-dropout mask as above, x_t and u_t
+/// on the path, forward under autocast on t itself, the loss of flow.training_losses on the first C output channels
+/// (a learned-σ model's variance channels go untrained, as in SiT) + β·aux. Returns loss, mse, cosine, aux.
+LossTensors flow_backward(DiT& model, const FlowProcess& flow, const at::Tensor& x1, const at::Tensor& y, double beta,
+                          const RunContext& ctx, const GradScaler& scaler, int rank = 0, int world = 1);
 
 }  // namespace moh::diffusion

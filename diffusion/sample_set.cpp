@@ -35,13 +35,14 @@ std::vector<int64_t> rank_share(const std::vector<int64_t>& batches, const dist:
   return out;
 }
 
-void sample_parts(DiT& model, const GaussianDiffusion& chain, AutoencoderKL& vae, const at::Tensor& labels,
-                  const std::vector<int64_t>& batches, const SampleSetOptions& o, const RunContext& ctx,
-                  const std::string& parts_dir, const std::function<void()>& on_step) {
+int64_t sample_parts(DiT& model, const GaussianDiffusion& chain, AutoencoderKL& vae, const at::Tensor& labels,
+                     const std::vector<int64_t>& batches, const SampleSetOptions& o, const RunContext& ctx,
+                     const std::string& parts_dir, const std::function<void()>& on_step) {
   const DiTOptions& mo = model->options;
   const int64_t n = labels.size(0);
   fs::create_directories(parts_dir);
   GraphedForward graphs(model, o.sampling.cuda_graph);  // captured once, replayed over every batch
+  int64_t nfe = 0;
   for (const int64_t k : batches) {
     const int64_t i = k * o.batch_size, b = std::min(o.batch_size, n - i);
     torch::manual_seed(datasets::mix_seed(o.seed, static_cast<uint64_t>(k)));
@@ -51,13 +52,14 @@ void sample_parts(DiT& model, const GaussianDiffusion& chain, AutoencoderKL& vae
         [&] {
           if (on_step) on_step();
         },
-        nullptr, &graphs);  // (b, C, I, I)
+        &nfe, &graphs);  // (b, C, I, I)
     if (vae) {
       torch::NoGradGuard ng;
       x = vae->decode(x / kSdVaeLatentScale);  // (b, 3, 8·I, 8·I) in ~[−1, 1]
     }
     write_file_atomic(sample_part_path(parts_dir, k), datasets::npy_bytes(to_uint8_nhwc(x).cpu()));  // (b, H, W, C)
   }
+  return nfe;
 }
 
 void merge_sample_parts(const std::string& parts_dir, const at::Tensor& labels, int64_t batch_size,

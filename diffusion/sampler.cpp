@@ -58,7 +58,7 @@ at::Tensor ddim_update(const GaussianDiffusion& chain, const GaussianDiffusion::
 
 const std::vector<SamplerRecord>& samplers() {
   static const std::vector<SamplerRecord> table = [] {
-    std::vector<SamplerRecord> t(5);
+    std::vector<SamplerRecord> t(7);
     t[0] = {SamplerKind::ddpm, "ddpm", "DDPM ancestral sampling over a respaced chain (DiT's sample.py)",
             SamplerGrid::respaced};
     t[0].stochastic = true, t[0].update = ddpm_update;
@@ -68,12 +68,23 @@ const std::vector<SamplerRecord>& samplers() {
     t[2] = {SamplerKind::dpmpp_2m, "dpm++2m", "DPM-Solver++(2M), diffusers' DPMSolverMultistepScheduler",
             SamplerGrid::solver};
     t[2].make_grid = dpm_grid, t[2].chain = dpmpp_2m_chain;
-    t[3] = {SamplerKind::euler, "euler", "Euler on the probability-flow ODE, diffusers' EulerDiscreteScheduler",
+    t[3] = {SamplerKind::euler, "euler",
+            "Euler on the probability-flow ODE, diffusers' EulerDiscreteScheduler; on flow models on the velocity "
+            "(FlowMatchEulerDiscreteScheduler)",
             SamplerGrid::solver};
-    t[3].make_grid = karras_grid, t[3].chain = euler_chain;
-    t[4] = {SamplerKind::heun, "heun", "Heun (Karras et al. 2022, Algorithm 1), diffusers' HeunDiscreteScheduler",
+    t[3].make_grid = karras_grid, t[3].chain = euler_chain, t[3].flow_chain = flow_euler_chain;
+    t[4] = {SamplerKind::heun, "heun",
+            "Heun (Karras et al. 2022, Algorithm 1), diffusers' HeunDiscreteScheduler; on flow models "
+            "FlowMatchHeunDiscreteScheduler",
             SamplerGrid::solver};
     t[4].evals_per_step = 2, t[4].last_step_single = true, t[4].make_grid = karras_grid, t[4].chain = heun_chain;
+    t[4].flow_chain = flow_heun_chain;
+    t[5] = {SamplerKind::dopri5, "dopri5", "adaptive Dormand-Prince 5(4) on a flow model's ODE (torchdiffeq, SiT)",
+            SamplerGrid::solver};
+    t[5].runs_ddpm = false, t[5].flow_chain = dopri5_chain, t[5].adaptive = true;
+    t[6] = {SamplerKind::sde, "sde", "Euler-Maruyama on a flow model's SDE with SiT's diffusion and last step",
+            SamplerGrid::solver};
+    t[6].runs_ddpm = false, t[6].flow_chain = sde_chain, t[6].stochastic = true;
     return t;
   }();
   return table;
@@ -89,19 +100,40 @@ bool is_ode_sampler(SamplerKind kind) {
   return sampler_record(kind).grid == SamplerGrid::solver;
 }
 
+bool runs_on(SamplerKind kind, Objective objective) {
+  const SamplerRecord& r = sampler_record(kind);
+  return objective == Objective::flow ? r.flow_chain != nullptr : r.runs_ddpm;
+}
+
+std::string samplers_for(Objective objective) {
+  std::vector<std::string> names;
+  for (const SamplerRecord& r : samplers())
+    if (runs_on(r.kind, objective)) names.emplace_back(r.name);
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i) out += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return out;
+}
+
 GaussianDiffusion sampling_chain(SamplerKind kind, int64_t T, const std::string& steps) {
   return is_ode_sampler(kind) ? GaussianDiffusion::base(T) : GaussianDiffusion::respaced(T, steps);
 }
 
 int64_t sampler_steps(const SampleOptions& o, const GaussianDiffusion& chain) {
+  if (sampler_record(o.sampler).adaptive) return 100;  // dopri5 reports each percent of its time interval
   return is_ode_sampler(o.sampler) ? o.ode_steps : chain.num_steps();
 }
 
 namespace {
 
-// Guidance at model timestep t: CFG on and its noise level inside the interval.
+// The noise level u ∈ [0, 1] (1 = pure noise) of the network's time input t: t / (T − 1) of a DDPM model timestep,
+// 1 − t on a flow model's interpolant (0 = noise).
+double noise_level(const SampleOptions& o, double t) {
+  return o.objective == Objective::flow ? 1.0 - t : t / static_cast<double>(o.train_steps - 1);
+}
+
+// Guidance at network time t: CFG on and its noise level inside the interval.
 bool guided_at(const SampleOptions& o, double t) {
-  const double u = t / static_cast<double>(o.train_steps - 1);  // the noise level
+  const double u = noise_level(o, t);
   return o.cfg_scale > 1.0 && u >= o.cfg_interval[0] && u <= o.cfg_interval[1];
 }
 
@@ -150,10 +182,6 @@ at::Tensor guided_output(GraphedForward& net, const at::Tensor& x, const at::Ten
   return combine_cfg(cond, uncond, o.cfg_scale, o.cfg_channels, x.size(1));
 }
 
-double noise_level(const SampleOptions& o, double t) {
-  return t / static_cast<double>(o.train_steps - 1);
-}
-
 OdeGrid ode_grid(const SampleOptions& o, const GaussianDiffusion& chain) {
   const auto& s = chain.schedule();
   TORCH_CHECK(s.timestep_map.back() == s.num_steps() - 1 && s.num_steps() == o.train_steps,
@@ -194,9 +222,10 @@ at::Tensor ancestral_loop(GraphedForward& net, const GaussianDiffusion& chain, a
   return cfg ? x.narrow(0, 0, x.size(0) / 2) : x;
 }
 
-// The ε channels (n, C, H, W) the ODE solvers integrate: guided on the doubled batch inside the interval, one
-// conditional forward outside it. y holds [labels; null] when CFG is on.
-EpsModel dit_eps(GraphedForward& net, const at::Tensor& y, const SampleOptions& o, HeadBudget& heads, int64_t& nfe) {
+// The prediction channels (n, C, H, W) the solvers integrate (ε; a flow model's velocity, noise or score): guided on
+// the doubled batch inside the interval, one conditional forward outside it. y holds [labels; null] when CFG is on.
+EpsModel dit_prediction(GraphedForward& net, const at::Tensor& y, const SampleOptions& o, HeadBudget& heads,
+                        int64_t& nfe) {
   return [&net, y, &o, &heads, &nfe](const at::Tensor& x, double t) {
     const int64_t n = x.size(0), C = x.size(1);
     const bool guided = guided_at(o, t);
@@ -211,9 +240,51 @@ EpsModel dit_eps(GraphedForward& net, const at::Tensor& y, const SampleOptions& 
   };
 }
 
+// A flow chain's arguments from the options; the caller adds the noise, the prediction and the draws.
+FlowChainArgs flow_args(const SampleOptions& o, const std::function<void()>& on_step) {
+  FlowChainArgs a;
+  a.process = &o.flow;
+  a.steps = o.ode_steps;
+  a.atol = o.atol, a.rtol = o.rtol;
+  if (on_step) a.on_step = [on_step](int64_t, const at::Tensor&) { on_step(); };
+  return a;
+}
+
+// A flow model's chain from `noise` (n, C, H, W); with CFG the SDE's draws are made for the doubled batch, of which
+// the state is the first half (SiT steps [z; z] and guides from its first half).
+at::Tensor flow_loop(GraphedForward& net, const at::Tensor& noise, const at::Tensor& y, const SampleOptions& o,
+                     HeadBudget& heads, const std::function<void()>& on_step, int64_t& nfe) {
+  FlowChainArgs a = flow_args(o, on_step);
+  a.noise = noise;
+  a.predict = dit_prediction(net, y, o, heads, nfe);
+  a.draw = [cfg = o.cfg_scale > 1.0](const at::Tensor& x) {
+    if (!cfg) return at::randn_like(x);
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape[0] *= 2;
+    return at::randn(shape, x.options()).narrow(0, 0, x.size(0));
+  };
+  return sampler_record(o.sampler).flow_chain(a);
+}
+
+// The network evaluations per image of a flow chain, found by running it on a stand-in prediction of one element.
+int64_t planned_flow_nfe(const SampleOptions& o) {
+  int64_t nfe = 0;
+  FlowChainArgs a = flow_args(o, {});
+  a.noise = at::zeros({1, 1, 1, 1});
+  a.predict = [&](const at::Tensor& x, double t) {
+    nfe += guided_at(o, t) ? 2 : 1;
+    return at::zeros_like(x);
+  };
+  a.draw = [](const at::Tensor& x) { return at::zeros_like(x); };
+  sampler_record(o.sampler).flow_chain(a);
+  return nfe;
+}
+
 }  // namespace
 
 int64_t planned_nfe(const SampleOptions& o, const GaussianDiffusion& chain) {
+  if (sampler_record(o.sampler).adaptive) return -1;
+  if (o.objective == Objective::flow) return planned_flow_nfe(o);
   int64_t nfe = 0;
   auto count = [&](double t) { nfe += guided_at(o, t) ? 2 : 1; };
   if (!is_ode_sampler(o.sampler)) {
@@ -249,10 +320,14 @@ at::Tensor sample_loop(DiT& model, const GaussianDiffusion& chain, const at::Ten
   std::unique_ptr<GraphedForward> own;  // graphs of this call alone when the caller keeps none across calls
   if (!graphs) own = std::make_unique<GraphedForward>(model, o.cuda_graph);
   GraphedForward& net = graphs ? *graphs : *own;
-  if (!is_ode_sampler(o.sampler)) {
+  TORCH_CHECK(runs_on(o.sampler, o.objective), "sample_loop: sampler ", config::to_string(o.sampler),
+              " does not run on this objective");
+  if (o.objective == Objective::flow) {
+    x = flow_loop(net, noise, y, o, heads, on_step, count);
+  } else if (!is_ode_sampler(o.sampler)) {
     x = ancestral_loop(net, chain, cfg ? at::cat({noise, noise}) : noise, y, o, heads, on_step, count);
   } else {
-    const EpsModel eps = dit_eps(net, y, o, heads, count);
+    const EpsModel eps = dit_prediction(net, y, o, heads, count);
     const OdeGrid grid = ode_grid(o, chain);
     const StepHook hook = [&](int64_t, const at::Tensor&) {
       if (on_step) on_step();

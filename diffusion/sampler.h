@@ -13,6 +13,7 @@
 #include "diffusion/cuda_graph.h"
 #include "diffusion/diffusion_config.h"
 #include "diffusion/dit.h"
+#include "diffusion/flow_solvers.h"
 #include "diffusion/gaussian_diffusion.h"
 #include "diffusion/ode_solvers.h"
 
@@ -21,14 +22,17 @@ namespace moh::diffusion {
 /// How to run the reverse process.
 struct SampleOptions {
   SamplerKind sampler = SamplerKind::ddpm;
-  double eta = 0.0;        ///< DDIM noise
-  double cfg_scale = 1.0;  ///< 1 = plain forward, no doubling (sample_ddp's behaviour)
+  Objective objective = Objective::ddpm;  ///< what the model predicts: DDPM's ε chain or a flow (then `flow`)
+  FlowProcess flow;                       ///< objective: flow
+  double atol = 1e-6, rtol = 1e-3;        ///< dopri5's tolerances
+  double eta = 0.0;                       ///< DDIM noise
+  double cfg_scale = 1.0;                 ///< 1 = plain forward, no doubling (sample_ddp's behaviour)
   CfgChannels cfg_channels = CfgChannels::three;
   bool clip_denoised = false;                    ///< DiT never clips
   std::array<double, 2> cfg_interval{0.0, 1.0};  ///< guide where lo ≤ t / (T − 1) ≤ hi
-  int64_t ode_steps = 0;               ///< solver steps of dpm++2m / euler / heun (DDPM / DDIM: the respaced chain's)
-  int64_t train_steps = 1000;          ///< T of the training chain (the noise-level fraction's scale)
-  int64_t topk = -1;                   ///< K of every routed MoH layer (−1 = as trained)
+  int64_t ode_steps = 0;       ///< solver steps of dpm++2m / euler / heun / sde (DDPM / DDIM: the respaced chain's)
+  int64_t train_steps = 1000;  ///< T of the training chain (the noise-level fraction's scale; DDPM models)
+  int64_t topk = -1;           ///< K of every routed MoH layer (−1 = as trained)
   std::vector<int64_t> topk_schedule;  ///< K by noise-level bucket, clean → noise (overrides topk)
   int64_t guide_topk = -1;             ///< K of the unconditional branch (CFG then runs as two forwards)
   bool cuda_graph = false;             ///< replay the network evaluations as CUDA graphs where they can be
@@ -65,6 +69,9 @@ struct SamplerRecord {
   AncestralUpdate update = nullptr;  ///< respaced samplers
   SolverGrid make_grid = nullptr;    ///< solver samplers
   SolverChain chain = nullptr;       ///< solver samplers
+  bool runs_ddpm = true;             ///< runs on DDPM (ε) models
+  FlowChain flow_chain = nullptr;    ///< runs on flow models with this chain (diffusion/flow_solvers.h)
+  bool adaptive = false;             ///< its step count is found while it runs (dopri5): NFE measured, not planned
 };
 
 /// Every sampler, in the schema's order.
@@ -72,8 +79,14 @@ const std::vector<SamplerRecord>& samplers();
 /// The record of `kind`.
 const SamplerRecord& sampler_record(SamplerKind kind);
 
-/// True for the probability-flow ODE solvers (their own grid; no per-step noise).
+/// True for the samplers with their own time grid (the DDPM probability-flow ODE solvers and every flow sampler): they
+/// take a step count rather than a respacing.
 bool is_ode_sampler(SamplerKind kind);
+
+/// Whether `kind` runs on a model trained for `objective`.
+bool runs_on(SamplerKind kind, Objective objective);
+/// The names of the samplers that run on `objective`, for messages ("euler, heun, dopri5 or sde").
+std::string samplers_for(Objective objective);
 
 /// The chain a sampler walks: DDPM / DDIM the respacing `steps` over T ("250", "ddim50"); the ODE solvers the base
 /// chain of T steps (their grid is built from its ᾱ).
@@ -83,7 +96,7 @@ GaussianDiffusion sampling_chain(SamplerKind kind, int64_t T, const std::string&
 int64_t sampler_steps(const SampleOptions& options, const GaussianDiffusion& chain);
 
 /// Network evaluations per image the loop will make: 2 per guided step, 1 per unguided step (Heun: 2 per step but
-/// the last).
+/// the last); −1 for an adaptive sampler (dopri5), whose count sample_loop's `nfe` measures.
 int64_t planned_nfe(const SampleOptions& options, const GaussianDiffusion& chain);
 
 /// The guided output (2n, C_out, H, W) from the conditional and unconditional outputs (n, C_out, H, W) each:

@@ -105,21 +105,32 @@ diffusion::SampleOptions sample_options_for(const ExperimentConfig& cfg) {
   so.clip_denoised = sc.clip_denoised;
   so.cfg_interval = {sc.cfg_interval.at(0), sc.cfg_interval.at(1)};
   so.train_steps = cfg.diffusion.steps;
+  so.objective = cfg.diffusion.objective;
+  so.flow = diffusion::FlowProcess(cfg.diffusion.flow);
+  so.atol = sc.atol, so.rtol = sc.rtol;
   so.topk = sc.topk;
   so.topk_schedule = sc.topk_schedule;
   so.guide_topk = sc.guide_topk;
   so.cuda_graph = sc.cuda_graph == CudaGraphMode::automatic;
+  const std::string name = config::to_string(sc.sampler);
+  const bool flow = cfg.diffusion.objective == Objective::flow;
+  if (!diffusion::runs_on(sc.sampler, cfg.diffusion.objective))
+    throw UserError("config: sampling.sampler",
+                    name + " does not run on a " + (flow ? "flow" : "DDPM") +
+                        " model (diffusion.objective: " + config::to_string(cfg.diffusion.objective) + ")",
+                    "use " + diffusion::samplers_for(cfg.diffusion.objective));
   if (!diffusion::is_ode_sampler(sc.sampler)) {
     diffusion::space_timesteps(cfg.diffusion.steps, sc.steps);  // a UserError if the spec cannot respace T
     return so;
   }
   const std::string& s = sc.steps;
-  const std::string name = config::to_string(sc.sampler);
   if (s.empty() || s.size() > 9 || s.find_first_not_of("0123456789") != std::string::npos)
     throw UserError("config: sampling.steps", "\"" + s + "\" is not a step count for " + name,
                     "the ODE solvers take a number of steps, e.g. 25");
   so.ode_steps = std::stoll(s);
-  if (so.ode_steps < 2 || so.ode_steps > cfg.diffusion.steps)
+  if (flow && so.ode_steps < 2)
+    throw UserError("config: sampling.steps", name + " takes >= 2 steps, got " + s, "SiT: 250 (sde), 50 (euler)");
+  if (!flow && (so.ode_steps < 2 || so.ode_steps > cfg.diffusion.steps))
     throw UserError("config: sampling.steps",
                     name + " takes 2 … " + std::to_string(cfg.diffusion.steps) + " steps (diffusion.steps), got " + s,
                     "e.g. 25");

@@ -1,5 +1,6 @@
 #include "experiments/experiment_config.h"
 
+#include <cmath>
 #include <filesystem>
 
 #include "core/error.h"
@@ -61,6 +62,13 @@ void ExperimentConfig::validate(const std::string& origin) const {
         "use a multiple of it");
   if (model.drop_path >= 1) bad("model.drop_path", "must be < 1", "e.g. 0.1");
   if (diffusion.steps < 2) bad("diffusion.steps", "must be >= 2", "DiT uses 1000");
+  const FlowConfig& fc = diffusion.flow;
+  if (fc.t_lognormal.size() != 2 || !(fc.t_lognormal[1] > 0) || !std::isfinite(fc.t_lognormal[0]))
+    bad("diffusion.t_lognormal", "expected [m, s] with s > 0", "LightningDiT: [0, 1]");
+  if (fc.loss == FlowLoss::mse_cosine && fc.prediction != FlowPrediction::velocity)
+    bad("diffusion.loss", "mse+cosine compares velocities: it needs diffusion.prediction: velocity", "");
+  if (!(sampling.atol > 0) || !(sampling.rtol > 0))
+    bad(sampling.atol > 0 ? "sampling.rtol" : "sampling.atol", "must be > 0", "SiT: atol 1e-6, rtol 1e-3");
   if (sampling.steps.empty()) bad("sampling.steps", "must not be empty", "e.g. \"250\" or \"ddim50\"");
   if (!(sampling.eta >= 0)) bad("sampling.eta", "must be >= 0", "0 = deterministic DDIM");
   if (!(sampling.cfg_scale >= 1))

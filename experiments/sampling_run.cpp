@@ -203,7 +203,7 @@ SamplingChain sampling_chain_of(const ExperimentConfig& cfg) {
 
 int64_t sample_missing_parts(SamplingModel& m, const SamplingChain& sc_chain, AutoencoderKL& vae,
                              const at::Tensor& labels, const RunContext& ctx, dist::Group& group,
-                             const std::string& parts) {
+                             const std::string& parts, SamplingSummary& out) {
   const SamplingConfig& sc = m.cfg.sampling;
   m.model->to(ctx.device);
   const GaussianDiffusion& chain = sc_chain.chain;
@@ -217,7 +217,10 @@ int64_t sample_missing_parts(SamplingModel& m, const SamplingChain& sc_chain, Au
   const std::vector<int64_t> mine = rank_share(missing, group);
   Progress progress("sampling", static_cast<int64_t>(mine.size()) * sampler_steps(so.sampling, chain), "step",
                     group.is_main() ? -1 : 2);
-  sample_parts(m.model, chain, vae, labels, mine, so, ctx, parts, [&] { progress.advance(); });
+  const int64_t nfe = sample_parts(m.model, chain, vae, labels, mine, so, ctx, parts, [&] { progress.advance(); });
+  out.nfe = planned_nfe(so.sampling, chain);  // an adaptive sampler's (−1): the mean this rank measured
+  if (out.nfe < 0 && !mine.empty())
+    out.nfe = (nfe + static_cast<int64_t>(mine.size()) / 2) / static_cast<int64_t>(mine.size());
   progress.finish();
   group.barrier();  // every part is on disk
   return batches - static_cast<int64_t>(missing.size());
@@ -242,8 +245,10 @@ void write_sampling_outputs(const SamplingModel& m, const SamplingChain& sc_chai
   out.grid = datasets::write_grid(r.out + "/grid.png", at::stack(tiles), grid.cols, mo.input_size < 64 ? 3 : 1,
                                   grid.row_labels, grid.tile_labels);
   info["chain_steps"] = sampler_steps(sc_chain.options, sc_chain.chain);
-  info["nfe_per_image"] = planned_nfe(sc_chain.options, sc_chain.chain);  // a guided step counts 2
-  out.nfe = info["nfe_per_image"].get<int64_t>();
+  // A guided step counts 2; an adaptive sampler's count is the mean over the batches rank 0 sampled (null when all
+  // were on disk already).
+  info["nfe_per_image"] = out.nfe >= 0 ? nlohmann::json(out.nfe) : nlohmann::json();
+  info["nfe_measured"] = sampler_record(sc_chain.options.sampler).adaptive;
   info["seconds"] = out.seconds;
   info["checkpoint"] = r.checkpoint.empty() ? "untrained" : r.checkpoint;
   if (m.step < 0) info["step"] = nullptr;
@@ -299,12 +304,15 @@ SamplingSummary run_sampling(const SamplingRequest& r) {
   std::optional<DiTHeadLoadStats> routing;
   if (r.head_load) {
     routing.emplace(mo, 10, m.cfg.diffusion.steps);
-    m.model->routing_observer = [&](const std::vector<at::Tensor>& routed, const at::Tensor& t, const at::Tensor& y) {
-      routing->add(routed, t, y);
-    };
+    const bool flow = m.cfg.diffusion.objective == Objective::flow;
+    const double T = static_cast<double>(m.cfg.diffusion.steps - 1);
+    m.model->routing_observer = [&, flow, T](const std::vector<at::Tensor>& routed, const at::Tensor& t,
+                                             const at::Tensor& y) {
+      routing->add(routed, flow ? (1.0 - t.clamp(0.0, 1.0)) * T : t, y);  // a flow time as the DDPM timestep of
+    };                                                                    // its noise level
   }
   const SamplingChain chain = sampling_chain_of(m.cfg);
-  out.resumed_batches = sample_missing_parts(m, chain, vae, labels, ctx, *group, r.out + "/parts");
+  out.resumed_batches = sample_missing_parts(m, chain, vae, labels, ctx, *group, r.out + "/parts", out);
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   out.main = group->is_main();
   if (routing) {

@@ -91,7 +91,8 @@ class DiTTask : public TrainTask {
         ctx_(ctx),
         options_(dit_options_for(cfg)),
         data_(cfg, options_),
-        diffusion_(diffusion::GaussianDiffusion::base(cfg.diffusion.steps)) {}
+        diffusion_(diffusion::GaussianDiffusion::base(cfg.diffusion.steps)),
+        flow_(cfg.diffusion.flow) {}
 
   std::shared_ptr<torch::nn::Module> build_model() override { return diffusion::DiT(options_).ptr(); }
   std::string describe() const override {
@@ -108,8 +109,12 @@ class DiTTask : public TrainTask {
   LossTensors backward(torch::nn::Module& model, at::Tensor x0, at::Tensor y, const StepInfo&,
                        const GradScaler& scaler) override {
     diffusion::DiT net(std::dynamic_pointer_cast<diffusion::DiTImpl>(model.shared_from_this()));
-    return diffusion::diffusion_backward(net, diffusion_, x0.to(ctx_.device), y.to(ctx_.device),
-                                         cfg_.train.moh_loss_coeff, ctx_, scaler, ctx_.rank, ctx_.world);
+    const double beta = cfg_.train.moh_loss_coeff;
+    if (cfg_.diffusion.objective == Objective::flow)
+      return diffusion::flow_backward(net, flow_, x0.to(ctx_.device), y.to(ctx_.device), beta, ctx_, scaler, ctx_.rank,
+                                      ctx_.world);
+    return diffusion::diffusion_backward(net, diffusion_, x0.to(ctx_.device), y.to(ctx_.device), beta, ctx_, scaler,
+                                         ctx_.rank, ctx_.world);
   }
 
  private:
@@ -117,7 +122,8 @@ class DiTTask : public TrainTask {
   RunContext ctx_;
   diffusion::DiTOptions options_;
   DiTTrainData data_;
-  diffusion::GaussianDiffusion diffusion_;
+  diffusion::GaussianDiffusion diffusion_;  // objective: ddpm
+  diffusion::FlowProcess flow_;             // objective: flow
 };
 
 }  // namespace

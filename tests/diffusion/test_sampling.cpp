@@ -154,22 +154,30 @@ TEST(Samplers, EveryKindHasOneCompleteRecordAndPlansTheEvaluationsTheLoopMakes) 
     const SamplerRecord& r = sampler_record(kind);
     EXPECT_EQ(r.kind, kind);
     EXPECT_NE(std::string(r.summary), "");
+    EXPECT_TRUE(r.runs_ddpm || r.flow_chain);  // runs on some model
     if (r.grid == SamplerGrid::respaced) {
-      EXPECT_TRUE(r.update && !r.make_grid && !r.chain);
-    } else {
+      EXPECT_TRUE(r.update && !r.make_grid && !r.chain && !r.flow_chain);
+    } else if (r.runs_ddpm) {
       EXPECT_TRUE(!r.update && r.make_grid && r.chain);
     }
-    SampleOptions o;
-    o.sampler = kind, o.cfg_scale = 3.0, o.cfg_channels = CfgChannels::all, o.cfg_interval = {0.0, 0.5};
-    o.ode_steps = 5;
-    const GaussianDiffusion chain = sampling_chain(kind, 1000, "6");
-    int64_t counted = 0, steps = 0;
-    torch::manual_seed(2);
-    sample_loop(
-        m, chain, torch::randn({2, 1, 8, 8}), labels, o, [&] { ++steps; }, &counted);
-    EXPECT_EQ(counted, planned_nfe(o, chain));
-    EXPECT_EQ(steps, sampler_steps(o, chain));
-    EXPECT_GT(counted, steps);  // the guided steps count twice
+    for (Objective objective : {Objective::ddpm, Objective::flow}) {
+      if (!runs_on(kind, objective)) continue;
+      SCOPED_TRACE(config::to_string(objective));
+      SampleOptions o;
+      o.sampler = kind, o.objective = objective, o.cfg_scale = 3.0, o.cfg_channels = CfgChannels::all;
+      o.cfg_interval = {0.0, 0.5}, o.ode_steps = 5;
+      const GaussianDiffusion chain = sampling_chain(kind, 1000, "6");
+      int64_t counted = 0, steps = 0;
+      torch::manual_seed(2);
+      sample_loop(
+          m, chain, torch::randn({2, 1, 8, 8}), labels, o, [&] { ++steps; }, &counted);
+      EXPECT_EQ(counted, r.adaptive ? counted : planned_nfe(o, chain));
+      EXPECT_EQ(planned_nfe(o, chain) < 0, r.adaptive);  // an adaptive sampler's count is measured
+      EXPECT_EQ(steps, sampler_steps(o, chain));
+      if (!r.adaptive) {
+        EXPECT_GT(counted, steps);  // the guided steps count twice
+      }
+    }
   }
 }
 

@@ -1,0 +1,252 @@
+// Flow matching (diffusion/flow_matching.h) and its samplers (diffusion/flow_solvers.h): the paths and the conversions
+// between predictions against the exact velocity, noise and score of Gaussian data; the samplers' convergence to the
+// exact flow of that data (and the SDE's output distribution); the training loss against a direct computation; the
+// DiT sampling loop on a flow model (NFE, CFG, guidance interval) and the sampler ↔ objective rule; and (under
+// tests/pyref_test.sh flow, MOH_FLOW_REF=DIR) diffusers' flow-matching schedulers, torchdiffeq's dopri5 and the SiT
+// formulas written out in tests/diffusion/ref_flow.py.
+#include <cmath>
+#include <cstdlib>
+
+#include "core/error.h"
+#include "core/safetensors.h"
+#include "diffusion/diffusion_trainer.h"
+#include "diffusion/flow_solvers.h"
+#include "diffusion/sampler.h"
+#include "experiments/dit_experiment.h"
+#include "experiments/experiment_config.h"
+#include "tests/diffusion/tiny_dit.h"
+#include "tests/test_util.h"
+
+namespace moh::diffusion {
+namespace {
+
+FlowProcess process(FlowPath path, FlowPrediction prediction, FlowLoss loss = FlowLoss::mse) {
+  FlowConfig c;
+  c.path = path, c.prediction = prediction, c.loss = loss;
+  return FlowProcess(c);
+}
+
+// Data x1 ~ N(0, c²): x_t ~ N(0, α²c² + σ²); E[u_t | x] = (α̇αc² + σ̇σ)/var·x, E[x0 | x] = σ/var·x, score −x/var.
+struct GaussianTruth {
+  double c;
+  double var(const PathCoefficients& p) const {
+    return p.alpha.item<double>() * p.alpha.item<double>() * c * c + p.sigma.item<double>() * p.sigma.item<double>();
+  }
+  at::Tensor velocity(const FlowProcess& f, const at::Tensor& x, double t) const {
+    const PathCoefficients p = f.coefficients(at::full({1}, t, at::kDouble));
+    const double a = p.alpha.item<double>(), da = p.d_alpha.item<double>();
+    const double s = p.sigma.item<double>(), ds = p.d_sigma.item<double>();
+    return x * ((da * a * c * c + ds * s) / var(p));
+  }
+  at::Tensor noise(const FlowProcess& f, const at::Tensor& x, double t) const {
+    const PathCoefficients p = f.coefficients(at::full({1}, t, at::kDouble));
+    return x * (p.sigma.item<double>() / var(p));
+  }
+  at::Tensor score(const FlowProcess& f, const at::Tensor& x, double t) const {
+    return -x / var(f.coefficients(at::full({1}, t, at::kDouble)));
+  }
+  at::Tensor predict(const FlowProcess& f, const at::Tensor& x, double t) const {
+    switch (f.config().prediction) {
+      case FlowPrediction::velocity:
+        return velocity(f, x, t);
+      case FlowPrediction::noise:
+        return noise(f, x, t);
+      case FlowPrediction::score:
+        break;
+    }
+    return score(f, x, t);
+  }
+};
+
+double rel_err(const at::Tensor& a, const at::Tensor& b) {
+  return (a - b).abs().max().item<double>() / b.abs().max().item<double>();
+}
+
+TEST(FlowProcess, PathsAreSiTs) {
+  const at::Tensor t = at::tensor({0.0, 0.3, 1.0}, at::kDouble);
+  const PathCoefficients l = process(FlowPath::linear, FlowPrediction::velocity).coefficients(t);
+  EXPECT_TRUE(at::allclose(l.alpha, t) && at::allclose(l.sigma, 1 - t));
+  EXPECT_TRUE(at::allclose(l.d_alpha, at::ones_like(t)) && at::allclose(l.d_sigma, -at::ones_like(t)));
+  const PathCoefficients g = process(FlowPath::gvp, FlowPrediction::velocity).coefficients(t);
+  EXPECT_NEAR(g.alpha[1].item<double>(), std::sin(0.3 * M_PI / 2), 1e-12);
+  EXPECT_NEAR(g.sigma[1].item<double>(), std::cos(0.3 * M_PI / 2), 1e-12);
+  EXPECT_NEAR(g.d_alpha[1].item<double>(), M_PI / 2 * std::cos(0.3 * M_PI / 2), 1e-12);
+  EXPECT_NEAR(g.d_sigma[1].item<double>(), -M_PI / 2 * std::sin(0.3 * M_PI / 2), 1e-12);
+  const auto [xt, ut] =
+      process(FlowPath::linear, FlowPrediction::velocity)
+          .interpolate(at::full({1, 1, 1, 1}, 2.0), at::full({1, 1, 1, 1}, -1.0), at::full({1}, 0.25));
+  EXPECT_NEAR(xt.item<double>(), 0.25 * 2 - 0.75, 1e-7);
+  EXPECT_NEAR(ut.item<double>(), 3.0, 1e-7);
+}
+
+// Every prediction turns into the exact velocity and score of Gaussian data, on both paths, inside (0, 1).
+TEST(FlowProcess, ConversionsGiveTheExactVelocityAndScore) {
+  const GaussianTruth truth{0.7};
+  const at::Tensor x = at::randn({3, 2, 2, 2}, at::kDouble);
+  for (FlowPath path : {FlowPath::linear, FlowPath::gvp})
+    for (FlowPrediction pred : {FlowPrediction::velocity, FlowPrediction::noise, FlowPrediction::score})
+      for (double t : {0.05, 0.4, 0.93}) {
+        const FlowProcess f = process(path, pred);
+        const at::Tensor tt = at::full({3}, t, at::kDouble), out = truth.predict(f, x, t);
+        EXPECT_LT(rel_err(f.velocity(out, x, tt), truth.velocity(f, x, t)), 1e-10)
+            << config::to_string(path) << " " << config::to_string(pred) << " t=" << t;
+        EXPECT_LT(rel_err(f.score(out, x, tt), truth.score(f, x, t)), 1e-10)
+            << config::to_string(path) << " " << config::to_string(pred) << " t=" << t;
+      }
+}
+
+TEST(FlowProcess, LossesAndTimes) {
+  const at::Tensor x1 = at::randn({4, 3, 2, 2}), x0 = at::randn({4, 3, 2, 2}), t = at::rand({4});
+  const at::Tensor out = at::randn({4, 3, 2, 2});
+  const FlowProcess v = process(FlowPath::linear, FlowPrediction::velocity, FlowLoss::mse_cosine);
+  const FlowProcess::Losses l = v.training_losses(out, x1, x0, t);
+  const at::Tensor u = x1 - x0;  // linear path velocity
+  EXPECT_TRUE(at::allclose(l.mse, (out - u).pow(2).mean({1, 2, 3})));
+  const at::Tensor cos = (out * u).sum(1) / (out.norm(2, 1) * u.norm(2, 1));  // over channels, per pixel
+  EXPECT_TRUE(at::allclose(l.cosine, (1 - cos).mean({1, 2}), 1e-5, 1e-6));
+  EXPECT_TRUE(at::allclose(l.loss, l.mse + l.cosine));
+  const FlowProcess s = process(FlowPath::gvp, FlowPrediction::score);
+  const at::Tensor sig = at::cos(t * M_PI / 2).reshape({4, 1, 1, 1});
+  EXPECT_TRUE(at::allclose(s.training_losses(out, x1, x0, t).mse, (out * sig + x0).pow(2).mean({1, 2, 3}), 1e-5));
+  EXPECT_EQ(s.train_interval(), (std::pair<double, double>{kFlowEps, 1 - kFlowEps}));
+  EXPECT_EQ(v.train_interval(), (std::pair<double, double>{0.0, 1.0}));
+  FlowConfig c;
+  c.t_sampling = TimeSampling::lognormal, c.t_lognormal = {0.5, 2.0};
+  const at::Tensor n = at::tensor({-1.0, 0.0, 3.0}, at::kDouble);
+  EXPECT_TRUE(at::allclose(FlowProcess(c).training_times(n), at::sigmoid(0.5 + 2.0 * n)));
+}
+
+// Gaussian data N(0, c²) on the linear path: the ODE maps x0 to c·x0. Euler's error falls like 1/N, Heun's like
+// 1/N², dopri5 meets its tolerance with few evaluations.
+TEST(FlowSolvers, ConvergeToTheExactFlowOfGaussianData) {
+  const GaussianTruth truth{0.5};
+  const FlowProcess f = process(FlowPath::linear, FlowPrediction::velocity);
+  const at::Tensor noise = at::randn({2, 1, 4, 4}, at::kDouble), exact = noise * truth.c;
+  int64_t nfe = 0;
+  auto args = [&](int64_t steps) {
+    FlowChainArgs a;
+    a.process = &f, a.noise = noise, a.steps = steps;
+    a.predict = [&](const at::Tensor& x, double t) { return ++nfe, truth.predict(f, x, t); };
+    return a;
+  };
+  const double e10 = rel_err(flow_euler_chain(args(10)), exact), e40 = rel_err(flow_euler_chain(args(40)), exact);
+  const double h10 = rel_err(flow_heun_chain(args(10)), exact), h40 = rel_err(flow_heun_chain(args(40)), exact);
+  EXPECT_GT(e10 / e40, 3.0) << e10 << " " << e40;   // first order: ≈ 4
+  EXPECT_GT(h10 / h40, 10.0) << h10 << " " << h40;  // second order: ≈ 16
+  EXPECT_LT(h40, e40);
+  EXPECT_LT(h40, 2e-3);
+  nfe = 0;
+  FlowChainArgs a = args(0);
+  a.rtol = 1e-6, a.atol = 1e-8;
+  int64_t calls = 0;
+  a.on_step = [&](int64_t, const at::Tensor&) { ++calls; };
+  EXPECT_LT(rel_err(dopri5_chain(a), exact), 1e-5);
+  EXPECT_EQ(calls, 100);               // one progress call per percent of [t0, t1]
+  EXPECT_EQ((nfe - 2) % 6, 0) << nfe;  // f0, the initial-step probe, 6 stages per step
+  EXPECT_LT(nfe, 200);
+}
+
+// The SDE's samples of N(0, c²) data have the data's spread (the last step adds no noise; 20 000 draws: ±1 %).
+TEST(FlowSolvers, SdeSamplesTheDataDistribution) {
+  torch::manual_seed(3);
+  for (FlowPath path : {FlowPath::linear, FlowPath::gvp}) {
+    const GaussianTruth truth{0.5};
+    const FlowProcess f = process(path, FlowPrediction::velocity);
+    FlowChainArgs a;
+    a.process = &f, a.noise = at::randn({20000, 1, 1, 1}, at::kDouble), a.steps = 250;
+    a.predict = [&](const at::Tensor& x, double t) { return truth.predict(f, x, t); };
+    a.draw = [](const at::Tensor& x) { return at::randn_like(x); };
+    const double sd = sde_chain(a).std().item<double>();
+    EXPECT_NEAR(sd, truth.c, 0.03 * truth.c) << config::to_string(path);
+  }
+}
+
+// The DiT loop on a flow model: every flow sampler counts the evaluations it planned (2 per guided one, none
+// guided outside the interval), steps the progress as planned, and CFG, the interval and the sampler change the
+// samples.
+TEST(FlowSampling, DiTLoopCountsAndGuides) {
+  DiT m = tiny_dit(3, true);
+  const at::Tensor noise = torch::randn({2, 3, 8, 8}), labels = torch::tensor({1, 2});
+  const GaussianDiffusion chain = GaussianDiffusion::base(1000);
+  struct Case {
+    SamplerKind kind;
+    double scale;
+    std::array<double, 2> interval;
+    int64_t expect;  // −1: adaptive
+  };
+  // euler / heun grid of 6 steps: t = 0, 1/6, …, 5/6 (noise level 1 − t); [0, 0.5] guides t ≥ 0.5: 3 of 6.
+  std::vector<at::Tensor> outs;
+  for (const Case& c : {Case{SamplerKind::euler, 1.0, {0, 1}, 6}, Case{SamplerKind::euler, 3.0, {0, 1}, 12},
+                        Case{SamplerKind::euler, 3.0, {0, 0.5}, 9}, Case{SamplerKind::heun, 3.0, {0, 1}, 22},
+                        Case{SamplerKind::sde, 3.0, {0, 1}, 12}, Case{SamplerKind::dopri5, 3.0, {0, 1}, -1}}) {
+    SampleOptions o;
+    o.sampler = c.kind, o.objective = Objective::flow, o.cfg_scale = c.scale, o.cfg_interval = c.interval;
+    o.ode_steps = 6, o.rtol = 1e-2, o.atol = 1e-3;
+    int64_t counted = 0, steps = 0;
+    torch::manual_seed(1);
+    outs.push_back(sample_loop(
+        m, chain, noise, labels, o, [&] { ++steps; }, &counted));
+    EXPECT_EQ(steps, sampler_steps(o, chain)) << config::to_string(c.kind);
+    EXPECT_EQ(planned_nfe(o, chain), c.expect) << config::to_string(c.kind);
+    if (c.expect > 0) {
+      EXPECT_EQ(counted, c.expect) << config::to_string(c.kind);
+    } else {
+      EXPECT_GE(counted, 2 * (2 + 6)) << counted;  // f0, the probe and one step of 6 stages, guided (a stage past
+                                                   // t = 1 lies outside the interval and counts 1)
+    }
+    EXPECT_TRUE(outs.back().isfinite().all().item<bool>());
+  }
+  EXPECT_GT((outs[0] - outs[1]).abs().max().item<double>(), 1e-3);  // CFG
+  EXPECT_GT((outs[1] - outs[2]).abs().max().item<double>(), 1e-3);  // the interval
+  EXPECT_GT((outs[1] - outs[3]).abs().max().item<double>(), 1e-3);  // Euler vs Heun
+}
+
+// The sampler ↔ objective rule: flow-only samplers refuse DDPM models and DDPM-only ones refuse flow models, as a
+// one-line config error naming the samplers that would run.
+TEST(FlowSampling, SamplersRefuseTheOtherObjective) {
+  EXPECT_TRUE(runs_on(SamplerKind::euler, Objective::flow) && runs_on(SamplerKind::euler, Objective::ddpm));
+  EXPECT_FALSE(runs_on(SamplerKind::sde, Objective::ddpm) || runs_on(SamplerKind::dopri5, Objective::ddpm));
+  EXPECT_FALSE(runs_on(SamplerKind::ddpm, Objective::flow) || runs_on(SamplerKind::dpmpp_2m, Objective::flow));
+  EXPECT_EQ(samplers_for(Objective::flow), "euler, heun, dopri5 or sde");
+  const std::string base = MOH_SOURCE_DIR "/configs/fashion_mnist/moh_dit_pixel.yaml";
+  auto message = [&](const std::vector<std::string>& sets) {
+    try {
+      experiments::sample_options_for(experiments::load_experiment(base, sets));
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(message({"sampling.sampler=sde", "sampling.steps=50"}).find("does not run on a DDPM model"),
+            std::string::npos);
+  const std::string m = message({"diffusion.objective=flow", "sampling.sampler=ddpm"});
+  EXPECT_NE(m.find("does not run on a flow model"), std::string::npos) << m;
+  EXPECT_NE(m.find("euler, heun, dopri5 or sde"), std::string::npos) << m;
+  EXPECT_EQ(message({"diffusion.objective=flow", "sampling.sampler=sde", "sampling.steps=250"}), "");
+}
+
+// One flow training step on a tiny DiT: finite loss terms, gradients on the prediction channels' weights, none on a
+// learned-σ model's variance channels (SiT discards them).
+TEST(FlowTraining, BackwardTrainsThePredictionChannels) {
+  DiT m = tiny_dit(3, true);
+  m->train();
+  FlowConfig c;
+  c.loss = FlowLoss::mse_cosine, c.t_sampling = TimeSampling::lognormal;
+  const FlowProcess f(c);
+  RunContext ctx;
+  const GradScaler scaler(Precision::fp32);
+  const LossTensors r = flow_backward(m, f, torch::randn({4, 3, 8, 8}), torch::tensor({0, 1, 2, 3}), 0.01, ctx, scaler);
+  ASSERT_EQ(r.size(), 4u);
+  EXPECT_EQ(r[2].first, "cosine");
+  for (const auto& [name, v] : r) EXPECT_TRUE(std::isfinite(v.item<double>())) << name;
+  EXPECT_GT(r[2].second.item<double>(), 0.0);
+  const at::Tensor g = m->final_layer->linear->weight.grad();  // rows: (p, p, C_out) with C_out = 2C
+  ASSERT_TRUE(g.defined());
+  const int64_t p = m->options.patch_size, cout = 6;
+  const at::Tensor rows = g.reshape({p * p, cout, -1});
+  EXPECT_GT(rows.narrow(1, 0, 3).abs().sum().item<double>(), 0.0);
+  EXPECT_EQ(rows.narrow(1, 3, 3).abs().sum().item<double>(), 0.0);
+}
+
+}  // namespace
+}  // namespace moh::diffusion
