@@ -38,8 +38,8 @@ std::vector<int64_t> rank_share(const std::vector<int64_t>& batches, const dist:
 /// `on_step` is called after every chain step. Returns the network evaluations per image summed over the batches
 /// (an adaptive sampler's count differs from batch to batch).
 int64_t sample_parts(DiT& model, const GaussianDiffusion& chain, AutoencoderKL& vae, const at::Tensor& labels,
-                  const std::vector<int64_t>& batches, const SampleSetOptions& o, const RunContext& ctx,
-                  const std::string& parts_dir, const std::function<void()>& on_step = {});
+                     const std::vector<int64_t>& batches, const SampleSetOptions& o, const RunContext& ctx,
+                     const std::string& parts_dir, const std::function<void()>& on_step = {});
 
 /// Streams the parts of `labels` (N) into `out_npz` in ADM's layout (arr_0 (N, H, W, 3) uint8, grey replicated to
 /// RGB; arr_1 labels int64), one batch in memory at a time; `on_batch(first_row, images)` sees each batch on its way
