@@ -17,6 +17,12 @@
 #                (tests/diffusion/ref_solvers.py) vs our ODE samplers, step by step on a closed-form model and at the
 #                end of CFG / guidance-interval chains of a random DiT-Pixel/4, max rel ≤ 1e-5 (the GoogleTest
 #                SolverReference.*; for this case the second argument is the moh_tests_models binary)
+#   flow         flow matching (tests/diffusion/ref_flow.py): the SiT formulas written out from the paper (losses,
+#                velocity and score from every prediction, both paths; fp64, ≤ 1e-10), the Euler and Heun chains
+#                cross-checked there against diffusers' FlowMatchEuler/HeunDiscreteScheduler, torchdiffeq's dopri5
+#                (same number of evaluations), SiT's SDE on given draws, and euler/heun/dopri5 on a random
+#                DiT-Pixel/4 with CFG and a guidance interval (fp64) vs our chains, ≤ 1e-5 (the GoogleTest
+#                FlowReference.*; the second argument is the moh_tests_models binary)
 # usage: pyref_test.sh CASE path/to/moh repo_root path/to/python
 set -u
 CASE=$1 MOH=$2 ROOT=$3 PY=$4
@@ -123,17 +129,19 @@ fid)
   run "$MOH" fid "${common[@]}" --metrics is --is-mode fidelity --out "$tmp/fidelity"
   run "$PY" tests/eval/ref_fid.py "$tmp/features.npz" "$tmp/adm/report.json" "$tmp/fidelity/report.json"
   ;;
-solvers)
-  run "$PY" tests/diffusion/ref_solvers.py "$tmp/solvers"
-  echo "+ MOH_SOLVER_REF=... moh_tests_models --gtest_filter='SolverReference.*'"
-  MOH_SOLVER_REF="$tmp/solvers" "$MOH" --gtest_filter='SolverReference.*' >"$tmp/gtest.log" 2>&1
+solvers | flow)
+  script=ref_solvers.py filter='SolverReference.*' want=1 var=MOH_SOLVER_REF
+  if [ "$CASE" = flow ]; then script=ref_flow.py filter='FlowReference.*' want=3 var=MOH_FLOW_REF; fi
+  run "$PY" tests/diffusion/$script "$tmp/ref"
+  echo "+ $var=... moh_tests_models --gtest_filter='$filter'"
+  env "$var=$tmp/ref" "$MOH" --gtest_filter="$filter" >"$tmp/gtest.log" 2>&1
   rc=$?
   grep "^max rel" "$tmp/gtest.log"
   tail -2 "$tmp/gtest.log"
-  # Skipped would also exit 0: the test must have run and passed.
-  if [ $rc != 0 ] || ! grep -q '^\[  PASSED  \] 1 test' "$tmp/gtest.log"; then
+  # Skipped would also exit 0: every test must have run and passed.
+  if [ $rc != 0 ] || ! grep -q "^\[  PASSED  \] $want test" "$tmp/gtest.log" || grep -q SKIPPED "$tmp/gtest.log"; then
     grep -B2 -A3 "Failure\|SKIPPED" "$tmp/gtest.log" | head -40
-    echo "FAIL: SolverReference (exit $rc)"; fails=$((fails + 1))
+    echo "FAIL: $filter (exit $rc)"; fails=$((fails + 1))
   fi
   ;;
 *)

@@ -6,7 +6,9 @@
 // formulas written out in tests/diffusion/ref_flow.py.
 #include <cmath>
 #include <cstdlib>
+#include <iostream>
 
+#include "core/checkpoint.h"
 #include "core/error.h"
 #include "core/safetensors.h"
 #include "diffusion/diffusion_trainer.h"
@@ -246,6 +248,133 @@ TEST(FlowTraining, BackwardTrainsThePredictionChannels) {
   const at::Tensor rows = g.reshape({p * p, cout, -1});
   EXPECT_GT(rows.narrow(1, 0, 3).abs().sum().item<double>(), 0.0);
   EXPECT_EQ(rows.narrow(1, 3, 3).abs().sum().item<double>(), 0.0);
+}
+
+// The written-out SiT formulas, diffusers' flow-matching chains and torchdiffeq's dopri5 (tests/diffusion/ref_flow.py),
+// when tests/pyref_test.sh flow points MOH_FLOW_REF at them: every formula ≤ 1e-10 in fp64, every chain step ≤ 1e-5,
+// dopri5 with the same number of evaluations.
+class FlowReference : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* dir = std::getenv("MOH_FLOW_REF");
+    if (!dir) GTEST_SKIP() << "MOH_FLOW_REF unset (tests/pyref_test.sh flow sets it)";
+    dir_ = dir;
+    ref_ = load_safetensors(dir_ + "/flow.safetensors").tensors;
+  }
+  void expect_close(const at::Tensor& got, const std::string& key, double tol, double& worst) {
+    const double r = rel_err(got, ref_.at(key));
+    worst = std::max(worst, r);
+    EXPECT_LE(r, tol) << key;
+  }
+  FlowChainArgs standin_args(const FlowProcess& f, int64_t steps) {
+    FlowChainArgs a;
+    a.process = &f, a.noise = ref_.at("noise"), a.steps = steps;
+    a.predict = [](const at::Tensor& x, double t) {  // ref_flow.py standin, a velocity field
+      return -x * (0.6 + 0.3 * std::cos(2 * t)) + 0.2 * at::tanh(x) * std::sin(3 * t) + 0.1 * t;
+    };
+    return a;
+  }
+  std::string dir_;
+  TensorMap ref_;
+};
+
+TEST_F(FlowReference, FormulasAreSiTs) {
+  const at::Tensor x1 = ref_.at("f_x1"), x0 = ref_.at("f_x0"), out = ref_.at("f_out"), t = ref_.at("f_t");
+  double worst = 0;
+  for (FlowPath path : {FlowPath::linear, FlowPath::gvp})
+    for (FlowPrediction pred : {FlowPrediction::velocity, FlowPrediction::noise, FlowPrediction::score}) {
+      const std::string tag = "f_" + config::to_string(path) + "_" + config::to_string(pred);
+      const FlowProcess f =
+          process(path, pred, pred == FlowPrediction::velocity ? FlowLoss::mse_cosine : FlowLoss::mse);
+      const FlowProcess::Losses l = f.training_losses(out, x1, x0, t);
+      expect_close(l.mse, tag + "_mse", 1e-10, worst);
+      if (pred == FlowPrediction::velocity) expect_close(l.cosine, tag + "_cos", 1e-10, worst);
+      expect_close(f.velocity(out, x1, t), tag + "_velocity", 1e-10, worst);
+      expect_close(f.score(out, x1, t), tag + "_score", 1e-10, worst);
+    }
+  std::cout << "max rel vs the written-out SiT formulas (fp64): " << worst << "\n";
+}
+
+TEST_F(FlowReference, ChainsMatchDiffusersTorchdiffeqAndTheSDE) {
+  double worst = 0;
+  const FlowProcess f = process(FlowPath::linear, FlowPrediction::velocity);
+  for (int64_t n : {10, 20})
+    for (SamplerKind k : {SamplerKind::euler, SamplerKind::heun}) {
+      const std::string key = config::to_string(k) + "_standin_" + std::to_string(n);
+      FlowChainArgs a = standin_args(f, n);
+      a.on_step = [&](int64_t i, const at::Tensor& x) { expect_close(x, key, 1e-5, worst), (void)i; };
+      const at::Tensor want = ref_.at(key);  // (n + 1, ...): the noise, then one state per step
+      a.on_step = [&](int64_t i, const at::Tensor& x) {
+        const double r = rel_err(x, want[i + 1]);
+        worst = std::max(worst, r);
+        EXPECT_LE(r, 1e-5) << key << " step " << i;
+      };
+      k == SamplerKind::euler ? flow_euler_chain(a) : flow_heun_chain(a);
+    }
+  for (const auto& [tag, atol, rtol] :
+       std::vector<std::tuple<std::string, double, double>>{{"sit", 1e-6, 1e-3}, {"tight", 1e-8, 1e-7}}) {
+    int64_t nfe = 0;
+    FlowChainArgs a = standin_args(f, 0);
+    a.atol = atol, a.rtol = rtol;
+    const auto v = a.predict;
+    a.predict = [&](const at::Tensor& x, double t) { return ++nfe, v(x, t); };
+    expect_close(dopri5_chain(a), "dopri5_standin_" + tag, 1e-5, worst);
+    EXPECT_EQ(nfe, ref_.at("dopri5_standin_" + tag + "_nfe").item<int64_t>()) << tag;
+  }
+  const at::Tensor draws = ref_.at("sde_draws");
+  for (const auto& [path, pred] :
+       std::vector<std::pair<FlowPath, FlowPrediction>>{{FlowPath::linear, FlowPrediction::velocity},
+                                                        {FlowPath::gvp, FlowPrediction::score},
+                                                        {FlowPath::linear, FlowPrediction::noise}}) {
+    const std::string key = "sde_" + config::to_string(path) + "_" + config::to_string(pred);
+    const FlowProcess p = process(path, pred), linear_v = process(FlowPath::linear, FlowPrediction::velocity);
+    FlowChainArgs a = standin_args(p, 12);
+    a.noise = ref_.at("sde_noise");  // fp64
+    const auto v = a.predict;
+    // The prediction of kind `pred` whose velocity is the stand-in's: through the score, as ref_flow.py does.
+    a.predict = [&, v](const at::Tensor& x, double t) {
+      if (pred == FlowPrediction::velocity) return v(x, t);
+      const at::Tensor tt = at::full({x.size(0)}, t, x.options());
+      const PathCoefficients c = p.coefficients(tt.reshape({-1, 1, 1, 1}));
+      const at::Tensor r = c.d_alpha / c.alpha;
+      const at::Tensor score = (v(x, t) - r * x) / (r * c.sigma * c.sigma - c.sigma * c.d_sigma);
+      return pred == FlowPrediction::score ? score : -c.sigma * score;
+    };
+    int64_t drawn = 0;
+    a.draw = [&](const at::Tensor&) { return draws[drawn++]; };
+    const at::Tensor want = ref_.at(key);
+    a.on_step = [&](int64_t i, const at::Tensor& x) {
+      const double r = rel_err(x, want[i + 1]);
+      worst = std::max(worst, r);
+      EXPECT_LE(r, 1e-5) << key << " step " << i;
+    };
+    sde_chain(a);
+    EXPECT_EQ(drawn, 11);
+  }
+  std::cout << "max rel vs diffusers / torchdiffeq / the SDE reference, every step: " << worst << "\n";
+}
+
+TEST_F(FlowReference, DiTChainsWithGuidance) {
+  DiT m(dit_options("DiT-Pixel/4"));
+  load_initial_weights(*m, dir_ + "/dit.safetensors", "", false);
+  m->to(at::kDouble);  // as ref_flow.py: in fp64 dopri5's error estimates stay far above rounding
+  m->eval();
+  double worst = 0;
+  for (SamplerKind k : {SamplerKind::euler, SamplerKind::heun, SamplerKind::dopri5})
+    for (const auto& [tag, scale, hi] : std::vector<std::tuple<std::string, double, double>>{
+             {"cfg1", 1.0, 1.0}, {"cfg4", 4.0, 1.0}, {"cfg4_interval", 4.0, 0.5}}) {
+      SampleOptions so;
+      so.sampler = k, so.objective = Objective::flow, so.cfg_scale = scale, so.cfg_channels = CfgChannels::all;
+      so.cfg_interval = {0.0, hi}, so.ode_steps = 8;  // dopri5: SiT's atol 1e-6, rtol 1e-3
+      int64_t calls = 0;
+      const at::Tensor x = sample_loop(m, GaussianDiffusion::base(1000), ref_.at("dit_noise"), ref_.at("dit_labels"),
+                                       so, {}, k == SamplerKind::dopri5 ? &calls : nullptr);
+      if (k == SamplerKind::dopri5) {  // the same steps: the same evaluations, 2 per guided one
+        EXPECT_EQ(calls, ref_.at("dopri5_dit_" + tag + "_nfe").item<int64_t>()) << tag;
+      }
+      expect_close(x, config::to_string(k) + "_dit_" + tag, 1e-5, worst);
+    }
+  std::cout << "max rel vs the DiT chains (final sample): " << worst << "\n";
 }
 
 }  // namespace
