@@ -26,6 +26,8 @@ if [ ! -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
 fi
 setup "$MOH" train $NANO "${TINY[@]}" --run-dir "$F/run"
 setup "$MOH" train $DIT --set data.limit_train=32 --set data.batch_size=16 --set train.max_steps=2 --run-dir "$F/dit"
+setup "$MOH" train $DIT --set data.limit_train=32 --set data.batch_size=16 --set train.max_steps=2 \
+  --set diffusion.objective=flow --set sampling.sampler=euler --set sampling.steps=4 --run-dir "$F/flow"
 setup "$MOH" train configs/fashion_mnist/dit_pixel.yaml --set data.limit_train=32 --set data.batch_size=16 \
   --set train.max_steps=1 --run-dir "$F/ddense"
 setup "$MOH" ref-stats --images fashion_mnist:train:64 --out "$F/ref.npz" --features "classifier:$F/run"
@@ -149,6 +151,17 @@ bad "sampling.cfg_scale: must be finite" -- sample --checkpoint "$F/dit" --cfg-s
 bad "sampling.seed: expected an integer" -- sample --checkpoint "$F/dit" --seed abc --out "$O/s"
 bad "--num-samples: must be > 0" -- sample --checkpoint "$F/dit" --num-samples 0 --out "$O/s"
 bad "'99' is not a class index below 10" -- sample --checkpoint "$F/dit" --labels 1,99 --out "$O/s"
+# a sampler of the other objective (flow matching vs DDPM), and the flow keys' rules
+bad "sde does not run on a DDPM model" -- sample --checkpoint "$F/dit" --sampler sde --steps 50 --out "$O/s"
+bad "dopri5 does not run on a DDPM model" -- sample --checkpoint "$F/dit" --sampler dopri5 --out "$O/s"
+bad "ddpm does not run on a flow model (diffusion.objective: flow) (use euler, heun, dopri5 or sde)" -- \
+  sample --checkpoint "$F/flow" --sampler ddpm --out "$O/s"
+bad "ddim does not run on a flow model" -- train $DIT --set diffusion.objective=flow --run-dir "$O/r"
+bad "diffusion.t_lognormal: expected [m, s] with s > 0" -- train $DIT --set diffusion.objective=flow \
+  --set sampling.sampler=sde --set diffusion.t_sampling=lognormal --set "diffusion.t_lognormal=[0, 0]" --run-dir "$O/r"
+bad "mse+cosine compares velocities" -- train $DIT --set diffusion.objective=flow --set sampling.sampler=sde \
+  --set diffusion.loss=mse+cosine --set diffusion.prediction=noise --run-dir "$O/r"
+bad "sampling.atol: must be > 0" -- sample --checkpoint "$F/flow" --sampler dopri5 --set sampling.atol=0 --out "$O/s"
 
 # 2. Validation before the run dir is touched; output paths checked before any work.
 bad "already holds a run" -- train $NANO "${TINY[@]}" --run-dir "$F/run"
@@ -193,7 +206,7 @@ bad "sampling.topk: 5 is outside 0 … 4" -- sample --checkpoint "$F/dit" --topk
 bad "sampling.topk: -2 is outside 0 … 4" -- sample --checkpoint "$F/dit" --topk -2 --out "$O/s"
 bad "--head-load: sampling.topk 0 runs the shared heads alone" -- sample --checkpoint "$F/dit" --topk 0 --head-load --out "$O/s"
 bad "no routed MoH layer whose K could change" -- sample --checkpoint "$F/ddense" --topk 1 --out "$O/s"
-bad 'sampling.sampler: expected one of ddpm|ddim|dpm++2m|euler|heun, got "dpm"' -- sample --checkpoint "$F/dit" --sampler dpm --out "$O/s"
+bad 'sampling.sampler: expected one of ddpm|ddim|dpm++2m|euler|heun|dopri5|sde, got "dpm"' -- sample --checkpoint "$F/dit" --sampler dpm --out "$O/s"
 bad "sampling.steps: heun takes 2 … 1000 steps" -- sample --checkpoint "$F/dit" --sampler heun --steps 1 --out "$O/s"
 bad "\"ddim50\" is not a step count for dpm++2m" -- sample --checkpoint "$F/dit" --sampler dpm++2m --steps ddim50 --out "$O/s"
 bad "sampling.cfg_interval: expected [lo, hi] with 0 <= lo <= hi <= 1" -- sample --checkpoint "$F/dit" --cfg-interval 0.8,0.2 --out "$O/s"

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Issue 55's evidence on the embedded data (Fashion-MNIST): DiT-Pixel/4 and MoH-DiT-Pixel/4-75 trained by each recipe
+# for the same steps, with FID measured after every epoch (FID-versus-steps curves):
+#   ddpm   DiT's recipe (configs/fashion_mnist/{dit,moh_dit}_pixel.yaml: ε prediction, hybrid loss, learned σ),
+#          sampled by DPM-Solver++(2M) 12 steps, CFG 4 in the cleaner half of the noise range (17 evaluations);
+#   flow   SiT's recipe (diffusion.objective: flow, linear path, velocity), sampled by Heun 9 steps with the same
+#          guidance (17 evaluations).
+# The FID feature network is the shipped MoH-ViT-Nano recipe's classifier (configs/fashion_mnist/moh_vit_nano.yaml,
+# trained once into RUNS/features), the reference the Fashion-MNIST test set. Every measurement is one JSON line in
+# OUT/rows.jsonl with its provenance (machine, LibTorch, seed, recipe, step, feature network and reference statistics
+# SHA-256, sample count, sampler); finished runs and measurements are skipped when the script is started again.
+#
+# usage: scripts/reproduce_recipes.sh [OUT]    (OUT defaults to docs/results/recipes)
+# env:   MODELS ("dit moh") RECIPES ("ddpm flow") SEEDS ("1 2") EPOCHS (4) SAMPLES (2000) PRECISION (auto)
+#        MOH (build/moh) RUNS (runs/recipes) LIMIT (0: every training image; fewer for a smoke run)
+#        JOB (the protocol file's name: jobs may run side by side into one OUT)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MOH=${MOH:-build/moh}
+OUT=${1:-docs/results/recipes}
+RUNS=${RUNS:-runs/recipes}
+MODELS=${MODELS:-"dit moh"} RECIPES=${RECIPES:-"ddpm flow"} SEEDS=${SEEDS:-"1 2"} EPOCHS=${EPOCHS:-4}
+SAMPLES=${SAMPLES:-2000} PRECISION=${PRECISION:-auto} LIMIT=${LIMIT:-0}
+[ -x "$MOH" ] || { echo "error: $MOH not found (run scripts/setup.sh first)" >&2; exit 2; }
+for r in $RECIPES; do
+  case $r in ddpm | flow) ;; *) echo "error: RECIPES: unknown recipe $r (ddpm, flow)" >&2; exit 2 ;; esac
+done
+for m in $MODELS; do
+  case $m in dit | moh) ;; *) echo "error: MODELS: unknown model $m (dit, moh)" >&2; exit 2 ;; esac
+done
+mkdir -p "$OUT" "$RUNS"
+JOB=${JOB:-models_${MODELS// /-}_recipes_${RECIPES// /-}_seeds_${SEEDS// /-}}
+LIBTORCH=$("$MOH" --version | sed -n 2p)
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+  MACHINE=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1)
+else MACHINE=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); fi
+echo "protocol: $MACHINE, $LIBTORCH; models $MODELS; recipes $RECIPES; seeds $SEEDS; $EPOCHS epochs, FID after each" \
+  "on $SAMPLES samples (classes balanced) against the Fashion-MNIST test set with the shipped MoH-ViT-Nano recipe's" \
+  "classifier as the feature network; training images ${LIMIT/#0/all}; precision $PRECISION" | tee "$OUT/protocol_$JOB.txt"
+ROWS=$OUT/rows.jsonl
+touch "$ROWS"
+have() { grep -qF "\"id\": \"$1\"" "$ROWS"; }
+
+FEATURES=$RUNS/features
+if [ ! -f "$FEATURES.done" ]; then
+  rm -rf "$FEATURES"
+  "$MOH" train configs/fashion_mnist/moh_vit_nano.yaml --run-dir "$FEATURES" >"$FEATURES.log"
+  touch "$FEATURES.done"
+fi
+STATS=$RUNS/fm_test_stats.npz
+[ -f "$STATS" ] || "$MOH" ref-stats --images fashion_mnist:test --features "classifier:$FEATURES" --out "$STATS" >/dev/null
+
+config() { [ "$1" = dit ] && echo configs/fashion_mnist/dit_pixel.yaml || echo configs/fashion_mnist/moh_dit_pixel.yaml; }
+recipe_sets() {  # the training overrides of a recipe
+  case $1 in
+  ddpm) ;;
+  flow) echo "--set diffusion.objective=flow --set sampling.sampler=heun --set sampling.steps=9" ;;
+  esac
+}
+sampler_args() {  # the FID samples' sampler: 17 network evaluations per image either way
+  case $1 in
+  ddpm) echo "--sampler dpm++2m --steps 12 --cfg-scale 4 --cfg-interval 0,0.5" ;;
+  flow) echo "--sampler heun --steps 9 --cfg-scale 4 --cfg-interval 0,0.5" ;;
+  esac
+}
+
+# measure NAME RUN STEP MODEL RECIPE SEED: FID of one checkpoint, one row
+measure() {
+  local id=$1 ckpt=$2/checkpoints/$3 dir=$2/eval_$3
+  have "$id" && return
+  rm -rf "$dir"
+  # shellcheck disable=SC2046  # the sampler flags are words
+  "$MOH" sample --checkpoint "$ckpt" --num-samples "$SAMPLES" --seed "$6" $(sampler_args "$5") \
+    --out "$dir/samples" >/dev/null
+  "$MOH" fid --samples "$dir/samples/samples.npz" --ref "$STATS" --features "classifier:$FEATURES" \
+    --out "$dir/fid" >/dev/null
+  python3 - "$id" "$4" "$5" "$6" "$3" "$dir" "$MACHINE" "$LIBTORCH" "$STATS" "$SAMPLES" "$(sampler_args "$5")" \
+    "$PRECISION" >>"$ROWS" <<'PY'
+import hashlib, json, sys
+name, model, recipe, seed, step, d, machine, libtorch, ref, samples, sampler, precision = sys.argv[1:]
+rep = json.load(open(d + "/fid/report.json"))
+nfe = json.load(open(d + "/samples/sampling.json"))["nfe_per_image"]
+print(json.dumps({"id": name, "model": model, "recipe": recipe, "seed": int(seed), "step": int(step),
+                  "fid": rep["metrics"]["fid"], "sample_acc": rep.get("sample_accuracy", {}).get("top1"),
+                  "machine": machine, "libtorch": libtorch, "precision": precision,
+                  "feature_sha256": rep.get("feature_net", {}).get("weights_sha256"),
+                  "reference_sha256": hashlib.sha256(open(ref, "rb").read()).hexdigest(),
+                  "samples": int(samples), "sampler": sampler, "nfe": nfe}))
+PY
+}
+
+for s in $SEEDS; do
+  for m in $MODELS; do
+    for r in $RECIPES; do
+      name=${m}_${r}_s$s run=$RUNS/${m}_${r}_s$s
+      if [ ! -f "$run.done" ]; then
+        rm -rf "$run"
+        # shellcheck disable=SC2046  # the recipe's overrides are words
+        "$MOH" train "$(config "$m")" --run-dir "$run" --set train.seed="$s" --set train.epochs="$EPOCHS" \
+          --set train.precision="$PRECISION" --set data.limit_train="$LIMIT" $(recipe_sets "$r") >"$run.log"
+        touch "$run.done"
+      fi
+      for ckpt in "$run"/checkpoints/[0-9]*; do
+        measure "${name}_$(basename "$ckpt")" "$run" "$(basename "$ckpt")" "$m" "$r" "$s"
+      done
+    done
+  done
+done
+cat "$ROWS"
