@@ -30,7 +30,8 @@ int cmd_sample(int argc, char** argv) {
   flag("cfg-channels", "= sampling.cfg_channels (three|all)", cxxopts::value<std::string>());
   flag("cfg-interval", "= sampling.cfg_interval as LO,HI (noise level; CFG only inside)",
        cxxopts::value<std::string>());
-  flag("sampler", "= sampling.sampler (ddpm|ddim|dpm++2m|euler|heun; flow models: euler|heun|dopri5|sde)", cxxopts::value<std::string>());
+  flag("sampler", "= sampling.sampler (ddpm|ddim|dpm++2m|euler|heun; flow models: euler|heun|dopri5|sde)",
+       cxxopts::value<std::string>());
   flag("steps,num-sampling-steps", "= sampling.steps (250, ddim50, ...; DiT's --num-sampling-steps)",
        cxxopts::value<std::string>());
   flag("seed", "= sampling.seed", cxxopts::value<std::string>());
