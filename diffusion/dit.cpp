@@ -22,6 +22,10 @@ at::Tensor modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tens
 at::Tensor layer_norm(const at::Tensor& x) {
   return at::layer_norm(x, {x.size(-1)}, {}, {}, kNormEps);
 }
+// A block's normalisation: DiT's LayerNorm without parameters, or LightningDiT's RMSNorm when the layer exists.
+at::Tensor block_norm(nn::RMSNorm rms, const at::Tensor& x) {
+  return rms ? rms->forward(x) : layer_norm(x);
+}
 }  // namespace
 
 std::vector<int64_t> expand_runs(const LayerRuns& runs) {
@@ -40,6 +44,9 @@ nn::MoHAttentionOptions DiTOptions::layer(int64_t i) const {
   o.qkv_bias = true;
   o.path = path;
   o.router = router;
+  o.qk_norm = qk_norm;
+  o.qk_norm_kind = norm;
+  o.rope_grid = pos == PosKind::rope2d ? grid_size() : 0;
   if (attention == AttentionMode::moh)
     o.moh(at_layer(shared, 0), at_layer(topk, 0));
   else if (attention == AttentionMode::moa)
@@ -85,6 +92,21 @@ void DiTOptions::validate() const {
   if (class_dropout_prob < 0 || class_dropout_prob >= 1)
     throw UserError(what, "class_dropout_prob must be in [0,1)", "");
   for (int64_t i = 0; i < depth; ++i) layer(i).validate();
+}
+
+SwiGLUImpl::SwiGLUImpl(int64_t dim, int64_t hidden) {
+  w12 = register_module("w12", nn::Linear(dim, 2 * hidden));
+  w3 = register_module("w3", nn::Linear(hidden, dim));
+}
+at::Tensor SwiGLUImpl::forward(const at::Tensor& x) {
+  const auto x12 = w12->forward(x).chunk(2, -1);  // (…, hidden) each
+  return w3->forward(at::silu(x12[0]) * x12[1]);
+}
+
+RopeBuffersImpl::RopeBuffersImpl(int64_t head_dim, int64_t grid) {
+  const nn::RopeTables t = nn::rope2d_tables(head_dim, grid);
+  freqs_cos = register_buffer("freqs_cos", t.cos);
+  freqs_sin = register_buffer("freqs_sin", t.sin);
 }
 
 MlpImpl::MlpImpl(int64_t dim, int64_t hidden) {
@@ -138,22 +160,32 @@ at::Tensor LabelEmbedderImpl::forward(const at::Tensor& labels, const at::Tensor
   return embedding_table->forward(y);  // (N, D)
 }
 
-DiTBlockImpl::DiTBlockImpl(int64_t d, const nn::MoHAttentionOptions& attn_options, double mlp_ratio) : dim(d) {
-  attn = register_module("attn", nn::MoHAttention(attn_options));
-  mlp = register_module("mlp", Mlp(d, static_cast<int64_t>(d * mlp_ratio)));
+DiTBlockImpl::DiTBlockImpl(const DiTOptions& o, int64_t layer) : dim(o.hidden_size) {
+  const int64_t d = o.hidden_size, hidden = static_cast<int64_t>(static_cast<double>(d) * o.mlp_ratio);
+  if (o.norm == NormKind::rmsnorm) {
+    norm1 = register_module("norm1", nn::RMSNorm(d));
+    norm2 = register_module("norm2", nn::RMSNorm(d));
+  }
+  attn = register_module("attn", nn::MoHAttention(o.layer(layer)));
+  if (o.mlp == MlpKind::swiglu)
+    swiglu = register_module("mlp", SwiGLU(d, static_cast<int64_t>(2.0 / 3.0 * static_cast<double>(hidden))));
+  else
+    mlp = register_module("mlp", Mlp(d, hidden));
   adaLN_modulation =
       register_module("adaLN_modulation", torch::nn::Sequential(torch::nn::SiLU(), nn::Linear(d, 6 * d)));
 }
 
-DiTOutput DiTBlockImpl::forward(const at::Tensor& x, const at::Tensor& c) {
-  auto mod = adaLN_modulation->forward(c).chunk(6, 1);              // shift/scale/gate for msa, then mlp; each (N, D)
-  auto a = attn->forward(modulate(layer_norm(x), mod[0], mod[1]));  // router sees the modulated tokens
+DiTOutput DiTBlockImpl::forward(const at::Tensor& x, const at::Tensor& c, const nn::RopeTables& rope) {
+  auto mod = adaLN_modulation->forward(c).chunk(6, 1);  // shift/scale/gate for msa, then mlp; each (N, D)
+  auto a = attn->forward(modulate(block_norm(norm1, x), mod[0], mod[1]), rope);  // router sees the modulated tokens
   at::Tensor h = x + mod[2].unsqueeze(1) * a.out;
-  h = h + mod[5].unsqueeze(1) * mlp->forward(modulate(layer_norm(h), mod[3], mod[4]));
+  const at::Tensor m = modulate(block_norm(norm2, h), mod[3], mod[4]);
+  h = h + mod[5].unsqueeze(1) * (swiglu ? swiglu->forward(m) : mlp->forward(m));
   return {h, a.aux_loss, a.routed};  // (N, T, D)
 }
 
-FinalLayerImpl::FinalLayerImpl(int64_t d, int64_t patch, int64_t out_channels) : dim(d) {
+FinalLayerImpl::FinalLayerImpl(int64_t d, int64_t patch, int64_t out_channels, NormKind norm) : dim(d) {
+  if (norm == NormKind::rmsnorm) norm_final = register_module("norm_final", nn::RMSNorm(d));
   linear = register_module("linear", nn::Linear(d, patch * patch * out_channels));
   adaLN_modulation =
       register_module("adaLN_modulation", torch::nn::Sequential(torch::nn::SiLU(), nn::Linear(d, 2 * d)));
@@ -161,7 +193,7 @@ FinalLayerImpl::FinalLayerImpl(int64_t d, int64_t patch, int64_t out_channels) :
 
 at::Tensor FinalLayerImpl::forward(const at::Tensor& x, const at::Tensor& c) {
   auto mod = adaLN_modulation->forward(c).chunk(2, 1);  // shift first, then scale
-  return linear->forward(modulate(layer_norm(x), mod[0], mod[1]));
+  return linear->forward(modulate(block_norm(norm_final, x), mod[0], mod[1]));
 }
 
 at::Tensor sincos_pos_embed_2d(int64_t dim, int64_t grid) {
@@ -184,8 +216,10 @@ DiTImpl::DiTImpl(const DiTOptions& o) : options(o) {
   y_embedder = register_module("y_embedder", LabelEmbedder(o.num_classes, D, o.class_dropout_prob));
   pos_embed = register_parameter("pos_embed", at::zeros({1, o.num_patches(), D}), /*requires_grad=*/false);
   blocks = register_module("blocks", torch::nn::ModuleList());
-  for (int64_t i = 0; i < o.depth; ++i) blocks->push_back(DiTBlock(D, o.layer(i), o.mlp_ratio));
-  final_layer = register_module("final_layer", FinalLayer(D, o.patch_size, o.out_channels()));
+  for (int64_t i = 0; i < o.depth; ++i) blocks->push_back(DiTBlock(o, i));
+  final_layer = register_module("final_layer", FinalLayer(D, o.patch_size, o.out_channels(), o.norm));
+  if (o.pos == PosKind::rope2d)
+    feat_rope = register_module("feat_rope", RopeBuffers(o.layer(0).head_dim_resolved(), o.grid_size()));
   initialize_weights();
 }
 
@@ -221,10 +255,11 @@ at::Tensor DiTImpl::unpatchify(const at::Tensor& x) const {
 
 namespace {
 // A block under activation checkpointing: its output and load-balance loss, its activations recomputed in backward.
-DiTOutput checkpointed_block(DiTBlockImpl& block, const at::Tensor& h, const at::Tensor& c) {
+DiTOutput checkpointed_block(DiTBlockImpl& block, const at::Tensor& h, const at::Tensor& c,
+                             const nn::RopeTables& rope) {
   const std::vector<at::Tensor> outs = checkpointed(
-      [&block](const std::vector<at::Tensor>& in) {
-        DiTOutput o = block.forward(in[0], in[1]);
+      [&block, rope](const std::vector<at::Tensor>& in) {  // kept for the backward's recompute: tables by value
+        DiTOutput o = block.forward(in[0], in[1], rope);
         return o.aux_loss.defined() ? std::vector<at::Tensor>{o.out, o.aux_loss} : std::vector<at::Tensor>{o.out};
       },
       {h, c});
@@ -243,8 +278,10 @@ DiTOutput DiTImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::T
   int64_t routed = 0;
   std::vector<at::Tensor> selections;  // per block, for the routing observer
   const bool recompute = options.grad_checkpoint && is_training() && at::GradMode::is_enabled();
+  const nn::RopeTables rope = feat_rope ? feat_rope->tables() : nn::RopeTables{};
   for (auto& b : *blocks) {
-    DiTOutput o = recompute ? checkpointed_block(*b->as<DiTBlockImpl>(), h, c) : b->as<DiTBlockImpl>()->forward(h, c);
+    DiTBlockImpl& block = *b->as<DiTBlockImpl>();
+    DiTOutput o = recompute ? checkpointed_block(block, h, c, rope) : block.forward(h, c, rope);
     h = o.out;
     if (o.aux_loss.defined()) {
       aux_sum = aux_sum.defined() ? aux_sum + o.aux_loss : o.aux_loss;
@@ -285,6 +322,16 @@ DiTOptions moh_variant(DiTOptions o, int64_t head_dim, LayerRuns heads, LayerRun
   return o;
 }
 
+DiTOptions lightning(DiTOptions o) {
+  o.input_size = 16;
+  o.in_channels = 32;
+  o.learn_sigma = false;
+  o.norm = NormKind::rmsnorm;
+  o.mlp = MlpKind::swiglu;
+  o.pos = PosKind::rope2d;
+  return o;
+}
+
 }  // namespace
 
 const std::vector<std::pair<std::string, DiTOptions>>& dit_variants() {
@@ -311,6 +358,16 @@ const std::vector<std::pair<std::string, DiTOptions>>& dit_variants() {
     t.push_back({"MoH-DiT-L/2-75", moh_variant(L, 64, l_heads, {{8, 16}, {12, 8}}, {{0, 8}, {4, 16}})});
     t.push_back({"MoH-DiT-XL/2-90", moh_variant(XL, 72, xl_heads, {{8, 9}, {16, 19}}, {{0, 19}, {3, 9}})});
     t.push_back({"MoH-DiT-XL/2-75", moh_variant(XL, 72, xl_heads, {{8, 9}, {10, 10}, {14, 9}}, {{0, 9}, {2, 19}})});
+    // LightningDiT (hustvl/LightningDiT, models/lightningdit.py, its released config): RMSNorm, SwiGLU, 2-D RoPE on
+    // top of the sin-cos embedding, no learned σ, on VA-VAE f16d32 latents (16×16×32 for 256 px; patch 1).
+    for (const Size& s : {Size{"B", 12, 768, 12}, Size{"XL", 28, 1152, 16}})
+      for (int64_t p : {1, 2}) {
+        DiTOptions o = lightning(base(s.depth, s.hidden, s.heads, p));
+        t.push_back({std::string("LightningDiT-") + s.name + "/" + std::to_string(p), o});
+      }
+    // MoH-LightningDiT: MoH-DiT-XL/2-90's head schedule on LightningDiT-XL/1's block.
+    t.push_back({"MoH-LightningDiT-XL/1-90",
+                 moh_variant(lightning(base(28, 1152, 16, 1)), 72, xl_heads, {{8, 9}, {16, 19}}, {{0, 19}, {3, 9}})});
     // Small pixel-space models for the embedded dataset (Fashion-MNIST 28×28 grey, 10 classes): 7×7 tokens of 4×4
     // pixels, 8 heads of 16 dims; MoH-75 keeps 4 shared + top-2 of 4 routed heads in every layer (6/8 active).
     DiTOptions px = base(6, 128, 8, 4);

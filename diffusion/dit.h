@@ -45,6 +45,11 @@ struct DiTOptions {
   AttentionPath path = AttentionPath::automatic;
   RouterKind router = RouterKind::learned;  ///< MoH layers' router (learned or query_norm)
   bool grad_checkpoint = false;             ///< training: recompute each block's activations in the backward pass
+  // LightningDiT's block options (off = DiT's block and names).
+  NormKind norm = NormKind::layernorm;  ///< rmsnorm: norm1/norm2/norm_final RMSNorm with a scale
+  MlpKind mlp = MlpKind::gelu;          ///< swiglu: mlp.w12 / mlp.w3 with hidden int(2/3 · mlp_ratio · D)
+  PosKind pos = PosKind::sincos;        ///< rope2d: sincos + 2-D rotary q/k (feat_rope.freqs_cos / freqs_sin)
+  bool qk_norm = false;                 ///< attn.q_norm / attn.k_norm with `norm`'s kind
 
   int64_t out_channels() const { return learn_sigma ? 2 * in_channels : in_channels; }
   int64_t grid_size() const { return input_size / patch_size; }
@@ -58,6 +63,23 @@ struct DiTOptions {
   /// Throws UserError on inconsistent options (schedule lengths, divisibility, ...).
   void validate() const;
 };
+
+/// SwiGLU feed-forward of a LightningDiT block (models/swiglu_ffn.py): w12 → (silu(x1) · x2) → w3.
+struct SwiGLUImpl : torch::nn::Module {
+  SwiGLUImpl(int64_t dim, int64_t hidden);
+  at::Tensor forward(const at::Tensor& x);
+  nn::Linear w12{nullptr}, w3{nullptr};
+};
+TORCH_MODULE(SwiGLU);
+
+/// LightningDiT's `feat_rope`: the 2-D rotary tables every attention layer uses, as buffers (official keys
+/// feat_rope.freqs_cos / freqs_sin), so they follow the model across devices.
+struct RopeBuffersImpl : torch::nn::Module {
+  RopeBuffersImpl(int64_t head_dim, int64_t grid);
+  nn::RopeTables tables() const { return {freqs_cos, freqs_sin}; }
+  at::Tensor freqs_cos, freqs_sin;
+};
+TORCH_MODULE(RopeBuffers);
 
 /// Mlp of a DiT block (timm Mlp): fc1 → GELU(tanh) → fc2.
 struct MlpImpl : torch::nn::Module {
@@ -104,12 +126,15 @@ struct DiTOutput {
   at::Tensor routed;    ///< a block's (N·T, K) selected routed heads (undefined if not routed); unused for the model
 };
 
-/// adaLN-Zero transformer block.
+/// adaLN-Zero transformer block (layer `layer` of `o`); with LightningDiT's options RMSNorm (`norm1`, `norm2`),
+/// SwiGLU (`mlp.w12`, `mlp.w3`), qk_norm and the rotary tables `rope` in its attention.
 struct DiTBlockImpl : torch::nn::Module {
-  DiTBlockImpl(int64_t dim, const nn::MoHAttentionOptions& attn, double mlp_ratio);
-  DiTOutput forward(const at::Tensor& x, const at::Tensor& c);
+  DiTBlockImpl(const DiTOptions& o, int64_t layer);
+  DiTOutput forward(const at::Tensor& x, const at::Tensor& c, const nn::RopeTables& rope = {});
   nn::MoHAttention attn{nullptr};
   Mlp mlp{nullptr};
+  SwiGLU swiglu{nullptr};                      ///< registered as `mlp` instead of the GELU Mlp (mlp: swiglu)
+  nn::RMSNorm norm1{nullptr}, norm2{nullptr};  ///< norm: rmsnorm (else LayerNorm without parameters)
   torch::nn::Sequential adaLN_modulation{nullptr};
   int64_t dim;
 };
@@ -117,9 +142,10 @@ TORCH_MODULE(DiTBlock);
 
 /// Final adaLN layer: (N, T, D) → (N, T, p·p·C_out).
 struct FinalLayerImpl : torch::nn::Module {
-  FinalLayerImpl(int64_t dim, int64_t patch, int64_t out_channels);
+  FinalLayerImpl(int64_t dim, int64_t patch, int64_t out_channels, NormKind norm = NormKind::layernorm);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& c);
   nn::Linear linear{nullptr};
+  nn::RMSNorm norm_final{nullptr};  ///< norm: rmsnorm
   torch::nn::Sequential adaLN_modulation{nullptr};
   int64_t dim;
 };
@@ -148,6 +174,7 @@ struct DiTImpl : torch::nn::Module {
   at::Tensor pos_embed;  ///< (1, T, D), fixed (requires_grad false) but a parameter, as in the official code
   torch::nn::ModuleList blocks{nullptr};
   FinalLayer final_layer{nullptr};
+  RopeBuffers feat_rope{nullptr};  ///< pos: rope2d
 };
 TORCH_MODULE(DiT);
 

@@ -16,6 +16,10 @@ namespace moh::experiments {
 
 vision::TransNeXtOptions classifier_options_for(const ModelConfig& model) {
   vision::TransNeXtOptions o = vision::classifier_options(model.name);
+  if (model.norm != NormKind::automatic || model.mlp != MlpKind::automatic || model.pos != PosKind::automatic ||
+      model.qk_norm)
+    throw UserError("config: model.norm / mlp / pos / qk_norm", "LightningDiT's block options are for DiT models",
+                    "remove them for " + model.name);
   o.attention_path = model.attention_path;
   o.router = model.router;
   if (model.num_classes > 0) o.num_classes = model.num_classes;

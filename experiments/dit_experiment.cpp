@@ -36,6 +36,10 @@ diffusion::DiTOptions dit_options_for(const ModelConfig& model, bool latent) {
   }
   o.path = model.attention_path;
   o.router = model.router;
+  if (model.norm != NormKind::automatic) o.norm = model.norm;
+  if (model.mlp != MlpKind::automatic) o.mlp = model.mlp;
+  if (model.pos != PosKind::automatic) o.pos = model.pos;
+  o.qk_norm = o.qk_norm || model.qk_norm;
   return o;
 }
 

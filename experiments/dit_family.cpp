@@ -28,7 +28,8 @@ ModelSummary summarize(const std::string& name) {
   return s;
 }
 
-constexpr const char* kForwardInputs = "x (B,C,I,I) float, t (B) int, y (B) int";
+// t as DiT's timestep embedding reads it (t.float()): a DDPM timestep 0…T−1 or a flow model's time in [0, 1].
+constexpr const char* kForwardInputs = "x (B,C,I,I) float, t (B) int or float, y (B) int";
 
 // The weights decide input size, channels and classes (an official DiT-XL-2-512x512.pt builds a 64-token-wide model).
 TensorMap forward(const ForwardRequest& r) {
@@ -43,7 +44,7 @@ TensorMap forward(const ForwardRequest& r) {
     throw UserError("--input " + r.inputs_origin, "x has shape " + c10::str(x.sizes()),
                     "the weights are for (B, " + std::to_string(o.in_channels) + ", " + std::to_string(o.input_size) +
                         ", " + std::to_string(o.input_size) + ")");
-  const at::Tensor t = forward_input(r, "t", at::kLong, 1, kForwardInputs);
+  const at::Tensor t = forward_input(r, "t", at::kFloat, 1, kForwardInputs);
   const at::Tensor y = forward_input(r, "y", at::kLong, 1, kForwardInputs);
   return {{"out", model->forward(x, t, y).out}};
 }

@@ -16,3 +16,22 @@ import json, sys
 r = json.load(sys.stdin)
 print('| %s | %s | {:,} | %d | %d | %d | %.2f %% |'.format(r['params']) % (r['model'], r['family'], r['layers'], r['moh_layers'], r['routed_layers'], 100 * r['active_head_ratio']))"
 done
+cat <<'TEXT'
+
+## LightningDiT's block (`model.norm`, `model.mlp`, `model.pos`, `model.qk_norm`)
+
+The `LightningDiT-*` variants are DiT with the block of hustvl/LightningDiT (`models/lightningdit.py`) as its
+released config builds it: RMSNorm with a learned scale in place of the parameter-free LayerNorm (`norm1`, `norm2`,
+`final_layer.norm_final`), SwiGLU in place of the GELU MLP (`mlp.w12`, `mlp.w3`, hidden int(2/3 · 4 · D)), 2-D rotary
+queries and keys on top of the sin-cos embedding (`feat_rope.freqs_cos` / `freqs_sin` buffers, half of each head's
+channels turning with the token's row, half with its column), no learned σ, on VA-VAE f16d32 latents (16 × 16 × 32 at
+256 px; this toolkit has no VA-VAE, so they train on latents extracted elsewhere or on pixels). `qk_norm` (off in the
+released config) normalises queries and keys per head with the block's norm. Each option also applies to any DiT or
+MoH-DiT variant (`--set model.norm=rmsnorm`); off, the names and the computation are DiT's.
+`MoH-LightningDiT-XL/1-90` puts MoH-DiT-XL/2-90's head schedule on LightningDiT-XL/1's block (no published model).
+
+Checked: the parameter counts of LightningDiT-B/1, B/2, XL/1 and XL/2 and the state_dict keys of B/1 and XL/1 equal
+those of the official model built from its code (`DiTRegistry.*`); one block equals a direct computation from its
+weights, and MoH attention with RoPE and qk-norm gives the same output and gradients on the sparse path as on the
+dense one (`LightningDiT.*`).
+TEXT

@@ -36,9 +36,11 @@ for cmd in "${CMDS[@]}"; do
   case "$sub" in
     train) args="$args --set train.max_steps=2 --set data.limit_train=128 --set data.limit_val=64" ;;
     eval) args="$args --set data.limit_val=64" ;;
-    sample)  # a 2-step chain: a respacing for DDPM / DDIM, a step count for the ODE solvers
+    sample)  # a 2-step chain: a respacing for DDPM / DDIM, a step count for the ODE and SDE solvers; dopri5 loose
       case "$args" in
-        *"--sampler dpm++2m"* | *"--sampler euler"* | *"--sampler heun"*) args="$args --num-samples 10 --steps 2" ;;
+        *"--sampler dpm++2m"* | *"--sampler euler"* | *"--sampler heun"* | *"--sampler sde"*)
+          args="$args --num-samples 10 --steps 2" ;;
+        *"--sampler dopri5"*) args="$args --num-samples 10 --set sampling.rtol=0.1 --set sampling.atol=0.01" ;;
         *) args="$args --num-samples 10 --steps ddim2" ;;
       esac ;;
     export-images | ref-stats) args=$(echo "$args" | sed -E 's/fashion_mnist:train( |$)/fashion_mnist:train:200\1/; s/fashion_mnist:test( |$)/fashion_mnist:test:100\1/') ;;

@@ -41,7 +41,16 @@ const std::map<std::string, int64_t>& expected_counts() {
       // MHA by hand: patch 2,176 + t-embedder 49,408 + label table 11·128 + pos 49·128 + 6 × 296,832 per block +
       // final layer 37,152 = 1,877,408; MoH adds a bias-free router of 4 + 2 + 4 outputs per layer (6 × 1,280).
       {"DiT-Pixel/4", 1877408},
-      {"MoH-DiT-Pixel/4-75", 1877408 + 6 * 1280}};
+      {"MoH-DiT-Pixel/4-75", 1877408 + 6 * 1280},
+      // LightningDiT (16×16×32 VA-VAE latents, RMSNorm, SwiGLU, RoPE, no learned σ): hustvl/LightningDiT's
+      // models/lightningdit.py run on 2026-11-26 with its released config (use_swiglu, use_rope, use_rmsnorm).
+      {"LightningDiT-B/1", 130556192},
+      {"LightningDiT-B/2", 130556288},
+      {"LightningDiT-XL/1", 675256736},
+      {"LightningDiT-XL/2", 675256832},
+      // No official MoH-LightningDiT: LightningDiT-XL/1 plus what MoH-DiT-XL/2-90's head schedule adds to DiT-XL/2's
+      // attention (675,666,464 − 675,129,632; the block options do not touch the attention's parameters).
+      {"MoH-LightningDiT-XL/1-90", 675256736 + (675666464 - 675129632)}};
   return m;
 }
 
@@ -114,6 +123,30 @@ TEST(DiTRegistry, OfficialKeyNamesAndErrors) {
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("DiT-XL/2"), std::string::npos) << e.what();
   }
+}
+
+// LightningDiT's state_dict keys (the official model's, listed on 2026-11-26): 351 tensors for XL/1, 159 for B/1,
+// the rotary tables among them as buffers.
+TEST(DiTRegistry, LightningDiTKeysAreTheOfficialOnes) {
+  for (const auto& [name, keys] :
+       std::vector<std::pair<std::string, size_t>>{{"LightningDiT-XL/1", 351}, {"LightningDiT-B/1", 159}}) {
+    DiTOptions o = dit_options(name);
+    o.depth = name == "LightningDiT-XL/1" ? 28 : 12;
+    DiT m(o);
+    const auto params = m->named_parameters();
+    const auto buffers = m->named_buffers();
+    EXPECT_EQ(params.size() + buffers.size(), keys) << name;
+    for (const char* k : {"blocks.0.norm1.weight", "blocks.0.norm2.weight", "blocks.0.mlp.w12.weight",
+                          "blocks.0.mlp.w3.bias", "final_layer.norm_final.weight", "blocks.0.attn.qkv.weight"})
+      EXPECT_TRUE(params.contains(k)) << name << " " << k;
+    EXPECT_TRUE(buffers.contains("feat_rope.freqs_cos") && buffers.contains("feat_rope.freqs_sin")) << name;
+    EXPECT_FALSE(params.contains("blocks.0.mlp.fc1.weight")) << name;
+    EXPECT_EQ(params["blocks.0.mlp.w12.weight"].size(0), 2 * (4 * o.hidden_size * 2 / 3)) << name;
+  }
+  // Off (DiT's block): none of them.
+  const auto dit = DiT(dit_options("DiT-S/2"))->named_parameters();
+  EXPECT_FALSE(dit.contains("blocks.0.norm1.weight") || dit.contains("final_layer.norm_final.weight"));
+  EXPECT_EQ(DiT(dit_options("DiT-S/2"))->named_buffers().size(), 0u);
 }
 
 TEST(DiTLayers, PosEmbedAndTimestepEmbeddingFormulas) {

@@ -22,6 +22,24 @@ const config::EnumTable<RouterKind>& enum_table(RouterKind) {
   return t;
 }
 
+const config::EnumTable<NormKind>& enum_table(NormKind) {
+  static const config::EnumTable<NormKind> t{
+      {NormKind::automatic, "auto"}, {NormKind::layernorm, "layernorm"}, {NormKind::rmsnorm, "rmsnorm"}};
+  return t;
+}
+
+const config::EnumTable<MlpKind>& enum_table(MlpKind) {
+  static const config::EnumTable<MlpKind> t{
+      {MlpKind::automatic, "auto"}, {MlpKind::gelu, "gelu"}, {MlpKind::swiglu, "swiglu"}};
+  return t;
+}
+
+const config::EnumTable<PosKind>& enum_table(PosKind) {
+  static const config::EnumTable<PosKind> t{
+      {PosKind::automatic, "auto"}, {PosKind::sincos, "sincos"}, {PosKind::rope2d, "rope2d"}};
+  return t;
+}
+
 std::string head_split_error(int64_t heads, int64_t shared, int64_t topk) {
   const std::string given = "shared " + std::to_string(shared) + ", top-K " + std::to_string(topk);
   if (shared < 0 || shared > heads || topk < 0 || topk > heads - shared)

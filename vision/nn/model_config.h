@@ -30,6 +30,21 @@ const config::EnumTable<AttentionPath>& enum_table(AttentionPath);
 enum class RouterKind { learned, query_norm };
 const config::EnumTable<RouterKind>& enum_table(RouterKind);
 
+/// Normalisation of a transformer block: LayerNorm (DiT; no affine in adaLN blocks) or RMSNorm (LightningDiT, with a
+/// learned scale); `automatic` ("auto") in a config = the variant's own.
+enum class NormKind { automatic, layernorm, rmsnorm };
+const config::EnumTable<NormKind>& enum_table(NormKind);
+
+/// Feed-forward of a transformer block: GELU MLP (fc1, fc2) or SwiGLU (LightningDiT's w12, w3; hidden 2/3 of the
+/// MLP's); `automatic` = the variant's own.
+enum class MlpKind { automatic, gelu, swiglu };
+const config::EnumTable<MlpKind>& enum_table(MlpKind);
+
+/// Positions: the fixed 2-D sin-cos embedding added to the tokens (DiT), or that plus 2-D rotary embedding of queries
+/// and keys in every attention layer (rope2d, LightningDiT's VisionRotaryEmbeddingFast); `automatic` = the variant's.
+enum class PosKind { automatic, sincos, rope2d };
+const config::EnumTable<PosKind>& enum_table(PosKind);
+
 /// `model:` — which network and how its attention runs.
 struct ModelConfig {
   std::string name;                      ///< registry name, e.g. "MoH-ViT-S-75" (`moh info --list`)
@@ -44,6 +59,10 @@ struct ModelConfig {
   std::string weights;                      ///< initialise from this file (safetensors or torch.save)
   std::string weights_key;                  ///< key inside a nested checkpoint (ema|model|state_dict)
   bool weights_allow_missing = false;       ///< tolerate tensors the weights file lacks (e.g. pos_embed)
+  NormKind norm = NormKind::automatic;      ///< DiT blocks (LightningDiT: rmsnorm); auto = the variant's
+  MlpKind mlp = MlpKind::automatic;         ///< DiT blocks (LightningDiT: swiglu)
+  PosKind pos = PosKind::automatic;         ///< DiT (LightningDiT: rope2d)
+  bool qk_norm = false;                     ///< DiT: normalise queries and keys per head (RMSNorm or LayerNorm)
 
   template <class V>
   void visit(V& v) {
@@ -68,6 +87,12 @@ struct ModelConfig {
     v.field("weights_key", weights_key, "entry inside a nested checkpoint to load (ema, model, state_dict)");
     v.field("weights_allow_missing", weights_allow_missing,
             "keep initialised values for tensors the weights file lacks");
+    v.field("norm", norm, "DiT block normalisation: layernorm (DiT) or rmsnorm (LightningDiT); auto = the variant's");
+    v.field("mlp", mlp, "DiT block feed-forward: gelu (DiT) or swiglu (LightningDiT); auto = the variant's");
+    v.field("pos", pos,
+            "DiT positions: sincos (DiT) or rope2d (sincos + 2-D rotary queries/keys, LightningDiT); auto = the "
+            "variant's");
+    v.field("qk_norm", qk_norm, "DiT: normalise queries and keys per head with model.norm (LightningDiT's qk_norm)");
   }
 };
 

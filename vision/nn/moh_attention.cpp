@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <torch/nn/functional/linear.h>
+#include <torch/nn/modules/normalization.h>
 
 #include <cmath>
 
@@ -30,6 +31,8 @@ int64_t MoHAttentionOptions::active_heads() const {
 
 void MoHAttentionOptions::validate() const {
   const std::string what = "attention options";
+  if (rope_grid > 0 && (head_dim > 0 ? head_dim : (num_heads > 0 ? dim / num_heads : 0)) % 4 != 0)
+    throw UserError(what, "2-D rotary embedding needs a head width divisible by 4", "model.pos: sincos");
   if (dim <= 0 || num_heads <= 0) throw UserError(what, "dim and num_heads must be positive", "");
   if (head_dim == 0 && dim % num_heads != 0)
     throw UserError(what, "dim " + std::to_string(dim) + " is not divisible by num_heads " + std::to_string(num_heads),
@@ -145,6 +148,26 @@ MoHAttentionImpl::MoHAttentionImpl(const MoHAttentionOptions& o) : options(o) {
   }
   proj = register_module("proj", Linear(LinearOptions(inner, C)));
   router = HeadRouter(*this, o);
+  if (o.qk_norm) {
+    auto make = [&]() -> std::shared_ptr<torch::nn::Module> {
+      if (o.qk_norm_kind == NormKind::rmsnorm) return RMSNorm(d).ptr();
+      return torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})).ptr();  // nn.LayerNorm(d): affine, eps 1e-5
+    };
+    q_norm = register_module("q_norm", make());
+    k_norm = register_module("k_norm", make());
+  }
+}
+
+at::Tensor MoHAttentionImpl::shape_qk(const at::Tensor& t, const std::shared_ptr<torch::nn::Module>& norm,
+                                      const RopeTables& rope) const {
+  at::Tensor out = t;
+  if (norm) {
+    if (auto* rms = norm->as<RMSNormImpl>())
+      out = rms->forward(out);
+    else
+      out = norm->as<torch::nn::LayerNormImpl>()->forward(out);
+  }
+  return rope.defined() ? apply_rope(out, rope) : out;
 }
 
 void MoHAttentionImpl::set_routed_topk(int64_t k) {
@@ -158,8 +181,8 @@ std::vector<HeadTensor> MoHAttentionImpl::head_tensors() const {
   return {{"qkv.weight", 0, 3}, {"qkv.bias", 0, 3}, {"proj.weight", 1, 1}};  // rows (3, h, d), columns (h, d)
 }
 
-AttentionOutput MoHAttentionImpl::forward(const at::Tensor& x) {
-  AttentionOutput out = forward_with_path(x, options.path);
+AttentionOutput MoHAttentionImpl::forward(const at::Tensor& x, const RopeTables& rope) {
+  AttentionOutput out = forward_with_path(x, options.path, rope);
   if (is_training() && out.routed.defined() && !recomputing()) count_training_picks(out.routed, options.routed_pool());
   return out;
 }
@@ -171,7 +194,8 @@ double MoHAttentionImpl::active_share() const {
   return static_cast<double>(options.mode == AttentionMode::moa ? k : router.shared + k) / h;
 }
 
-AttentionOutput MoHAttentionImpl::forward_with_path(const at::Tensor& x, AttentionPath path) {
+AttentionOutput MoHAttentionImpl::forward_with_path(const at::Tensor& x, AttentionPath path, const RopeTables& rope) {
+  TORCH_CHECK(rope.defined() == (options.rope_grid > 0), "MoHAttention: rotary tables are needed iff rope_grid > 0");
   const int64_t B = x.size(0), N = x.size(1), C = x.size(2);
   const int64_t h = options.num_heads, d = options.head_dim_resolved(), inner = h * d;
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
@@ -190,7 +214,8 @@ AttentionOutput MoHAttentionImpl::forward_with_path(const at::Tensor& x, Attenti
     if (router.by_query_norm)
       routing = router.route_by_queries(
           qkvx[0].narrow(1, router.shared, h - router.shared).permute({0, 2, 1, 3}).reshape({B * N, -1, d}));
-    mixed = mix_heads_dense(qkvx[0], qkvx[1], qkvx[2], routing.gates, scale, options.fused);
+    mixed = mix_heads_dense(shape_qk(qkvx[0], q_norm, rope), shape_qk(qkvx[1], k_norm, rope), qkvx[2], routing.gates,
+                            scale, options.fused);
     out.out = proj->forward(head_hooks.apply(mixed, proj->weight, h));  // (B, N, C)
     out.aux_loss = routing.aux_loss;
     out.routed = routing.routed;
@@ -221,15 +246,24 @@ AttentionOutput MoHAttentionImpl::forward_with_path(const at::Tensor& x, Attenti
   if (router.by_query_norm) routing = router.route_by_queries(routed_queries(x_flat, wq, bq, router.shared, h));
   out.aux_loss = routing.aux_loss;
   out.routed = routing.routed;
-  if (sparse) {
+  k = shape_qk(k, k_norm, rope);
+  const bool shaped = options.qk_norm || rope.defined();  // then queries are normalised / rotated whole
+  if (sparse && !shaped) {
     QuerySource qs;
     qs.x = x_flat;
     qs.wq = wq;
     qs.bq = bq;  // queries projected only for selected pairs
     mixed = mix_heads_sparse(qs, k, v, routing.gates, routing.routed, h, router.shared, scale, options.fused);
-  } else {  // MoA, dense: queries of every head, keys/values shared by all heads
-    at::Tensor qh = at::linear(x, wq, bq).view({B, N, h, d}).transpose(1, 2);  // (B, h, N, d)
-    mixed = mix_heads_dense(qh, k, v, routing.gates, scale, options.fused);
+  } else {
+    const at::Tensor qh =
+        shape_qk(at::linear(x, wq, bq).view({B, N, h, d}).transpose(1, 2), q_norm, rope);  // (B,h,N,d)
+    if (sparse) {
+      QuerySource qs;
+      qs.q = qh;
+      mixed = mix_heads_sparse(qs, k, v, routing.gates, routing.routed, h, router.shared, scale, options.fused);
+    } else {  // MoA, dense: queries of every head, keys/values shared by all heads
+      mixed = mix_heads_dense(qh, k, v, routing.gates, scale, options.fused);
+    }
   }
   out.out = proj->forward(head_hooks.apply(mixed, proj->weight, h));  // (B, N, C)
   return out;

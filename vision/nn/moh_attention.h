@@ -13,6 +13,7 @@
 #include "vision/nn/head_surgery.h"
 #include "vision/nn/linear.h"
 #include "vision/nn/model_config.h"
+#include "vision/nn/norms.h"
 
 namespace moh::nn {
 
@@ -25,9 +26,12 @@ struct MoHAttentionOptions {
   AttentionMode mode = AttentionMode::mha;
   int64_t shared_heads = 0;  ///< h_s: heads [0, h_s) always on (moh)
   int64_t topk = 0;          ///< K: routed heads chosen per token from the pool of h − h_s (moh); experts (moa)
-  AttentionPath path = AttentionPath::dense;  ///< dense, sparse or automatic (per call: choose_attention_path)
-  RouterKind router = RouterKind::learned;    ///< learned (wg, wg_0, wg_1) or query_norm (no parameters; moh only)
-  bool fused = kFusedAttentionAvailable;      ///< scaled_dot_product_attention (LibTorch ≥ 2.1); false = plain path
+  AttentionPath path = AttentionPath::dense;    ///< dense, sparse or automatic (per call: choose_attention_path)
+  RouterKind router = RouterKind::learned;      ///< learned (wg, wg_0, wg_1) or query_norm (no parameters; moh only)
+  bool fused = kFusedAttentionAvailable;        ///< scaled_dot_product_attention (LibTorch ≥ 2.1); false = plain path
+  bool qk_norm = false;                         ///< normalise queries and keys per head over d (LightningDiT)
+  NormKind qk_norm_kind = NormKind::layernorm;  ///< with qk_norm: LayerNorm (affine, eps 1e-5) or RMSNorm (eps 1e-6)
+  int64_t rope_grid = 0;                        ///< > 0: 2-D rotary q/k over a rope_grid² token grid (d % 4 == 0)
 
   MoHAttentionOptions() = default;
   MoHAttentionOptions(int64_t dim_, int64_t heads_) : dim(dim_), num_heads(heads_) {}
@@ -95,9 +99,10 @@ struct AttentionOutput {
 /// MoH router names; MoA uses `q`, `kv` (keys/values shared by all heads), `proj`, `wg`.
 struct MoHAttentionImpl : torch::nn::Module, HeadControl {
   explicit MoHAttentionImpl(const MoHAttentionOptions& options);
-  /// x (B, N, C) → out (B, N, C). `path` overrides options.path when given.
-  AttentionOutput forward(const at::Tensor& x);
-  AttentionOutput forward_with_path(const at::Tensor& x, AttentionPath path);
+  /// x (B, N, C) → out (B, N, C). `path` overrides options.path when given. `rope`: the rotary tables (N, d) of
+  /// options.rope_grid, held by the model (LightningDiT's one `feat_rope` for every layer).
+  AttentionOutput forward(const at::Tensor& x, const RopeTables& rope = {});
+  AttentionOutput forward_with_path(const at::Tensor& x, AttentionPath path, const RopeTables& rope = {});
 
   int64_t head_count() const override { return options.num_heads; }
   int64_t shared_count() const override { return router.shared; }
@@ -111,6 +116,13 @@ struct MoHAttentionImpl : torch::nn::Module, HeadControl {
   MoHAttentionOptions options;
   nn::Linear qkv{nullptr}, q{nullptr}, kv{nullptr}, proj{nullptr};
   HeadRouter router;
+  /// qk_norm's layers, registered as `q_norm` / `k_norm` (LightningDiT's names): LayerNorm or RMSNorm over d.
+  std::shared_ptr<torch::nn::Module> q_norm, k_norm;
+
+ private:
+  /// Queries or keys (B, h, N, d) after qk_norm and the rotary embedding (as given when both are off).
+  at::Tensor shape_qk(const at::Tensor& t, const std::shared_ptr<torch::nn::Module>& norm,
+                      const RopeTables& rope) const;
 };
 TORCH_MODULE(MoHAttention);
 
