@@ -3,8 +3,8 @@
 # for the same steps, with FID measured after every epoch (FID-versus-steps curves):
 #   ddpm   DiT's recipe (configs/fashion_mnist/{dit,moh_dit}_pixel.yaml: ε prediction, hybrid loss, learned σ),
 #          sampled by DPM-Solver++(2M) 12 steps, CFG 4 in the cleaner half of the noise range (17 evaluations);
-#   flow   SiT's recipe (diffusion.objective: flow, linear path, velocity), sampled by Heun 9 steps with the same
-#          guidance (17 evaluations).
+#   flow   SiT's recipe (configs/fashion_mnist/moh_sit_pixel.yaml's diffusion section: diffusion.objective: flow,
+#          linear path, velocity), sampled by Heun 9 steps with the same guidance (17 evaluations).
 # The FID feature network is the shipped MoH-ViT-Nano recipe's classifier (configs/fashion_mnist/moh_vit_nano.yaml,
 # trained once into RUNS/features), the reference the Fashion-MNIST test set. Every measurement is one JSON line in
 # OUT/rows.jsonl with its provenance (machine, LibTorch, seed, recipe, step, feature network and reference statistics
