@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "diffusion/ode_solvers.h"
 #include "vision/nn/head_surgery.h"
@@ -126,9 +128,10 @@ int64_t sampler_steps(const SampleOptions& o, const GaussianDiffusion& chain) {
 namespace {
 
 // The noise level u ∈ [0, 1] (1 = pure noise) of the network's time input t: t / (T − 1) of a DDPM model timestep,
-// 1 − t on a flow model's interpolant (0 = noise).
+// 1 − t on a flow model's interpolant (0 = noise), clamped: dopri5's stages may pass t = 1, and there SiT still
+// guides (u = 0 lies in the default interval [0, 1]).
 double noise_level(const SampleOptions& o, double t) {
-  return o.objective == Objective::flow ? 1.0 - t : t / static_cast<double>(o.train_steps - 1);
+  return o.objective == Objective::flow ? std::clamp(1.0 - t, 0.0, 1.0) : t / static_cast<double>(o.train_steps - 1);
 }
 
 // Guidance at network time t: CFG on and its noise level inside the interval.

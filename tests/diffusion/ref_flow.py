@@ -175,7 +175,8 @@ def dit_prediction(model, labels, scale, hi, evals=None):
 
     def predict(x, t):
         n, c = x.shape[0], x.shape[1]
-        if scale <= 1.0 or not (0.0 <= 1 - t <= hi):
+        u = min(max(1 - t, 0.0), 1.0)  # dopri5's stages may pass t = 1: guided there as SiT guides everywhere
+        if scale <= 1.0 or not (0.0 <= u <= hi):
             evals[0] += 1
             return model(x, torch.full((n,), float(t)), labels)[:, :c]
         evals[0] += 2
