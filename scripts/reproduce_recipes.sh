@@ -4,14 +4,16 @@
 #   ddpm   DiT's recipe (configs/fashion_mnist/{dit,moh_dit}_pixel.yaml: ε prediction, hybrid loss, learned σ),
 #          sampled by DPM-Solver++(2M) 12 steps, CFG 4 in the cleaner half of the noise range (17 evaluations);
 #   flow   SiT's recipe (configs/fashion_mnist/moh_sit_pixel.yaml's diffusion section: diffusion.objective: flow,
-#          linear path, velocity), sampled by Heun 9 steps with the same guidance (17 evaluations).
+#          linear path, velocity), sampled by Heun 9 steps with the same guidance (17 evaluations);
+#   ddpm_ld, flow_ld   the same with LightningDiT's block (RMSNorm, SwiGLU, 2-D RoPE); flow_ld also with its
+#          logit-normal t and the cosine loss term.
 # The FID feature network is the shipped MoH-ViT-Nano recipe's classifier (configs/fashion_mnist/moh_vit_nano.yaml,
 # trained once into RUNS/features), the reference the Fashion-MNIST test set. Every measurement is one JSON line in
 # OUT/rows.jsonl with its provenance (machine, LibTorch, seed, recipe, step, feature network and reference statistics
 # SHA-256, sample count, sampler); finished runs and measurements are skipped when the script is started again.
 #
 # usage: scripts/reproduce_recipes.sh [OUT]    (OUT defaults to docs/results/recipes)
-# env:   MODELS ("dit moh") RECIPES ("ddpm flow") SEEDS ("1 2") EPOCHS (4) SAMPLES (2000) PRECISION (auto)
+# env:   MODELS ("dit moh") RECIPES ("ddpm flow"; also ddpm_ld flow_ld) SEEDS ("1 2") EPOCHS (4) SAMPLES (2000) PRECISION (auto)
 #        MOH (build/moh) RUNS (runs/recipes) LIMIT (0: every training image; fewer for a smoke run)
 #        JOB (the protocol file's name: jobs may run side by side into one OUT)
 set -euo pipefail
@@ -23,7 +25,7 @@ MODELS=${MODELS:-"dit moh"} RECIPES=${RECIPES:-"ddpm flow"} SEEDS=${SEEDS:-"1 2"
 SAMPLES=${SAMPLES:-2000} PRECISION=${PRECISION:-auto} LIMIT=${LIMIT:-0}
 [ -x "$MOH" ] || { echo "error: $MOH not found (run scripts/setup.sh first)" >&2; exit 2; }
 for r in $RECIPES; do
-  case $r in ddpm | flow) ;; *) echo "error: RECIPES: unknown recipe $r (ddpm, flow)" >&2; exit 2 ;; esac
+  case $r in ddpm | flow | ddpm_ld | flow_ld) ;; *) echo "error: RECIPES: unknown recipe $r (ddpm, flow, ddpm_ld, flow_ld)" >&2; exit 2 ;; esac
 done
 for m in $MODELS; do
   case $m in dit | moh) ;; *) echo "error: MODELS: unknown model $m (dit, moh)" >&2; exit 2 ;; esac
@@ -51,16 +53,19 @@ STATS=$RUNS/fm_test_stats.npz
 [ -f "$STATS" ] || "$MOH" ref-stats --images fashion_mnist:test --features "classifier:$FEATURES" --out "$STATS" >/dev/null
 
 config() { [ "$1" = dit ] && echo configs/fashion_mnist/dit_pixel.yaml || echo configs/fashion_mnist/moh_dit_pixel.yaml; }
+LIGHTNING_BLOCK="--set model.norm=rmsnorm --set model.mlp=swiglu --set model.pos=rope2d"
 recipe_sets() {  # the training overrides of a recipe
   case $1 in
   ddpm) ;;
   flow) echo "--set diffusion.objective=flow --set sampling.sampler=heun --set sampling.steps=9" ;;
+  ddpm_ld) echo "$LIGHTNING_BLOCK" ;;
+  flow_ld) echo "$(recipe_sets flow) $LIGHTNING_BLOCK --set diffusion.t_sampling=lognormal --set diffusion.loss=mse+cosine" ;;
   esac
 }
 sampler_args() {  # the FID samples' sampler: 17 network evaluations per image either way
   case $1 in
-  ddpm) echo "--sampler dpm++2m --steps 12 --cfg-scale 4 --cfg-interval 0,0.5" ;;
-  flow) echo "--sampler heun --steps 9 --cfg-scale 4 --cfg-interval 0,0.5" ;;
+  ddpm*) echo "--sampler dpm++2m --steps 12 --cfg-scale 4 --cfg-interval 0,0.5" ;;
+  flow*) echo "--sampler heun --steps 9 --cfg-scale 4 --cfg-interval 0,0.5" ;;
   esac
 }
 
