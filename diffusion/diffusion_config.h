@@ -91,6 +91,30 @@ struct DiffusionConfig {
   FlowConfig flow;
 };
 
+/// `train.repa:` — REPA's representation alignment of a DiT experiment (diffusion/repa.h); off while `encoder` is
+/// empty.
+struct RepaConfig {
+  std::string
+      encoder;        ///< a DINOv2 weights file (timm / official) or a classifier checkpoint / run dir of this toolkit
+  int64_t depth = 8;  ///< 1-based block whose tokens are projected (REPA: 8 of SiT-XL's 28)
+  double weight = 0.5;  ///< λ of the projection loss
+  int64_t projector_dim = 2048;
+  int64_t stage = 0;  ///< classifier encoder: which stage's tokens (1..4; 0 = the last)
+
+  template <class V>
+  void visit(V& v) {
+    v.field("encoder", encoder,
+            "frozen encoder of the clean images: a DINOv2 weights file (timm or official .safetensors/.pth; REPA: "
+            "DINOv2 ViT-B/14) or a classifier checkpoint / run directory of this toolkit; empty = no REPA");
+    v.field("depth", depth, "block whose output tokens are aligned (1-based; REPA: 8 for SiT-XL/2)");
+    v.field("weight", weight, "lambda of the alignment loss (REPA: 0.5)");
+    v.field("projector_dim", projector_dim, "hidden width of the 3-layer projector MLP (REPA: 2048)");
+    v.field("stage", stage,
+            "classifier encoder: the stage whose tokens are the targets (1..4; 0 = the last), resized to the DiT's "
+            "token grid");
+  }
+};
+
 /// `sampling:` — how `moh sample` (and the end-of-training samples) run the reverse process.
 struct SamplingConfig {
   SamplerKind sampler = SamplerKind::ddpm;

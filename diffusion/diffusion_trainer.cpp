@@ -38,12 +38,26 @@ DiTOutput forward_autocast(DiT& model, const at::Tensor& xt, const at::Tensor& t
   return model->forward(xt, t, y, d.drop);
 }
 
-// loss + β·aux, scaled backward; `r` gets the aux term beside the loss terms already in it.
-LossTensors finish_backward(at::Tensor loss, const DiTOutput& out, double beta, const GradScaler& scaler,
-                            LossTensors r) {
+// REPA's targets of the clean training inputs: the frozen encoder, without gradients, in the training precision.
+std::vector<at::Tensor> repa_targets(const RepaTerm& repa, const at::Tensor& x0, const RunContext& ctx) {
+  if (!repa.enabled()) return {};
+  torch::NoGradGuard no_grad;
+  AutocastScope autocast(ctx);
+  return {repa.targets(x0)};  // (B, T, D)
+}
+
+// loss + β·aux (+ λ·REPA), scaled backward; `r` gets the aux (and repa) terms beside the loss terms already in it.
+LossTensors finish_backward(at::Tensor loss, const DiTOutput& out, double beta, const GradScaler& scaler, LossTensors r,
+                            const RepaTerm& repa = {}, const std::vector<at::Tensor>& targets = {}) {
   const at::Tensor aux = out.aux_loss.defined() ? out.aux_loss.to(at::kFloat) : at::zeros({}, loss.options());
   r.emplace_back("aux", aux.detach());
   if (out.aux_loss.defined()) loss = loss + beta * aux;
+  if (repa.enabled()) {
+    if (out.zs.size() != targets.size()) throw std::logic_error("REPA: the model has no projector per encoder");
+    const at::Tensor proj = repa_loss(out.zs, targets);
+    r.emplace_back("repa", proj.detach());
+    loss = loss + repa.weight * proj;
+  }
   scaler.scale(loss).backward();
   return r;
 }
@@ -52,22 +66,25 @@ LossTensors finish_backward(at::Tensor loss, const DiTOutput& out, double beta, 
 
 LossTensors diffusion_backward(DiT& model, const GaussianDiffusion& diffusion, const at::Tensor& x0,
                                const at::Tensor& y, double beta, const RunContext& ctx, const GradScaler& scaler,
-                               int rank, int world) {
+                               int rank, int world, const RepaTerm& repa) {
   const double p = model->is_training() ? model->y_embedder->dropout_prob : 0.0;
   const DiffusionDraws d = draw_training_noise(x0.sizes().vec(), diffusion.num_steps(), p, rank, world, x0.device());
+  const std::vector<at::Tensor> targets = repa_targets(repa, x0, ctx);
   const at::Tensor noise = d.noise.to(x0.scalar_type());
   const at::Tensor xt = diffusion.q_sample(x0, d.t, noise);
   const DiTOutput out = forward_autocast(model, xt, d.t, y, d, ctx);
   const GaussianDiffusion::Losses l = diffusion.training_losses(out.out.to(at::kFloat), x0, xt, d.t, noise);
   const at::Tensor loss = l.loss.mean();
   return finish_backward(loss, out, beta, scaler,
-                         {{"loss", loss.detach()}, {"mse", l.mse.mean().detach()}, {"vb", l.vb.mean().detach()}});
+                         {{"loss", loss.detach()}, {"mse", l.mse.mean().detach()}, {"vb", l.vb.mean().detach()}}, repa,
+                         targets);
 }
 
 LossTensors flow_backward(DiT& model, const FlowProcess& flow, const at::Tensor& x1, const at::Tensor& y, double beta,
-                          const RunContext& ctx, const GradScaler& scaler, int rank, int world) {
+                          const RunContext& ctx, const GradScaler& scaler, int rank, int world, const RepaTerm& repa) {
   const double p = model->is_training() ? model->y_embedder->dropout_prob : 0.0;
   const DiffusionDraws d = draw_training_noise(x1.sizes().vec(), flow_time_draw(flow), p, rank, world, x1.device());
+  const std::vector<at::Tensor> targets = repa_targets(repa, x1, ctx);
   const at::Tensor x0 = d.noise.to(x1.scalar_type()), t = d.t.to(x1.scalar_type());
   const at::Tensor xt = flow.interpolate(x1, x0, t).first;
   const DiTOutput out = forward_autocast(model, xt, t, y, d, ctx);
@@ -76,7 +93,7 @@ LossTensors flow_backward(DiT& model, const FlowProcess& flow, const at::Tensor&
   const at::Tensor loss = l.loss.mean();
   return finish_backward(
       loss, out, beta, scaler,
-      {{"loss", loss.detach()}, {"mse", l.mse.mean().detach()}, {"cosine", l.cosine.mean().detach()}});
+      {{"loss", loss.detach()}, {"mse", l.mse.mean().detach()}, {"cosine", l.cosine.mean().detach()}}, repa, targets);
 }
 
 }  // namespace moh::diffusion

@@ -11,6 +11,7 @@
 #include "diffusion/dit.h"
 #include "diffusion/flow_matching.h"
 #include "diffusion/gaussian_diffusion.h"
+#include "diffusion/repa.h"
 
 namespace moh::diffusion {
 
@@ -35,15 +36,19 @@ TimeDraw flow_time_draw(const FlowProcess& flow);
 /// The forward/backward half of a DiT training step on clean data x0 (B, C, H, W) with labels y: the draws above,
 /// q_sample, forward under autocast, hybrid loss in fp32 + β·aux, scaled backward. The optimizer half is
 /// finish_optimizer_step (core/amp.h). Data parallel (world > 1): x0 holds the rank's samples r, r + world, ... of
-/// the global batch, so the step equals a single process's. Returns loss, mse, vb, aux (0-dim, on the device).
+/// the global batch, so the step equals a single process's. With `repa` enabled, λ·REPA's projection loss of the
+/// model's projected block tokens against the encoder's targets of x0 is added (REPA train.py). Returns loss, mse,
+/// vb, aux (and repa) (0-dim, on the device).
 LossTensors diffusion_backward(DiT& model, const GaussianDiffusion& diffusion, const at::Tensor& x0,
                                const at::Tensor& y, double beta, const RunContext& ctx, const GradScaler& scaler,
-                               int rank = 0, int world = 1);
+                               int rank = 0, int world = 1, const RepaTerm& repa = {});
 
 /// The same half step for flow matching (SiT train.py): t, noise x0 and the class-dropout mask as above, x_t and u_t
 /// on the path, forward under autocast on t itself, the loss of flow.training_losses on the first C output channels
-/// (a learned-σ model's variance channels go untrained, as in SiT) + β·aux. Returns loss, mse, cosine, aux.
+/// (a learned-σ model's variance channels go untrained, as in SiT) + β·aux (+ λ·REPA of x1, REPA's SiT recipe).
+/// Returns loss, mse, cosine, aux (and repa).
 LossTensors flow_backward(DiT& model, const FlowProcess& flow, const at::Tensor& x1, const at::Tensor& y, double beta,
-                          const RunContext& ctx, const GradScaler& scaler, int rank = 0, int world = 1);
+                          const RunContext& ctx, const GradScaler& scaler, int rank = 0, int world = 1,
+                          const RepaTerm& repa = {});
 
 }  // namespace moh::diffusion

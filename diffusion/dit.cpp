@@ -8,6 +8,7 @@
 #include "core/activation_checkpoint.h"
 #include "core/error.h"
 #include "core/registry.h"
+#include "diffusion/repa.h"
 
 namespace moh::diffusion {
 
@@ -92,6 +93,9 @@ void DiTOptions::validate() const {
   if (class_dropout_prob < 0 || class_dropout_prob >= 1)
     throw UserError(what, "class_dropout_prob must be in [0,1)", "");
   for (int64_t i = 0; i < depth; ++i) layer(i).validate();
+  if (!repa_z_dims.empty() && (repa_depth < 1 || repa_depth > depth || repa_projector_dim <= 0))
+    throw UserError(what, "REPA's block " + std::to_string(repa_depth) + " is not one of 1.." + std::to_string(depth),
+                    "set train.repa.depth");
 }
 
 SwiGLUImpl::SwiGLUImpl(int64_t dim, int64_t hidden) {
@@ -107,21 +111,6 @@ RopeBuffersImpl::RopeBuffersImpl(int64_t head_dim, int64_t grid) {
   const nn::RopeTables t = nn::rope2d_tables(head_dim, grid);
   freqs_cos = register_buffer("freqs_cos", t.cos);
   freqs_sin = register_buffer("freqs_sin", t.sin);
-}
-
-MlpImpl::MlpImpl(int64_t dim, int64_t hidden) {
-  fc1 = register_module("fc1", nn::Linear(dim, hidden));
-  fc2 = register_module("fc2", nn::Linear(hidden, dim));
-}
-at::Tensor MlpImpl::forward(const at::Tensor& x) {
-  return fc2->forward(at::gelu(fc1->forward(x), "tanh"));
-}
-
-PatchEmbedImpl::PatchEmbedImpl(int64_t in_channels, int64_t dim, int64_t patch) {
-  proj = register_module("proj", torch::nn::Conv2d(torch::nn::Conv2dOptions(in_channels, dim, patch).stride(patch)));
-}
-at::Tensor PatchEmbedImpl::forward(const at::Tensor& x) {
-  return proj->forward(x).flatten(2).transpose(1, 2);  // (N, T, D)
 }
 
 TimestepEmbedderImpl::TimestepEmbedderImpl(int64_t dim, int64_t fdim) : frequency_dim(fdim) {
@@ -170,7 +159,7 @@ DiTBlockImpl::DiTBlockImpl(const DiTOptions& o, int64_t layer) : dim(o.hidden_si
   if (o.mlp == MlpKind::swiglu)
     swiglu = register_module("mlp", SwiGLU(d, static_cast<int64_t>(2.0 / 3.0 * static_cast<double>(hidden))));
   else
-    mlp = register_module("mlp", Mlp(d, hidden));
+    mlp = register_module("mlp", Mlp(d, hidden, /*tanh_gelu=*/true));
   adaLN_modulation =
       register_module("adaLN_modulation", torch::nn::Sequential(torch::nn::SiLU(), nn::Linear(d, 6 * d)));
 }
@@ -181,7 +170,7 @@ DiTOutput DiTBlockImpl::forward(const at::Tensor& x, const at::Tensor& c, const 
   at::Tensor h = x + mod[2].unsqueeze(1) * a.out;
   const at::Tensor m = modulate(block_norm(norm2, h), mod[3], mod[4]);
   h = h + mod[5].unsqueeze(1) * (swiglu ? swiglu->forward(m) : mlp->forward(m));
-  return {h, a.aux_loss, a.routed};  // (N, T, D)
+  return {h, a.aux_loss, a.routed, {}};  // (N, T, D)
 }
 
 FinalLayerImpl::FinalLayerImpl(int64_t d, int64_t patch, int64_t out_channels, NormKind norm) : dim(d) {
@@ -220,6 +209,10 @@ DiTImpl::DiTImpl(const DiTOptions& o) : options(o) {
   final_layer = register_module("final_layer", FinalLayer(D, o.patch_size, o.out_channels(), o.norm));
   if (o.pos == PosKind::rope2d)
     feat_rope = register_module("feat_rope", RopeBuffers(o.layer(0).head_dim_resolved(), o.grid_size()));
+  if (!o.repa_z_dims.empty()) {
+    projectors = register_module("projectors", torch::nn::ModuleList());
+    for (int64_t z : o.repa_z_dims) projectors->push_back(repa_projector(D, o.repa_projector_dim, z));
+  }
   initialize_weights();
 }
 
@@ -279,10 +272,13 @@ DiTOutput DiTImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::T
   std::vector<at::Tensor> selections;  // per block, for the routing observer
   const bool recompute = options.grad_checkpoint && is_training() && at::GradMode::is_enabled();
   const nn::RopeTables rope = feat_rope ? feat_rope->tables() : nn::RopeTables{};
-  for (auto& b : *blocks) {
-    DiTBlockImpl& block = *b->as<DiTBlockImpl>();
+  std::vector<at::Tensor> zs;
+  for (size_t i = 0; i < blocks->size(); ++i) {
+    DiTBlockImpl& block = *blocks[i]->as<DiTBlockImpl>();
     DiTOutput o = recompute ? checkpointed_block(block, h, c, rope) : block.forward(h, c, rope);
     h = o.out;
+    if (projectors && is_training() && static_cast<int64_t>(i) + 1 == options.repa_depth)
+      for (auto& p : *projectors) zs.push_back(p->as<torch::nn::Sequential>()->forward(h));  // (N, T, z)
     if (o.aux_loss.defined()) {
       aux_sum = aux_sum.defined() ? aux_sum + o.aux_loss : o.aux_loss;
       ++routed;
@@ -290,7 +286,8 @@ DiTOutput DiTImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::T
     if (routing_observer) selections.push_back(o.routed);
   }
   DiTOutput out;
-  out.out = unpatchify(final_layer->forward(h, c));                      // (N, C_out, H, W)
+  out.out = unpatchify(final_layer->forward(h, c));  // (N, C_out, H, W)
+  out.zs = std::move(zs);
   if (routed > 0) out.aux_loss = aux_sum / static_cast<double>(routed);  // mean over routed layers
   if (routing_observer) {  // the labels the network saw: a dropped label is the null class
     const at::Tensor seen =

@@ -18,6 +18,7 @@
 #include "core/safetensors.h"
 #include "vision/nn/linear.h"
 #include "vision/nn/moh_attention.h"
+#include "vision/nn/vit_layers.h"
 
 namespace moh::diffusion {
 
@@ -50,6 +51,10 @@ struct DiTOptions {
   MlpKind mlp = MlpKind::gelu;          ///< swiglu: mlp.w12 / mlp.w3 with hidden int(2/3 · mlp_ratio · D)
   PosKind pos = PosKind::sincos;        ///< rope2d: sincos + 2-D rotary q/k (feat_rope.freqs_cos / freqs_sin)
   bool qk_norm = false;                 ///< attn.q_norm / attn.k_norm with `norm`'s kind
+  // REPA (diffusion/repa.h): one projector per encoder of block repa_depth's tokens, run in training mode only.
+  int64_t repa_depth = 0;             ///< 1-based block whose output tokens are projected (REPA's encoder_depth)
+  int64_t repa_projector_dim = 2048;  ///< hidden width of the projector MLP
+  std::vector<int64_t> repa_z_dims;   ///< each encoder's feature width; empty = no projectors
 
   int64_t out_channels() const { return learn_sigma ? 2 * in_channels : in_channels; }
   int64_t grid_size() const { return input_size / patch_size; }
@@ -81,21 +86,9 @@ struct RopeBuffersImpl : torch::nn::Module {
 };
 TORCH_MODULE(RopeBuffers);
 
-/// Mlp of a DiT block (timm Mlp): fc1 → GELU(tanh) → fc2.
-struct MlpImpl : torch::nn::Module {
-  MlpImpl(int64_t dim, int64_t hidden);
-  at::Tensor forward(const at::Tensor& x);
-  nn::Linear fc1{nullptr}, fc2{nullptr};
-};
-TORCH_MODULE(Mlp);
-
-/// Patch embedding: Conv2d(C_in, D, p, stride p) → (N, T, D), tokens row-major over the patch grid.
-struct PatchEmbedImpl : torch::nn::Module {
-  PatchEmbedImpl(int64_t in_channels, int64_t dim, int64_t patch);
-  at::Tensor forward(const at::Tensor& x);
-  torch::nn::Conv2d proj{nullptr};
-};
-TORCH_MODULE(PatchEmbed);
+/// Mlp of a DiT block (timm Mlp with DiT's approx_gelu: fc1 → GELU(tanh) → fc2) and its patch embedding.
+using nn::Mlp;
+using nn::PatchEmbed;
 
 /// Sinusoidal timestep features (GLIDE: cos first, then sin; 256 dims, max period 10000) → MLP.
 struct TimestepEmbedderImpl : torch::nn::Module {
@@ -124,6 +117,7 @@ struct DiTOutput {
   at::Tensor out;
   at::Tensor aux_loss;  ///< undefined when no routed layer ran in training mode
   at::Tensor routed;    ///< a block's (N·T, K) selected routed heads (undefined if not routed); unused for the model
+  std::vector<at::Tensor> zs;  ///< REPA: per projector (N, T, z_dim), training mode only
 };
 
 /// adaLN-Zero transformer block (layer `layer` of `o`); with LightningDiT's options RMSNorm (`norm1`, `norm2`),
@@ -174,7 +168,8 @@ struct DiTImpl : torch::nn::Module {
   at::Tensor pos_embed;  ///< (1, T, D), fixed (requires_grad false) but a parameter, as in the official code
   torch::nn::ModuleList blocks{nullptr};
   FinalLayer final_layer{nullptr};
-  RopeBuffers feat_rope{nullptr};  ///< pos: rope2d
+  RopeBuffers feat_rope{nullptr};             ///< pos: rope2d
+  torch::nn::ModuleList projectors{nullptr};  ///< REPA (repa_z_dims given)
 };
 TORCH_MODULE(DiT);
 

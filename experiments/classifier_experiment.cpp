@@ -59,6 +59,10 @@ vision::TransNeXtOptions classifier_options_for(const ExperimentConfig& cfg) {
 
 void validate_classifier_experiment(const ExperimentConfig& cfg) {
   const vision::TransNeXtOptions o = classifier_options_for(cfg);
+  if (!cfg.repa.encoder.empty())
+    throw UserError("config: train.repa.encoder",
+                    "REPA aligns a diffusion model's tokens; " + cfg.model.name + " is a classifier",
+                    "remove train.repa");
   // The first stage's activation of one rank's batch alone (a lower bound of what training holds) must fit the machine.
   const int64_t side = (o.img_size + o.patch_size - 1) / o.patch_size;
   const double bytes = static_cast<double>(cfg.data.batch_size / std::max<int64_t>(1, cfg.train.processes)) *

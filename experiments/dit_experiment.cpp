@@ -7,6 +7,7 @@
 #include "diffusion/diffusion_schedule.h"
 #include "experiments/experiment_data.h"
 #include "experiments/model_family.h"
+#include "experiments/repa_encoders.h"
 
 namespace moh::experiments {
 
@@ -159,6 +160,7 @@ void validate_dit_experiment(const ExperimentConfig& cfg, bool training, bool sa
   if (sampling) check_head_budgets(o, cfg.sampling);
   sample_options_for(cfg);  // "sampling.steps" must respace diffusion.steps, or count an ODE solver's steps
   if (!training) return;
+  check_repa(cfg, o);
   const bool latent = cfg.data.dataset == DatasetKind::latents;
   if (cfg.diffusion.vae == VaeKind::sd && !latent)
     throw UserError(
@@ -238,12 +240,25 @@ diffusion::AutoencoderKL load_sampling_vae(const ExperimentConfig& cfg, const Ru
   return vae;
 }
 
+namespace {
+
+// The widths of a checkpoint's REPA projectors (projectors.N.4.weight: (z_dim, projector_dim)); empty without REPA.
+std::vector<int64_t> repa_widths(const std::string& checkpoint_dir) {
+  const SafetensorsReader file(checkpoint_dir + "/model.safetensors");
+  std::vector<int64_t> widths;
+  while (const SafetensorsEntry* e = file.find("projectors." + std::to_string(widths.size()) + ".4.weight"))
+    widths.push_back(e->shape.at(0));
+  return widths;
+}
+
+}  // namespace
+
 LoadedDiT load_dit_checkpoint(const std::string& path, bool prefer_ema) {
   auto [ckpt, cfg] = open_family_checkpoint(path, names_of(diffusion::dit_variants()), "DiT", "pass a DiT run");
   hold_checkpoint(ckpt.dir);  // a run pruning its checkpoints leaves this one alone while we read it
   LoadedDiT r;
   r.cfg = cfg;
-  r.model = diffusion::DiT(dit_options_for(r.cfg));
+  r.model = diffusion::DiT(with_repa_projectors(dit_options_for(r.cfg), r.cfg.repa, repa_widths(ckpt.dir)));
   r.dir = ckpt.dir;
   r.step = ckpt.state.step;
   r.weights = load_checkpoint_weights(*r.model, ckpt, prefer_ema, /*require_ema=*/false).which;

@@ -62,6 +62,10 @@ void ExperimentConfig::validate(const std::string& origin) const {
         "use a multiple of it");
   if (model.drop_path >= 1) bad("model.drop_path", "must be < 1", "e.g. 0.1");
   if (diffusion.steps < 2) bad("diffusion.steps", "must be >= 2", "DiT uses 1000");
+  if (!(repa.weight >= 0) || !std::isfinite(repa.weight)) bad("train.repa.weight", "must be >= 0", "REPA: 0.5");
+  if (repa.depth < 1) bad("train.repa.depth", "must be >= 1", "REPA: 8 of SiT-XL's 28 blocks");
+  if (repa.projector_dim < 1) bad("train.repa.projector_dim", "must be >= 1", "REPA: 2048");
+  if (repa.stage < 0 || repa.stage > 4) bad("train.repa.stage", "must be in 0..4 (0 = the last stage)", "");
   const FlowConfig& fc = diffusion.flow;
   if (fc.t_lognormal.size() != 2 || !(fc.t_lognormal[1] > 0) || !std::isfinite(fc.t_lognormal[0]))
     bad("diffusion.t_lognormal", "expected [m, s] with s > 0", "LightningDiT: [0, 1]");

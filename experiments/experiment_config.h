@@ -19,6 +19,17 @@ namespace moh::experiments {
 /// Current config format version (`version:` in every experiment file).
 constexpr int64_t kConfigVersion = 1;
 
+/// `train:` as the file writes it: the loop's keys (core/train_config.h) and the DiT-only `train.repa` section.
+struct TrainSection {
+  TrainConfig& loop;
+  RepaConfig& repa;
+  template <class V>
+  void visit(V& v) {
+    loop.visit(v);
+    v.section("repa", repa, "REPA representation alignment (DiT experiments; off while encoder is empty)");
+  }
+};
+
 /// The whole experiment file.
 struct ExperimentConfig {
   int64_t version = kConfigVersion;
@@ -29,6 +40,7 @@ struct ExperimentConfig {
   OptimConfig optim;
   ScheduleConfig schedule;
   TrainConfig train;
+  RepaConfig repa;  ///< train.repa
   DiffusionConfig diffusion;
   SamplingConfig sampling;
 
@@ -41,7 +53,8 @@ struct ExperimentConfig {
     v.section("augment", augment, "classification augmentation (ImageNet recipe)");
     v.section("optim", optim, "optimizer (AdamW)");
     v.section("schedule", schedule, "learning-rate schedule");
-    v.section("train", train, "training loop");
+    TrainSection train_section{train, repa};
+    v.section("train", train_section, "training loop");
     v.section("diffusion", diffusion, "Gaussian diffusion process (DiT experiments)");
     v.section("sampling", sampling, "reverse-process sampling and classifier-free guidance (DiT experiments)");
   }

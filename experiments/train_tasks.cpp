@@ -4,6 +4,7 @@
 
 #include "datasets/augment.h"
 #include "diffusion/diffusion_trainer.h"
+#include "experiments/repa_encoders.h"
 #include "vision/classifier_trainer.h"
 #include "vision/nn/head_surgery.h"
 
@@ -92,12 +93,21 @@ class DiTTask : public TrainTask {
         options_(dit_options_for(cfg)),
         data_(cfg, options_),
         diffusion_(diffusion::GaussianDiffusion::base(cfg.diffusion.steps)),
-        flow_(cfg.diffusion.flow) {}
+        flow_(cfg.diffusion.flow) {
+    if (cfg.repa.encoder.empty()) return;
+    encoder_ = make_repa_encoder(cfg, options_, ctx);
+    options_ = with_repa_projectors(options_, cfg.repa, {encoder_.dim});
+    repa_.targets = encoder_.targets;
+    repa_.weight = cfg.repa.weight;
+  }
 
   std::shared_ptr<torch::nn::Module> build_model() override { return diffusion::DiT(options_).ptr(); }
   std::string describe() const override {
     std::ostringstream s;
     s << cfg_.model.name << ": " << options_.active_ratio() * 100 << " % active heads";
+    if (repa_.enabled())
+      s << "; REPA: block " << cfg_.repa.depth << " aligned to " << encoder_.description << " (sha256 "
+        << encoder_.weights_sha256.substr(0, 12) << "), weight " << cfg_.repa.weight;
     return s.str();
   }
   // One common generator on every rank: the step's draws are made for the global batch (diffusion_backward).
@@ -112,9 +122,9 @@ class DiTTask : public TrainTask {
     const double beta = cfg_.train.moh_loss_coeff;
     if (cfg_.diffusion.objective == Objective::flow)
       return diffusion::flow_backward(net, flow_, x0.to(ctx_.device), y.to(ctx_.device), beta, ctx_, scaler, ctx_.rank,
-                                      ctx_.world);
+                                      ctx_.world, repa_);
     return diffusion::diffusion_backward(net, diffusion_, x0.to(ctx_.device), y.to(ctx_.device), beta, ctx_, scaler,
-                                         ctx_.rank, ctx_.world);
+                                         ctx_.rank, ctx_.world, repa_);
   }
 
  private:
@@ -124,6 +134,8 @@ class DiTTask : public TrainTask {
   DiTTrainData data_;
   diffusion::GaussianDiffusion diffusion_;  // objective: ddpm
   diffusion::FlowProcess flow_;             // objective: flow
+  RepaEncoder encoder_;                     // train.repa
+  diffusion::RepaTerm repa_;                // off unless train.repa.encoder
 };
 
 }  // namespace

@@ -7,7 +7,11 @@
 #          linear path, velocity), sampled by Heun 6 steps with the same guidance (11 steps' worth of evaluations, 6
 #          of them guided: 17);
 #   ddpm_ld, flow_ld   the same with LightningDiT's block (RMSNorm, SwiGLU, 2-D RoPE); flow_ld also with its
-#          logit-normal t and the cosine loss term.
+#          logit-normal t and the cosine loss term;
+#   flow_repa, flow_repa_ld   flow (or flow_ld) + REPA (train.repa): block 2 of 6 (REPA: 8 of 28) aligned with stage 2
+#          (8×8 tokens, area-averaged to the DiT's 7×7) of a MoH-ViT-Nano classifier trained by the shipped recipe
+#          with another seed (RUNS/repa_encoder, seed 7) — not the FID feature network itself, so the alignment
+#          cannot target the metric's own features; λ 0.5, projector width 256 (REPA: 2048 for width 1152).
 # The FID feature network is the shipped MoH-ViT-Nano recipe's classifier (configs/fashion_mnist/moh_vit_nano.yaml,
 # trained once into RUNS/features), the reference the Fashion-MNIST test set. Every measurement is one JSON line in
 # OUT/rows.jsonl with its provenance (machine, LibTorch, seed, recipe, step, feature network and reference statistics
@@ -26,7 +30,9 @@ MODELS=${MODELS:-"dit moh"} RECIPES=${RECIPES:-"ddpm flow"} SEEDS=${SEEDS:-"1 2"
 SAMPLES=${SAMPLES:-2000} PRECISION=${PRECISION:-auto} LIMIT=${LIMIT:-0}
 [ -x "$MOH" ] || { echo "error: $MOH not found (run scripts/setup.sh first)" >&2; exit 2; }
 for r in $RECIPES; do
-  case $r in ddpm | flow | ddpm_ld | flow_ld) ;; *) echo "error: RECIPES: unknown recipe $r (ddpm, flow, ddpm_ld, flow_ld)" >&2; exit 2 ;; esac
+  case $r in ddpm | flow | ddpm_ld | flow_ld | flow_repa | flow_repa_ld) ;;
+  *) echo "error: RECIPES: unknown recipe $r (ddpm, flow, ddpm_ld, flow_ld, flow_repa, flow_repa_ld)" >&2; exit 2 ;;
+  esac
 done
 for m in $MODELS; do
   case $m in dit | moh) ;; *) echo "error: MODELS: unknown model $m (dit, moh)" >&2; exit 2 ;; esac
@@ -50,6 +56,12 @@ if [ ! -f "$FEATURES.done" ]; then
   "$MOH" train configs/fashion_mnist/moh_vit_nano.yaml --run-dir "$FEATURES" >"$FEATURES.log"
   touch "$FEATURES.done"
 fi
+ENCODER=$RUNS/repa_encoder
+if [[ " $RECIPES " == *" flow_repa"* ]] && [ ! -f "$ENCODER.done" ]; then
+  rm -rf "$ENCODER"
+  "$MOH" train configs/fashion_mnist/moh_vit_nano.yaml --run-dir "$ENCODER" --set train.seed=7 >"$ENCODER.log"
+  touch "$ENCODER.done"
+fi
 STATS=$RUNS/fm_test_stats.npz
 [ -f "$STATS" ] || "$MOH" ref-stats --images fashion_mnist:test --features "classifier:$FEATURES" --out "$STATS" >/dev/null
 
@@ -61,6 +73,8 @@ recipe_sets() {  # the training overrides of a recipe
   flow) echo "--set diffusion.objective=flow --set sampling.sampler=heun --set sampling.steps=6" ;;
   ddpm_ld) echo "$LIGHTNING_BLOCK" ;;
   flow_ld) echo "$(recipe_sets flow) $LIGHTNING_BLOCK --set diffusion.t_sampling=lognormal --set diffusion.loss=mse+cosine" ;;
+  flow_repa*) echo "$(recipe_sets "flow${1#flow_repa}") --set train.repa.encoder=$ENCODER --set train.repa.stage=2" \
+    "--set train.repa.depth=2 --set train.repa.weight=0.5 --set train.repa.projector_dim=256" ;;
   esac
 }
 sampler_args() {  # the FID samples' sampler: 17 network evaluations per image either way (sampling.json's count)

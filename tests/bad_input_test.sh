@@ -163,6 +163,17 @@ bad "mse+cosine compares velocities" -- train $DIT --set diffusion.objective=flo
   --set diffusion.loss=mse+cosine --set diffusion.prediction=noise --run-dir "$O/r"
 bad "LightningDiT's block options are for DiT models" -- train $NANO --set model.mlp=swiglu --run-dir "$O/r"
 bad "sampling.atol: must be > 0" -- sample --checkpoint "$F/flow" --sampler dopri5 --set sampling.atol=0 --out "$O/s"
+# REPA: the encoder file, its kind and its token grid, the block, a classifier
+bad "train.repa.encoder: no such file" -- train $DIT --set train.repa.encoder="$F/dinov2.safetensors" \
+  --set train.repa.depth=2 --run-dir "$O/r"
+bad "not DINOv2 ViT weights: no tensor 'cls_token'" -- train $DIT "${TINY[@]}" --set train.repa.depth=2 \
+  --set train.repa.encoder="$F/dit/checkpoints/$(cat "$F/dit/checkpoints/latest")/model.safetensors" --run-dir "$O/r"
+bad "stage-4 token grid 2×2 cannot map to the DiT's 7×7 grid" -- train $DIT --set train.repa.encoder="$F/run" \
+  --set train.repa.depth=2 --run-dir "$O/r"
+bad "train.repa.depth: 7 is not a block of MoH-DiT-Pixel/4-75 (1..6)" -- train $DIT --set train.repa.encoder="$F/run" \
+  --set train.repa.stage=2 --set train.repa.depth=7 --run-dir "$O/r"
+bad "train.repa.weight: must be >= 0" -- train $DIT --set train.repa.weight=-1 --run-dir "$O/r"
+bad "REPA aligns a diffusion model's tokens" -- train $NANO --set train.repa.encoder="$F/run" --run-dir "$O/r"
 
 # 2. Validation before the run dir is touched; output paths checked before any work.
 bad "already holds a run" -- train $NANO "${TINY[@]}" --run-dir "$F/run"

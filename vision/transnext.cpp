@@ -542,9 +542,10 @@ ClassifierOutput TransNeXtImpl::forward(const at::Tensor& input) {
       }
     }
     x = ln(norm[i], x);
+    const int64_t side = options.stage_size(i);
+    out.stages[i] = x.reshape({B, side, side, -1});  // (B, H, W, C)
     if (i < 3) {
-      const int64_t side = options.stage_size(i);
-      x = x.reshape({B, side, side, -1});  // (B, H, W, C)
+      x = out.stages[i];
       if (i == 2) out.stage3 = x;
       x = x.permute({0, 3, 1, 2});  // (B, C, H, W) for the next patch embedding
     }

@@ -147,11 +147,12 @@ TORCH_MODULE(OverlapPatchEmbed);
 
 /// Output of the classifier.
 struct ClassifierOutput {
-  at::Tensor logits;               ///< (B, classes)
-  at::Tensor features;             ///< (B, C4): pooled penultimate features (for FID-style metrics)
-  at::Tensor stage3;               ///< (B, H3, W3, C3): normalised stage-3 map (the sFID-style spatial features)
-  at::Tensor aux_loss;             ///< mean MoH load-balance loss over routed layers (training), else undefined
-  std::vector<at::Tensor> routed;  ///< per block (stage order): (B·N, K) selected heads, undefined if not routed
+  at::Tensor logits;                 ///< (B, classes)
+  at::Tensor features;               ///< (B, C4): pooled penultimate features (for FID-style metrics)
+  at::Tensor stage3;                 ///< (B, H3, W3, C3): normalised stage-3 map (the sFID-style spatial features)
+  std::array<at::Tensor, 4> stages;  ///< (B, H_s, W_s, C_s): every stage's normalised map (REPA's encoder tokens)
+  at::Tensor aux_loss;               ///< mean MoH load-balance loss over routed layers (training), else undefined
+  std::vector<at::Tensor> routed;    ///< per block (stage order): (B·N, K) selected heads, undefined if not routed
 };
 
 /// The TransNeXt / MoH-ViT classifier.

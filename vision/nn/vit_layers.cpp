@@ -1,0 +1,22 @@
+#include "vision/nn/vit_layers.h"
+
+namespace moh::nn {
+
+MlpImpl::MlpImpl(int64_t dim, int64_t hidden, bool tanh) : tanh_gelu(tanh) {
+  fc1 = register_module("fc1", Linear(dim, hidden));
+  fc2 = register_module("fc2", Linear(hidden, dim));
+}
+
+at::Tensor MlpImpl::forward(const at::Tensor& x) {
+  return fc2->forward(at::gelu(fc1->forward(x), tanh_gelu ? "tanh" : "none"));
+}
+
+PatchEmbedImpl::PatchEmbedImpl(int64_t in_channels, int64_t dim, int64_t patch) {
+  proj = register_module("proj", torch::nn::Conv2d(torch::nn::Conv2dOptions(in_channels, dim, patch).stride(patch)));
+}
+
+at::Tensor PatchEmbedImpl::forward(const at::Tensor& x) {
+  return proj->forward(x).flatten(2).transpose(1, 2);  // (N, T, D)
+}
+
+}  // namespace moh::nn

@@ -1,0 +1,29 @@
+#pragma once
+// The two plain ViT layers DiT and DINOv2 share (timm's Mlp and PatchEmbed): registered names fc1 / fc2 and proj, as
+// in both official state_dicts.
+#include <torch/nn/module.h>
+#include <torch/nn/modules/conv.h>
+
+#include "vision/nn/linear.h"
+
+namespace moh::nn {
+
+/// timm Mlp: fc1 → GELU → fc2; `tanh_gelu` picks GELU's tanh approximation (DiT's approx_gelu) over the exact one
+/// (DINOv2).
+struct MlpImpl : torch::nn::Module {
+  MlpImpl(int64_t dim, int64_t hidden, bool tanh_gelu);
+  at::Tensor forward(const at::Tensor& x);  // (…, dim) → (…, dim)
+  Linear fc1{nullptr}, fc2{nullptr};
+  bool tanh_gelu;
+};
+TORCH_MODULE(Mlp);
+
+/// Patch embedding: proj = Conv2d(C_in, D, p, stride p); (N, C_in, H, W) → (N, T, D), tokens row-major over the grid.
+struct PatchEmbedImpl : torch::nn::Module {
+  PatchEmbedImpl(int64_t in_channels, int64_t dim, int64_t patch);
+  at::Tensor forward(const at::Tensor& x);
+  torch::nn::Conv2d proj{nullptr};
+};
+TORCH_MODULE(PatchEmbed);
+
+}  // namespace moh::nn
