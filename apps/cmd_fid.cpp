@@ -1,5 +1,6 @@
-// `moh fid --samples S --ref R --features KIND:PATH [--metrics fid,sfid,is,pr] [--json] [--out DIR] ...`: FID, sFID,
-// IS, precision and recall of a sample batch against a reference batch or reference statistics (ADM evaluator).
+// `moh fid --samples S --ref R --features KIND:PATH [--metrics fid,sfid,is,pr,kid] [--json] [--out DIR] ...`: FID,
+// sFID, IS, precision and recall (ADM evaluator) and KID (torch-fidelity) of a sample batch against a reference
+// batch or reference statistics.
 #include <iostream>
 
 #include "apps/cli.h"
@@ -32,7 +33,7 @@ int cmd_fid(int argc, char** argv) {
        cxxopts::value<std::string>());
   flag("features", "feature network: inception:WEIGHTS(.pth|.safetensors) or classifier:CHECKPOINT_OR_RUN_DIR",
        cxxopts::value<std::string>());
-  flag("metrics", "comma list of fid,sfid,is,pr (or all)", cxxopts::value<std::string>()->default_value("all"));
+  flag("metrics", "comma list of fid,sfid,is,pr,kid (or all)", cxxopts::value<std::string>()->default_value("all"));
   flag("is-mode", "adm (splits of 5000 in order) or fidelity (torch-fidelity: 10 shuffled splits, mean ± std)",
        cxxopts::value<std::string>()->default_value("adm"));
   flag("resize", "Inception resize: tf1 (ADM / torch-fidelity) or pytorch (pytorch-fid)",
@@ -77,9 +78,9 @@ int cmd_fid(int argc, char** argv) {
   } else {
     const auto& m = report["metrics"];
     std::cout << "FID " << fmt(m, "fid") << "  sFID " << fmt(m, "sfid") << "  IS " << fmt(m, "inception_score")
-              << "  precision " << fmt(m, "precision") << "  recall " << fmt(m, "recall") << "  ("
-              << report["samples"]["count"] << " samples, " << report["feature_net"]["feature_net"].get<std::string>()
-              << ")\n";
+              << "  precision " << fmt(m, "precision") << "  recall " << fmt(m, "recall") << "  KID "
+              << fmt(m, "kid_mean") << "  (" << report["samples"]["count"] << " samples, "
+              << report["feature_net"]["feature_net"].get<std::string>() << ")\n";
     if (report.contains("sample_accuracy"))
       std::cout << "sample accuracy " << eval::format_metric("top1", report["sample_accuracy"]["top1"].get<double>())
                 << " %\n";

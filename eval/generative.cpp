@@ -41,7 +41,7 @@ void check_square(const at::Tensor& sigma, const at::Tensor& mu, const std::stri
 }  // namespace
 
 MetricSet parse_metric_set(const std::string& list) {
-  MetricSet m{false, false, false, false};
+  MetricSet m{false, false, false, false, false};
   std::stringstream ss(list);
   std::string item;
   while (std::getline(ss, item, ',')) {
@@ -53,15 +53,18 @@ MetricSet parse_metric_set(const std::string& list) {
       m.is = true;
     else if (item == "pr")
       m.pr = true;
+    else if (item == "kid")
+      m.kid = true;
     else if (item == "all")
       m = MetricSet{};
     else {
-      const std::string near = nearest_name(item, {"fid", "sfid", "is", "pr", "all"});
+      const std::string near = nearest_name(item, {"fid", "sfid", "is", "pr", "kid", "all"});
       throw UserError("--metrics " + list, "unknown metric '" + item + "'",
-                      near.empty() ? "choose from fid,sfid,is,pr,all" : "did you mean '" + near + "'?");
+                      near.empty() ? "choose from fid,sfid,is,pr,kid,all" : "did you mean '" + near + "'?");
     }
   }
-  if (!(m.fid || m.sfid || m.is || m.pr)) throw UserError("--metrics", "no metric selected", "e.g. fid,sfid,is,pr");
+  if (!(m.fid || m.sfid || m.is || m.pr || m.kid))
+    throw UserError("--metrics", "no metric selected", "e.g. fid,sfid,is,pr,kid");
   return m;
 }
 
@@ -151,13 +154,13 @@ ReferenceInputs open_reference(const GenerativeEvalOptions& o, const FeatureNet&
                       "recompute them with moh ref-stats using the same --features");
   }
   const bool need_images = !r.stored || (o.metrics.sfid && !r.stored->spatial.mu.defined()) ||
-                           (o.metrics.pr && !r.stored->pr_features.defined());
+                           ((o.metrics.pr || o.metrics.kid) && !r.stored->pr_features.defined());
   if (!need_images) return r;
   try {
     r.images = datasets::open_image_source(o.reference);
   } catch (const UserError&) {
     if (!r.stored) throw;
-    throw UserError("--ref " + o.reference, "has statistics but no images for sfid/pr", "use --metrics fid,is");
+    throw UserError("--ref " + o.reference, "has statistics but no images for sfid/pr/kid", "use --metrics fid,is");
   }
   return r;
 }
@@ -174,6 +177,9 @@ void check_counts(const GenerativeEvalOptions& o, int64_t n_samples, const Refer
                     "precision/recall need more than k = " + std::to_string(kPRNeighbourhood) +
                         " images per set, got " + std::to_string(std::min(n_samples, n_pr_ref)),
                     "use more images or --metrics fid,sfid,is");
+  if (o.metrics.kid && (n_samples < 2 || n_pr_ref < 2))
+    throw UserError(n_samples < 2 ? "--samples " + o.samples : "--ref " + o.reference,
+                    "KID needs at least 2 images per set", "use more images or leave kid out of --metrics");
 }
 
 /// Labels and statistic widths against the net's output widths (one probe image through the net, no progress).
@@ -201,7 +207,7 @@ void check_widths(const GenerativeEvalOptions& o, FeatureNet& net, const dataset
   };
   width(r.stored->pool.mu, probe.pool, "mu", o.metrics.fid);
   width(r.stored->spatial.mu, probe.spatial, "mu_s", o.metrics.sfid);
-  width(r.stored->pr_features, probe.pool, "pr_features", o.metrics.pr);
+  width(r.stored->pr_features, probe.pool, "pr_features", o.metrics.pr || o.metrics.kid);
 }
 
 /// The reference statistics: stored ones completed by those computed from `rf` (features of the reference images).
@@ -229,6 +235,13 @@ nlohmann::json compute_metrics(const GenerativeEvalOptions& o, const FeatureSet&
     const PRResult r = precision_recall(ref.pr_features, s.pool);
     metrics["precision"] = r.precision;
     metrics["recall"] = r.recall;
+  }
+  if (o.metrics.kid) {  // torch-fidelity's protocol on the reference's precision/recall rows
+    const KIDResult r = kernel_inception_distance(s.pool, ref.pr_features);
+    metrics["kid_mean"] = r.mean;
+    metrics["kid_std"] = r.std;
+    metrics["kid_subsets"] = r.subsets;
+    metrics["kid_subset_size"] = r.subset_size;
   }
   return metrics;
 }

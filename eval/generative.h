@@ -18,9 +18,9 @@ namespace moh::eval {
 
 /// Which numbers to compute.
 struct MetricSet {
-  bool fid = true, sfid = true, is = true, pr = true;
+  bool fid = true, sfid = true, is = true, pr = true, kid = true;
 };
-/// Parses "fid,sfid,is,pr" (any subset; "all"); unknown names are UserErrors.
+/// Parses "fid,sfid,is,pr,kid" (any subset; "all"); unknown names are UserErrors.
 MetricSet parse_metric_set(const std::string& list);
 
 /// Rows of the reference set used for precision/recall (ADM's reference batches hold 10,000 images).

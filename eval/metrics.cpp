@@ -26,25 +26,75 @@ int64_t rows_per_block(int64_t cols, int64_t block_bytes) {
 
 }  // namespace
 
-std::vector<int64_t> numpy_legacy_permutation(int64_t n, uint32_t seed) {
-  std::mt19937 mt(seed);  // numpy's mt19937_seed is init_genrand, the same as std::mt19937(seed)
+uint64_t NumpyLegacyRandom::interval(uint64_t max) {
+  // random_interval: the smallest all-ones mask covering max, rejection until the masked draw is ≤ max.
+  uint64_t mask = max;
+  for (int s = 1; s <= 32; s <<= 1) mask |= mask >> s;
+  uint64_t j;
+  if (max <= 0xffffffffULL) {
+    do j = mt_() & mask;
+    while (j > max);
+  } else {
+    do j = ((static_cast<uint64_t>(mt_()) << 32) | mt_()) & mask;
+    while (j > max);
+  }
+  return j;
+}
+
+std::vector<int64_t> NumpyLegacyRandom::permutation(int64_t n) {
   std::vector<int64_t> a(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) a[static_cast<size_t>(i)] = i;
-  for (int64_t i = n - 1; i >= 1; --i) {
-    // random_interval(i): the smallest all-ones mask covering i, rejection until the masked draw is ≤ i.
-    uint64_t mask = static_cast<uint64_t>(i);
-    for (int s = 1; s <= 32; s <<= 1) mask |= mask >> s;
-    uint64_t j;
-    if (static_cast<uint64_t>(i) <= 0xffffffffULL) {
-      do j = mt() & mask;
-      while (j > static_cast<uint64_t>(i));
-    } else {
-      do j = ((static_cast<uint64_t>(mt()) << 32) | mt()) & mask;
-      while (j > static_cast<uint64_t>(i));
-    }
-    std::swap(a[static_cast<size_t>(i)], a[static_cast<size_t>(j)]);
-  }
+  for (int64_t i = n - 1; i >= 1; --i)
+    std::swap(a[static_cast<size_t>(i)], a[static_cast<size_t>(interval(static_cast<uint64_t>(i)))]);
   return a;
+}
+
+std::vector<int64_t> NumpyLegacyRandom::choice(int64_t n, int64_t k) {
+  std::vector<int64_t> p = permutation(n);
+  p.resize(static_cast<size_t>(k));
+  return p;
+}
+
+std::vector<int64_t> numpy_legacy_permutation(int64_t n, uint32_t seed) {
+  return NumpyLegacyRandom(seed).permutation(n);
+}
+
+namespace {
+
+// torch-fidelity's mmd2(..., mmd_est="unbiased") of two m-row subsets under the cubic polynomial kernel.
+double unbiased_mmd2(const at::Tensor& x, const at::Tensor& y) {
+  const double m = static_cast<double>(x.size(0)), gamma = 1.0 / static_cast<double>(x.size(1));
+  const auto kernel = [gamma](const at::Tensor& u, const at::Tensor& v) {
+    return (at::matmul(u, v.t()) * gamma + 1.0).pow(3);  // (m, m)
+  };
+  const at::Tensor kxx = kernel(x, x), kyy = kernel(y, y), kxy = kernel(x, y);
+  const double off_xx = (kxx.sum() - kxx.diagonal().sum()).item<double>();
+  const double off_yy = (kyy.sum() - kyy.diagonal().sum()).item<double>();
+  return (off_xx + off_yy) / (m * (m - 1)) - 2.0 * kxy.sum().item<double>() / (m * m);
+}
+
+}  // namespace
+
+KIDResult kernel_inception_distance(const at::Tensor& a, const at::Tensor& b, int64_t subsets, int64_t subset_size,
+                                    uint32_t seed) {
+  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(1) && subsets > 0,
+              "kernel_inception_distance: feature sets must be (N, D) with the same D");
+  const at::Tensor x = a.to(at::kDouble), y = b.to(at::kDouble);
+  KIDResult r;
+  r.subsets = subsets;
+  r.subset_size = std::min({subset_size, x.size(0), y.size(0)});
+  TORCH_CHECK(r.subset_size >= 2, "kernel_inception_distance: need at least 2 rows per set");
+  NumpyLegacyRandom rng(seed);
+  std::vector<double> mmds;
+  for (int64_t i = 0; i < subsets; ++i) {
+    const at::Tensor ia = at::tensor(rng.choice(x.size(0), r.subset_size), at::kLong).to(x.device());
+    const at::Tensor ib = at::tensor(rng.choice(y.size(0), r.subset_size), at::kLong).to(y.device());
+    mmds.push_back(unbiased_mmd2(x.index_select(0, ia), y.index_select(0, ib)));
+  }
+  for (double v : mmds) r.mean += v / static_cast<double>(subsets);
+  for (double v : mmds) r.std += (v - r.mean) * (v - r.mean) / static_cast<double>(subsets);
+  r.std = std::sqrt(r.std);
+  return r;
 }
 
 ISResult inception_score(const at::Tensor& logits, ISMode mode) {

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <random>
 #include <vector>
 
 namespace moh::eval {
@@ -30,9 +31,40 @@ struct ISResult {
 /// float32 log(softmax) wherever that is finite and stays finite where it underflows.
 ISResult inception_score(const at::Tensor& logits, ISMode mode);
 
-/// numpy.random.RandomState(seed).permutation(n): MT19937 (init_genrand) + numpy's legacy Fisher–Yates with masked
-/// rejection sampling. Used to reproduce torch-fidelity's shuffled IS splits.
+/// numpy.random.RandomState(seed) for the draws torch-fidelity makes: MT19937 (init_genrand, as std::mt19937(seed))
+/// and numpy's legacy Fisher–Yates with masked rejection sampling. The state carries over between calls, as numpy's.
+class NumpyLegacyRandom {
+ public:
+  explicit NumpyLegacyRandom(uint32_t seed) : mt_(seed) {}
+  /// RandomState.permutation(n).
+  std::vector<int64_t> permutation(int64_t n);
+  /// RandomState.choice(n, k, replace=False): the first k of permutation(n).
+  std::vector<int64_t> choice(int64_t n, int64_t k);
+
+ private:
+  uint64_t interval(uint64_t max);  // numpy's random_interval: uniform in [0, max]
+  std::mt19937 mt_;
+};
+
+/// numpy.random.RandomState(seed).permutation(n). Used to reproduce torch-fidelity's shuffled IS splits.
 std::vector<int64_t> numpy_legacy_permutation(int64_t n, uint32_t seed);
+
+/// torch-fidelity's KID defaults (kid_subsets, kid_subset_size, rng_seed).
+constexpr int64_t kFidelityKIDSubsets = 100;
+constexpr int64_t kFidelityKIDSubsetSize = 1000;
+
+/// Kernel Inception Distance (Bińkowski et al. 2018) as torch-fidelity's metric_kid computes it.
+struct KIDResult {
+  double mean = 0, std = 0;  ///< over subsets; std with ddof 0 (np.std)
+  int64_t subsets = 0, subset_size = 0;
+};
+
+/// KID of feature sets a (N₁, D) and b (N₂, D): for each of `subsets` draws (a's rows, then b's, each
+/// RandomState(seed).choice without replacement from one generator), the unbiased MMD² under the kernel
+/// (x·y / D + 1)³; mean and std over draws, in float64. The subset size is min(subset_size, N₁, N₂) (clean-fid's
+/// rule; torch-fidelity refuses smaller sets).
+KIDResult kernel_inception_distance(const at::Tensor& a, const at::Tensor& b, int64_t subsets = kFidelityKIDSubsets,
+                                    int64_t subset_size = kFidelityKIDSubsetSize, uint32_t seed = kFidelityISSeed);
 
 /// Neighbourhood size of the manifold estimator (radius = distance to the k-th nearest other point).
 constexpr int64_t kPRNeighbourhood = 3;

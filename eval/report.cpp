@@ -60,7 +60,8 @@ std::string report_markdown(const nlohmann::json& report, const std::string& tit
     md << "| metric | value |\n|---|---|\n";
     // The usual reading order first (FID, sFID, IS, precision, recall / top-1, top-5), then anything else.
     static const std::vector<std::string> kOrder{
-        "fid", "sfid", "inception_score", "inception_score_std", "precision", "recall", "top1", "top5", "loss"};
+        "fid",  "sfid", "inception_score", "inception_score_std", "precision", "recall", "kid_mean", "kid_std", "top1",
+        "top5", "loss"};
     const auto& m = report["metrics"];
     auto cell = [](const std::string& k, const nlohmann::json& v) {
       return v.is_number() ? format_metric(k, v.get<double>()) : scalar_text(v);

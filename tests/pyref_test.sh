@@ -12,7 +12,8 @@
 #                tensors, metadata) read by us and written back bit-exactly; every file a training run writes (model,
 #                ema, optimizer, rng) and `moh convert` output read by safetensors.torch.load_file, weights loaded with
 #                load_state_dict(strict=True) into the reference DiT
-#   fid          pytorch-fid and torch-fidelity on the features `moh fid --save-features` stored (tests/eval/ref_fid.py)
+#   fid          pytorch-fid and torch-fidelity (FID, sFID, IS, P/R, KID) on the features `moh fid --save-features`
+#                stored (tests/eval/ref_fid.py)
 #   solvers      diffusers' DPMSolverMultistepScheduler / EulerDiscreteScheduler and a plain Karras Algorithm 1 (Heun)
 #                (tests/diffusion/ref_solvers.py) vs our ODE samplers, step by step on a closed-form model and at the
 #                end of CFG / guidance-interval chains of a random DiT-Pixel/4, max rel ≤ 1e-5 (the GoogleTest

@@ -54,6 +54,39 @@ TEST(InceptionScore, NumpyLegacyPermutationMatchesNumpy) {
   EXPECT_EQ(std::vector<int64_t>(big.end() - 4, big.end()), (std::vector<int64_t>{44739, 40259, 61832, 41824}));
 }
 
+TEST(KID, DrawsContinueOneNumpyGenerator) {
+  // r = np.random.RandomState(2020); r.choice(10, 4, replace=False), r.choice(7, 3, ...), r.choice(100000, 3, ...)
+  NumpyLegacyRandom r(2020);
+  EXPECT_EQ(r.choice(10, 4), (std::vector<int64_t>{2, 4, 9, 1}));
+  EXPECT_EQ(r.choice(7, 3), (std::vector<int64_t>{4, 3, 1}));
+  EXPECT_EQ(r.choice(100000, 3), (std::vector<int64_t>{24258, 37108, 96034}));
+}
+
+TEST(KID, UnbiasedMMDOfThePolynomialKernel) {
+  torch::manual_seed(0);
+  const at::Tensor a = torch::randn({6, 3}, at::kDouble), b = torch::randn({6, 3}, at::kDouble) + 0.5;
+  // One subset holding every row: the estimator written as loops over pairs.
+  const auto k = [](const at::Tensor& x, const at::Tensor& y) {
+    return std::pow((x * y).sum().item<double>() / 3.0 + 1.0, 3);
+  };
+  double xx = 0, yy = 0, xy = 0;
+  for (int64_t i = 0; i < 6; ++i)
+    for (int64_t j = 0; j < 6; ++j) {
+      if (i != j) xx += k(a[i], a[j]), yy += k(b[i], b[j]);
+      xy += k(a[i], b[j]);
+    }
+  const KIDResult r = kernel_inception_distance(a, b, 1, 6);
+  EXPECT_NEAR(r.mean, (xx + yy) / 30.0 - 2.0 * xy / 36.0, 1e-12);
+  EXPECT_EQ(r.std, 0.0);
+  EXPECT_EQ(r.subset_size, 6);
+  const at::Tensor big = torch::randn({400, 8}, at::kDouble);
+  const KIDResult same = kernel_inception_distance(big.narrow(0, 0, 200), big.narrow(0, 200, 200), 20, 100);
+  const KIDResult shifted = kernel_inception_distance(big.narrow(0, 0, 200), big.narrow(0, 200, 200) + 1.0, 20, 100);
+  EXPECT_LT(std::abs(same.mean), 5 * same.std + 1e-3);  // one distribution: unbiased, about 0
+  EXPECT_GT(shifted.mean, 10 * (shifted.std + same.std));
+  EXPECT_GT(same.std, 0.0);
+}
+
 TEST(PrecisionRecall, RadiusIsFourthSmallestCountingSelf) {
   // 1-D points 0, 1, 3, 6, 10: squared distances from 0 are 0, 1, 9, 36, 100 → radius 36.
   at::Tensor f = at::tensor({0.0f, 1.0f, 3.0f, 6.0f, 10.0f}).unsqueeze(1);
