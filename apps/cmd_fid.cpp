@@ -31,7 +31,9 @@ int cmd_fid(int argc, char** argv) {
        cxxopts::value<std::string>());
   flag("ref", "reference: same kinds, or an .npz with mu/sigma[/mu_s/sigma_s] statistics (moh ref-stats, ADM batches)",
        cxxopts::value<std::string>());
-  flag("features", "feature network: inception:WEIGHTS(.pth|.safetensors) or classifier:CHECKPOINT_OR_RUN_DIR",
+  flag("features",
+       "feature network: inception:WEIGHTS(.pth|.safetensors), classifier:CHECKPOINT_OR_RUN_DIR or dinov2:WEIGHTS "
+       "(FD-DINOv2: fid, pr and kid on DINOv2 ViT-L/14 features)",
        cxxopts::value<std::string>());
   flag("metrics", "comma list of fid,sfid,is,pr,kid (or all)", cxxopts::value<std::string>()->default_value("all"));
   flag("is-mode", "adm (splits of 5000 in order) or fidelity (torch-fidelity: 10 shuffled splits, mean ± std)",
@@ -56,6 +58,7 @@ int cmd_fid(int argc, char** argv) {
   o.features = args["features"].as<std::string>();
   o.save_features = args["save-features"].as<std::string>();
   o.metrics = eval::parse_metric_set(args["metrics"].as<std::string>());
+  o.metrics_explicit = args.count("metrics") > 0;
   const std::string is_mode = args["is-mode"].as<std::string>(), resize = args["resize"].as<std::string>();
   if (is_mode != "adm" && is_mode != "fidelity")
     throw UserError("--is-mode " + is_mode, "unknown mode", "adm or fidelity");
@@ -77,9 +80,10 @@ int cmd_fid(int argc, char** argv) {
     std::cout << report.dump(2) << std::endl;
   } else {
     const auto& m = report["metrics"];
-    std::cout << "FID " << fmt(m, "fid") << "  sFID " << fmt(m, "sfid") << "  IS " << fmt(m, "inception_score")
-              << "  precision " << fmt(m, "precision") << "  recall " << fmt(m, "recall") << "  KID "
-              << fmt(m, "kid_mean") << "  (" << report["samples"]["count"] << " samples, "
+    const bool dino = report["feature_net"]["feature_net"].get<std::string>() == "dinov2";
+    std::cout << (dino ? "FD-DINOv2 " : "FID ") << fmt(m, "fid") << "  sFID " << fmt(m, "sfid") << "  IS "
+              << fmt(m, "inception_score") << "  precision " << fmt(m, "precision") << "  recall " << fmt(m, "recall")
+              << "  KID " << fmt(m, "kid_mean") << "  (" << report["samples"]["count"] << " samples, "
               << report["feature_net"]["feature_net"].get<std::string>() << ")\n";
     if (report.contains("sample_accuracy"))
       std::cout << "sample accuracy " << eval::format_metric("top1", report["sample_accuracy"]["top1"].get<double>())
@@ -95,7 +99,7 @@ int cmd_ref_stats(int argc, char** argv) {
   auto flag = opts.add_options();
   flag("images", "PATH.npz, an image folder, or fashion_mnist:train|test[:N]", cxxopts::value<std::string>());
   flag("out", "output .npz", cxxopts::value<std::string>());
-  flag("features", "inception:WEIGHTS(.pth|.safetensors) or classifier:CHECKPOINT_OR_RUN_DIR",
+  flag("features", "inception:WEIGHTS(.pth|.safetensors), classifier:CHECKPOINT_OR_RUN_DIR or dinov2:WEIGHTS",
        cxxopts::value<std::string>());
   flag("resize", "Inception resize: tf1 or pytorch", cxxopts::value<std::string>()->default_value("tf1"));
   flag("batch", "images per forward pass", cxxopts::value<int64_t>()->default_value("64"));

@@ -10,13 +10,17 @@
 #include "core/error.h"
 #include "core/progress.h"
 #include "core/sha256.h"
+#include "datasets/augment.h"
 #include "datasets/loader.h"
+#include "vision/dinov2.h"
 
 namespace moh::eval {
 
 namespace {
 
-constexpr const char* kFeaturesHint = "use inception:WEIGHTS(.pth|.safetensors) or classifier:CHECKPOINT_OR_RUN_DIR";
+constexpr const char* kFeaturesHint =
+    "use inception:WEIGHTS(.pth|.safetensors), classifier:CHECKPOINT_OR_RUN_DIR or dinov2:WEIGHTS";
+constexpr int64_t kDinoV2Side = 224;  // EDM2's FD-DINOv2 input
 
 class InceptionNet : public FeatureNet {
  public:
@@ -49,7 +53,54 @@ class InceptionNet : public FeatureNet {
   std::string sha_;
 };
 
+class DinoV2Net : public FeatureNet {
+ public:
+  DinoV2Net(const std::string& weights, const RunContext& ctx)
+      : device_(ctx.device), net_(vision::load_dinov2(weights)), sha_(sha256_file(weights)) {
+    net_->to(device_);
+    mean_ = at::tensor(std::vector<double>(datasets::kImageNetMean.begin(), datasets::kImageNetMean.end()), at::kFloat)
+                .view({1, 3, 1, 1})
+                .to(device_);
+    std_ = at::tensor(std::vector<double>(datasets::kImageNetStd.begin(), datasets::kImageNetStd.end()), at::kFloat)
+               .view({1, 3, 1, 1})
+               .to(device_);
+  }
+  InceptionFeatures extract(const at::Tensor& images_u8) override {
+    namespace F = torch::nn::functional;
+    torch::NoGradGuard ng;
+    at::Tensor x = images_u8.to(device_).permute({0, 3, 1, 2}).to(at::kFloat);  // (B, C, H, W), 0…255
+    if (x.size(1) == 1) x = x.expand({-1, 3, -1, -1});
+    x = F::interpolate(x, F::InterpolateFuncOptions()
+                              .size(std::vector<int64_t>{kDinoV2Side, kDinoV2Side})
+                              .mode(torch::kBicubic)
+                              .align_corners(false)
+                              .antialias(true));
+    x = (x / 255.0 - mean_) / std_;
+    InceptionFeatures f;
+    f.pool = net_->forward_tokens(x).cls.to(at::kCPU, at::kFloat);  // (B, D)
+    return f;
+  }
+  std::string name() const override { return "dinov2"; }
+  std::string weights_sha256() const override { return sha_; }
+  std::string preprocessing() const override {
+    return "grey to RGB, bicubic antialiased resize to 224, x/255, ImageNet mean/std (EDM2 fd_dinov2, torch resize)";
+  }
+  bool predicts_dataset_classes() const override { return false; }
+  bool has_spatial() const override { return false; }
+  bool has_logits() const override { return false; }
+
+ private:
+  at::Device device_;
+  vision::DinoV2 net_;
+  std::string sha_;
+  at::Tensor mean_, std_;
+};
+
 }  // namespace
+
+std::unique_ptr<FeatureNet> make_dinov2_net(const std::string& weights, const RunContext& ctx) {
+  return std::make_unique<DinoV2Net>(weights, ctx);
+}
 
 ClassifierFeatureNet::ClassifierFeatureNet(vision::TransNeXt model, datasets::ImageTransform transform,
                                            std::string name, std::string weights_sha256, const RunContext& ctx)
@@ -96,10 +147,13 @@ FeatureSpec parse_feature_spec(const std::string& spec) {
   const std::string kind = spec.substr(0, colon), arg = colon == std::string::npos ? "" : spec.substr(colon + 1);
   if (colon == std::string::npos || arg.empty())
     throw UserError("--features " + spec, "expected KIND:PATH", kFeaturesHint);
-  if (kind != "inception" && kind != "classifier")
+  if (kind != "inception" && kind != "classifier" && kind != "dinov2")
     throw UserError("--features " + spec, "unknown feature network '" + kind + "'", kFeaturesHint);
   if (kind == "classifier" && !std::filesystem::exists(arg))
     throw UserError("--features " + spec, "no such checkpoint or run directory", kFeaturesHint);
+  if (kind == "dinov2" && !std::filesystem::is_regular_file(arg))
+    throw UserError("--features " + spec, "no such weights file",
+                    "a DINOv2 ViT-L/14 file from timm (vit_large_patch14_dinov2) or facebookresearch/dinov2");
   return {kind, arg};
 }
 
@@ -128,7 +182,9 @@ FeatureSet extract_features(FeatureNet& net, datasets::ImageSource& source, int6
       ahead.wait();
       throw;
     }
-    pool.push_back(f.pool), spatial.push_back(f.spatial), logits.push_back(f.logits);
+    pool.push_back(f.pool);
+    if (f.spatial.defined()) spatial.push_back(f.spatial);
+    if (f.logits.defined()) logits.push_back(f.logits);
     if (cur.labels.defined()) labels.push_back(cur.labels);
     progress.advance(cur.images.size(0));
     auto next = ahead.get();
@@ -139,8 +195,8 @@ FeatureSet extract_features(FeatureNet& net, datasets::ImageSource& source, int6
   if (pool.empty()) throw UserError("images " + source.spec(), "contains no images", "");
   FeatureSet out;
   out.pool = at::cat(pool);
-  out.spatial = at::cat(spatial);
-  out.logits = at::cat(logits);
+  if (!spatial.empty()) out.spatial = at::cat(spatial);
+  if (!logits.empty()) out.logits = at::cat(logits);
   if (source.has_labels() && !labels.empty()) out.labels = at::cat(labels);
   return out;
 }

@@ -4,7 +4,9 @@
 //   classifier:CHECKPOINT          a classifier trained with this toolkit (checkpoint or run directory): pooled
 //                                  penultimate features for FID/P/R, its logits for IS and sample accuracy, and
 //                                  the first 7 channels of stage 3 (NHWC) as the spatial features for sFID — for
-//                                  data where Inception is meaningless (Fashion-MNIST).
+//                                  data where Inception is meaningless (Fashion-MNIST);
+//   dinov2:WEIGHTS                 a DINOv2 ViT (EDM2's FD-DINOv2: ViT-L/14, timm or official file): the final-norm
+//                                  class token of 224 px images, no spatial features or logits.
 #include <ATen/ATen.h>
 
 #include <memory>
@@ -21,8 +23,8 @@ namespace moh::eval {
 /// Features of a set of images, CPU float32, rows in source order.
 struct FeatureSet {
   at::Tensor pool;     ///< (N, D) FID / precision / recall features
-  at::Tensor spatial;  ///< (N, Ds) sFID features
-  at::Tensor logits;   ///< (N, K) IS input (and class predictions for classifier nets)
+  at::Tensor spatial;  ///< (N, Ds) sFID features (undefined for nets without them)
+  at::Tensor logits;   ///< (N, K) IS input (and class predictions for classifier nets; undefined for nets without)
   at::Tensor labels;   ///< (N) int64 labels of the source, undefined if it has none
 };
 
@@ -40,11 +42,14 @@ class FeatureNet {
   virtual std::string preprocessing() const = 0;
   /// Whether logits are class predictions of the dataset's labels (so sample accuracy can be reported).
   virtual bool predicts_dataset_classes() const = 0;
+  /// Whether extract() gives spatial features (sFID) and logits (IS); a net without leaves them undefined.
+  virtual bool has_spatial() const { return true; }
+  virtual bool has_logits() const { return true; }
 };
 
 /// A `--features KIND:PATH` spec, checked (known kind, an existing classifier path); bad ones are UserErrors.
 struct FeatureSpec {
-  std::string kind;  ///< "inception" or "classifier"
+  std::string kind;  ///< "inception", "classifier" or "dinov2"
   std::string path;
 };
 FeatureSpec parse_feature_spec(const std::string& spec);
@@ -52,6 +57,10 @@ FeatureSpec parse_feature_spec(const std::string& spec);
 /// The FID Inception from its weights file.
 std::unique_ptr<FeatureNet> make_inception_net(const std::string& weights, const RunContext& ctx,
                                                InceptionResize resize = InceptionResize::tf1);
+
+/// A DINOv2 ViT as EDM2's FD-DINOv2 runs it (calculate_metrics.py, resize mode "torch"): grey to RGB, bicubic
+/// antialiased resize of the 0–255 values to 224 px, /255, ImageNet normalisation, the final-norm class token.
+std::unique_ptr<FeatureNet> make_dinov2_net(const std::string& weights, const RunContext& ctx);
 
 /// A trained classifier as feature network (the checkpoint is read by experiments/feature_nets.h, which builds every
 /// kind from its spec): images converted to its channels, padded or area-resized to its input, normalised.

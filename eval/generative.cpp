@@ -71,7 +71,7 @@ MetricSet parse_metric_set(const std::string& list) {
 ReferenceStats reference_stats_from(const FeatureSet& features, const FeatureNet& net) {
   ReferenceStats r;
   r.pool = compute_stats(features.pool);
-  r.spatial = compute_stats(features.spatial);
+  if (features.spatial.defined()) r.spatial = compute_stats(features.spatial);
   r.pr_features = features.pool.narrow(0, 0, std::min<int64_t>(kPRReferenceRows, features.pool.size(0))).clone();
   r.count = features.pool.size(0);
   r.meta = net_meta(net);
@@ -80,12 +80,12 @@ ReferenceStats reference_stats_from(const FeatureSet& features, const FeatureNet
 }
 
 void save_reference_stats(const std::string& path, const ReferenceStats& stats) {
-  datasets::save_npz(path, {{"mu", stats.pool.mu},
-                            {"sigma", stats.pool.sigma},
-                            {"mu_s", stats.spatial.mu},
-                            {"sigma_s", stats.spatial.sigma},
-                            {"pr_pool", stats.pr_features.to(at::kFloat)},
-                            {"meta", json_bytes(stats.meta)}});
+  std::map<std::string, at::Tensor> arrays{{"mu", stats.pool.mu},
+                                           {"sigma", stats.pool.sigma},
+                                           {"pr_pool", stats.pr_features.to(at::kFloat)},
+                                           {"meta", json_bytes(stats.meta)}};
+  if (stats.spatial.mu.defined()) arrays["mu_s"] = stats.spatial.mu, arrays["sigma_s"] = stats.spatial.sigma;
+  datasets::save_npz(path, arrays);
 }
 
 namespace {
@@ -247,13 +247,12 @@ nlohmann::json compute_metrics(const GenerativeEvalOptions& o, const FeatureSet&
 }
 
 void save_features(const std::string& path, const FeatureSet& s, const FeatureSet& rf) {
-  std::map<std::string, at::Tensor> arrays{{"pool", s.pool}, {"spatial", s.spatial}, {"logits", s.logits}};
-  if (s.labels.defined()) arrays["labels"] = s.labels;
-  if (rf.pool.defined()) {
-    arrays["ref_pool"] = rf.pool;
-    arrays["ref_spatial"] = rf.spatial;
-    arrays["ref_logits"] = rf.logits;
-  }
+  std::map<std::string, at::Tensor> arrays{{"pool", s.pool}};
+  const auto put = [&](const char* key, const at::Tensor& t) {
+    if (t.defined()) arrays[key] = t;
+  };
+  put("spatial", s.spatial), put("logits", s.logits), put("labels", s.labels);
+  put("ref_pool", rf.pool), put("ref_spatial", rf.spatial), put("ref_logits", rf.logits);
   datasets::save_npz(path, arrays);
 }
 
@@ -280,8 +279,27 @@ nlohmann::json describe_run(const GenerativeEvalOptions& o, const FeatureNet& ne
 
 }  // namespace
 
-nlohmann::json evaluate_generative(const GenerativeEvalOptions& o, FeatureNet& net) {
+namespace {
+
+// The metrics `net` can give: sFID needs spatial features and IS logits; asked for by name, a missing one is a
+// UserError, left out otherwise (the default "all").
+GenerativeEvalOptions for_net(GenerativeEvalOptions o, const FeatureNet& net) {
+  const auto drop = [&](bool& asked, bool available, const char* metric) {
+    if (asked && !available && o.metrics_explicit)
+      throw UserError("--metrics " + std::string(metric), net.name() + " features have no " + metric + " input",
+                      "fid, pr and kid apply to every feature network");
+    asked = asked && available;
+  };
+  drop(o.metrics.sfid, net.has_spatial(), "sfid");
+  drop(o.metrics.is, net.has_logits(), "is");
+  return o;
+}
+
+}  // namespace
+
+nlohmann::json evaluate_generative(const GenerativeEvalOptions& options, FeatureNet& net) {
   const auto start = std::chrono::steady_clock::now();
+  const GenerativeEvalOptions o = for_net(options, net);
   std::unique_ptr<datasets::ImageSource> samples = datasets::open_image_source(o.samples);
   const ReferenceInputs refs = open_reference(o, net);
   check_counts(o, samples->size(), refs);
@@ -290,7 +308,7 @@ nlohmann::json evaluate_generative(const GenerativeEvalOptions& o, FeatureNet& n
   const FeatureSet s = extract_features(net, *samples, o.batch_size, "samples");
   const std::string net_hint = "the feature network's weights (" + o.features + ") give non-finite outputs";
   check_finite(s.pool, "features of --samples " + o.samples, net_hint);
-  check_finite(s.logits, "logits of --samples " + o.samples, net_hint);
+  if (s.logits.defined()) check_finite(s.logits, "logits of --samples " + o.samples, net_hint);
   FeatureSet rf;
   if (refs.images) {
     rf = extract_features(net, *refs.images, o.batch_size, "reference");

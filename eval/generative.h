@@ -30,6 +30,7 @@ constexpr int64_t kPRReferenceRows = 10000;
 struct GenerativeEvalOptions {
   std::string samples, reference, features, save_features;
   MetricSet metrics;
+  bool metrics_explicit = false;  ///< the user listed them: one a net cannot give (sFID, IS of DINOv2) is an error
   ISMode is_mode = ISMode::adm;
   InceptionResize resize = InceptionResize::tf1;
   int64_t batch_size = 64;

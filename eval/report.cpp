@@ -42,6 +42,8 @@ std::string format_metric(const std::string& key, double v) {
     digits = 2;
   else if (key == "precision" || key == "recall")
     digits = 3;
+  else if (key == "kid_mean" || key == "kid_std")
+    digits = 6;
   else if (ends("loss"))
     digits = 4;
   if (digits < 0 || !std::isfinite(v)) return config::shortest_double(v);

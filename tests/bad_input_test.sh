@@ -174,6 +174,13 @@ bad "train.repa.depth: 7 is not a block of MoH-DiT-Pixel/4-75 (1..6)" -- train $
   --set train.repa.stage=2 --set train.repa.depth=7 --run-dir "$O/r"
 bad "train.repa.weight: must be >= 0" -- train $DIT --set train.repa.weight=-1 --run-dir "$O/r"
 bad "REPA aligns a diffusion model's tokens" -- train $NANO --set train.repa.encoder="$F/run" --run-dir "$O/r"
+# FD-DINOv2 and KID: a missing DINOv2 file, a metric the network cannot give, an unknown metric
+bad "--features dinov2:$F/dinov2.pth: no such weights file" -- fid --samples fashion_mnist:train:16 \
+  --ref fashion_mnist:test:16 --features "dinov2:$F/dinov2.pth" --out "$O/f"
+bad "not DINOv2 ViT weights" -- fid --samples fashion_mnist:train:16 --ref fashion_mnist:test:16 \
+  --features "dinov2:$F/dit/checkpoints/$(cat "$F/dit/checkpoints/latest")/model.safetensors" --out "$O/f"
+bad "unknown metric 'kd' (did you mean 'kid'?)" -- fid --samples fashion_mnist:train:16 --ref fashion_mnist:test:16 \
+  --features "classifier:$F/run" --metrics fid,kd --out "$O/f"
 
 # 2. Validation before the run dir is touched; output paths checked before any work.
 bad "already holds a run" -- train $NANO "${TINY[@]}" --run-dir "$F/run"

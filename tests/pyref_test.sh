@@ -27,8 +27,10 @@
 #   repa         REPA (tests/diffusion/ref_repa.py): the projection loss of REPA's loss.py written out in Python (two
 #                encoders, a zero row) and timm's vit_base_patch14_dinov2 on random weights — loaded from its
 #                safetensors file and from an official-style torch.save file with mask_token — at 98 and 224 px
-#                (positions resampled), and REPA's preprocessing + DINOv2 on grey DiT inputs, ≤ 1e-5 (the GoogleTest
-#                RepaReference.*; the second argument is the moh_tests_models binary)
+#                (positions resampled as timm, and as facebookresearch/dinov2 for the official file), REPA's
+#                preprocessing + DINOv2 on grey DiT inputs, and EDM2's FD-DINOv2 detector (written out) against
+#                `--features dinov2:`'s network, ≤ 1e-5 (the GoogleTest RepaReference.*; the second argument is the
+#                moh_tests_models binary)
 # usage: pyref_test.sh CASE path/to/moh repo_root path/to/python
 set -u
 CASE=$1 MOH=$2 ROOT=$3 PY=$4
@@ -138,7 +140,7 @@ fid)
 solvers | flow | repa)
   script=ref_solvers.py filter='SolverReference.*' want=1 var=MOH_SOLVER_REF
   if [ "$CASE" = flow ]; then script=ref_flow.py filter='FlowReference.*' want=3 var=MOH_FLOW_REF; fi
-  if [ "$CASE" = repa ]; then script=ref_repa.py filter='RepaReference.*' want=2 var=MOH_REPA_REF; fi
+  if [ "$CASE" = repa ]; then script=ref_repa.py filter='RepaReference.*' want=3 var=MOH_REPA_REF; fi
   run "$PY" tests/diffusion/$script "$tmp/ref"
   echo "+ $var=... moh_tests_models --gtest_filter='$filter'"
   env "$var=$tmp/ref" "$MOH" --gtest_filter="$filter" >"$tmp/gtest.log" 2>&1

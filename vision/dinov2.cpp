@@ -4,6 +4,7 @@
 #include <torch/nn/init.h>
 
 #include <cmath>
+#include <stdexcept>
 
 #include "core/checkpoint.h"
 #include "core/error.h"
@@ -15,6 +16,7 @@ namespace {
 
 constexpr double kLayerNormEps = 1e-6;  // timm's partial(nn.LayerNorm, eps=1e-6), DINOv2's likewise
 constexpr int64_t kHeadDim = 64;
+constexpr double kOfficialOffset = 0.1;  // facebookresearch/dinov2 interpolate_offset
 constexpr const char* kWeightsHint = "a DINOv2 ViT file from timm (vit_base_patch14_dinov2) or facebookresearch/dinov2";
 
 torch::nn::LayerNorm layer_norm(int64_t dim) {
@@ -44,6 +46,7 @@ DinoV2Options dinov2_options_for_weights(const TensorMap& w, const std::string& 
   if (w.count("blocks.0.mlp.w12.weight"))
     throw UserError(origin, "DINOv2 ViT-g/14's SwiGLU blocks are not built here", "use ViT-S/B/L/14");
   o.mlp_ratio = static_cast<double>(w.at("blocks.0.mlp.fc1.weight").size(0)) / static_cast<double>(o.embed_dim);
+  o.positions = w.count("mask_token") ? DinoV2Positions::official : DinoV2Positions::timm;
   return o;
 }
 
@@ -81,29 +84,36 @@ at::Tensor DinoV2Impl::positions(int64_t h, int64_t w) const {
   if (h == G && w == G) return pos_embed;
   namespace F = torch::nn::functional;
   const at::Tensor grid = pos_embed.narrow(1, 1, G * G).to(at::kFloat).reshape({1, G, G, -1}).permute({0, 3, 1, 2});
-  const at::Tensor resized = F::interpolate(grid, F::InterpolateFuncOptions()
-                                                      .size(std::vector<int64_t>{h, w})
-                                                      .mode(torch::kBicubic)
-                                                      .align_corners(false)
-                                                      .antialias(true));  // (1, D, h, w)
+  auto how = F::InterpolateFuncOptions().mode(torch::kBicubic).align_corners(false);
+  if (options.positions == DinoV2Positions::timm) {
+    how.size(std::vector<int64_t>{h, w}).antialias(true);
+  } else {  // the official "historical kludge": scale factors (g + 0.1) / G, the kernel mapping by those factors
+    how.scale_factor(std::vector<double>{(static_cast<double>(h) + kOfficialOffset) / static_cast<double>(G),
+                                         (static_cast<double>(w) + kOfficialOffset) / static_cast<double>(G)})
+        .recompute_scale_factor(false);
+  }
+  const at::Tensor resized = F::interpolate(grid, how);  // (1, D, h, w)
+  if (resized.size(2) != h || resized.size(3) != w)
+    throw std::runtime_error("DINOv2 positions: resampled to " + c10::str(resized.sizes()));
   const at::Tensor table = resized.permute({0, 2, 3, 1}).reshape({1, h * w, -1}).to(pos_embed.scalar_type());
   return at::cat({pos_embed.narrow(1, 0, 1), table}, 1);  // (1, 1 + h·w, D)
 }
 
-at::Tensor DinoV2Impl::forward_patch_tokens(const at::Tensor& images) {
+DinoV2Tokens DinoV2Impl::forward_tokens(const at::Tensor& images) {
   const int64_t B = images.size(0), p = options.patch_size;
   const int64_t h = images.size(2) / p, w = images.size(3) / p;
   at::Tensor x = patch_embed->forward(images);                             // (B, h·w, D)
   x = at::cat({cls_token.expand({B, -1, -1}).to(x.scalar_type()), x}, 1);  // (B, 1 + h·w, D)
   x = x + positions(h, w).to(x.scalar_type());
   for (auto& b : *blocks) x = b->as<DinoV2BlockImpl>()->forward(x);
-  return norm->forward(x).narrow(1, 1, h * w);  // (B, h·w, D)
+  x = norm->forward(x);
+  return {x.select(1, 0), x.narrow(1, 1, h * w)};  // (B, D), (B, h·w, D)
 }
 
 DinoV2 load_dinov2(const std::string& path) {
   TensorMap w = load_weights_file(path, "");
-  w.erase("mask_token");  // the official model's masked-image-modelling token: not used for features
   const DinoV2Options o = dinov2_options_for_weights(w, path);
+  w.erase("mask_token");  // the official model's masked-image-modelling token: not used for features
   DinoV2 model(o);
   load_module_tensors(*model, w, path);
   model->eval();

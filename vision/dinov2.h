@@ -18,6 +18,11 @@
 
 namespace moh::vision {
 
+/// How the 37×37 position table is resampled to another grid: timm's resample_abs_pos_embed (bicubic to the size,
+/// antialiased) or facebookresearch/dinov2's interpolate_pos_encoding (bicubic by scale factor (g + 0.1) / 37, no
+/// antialiasing — the torch.hub models REPA and EDM2's FD-DINOv2 load).
+enum class DinoV2Positions { timm, official };
+
 /// Options of a DINOv2 ViT (ViT-S/B/L: 384/768/1024 wide, 12/12/24 blocks, head width 64).
 struct DinoV2Options {
   int64_t embed_dim = 768;
@@ -26,11 +31,13 @@ struct DinoV2Options {
   int64_t patch_size = 14;
   int64_t pos_grid = 37;  ///< the grid the position table was trained on (518 px)
   double mlp_ratio = 4.0;
+  DinoV2Positions positions = DinoV2Positions::timm;
   int64_t head_dim() const { return embed_dim / num_heads; }
 };
 
-/// The options of a DINOv2 state_dict, read off its shapes (width, blocks, patch, position grid; 64-wide heads).
-/// UserError naming `origin` when the tensors are not a DINOv2 ViT's.
+/// The options of a DINOv2 state_dict, read off its shapes (width, blocks, patch, position grid; 64-wide heads); an
+/// official file (it holds mask_token) resamples positions as the official code, a timm file as timm. UserError
+/// naming `origin` when the tensors are not a DINOv2 ViT's.
 DinoV2Options dinov2_options_for_weights(const TensorMap& w, const std::string& origin);
 
 /// LayerScale: x · gamma (per channel).
@@ -52,13 +59,20 @@ struct DinoV2BlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(DinoV2Block);
 
+/// The final-norm tokens of a DINOv2 ViT: x_norm_clstoken (B, D) — what the official model returns, FD-DINOv2's
+/// features — and x_norm_patchtokens (B, N, D) — REPA's targets.
+struct DinoV2Tokens {
+  at::Tensor cls, patches;
+};
+
 /// The DINOv2 ViT.
 struct DinoV2Impl : torch::nn::Module {
   explicit DinoV2Impl(const DinoV2Options& o);
-  /// images (B, 3, H, W), H and W multiples of 14, ImageNet-normalised → the final-norm patch tokens (B, N, D),
-  /// DINOv2's x_norm_patchtokens; positions resampled bicubically with antialiasing to the input grid, as timm's
-  /// resample_abs_pos_embed.
-  at::Tensor forward_patch_tokens(const at::Tensor& images);
+  /// images (B, 3, H, W), H and W multiples of 14, ImageNet-normalised → the final-norm tokens, positions resampled
+  /// to the input grid as options.positions says.
+  DinoV2Tokens forward_tokens(const at::Tensor& images);
+  /// forward_tokens(images).patches: (B, N, D).
+  at::Tensor forward_patch_tokens(const at::Tensor& images) { return forward_tokens(images).patches; }
   /// The position table for an h × w grid (1, 1 + h·w, D).
   at::Tensor positions(int64_t h, int64_t w) const;
 

@@ -9,7 +9,16 @@ Writes into DIR:
   dinov2_timm.safetensors   timm's vit_base_patch14_dinov2 with random weights (LayerScale included)
   dinov2_official.pth       the same weights as facebookresearch/dinov2 saves them (plus its mask_token)
   images_98 / feats_98, images_224 / feats_224: ImageNet-normalised inputs and timm's final-norm patch tokens
-    (forward_features()[:, 1:], positions resampled to the grid by timm's dynamic_img_size).
+    (forward_features()[:, 1:], positions resampled to the grid by timm's dynamic_img_size);
+  official_98 / official_224: the same network with the positions resampled as facebookresearch/dinov2's
+    interpolate_pos_encoding does for its torch.hub models (F.interpolate bicubic by scale factor (g + 0.1) / 37,
+    no antialiasing), written out here and given to timm's model built for that image size: all tokens after the
+    final norm (class token first);
+  timm_params_large: timm's vit_large_patch14_dinov2 parameter count (FD-DINOv2's network);
+  fd_images / fd_cls: uint8 grey images and the features EDM2's calculate_metrics.py DINOv2Detector (resize mode
+    "torch") takes from them, written out: grey to RGB, F.interpolate bicubic antialiased to 224 on the 0-255 values,
+    /255, ImageNet normalisation, the official model's output (the final-norm class token) — here of the official
+    file's network.
 """
 import sys
 
@@ -50,6 +59,25 @@ def randomized_dinov2():
     return model.eval()
 
 
+def official_positions(pos_embed, grid):
+    """facebookresearch/dinov2 interpolate_pos_encoding (interpolate_offset 0.1, interpolate_antialias False)."""
+    m = int(round((pos_embed.shape[1] - 1) ** 0.5))
+    table = pos_embed[:, 1:].float().reshape(1, m, m, -1).permute(0, 3, 1, 2)
+    scale = (grid + 0.1) / m
+    table = F.interpolate(table, mode="bicubic", antialias=False, scale_factor=(scale, scale))
+    assert table.shape[-2:] == (grid, grid)
+    return torch.cat([pos_embed[:, :1], table.permute(0, 2, 3, 1).reshape(1, grid * grid, -1)], dim=1)
+
+
+def official_tokens(sd, x):
+    grid = x.shape[-1] // 14
+    fixed = timm.create_model("vit_base_patch14_dinov2", pretrained=False, img_size=x.shape[-1])
+    weights = dict(sd)
+    weights["pos_embed"] = official_positions(sd["pos_embed"], grid)
+    fixed.load_state_dict(weights)
+    return fixed.eval().forward_features(x)
+
+
 def main(out):
     torch.manual_seed(0)
     t = {}
@@ -68,6 +96,9 @@ def main(out):
     official["mask_token"] = torch.randn(1, 768)
     torch.save(official, f"{out}/dinov2_official.pth")
     t["timm_params"] = torch.tensor([sum(p.numel() for p in model.parameters())], dtype=torch.int64)
+    large = timm.create_model("vit_large_patch14_dinov2", pretrained=False)
+    t["timm_params_large"] = torch.tensor([sum(p.numel() for p in large.parameters())], dtype=torch.int64)
+    del large
     mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
     std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
     with torch.no_grad():
@@ -75,11 +106,17 @@ def main(out):
             x = (torch.rand(2, 3, side, side) - mean) / std
             t[f"images_{side}"] = x
             t[f"feats_{side}"] = model.forward_features(x)[:, 1:]
+            t[f"official_{side}"] = official_tokens(sd, x)
         # REPA's preprocess_raw_image on grey DiT inputs in [−1, 1] (28 px, 7×7 tokens → 98 px).
         grey = torch.rand(2, 1, 28, 28) * 2 - 1
         x = ((grey + 1) / 2).expand(-1, 3, -1, -1)
         x = (x - mean) / std
         x = F.interpolate(x, 98, mode="bicubic")
+        fd = torch.randint(0, 256, (2, 28, 28, 1), dtype=torch.uint8)
+        fx = fd.permute(0, 3, 1, 2).expand(-1, 3, -1, -1).to(torch.float32)
+        fx = F.interpolate(fx, size=(224, 224), mode="bicubic", antialias=True) / 255
+        t["fd_images"] = fd
+        t["fd_cls"] = official_tokens(sd, (fx - mean) / std)[:, 0]
         t["repa_images"] = grey
         t["repa_targets"] = model.forward_features(x)[:, 1:]
     save_file({k: v.contiguous() for k, v in t.items()}, f"{out}/repa.safetensors")

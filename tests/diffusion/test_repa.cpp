@@ -11,6 +11,7 @@
 #include "core/safetensors.h"
 #include "diffusion/diffusion_trainer.h"
 #include "diffusion/repa.h"
+#include "eval/features.h"
 #include "experiments/repa_encoders.h"
 #include "tests/diffusion/tiny_dit.h"
 #include "vision/dinov2.h"
@@ -170,27 +171,43 @@ TEST_F(RepaReference, LossIsREPAs) {
 
 TEST_F(RepaReference, DinoV2EqualsTimmAndREPAsTargets) {
   double worst = 0;
-  for (const char* file : {"/dinov2_timm.safetensors", "/dinov2_official.pth"}) {
-    vision::DinoV2 m = vision::load_dinov2(dir_ + file);
-    torch::NoGradGuard ng;
-    for (int64_t side : {98, 224}) {
-      const std::string s = std::to_string(side);
-      const double r = repa_rel_err(m->forward_patch_tokens(ref_.at("images_" + s)), ref_.at("feats_" + s));
-      worst = std::max(worst, r);
-      EXPECT_LE(r, 1e-5) << file << " at " << side << " px";
-    }
+  const auto expect_close = [&](const at::Tensor& got, const std::string& key, const std::string& what) {
+    const double r = repa_rel_err(got, ref_.at(key));
+    worst = std::max(worst, r);
+    EXPECT_LE(r, 1e-5) << what;
+  };
+  vision::DinoV2 timm_file = vision::load_dinov2(dir_ + "/dinov2_timm.safetensors");
+  vision::DinoV2 official_file = vision::load_dinov2(dir_ + "/dinov2_official.pth");
+  EXPECT_EQ(official_file->options.positions, vision::DinoV2Positions::official);
+  torch::NoGradGuard ng;
+  for (int64_t side : {98, 224}) {
+    const std::string s = std::to_string(side);
+    expect_close(timm_file->forward_patch_tokens(ref_.at("images_" + s)), "feats_" + s, "timm file at " + s);
+    const vision::DinoV2Tokens o = official_file->forward_tokens(ref_.at("images_" + s));
+    expect_close(at::cat({o.cls.unsqueeze(1), o.patches}, 1), "official_" + s, "official file at " + s);
   }
+  vision::DinoV2Options large;
+  large.embed_dim = 1024, large.depth = 24, large.num_heads = 16;
+  int64_t n = 0;
+  for (const auto& p : vision::DinoV2(large)->parameters()) n += p.numel();
+  EXPECT_EQ(n, ref_.at("timm_params_large").item<int64_t>());
   experiments::ExperimentConfig cfg;
   cfg.repa.encoder = dir_ + "/dinov2_timm.safetensors";
   cfg.repa.depth = 1;
   DiTOptions dit = dit_options("DiT-Pixel/4");  // 28 px, 7×7 tokens → 98 px encoder input
   const experiments::RepaEncoder e = experiments::make_repa_encoder(cfg, dit, RunContext{});
-  torch::NoGradGuard ng;
-  const double r = repa_rel_err(e.targets(ref_.at("repa_images")), ref_.at("repa_targets"));
-  worst = std::max(worst, r);
-  EXPECT_LE(r, 1e-5) << "REPA's preprocessing + DINOv2";
+  expect_close(e.targets(ref_.at("repa_images")), "repa_targets", "REPA's preprocessing + DINOv2");
   EXPECT_EQ(e.dim, 768);
-  std::cout << "max rel vs timm vit_base_patch14_dinov2: " << worst << "\n";
+  std::cout << "max rel vs timm vit_base_patch14_dinov2 (and the official position resampling): " << worst << "\n";
+}
+
+TEST_F(RepaReference, FdDinoV2FeaturesAreEDM2s) {
+  const std::unique_ptr<eval::FeatureNet> net = eval::make_dinov2_net(dir_ + "/dinov2_official.pth", RunContext{});
+  const at::Tensor got = net->extract(ref_.at("fd_images")).pool;
+  const double r = repa_rel_err(got, ref_.at("fd_cls"));
+  std::cout << "max rel vs EDM2's DINOv2 detector (written out): " << r << "\n";
+  EXPECT_LE(r, 1e-5);
+  EXPECT_FALSE(net->has_spatial());
 }
 
 }  // namespace
