@@ -34,4 +34,48 @@ Checked: the parameter counts of LightningDiT-B/1, B/2, XL/1 and XL/2 and the st
 those of the official model built from its code (`DiTRegistry.*`); one block equals a direct computation from its
 weights, and MoH attention with RoPE and qk-norm gives the same output and gradients on the sparse path as on the
 dense one (`LightningDiT.*`).
+
+## REPA (`train.repa`)
+
+REPA (Yu et al. 2024, sihyun-yu/REPA) aligns the tokens of an early block with a frozen encoder's patch features of
+the clean training image: block `depth`'s output (N, T, D) goes through a 3-layer MLP `projectors.0`
+(`Linear(D, projector_dim)`, SiLU, `Linear`, SiLU, `Linear(·, z_dim)`; REPA's SiT names `projectors.0.{0,2,4}`), and
+λ · mean over tokens of −cos(z̃, z) (each side L2-normalised over channels; REPA's `loss.py`) is added to the DDPM or
+flow-matching loss (`repa` in metrics.jsonl; `loss` stays the denoising loss). The projector exists in training only:
+sampling runs no projector (`moh sample` reads it and leaves it unused), the EMA tracks it, resumes restore it.
+
+```yaml
+train:
+  repa: {encoder: dinov2_vitb14_pretrain.pth, depth: 8, weight: 0.5, projector_dim: 2048}   # REPA's SiT-XL/2 setting
+```
+
+Encoders (`train.repa.encoder`), run frozen, without gradients, under the training precision's autocast:
+- **a DINOv2 ViT file** (timm's `vit_base_patch14_dinov2` or the official `dinov2_vitb14_pretrain.pth`; REPA uses
+  DINOv2-B/14): REPA's `preprocess_raw_image` — images to [0, 1], ImageNet normalisation, bicubic resize to 14 × the
+  DiT's token-grid side (224 px for a 16 × 16 grid, as REPA at 256 px) — then the final-norm patch tokens, one per DiT
+  token. The position table is resampled as the file's own code does (`DINOv2 ViT` below); REPA loads the official
+  torch.hub model.
+- **a classifier of this toolkit** (a checkpoint or run directory): the image as its evaluation transform makes it,
+  the normalised tokens of stage `train.repa.stage` (0 = the last), resized to the DiT's grid: averaged over areas when
+  the stage's grid is finer, each token repeated when the DiT's grid is a multiple of it; any other grid is refused.
+  MoH-ViT-Nano's stages are 16², 8², 4², 2² on 32 px inputs, so a 7 × 7 DiT-Pixel/4 takes stage 1 or 2.
+
+Refused in one line before any work: a missing encoder file, a file that is not DINOv2 weights, a grid that cannot map,
+a block outside the model, REPA on a classifier experiment, and REPA on latent shards (they hold no images for the
+encoder: REPA trains on pixel-space data here; ImageNet latent runs with REPA would need the images stored beside the
+latents, not built yet). Checked: the projection loss against REPA's `loss.py` written out in Python and against a
+direct loop, its bounds (−1 aligned, +1 opposed), the projected tokens against a hand-run of the first `depth` blocks,
+the step's gradients (into the projector only, none into the encoder), and the DINOv2 encoder with REPA's
+preprocessing against timm (`Repa.*`, `RepaReference.*` in `pyref_repa`).
+
+## DINOv2 ViT (`vision/dinov2.h`)
+
+The frozen encoder of REPA and of FD-DINOv2 ([EVALUATION.md](EVALUATION.md#feature-networks)): patch 14, a class
+token, learned positions for a 37 × 37 grid, LayerScale, LayerNorm eps 1e-6, exact GELU; built from the shapes of a
+timm or official file (ViT-S/B/L/14; ViT-g's SwiGLU blocks are not built). Names equal both state_dicts; the official
+file's `mask_token` is dropped. Positions for another grid: timm's `resample_abs_pos_embed` (bicubic to the size,
+antialiased) for a timm file, the official `interpolate_pos_encoding` (bicubic by scale factor (g + 0.1)/37, no
+antialiasing) for an official one — the two differ by ~3 % in the features at 98 px. Equal to timm's
+`vit_base_patch14_dinov2` on random weights at 98 and 224 px (max rel 1.6e-6), ViT-B/14 86,579,712 and ViT-L/14
+304,367,616 parameters as timm counts them.
 TEXT
