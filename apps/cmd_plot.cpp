@@ -4,6 +4,8 @@
 // images per second, wall time, active heads) as DIR/summary.md, also printed.
 // `moh plot --fid-curve curve.jsonl [--out DIR]`: FID against network evaluations per image and against seconds, one
 // series per model (the rows scripts/fid_curve.sh writes), as DIR/fid_curve.svg and .png.
+// `moh plot --fid-steps rows.jsonl [--out DIR]`: FID against optimizer steps, one series per model × recipe (the
+// rows scripts/reproduce_recipes.sh writes), as DIR/fid_steps.svg and .png.
 // `moh plot --head-load [LABEL=]PATH... [--out DIR]`: the head load of several evaluations of one model side by side
 // (PATH: a head_load.json of moh eval --out / moh sample --head-load, or its directory), e.g. before and after
 // continue-tuning, as DIR/head_load_compare.png and a Markdown table DIR/head_load_compare.md, also printed.
@@ -190,6 +192,46 @@ int plot_fid_curve(const std::string& path, const std::string& out) {
   return kExitOk;
 }
 
+// FID against optimizer steps from scripts/reproduce_recipes.sh's JSON lines: per model × recipe, the mean over seeds
+// at each step as the line, every seed's measurement as a dot of the same colour.
+int plot_fid_steps(const std::string& path, const std::string& out) {
+  std::map<std::string, std::map<double, std::vector<double>>> rows;  // "model recipe" → step → FIDs over seeds
+  std::stringstream lines(read_file(path, "--fid-steps"));
+  for (std::string line; std::getline(lines, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.value("step", nlohmann::json()).is_number() ||
+        !j.value("fid", nlohmann::json()).is_number())
+      continue;
+    const std::string label = j.value("model", std::string("model")) + " " + j.value("recipe", std::string("run"));
+    rows[label][j["step"].get<double>()].push_back(j["fid"].get<double>());
+  }
+  if (rows.empty())
+    throw UserError("--fid-steps " + path, "holds no JSON line with numbers step and fid",
+                    "write it with scripts/reproduce_recipes.sh");
+  check_output_dir(out, "--out " + out);
+  eval::ChartPanel panel{
+      "FID vs optimizer steps (line: mean over seeds; dots: each seed)", "optimizer steps", "FID", {}, false};
+  panel.integer_x = true;
+  std::vector<std::string> labels;
+  for (const auto& [label, by_step] : rows) {
+    const int colour = static_cast<int>(labels.size());
+    eval::Series mean{label, {}, {}, false, colour}, seeds{"", {}, {}, true, colour};
+    for (const auto& [step, fids] : by_step) {
+      double sum = 0;
+      for (double f : fids) sum += f, seeds.x.push_back(step), seeds.y.push_back(f);
+      mean.x.push_back(step), mean.y.push_back(sum / static_cast<double>(fids.size()));
+    }
+    panel.series.push_back(mean);
+    panel.series.push_back(seeds);
+    labels.push_back(label);
+  }
+  std::filesystem::create_directories(out);
+  std::cout << wrote(
+                   eval::write_line_chart(out + "/fid_steps", "FID against training steps: " + joined(labels), {panel}))
+            << "\n";
+  return kExitOk;
+}
+
 // Head loads side by side: each argument [LABEL=]PATH, the label defaulting to the path's directory name.
 int plot_head_loads(const std::vector<std::string>& args, const std::string& out) {
   std::vector<std::pair<std::string, nlohmann::json>> inputs;
@@ -273,6 +315,8 @@ int cmd_plot(int argc, char** argv) {
   flag("out", "output directory (default: <run>/plots for one run, plots/ for several)", cxxopts::value<std::string>());
   flag("fid-curve", "FID against NFE and seconds from scripts/fid_curve.sh's curve.jsonl (instead of runs)",
        cxxopts::value<std::string>());
+  flag("fid-steps", "FID against optimizer steps from scripts/reproduce_recipes.sh's rows.jsonl (instead of runs)",
+       cxxopts::value<std::string>());
   flag("head-load", "compare the head load of evaluations given as [LABEL=]PATH (head_load.json or its directory)");
   flag("h,help", "show this help");
   opts.parse_positional({"runs"});
@@ -281,6 +325,9 @@ int cmd_plot(int argc, char** argv) {
   if (print_help_if_asked(opts, args)) return 0;
   if (args.count("fid-curve"))
     return plot_fid_curve(args["fid-curve"].as<std::string>(),
+                          args.count("out") ? args["out"].as<std::string>() : "plots");
+  if (args.count("fid-steps"))
+    return plot_fid_steps(args["fid-steps"].as<std::string>(),
                           args.count("out") ? args["out"].as<std::string>() : "plots");
   if (!args.count("runs")) throw UserError(argv[0], "missing RUN_DIR", "e.g. moh plot runs/nano runs/mha_nano");
   if (args.count("head-load"))

@@ -15,7 +15,8 @@
 # The FID feature network is the shipped MoH-ViT-Nano recipe's classifier (configs/fashion_mnist/moh_vit_nano.yaml,
 # trained once into RUNS/features), the reference the Fashion-MNIST test set. Every measurement is one JSON line in
 # OUT/rows.jsonl with its provenance (machine, LibTorch, seed, recipe, step, feature network and reference statistics
-# SHA-256, sample count, sampler); finished runs and measurements are skipped when the script is started again.
+# SHA-256, sample count, sampler), drawn at the end as OUT/fid_steps.png (`moh plot --fid-steps`); finished runs and
+# measurements are skipped when the script is started again.
 #
 # usage: scripts/reproduce_recipes.sh [OUT]    (OUT defaults to docs/results/recipes)
 # env:   MODELS ("dit moh") RECIPES ("ddpm flow"; also ddpm_ld flow_ld) SEEDS ("1 2") EPOCHS (4) SAMPLES (2000) PRECISION (auto)
@@ -127,3 +128,4 @@ for s in $SEEDS; do
   done
 done
 cat "$ROWS"
+"$MOH" plot --fid-steps "$ROWS" --out "$OUT"  # OUT/fid_steps.svg and .png: the FID-versus-steps curves
