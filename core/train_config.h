@@ -90,6 +90,7 @@ struct TrainConfig {
   double ema_decay = 0.0;   ///< 0 = no EMA
   bool ema_warmup = false;  ///< decay_t = min(decay, (1 + t) / (10 + t)) instead of a constant decay
   int64_t ckpt_every_epochs = 1;
+  int64_t ckpt_every_steps = 0;  ///< also a checkpoint every N optimizer steps inside epochs (0 = epoch ends only)
   int64_t log_every_steps = 50;
   double label_smoothing = 0.1;
   int64_t eval_every_epochs = 1;
@@ -117,6 +118,9 @@ struct TrainConfig {
     v.field("ema_warmup", ema_warmup,
             "EMA decay min(ema_decay, (1+step)/(10+step)) for short runs; off = constant (DiT)");
     v.field("ckpt_every_epochs", ckpt_every_epochs, "write a checkpoint every N epochs");
+    v.field("ckpt_every_steps", ckpt_every_steps,
+            "also write a checkpoint every N optimizer steps inside epochs (DiT's --ckpt-every; a resume continues "
+            "inside the epoch); 0 = at epoch ends only");
     v.field("log_every_steps", log_every_steps, "write a metrics line every N optimizer steps");
     v.field("label_smoothing", label_smoothing, "label smoothing of the classification loss");
     v.field("eval_every_epochs", eval_every_epochs, "evaluate every N epochs (and after the last)");

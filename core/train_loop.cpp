@@ -159,6 +159,7 @@ class TrainLoop {
   void add_to_window(const LossTensors& losses, const at::Tensor& finite, int64_t images, int64_t classes, bool took);
   void log_window(int64_t epoch);
   void end_epoch(int64_t epoch);
+  void save_inside_epoch(int64_t epoch, int64_t next_batch);
   std::string save();
   nlohmann::json head_load_shares();
   bool stop_requested();
@@ -373,6 +374,9 @@ void TrainLoop::run_epoch(int64_t epoch) {
       stop_ = true;
       break;
     }
+    const int64_t every = cfg_.train.ckpt_every_steps;
+    if (every > 0 && state_.step % every == 0 && b + 1 < steps_per_epoch) save_inside_epoch(epoch, b + 1);
+    if (diverged_) break;
     if (stop_requested()) {
       stop_ = interrupted_ = true;
       batches_done = b + 1;
@@ -505,6 +509,19 @@ void TrainLoop::log_window(int64_t epoch) {
   window_.clear(), window_finite_ = at::Tensor();
   window_steps_ = window_images_ = window_skipped_ = window_classes_ = 0;
   window_start_ = Clock::now();
+}
+
+// A checkpoint after batch next_batch − 1 of `epoch` (train.ckpt_every_steps): a resume continues at next_batch, as
+// after a signal, and this run goes on. A step the device skipped (known only now) moves the count off the multiple.
+void TrainLoop::save_inside_epoch(int64_t epoch, int64_t next_batch) {
+  resolve_pending();
+  if (diverged_ || state_.step % cfg_.train.ckpt_every_steps != 0) return;
+  const int64_t keep_epoch = state_.epoch, keep_batch = state_.batch;
+  state_.epoch = epoch;
+  state_.batch = next_batch;
+  save();
+  state_.epoch = keep_epoch, state_.batch = keep_batch;
+  group_->barrier();  // no rank runs ahead of the checkpoint it may resume from
 }
 
 // The end of an epoch: evaluation (model and EMA) at the cadence, the best pointer, the checkpoint.

@@ -40,6 +40,7 @@ void ExperimentConfig::validate(const std::string& origin) const {
   if (train.moh_loss_coeff < 0) bad("train.moh_loss_coeff", "must be >= 0", "the paper uses 0.01");
   if (!(train.ema_decay >= 0 && train.ema_decay < 1)) bad("train.ema_decay", "must be in [0, 1)", "e.g. 0.9999");
   if (train.ckpt_every_epochs <= 0) bad("train.ckpt_every_epochs", "must be >= 1", "");
+  if (train.ckpt_every_steps < 0) bad("train.ckpt_every_steps", "must be >= 0 (0 = at epoch ends only)", "e.g. 50000");
   if (train.max_nonfinite_steps < 0) bad("train.max_nonfinite_steps", "must be >= 0 (0 = never stop)", "e.g. 10");
   if (train.keep_last < 0) bad("train.keep_last", "must be >= 0 (0 = keep every checkpoint)", "e.g. 3");
   if (train.keep_every_steps < 0) bad("train.keep_every_steps", "must be >= 0 (0 = no milestones)", "e.g. 50000");

@@ -221,6 +221,31 @@ TEST(TrainLoopDeathTest, SecondSignalExitsAtOnce) {
       ::testing::ExitedWithCode(130), "interrupted again");
 }
 
+// train.ckpt_every_steps: checkpoints inside epochs (steps 3, 6, 9; 4 and 8 are epoch ends, saved anyway), the run
+// unchanged by them, and a resume from one inside an epoch ends where the uninterrupted run does.
+TEST(TrainLoop, StepCheckpointsInsideEpochsResumeExactly) {
+  test::TempDir d;
+  const LoopConfig cfg = toy_config(d, "ema_decay: 0.9");  // 3 epochs × 4 steps
+  run(cfg, d.file("full"));
+  LoopConfig every3 = cfg;
+  every3.train.ckpt_every_steps = 3;
+  run(every3, d.file("every3"));
+  for (const char* step : {"0000003", "0000004", "0000006", "0000008", "0000009", "0000012"})
+    EXPECT_TRUE(std::filesystem::exists(d.file("every3") + "/checkpoints/" + step)) << step;
+  EXPECT_FALSE(std::filesystem::exists(d.file("every3") + "/checkpoints/0000005"));
+  const Checkpoint mid = load_checkpoint(d.file("every3") + "/checkpoints/0000006");
+  EXPECT_EQ(mid.state.epoch, 1);
+  EXPECT_EQ(mid.state.batch, 2);
+  const Checkpoint a = load_checkpoint(d.file("full")), b = load_checkpoint(d.file("every3"));
+  for (const auto& [k, v] : a.model) EXPECT_TRUE(torch::equal(v, b.model.at(k))) << k;
+  const LoopResult resumed = run(cfg, d.file("from6"), d.file("every3") + "/checkpoints/0000006");
+  EXPECT_EQ(resumed.steps, 12);
+  const Checkpoint c = load_checkpoint(d.file("from6"));
+  for (const auto& [k, v] : a.model) EXPECT_TRUE(torch::equal(v, c.model.at(k))) << k;
+  for (const auto& [k, v] : a.ema) EXPECT_TRUE(torch::equal(v, c.ema.at(k))) << k;
+  EXPECT_EQ(eval_lines(d.file("full")), eval_lines(d.file("every3")));
+}
+
 TEST(TrainLoop, NoEmaUnlessAskedFor) {
   test::TempDir d;
   const LoopResult r = run(toy_config(d, "ema_decay: 0.0"), d.file("run"));
