@@ -96,10 +96,12 @@ measure() {
     --out "$dir/samples" >/dev/null
   "$MOH" fid --samples "$dir/samples/samples.npz" --ref "$STATS" --features "classifier:$FEATURES" \
     --out "$dir/fid" >/dev/null
+  local encoder=""  # the REPA encoder's weights (what the run's log names with its SHA-256)
+  [[ "$5" == flow_repa* ]] && encoder=$ENCODER/checkpoints/$(cat "$ENCODER/checkpoints/latest")/model.safetensors
   python3 - "$id" "$4" "$5" "$6" "$3" "$dir" "$MACHINE" "$LIBTORCH" "$STATS" "$SAMPLES" "$(sampler_args "$5")" \
-    "$PRECISION" >>"$ROWS" <<'PY'
+    "$PRECISION" "$encoder" >>"$ROWS" <<'PY'
 import hashlib, json, sys
-name, model, recipe, seed, step, d, machine, libtorch, ref, samples, sampler, precision = sys.argv[1:]
+name, model, recipe, seed, step, d, machine, libtorch, ref, samples, sampler, precision, encoder = sys.argv[1:]
 rep = json.load(open(d + "/fid/report.json"))
 nfe = json.load(open(d + "/samples/sampling.json"))["nfe_per_image"]
 print(json.dumps({"id": name, "model": model, "recipe": recipe, "seed": int(seed), "step": int(step),
@@ -107,7 +109,8 @@ print(json.dumps({"id": name, "model": model, "recipe": recipe, "seed": int(seed
                   "machine": machine, "libtorch": libtorch, "precision": precision,
                   "feature_sha256": rep.get("feature_net", {}).get("weights_sha256"),
                   "reference_sha256": hashlib.sha256(open(ref, "rb").read()).hexdigest(),
-                  "samples": int(samples), "sampler": sampler, "nfe": nfe}))
+                  "samples": int(samples), "sampler": sampler, "nfe": nfe,
+                  "repa_encoder_sha256": hashlib.sha256(open(encoder, "rb").read()).hexdigest() if encoder else None}))
 PY
 }
 
