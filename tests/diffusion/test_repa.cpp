@@ -125,6 +125,31 @@ TEST(Repa, TrainingStepAddsTheWeightedTermAndTrainsOnlyTheProjector) {
   }
 }
 
+TEST(Repa, ChecksRefuseLatentsBlocksAndMissingEncoders) {
+  experiments::ExperimentConfig cfg;
+  cfg.repa.encoder = "/nonexistent/dinov2.safetensors";
+  cfg.repa.depth = 2;
+  const DiTOptions dit = dit_options("MoH-DiT-Pixel/4-75");  // 6 blocks
+  const auto message = [&](const experiments::ExperimentConfig& c) -> std::string {
+    try {
+      experiments::check_repa(c, dit);
+    } catch (const UserError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(message(cfg).find("no such file"), std::string::npos) << message(cfg);
+  experiments::ExperimentConfig latent = cfg;
+  latent.data.dataset = DatasetKind::latents;
+  EXPECT_NE(message(latent).find("latent shards hold no images"), std::string::npos) << message(latent);
+  experiments::ExperimentConfig deep = cfg;
+  deep.repa.depth = 7;
+  EXPECT_NE(message(deep).find("is not a block of"), std::string::npos) << message(deep);
+  experiments::ExperimentConfig off = latent;
+  off.repa.encoder.clear();
+  EXPECT_EQ(message(off), "");  // no encoder, no REPA: nothing to check
+}
+
 TEST(DinoV2, NamesAndSizeAreTimmsViTB14) {
   const vision::DinoV2 m{vision::DinoV2Options{}};
   const auto params = m->named_parameters();
