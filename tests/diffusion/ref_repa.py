@@ -20,6 +20,7 @@ Writes into DIR:
     /255, ImageNet normalisation, the official model's output (the final-norm class token) — here of the official
     file's network.
 """
+import os
 import sys
 
 import timm
@@ -79,6 +80,7 @@ def official_tokens(sd, x):
 
 
 def main(out):
+    os.makedirs(out, exist_ok=True)
     torch.manual_seed(0)
     t = {}
     zs = [torch.randn(3, 5, 7, dtype=torch.float64), torch.randn(3, 5, 4, dtype=torch.float64)]
