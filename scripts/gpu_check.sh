@@ -8,7 +8,9 @@
 #   MOH_GPU_TARGETS  build only these targets (default: all)
 #   MOH_GPU_TEST_DEVICE  MOH_TEST_DEVICE of the tests stage (default cuda; cpu to rehearse on a CPU machine)
 #   MOH_GPU_CTEST_EXCLUDE  ctest -E regex of the tests stage (default: format and the long command-line scripts)
-#   MOH_GPU_BENCH  which benchmarks of the bench stage (default: "train sample attention"; also: step sweep graphs)
+#   MOH_GPU_CTEST_INCLUDE  ctest -R regex of the tests stage (default: every test not excluded)
+#   MOH_GPU_BENCH  which benchmarks of the bench stage (default: "train sample attention"; also: step sweep graphs
+#                  official)
 # Stages: env (GPU, driver, torch, compiler), build (configure against the local torch with the kit's prefix, OpenCV
 # off, NCCL on, the CUDA kernels for the GPU seen), tests (ctest with MOH_TEST_DEVICE=cuda), cli (train, resume,
 # sample and fid through the moh binary on the GPU), bench (training step bf16 of DiT-XL/2 and MoH-DiT-XL/2-90 with MFU
@@ -102,10 +104,12 @@ stage_tests() {
   # and take 15+ minutes one after another (cli, bad_input, readme, demo_quick, sampling, scale_check; a build without
   # OpenCV does not register them); the cli stage below runs the binary on the GPU instead. ddp and multihost stay.
   local exclude=${MOH_GPU_CTEST_EXCLUDE-'^(format|cli|bad_input|readme|demo_quick|sampling|scale_check)$'}
+  local include=${MOH_GPU_CTEST_INCLUDE:-}
   record tests excluded "$(jstr "$exclude")"
+  record tests included "$(jstr "${include:-all}")"
   # A few LibTorch threads per test: ctest runs 8 at once.
   run_logged tests ctest env OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}" MOH_TEST_DEVICE="${MOH_GPU_TEST_DEVICE:-cuda}" \
-    ctest --test-dir "$BUILD" --output-on-failure -j8 --timeout 300 ${exclude:+-E "$exclude"} --output-junit "$REPORT/ctest.xml"
+    ctest --test-dir "$BUILD" --output-on-failure -j8 --timeout 300 ${exclude:+-E "$exclude"} ${include:+-R "$include"} --output-junit "$REPORT/ctest.xml"
   "$PY" - "$REPORT/ctest.xml" >>"$RESULTS" <<'EOF'
 import json, sys, xml.etree.ElementTree as ET
 root = ET.parse(sys.argv[1]).getroot()
@@ -124,7 +128,7 @@ stage_cli() {
 
 stage_bench() {
   [ -x "$BUILD/moh" ] || { record bench skipped '"no build"'; failed=1; return; }
-  local m what dt
+  local m what dt b g
   for what in ${MOH_GPU_BENCH:-train sample attention}; do
     case "$what" in
       train | sample) for m in DiT-XL/2 MoH-DiT-XL/2-90; do "bench_$what" "$m"; done ;;
@@ -132,7 +136,8 @@ stage_bench() {
       step) for m in DiT-XL/2 MoH-DiT-XL/2-90; do bench_step "$m"; done ;;
       sweep) bench_sweep none 32,64,128,256; bench_sweep blocks 64,128,256,512 ;;
       graphs) for g in off auto; do bench_graphs "$g"; done ;;
-      *) die2 "MOH_GPU_BENCH: unknown benchmark $what (train sample attention step sweep graphs)" ;;
+      official) for b in ${MOH_GPU_OFFICIAL_BATCHES:-64 128}; do bench_official "$b"; done ;;
+      *) die2 "MOH_GPU_BENCH: unknown benchmark $what (train sample attention step sweep graphs official)" ;;
     esac
   done
 }
@@ -169,6 +174,16 @@ bench_sweep() {
   run_logged bench "sweep_$1" "$BUILD/moh" bench train --model DiT-XL/2 --device cuda --precision bf16 --batch "$2" \
     --ema 0.9999 --grad-checkpoint "$1" --steps 5 --warmup 2 --peak-tflops 989 --json
   record bench "sweep_$1" "$(grep '"train_batch_sweep"' "$REPORT/bench_sweep_$1.log" | tail -n1 || echo null)"
+}
+# The official-structure DiT-XL/2 step at larger batches (MOH_GPU_OFFICIAL_BATCHES), for the ratio at the best batch
+# of the sweep; the same step of ours at the same batch beside it, interleaved (ours, official) per batch.
+bench_official() {
+  run_logged bench "official_b$1_ours" "$BUILD/moh" bench train --model DiT-XL/2 --device cuda --precision bf16 \
+    --batch "$1" --ema 0.9999 --steps 10 --warmup 3 --peak-tflops 989 --json
+  record bench "official_b$1_ours" "$(tail -n1 "$REPORT/bench_official_b$1_ours.log" | grep '^{' || echo null)"
+  run_logged bench "official_b$1_pytorch" "$PY" bench/pytorch_moh_dit_step.py --model DiT-XL/2 --device cuda \
+    --precision bf16 --batch "$1" --ema 0.9999 --steps 10 --warmup 3
+  record bench "official_b$1_pytorch" "$(tail -n1 "$REPORT/bench_official_b$1_pytorch.log" | grep '^{' || echo null)"
 }
 # Sampling with and without CUDA graphs: DDPM-250 + CFG 4 (batch 64) and DPM-Solver++ 12 steps + CFG 4 in [0, 0.5].
 bench_graphs() {

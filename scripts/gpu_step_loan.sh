@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The training-step measurements of docs/GPU.md ("the training step") as one device call under a deadline: parts in
+# order of value, each a scripts/gpu_check.sh run with its own report, skipped when too little time is left, and at
+# most eight files copied to OUT after every part (the device tool brings back eight).
+#   usage: scripts/gpu_step_loan.sh OUT [SECONDS]     (SECONDS: the deadline of all parts, default 540)
+#   parts (measurements first; the parity tests, which need the test binaries built, last):
+#          step     build moh; profiles of DiT-XL/2 and MoH-DiT-XL/2-90 with the per-tensor and the fused optimizer,
+#                   the official-structure PyTorch step beside them (MOH_GPU_BENCH=step)
+#          tests    build the test binaries; the CUDA parity tests of the optimizer, profiler, CUDA-graph sampling,
+#                   activation checkpointing and the trainers' exact resume (MOH_GPU_CTEST_INCLUDE)
+#          sweep    the best DiT-XL/2 batch without and with activation checkpointing, then ours and the official
+#                   step at 64 and 128 (MOH_GPU_BENCH="sweep official")
+#          graphs   sampling with and without CUDA graphs (MOH_GPU_BENCH=graphs)
+#   env: KIT (.gpu_kit), PARTS ("step sweep graphs tests")
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+[ $# -ge 1 ] || { echo "usage: $0 OUT [SECONDS]" >&2; exit 2; }
+OUT=$(realpath -m "$1") LIMIT=${2:-540} KIT=${KIT:-.gpu_kit} WORK=$PWD/gpu_step_work
+PARTS=${PARTS:-step sweep graphs tests}
+mkdir -p "$OUT" "$WORK"
+T0=$(date +%s)
+left() { echo $((LIMIT - ($(date +%s) - T0))); }
+log() { echo "[+$(($(date +%s) - T0)) s] $*" >>"$WORK/driver.log"; }
+collect() {  # one results file per part, the driver's log, every log and report in one archive
+  local r
+  for r in "$WORK"/*/results.jsonl; do [ -f "$r" ] && cp "$r" "$OUT/$(basename "$(dirname "$r")").jsonl"; done
+  cp "$WORK/driver.log" "$OUT/"
+  (cd "$WORK" && tar -czf "$OUT/logs.tar.gz" --exclude=cli_runs .) 2>/dev/null || true
+}
+# part NAME NEEDS VAR=VALUE...: gpu_check.sh with report WORK/NAME and the given environment, if NEEDS seconds are left
+part() {
+  local name=$1 need=$2 rc
+  shift 2
+  case " $PARTS " in *" $name "*) ;; *) return 0 ;; esac
+  if [ "$(left)" -lt "$need" ]; then log "$name skipped: $(left) s left, needs $need"; return 0; fi
+  log "$name"
+  env "$@" timeout "$(left)" bash scripts/gpu_check.sh "$KIT" "$WORK/$name" >"$WORK/$name.out" 2>&1
+  rc=$?
+  log "$name exit $rc"
+  collect
+}
+log "deadline $LIMIT s; parts: $PARTS"
+part step 120 MOH_GPU_STAGES="env build bench" MOH_GPU_TARGETS=moh MOH_GPU_BENCH=step
+part sweep 90 MOH_GPU_STAGES=bench MOH_GPU_BENCH="sweep official"
+part graphs 60 MOH_GPU_STAGES=bench MOH_GPU_BENCH=graphs
+part tests 90 MOH_GPU_STAGES="build tests" MOH_GPU_TARGETS="moh moh_tests_core moh_tests_models" \
+  MOH_GPU_CTEST_EXCLUDE='^(format)$' \
+  MOH_GPU_CTEST_INCLUDE='^(Optimizer|OpProfile|OnDevice|GradCheckpoint|TrainLoop|Guard|ClassificationTrainer|DiTTrainer)\.'
+log "finished"
+collect
