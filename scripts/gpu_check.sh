@@ -10,7 +10,8 @@
 #   MOH_GPU_CTEST_EXCLUDE  ctest -E regex of the tests stage (default: format and the long command-line scripts)
 #   MOH_GPU_CTEST_INCLUDE  ctest -R regex of the tests stage (default: every test not excluded)
 #   MOH_GPU_BENCH  which benchmarks of the bench stage (default: "train sample attention"; also: step sweep graphs
-#                  official)
+#                  official); MOH_GPU_OFFICIAL_RUNS (MODEL:BATCH ...), MOH_GPU_GRAPH_MODES (off auto) and
+#                  MOH_GPU_GRAPH_CHAINS (ddpm dpm) narrow the last two
 # Stages: env (GPU, driver, torch, compiler), build (configure against the local torch with the kit's prefix, OpenCV
 # off, NCCL on, the CUDA kernels for the GPU seen), tests (ctest with MOH_TEST_DEVICE=cuda), cli (train, resume,
 # sample and fid through the moh binary on the GPU), bench (training step bf16 of DiT-XL/2 and MoH-DiT-XL/2-90 with MFU
@@ -135,8 +136,8 @@ stage_bench() {
       attention) for dt in bf16 fp32; do bench_attention "$dt"; done ;;
       step) for m in DiT-XL/2 MoH-DiT-XL/2-90; do bench_step "$m"; done ;;
       sweep) bench_sweep none 32,64,128,256; bench_sweep blocks 64,128,256,512 ;;
-      graphs) for g in off auto; do bench_graphs "$g"; done ;;
-      official) for b in ${MOH_GPU_OFFICIAL_BATCHES:-64 128}; do bench_official "$b"; done ;;
+      graphs) for g in ${MOH_GPU_GRAPH_MODES:-off auto}; do bench_graphs "$g"; done ;;
+      official) for b in ${MOH_GPU_OFFICIAL_RUNS:-DiT-XL/2:64 DiT-XL/2:128}; do bench_official "$b"; done ;;
       *) die2 "MOH_GPU_BENCH: unknown benchmark $what (train sample attention step sweep graphs official)" ;;
     esac
   done
@@ -175,21 +176,27 @@ bench_sweep() {
     --ema 0.9999 --grad-checkpoint "$1" --steps 5 --warmup 2 --peak-tflops 989 --json
   record bench "sweep_$1" "$(grep '"train_batch_sweep"' "$REPORT/bench_sweep_$1.log" | tail -n1 || echo null)"
 }
-# The official-structure DiT-XL/2 step at larger batches (MOH_GPU_OFFICIAL_BATCHES), for the ratio at the best batch
-# of the sweep; the same step of ours at the same batch beside it, interleaved (ours, official) per batch.
+# Our step and the official-structure PyTorch step (bench/pytorch_moh_dit_step.py) side by side, one MODEL:BATCH after
+# the other (MOH_GPU_OFFICIAL_RUNS), both with the EMA of DiT's train.py: the ratio at the sweep's best batch and for MoH.
 bench_official() {
-  run_logged bench "official_b$1_ours" "$BUILD/moh" bench train --model DiT-XL/2 --device cuda --precision bf16 \
-    --batch "$1" --ema 0.9999 --steps 10 --warmup 3 --peak-tflops 989 --json
-  record bench "official_b$1_ours" "$(tail -n1 "$REPORT/bench_official_b$1_ours.log" | grep '^{' || echo null)"
-  run_logged bench "official_b$1_pytorch" "$PY" bench/pytorch_moh_dit_step.py --model DiT-XL/2 --device cuda \
-    --precision bf16 --batch "$1" --ema 0.9999 --steps 10 --warmup 3
-  record bench "official_b$1_pytorch" "$(tail -n1 "$REPORT/bench_official_b$1_pytorch.log" | grep '^{' || echo null)"
+  local model=${1%:*} batch=${1##*:} key
+  key=official_${model//\//_}_b$batch
+  run_logged bench "${key}_ours" "$BUILD/moh" bench train --model "$model" --device cuda --precision bf16 \
+    --batch "$batch" --ema 0.9999 --steps 10 --warmup 3 --peak-tflops 989 --json
+  record bench "${key}_ours" "$(tail -n1 "$REPORT/bench_${key}_ours.log" | grep '^{' || echo null)"
+  run_logged bench "${key}_pytorch" "$PY" bench/pytorch_moh_dit_step.py --model "$model" --device cuda \
+    --precision bf16 --batch "$batch" --ema 0.9999 --steps 10 --warmup 3
+  record bench "${key}_pytorch" "$(tail -n1 "$REPORT/bench_${key}_pytorch.log" | grep '^{' || echo null)"
 }
 # Sampling with and without CUDA graphs: DDPM-250 + CFG 4 (batch 64) and DPM-Solver++ 12 steps + CFG 4 in [0, 0.5].
 bench_graphs() {
+  case " ${MOH_GPU_GRAPH_CHAINS:-ddpm dpm} " in *" ddpm "*) ;; *) bench_graphs_dpm "$1"; return ;; esac
   run_logged bench "graphs_$1_ddpm" "$BUILD/moh" bench sample --model DiT-XL/2 --device cuda --precision bf16 \
     --batch 64 --chain 250 --cfg-scale 4 --cuda-graph "$1" --steps 1 --warmup 1 --json
   record bench "graphs_$1_ddpm" "$(tail -n1 "$REPORT/bench_graphs_$1_ddpm.log" | grep '^{' || echo null)"
+  case " ${MOH_GPU_GRAPH_CHAINS:-ddpm dpm} " in *" dpm "*) bench_graphs_dpm "$1" ;; esac
+}
+bench_graphs_dpm() {
   run_logged bench "graphs_$1_dpm" "$BUILD/moh" bench sample --model DiT-XL/2 --device cuda --precision bf16 \
     --batch 64 --sampler dpm++2m --chain 12 --cfg-scale 4 --cfg-interval 0,0.5 --cuda-graph "$1" --steps 3 \
     --warmup 1 --json

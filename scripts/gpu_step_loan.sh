@@ -8,10 +8,13 @@
 #                   the official-structure PyTorch step beside them (MOH_GPU_BENCH=step)
 #          tests    build the test binaries; the CUDA parity tests of the optimizer, profiler, CUDA-graph sampling,
 #                   activation checkpointing and the trainers' exact resume (MOH_GPU_CTEST_INCLUDE)
+#          parity   build moh; ours and the official-structure PyTorch step side by side: DiT-XL/2 and MoH-DiT-XL/2-90
+#                   at batch 32, DiT-XL/2 at 128 (MOH_GPU_BENCH=official)
 #          sweep    the best DiT-XL/2 batch without and with activation checkpointing, then ours and the official
 #                   step at 64 and 128 (MOH_GPU_BENCH="sweep official")
 #          graphs   sampling with and without CUDA graphs (MOH_GPU_BENCH=graphs)
-#   env: KIT (.gpu_kit), PARTS ("step sweep graphs tests")
+#   env: KIT (.gpu_kit), PARTS ("step sweep graphs tests"; parity is the step part's official comparison alone);
+#        MOH_GPU_GRAPH_MODES / MOH_GPU_GRAPH_CHAINS pass through to the graphs part
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 [ $# -ge 1 ] || { echo "usage: $0 OUT [SECONDS]" >&2; exit 2; }
@@ -41,6 +44,8 @@ part() {
 }
 log "deadline $LIMIT s; parts: $PARTS"
 part step 120 MOH_GPU_STAGES="env build bench" MOH_GPU_TARGETS=moh MOH_GPU_BENCH=step
+part parity 120 MOH_GPU_STAGES="env build bench" MOH_GPU_TARGETS=moh MOH_GPU_BENCH=official \
+  MOH_GPU_OFFICIAL_RUNS="DiT-XL/2:32 MoH-DiT-XL/2-90:32 DiT-XL/2:128"
 part sweep 90 MOH_GPU_STAGES=bench MOH_GPU_BENCH="sweep official"
 part graphs 60 MOH_GPU_STAGES=bench MOH_GPU_BENCH=graphs
 part tests 90 MOH_GPU_STAGES="build tests" MOH_GPU_TARGETS="moh moh_tests_core moh_tests_models" \
