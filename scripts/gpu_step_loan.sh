@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The training-step measurements of docs/GPU.md ("the training step") as one device call under a deadline: parts in
 # order of value, each a scripts/gpu_check.sh run with its own report, skipped when too little time is left, and at
-# most eight files copied to OUT after every part (the device tool brings back eight).
+# most eight files copied to OUT every 20 s and after every part (the device tool brings back eight).
 #   usage: scripts/gpu_step_loan.sh OUT [SECONDS]     (SECONDS: the deadline of all parts, default 540)
 #   parts (measurements first; the parity tests, which need the test binaries built, last):
 #          step     build moh; profiles of DiT-XL/2 and MoH-DiT-XL/2-90 with the per-tensor and the fused optimizer,
@@ -42,6 +42,11 @@ part() {
   log "$name exit $rc"
   collect
 }
+# Copied every 20 s too: a call cut off by the device's limit (which also counts the machine's start, 30-160 s)
+# brings back only what is in OUT by then.
+(while sleep 20; do collect 2>/dev/null; done) &
+COPIER=$!
+trap 'kill $COPIER 2>/dev/null' EXIT
 log "deadline $LIMIT s; parts: $PARTS"
 part step 120 MOH_GPU_STAGES="env build bench" MOH_GPU_TARGETS=moh MOH_GPU_BENCH=step
 part parity 120 MOH_GPU_STAGES="env build bench" MOH_GPU_TARGETS=moh MOH_GPU_BENCH=official \
