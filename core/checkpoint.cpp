@@ -22,6 +22,7 @@
 
 #include "core/atomic_io.h"
 #include "core/error.h"
+#include "core/tensorboard.h"
 #include "core/torch_file.h"
 
 namespace moh {
@@ -374,7 +375,7 @@ RunDirLock::~RunDirLock() {
 }
 
 MetricsWriter start_run_dir(const std::string& run_dir, const std::string& config_yaml,
-                            std::optional<int64_t> resumed_step) {
+                            std::optional<int64_t> resumed_step, bool tensorboard) {
   fs::create_directories(run_dir + "/config_history");
   char name[48];
   std::snprintf(name, sizeof name, "/config_history/from_step_%07lld.yaml",
@@ -382,7 +383,17 @@ MetricsWriter start_run_dir(const std::string& run_dir, const std::string& confi
   write_file_atomic(run_dir + name, config_yaml);  // the config in effect from that step on (resumes keep the earlier)
   write_file_atomic(run_dir + "/config.resolved.yaml", config_yaml);
   if (resumed_step) truncate_metrics(run_dir + "/metrics.jsonl", *resumed_step);
-  return MetricsWriter(run_dir + "/metrics.jsonl", /*truncate=*/!resumed_step);
+  MetricsWriter metrics(run_dir + "/metrics.jsonl", /*truncate=*/!resumed_step);
+  if (tensorboard) {
+    auto tb = std::make_shared<TensorBoardWriter>(run_dir + "/tb", resumed_step);
+    // four spaces: a Markdown code block (the text plugin renders Markdown)
+    std::string text, line;
+    std::istringstream in(config_yaml);
+    while (std::getline(in, line)) text += "    " + line + "\n";
+    tb->add_text("config", text, resumed_step.value_or(0));
+    metrics.mirror_to(std::move(tb));
+  }
+  return metrics;
 }
 
 std::optional<Checkpoint> resolve_resume(const std::string& run_dir, const std::string& resume) {

@@ -113,9 +113,11 @@ class RunDirLock {
 };
 
 /// Starts writing into a run directory once every input has been checked: creates it, prints and saves
-/// config.resolved.yaml, and opens metrics.jsonl (a fresh file, or cut back to `resumed_step` when resuming).
+/// config.resolved.yaml, and opens metrics.jsonl (a fresh file, or cut back to `resumed_step` when resuming). With
+/// `tensorboard`, metrics.jsonl is mirrored into a new event file in RUN/tb, which starts with the resolved config as
+/// text (and, resumed, with the restart mark that drops what the killed process logged past `resumed_step`).
 MetricsWriter start_run_dir(const std::string& run_dir, const std::string& config_yaml,
-                            std::optional<int64_t> resumed_step);
+                            std::optional<int64_t> resumed_step, bool tensorboard = false);
 
 /// The named tensors of a weights source: a .safetensors or torch.save file (`key` selects an entry of a nested
 /// torch.save checkpoint), or one of this toolkit's checkpoint/run directories (`key` = model (default) or ema).

@@ -10,8 +10,12 @@
 #include <iostream>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <streambuf>
+#include <vector>
+
+#include "core/tensorboard.h"
 
 namespace moh {
 
@@ -102,6 +106,36 @@ void Progress::render(bool final_line, const std::string& status) {
   }
 }
 
+namespace {
+
+// [[...], [...]] of numbers (ragged allowed) -> rows; nullopt for anything else.
+std::optional<std::vector<std::vector<double>>> number_matrix(const nlohmann::json& v) {
+  if (!v.is_array() || v.empty()) return std::nullopt;
+  std::vector<std::vector<double>> rows;
+  for (const auto& r : v) {
+    if (!r.is_array()) return std::nullopt;
+    rows.emplace_back();
+    for (const auto& x : r) {
+      if (!x.is_number()) return std::nullopt;
+      rows.back().push_back(x.get<double>());
+    }
+  }
+  return rows;
+}
+
+void mirror_line(TensorBoardWriter& tb, const nlohmann::json& line) {
+  const int64_t step = line["step"].get<int64_t>();
+  for (const auto& [key, v] : line.items()) {
+    if (key == "step") continue;
+    if (v.is_number())
+      tb.add_scalar(key, v.get<double>(), step);
+    else if (auto m = number_matrix(v))
+      tb.add_heatmap(key, *m, step);
+  }
+}
+
+}  // namespace
+
 MetricsWriter::MetricsWriter(const std::string& path, bool truncate) : path_(path) {
   std::ofstream f(path, truncate ? std::ios::trunc : std::ios::app);
   if (!f) throw std::runtime_error("cannot open metrics file " + path);
@@ -116,6 +150,7 @@ void MetricsWriter::write(const nlohmann::json& record) {
   std::ofstream f(path_, std::ios::app);
   f << line.dump() << "\n";
   f.flush();
+  if (tb_ && line.contains("step") && line["step"].is_number_integer()) mirror_line(*tb_, line);
 }
 
 std::string utc_timestamp() {

@@ -11,6 +11,8 @@
 
 namespace moh {
 
+class TensorBoardWriter;  // core/tensorboard.h
+
 /// A progress bar over `total` units (images, steps, ...).
 class Progress {
  public:
@@ -48,9 +50,13 @@ class MetricsWriter {
   explicit MetricsWriter(const std::string& path, bool truncate = false);
   /// Appends one line (a default-constructed writer, as on non-main ranks, writes nothing).
   void write(const nlohmann::json& record);
+  /// Every line with a "step" also goes to `tb`: each number (but the step) as a scalar of its key, each matrix of
+  /// numbers (the head-load shares) as a heat map.
+  void mirror_to(std::shared_ptr<TensorBoardWriter> tb) { tb_ = std::move(tb); }
 
  private:
   std::string path_;
+  std::shared_ptr<TensorBoardWriter> tb_;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 

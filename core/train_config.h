@@ -142,6 +142,18 @@ struct TrainConfig {
   }
 };
 
+/// `log:` — what a run writes besides metrics.jsonl and log.txt.
+struct LogConfig {
+  bool tensorboard = false;
+  template <class V>
+  void visit(V& v) {
+    v.field(
+        "tensorboard", tensorboard,
+        "also write TensorBoard event files to RUN/tb: every metrics.jsonl number at its step, the head-load shares "
+        "as heat maps, the resolved config as text; moh sample of its checkpoints adds the sample grid");
+  }
+};
+
 /// Weights a fresh run starts from (`model.weights`; a resumed run takes its checkpoint's instead).
 struct InitialWeights {
   std::string path;            ///< "" = the task's own initialisation
@@ -159,6 +171,7 @@ struct LoopConfig {
   OptimConfig optim;
   ScheduleConfig schedule;
   TrainConfig train;
+  LogConfig log;
   InitialWeights weights;
 };
 

@@ -211,6 +211,7 @@ TrainLoop::TrainLoop(const LoopConfig& cfg, const TrainArgs& args, const TaskFac
                               args.precision_probe.get())) {
   run_dir_ = args.run_dir.empty() ? "runs/" + cfg.name : args.run_dir;
   check_output_dir(run_dir_, "--run-dir " + run_dir_);
+  if (cfg.log.tensorboard) check_output_dir(run_dir_ + "/tb", "log.tensorboard: " + run_dir_ + "/tb");
   if (cfg.train.deterministic) use_deterministic_kernels();
   const int64_t world = ctx_.world, local_batch = cfg.batch_size / world;
   if (cfg.batch_size % world != 0 || local_batch % cfg.train.accum_steps != 0)
@@ -296,7 +297,8 @@ void TrainLoop::start_writing() {
   if (group_->is_main()) {
     if (!lock_) lock_ = std::make_unique<RunDirLock>(run_dir_);
     const bool restart = !resume_ && args_.resume == "auto" && fs::exists(run_dir_ + "/metrics.jsonl");
-    metrics_ = start_run_dir(run_dir_, cfg_.yaml, resume_ ? std::optional<int64_t>(state_.step) : std::nullopt);
+    metrics_ = start_run_dir(run_dir_, cfg_.yaml, resume_ ? std::optional<int64_t>(state_.step) : std::nullopt,
+                             cfg_.log.tensorboard);
     console_ = std::make_unique<ConsoleLog>(run_dir_ + "/log.txt");
     std::cerr << "[" << utc_timestamp() << "] moh train " << cfg_.name << "\n";
     print_notes();  // what the data loading had to say, now that every input is accepted

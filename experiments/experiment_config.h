@@ -43,6 +43,7 @@ struct ExperimentConfig {
   RepaConfig repa;  ///< train.repa
   DiffusionConfig diffusion;
   SamplingConfig sampling;
+  LogConfig log;
 
   template <class V>
   void visit(V& v) {
@@ -57,6 +58,7 @@ struct ExperimentConfig {
     v.section("train", train_section, "training loop");
     v.section("diffusion", diffusion, "Gaussian diffusion process (DiT experiments)");
     v.section("sampling", sampling, "reverse-process sampling and classifier-free guidance (DiT experiments)");
+    v.section("log", log, "what a run writes besides metrics.jsonl and log.txt");
   }
 
   /// Cross-field rules; throws UserError naming the key (origin = the config file).

@@ -16,6 +16,7 @@
 #include "core/progress.h"
 #include "core/run_context.h"
 #include "core/sha256.h"
+#include "core/tensorboard.h"
 #include "datasets/fashion_mnist.h"
 #include "datasets/image_grid.h"
 #include "diffusion/head_load.h"
@@ -42,12 +43,13 @@ struct SamplingModel {
   ExperimentConfig cfg;
   std::string weights = "untrained";  // "ema", "model", a weights file, or untrained
   int64_t step = -1;
+  std::string checkpoint_dir;  // RUN/checkpoints/STEP of a checkpoint, else ""
 };
 
 // A checkpoint's EMA (or --raw trained) weights, read alone; only sampling.* may change.
 SamplingModel checkpoint_model(const SamplingRequest& r) {
   LoadedDiT loaded = load_dit_checkpoint(r.checkpoint, !r.raw);
-  SamplingModel m{loaded.model, loaded.cfg, loaded.weights, loaded.step};
+  SamplingModel m{loaded.model, loaded.cfg, loaded.weights, loaded.step, loaded.dir};
   for (const auto& s : r.sets)
     if (s.rfind("sampling.", 0) != 0)
       throw UserError("--set " + s, "only sampling.* can be changed when sampling a checkpoint",
@@ -226,6 +228,19 @@ int64_t sample_missing_parts(SamplingModel& m, const SamplingChain& sc_chain, Au
   return batches - static_cast<int64_t>(missing.size());
 }
 
+// A checkpoint of a run that logs to TensorBoard (log.tensorboard): the grid goes into the run's tb/ as an image at
+// the checkpoint's step, tagged by sampler, steps and guidance, so the run's samples line up with its curves.
+void grid_to_tensorboard(const SamplingModel& m, const std::string& png_path) {
+  if (!m.cfg.log.tensorboard || m.checkpoint_dir.empty() || m.step < 0) return;
+  const fs::path ckpt = fs::absolute(m.checkpoint_dir);
+  if (ckpt.parent_path().filename() != "checkpoints") return;
+  const SamplingConfig& sc = m.cfg.sampling;
+  std::ostringstream tag;  // one tag per setting: e.g. samples/dpm++2m 12, cfg 4
+  tag << "samples/" << sampler_record(sc.sampler).name << " " << sc.steps << ", cfg " << sc.cfg_scale;
+  TensorBoardWriter tb(ckpt.parent_path().parent_path().string() + "/tb");
+  tb.add_png(tag.str(), read_file(png_path), m.step);
+}
+
 // Rank 0: samples.npz streamed from the parts (the grid's tiles picked on the way), grid.png, sampling.json.
 void write_sampling_outputs(const SamplingModel& m, const SamplingChain& sc_chain, const SamplingRequest& r,
                             const at::Tensor& labels, nlohmann::json info, SamplingSummary& out) {
@@ -244,6 +259,7 @@ void write_sampling_outputs(const SamplingModel& m, const SamplingChain& sc_chai
   fs::remove_all(parts);
   out.grid = datasets::write_grid(r.out + "/grid.png", at::stack(tiles), grid.cols, mo.input_size < 64 ? 3 : 1,
                                   grid.row_labels, grid.tile_labels);
+  if (out.grid) grid_to_tensorboard(m, r.out + "/grid.png");
   info["chain_steps"] = sampler_steps(sc_chain.options, sc_chain.chain);
   // A guided step counts 2; an adaptive sampler's count is the mean over the batches rank 0 sampled (null when all
   // were on disk already).

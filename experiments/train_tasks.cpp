@@ -148,6 +148,7 @@ LoopConfig loop_config(const ExperimentConfig& cfg) {
   l.optim = cfg.optim;
   l.schedule = cfg.schedule;
   l.train = cfg.train;
+  l.log = cfg.log;
   l.weights = {cfg.model.weights, cfg.model.weights_key, cfg.model.weights_allow_missing};
   return l;
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project-local virtual environment .venv/ with the pinned packages of scripts/requirements-torch2.txt: the
 # LibTorch 2.x of the pip build (torch 2.14.1, CUDA 13.0, with its nvidia-* runtime wheels) and the Python reference
-# packages the tests compare against (diffusers, safetensors, torch-fidelity, pytorch-fid, torchdiffeq, torchvision, numpy, scipy).
+# packages the tests compare against (diffusers, safetensors, torch-fidelity, pytorch-fid, torchdiffeq, torchvision,
+# timm, tensorboard, numpy, scipy).
 # Called by `MOH_LIBTORCH=pip scripts/setup.sh`. Idempotent:
 #   - the venv is left alone when it was built from the same requirements file (hash in .venv/.moh-requirements.sha256);
 #   - wheels are downloaded once into $MOH_CACHE_DIR/wheels (default ~/.cache/moh/wheels) and installed from there

@@ -85,6 +85,7 @@ echo "a file" >"$F/afile"
 mkdir -p "$F/dir.safetensors"
 ln -s "$F/loop" "$F/loop"
 mkdir -p "$F/readonly" && chmod 555 "$F/readonly"
+mkdir -p "$F/tbrun" && echo "a file" >"$F/tbrun/tb"
 
 snapshot() { (cd "$F" && find . -type f -print0 | sort -z | xargs -0 sha256sum); }
 reference=$(snapshot)
@@ -123,6 +124,8 @@ bad "train.epochs: must be > 0" -- config $NANO --set train.epochs=0
 bad "data.batch_size: expected an integer" -- config $NANO --set data.batch_size=lots
 bad "unsupported version 2" -- config $NANO --set version=2
 bad "key 'model' appears twice" -- train "$F/dup.yaml" --run-dir "$O/r"
+bad "log.tensorboard: expected true or false" -- config $NANO --set log.tensorboard=maybe
+bad "tbrun/tb is a file, not a directory" -- train $NANO "${TINY[@]}" --set log.tensorboard=true --run-dir "$F/tbrun"
 bad "key 'model.name' appears twice" -- config "$F/dup_inner.yaml"
 bad "key 'lr' appears twice" -- config $NANO --set 'optim={lr: 1e-3, lr: 2e-3}'
 bad "YAML syntax error at line" -- config "$F/syntax.yaml"

@@ -31,6 +31,9 @@
 #                preprocessing + DINOv2 on grey DiT inputs, and EDM2's FD-DINOv2 detector (written out) against
 #                `--features dinov2:`'s network, ≤ 1e-5 (the GoogleTest RepaReference.*; the second argument is the
 #                moh_tests_models binary)
+#   tensorboard  a training run's TensorBoard event files (log.tensorboard) read by the tensorboard package's
+#                EventAccumulator against its metrics.jsonl, killed -9 (and with the last record cut short), then
+#                resumed: each step once, the head-load heat maps and the config text (tests/core/ref_tensorboard.py)
 # usage: pyref_test.sh CASE path/to/moh repo_root path/to/python
 set -u
 CASE=$1 MOH=$2 ROOT=$3 PY=$4
@@ -152,6 +155,39 @@ solvers | flow | repa)
     grep -B2 -A3 "Failure\|SKIPPED" "$tmp/gtest.log" | head -40
     echo "FAIL: $filter (exit $rc)"; fails=$((fails + 1))
   fi
+  ;;
+tensorboard)
+  # A classifier run with log.tensorboard killed (-9) between checkpoints, read back by the tensorboard package
+  # (also with its last record cut short), then resumed: the steps logged past the checkpoint come again, and
+  # TensorBoard must show each once (tests/core/ref_tensorboard.py).
+  run_dir=$tmp/tbrun
+  set_args=(--set log.tensorboard=true --set data.limit_train=1024 --set data.limit_val=256 --set train.epochs=3
+    --set train.log_every_steps=1 --set train.ckpt_every_steps=4 --set train.precision=fp32)
+  echo "+ moh train configs/fashion_mnist/moh_vit_nano.yaml ${set_args[*]} (killed -9 after step 10)"
+  "$MOH" train configs/fashion_mnist/moh_vit_nano.yaml --run-dir "$run_dir" "${set_args[@]}" >"$tmp/train.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1200); do  # up to 120 s
+    grep -q '"step":1[0-9]' "$run_dir/metrics.jsonl" 2>/dev/null && break
+    kill -0 $pid 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null
+  ckpt=$("$PY" -c 'import json, sys; d = sys.argv[1] + "/checkpoints/"; print(json.load(open(d + open(d + "latest").read().strip() + "/trainer_state.json"))["step"])' "$run_dir" 2>/dev/null)
+  last=$("$PY" -c 'import json, sys; print(max(json.loads(l)["step"] for l in open(sys.argv[1]) if l.strip()))' "$run_dir/metrics.jsonl" 2>/dev/null)
+  echo "killed at step ${last:-?}, latest checkpoint at step ${ckpt:-?}"
+  if [ -z "$ckpt" ] || [ -z "$last" ] || [ "$last" -le "$ckpt" ]; then
+    echo "FAIL: the kill must fall after a checkpoint and after later steps were logged"; tail -3 "$tmp/train.log"
+    fails=$((fails + 1))
+  fi
+  run "$PY" tests/core/ref_tensorboard.py "$run_dir" --expect-files 1
+  run "$PY" tests/core/ref_tensorboard.py "$run_dir" --cut
+  train_quiet "$run_dir" configs/fashion_mnist/moh_vit_nano.yaml "${set_args[@]}" --resume auto
+  run "$PY" tests/core/ref_tensorboard.py "$run_dir" --expect-files 2
+  # a DiT run's checkpoint sampled: its grid.png into the run's tb/ at the checkpoint's step
+  train_quiet "$tmp/tbdit" configs/fashion_mnist/moh_dit_pixel.yaml --set log.tensorboard=true \
+    --set data.limit_train=64 --set data.batch_size=16 --set train.max_steps=3
+  run "$MOH" sample --checkpoint "$tmp/tbdit" --set sampling.per_class=2 --set sampling.steps=ddim3 --out "$tmp/tbs"
+  run "$PY" tests/core/ref_tensorboard.py "$tmp/tbdit" --expect-files 2 --grid "$tmp/tbs/grid.png" --grid-step 3
   ;;
 *)
   echo "unknown case $CASE"; exit 2 ;;
