@@ -58,12 +58,6 @@ class DinoV2Net : public FeatureNet {
   DinoV2Net(const std::string& weights, const RunContext& ctx)
       : device_(ctx.device), net_(vision::load_dinov2(weights)), sha_(sha256_file(weights)) {
     net_->to(device_);
-    mean_ = at::tensor(std::vector<double>(datasets::kImageNetMean.begin(), datasets::kImageNetMean.end()), at::kFloat)
-                .view({1, 3, 1, 1})
-                .to(device_);
-    std_ = at::tensor(std::vector<double>(datasets::kImageNetStd.begin(), datasets::kImageNetStd.end()), at::kFloat)
-               .view({1, 3, 1, 1})
-               .to(device_);
   }
   InceptionFeatures extract(const at::Tensor& images_u8) override {
     namespace F = torch::nn::functional;
@@ -75,7 +69,7 @@ class DinoV2Net : public FeatureNet {
                               .mode(torch::kBicubic)
                               .align_corners(false)
                               .antialias(true));
-    x = (x / 255.0 - mean_) / std_;
+    x = vision::imagenet_normalize(x / 255.0);
     InceptionFeatures f;
     f.pool = net_->forward_tokens(x).cls.to(at::kCPU, at::kFloat);  // (B, D)
     return f;
@@ -93,7 +87,6 @@ class DinoV2Net : public FeatureNet {
   at::Device device_;
   vision::DinoV2 net_;
   std::string sha_;
-  at::Tensor mean_, std_;
 };
 
 }  // namespace

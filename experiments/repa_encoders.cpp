@@ -106,17 +106,9 @@ RepaEncoder dinov2_encoder(const ExperimentConfig& cfg, const diffusion::DiTOpti
   e.description = "DINOv2 ViT (" + std::to_string(e.dim) + " wide, " + std::to_string(model->options.depth) +
                   " blocks) at " + std::to_string(side) + " px (" + cfg.repa.encoder + ")";
   e.weights_sha256 = sha256_file(cfg.repa.encoder);
-  const at::Tensor mean =
-      at::tensor(std::vector<double>(datasets::kImageNetMean.begin(), datasets::kImageNetMean.end()), at::kFloat)
-          .view({1, 3, 1, 1})
-          .to(ctx.device);
-  const at::Tensor std =
-      at::tensor(std::vector<double>(datasets::kImageNetStd.begin(), datasets::kImageNetStd.end()), at::kFloat)
-          .view({1, 3, 1, 1})
-          .to(ctx.device);
-  e.targets = [model, mean, std, side](const at::Tensor& x) mutable {
+  e.targets = [model, side](const at::Tensor& x) mutable {
     // REPA's preprocess_raw_image: x / 255, ImageNet normalisation, then bicubic resize to the encoder's side.
-    const at::Tensor u = (unit_images(x, 3) - mean) / std;
+    const at::Tensor u = vision::imagenet_normalize(unit_images(x, 3));
     const at::Tensor r = F::interpolate(
         u,
         F::InterpolateFuncOptions().size(std::vector<int64_t>{side, side}).mode(torch::kBicubic).align_corners(false));

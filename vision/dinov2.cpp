@@ -9,6 +9,7 @@
 #include "core/checkpoint.h"
 #include "core/error.h"
 #include "core/torch_file.h"
+#include "datasets/augment.h"
 
 namespace moh::vision {
 
@@ -119,6 +120,18 @@ DinoV2 load_dinov2(const std::string& path) {
   model->eval();
   for (auto& p : model->parameters()) p.set_requires_grad(false);
   return model;
+}
+
+at::Tensor imagenet_normalize(const at::Tensor& x) {
+  const auto opts = at::TensorOptions().dtype(x.scalar_type()).device(x.device());
+  const at::Tensor mean =
+      at::tensor(std::vector<double>(datasets::kImageNetMean.begin(), datasets::kImageNetMean.end()))
+          .to(opts)
+          .view({1, 3, 1, 1});
+  const at::Tensor std = at::tensor(std::vector<double>(datasets::kImageNetStd.begin(), datasets::kImageNetStd.end()))
+                             .to(opts)
+                             .view({1, 3, 1, 1});
+  return (x - mean) / std;
 }
 
 }  // namespace moh::vision

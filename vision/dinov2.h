@@ -88,4 +88,8 @@ TORCH_MODULE(DinoV2);
 /// dropped), in eval mode without gradients. UserError for files that are not DINOv2 ViT weights.
 DinoV2 load_dinov2(const std::string& path);
 
+/// The ImageNet normalisation DINOv2 was trained with, on images in [0, 1]: (x - mean) / std per channel of a
+/// (B, 3, H, W) tensor, on its device (REPA's encoder input and EDM2's FD-DINOv2 detector alike).
+at::Tensor imagenet_normalize(const at::Tensor& x);
+
 }  // namespace moh::vision
