@@ -237,8 +237,13 @@ void grid_to_tensorboard(const SamplingModel& m, const std::string& png_path) {
   const SamplingConfig& sc = m.cfg.sampling;
   std::ostringstream tag;  // one tag per setting: e.g. samples/dpm++2m 12, cfg 4
   tag << "samples/" << sampler_record(sc.sampler).name << " " << sc.steps << ", cfg " << sc.cfg_scale;
-  TensorBoardWriter tb(ckpt.parent_path().parent_path().string() + "/tb");
-  tb.add_png(tag.str(), read_file(png_path), m.step);
+  const std::string dir = ckpt.parent_path().parent_path().string() + "/tb";
+  try {  // the samples are written: a run directory we cannot add to (read-only, shared) only costs the image
+    TensorBoardWriter tb(dir);
+    tb.add_png(tag.str(), read_file(png_path), m.step);
+  } catch (const std::exception& e) {
+    std::cerr << "warning: the grid was not added to " << dir << ": " << e.what() << "\n";
+  }
 }
 
 // Rank 0: samples.npz streamed from the parts (the grid's tiles picked on the way), grid.png, sampling.json.

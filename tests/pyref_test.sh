@@ -188,6 +188,15 @@ tensorboard)
     --set data.limit_train=64 --set data.batch_size=16 --set train.max_steps=3
   run "$MOH" sample --checkpoint "$tmp/tbdit" --set sampling.per_class=2 --set sampling.steps=ddim3 --out "$tmp/tbs"
   run "$PY" tests/core/ref_tensorboard.py "$tmp/tbdit" --expect-files 2 --grid "$tmp/tbs/grid.png" --grid-step 3
+  # a run directory the grid cannot be added to (tb/ replaced by a file): the samples stand, one warning line
+  rm -rf "$tmp/tbdit/tb" && echo "a file" >"$tmp/tbdit/tb"
+  "$MOH" sample --checkpoint "$tmp/tbdit" --set sampling.per_class=2 --set sampling.steps=ddim3 --out "$tmp/tbs2" \
+    >"$tmp/s2.log" 2>&1
+  rc=$?
+  echo "+ moh sample (tb/ a file): exit $rc, $(grep -c '^warning: the grid was not added' "$tmp/s2.log") warning"
+  if [ $rc != 0 ] || [ ! -f "$tmp/tbs2/samples.npz" ] || [ "$(grep -c '^warning: the grid was not added' "$tmp/s2.log")" != 1 ]; then
+    echo "FAIL: sampling into a run whose tb/ is a file"; tail -3 "$tmp/s2.log"; fails=$((fails + 1))
+  fi
   ;;
 *)
   echo "unknown case $CASE"; exit 2 ;;
