@@ -281,6 +281,7 @@ nlohmann::json train_row(Common& c, experiments::BenchRequest r, const experimen
   out["optim_impl"] = config::to_string(r.optim);
   out["ema_decay"] = r.ema_decay;
   out["grad_checkpoint"] = r.grad_checkpoint ? "blocks" : "none";
+  out["router"] = r.plain_router ? "plain" : "compact";
   out["what"] = "train_step";
   return out;
 }
@@ -308,6 +309,8 @@ int train_bench_main(int argc, char** argv) {
        cxxopts::value<double>()->default_value("0"));
   flag("grad-checkpoint", "activation checkpointing as train.grad_checkpoint: none or blocks",
        cxxopts::value<std::string>()->default_value("none"));
+  flag("router", "MoH routers: compact (what runs train) or plain (the official op sequence, the reference)",
+       cxxopts::value<std::string>()->default_value("compact"));
   bool help = false;
   Common c = parse_common(opts, argc, argv, help);
   if (help) return 0;
@@ -322,6 +325,9 @@ int train_bench_main(int argc, char** argv) {
   if (!(r.ema_decay >= 0 && r.ema_decay < 1)) throw UserError("--ema", "must be in [0, 1)", "e.g. 0.9999");
   r.grad_checkpoint = config::enum_from_string<GradCheckpoint>(c.args["grad-checkpoint"].as<std::string>(),
                                                                "--grad-checkpoint") == GradCheckpoint::blocks;
+  const std::string router = c.args["router"].as<std::string>();
+  if (router != "compact" && router != "plain") throw UserError("--router " + router, "unknown", "compact or plain");
+  r.plain_router = router == "plain";
   const experiments::ModelFamily& family = experiments::find_model_family(c.model, "--model " + c.model);
   if (!family.bench_step)
     throw UserError("--model", c.model + " is a fixed network", "pick a classifier or DiT variant");

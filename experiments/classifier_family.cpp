@@ -54,6 +54,7 @@ BenchStep bench_step(const BenchRequest& r) {
   vision::TransNeXt model(o);
   model->to(r.ctx.device);
   model->train();
+  nn::set_plain_routers(*model, r.plain_router);
   auto opt = std::make_shared<BenchOptimizer>(*model, r, 1e-3, 0.05, 1.0, [&] {
     vision::TransNeXt copy(o);
     copy->to(r.ctx.device);

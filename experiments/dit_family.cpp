@@ -59,6 +59,7 @@ BenchStep bench_step(const BenchRequest& r) {
   diffusion::DiT model(o);
   model->to(r.ctx.device);
   model->train();
+  nn::set_plain_routers(*model, r.plain_router);
   auto opt = std::make_shared<BenchOptimizer>(*model, r, 1e-4, 0.0, 0.0, [&] {  // DiT's train.py: no clipping
     diffusion::DiT copy(o);
     copy->to(r.ctx.device);

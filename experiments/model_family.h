@@ -85,6 +85,7 @@ struct BenchRequest {
   OptimImpl optim = OptimImpl::automatic;  ///< optim.impl of the step's AdamW, clipping and EMA
   double ema_decay = 0;                    ///< > 0: the step updates an EMA copy too, as a run with train.ema_decay
   bool grad_checkpoint = false;            ///< train.grad_checkpoint: blocks
+  bool plain_router = false;               ///< routers by the official op sequence (nn::HeadRouter::plain)
   /// When set, the model is the experiment's (its options as a run builds them; name, img_size, path and
   /// grad_checkpoint above are then unused).
   const ExperimentConfig* experiment = nullptr;

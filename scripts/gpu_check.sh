@@ -9,8 +9,8 @@
 #   MOH_GPU_TEST_DEVICE  MOH_TEST_DEVICE of the tests stage (default cuda; cpu to rehearse on a CPU machine)
 #   MOH_GPU_CTEST_EXCLUDE  ctest -E regex of the tests stage (default: format and the long command-line scripts)
 #   MOH_GPU_CTEST_INCLUDE  ctest -R regex of the tests stage (default: every test not excluded)
-#   MOH_GPU_BENCH  which benchmarks of the bench stage (default: "train sample attention"; also: step sweep graphs
-#                  official); MOH_GPU_OFFICIAL_RUNS (MODEL:BATCH ...), MOH_GPU_GRAPH_MODES (off auto) and
+#   MOH_GPU_BENCH  which benchmarks of the bench stage (default: "train sample attention"; also: step router sweep
+#                  graphs official); MOH_GPU_OFFICIAL_RUNS (MODEL:BATCH ...), MOH_GPU_GRAPH_MODES (off auto) and
 #                  MOH_GPU_GRAPH_CHAINS (ddpm dpm) narrow the last two
 # Stages: env (GPU, driver, torch, compiler), build (configure against the local torch with the kit's prefix, OpenCV
 # off, NCCL on, the CUDA kernels for the GPU seen), tests (ctest with MOH_TEST_DEVICE=cuda), cli (train, resume,
@@ -135,10 +135,11 @@ stage_bench() {
       train | sample) for m in DiT-XL/2 MoH-DiT-XL/2-90; do "bench_$what" "$m"; done ;;
       attention) for dt in bf16 fp32; do bench_attention "$dt"; done ;;
       step) for m in DiT-XL/2 MoH-DiT-XL/2-90; do bench_step "$m"; done ;;
+      router) bench_router ;;
       sweep) bench_sweep none 32,64,128,256; bench_sweep blocks 64,128,256,512 ;;
       graphs) for g in ${MOH_GPU_GRAPH_MODES:-off auto}; do bench_graphs "$g"; done ;;
       official) for b in ${MOH_GPU_OFFICIAL_RUNS:-DiT-XL/2:64 DiT-XL/2:128}; do bench_official "$b"; done ;;
-      *) die2 "MOH_GPU_BENCH: unknown benchmark $what (train sample attention step sweep graphs official)" ;;
+      *) die2 "MOH_GPU_BENCH: unknown benchmark $what (train sample attention step router sweep graphs official)" ;;
     esac
   done
 }
@@ -168,6 +169,26 @@ bench_step() {
   run_logged bench "step_${key}_pytorch" "$PY" bench/pytorch_moh_dit_step.py --model "$1" --device cuda \
     --precision bf16 --batch 32 --ema 0.9999 --steps 10 --warmup 3
   record bench "step_${key}_pytorch" "$(tail -n1 "$REPORT/bench_step_${key}_pytorch.log" | grep '^{' || echo null)"
+}
+# MoH's router as the official op sequence (plain) and compact, against the dense step: MoH-DiT-XL/2-90 with each and
+# DiT-XL/2, interleaved in three rounds (bf16, batch 32, EMA 0.9999, the run's optimizer); the last compact step
+# profiled by op class.
+bench_router() {
+  local round r key
+  for round in 1 2 3; do
+    for r in plain compact dense; do
+      key=router_${r}_$round
+      if [ "$r" = dense ]; then
+        run_logged bench "$key" "$BUILD/moh" bench train --model DiT-XL/2 --device cuda --precision bf16 --batch 32 \
+          --ema 0.9999 --steps 10 --warmup 3 --peak-tflops 989 --json
+      else
+        run_logged bench "$key" "$BUILD/moh" bench train --model MoH-DiT-XL/2-90 --device cuda --precision bf16 \
+          --batch 32 --ema 0.9999 --router "$r" --steps 10 --warmup 3 --peak-tflops 989 --json \
+          $([ "$round" = 3 ] && echo --profile 12)
+      fi
+      record bench "$key" "$(tail -n1 "$REPORT/bench_$key.log" | grep '^{' || echo null)"
+    done
+  done
 }
 # The best batch that fits a GPU, without and with activation checkpointing (DiT-XL/2, bf16, EMA): one JSON line per
 # batch, then the sweep's summary.

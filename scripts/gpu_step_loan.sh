@@ -3,9 +3,11 @@
 # order of value, each a scripts/gpu_check.sh run with its own report, skipped when too little time is left, and at
 # most eight files copied to OUT every 20 s and after every part (the device tool brings back eight).
 #   usage: scripts/gpu_step_loan.sh OUT [SECONDS]     (SECONDS: the deadline of all parts, default 540)
-#   parts (measurements first; the parity tests, which need the test binaries built, last):
+#   parts (run in the order PARTS names them; each builds what it needs, an incremental build after the first):
 #          step     build moh; profiles of DiT-XL/2 and MoH-DiT-XL/2-90 with the per-tensor and the fused optimizer,
 #                   the official-structure PyTorch step beside them (MOH_GPU_BENCH=step)
+#          router   build moh; MoH-DiT-XL/2-90 with the plain and the compact router and DiT-XL/2, interleaved in
+#                   three rounds, the last compact step profiled (MOH_GPU_BENCH=router)
 #          tests    build the test binaries; the CUDA parity tests of the optimizer, profiler, CUDA-graph sampling,
 #                   activation checkpointing and the trainers' exact resume (MOH_GPU_CTEST_INCLUDE)
 #          parity   build moh; ours and the official-structure PyTorch step side by side: DiT-XL/2 and MoH-DiT-XL/2-90
@@ -48,13 +50,21 @@ part() {
 COPIER=$!
 trap 'kill $COPIER 2>/dev/null' EXIT
 log "deadline $LIMIT s; parts: $PARTS"
-part step 120 MOH_GPU_STAGES="env build bench" MOH_GPU_TARGETS=moh MOH_GPU_BENCH=step
-part parity 120 MOH_GPU_STAGES="env build bench" MOH_GPU_TARGETS=moh MOH_GPU_BENCH=official \
-  MOH_GPU_OFFICIAL_RUNS="DiT-XL/2:32 MoH-DiT-XL/2-90:32 DiT-XL/2:128"
-part sweep 90 MOH_GPU_STAGES=bench MOH_GPU_BENCH="sweep official"
-part graphs 60 MOH_GPU_STAGES=bench MOH_GPU_BENCH=graphs
-part tests 90 MOH_GPU_STAGES="build tests" MOH_GPU_TARGETS="moh moh_tests_core moh_tests_models" \
-  MOH_GPU_CTEST_EXCLUDE='^(format)$' \
-  MOH_GPU_CTEST_INCLUDE='^(Optimizer|OpProfile|OnDevice|GradCheckpoint|TrainLoop|Guard|ClassificationTrainer|DiTTrainer)\.'
+# Parts run in the order PARTS names them.
+run_part() {
+  case "$1" in
+    step) part step 120 MOH_GPU_STAGES="env build bench" MOH_GPU_TARGETS=moh MOH_GPU_BENCH=step ;;
+    router) part router 120 MOH_GPU_STAGES="env build bench" MOH_GPU_TARGETS=moh MOH_GPU_BENCH=router ;;
+    parity) part parity 120 MOH_GPU_STAGES="env build bench" MOH_GPU_TARGETS=moh MOH_GPU_BENCH=official \
+      MOH_GPU_OFFICIAL_RUNS="DiT-XL/2:32 MoH-DiT-XL/2-90:32 DiT-XL/2:128" ;;
+    sweep) part sweep 90 MOH_GPU_STAGES="env build bench" MOH_GPU_TARGETS=moh MOH_GPU_BENCH="sweep official" ;;
+    graphs) part graphs 60 MOH_GPU_STAGES="env build bench" MOH_GPU_TARGETS=moh MOH_GPU_BENCH=graphs ;;
+    tests) part tests 90 MOH_GPU_STAGES="build tests" MOH_GPU_TARGETS="moh moh_tests_core moh_tests_models" \
+      MOH_GPU_CTEST_EXCLUDE='^(format)$' \
+      MOH_GPU_CTEST_INCLUDE='^(MoHRouting|MoHAttention|Optimizer|OpProfile|OnDevice|GradCheckpoint|TrainLoop|Guard|ClassificationTrainer|DiTTrainer)\.' ;;
+    *) log "unknown part $1" ;;
+  esac
+}
+for p in $PARTS; do run_part "$p"; done
 log "finished"
 collect

@@ -201,7 +201,7 @@ std::vector<nn::HeadTensor> TransNeXtAttentionImpl::head_tensors() const {
 
 nn::AttentionOutput TransNeXtAttentionImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& i) {
   nn::AttentionOutput out = run(x, t, i, false);
-  if (is_training() && out.routed.defined() && !recomputing()) count_training_picks(out.routed, options.routed_pool());
+  if (is_training() && out.routed.defined() && !recomputing()) count_training_picks(out.routed, options.routed_pool(), out.picks);
   return out;
 }
 nn::AttentionOutput TransNeXtAttentionImpl::forward_reference(const at::Tensor& x, const at::Tensor& t,
@@ -229,6 +229,7 @@ nn::AttentionOutput TransNeXtAttentionImpl::run(const at::Tensor& x, const at::T
   }
   out.aux_loss = routing.aux_loss;
   out.routed = routing.routed;
+  out.picks = routing.picks;
   if (!reference && options.path == AttentionPath::sparse && routing.routed.defined()) {  // automatic: dense
     out.out = proj->forward(head_hooks.apply(mix_sparse(x, tau, len_scale, table, index, routing), proj->weight, h));
     return out;

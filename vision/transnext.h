@@ -80,6 +80,7 @@ struct TransNeXtAttentionImpl : torch::nn::Module, nn::HeadControl {
     router.set_topk(k);
     if (router.topk > 0) options.topk = router.topk;
   }
+  void set_plain_router(bool on) override { router.plain = on; }
   std::vector<nn::HeadTensor> head_tensors() const override;
 
   nn::MoHAttentionOptions options;

@@ -38,14 +38,21 @@ std::vector<std::pair<std::string, HeadControl*>> head_controls(torch::nn::Modul
   return out;
 }
 
-void HeadControl::count_training_picks(const at::Tensor& routed, int64_t pool) {
+void HeadControl::count_training_picks(const at::Tensor& routed, int64_t pool, const at::Tensor& picks) {
   RECORD_USER_SCOPE("moh::router");
   c10::NoGradGuard ng;
-  // scatter_add, not bincount: CUDA's bincount reads the largest index back to size its output (a host sync per
-  // layer and step).
-  const at::Tensor flat = routed.reshape({-1});
-  const at::Tensor picks = at::zeros({pool}, flat.options()).scatter_add_(0, flat, at::ones_like(flat));  // (pool)
-  training_load = training_load.defined() ? training_load + picks : picks;
+  at::Tensor counts = picks;  // (pool)
+  if (!counts.defined()) {
+    // scatter_add, not bincount: CUDA's bincount reads the largest index back to size its output (a host sync per
+    // layer and step).
+    const at::Tensor flat = routed.reshape({-1});
+    counts = at::zeros({pool}, flat.options()).scatter_add_(0, flat, at::ones_like(flat));
+  }
+  training_load = training_load.defined() ? training_load + counts : counts;
+}
+
+void set_plain_routers(torch::nn::Module& model, bool on) {
+  for (const auto& named : head_controls(model)) named.second->set_plain_router(on);
 }
 
 std::vector<at::Tensor> take_training_load(torch::nn::Module& model) {

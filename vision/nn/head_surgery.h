@@ -57,12 +57,18 @@ struct HeadControl {
   /// take_training_load(), on the layer's device (no host sync); undefined before the first. Not a buffer:
   /// checkpoints do not hold it.
   at::Tensor training_load;
-  /// Adds one training forward's picks: `routed` (T, K) indices into the routed pool of `pool` heads.
-  void count_training_picks(const at::Tensor& routed, int64_t pool);
+  /// Adds one training forward's picks: `routed` (T, K) indices into the routed pool of `pool` heads, or `picks`
+  /// (pool) int64 when the router already counted them.
+  void count_training_picks(const at::Tensor& routed, int64_t pool, const at::Tensor& picks = {});
+  /// Routes by the official op sequence (HeadRouter::plain) instead of the compact one: the reference of the parity
+  /// test and of `moh bench train --router plain`.
+  virtual void set_plain_router(bool on) = 0;
 };
 
 /// Every attention layer of `model` that exposes HeadControl, with its module name ("blocks.3.attn").
 std::vector<std::pair<std::string, HeadControl*>> head_controls(torch::nn::Module& model);
+/// HeadControl::set_plain_router on every attention layer of `model`.
+void set_plain_routers(torch::nn::Module& model, bool on);
 
 /// Every routed layer's training_load in module order ((h − h_s) counts; zeros where nothing was counted), each
 /// reset: the trainer logs the head load of the steps since its last evaluation.

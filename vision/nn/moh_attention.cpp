@@ -69,6 +69,10 @@ HeadRouter::HeadRouter(torch::nn::Module& owner, const MoHAttentionOptions& o)
 
 HeadRouting HeadRouter::route(const at::Tensor& x, bool training) const {
   RECORD_USER_SCOPE("moh::router");  // profiles (moh bench train --profile) count this as the router's time
+  return plain || topk == 0 || shared_only ? route_plain(x, training) : route_compact(x, training);
+}
+
+HeadRouting HeadRouter::route_plain(const at::Tensor& x, bool training) const {
   HeadRouting r;
   const int64_t T = x.size(0);
   at::Tensor shared_g, routed_g;
@@ -100,6 +104,42 @@ HeadRouting HeadRouter::route(const at::Tensor& x, bool training) const {
   return r;
 }
 
+HeadRouting HeadRouter::route_compact(const at::Tensor& x, bool training) const {
+  HeadRouting r;
+  const int64_t T = x.size(0), E = heads - shared;
+  const int64_t n_alpha = shared > 0 ? 2 : 0, n_shared = shared > 1 ? shared : 0;
+  // One product for the three layers: logits columns [wg (E) | wg_1 (n_shared) | wg_0 (n_alpha)].
+  std::vector<at::Tensor> w{wg->weight};
+  if (n_shared > 0) w.push_back(wg_1->weight);
+  if (n_alpha > 0) w.push_back(wg_0->weight);
+  const at::Tensor logits = at::linear(x, w.size() == 1 ? w[0] : at::cat(w, 0));  // (T, E + n_shared + n_alpha)
+  const at::Tensor p = at::softmax(logits.narrow(1, 0, E), -1);                   // (T, E)
+  auto [kept, routed] = p.topk(topk, -1);                                         // (T, K) each
+  r.routed = routed;
+  // The kept weights renormalised (their sum is at least K/E: the plain path's clamp never binds) times K, and α2.
+  at::Tensor alpha;  // (T, 2) = softmax(wg_0 x) × 2
+  at::Tensor coef = (scale_by_k ? static_cast<double>(topk) : 1.0) / kept.sum(-1, true);  // (T, 1)
+  if (n_alpha > 0) {
+    alpha = at::softmax(logits.narrow(1, E + n_shared, 2), -1) * 2.0;
+    coef = coef * alpha.narrow(1, 1, 1);
+  }
+  const at::Tensor routed_g = at::zeros({T, E}, p.options()).scatter(1, routed, kept * coef);  // (T, E)
+  if (training) {  // E·Σ P_i f_i, f_i = picks_i / T (integer counts: exact, and deterministic on a GPU)
+    const at::Tensor flat = routed.reshape({-1});
+    r.picks = at::zeros({E}, flat.options()).scatter_add_(0, flat, at::ones_like(flat));  // (E) int64
+    r.aux_loss = (p.mean(0) * r.picks.to(p.scalar_type())).sum() * (static_cast<double>(E) / static_cast<double>(T));
+  }
+  if (shared == 0) {
+    r.gates = routed_g;
+    return r;
+  }
+  const at::Tensor a1 = alpha.narrow(1, 0, 1);  // (T, 1)
+  const at::Tensor shared_g =
+      n_shared > 0 ? at::softmax(logits.narrow(1, E, n_shared), -1) * (a1 * static_cast<double>(shared)) : a1;
+  r.gates = at::cat({shared_g, routed_g}, -1);  // [shared | routed]: router index j is head h_s + j
+  return r;
+}
+
 void HeadRouter::set_topk(int64_t k) {
   if (topk == 0) return;  // mha and all-shared layers route nothing
   const int64_t pool = heads - shared;
@@ -120,7 +160,8 @@ HeadRouting HeadRouter::route_by_queries(const at::Tensor& q) const {
     r.gates = at::ones({T, heads}, q.options());
     return r;
   }
-  if (shared_only) return {at::cat({at::ones({T, shared}, q.options()), at::zeros({T, E}, q.options())}, -1), {}, {}};
+  if (shared_only)
+    return {at::cat({at::ones({T, shared}, q.options()), at::zeros({T, E}, q.options())}, -1), {}, {}, {}};
   const at::Tensor norms = q.detach().norm(2, {-1});  // (T, E)
   const at::Tensor logits = E > 1 ? norms / norms.std({-1}, /*unbiased=*/true, /*keepdim=*/true) : norms;
   r.routed = std::get<1>(at::softmax(logits, -1).topk(topk, -1));  // (T, K), the official order: softmax, top-K
@@ -183,7 +224,8 @@ std::vector<HeadTensor> MoHAttentionImpl::head_tensors() const {
 
 AttentionOutput MoHAttentionImpl::forward(const at::Tensor& x, const RopeTables& rope) {
   AttentionOutput out = forward_with_path(x, options.path, rope);
-  if (is_training() && out.routed.defined() && !recomputing()) count_training_picks(out.routed, options.routed_pool());
+  if (is_training() && out.routed.defined() && !recomputing())
+    count_training_picks(out.routed, options.routed_pool(), out.picks);
   return out;
 }
 
@@ -219,6 +261,7 @@ AttentionOutput MoHAttentionImpl::forward_with_path(const at::Tensor& x, Attenti
     out.out = proj->forward(head_hooks.apply(mixed, proj->weight, h));  // (B, N, C)
     out.aux_loss = routing.aux_loss;
     out.routed = routing.routed;
+    out.picks = routing.picks;
     return out;
   }
 
@@ -246,6 +289,7 @@ AttentionOutput MoHAttentionImpl::forward_with_path(const at::Tensor& x, Attenti
   if (router.by_query_norm) routing = router.route_by_queries(routed_queries(x_flat, wq, bq, router.shared, h));
   out.aux_loss = routing.aux_loss;
   out.routed = routing.routed;
+  out.picks = routing.picks;
   k = shape_qk(k, k_norm, rope);
   const bool shaped = options.qk_norm || rope.defined();  // then queries are normalised / rotated whole
   if (sparse && !shaped) {

@@ -55,6 +55,7 @@ struct HeadRouting {
   at::Tensor gates;     ///< (T, h): weight of each head; exactly 0 for unselected routed heads. Undefined for mha.
   at::Tensor routed;    ///< (T, K) int64: selected heads as indices into the routed pool. Undefined if K == 0.
   at::Tensor aux_loss;  ///< scalar load-balance loss E·Σ P_i f_i (training, K > 0), else undefined.
+  at::Tensor picks;  ///< (h − h_s) int64: tokens that picked each routed head (compact path, training), or undefined
 };
 
 /// The MoH/MoA router layers, registered on the owning module under the official names:
@@ -65,6 +66,11 @@ struct HeadRouter {
   bool scale_by_k = true;      ///< MoH multiplies renormalised routed gates by K; MoA keeps them summing to 1
   bool by_query_norm = false;  ///< RouterKind::query_norm: no layers; route_by_queries decides
   bool shared_only = false;    ///< K = 0 set at run time: routed gates 0, shared gates as trained, routed undefined
+  /// The official op sequence (three products, the top-K mask, the renormalisation over all E) instead of the compact
+  /// one (one product over the layers' stacked rows, the renormalisation over the K kept): the same function, fewer
+  /// kernels and autograd nodes per layer (a GPU step of small kernels waits on the host). Reference for the parity
+  /// test and `moh bench train --router plain`.
+  bool plain = false;
 
   HeadRouter() = default;
   /// Creates and registers the layers needed by (options.mode, h_s, K) on `owner`.
@@ -73,6 +79,8 @@ struct HeadRouter {
   /// Shared softmax(wg_1 x) × h_s (1 if h_s == 1). Two-stage α = softmax(wg_0 x) × 2 scales shared by α1 and routed
   /// by α2. K = 0 layers: softmax(wg_1 x) × h over all heads.
   HeadRouting route(const at::Tensor& x, bool training) const;
+  HeadRouting route_plain(const at::Tensor& x, bool training) const;    ///< route() by the official op sequence
+  HeadRouting route_compact(const at::Tensor& x, bool training) const;  ///< route() for K > 0 in fewer ops
   /// Parameter-free routing (RouterKind::query_norm) from the routed heads' queries q (T, h − h_s, d): logits =
   /// ‖q_j‖₂ / std_j ‖q_j‖₂ (unbiased, as torch.std), softmax, top-K; gate 1 for the shared heads and the K selected,
   /// 0 for the others (the choice carries no gradient); no load-balance loss. K = 0 layers: every gate 1.
@@ -93,6 +101,7 @@ struct AttentionOutput {
   at::Tensor out;       ///< (B, N, C)
   at::Tensor aux_loss;  ///< load-balance loss of this layer (training, routed layers only), else undefined
   at::Tensor routed;    ///< (B·N, K) selected routed heads (for head-load statistics), else undefined
+  at::Tensor picks;     ///< HeadRouting::picks of the forward, when the router counted them
 };
 
 /// Multi-head self-attention with optional head routing. State-dict names follow DiT/timm (`qkv`, `proj`) plus the
@@ -108,6 +117,7 @@ struct MoHAttentionImpl : torch::nn::Module, HeadControl {
   int64_t shared_count() const override { return router.shared; }
   int64_t routed_topk() const override { return router.topk; }
   void set_routed_topk(int64_t k) override;
+  void set_plain_router(bool on) override { router.plain = on; }
   std::vector<HeadTensor> head_tensors() const override;
   /// The share of heads a token attends with now: the trained (h_s + K) / h, or that of a K set at run time
   /// (sampling.topk; K = 0: the shared heads only). What attention_path: auto decides by.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/amp.h"
 #include "core/error.h"
 #include "tests/test_util.h"
 #include "vision/nn/attention_core.h"
@@ -87,6 +88,64 @@ TEST(MoHRouting, CornerCases) {
     torch::Tensor alpha = torch::softmax(torch::linear(x, a->router.wg_0->weight), -1) * 2;
     EXPECT_LT((r.gates.select(1, 0) - alpha.select(1, 0)).abs().max().item<double>(), 1e-6);
   }
+}
+
+// The compact router (what trains) against the official op sequence (HeadRouter::plain) on the test device: a
+// layer's output, load-balance loss, head picks and every gradient, fp64 and fp32; the gates alone under bf16
+// autocast, where both compute the router in fp32 after bf16 products.
+void expect_compact_router_equals_plain(const MoHAttentionOptions& o, torch::ScalarType dtype, uint64_t seed) {
+  torch::manual_seed(seed);
+  const auto dev = torch::TensorOptions().device(test::device()).dtype(dtype);
+  MoHAttention a(o);
+  a->to(test::device(), dtype);
+  for (auto& p : a->parameters()) p.data().normal_(0, 0.5);
+  const torch::Tensor x0 = torch::randn({3, 19, o.dim}, dev), w_out = torch::randn({3, 19, o.dim}, dev);
+  std::vector<std::vector<torch::Tensor>> runs;
+  for (const bool plain : {true, false}) {
+    a->set_plain_router(plain);
+    a->zero_grad();
+    a->training_load = torch::Tensor();
+    torch::Tensor x = x0.clone().requires_grad_(true);
+    AttentionOutput out = a->forward(x);
+    ((out.out * w_out).sum() + 3.0 * out.aux_loss).backward();
+    std::vector<torch::Tensor> r{out.out, out.aux_loss, a->training_load.to(torch::kDouble), x.grad()};
+    for (const auto& p : a->parameters()) r.push_back(p.grad());
+    runs.push_back(r);
+  }
+  const double tol = dtype == torch::kDouble ? 1e-12 : 2e-5;
+  for (size_t i = 0; i < runs[0].size(); ++i) {
+    ASSERT_TRUE(runs[0][i].defined() && runs[1][i].defined()) << "tensor " << i;
+    EXPECT_LE(rel_err(runs[1][i], runs[0][i]), tol) << "tensor " << i << " (output, aux, picks, dx, then parameters)";
+  }
+  EXPECT_TRUE(torch::equal(runs[0][2], runs[1][2]));  // the same heads picked
+}
+
+TEST(MoHRouting, CompactEqualsPlainForwardBackward) {
+  for (const auto dtype : {torch::kDouble, torch::kFloat}) {
+    expect_compact_router_equals_plain(MoHAttentionOptions(32, 8).moh(3, 2), dtype, 11);  // h_s > 1: wg, wg_1, wg_0
+    expect_compact_router_equals_plain(MoHAttentionOptions(32, 4).moh(1, 2), dtype, 12);  // h_s = 1: no wg_1
+    expect_compact_router_equals_plain(MoHAttentionOptions(24, 6).moh(0, 2), dtype, 13);  // no shared heads
+    expect_compact_router_equals_plain(MoHAttentionOptions(24, 6).moh(2, 4), dtype, 14);  // every routed head
+    expect_compact_router_equals_plain(MoHAttentionOptions(32, 4).moa(2), dtype, 15);     // MoA: no × K
+  }
+  torch::manual_seed(16);  // bf16 autocast on the device (CPU autocast where the test device is the CPU)
+  MoHAttention a(MoHAttentionOptions(64, 8).moh(2, 3));
+  a->to(test::device());
+  const torch::Tensor x = torch::randn({40, 64}, torch::TensorOptions().device(test::device()));
+  const auto gates = [&](bool plain) {
+    a->router.plain = plain;
+    AutocastScope autocast(RunContext::create(test::device_name(), Precision::bf16, 0));
+    return a->router.route(x, true);
+  };
+  const HeadRouting plain = gates(true), compact = gates(false);
+  // The one product rounds its bf16 logits as the three do, up to the GEMM's accumulation order (1 bf16 ulp): a
+  // near-tie may then pick another head; rows with the same picks must agree to bf16 rounding.
+  const torch::Tensor same = (std::get<0>(plain.routed.sort(1)) == std::get<0>(compact.routed.sort(1))).all(1);
+  EXPECT_GE(same.to(torch::kFloat).mean().item<double>(), 0.9);
+  const torch::Tensor rows = same.nonzero().squeeze(1);
+  EXPECT_LE(rel_err(compact.gates.index_select(0, rows), plain.gates.index_select(0, rows)),
+            test::tolerance(torch::kBFloat16));
+  EXPECT_LE(rel_err(compact.aux_loss, plain.aux_loss), test::tolerance(torch::kBFloat16));
 }
 
 TEST(MoHAttention, OfficialParameterNames) {
