@@ -24,7 +24,7 @@ KIT=$(realpath -m "${1:-.gpu_kit}")
 REPORT=$(realpath -m "${2:-gpu_report}")
 PY=${MOH_GPU_PYTHON:-python3}
 STAGES=${MOH_GPU_STAGES:-env build tests cli bench}
-JOBS=${MOH_GPU_JOBS:-$(nproc)}
+JOBS=${MOH_GPU_JOBS:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}  # GNU nproc honours OMP_NUM_THREADS
 BUILD=$PWD/build-gpu
 PREFIX=$KIT/prefix
 mkdir -p "$REPORT"

@@ -61,7 +61,7 @@ run_part() {
     graphs) part graphs 60 MOH_GPU_STAGES="env build bench" MOH_GPU_TARGETS=moh MOH_GPU_BENCH=graphs ;;
     tests) part tests 90 MOH_GPU_STAGES="build tests" MOH_GPU_TARGETS="moh moh_tests_core moh_tests_models" \
       MOH_GPU_CTEST_EXCLUDE='^(format)$' \
-      MOH_GPU_CTEST_INCLUDE='^(MoHRouting|MoHAttention|Optimizer|OpProfile|OnDevice|GradCheckpoint|TrainLoop|Guard|ClassificationTrainer|DiTTrainer)\.' ;;
+      MOH_GPU_CTEST_INCLUDE='^(MoHRouting|MoHAttention|Optimizer|OpProfile|OnDevice|GradCheckpoint|TrainLoop|Guard|ClassificationTrainer|DiffusionTrainer)\.' ;;
     *) log "unknown part $1" ;;
   esac
 }

@@ -70,4 +70,6 @@ cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="${MOH_BUILD_TYPE:-Releas
   ${MOH_CMAKE_ARGS:-}
 targets=()
 for t in ${MOH_BUILD_TARGETS:-}; do targets+=(--target "$t"); done
-cmake --build "$BUILD_DIR" -j"$(nproc)" "${targets[@]}"
+# Cores without OpenMP's say: GNU nproc honours OMP_NUM_THREADS, which scripts/test.sh sets to 1 for its test
+# processes; taken from there, the whole build ran one compiler at a time.
+cmake --build "$BUILD_DIR" -j"$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" "${targets[@]}"

@@ -201,7 +201,8 @@ std::vector<nn::HeadTensor> TransNeXtAttentionImpl::head_tensors() const {
 
 nn::AttentionOutput TransNeXtAttentionImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& i) {
   nn::AttentionOutput out = run(x, t, i, false);
-  if (is_training() && out.routed.defined() && !recomputing()) count_training_picks(out.routed, options.routed_pool(), out.picks);
+  if (is_training() && out.routed.defined() && !recomputing())
+    count_training_picks(out.routed, options.routed_pool(), out.picks);
   return out;
 }
 nn::AttentionOutput TransNeXtAttentionImpl::forward_reference(const at::Tensor& x, const at::Tensor& t,
