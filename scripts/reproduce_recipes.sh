@@ -42,6 +42,7 @@ done
 mkdir -p "$OUT" "$RUNS"
 JOB=${JOB:-models_${MODELS// /-}_recipes_${RECIPES// /-}_seeds_${SEEDS// /-}}
 LIBTORCH=$("$MOH" --version | sed -n 2p)
+COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)  # the toolkit's commit, in every row
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
   MACHINE=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1)
 else MACHINE=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); fi
@@ -99,14 +100,14 @@ measure() {
   local encoder=""  # the REPA encoder's weights (what the run's log names with its SHA-256)
   [[ "$5" == flow_repa* ]] && encoder=$ENCODER/checkpoints/$(cat "$ENCODER/checkpoints/latest")/model.safetensors
   python3 - "$id" "$4" "$5" "$6" "$3" "$dir" "$MACHINE" "$LIBTORCH" "$STATS" "$SAMPLES" "$(sampler_args "$5")" \
-    "$PRECISION" "$encoder" >>"$ROWS" <<'PY'
+    "$PRECISION" "$encoder" "$COMMIT" >>"$ROWS" <<'PY'
 import hashlib, json, sys
-name, model, recipe, seed, step, d, machine, libtorch, ref, samples, sampler, precision, encoder = sys.argv[1:]
+name, model, recipe, seed, step, d, machine, libtorch, ref, samples, sampler, precision, encoder, commit = sys.argv[1:]
 rep = json.load(open(d + "/fid/report.json"))
 nfe = json.load(open(d + "/samples/sampling.json"))["nfe_per_image"]
 print(json.dumps({"id": name, "model": model, "recipe": recipe, "seed": int(seed), "step": int(step),
                   "fid": rep["metrics"]["fid"], "sample_acc": rep.get("sample_accuracy", {}).get("top1"),
-                  "machine": machine, "libtorch": libtorch, "precision": precision,
+                  "machine": machine, "libtorch": libtorch, "commit": commit, "precision": precision,
                   "feature_sha256": rep.get("feature_net", {}).get("weights_sha256"),
                   "reference_sha256": hashlib.sha256(open(ref, "rb").read()).hexdigest(),
                   "samples": int(samples), "sampler": sampler, "nfe": nfe,
