@@ -5,7 +5,10 @@
 #           DiT-Pixel/4 trained with the same budget (DEMO_STEPS), over the default settings, more settings at
 #           ≤ 25 network evaluations per image, and head budgets K at inference for the MoH model;
 #   retime  the sampling seconds of every curve setting again, one setting at a time on an otherwise idle GPU (the
-#           curve runs beside the training jobs, so its own seconds measure a shared GPU).
+#           curve runs beside the training jobs, so its own seconds measure a shared GPU);
+#   plateau continue-tuning from dense DiTs trained to their plateau (issue 57: scripts/reproduce_ct_plateau.sh, 4
+#           seeds) into STATE/plateau; with END_AT (epoch seconds) its dense phase gets 35 % of the time left and no
+#           job starts in the last 45 s, so a second call on the warm machine finishes what is left.
 # Models this small leave a GPU waiting on kernel launches, so independent jobs run side by side: first the dense
 # models of the study and the two demo models, then the conversions and continue-tuning runs (one job per seed and
 # router), the from-scratch runs and the two curves. Started again, finished runs and measurements are skipped.
@@ -15,7 +18,7 @@
 #   STATE_DIR    runs, logs and results (default runs/gpu_results): ct/ (rows.jsonl, continue_tuning.md),
 #                curve/ (curve.jsonl, curve.md, timing.jsonl, plots/), driver.log
 # env: MOH (default: scripts/gpu_check.sh's env + build stages make build-gpu/moh from KIT, default .gpu_kit),
-#      PARTS ("ct curve retime") SEEDS ("1 2") SAMPLES (2000) DEMO_STEPS (2400) DIT_EPOCHS (4) LIMIT (0: every
+#      PARTS ("ct curve retime"; plateau on request) SEEDS ("1 2") SAMPLES (2000) DEMO_STEPS (2400) DIT_EPOCHS (4) LIMIT (0: every
 #      training image) PRECISION (fp32) SAMPLE_BATCH (1000) COPY_TO (a folder the results are copied into every 20 s
 #      and at the end) OMP_NUM_THREADS (2 per job)
 # Started again on the same machine, leave MOH unset: the build stage unpacks the kit again (carrying .gpu_kit anew
@@ -41,7 +44,8 @@ collect() {
   mkdir -p "$COPY_TO"
   local f
   # seven files: the device tool brings back at most eight; tables and plots are made again from these
-  for f in driver.log ct/rows.jsonl curve/curve.jsonl curve/timing.jsonl gpu_report/results.jsonl; do
+  for f in driver.log ct/rows.jsonl curve/curve.jsonl curve/timing.jsonl gpu_report/results.jsonl plateau/rows.jsonl \
+    plateau/checks.jsonl plateau/driver.log; do
     [ -f "$STATE/$f" ] && cp "$STATE/$f" "$COPY_TO/$(echo "$f" | tr / _)"
   done
   (cd "$STATE" && find . \( -name '*.log' -o -name metrics.jsonl -o -name sampling.json -o -name report.json \
@@ -91,7 +95,17 @@ demo_train() {  # demo_train NAME CONFIG: the demo recipe's DiT training, DEMO_S
   touch "$RUNS/$1.done"
 }
 
+if has plateau; then
+  left=$((${END_AT:-0} - $(date +%s)))
+  [ "${END_AT:-0}" -gt 0 ] || left=0
+  log "plateau study (issue 57), $left s left"
+  LABEL=gpu JOBS=${JOBS:-8} SEEDS=${PLATEAU_SEEDS:-"1 2 3 4"} SAMPLES=${PLATEAU_SAMPLES:-5000} \
+    DENSE_BUDGET=$((left * 35 / 100)) DEADLINE=$((left > 45 ? left - 45 : 0)) SAMPLE_BATCH=${SAMPLE_BATCH:-2500} \
+    bash scripts/reproduce_ct_plateau.sh "$STATE/plateau" >"$STATE/plateau.log" 2>&1 || log "plateau study FAILED"
+  collect
+fi
 STATS=$RUNS/fm_test_stats_$(basename "$FEATURE").npz  # the name reproduce_continue_tuning.sh looks for
+has ct || has curve || { log "finished"; exit 0; }
 [ -f "$STATS" ] || "$MOH" ref-stats --images fashion_mnist:test --features "classifier:$FEATURE" --out "$STATS" >/dev/null
 log "reference statistics: $STATS"
 

@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Markdown tables of scripts/reproduce_ct_plateau.sh's OUT: the dense models' plateau checks, and each continue-tuned
+(or from-scratch) MoH-DiT against its own seed's dense parent as paired relative differences with a 95 % t-interval
+over seeds, with the goal's verdict (within 5 % of dense FID: met when the interval's upper end is <= +5 %, not met
+when its lower end is > +5 %, otherwise undecided), and continue-tuning against MoH from scratch at the same total
+steps. Rows of different labels (machines) are never mixed: one set of tables per label.
+
+    python3 scripts/ct_plateau_table.py OUT
+"""
+import json
+import math
+import statistics
+import sys
+from collections import OrderedDict
+
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+GOAL = 5.0  # per cent above dense FID
+
+
+def load(path):
+    try:
+        return [json.loads(line) for line in open(path) if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def interval(values):
+    """mean and 95 % t-interval half-width of values (None for the width with fewer than two)"""
+    m = statistics.mean(values)
+    if len(values) < 2:
+        return m, None
+    return m, T975.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
+
+
+def fmt(m, h, unit=""):
+    return f"{m:+.1f}{unit}" if h is None else f"{m:+.1f}{unit} [{m - h:+.1f}, {m + h:+.1f}]"
+
+
+def verdict(m, h):
+    if h is None:
+        return "undecided (one seed)"
+    return "met" if m + h <= GOAL else "not met" if m - h > GOAL else "undecided"
+
+
+def checks_table(checks):
+    print("| seed | epoch | step | FID set a | FID set b | mean |\n|---:|---:|---:|---:|---:|---:|")
+    for r in sorted(checks, key=lambda r: (r["seed"], r["epoch"])):
+        print(f"| {r['seed']} | {r['epoch']} | {r['step']} | {r['fid_a']:.2f} | {r['fid_b']:.2f} "
+              f"| {(r['fid_a'] + r['fid_b']) / 2:.2f} |")
+    print()
+
+
+def setting(r):
+    return ("scratch", "", r["pct"]) if r["what"] == "scratch" else (r["router"], r["choice"], r["pct"])
+
+
+def paired_table(rows):
+    dense = {r["seed"]: r for r in rows if r["what"] == "dense"}
+    print("| seed | dense steps | stopped by | dense FID |\n|---:|---:|---|---:|")
+    for s, r in sorted(dense.items()):
+        print(f"| {s} | {r['dense_steps']} | {r['dense_stop']} | {r['fid']:.2f} |")
+    print()
+    groups = OrderedDict()
+    for r in sorted((r for r in rows if r["what"] != "dense" and r["seed"] in dense), key=setting):
+        groups.setdefault(setting(r), []).append(r)
+    print("| model | steps (% of dense) | mean FID | Δ FID vs own dense, 95 % interval | Δ % vs own dense, 95 % "
+          "interval | within 5 % of dense | seeds |\n|---|---:|---:|---:|---:|---|---:|")
+    for (router, choice, pct), g in groups.items():
+        name = "MoH from scratch" if router == "scratch" else f"converted: {router} / {choice}"
+        total = pct if router == "scratch" else 100 + pct
+        d_abs = [r["fid"] - dense[r["seed"]]["fid"] for r in g]
+        d_rel = [100 * (r["fid"] / dense[r["seed"]]["fid"] - 1) for r in g]
+        m, h = interval(d_rel)
+        print(f"| {name} | {total} | {statistics.mean(r['fid'] for r in g):.2f} | {fmt(*interval(d_abs))} "
+              f"| {fmt(m, h, ' %')} | {verdict(m, h)} | {len(g)} |")
+    print()
+    scratch = {(r["seed"], r["pct"] - 100): r for r in rows if r["what"] == "scratch"}
+    print("| converted model | extra steps | Δ FID vs MoH from scratch at the same total steps, 95 % interval | seeds |"
+          "\n|---|---:|---:|---:|")
+    for (router, choice, pct), g in groups.items():
+        if router == "scratch":
+            continue
+        d = [r["fid"] - scratch[(r["seed"], pct)]["fid"] for r in g if (r["seed"], pct) in scratch]
+        if d:
+            print(f"| {router} / {choice} | {pct} % | {fmt(*interval(d))} | {len(d)} |")
+    print()
+
+
+def main(out):
+    rows, checks = load(out + "/rows.jsonl"), load(out + "/checks.jsonl")
+    for label in sorted({r["label"] for r in rows + checks}):
+        mine = [r for r in rows if r["label"] == label]
+        first = (mine or checks)[0]
+        print(f"### {label}: {first['machine']}, {first['libtorch']}; sampler {first['sampler']}; "
+              f"feature network {first['feature_sha256'][:12]}…, reference {first['reference_sha256'][:12]}…\n")
+        print("Plateau checks of the dense parents (FID on two sample sets each):\n")
+        checks_table([r for r in checks if r["label"] == label])
+        if mine:
+            paired_table(mine)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
