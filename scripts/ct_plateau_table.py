@@ -6,6 +6,7 @@ when its lower end is > +5 %, otherwise undecided), and continue-tuning against 
 steps. Rows of different labels (machines) are never mixed: one set of tables per label.
 
     python3 scripts/ct_plateau_table.py OUT
+    python3 scripts/ct_plateau_table.py --decide OUT SEED MAX_EPOCHS   (the stop rule: go, plateau or max_epochs)
 """
 import json
 import math
@@ -42,6 +43,19 @@ def verdict(m, h):
     return "met" if m + h <= GOAL else "not met" if m - h > GOAL else "undecided"
 
 
+def decide(checks, max_epochs):
+    """The dense run's stop rule from its checks (FID on two sample sets after each segment): plateau when the last
+    improvement of the two-set mean is below 2 sigma, sigma pooled from the two-set spreads of every check (the
+    difference of two such means has the spread of one set); max_epochs at the cap; otherwise go."""
+    checks = sorted(checks, key=lambda r: r["epoch"])
+    if len(checks) >= 2:
+        sigma = math.sqrt(sum((r["fid_a"] - r["fid_b"]) ** 2 / 2 for r in checks) / len(checks))
+        prev, now = [(r["fid_a"] + r["fid_b"]) / 2 for r in checks[-2:]]
+        if prev - now < 2 * sigma:
+            return "plateau"
+    return "max_epochs" if checks and checks[-1]["epoch"] >= max_epochs else "go"
+
+
 def checks_table(checks):
     print("| seed | epoch | step | FID set a | FID set b | mean |\n|---:|---:|---:|---:|---:|---:|")
     for r in sorted(checks, key=lambda r: (r["seed"], r["epoch"])):
@@ -60,6 +74,11 @@ def paired_table(rows):
     for s, r in sorted(dense.items()):
         print(f"| {s} | {r['dense_steps']} | {r['dense_stop']} | {r['fid']:.2f} |")
     print()
+    early = sorted(s for s, r in dense.items() if r["dense_stop"] != "plateau")
+    if early:
+        print(f"**Seeds {', '.join(map(str, early))}: the dense parent stopped before its plateau** (by "
+              f"{', '.join(sorted({dense[s]['dense_stop'] for s in early}))}): the verdicts below compare with a dense "
+              "model that was still improving, not with a converged one.\n")
     groups = OrderedDict()
     for r in sorted((r for r in rows if r["what"] != "dense" and r["seed"] in dense), key=setting):
         groups.setdefault(setting(r), []).append(r)
@@ -100,4 +119,8 @@ def main(out):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[1] == "--decide":
+        seed = int(sys.argv[3])
+        print(decide([r for r in load(sys.argv[2] + "/checks.jsonl") if r["seed"] == seed], int(sys.argv[4])))
+    else:
+        main(sys.argv[1])

@@ -11,7 +11,8 @@
 #   3. every model's FID on SAMPLES samples, all with the seed's sampling seed (common random numbers for the paired
 #      differences), one feature network and one reference set; each row carries its provenance.
 # Jobs run side by side, at most JOBS at a time (a GPU left waiting on small kernels is filled by the others).
-# Rows: OUT/rows.jsonl (final measurements), OUT/checks.jsonl (the plateau checks), OUT/protocol_LABEL.txt; the table:
+# Rows: OUT/rows.jsonl (final measurements), OUT/checks.jsonl (the plateau checks), OUT/protocol_LABEL.txt (a line per
+# start: a study finished by a second call keeps both); the table:
 # scripts/ct_plateau_table.py OUT. Started again, finished runs and measured rows are skipped.
 #
 # usage: scripts/reproduce_ct_plateau.sh OUT
@@ -52,7 +53,7 @@ echo "protocol ($LABEL): $MACHINE, $LIBTORCH; seeds $SEEDS; batch $BATCH, lr $LR
   "dense in segments of $SEGMENT epochs up to $MAX_EPOCHS (budget ${DENSE_BUDGET}s, 0 = none), plateau checks on 2 x" \
   "$CHECK_SAMPLES samples; routers $ROUTERS; shared heads $CHOICES; extra steps $PCTS %; FID on $SAMPLES samples" \
   "($SAMPLER, sampling seed = training seed), feature network $FEATURE_SHA, reference $REF_SHA; training images" \
-  "${LIMIT/#0/all}; at most $JOBS jobs at a time; started $(date -u +%FT%TZ)" | tee "$OUT/protocol_$LABEL.txt"
+  "${LIMIT/#0/all}; at most $JOBS jobs at a time; started $(date -u +%FT%TZ)" | tee -a "$OUT/protocol_$LABEL.txt"
 touch "$OUT/rows.jsonl" "$OUT/checks.jsonl"
 log() { echo "[+$(($(date +%s) - T0)) s] $*" | tee -a "$OUT/driver.log" >&2; }
 
@@ -94,19 +95,7 @@ fid() {
 }
 
 # decide SEED: go (train another segment), plateau or max_epochs, from the seed's checks so far
-decide() {
-  python3 - "$OUT/checks.jsonl" "$1" "$MAX_EPOCHS" <<'PY'
-import json, math, sys
-checks = sorted((r for r in (json.loads(l) for l in open(sys.argv[1]) if l.strip()) if r["seed"] == int(sys.argv[2])),
-                key=lambda r: r["epoch"])
-if len(checks) >= 2:
-    sigma = math.sqrt(sum((r["fid_a"] - r["fid_b"]) ** 2 / 2 for r in checks) / len(checks))
-    prev, now = [(r["fid_a"] + r["fid_b"]) / 2 for r in checks[-2:]]
-    if prev - now < 2 * sigma:  # the difference of two means of two sets has the spread sigma of one set
-        print("plateau"); sys.exit()
-print("max_epochs" if checks and checks[-1]["epoch"] >= int(sys.argv[3]) else "go")
-PY
-}
+decide() { python3 scripts/ct_plateau_table.py --decide "$OUT" "$1" "$MAX_EPOCHS"; }
 last_epoch() {
   python3 -c 'import json,sys; print(max([r["epoch"] for r in (json.loads(l) for l in open(sys.argv[1]) if l.strip()) if r["seed"] == int(sys.argv[2])] or [0]))' "$OUT/checks.jsonl" "$1"
 }
