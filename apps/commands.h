@@ -35,5 +35,6 @@ int cmd_extract_latents(int argc, char** argv);
 int cmd_launch(int argc, char** argv);
 int cmd_compare(int argc, char** argv);
 int cmd_plot(int argc, char** argv);
+int cmd_ema(int argc, char** argv);
 
 }  // namespace moh::apps

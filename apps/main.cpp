@@ -34,6 +34,7 @@ const std::vector<Command>& commands() {
       {"ref-stats", "precompute reference statistics for moh fid", cmd_ref_stats},
       {"export-images", "write a labelled image source as an ImageFolder split of PNGs", cmd_export_images},
       {"convert", "weights (torch.save .pt/.pth, checkpoint dir) -> safetensors with official names", cmd_convert},
+      {"ema", "post-hoc EMA: list a run's snapshots, reconstruct an EMA of any sigma_rel (EDM2)", cmd_ema},
       {"plot", "loss / lr / top-1 curves of runs (PNG, overlaid) and a Markdown table across them", cmd_plot},
       {"compare", "max relative error between two weights sources, tensor by tensor (--tol: exit 1 above)",
        cmd_compare},

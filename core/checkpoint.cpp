@@ -189,7 +189,7 @@ void seed_device_rng(const c10::Device& device, uint64_t seed) {
 
 std::string save_checkpoint(const std::string& run_dir, const TrainerState& state, const TensorMap& model,
                             const TensorMap& optimizer, const std::string& config_yaml, const TensorMap& rng,
-                            const TensorMap& ema) {
+                            const TensorMap& ema, const std::vector<std::pair<std::string, TensorMap>>& extra) {
   const std::string root = run_dir + "/checkpoints";
   fs::create_directories(root);
   remove_stale_temporaries(root);
@@ -202,6 +202,7 @@ std::string save_checkpoint(const std::string& run_dir, const TrainerState& stat
     save_safetensors(dir.path() + "/optimizer.safetensors", optimizer);
     save_safetensors(dir.path() + "/rng.safetensors", rng);
     if (!ema.empty()) save_safetensors(dir.path() + "/ema.safetensors", ema, {{"format", "pt"}});
+    for (const auto& [name, tensors] : extra) save_safetensors(dir.path() + "/" + name + ".safetensors", tensors);
     nlohmann::json j{{"format_version", kCheckpointFormat},
                      {"step", state.step},
                      {"epoch", state.epoch},

@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/progress.h"
 #include "core/safetensors.h"
@@ -62,9 +64,11 @@ struct TrainerState {
 
 /// Writes checkpoints/<step>/ atomically (model, optimizer, rng and, if given, ema .safetensors) and then updates
 /// checkpoints/latest.
+/// `extra`: more tensor files of the run's state, written as NAME.safetensors beside them (the post-hoc EMA profiles).
 std::string save_checkpoint(const std::string& run_dir, const TrainerState& state, const TensorMap& model,
                             const TensorMap& optimizer, const std::string& config_yaml, const TensorMap& rng,
-                            const TensorMap& ema = {});
+                            const TensorMap& ema = {},
+                            const std::vector<std::pair<std::string, TensorMap>>& extra = {});
 
 /// A loaded checkpoint.
 struct Checkpoint {

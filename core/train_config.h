@@ -77,6 +77,22 @@ struct ScheduleConfig {
   }
 };
 
+/// `train.phema:` — post-hoc EMA (EDM2): power-function EMA profiles tracked during training and written as
+/// snapshots, from which `moh ema reconstruct` makes an EMA of any length after training (core/phema.h).
+struct PhemaConfig {
+  std::vector<double> sigma_rels;  ///< σ_rel of each tracked profile; empty = off
+  int64_t snapshot_every = 0;      ///< optimizer steps between snapshots in RUN/phema/
+
+  template <class V>
+  void visit(V& v) {
+    v.field("sigma_rels", sigma_rels,
+            "relative std of each tracked power-function EMA profile (EDM2: [0.05, 0.10]); empty = off");
+    v.field("snapshot_every", snapshot_every,
+            "write every tracked profile to RUN/phema/STEP/ every N optimizer steps (EDM2: 8 Mimg / batch); "
+            "moh ema reconstruct combines them into an EMA of any sigma_rel");
+  }
+};
+
 /// `train:` — the loop.
 struct TrainConfig {
   int64_t epochs = 300;
@@ -100,6 +116,7 @@ struct TrainConfig {
   int64_t max_nonfinite_steps = 10;  ///< non-finite steps in a row that end the run (0 = skip them, never stop)
   int64_t keep_last = 0;             ///< checkpoints kept besides best and milestones (0 = all)
   int64_t keep_every_steps = 0;      ///< checkpoints at multiples of this step kept forever (0 = none)
+  PhemaConfig phema;                 ///< train.phema
 
   template <class V>
   void visit(V& v) {
@@ -139,6 +156,7 @@ struct TrainConfig {
     v.field("grad_checkpoint", grad_checkpoint,
             "activation checkpointing: none, or blocks (each block's activations recomputed in the backward pass: "
             "less memory, larger batches, about 1/3 more compute; gradients unchanged)");
+    v.section("phema", phema, "post-hoc EMA (EDM2): tracked power-function profiles and their snapshots");
   }
 };
 

@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "core/interrupt.h"
 #include "core/optimizer.h"
+#include "core/phema_run.h"
 #include "core/progress.h"
 #include "core/retention.h"
 #include "core/sha256.h"
@@ -161,6 +162,7 @@ class TrainLoop {
   void end_epoch(int64_t epoch);
   void save_inside_epoch(int64_t epoch, int64_t next_batch);
   std::string save();
+  void write_phema_snapshot();
   nlohmann::json head_load_shares();
   bool stop_requested();
 
@@ -176,6 +178,8 @@ class TrainLoop {
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   OptimImpl optim_impl_ = OptimImpl::for_loop;  // optim.impl resolved for the run's device
   std::unique_ptr<ModelEma> ema_;               // only when the run keeps one (train.ema_decay > 0)
+  std::unique_ptr<phema::RunProfiles> phema_;   // only with train.phema.sigma_rels
+  int64_t last_snapshot_ = -1;
   std::unique_ptr<GradScaler> scaler_;
   TrainerState state_;
   bool per_rank_ = false;
@@ -257,6 +261,7 @@ void TrainLoop::build_model_and_optimizer() {
     ema_ = std::make_unique<ModelEma>(task_->build_model(), cfg_.train.ema_decay, cfg_.train.ema_warmup, optim_impl_);
     ema_->module().to(ctx_.device);
   }
+  if (!cfg_.train.phema.sigma_rels.empty()) phema_ = std::make_unique<phema::RunProfiles>(cfg_.train.phema, *model_);
 }
 
 // Initial weights or the checkpoint's state, rank 0's weights on every rank, and the random state.
@@ -269,6 +274,7 @@ void TrainLoop::load_start_state() {
     load_optimizer_tensors(*optimizer_, *model_, resume_->optimizer, resume_->dir);
     if (resume_->rng.count("amp_scaler")) scaler_->load_state(resume_->rng.at("amp_scaler"));
     if (resumed_ema) load_module_tensors(ema_->module(), resume_->ema, resume_->dir + "/ema.safetensors");
+    if (phema_) phema_->load(resume_->dir);
     state_ = resume_->state;
   }
   group_->broadcast_module(*model_);  // every rank starts from rank 0's weights
@@ -372,6 +378,7 @@ void TrainLoop::run_epoch(int64_t epoch) {
   for (int64_t b = first_batch; next_batch(); ++b) {
     run_step(std::move(x), std::move(y), epoch, b, steps_per_epoch);
     if (diverged_) break;
+    if (phema_ && phema_->due(state_.step) && state_.step != last_snapshot_) write_phema_snapshot();
     if (cfg_.train.max_steps > 0 && state_.step >= cfg_.train.max_steps) {
       stop_ = true;
       break;
@@ -430,6 +437,7 @@ bool TrainLoop::optimize_on_host(const at::Tensor& finite) {
   if (ok) {
     took =
         complete_optimizer_step(*optimizer_, *model_, *scaler_, cfg_.optim.clip_grad, optim_impl_, ema_.get(), state_);
+    if (took && phema_) phema_->update(state_.step);
   } else {
     optimizer_->zero_grad();
     ++state_.skipped;
@@ -448,6 +456,7 @@ bool TrainLoop::optimize_on_device(const at::Tensor& finite) {
   adamw_step(*optimizer_, optim_impl_, 1.0 - finite);
   optimizer_->zero_grad();
   if (ema_) ema_->update(*model_, state_.step, finite);
+  if (phema_) phema_->update(state_.step + 1, finite);
   ++state_.step;
   pending_batch_ = batch_of_run_;
   pending_.put(finite);
@@ -590,10 +599,13 @@ nlohmann::json TrainLoop::head_load_shares() {
 std::string TrainLoop::save() {
   const TensorMap model = module_tensor_views(*model_), optim = optimizer_tensors(*optimizer_, *model_),
                   ema = ema_ ? module_tensor_views(ema_->module()) : TensorMap{};
+  const auto profiles = phema_ ? phema_->checkpoint_files() : std::vector<std::pair<std::string, TensorMap>>{};
   std::vector<at::Tensor> all;
   int64_t bytes = 0;
   for (const TensorMap* m : {&model, &optim, &ema})
     for (const auto& [k, t] : *m) all.push_back(t), bytes += static_cast<int64_t>(t.nbytes());
+  for (const auto& [file, m] : profiles)
+    for (const auto& [k, t] : m) all.push_back(t), bytes += static_cast<int64_t>(t.nbytes());
   if (!all_finite(all)) {  // the same weights on every rank: every rank stops here alike
     nonfinite_->record(false, batch_of_run_);
     stop_ = diverged_ = true;
@@ -608,9 +620,18 @@ std::string TrainLoop::save() {
   rng["amp_scaler"] = scaler_->state();
   if (!group_->is_main()) return "";
   // Views of the live tensors, streamed to disk one at a time (an XL/2 state is ~11 GB).
-  const std::string dir = save_checkpoint(run_dir_, state_, model, optim, cfg_.yaml, rng, ema);
+  const std::string dir = save_checkpoint(run_dir_, state_, model, optim, cfg_.yaml, rng, ema, profiles);
   prune_checkpoints(run_dir_, cfg_.train.keep_last, cfg_.train.keep_every_steps);
   return dir;
+}
+
+// A post-hoc EMA snapshot (train.phema) after this step, once the step is known to be taken (a step the device
+// skipped is undone by resolve_pending and is then no snapshot step). Rank 0 writes; every rank holds the same.
+void TrainLoop::write_phema_snapshot() {
+  resolve_pending();
+  if (!phema_->due(state_.step) || state_.step == last_snapshot_) return;
+  last_snapshot_ = state_.step;
+  if (group_->is_main()) phema_->write(run_dir_, state_.step);
 }
 
 // The one line of a run that gave up: the non-finite steps, the last finite checkpoint (what --resume auto takes up),

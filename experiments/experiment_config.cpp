@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/phema.h"
 
 namespace moh::experiments {
 
@@ -109,6 +110,7 @@ void ExperimentConfig::validate(const std::string& origin) const {
   const std::string& d = train.device;
   if (!(d == "auto" || d == "cpu" || d == "cuda" || d.rfind("cuda:", 0) == 0))
     bad("train.device", "expected auto, cpu, cuda or cuda:N, got \"" + d + "\"", "");
+  phema::check_config(train.phema, "config " + origin + ": train.phema");
 }
 
 ExperimentConfig load_experiment(const std::string& path, const std::vector<std::string>& overrides) {

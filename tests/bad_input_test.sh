@@ -30,6 +30,8 @@ setup "$MOH" train $DIT --set data.limit_train=32 --set data.batch_size=16 --set
   --set diffusion.objective=flow --set sampling.sampler=euler --set sampling.steps=4 --run-dir "$F/flow"
 setup "$MOH" train configs/fashion_mnist/dit_pixel.yaml --set data.limit_train=32 --set data.batch_size=16 \
   --set train.max_steps=1 --run-dir "$F/ddense"
+setup "$MOH" train $DIT --set data.limit_train=32 --set data.batch_size=16 --set train.max_steps=2 \
+  --set 'train.phema.sigma_rels=[0.05,0.1]' --set train.phema.snapshot_every=2 --run-dir "$F/phema"
 setup "$MOH" ref-stats --images fashion_mnist:train:64 --out "$F/ref.npz" --features "classifier:$F/run"
 setup "$MOH" export-images --images fashion_mnist:train:60 --format jpg --out "$F/tree/train"
 setup "$MOH" export-images --images fashion_mnist:test:30 --format jpg --out "$F/tree/val"
@@ -258,6 +260,17 @@ bad "unknown metric 'fdi'" -- fid --samples fashion_mnist:test:8 --ref "$F/ref.n
 bad "labels (arr_1) range over 0..12, the feature network has 10 classes" -- fid --samples tests/fixtures/npz/labels_out_of_range.npz --ref "$F/ref.npz" --features "classifier:$F/run"
 bad "labels (arr_1) range over -1..7" -- fid --samples tests/fixtures/npz/labels_negative.npz --ref "$F/ref.npz" --features "classifier:$F/run"
 
+# Post-hoc EMA (train.phema, moh ema): the profiles' range, snapshots that exist, before any work.
+bad "train.phema.sigma_rels: 0.5 is outside" -- config $DIT --set 'train.phema.sigma_rels=[0.5]' --set train.phema.snapshot_every=1
+bad "train.phema.sigma_rels: lists 0.1 twice" -- config $DIT --set 'train.phema.sigma_rels=[0.1,0.1]' --set train.phema.snapshot_every=1
+bad "train.phema.snapshot_every: must be >= 1" -- config $DIT --set 'train.phema.sigma_rels=[0.05]'
+bad "has no post-hoc EMA snapshots" -- ema reconstruct "$F/dit" --sigma-rel 0.07 --out "$O/e"
+bad "--sigma-rel: 0.5 is outside" -- ema reconstruct "$F/phema" --sigma-rel 0.5 --out "$O/e"
+bad "is before the run's first snapshot (step 2)" -- ema reconstruct "$F/phema" --sigma-rel 0.07 --step 1 --out "$O/e"
+bad "exists and is not empty" -- ema reconstruct "$F/phema" --sigma-rel 0.07 --out "$F/run"
+bad "unknown subcommand 'recon'" -- ema recon "$F/phema" --sigma-rel 0.07 --out "$O/e"
+bad "holds no post-hoc EMA profile for sigma_rel" -- train $DIT --set data.limit_train=32 --set data.batch_size=16 \
+  --set train.max_steps=4 --set 'train.phema.sigma_rels=[0.05]' --set train.phema.snapshot_every=2 --resume "$F/dit" --run-dir "$O/r"
 # Commands and flags.
 bad "unknown command 'trian'" -- trian $NANO
 bad "error: moh train" -- train $NANO --no-such-flag

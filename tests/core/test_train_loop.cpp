@@ -17,6 +17,7 @@
 #include "core/interrupt.h"
 #include "core/optimizer.h"
 #include "core/retention.h"
+#include "core/safetensors.h"
 #include "core/train_loop.h"
 #include "tests/test_util.h"
 
@@ -177,6 +178,37 @@ TEST(TrainLoop, ResumeIsExactWithEmaAndNamedLosses) {
   EXPECT_DOUBLE_EQ(full.losses[1].second, full.losses[0].second / 2);
   EXPECT_EQ(full.final_eval.front().first, "score");
   EXPECT_TRUE(std::filesystem::exists(d.file("full") + "/checkpoints/best"));
+}
+
+// Post-hoc EMA (train.phema): the tracked profiles resume exactly (checkpoint files phema_S) and the snapshots of a
+// split run equal those of an uninterrupted one; the last snapshot is the checkpoint's profile.
+TEST(TrainLoop, PostHocEmaProfilesResumeExactly) {
+  test::TempDir d;
+  const LoopConfig cfg = toy_config(d, "ema_decay: 0.9, phema: {sigma_rels: [0.05, 0.1], snapshot_every: 3}");
+  run(cfg, d.file("full"));
+  LoopConfig first = cfg;
+  first.train.max_steps = 4;
+  run(first, d.file("split"));
+  EXPECT_FALSE(std::filesystem::exists(d.file("split") + "/phema/0000006"));
+  run(cfg, d.file("split"), "auto");
+  const std::string last = d.file("full") + "/checkpoints/0000012/phema_0.1.safetensors";
+  for (const std::string f :
+       {"phema/0000003/sigma_rel_0.05.safetensors", "phema/0000009/sigma_rel_0.1.safetensors",
+        "phema/0000012/sigma_rel_0.1.safetensors", "checkpoints/0000012/phema_0.05.safetensors"}) {
+    const TensorMap a = load_safetensors(d.file("full") + "/" + f).tensors,
+                    b = load_safetensors(d.file("split") + "/" + f).tensors;
+    ASSERT_FALSE(a.empty()) << f;
+    for (const auto& [k, v] : a) EXPECT_TRUE(torch::equal(v, b.at(k))) << f << " " << k;
+  }
+  const TensorMap snap = load_safetensors(d.file("full") + "/phema/0000012/sigma_rel_0.1.safetensors").tensors,
+                  ckpt = load_safetensors(last).tensors;
+  for (const auto& [k, v] : ckpt) EXPECT_TRUE(torch::equal(v, snap.at(k))) << k;
+  // the two profiles differ from each other and from the model (they are averages of different lengths)
+  const TensorMap model = load_checkpoint(d.file("full")).model,
+                  other = load_safetensors(d.file("full") + "/phema/0000012/sigma_rel_0.05.safetensors").tensors;
+  bool differs = false;
+  for (const auto& [k, v] : snap) differs |= !torch::equal(v, other.at(k)) && !torch::equal(v, model.at(k));
+  EXPECT_TRUE(differs);
 }
 
 // Ctrl-C inside an epoch: the loop finishes the step, saves a checkpoint at (epoch, batch) and returns; --resume auto
