@@ -209,7 +209,8 @@ class RasterCanvas : public Canvas {
   double s_;
 };
 
-void RasterCanvas::text(const std::string& s, double x, double y, double size, Anchor a, bool vertical) {
+void RasterCanvas::text(const std::string& utf8, double x, double y, double size, Anchor a, bool vertical) {
+  const std::string s = raster_text(utf8);
   const int font = cv::FONT_HERSHEY_SIMPLEX, th = thick(size > 0.45 ? 1.0 : 0.6);
   int base = 0;
   const cv::Size ts = cv::getTextSize(s, font, size * s_, th, &base);
@@ -330,6 +331,28 @@ Series running_best(const std::string& name, std::vector<double> x, std::vector<
   for (const auto& [px, py] : pts)
     if (best.y.empty() || py < best.y.back()) best.x.push_back(px), best.y.push_back(py);
   return best;
+}
+
+std::string raster_text(const std::string& text) {
+  static const std::pair<const char*, const char*> kAscii[] = {
+      {"\u00d7", "x"},  {"\u03c3", "sigma"}, {"\u03b3", "gamma"}, {"\u03b2", "beta"}, {"\u2013", "-"},
+      {"\u2014", "-"},  {"\u2212", "-"},     {"\u2264", "<="},    {"\u2265", ">="},   {"\u00b1", "+/-"},
+      {"\u2192", "->"}, {"\u2026", "..."},   {"\u00b2", "^2"},    {"\u00b5", "u"},    {"\u2248", "~"}};
+  std::string out;
+  for (size_t i = 0; i < text.size();) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (c < 0x80) {
+      out += text[i++];
+      continue;
+    }
+    size_t len = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;  // one UTF-8 character
+    len = std::min(len, text.size() - i);
+    const std::string ch = text.substr(i, len);
+    const auto* hit = std::find_if(std::begin(kAscii), std::end(kAscii), [&](const auto& p) { return ch == p.first; });
+    out += hit != std::end(kAscii) ? hit->second : "?";
+    i += len;
+  }
+  return out;
 }
 
 ChartFiles write_line_chart(const std::string& base, const std::string& title, const std::vector<ChartPanel>& panels) {

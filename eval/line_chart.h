@@ -48,6 +48,11 @@ std::vector<double> nice_ticks(double lo, double hi, int count = 5, double min_s
 /// The text of a tick label ("0.001", "2.5e-05", "1200").
 std::string tick_text(double v);
 
+/// `text` as the raster (PNG) font can draw it: its Hershey glyphs cover ASCII only, so the symbols the charts'
+/// titles use become ASCII ("×" → "x", "σ" → "sigma", "–" → "-", "≤" → "<=", …) and any other non-ASCII character
+/// "?" once (not one "?" per byte). The SVG keeps the text as written.
+std::string raster_text(const std::string& text);
+
 /// What write_line_chart wrote.
 struct ChartFiles {
   std::string svg, png;  ///< paths; png empty when built without OpenCV; both empty when no panel had a point

@@ -12,6 +12,15 @@ bool inside_frame(const Axis& a, double v) {
   return t > a.lo && t < a.hi;
 }
 
+// The PNG's font draws ASCII only: the titles' symbols become ASCII, anything else one "?" per character (the
+// "FID vs steps (×)" title once came out as "??").
+TEST(ChartText, RasterTextIsAsciiWithTheTitlesSymbolsSpelledOut) {
+  EXPECT_EQ(raster_text("FID \u00d7 steps, \u03c3_rel \u2264 0.2 \u2013 ok"), "FID x steps, sigma_rel <= 0.2 - ok");
+  EXPECT_EQ(raster_text("plain ASCII 1.5e-3"), "plain ASCII 1.5e-3");
+  EXPECT_EQ(raster_text("\u4e2d\u6587 \u00e9"), "?? ?");  // unknown characters: one "?" each, not one per byte
+  EXPECT_EQ(raster_text("cut \xe2\x80"), "cut ?");        // a truncated sequence at the end
+}
+
 TEST(ChartAxis, OnePointOnAStepAxisSitsInTheMiddleWithIntegerTicks) {
   const Axis a = make_axis({200}, false, true, 0, "x");
   EXPECT_DOUBLE_EQ(a.lo, 199);
