@@ -172,13 +172,6 @@ std::vector<std::pair<std::string, TensorMap>> RunProfiles::checkpoint_files() c
   return files;
 }
 
-std::vector<at::Tensor> RunProfiles::tensors() const {
-  std::vector<at::Tensor> all;
-  for (size_t k = 0; k < cfg_.sigma_rels.size(); ++k)
-    for (const auto& t : tracker_->profile(k)) all.push_back(t);
-  return all;
-}
-
 void RunProfiles::write(const std::string& run_dir, int64_t step) const {
   std::vector<TensorMap> maps;
   for (size_t k = 0; k < cfg_.sigma_rels.size(); ++k) maps.push_back(profile_map(k));

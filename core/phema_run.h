@@ -61,8 +61,6 @@ class RunProfiles {
   void update(int64_t t, const at::Tensor& taken = {}) { tracker_->update(live_, t, taken); }
   /// The files a checkpoint holds for them: ("phema_S", tensors) per σ_rel.
   std::vector<std::pair<std::string, TensorMap>> checkpoint_files() const;
-  /// Every tracked tensor (the checkpoint's finiteness check covers them).
-  std::vector<at::Tensor> tensors() const;
   /// Whether `step` is a snapshot step (a multiple of snapshot_every).
   bool due(int64_t step) const { return step > 0 && step % cfg_.snapshot_every == 0; }
   /// Writes the snapshot of `step` into RUN/phema/ (call on the writing rank only).
