@@ -2,14 +2,25 @@
 // `moh ema reconstruct RUN --sigma-rel S [--step N] --out DIR`: the EMA of σ_rel S at step N (default: the last
 // snapshot) as the least-squares combination of the snapshots (EDM2, core/phema.h), written as a run directory that
 // moh sample / moh eval / moh fid read with --checkpoint DIR.
+// `moh ema sweep RUN --sigma-rels a:b:n --out DIR [--baselines] -- eval [FLAGS]` or `... -- fid FLAGS [-- sample
+// FLAGS]`: reconstructs each σ_rel and measures it with the commands named after `--` (top-1 of a classifier run; FID
+// of a DiT run's samples), then writes DIR/sweep.json, sweep.md and the curve (experiments/ema_sweep.h).
+#include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <iomanip>
 #include <iostream>
+#include <map>
+#include <memory>
 
 #include "apps/cli.h"
 #include "apps/commands.h"
+#include "core/atomic_io.h"
 #include "core/error.h"
 #include "core/phema_run.h"
+#include "eval/report.h"
+#include "experiments/ema_sweep.h"
+#include "experiments/registry.h"
 
 namespace moh::apps {
 
@@ -58,11 +69,188 @@ int ema_reconstruct(int argc, char** argv) {
   return kExitOk;
 }
 
+// The commands after `--`: "eval FLAGS" (a classifier run), or "fid FLAGS" with an optional "sample FLAGS" (a DiT
+// run); each segment starts with its command's name.
+using Segments = std::map<std::string, std::vector<std::string>>;
+
+Segments measure_segments(const std::vector<std::string>& words) {
+  Segments seg;
+  std::string current;
+  for (const auto& w : words) {
+    if (w == "--") {
+      current.clear();
+    } else if (current.empty()) {
+      if (w != "eval" && w != "fid" && w != "sample")
+        throw UserError("moh ema sweep -- " + w, "is not a measuring command", "eval, fid, or sample ... -- fid ...");
+      if (seg.count(w)) throw UserError("moh ema sweep -- " + w, "is given twice", "each command once");
+      current = w;
+      seg[w];
+    } else {
+      seg[current].push_back(w);
+    }
+  }
+  if (seg.count("eval") == seg.count("fid") || (seg.count("sample") && !seg.count("fid")))
+    throw UserError("moh ema sweep", "needs `-- eval [FLAGS]` (a classifier run) or `-- fid FLAGS [-- sample FLAGS]`",
+                    "e.g. -- fid --ref stats.npz --features classifier:RUN -- sample --num-samples 2000");
+  return seg;
+}
+
+cxxopts::ParseResult parse_segment(const std::string& cmd, const std::vector<std::string>& words) {
+  const std::string prog = "moh ema sweep -- " + cmd;
+  cxxopts::Options opts = cmd == "eval" ? eval_options(prog) : cmd == "fid" ? fid_options(prog) : sample_options(prog);
+  std::vector<std::string> all{prog};
+  all.insert(all.end(), words.begin(), words.end());
+  std::vector<char*> argv;
+  for (auto& w : all) argv.push_back(w.data());
+  return parse_or_throw(opts, static_cast<int>(argv.size()), argv.data());
+}
+
+// Every segment's flags parse, and none sets what the sweep sets for each point; fid's inputs exist.
+void check_segments(const Segments& seg) {
+  const std::map<std::string, std::vector<std::string>> reserved{
+      {"eval", {"checkpoint", "out", "json", "ema", "config", "weights", "help"}},
+      {"fid", {"samples", "out", "json", "help"}},
+      {"sample", {"checkpoint", "out", "raw", "untrained", "config", "weights", "help"}}};
+  for (const auto& [cmd, words] : seg) {
+    const auto args = parse_segment(cmd, words);
+    for (const auto& flag : reserved.at(cmd))
+      if (args.count(flag))
+        throw UserError("moh ema sweep -- " + cmd + " --" + flag, "is set by the sweep for each point", "leave it out");
+    if (cmd != "fid") continue;
+    if (!args.count("ref") || !args.count("features"))
+      throw UserError("moh ema sweep -- fid", "needs --ref and --features", "as for moh fid");
+    const std::string ref = args["ref"].as<std::string>(), features = args["features"].as<std::string>();
+    const std::string feature_file = features.substr(features.find(':') + 1);
+    if (ref.rfind("fashion_mnist:", 0) != 0 && !std::filesystem::exists(ref))
+      throw UserError("moh ema sweep -- fid --ref " + ref, "does not exist",
+                      "moh ref-stats writes reference statistics");
+    if (!std::filesystem::exists(feature_file))
+      throw UserError("moh ema sweep -- fid --features " + features, "names no file or run", "");
+  }
+}
+
+void call(int (*cmd)(int, char**), const std::string& name, std::vector<std::string> words) {
+  words.insert(words.begin(), "moh " + name);
+  std::vector<char*> argv;
+  for (auto& w : words) argv.push_back(w.data());
+  if (cmd(static_cast<int>(argv.size()), argv.data()) != kExitOk)
+    throw std::runtime_error("ema sweep: moh " + name + " failed");
+}
+
+nlohmann::json read_json(const std::string& path) {
+  return nlohmann::json::parse(read_file(path, "report"));
+}
+
+experiments::SweepMeasure measurer(const Segments& seg, bool keep_samples) {
+  return [seg, keep_samples](const std::string& ckpt, experiments::SweepWeights w, const std::string& dir) {
+    using W = experiments::SweepWeights;
+    if (seg.count("eval")) {
+      std::vector<std::string> a{"--checkpoint", ckpt, "--out", dir + "/eval"};
+      if (w == W::fixed_ema) a.push_back("--ema");
+      a.insert(a.end(), seg.at("eval").begin(), seg.at("eval").end());
+      call(cmd_eval, "eval", a);
+      return read_json(dir + "/eval/report.json");
+    }
+    std::vector<std::string> s{"--checkpoint", ckpt, "--out", dir + "/samples"};
+    if (w == W::raw) s.push_back("--raw");
+    if (seg.count("sample")) s.insert(s.end(), seg.at("sample").begin(), seg.at("sample").end());
+    call(cmd_sample, "sample", s);
+    std::vector<std::string> f{"--samples", dir + "/samples/samples.npz", "--out", dir + "/fid"};
+    f.insert(f.end(), seg.at("fid").begin(), seg.at("fid").end());
+    call(cmd_fid, "fid", f);
+    nlohmann::json report = read_json(dir + "/fid/report.json");
+    report["sampling"] = read_json(dir + "/samples/sampling.json");
+    report["step"] = report["sampling"].value("step", nlohmann::json());
+    if (!keep_samples) std::filesystem::remove(dir + "/samples/samples.npz");
+    return report;
+  };
+}
+
+std::string eta_text(double seconds);
+
+// The run's family must be the one the measure reads; its baselines: raw weights, and the fixed-decay EMA if it has
+// one.
+void check_family(experiments::EmaSweepRequest& r, const std::string& family, bool baselines) {
+  phema::list_snapshots(r.run);  // a run without snapshots: its own error first
+  const experiments::ExperimentConfig cfg = experiments::load_experiment(r.run + "/config.resolved.yaml");
+  const std::string id = experiments::experiment_family(cfg).id;
+  if (id != family)
+    throw UserError(r.run, "is a " + id + " run; `-- " + (family == "dit" ? "fid" : "eval") + "` measures a " + family,
+                    family == "dit" ? "measure a classifier with -- eval" : "measure a DiT with -- fid FLAGS");
+  if (!baselines) return;
+  r.baselines.push_back(experiments::SweepWeights::raw);
+  if (cfg.train.ema_decay > 0) r.baselines.push_back(experiments::SweepWeights::fixed_ema);
+}
+
+// One line per measured point, with the time it took and the time the rest should take at the mean rate so far.
+std::function<void(const nlohmann::json&, size_t, size_t)> progress_printer(const std::string& metric) {
+  const auto started = std::chrono::steady_clock::now();
+  auto measured = std::make_shared<size_t>(0);
+  return [=](const nlohmann::json& row, size_t done, size_t total) {
+    const double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    ++*measured;
+    std::cout << "[" << done << "/" << total << "] " << row["id"].get<std::string>() << ": " << metric << " "
+              << eval::format_metric(metric, row["metrics"][metric].get<double>()) << " ("
+              << eta_text(row["seconds"].get<double>()) << "; about "
+              << eta_text(spent / static_cast<double>(*measured) * static_cast<double>(total - done)) << " left)"
+              << std::endl;
+  };
+}
+
+std::string eta_text(double seconds) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(1) << (seconds >= 120 ? seconds / 60 : seconds)
+    << (seconds >= 120 ? " min" : " s");
+  return s.str();
+}
+
+int ema_sweep(int argc, char** argv) {
+  int own = 0;  // the sweep's own words end at the first `--`
+  while (own < argc && std::strcmp(argv[own], "--") != 0) ++own;
+  cxxopts::Options opts(argv[0], "Measure the post-hoc EMA of each sigma_rel of a range (EDM2's EMA-length sweep)");
+  auto flag = opts.add_options();
+  flag("run", "run directory trained with train.phema", cxxopts::value<std::string>());
+  flag("sigma-rels", "a:b:n (n values from a to b) or a list a,b,c",
+       cxxopts::value<std::string>()->default_value("0.02:0.20:10"));
+  flag("step", "the EMAs' end step: the last snapshot at or before it (default: the last snapshot)",
+       cxxopts::value<int64_t>()->default_value("0"));
+  flag("baselines", "measure the run's raw weights and its fixed-decay EMA too");
+  flag("keep-samples", "keep each point's samples.npz (removed once measured)");
+  flag("out", "sweep directory (new, or an earlier start of the same sweep to continue)",
+       cxxopts::value<std::string>());
+  flag("h,help", "show this help");
+  opts.parse_positional({"run"});
+  opts.positional_help("RUN ... -- eval [FLAGS] | -- fid FLAGS [-- sample FLAGS]");
+  auto args = parse_or_throw(opts, own, argv);
+  if (print_help_if_asked(opts, args)) return kExitOk;
+  if (!args.count("run") || !args.count("out"))
+    throw UserError(argv[0], "needs RUN and --out", "moh ema sweep RUN --sigma-rels 0.02:0.20:10 --out DIR -- eval");
+  const Segments seg = measure_segments(std::vector<std::string>(argv + own, argv + argc));
+  check_segments(seg);
+  experiments::EmaSweepRequest r;
+  r.run = std::filesystem::absolute(args["run"].as<std::string>()).lexically_normal().string();
+  r.out = args["out"].as<std::string>();
+  r.step = args["step"].as<int64_t>();
+  if (r.step < 0) throw UserError("--step", "must be >= 0 (0 = the last snapshot)", "");
+  r.sigma_rels = experiments::parse_sigma_rels(args["sigma-rels"].as<std::string>(), "--sigma-rels");
+  r.metric = seg.count("eval") ? "top1" : "fid";
+  r.measure = seg;
+  check_family(r, seg.count("eval") ? "classifier" : "dit", args.count("baselines") > 0);
+  const auto res =
+      experiments::run_ema_sweep(r, measurer(seg, args.count("keep-samples") > 0), progress_printer(r.metric));
+  std::cout << read_file(res.table, "table") << "wrote " << res.json << ", " << res.table
+            << (res.chart_svg.empty() ? "" : ", " + res.chart_svg)
+            << (res.resumed ? " (" + std::to_string(res.resumed) + " points resumed)" : "") << std::endl;
+  return kExitOk;
+}
+
 }  // namespace
 
 int cmd_ema(int argc, char** argv) {
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
-    std::cout << "usage: moh ema list RUN | moh ema reconstruct RUN --sigma-rel S [--step N] --out DIR\n";
+    std::cout << "usage: moh ema list RUN | moh ema reconstruct RUN --sigma-rel S [--step N] --out DIR\n"
+                 "       moh ema sweep RUN --sigma-rels a:b:n --out DIR [--baselines] -- eval [FLAGS] | -- fid FLAGS "
+                 "[-- sample FLAGS]\n";
     return argc < 2 ? kExitUserError : kExitOk;
   }
   const std::string what = argv[1], prog = std::string(argv[0]) + " " + what;
@@ -70,7 +258,8 @@ int cmd_ema(int argc, char** argv) {
   args[0] = const_cast<char*>(prog.c_str());
   if (what == "list") return ema_list(static_cast<int>(args.size()), args.data());
   if (what == "reconstruct") return ema_reconstruct(static_cast<int>(args.size()), args.data());
-  throw UserError("moh ema", "unknown subcommand '" + what + "'", "list or reconstruct");
+  if (what == "sweep") return ema_sweep(static_cast<int>(args.size()), args.data());
+  throw UserError("moh ema", "unknown subcommand '" + what + "'", "list, reconstruct or sweep");
 }
 
 }  // namespace moh::apps

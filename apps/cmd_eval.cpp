@@ -14,8 +14,8 @@
 
 namespace moh::apps {
 
-int cmd_eval(int argc, char** argv) {
-  cxxopts::Options opts(argv[0], "Evaluate a classifier checkpoint on the configured validation split");
+cxxopts::Options eval_options(const std::string& prog) {
+  cxxopts::Options opts(prog, "Evaluate a classifier checkpoint on the configured validation split");
   add_config_args(opts);
   auto flag = opts.add_options();
   flag("checkpoint,ckpt",
@@ -28,6 +28,11 @@ int cmd_eval(int argc, char** argv) {
   flag("ema", "evaluate the checkpoint's EMA weights (train.ema_decay > 0)");
   flag("out", "write report.json and report.md into this directory", cxxopts::value<std::string>()->default_value(""));
   flag("h,help", "show this help");
+  return opts;
+}
+
+int cmd_eval(int argc, char** argv) {
+  cxxopts::Options opts = eval_options(argv[0]);
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
   const std::string out = args["out"].as<std::string>();

@@ -22,6 +22,9 @@ int cmd_extract_latents(int argc, char** argv) {
   flag("shard-size", "images per shard", cxxopts::value<int64_t>()->default_value("4096"));
   flag("batch", "images per VAE forward", cxxopts::value<int64_t>()->default_value("16"));
   flag("device", "cpu, cuda or cuda:N", cxxopts::value<std::string>()->default_value("cpu"));
+  flag("keep-images",
+       "store each encoded image (uint8, model.img_size²) beside its latents: what train.repa's encoder reads "
+       "(ImageNet 256 px: ~250 GB more)");
   flag("h,help", "show this help");
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
@@ -37,12 +40,14 @@ int cmd_extract_latents(int argc, char** argv) {
   if (o.split != "train" && o.split != "val") throw UserError("--split " + o.split, "must be train or val", "");
   o.shard_size = args["shard-size"].as<int64_t>();
   o.batch_size = args["batch"].as<int64_t>();
+  o.keep_images = args.count("keep-images") > 0;
   RunContext ctx = RunContext::create(args["device"].as<std::string>(), Precision::fp32, 0);
   diffusion::AutoencoderKL vae;
   diffusion::load_sd_vae(vae, cfg.diffusion.vae_weights);
   const datasets::LatentMeta meta = experiments::extract_latents(cfg, vae, cfg.diffusion.vae_weights, o, ctx);
   std::cout << "wrote " << o.out << ": " << meta.count << " images in " << meta.num_shards() << " shards, latents "
-            << meta.channels << "x" << meta.size << "x" << meta.size << std::endl;
+            << meta.channels << "x" << meta.size << "x" << meta.size << (meta.images ? ", with the images" : "")
+            << std::endl;
   return kExitOk;
 }
 

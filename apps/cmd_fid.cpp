@@ -22,8 +22,8 @@ std::string fmt(const nlohmann::json& m, const char* key) {
 
 }  // namespace
 
-int cmd_fid(int argc, char** argv) {
-  cxxopts::Options opts(argv[0], "FID / sFID / IS / precision / recall of samples against a reference (ADM evaluator)");
+cxxopts::Options fid_options(const std::string& prog) {
+  cxxopts::Options opts(prog, "FID / sFID / IS / precision / recall of samples against a reference (ADM evaluator)");
   auto flag = opts.add_options();
   flag("samples",
        "samples: PATH.npz (arr_0 uint8 NHWC, optional arr_1 labels), an image folder, or "
@@ -48,6 +48,11 @@ int cmd_fid(int argc, char** argv) {
   flag("h,help", "show this help");
   opts.parse_positional({"samples", "ref"});  // pytorch-fid's order: moh fid SAMPLES REF --features ...
   opts.positional_help("[SAMPLES REF]");
+  return opts;
+}
+
+int cmd_fid(int argc, char** argv) {
+  cxxopts::Options opts = fid_options(argv[0]);
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
   for (const char* required : {"samples", "ref", "features"})

@@ -12,8 +12,8 @@
 
 namespace moh::apps {
 
-int cmd_sample(int argc, char** argv) {
-  cxxopts::Options opts(argv[0], "Class-conditional samples of a DiT / MoH-DiT with classifier-free guidance");
+cxxopts::Options sample_options(const std::string& prog) {
+  cxxopts::Options opts(prog, "Class-conditional samples of a DiT / MoH-DiT with classifier-free guidance");
   add_config_args(opts);
   auto flag = opts.add_options();
   flag("checkpoint,ckpt",
@@ -49,6 +49,11 @@ int cmd_sample(int argc, char** argv) {
   flag("out", "output directory", cxxopts::value<std::string>()->default_value("samples"));
   flag("device", "auto, cpu, cuda or cuda:N", cxxopts::value<std::string>()->default_value("auto"));
   flag("h,help", "show this help");
+  return opts;
+}
+
+int cmd_sample(int argc, char** argv) {
+  cxxopts::Options opts = sample_options(argv[0]);
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
   experiments::SamplingRequest r;

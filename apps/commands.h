@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "apps/cli.h"
+
 namespace moh::apps {
 
 /// One registered subcommand.
@@ -36,5 +38,10 @@ int cmd_launch(int argc, char** argv);
 int cmd_compare(int argc, char** argv);
 int cmd_plot(int argc, char** argv);
 int cmd_ema(int argc, char** argv);
+
+// The flags of the commands `moh ema sweep` runs for each point, checked before its first point.
+cxxopts::Options sample_options(const std::string& prog);
+cxxopts::Options fid_options(const std::string& prog);
+cxxopts::Options eval_options(const std::string& prog);
 
 }  // namespace moh::apps

@@ -151,7 +151,7 @@ class TrainLoop {
   void take_first_batch();
   void start_writing();
   void run_epoch(int64_t epoch);
-  void run_step(at::Tensor x, at::Tensor y, int64_t epoch, int64_t batch, int64_t steps_per_epoch);
+  void run_step(at::Tensor x, at::Tensor y, at::Tensor side, int64_t epoch, int64_t batch, int64_t steps_per_epoch);
   bool optimize_on_host(const at::Tensor& finite);
   bool optimize_on_device(const at::Tensor& finite);
   void resolve_pending();
@@ -184,7 +184,7 @@ class TrainLoop {
   TrainerState state_;
   bool per_rank_ = false;
   std::unique_ptr<BatchStream> first_loader_;  // the first epoch's loader and batch, taken before anything is written
-  at::Tensor first_x_, first_y_;
+  at::Tensor first_x_, first_y_, first_side_;
   bool first_pending_ = false;
   MetricsWriter metrics_;
   std::unique_ptr<ConsoleLog> console_;  // the run's log.txt mirrors what rank 0 prints from start_writing on
@@ -296,6 +296,7 @@ void TrainLoop::take_first_batch() {
                         ", which has only " + std::to_string(first_loader_->num_batches()) + " batches",
                     "the training data changed since the checkpoint");
   first_pending_ = first_loader_->next(first_x_, first_y_);
+  if (first_pending_) first_side_ = first_loader_->side();
 }
 
 // Every input has been checked: from here on only runtime failures remain.
@@ -366,17 +367,22 @@ void TrainLoop::run_epoch(int64_t epoch) {
   progress_->set_label("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(cfg_.train.epochs) + " step");
   model_->train();
   window_start_ = Clock::now();
-  at::Tensor x, y;
+  at::Tensor x, y, side;
   auto next_batch = [&] {
-    if (!first_pending_) return loader->next(x, y);
+    if (!first_pending_) {
+      const bool more = loader->next(x, y);
+      side = more ? loader->side() : at::Tensor();
+      return more;
+    }
     x = std::move(first_x_);
     y = std::move(first_y_);
+    side = std::move(first_side_);
     first_pending_ = false;
     return true;
   };
   int64_t batches_done = steps_per_epoch;  // where in this epoch a stop on a signal leaves it
   for (int64_t b = first_batch; next_batch(); ++b) {
-    run_step(std::move(x), std::move(y), epoch, b, steps_per_epoch);
+    run_step(std::move(x), std::move(y), std::move(side), epoch, b, steps_per_epoch);
     if (diverged_) break;
     if (phema_ && phema_->due(state_.step) && state_.step != last_snapshot_) write_phema_snapshot();
     if (cfg_.train.max_steps > 0 && state_.step >= cfg_.train.max_steps) {
@@ -409,11 +415,13 @@ void TrainLoop::run_epoch(int64_t epoch) {
 // One batch: the task's forward/backward, gradient averaging, the non-finite guard, the learning rate at this point
 // and the optimizer step. EMA, schedule and step counter advance only when the step was taken (a non-finite loss or
 // gradient, or an fp16 overflow, skips it), as guided-diffusion's run_step.
-void TrainLoop::run_step(at::Tensor x, at::Tensor y, int64_t epoch, int64_t b, int64_t steps_per_epoch) {
+void TrainLoop::run_step(at::Tensor x, at::Tensor y, at::Tensor side, int64_t epoch, int64_t b,
+                         int64_t steps_per_epoch) {
   const int64_t images = x.size(0) * ctx_.world;
   // Distinct classes in this rank's batch (hard labels only): a class-sorted data stream shows here at once.
   const int64_t classes = y.dim() == 1 && !y.is_floating_point() ? std::get<0>(at::_unique(y)).size(0) : 0;
-  const LossTensors losses = task_->backward(*model_, std::move(x), std::move(y), {epoch, b, state_.step}, *scaler_);
+  const LossTensors losses =
+      task_->backward(*model_, std::move(x), std::move(y), {epoch, b, state_.step, std::move(side)}, *scaler_);
   group_->average_gradients(model_->parameters());  // no-op on one process
   resolve_pending();  // the previous step's flag, read now that this step's work is queued
   if (stop_) return optimizer_->zero_grad();

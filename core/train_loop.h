@@ -71,6 +71,7 @@ bool complete_optimizer_step(torch::optim::AdamW& optimizer, torch::nn::Module& 
 struct StepInfo {
   int64_t epoch = 0, batch = 0;  ///< epoch and batch index within it
   int64_t step = 0;              ///< optimizer steps taken before this one (steps skipped by fp16 overflow excluded)
+  at::Tensor side;               ///< the batch's BatchStream::side() (undefined for most streams)
 };
 
 /// What a model family supplies to the loop. Built after the run context and the resume decision, before the model.

@@ -29,6 +29,7 @@ void write_latent_meta(const std::string& dir, const LatentMeta& m) {
   nlohmann::json j{{"format", "moh-latents"}, {"version", 1},   {"count", m.count},           {"shards", m.shards},
                    {"channels", m.channels},  {"size", m.size}, {"image_size", m.image_size}, {"scale", m.scale},
                    {"classes", m.classes},    {"vae", m.vae},   {"vae_sha256", m.vae_sha256}, {"source", m.source}};
+  if (m.images) j["images"] = true;  // absent in directories written without --keep-images (and before it existed)
   write_file_atomic(dir + "/meta.json", j.dump(1) + "\n");
 }
 
@@ -50,6 +51,7 @@ LatentMeta read_latent_meta(const std::string& dir) {
     m.vae = j.at("vae");
     m.vae_sha256 = j.at("vae_sha256");
     m.source = j.at("source");
+    m.images = j.value("images", false);
   } catch (const nlohmann::json::exception& e) {
     throw UserError(path, std::string("malformed: ") + e.what(), kHint);
   }
@@ -64,20 +66,21 @@ namespace {
 // Shard files kept open at once (an ImageNet extraction has ~310 shards of 4,096); beyond it readers are reopened.
 constexpr size_t kMaxOpenShards = 512;
 const char* const kMomentNames[4] = {"mean", "std", "mean_flip", "std_flip"};
+constexpr int kImages = 4;  // the images' entry, after the four moments
 }  // namespace
 
 struct LatentStore::Shard {
   std::string path;
   int64_t rows = 0;
   mutable std::mutex mu;
-  mutable std::unique_ptr<SafetensorsReader> reader;  // opened on first use
-  mutable const SafetensorsEntry* moments[4] = {nullptr, nullptr, nullptr, nullptr};
+  mutable std::unique_ptr<SafetensorsReader> reader;                                           // opened on first use
+  mutable const SafetensorsEntry* moments[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};  // + images
 };
 
 namespace {
 // Opens a shard and checks its tensors against the metadata (names, dtypes, shapes); returns the reader.
 std::unique_ptr<SafetensorsReader> open_shard(const std::string& dir, const LatentMeta& meta, int64_t i,
-                                              const SafetensorsEntry* moments[4], const SafetensorsEntry** labels) {
+                                              const SafetensorsEntry* moments[5], const SafetensorsEntry** labels) {
   const std::string path = latent_shard_path(dir, i);
   if (!fs::exists(path))
     throw UserError("latents " + dir, "shard " + std::to_string(i) + " is missing", "extraction unfinished? re-run it");
@@ -96,6 +99,7 @@ std::unique_ptr<SafetensorsReader> open_shard(const std::string& dir, const Late
   };
   const std::vector<int64_t> shape{n, meta.channels, meta.size, meta.size};
   for (int k = 0; k < 4; ++k) moments[k] = get(kMomentNames[k], at::kHalf, shape);
+  moments[kImages] = meta.images ? get("images", at::kByte, {n, meta.image_size, meta.image_size, 3}) : nullptr;
   if (labels) *labels = get("labels", at::kLong, {n});
   return r;
 }
@@ -125,28 +129,23 @@ const LatentStore::Shard& LatentStore::shard(int64_t s) const {
   const Shard& sh = *shards_[static_cast<size_t>(s)];
   std::lock_guard<std::mutex> lock(sh.mu);
   if (!sh.reader) {  // beyond kMaxOpenShards: open for this read (the file handle closes with the next batch's)
-    const SafetensorsEntry* m[4];
+    const SafetensorsEntry* m[5];
     sh.reader = open_shard(dir_, meta_, s, m, nullptr);
-    for (int k = 0; k < 4; ++k) sh.moments[k] = m[k];
+    for (int k = 0; k < 5; ++k) sh.moments[k] = m[k];
   }
   return sh;
 }
 
-void LatentStore::read(const std::vector<int64_t>& index, at::Tensor& mean, at::Tensor& std, at::Tensor& mean_flip,
-                       at::Tensor& std_flip) const {
-  const auto n = static_cast<int64_t>(index.size());
-  const std::vector<int64_t> shape{n, meta_.channels, meta_.size, meta_.size};
-  at::Tensor* out[4] = {&mean, &std, &mean_flip, &std_flip};
-  for (auto* t : out) *t = at::empty(shape, at::kHalf);
-  const int64_t row_bytes = meta_.channels * meta_.size * meta_.size * 2;
-  for (int64_t j = 0; j < n; ++j) {
-    const int64_t i = index[static_cast<size_t>(j)];
+void LatentStore::read_entries(const std::vector<int64_t>& index, const std::vector<int>& entries,
+                               const std::vector<at::Tensor*>& out, int64_t row_bytes) const {
+  for (size_t j = 0; j < index.size(); ++j) {
+    const int64_t i = index[j];
     TORCH_CHECK(i >= 0 && i < meta_.count, "LatentStore::read: image index out of range");
     const auto s = static_cast<int64_t>(std::upper_bound(first_.begin(), first_.end(), i) - first_.begin()) - 1;
     const Shard& sh = shard(s);
-    for (int k = 0; k < 4; ++k)
-      sh.reader->read_rows(*sh.moments[k], i - first_[static_cast<size_t>(s)], 1,
-                           static_cast<char*>(out[k]->data_ptr()) + j * row_bytes);
+    for (size_t k = 0; k < entries.size(); ++k)
+      sh.reader->read_rows(*sh.moments[entries[k]], i - first_[static_cast<size_t>(s)], 1,
+                           static_cast<char*>(out[k]->data_ptr()) + static_cast<int64_t>(j) * row_bytes);
   }
   if (meta_.num_shards() > static_cast<int64_t>(kMaxOpenShards))  // close what opened beyond the budget
     for (size_t s = kMaxOpenShards; s < shards_.size(); ++s) {
@@ -155,9 +154,31 @@ void LatentStore::read(const std::vector<int64_t>& index, at::Tensor& mean, at::
     }
 }
 
+void LatentStore::read(const std::vector<int64_t>& index, at::Tensor& mean, at::Tensor& std, at::Tensor& mean_flip,
+                       at::Tensor& std_flip) const {
+  const auto n = static_cast<int64_t>(index.size());
+  const std::vector<int64_t> shape{n, meta_.channels, meta_.size, meta_.size};
+  for (auto* t : {&mean, &std, &mean_flip, &std_flip}) *t = at::empty(shape, at::kHalf);
+  read_entries(index, {0, 1, 2, 3}, {&mean, &std, &mean_flip, &std_flip}, meta_.channels * meta_.size * meta_.size * 2);
+}
+
+at::Tensor LatentStore::read_images(const std::vector<int64_t>& index) const {
+  TORCH_CHECK(meta_.images, "LatentStore::read_images: the latents hold no images");
+  const int64_t p = meta_.image_size;
+  at::Tensor images = at::empty({static_cast<int64_t>(index.size()), p, p, 3}, at::kByte);
+  read_entries(index, {kImages}, {&images}, p * p * 3);
+  return images;
+}
+
 LatentLoader::LatentLoader(std::shared_ptr<const LatentStore> store, int64_t batch_size, uint64_t seed, int64_t epoch,
-                           int64_t limit, int rank, int world, int64_t start_batch)
-    : store_(std::move(store)), batch_(batch_size), next_batch_(start_batch), rank_(rank), world_(world) {
+                           int64_t limit, int rank, int world, int64_t start_batch, bool with_images)
+    : store_(std::move(store)),
+      batch_(batch_size),
+      next_batch_(start_batch),
+      with_images_(with_images),
+      rank_(rank),
+      world_(world) {
+  TORCH_CHECK(!with_images_ || store_->meta().images, "LatentLoader: the latents hold no images");
   if (batch_ <= 0) throw UserError("config: data.batch_size", "must be positive", "");
   const std::vector<int64_t> subset = limited_subset(store_->count(), limit, seed);
   const std::vector<int64_t> perm = epoch_order(static_cast<int64_t>(subset.size()), seed, epoch, /*shuffle=*/true);
@@ -185,6 +206,10 @@ bool LatentLoader::next(at::Tensor& z, at::Tensor& labels) {
   const at::Tensor mean = at::where(flip, mf.to(at::kFloat), m.to(at::kFloat));
   const at::Tensor std = at::where(flip, sf.to(at::kFloat), s.to(at::kFloat));
   z = (mean + std * eps) * meta.scale;  // (B, C, H, W)
+  if (with_images_) {                   // (B, 3, P, P) in [-1, 1], mirrored with the latent
+    const at::Tensor x = store_->read_images(mine).permute({0, 3, 1, 2}).to(at::kFloat) / 127.5 - 1.0;
+    images_ = at::where(flip, x.flip({3}), x);
+  }
   labels = at::empty({rows}, at::kLong);
   int64_t* y = labels.data_ptr<int64_t>();
   for (int64_t j = 0; j < rows; ++j) y[j] = store_->label(mine[static_cast<size_t>(j)]);

@@ -7,7 +7,9 @@
 //                             "vae_sha256": "...", "source": "<data spec>"}
 //   shard_00000.safetensors  mean, std, mean_flip, std_flip (n, C, H, W) F16 — the VAE posterior of each image and of
 //                            its horizontal mirror — and labels (n) I64; shard i holds n_i images (images that could
-//                            not be decoded are left out, so n_i may be below the extraction's shard size).
+//                            not be decoded are left out, so n_i may be below the extraction's shard size); with
+//                            "images": true (extract-latents --keep-images) also images (n, P, P, 3) U8, the
+//                            center-cropped image the VAE encoded, for REPA's encoder.
 // Storing the posterior moments (not one frozen sample, as fast-DiT does) keeps DiT's augmentation: each use draws
 // a fresh z = scale · (mean + std · ε) from a randomly mirrored copy, the distribution of DiT's train.py.
 #include <ATen/ATen.h>
@@ -28,6 +30,7 @@ struct LatentMeta {
   double scale = 0.0;
   std::vector<std::string> classes;
   std::string vae, vae_sha256, source;
+  bool images = false;  ///< shards hold the encoded images too (REPA on latents)
 
   int64_t num_shards() const { return static_cast<int64_t>(shards.size()); }
 };
@@ -52,10 +55,15 @@ class LatentStore {
   /// Copies the moments of images `index` into rows of mean, std, mean_flip, std_flip (each (n, C, H, W) float16).
   void read(const std::vector<int64_t>& index, at::Tensor& mean, at::Tensor& std, at::Tensor& mean_flip,
             at::Tensor& std_flip) const;
+  /// The images of `index` ((n, P, P, 3) uint8) of a store with meta().images.
+  at::Tensor read_images(const std::vector<int64_t>& index) const;
 
  private:
   struct Shard;
   const Shard& shard(int64_t s) const;
+  // Rows `index` of the shards' entries `entries` (0..3 the moments, 4 the images) into out[k], row_bytes each.
+  void read_entries(const std::vector<int64_t>& index, const std::vector<int>& entries,
+                    const std::vector<at::Tensor*>& out, int64_t row_bytes) const;
   std::string dir_;
   LatentMeta meta_;
   std::vector<int64_t> first_;   // index of each shard's first image, plus count at the end
@@ -76,17 +84,22 @@ class LatentLoader : public BatchStream {
  public:
   /// `start_batch` > 0 (a run resumed inside an epoch) skips the epoch's first batches without drawing from the
   /// global generator: the resumed run's restored generator then draws what the uninterrupted epoch drew.
+  /// `with_images`: each batch's images, mirrored with their latents, as side() (the store must hold them).
   LatentLoader(std::shared_ptr<const LatentStore> store, int64_t batch_size, uint64_t seed, int64_t epoch,
-               int64_t limit, int rank = 0, int world = 1, int64_t start_batch = 0);
+               int64_t limit, int rank = 0, int world = 1, int64_t start_batch = 0, bool with_images = false);
   int64_t num_batches() const override { return static_cast<int64_t>(order_.size()) / batch_; }
   /// Images used per epoch (the subset when limited, or all).
   int64_t count() const { return static_cast<int64_t>(order_.size()); }
   /// The next batch: z (B, C, H, W) float32 and labels (B) int64 (B = batch_size / world); false at the end.
   bool next(at::Tensor& z, at::Tensor& labels) override;
+  /// With images: the batch's images (B, 3, P, P) float32 in [-1, 1], each mirrored when its latent is.
+  at::Tensor side() const override { return images_; }
 
  private:
   std::shared_ptr<const LatentStore> store_;
   int64_t batch_, next_batch_;
+  bool with_images_;
+  at::Tensor images_;
   std::vector<int64_t> order_;  // the epoch's image indices (directory order), in serving order
   int rank_, world_;
 };

@@ -38,12 +38,13 @@ DiTOutput forward_autocast(DiT& model, const at::Tensor& xt, const at::Tensor& t
   return model->forward(xt, t, y, d.drop);
 }
 
-// REPA's targets of the clean training inputs: the frozen encoder, without gradients, in the training precision.
+// REPA's targets of the clean training images (x0 itself in pixel space; the images beside a latent batch): the frozen
+// encoder, without gradients, in the training precision.
 std::vector<at::Tensor> repa_targets(const RepaTerm& repa, const at::Tensor& x0, const RunContext& ctx) {
   if (!repa.enabled()) return {};
   torch::NoGradGuard no_grad;
   AutocastScope autocast(ctx);
-  return {repa.targets(x0)};  // (B, T, D)
+  return {repa.targets(repa.images.defined() ? repa.images.to(x0.device()) : x0)};  // (B, T, D)
 }
 
 // loss + β·aux (+ λ·REPA), scaled backward; `r` gets the aux (and repa) terms beside the loss terms already in it.

@@ -29,6 +29,7 @@ using RepaTargets = std::function<at::Tensor(const at::Tensor& images)>;
 struct RepaTerm {
   RepaTargets targets;
   double weight = 0.5;  ///< λ (REPA's --proj-coeff)
+  at::Tensor images;    ///< the step's clean images (N, 3, H, W) in [-1, 1] when the inputs are latents (else x0)
   bool enabled() const { return static_cast<bool>(targets); }
 };
 

@@ -108,7 +108,7 @@ std::vector<at::Tensor> head_importance(torch::nn::Module& model, TrainTask& tas
   const GradScaler scaler(Precision::fp32);
   for (int64_t b = 0; b < o.calib_batches; ++b) {
     auto [x, y] = batches.next();
-    task.backward(model, x, y, StepInfo{0, b, 0}, scaler);
+    task.backward(model, x, y, StepInfo{0, b, 0, {}}, scaler);
     model.zero_grad();
   }
   std::vector<at::Tensor> scores;
@@ -140,7 +140,7 @@ std::vector<at::Tensor> learned_scores(torch::nn::Module& model, TrainTask& task
     }
     auto [x, y] = batches.next();
     adam.zero_grad();
-    task.backward(model, x, y, StepInfo{0, step, step}, scaler);
+    task.backward(model, x, y, StepInfo{0, step, step, {}}, scaler);
     adam.step();
   }
   for (auto& [name, c] : layers) c->head_hooks = nn::HeadHooks{};

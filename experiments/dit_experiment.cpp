@@ -160,7 +160,7 @@ void validate_dit_experiment(const ExperimentConfig& cfg, bool training, bool sa
   if (sampling) check_head_budgets(o, cfg.sampling);
   sample_options_for(cfg);  // "sampling.steps" must respace diffusion.steps, or count an ODE solver's steps
   if (!training) return;
-  check_repa(cfg, o);
+  check_repa(cfg, o, /*files=*/false);  // the encoder file and the shards' images: when training starts
   const bool latent = cfg.data.dataset == DatasetKind::latents;
   if (cfg.diffusion.vae == VaeKind::sd && !latent)
     throw UserError(
@@ -222,7 +222,7 @@ std::unique_ptr<BatchStream> DiTTrainData::epoch(int64_t epoch, int rank, int wo
   const auto seed = static_cast<uint64_t>(cfg_.train.seed);
   if (latent_)  // a permutation of the whole set per epoch; every rank draws the global batch and reads its rows
     return std::make_unique<datasets::LatentLoader>(latents_, cfg_.data.batch_size, seed, epoch, cfg_.data.limit_train,
-                                                    rank, world, start_batch);
+                                                    rank, world, start_batch, !cfg_.repa.encoder.empty());
   return std::make_unique<datasets::EpochLoader>(pixels_, tf_, cfg_.data.batch_size / world, /*train=*/true, seed,
                                                  epoch, start_batch, true, 2, rank,
                                                  world);  // the rank's strided share of every batch

@@ -100,6 +100,7 @@ datasets::LatentMeta extract_latents(const ExperimentConfig& cfg, diffusion::Aut
   meta.classes = reader.classes();
   meta.vae = fs::path(vae_file).filename().string();
   meta.vae_sha256 = vae_file.empty() ? "" : sha256_file(vae_file);
+  meta.images = o.keep_images;
   meta.source = (cfg.data.dataset == DatasetKind::fashion_mnist ? "fashion_mnist:" : cfg.data.root + ":") + o.split;
 
   torch::NoGradGuard ng;
@@ -116,11 +117,14 @@ datasets::LatentMeta extract_latents(const ExperimentConfig& cfg, diffusion::Aut
       const SafetensorsEntry* labels = kept.find("labels");
       if (!labels || labels->shape.size() != 1)
         throw UserError("extract-latents --out " + o.out, path + " has no labels", "remove it and extract again");
+      if (o.keep_images && !kept.find("images"))
+        throw UserError("extract-latents --keep-images", path + " was extracted without images",
+                        "remove the shards and extract again");
       meta.shards.push_back(labels->shape[0]);
       progress.advance(end - begin, "kept");
       continue;
     }
-    std::vector<at::Tensor> mean, std, mean_f, std_f, labels;
+    std::vector<at::Tensor> mean, std, mean_f, std_f, labels, kept_images;
     for (int64_t b = begin; b < end; b += o.batch_size) {
       at::Tensor images, lab;
       reader.read(b, std::min(end, b + o.batch_size), images, lab, bad);
@@ -132,6 +136,7 @@ datasets::LatentMeta extract_latents(const ExperimentConfig& cfg, diffusion::Aut
         mean_f.push_back(pf.mean.to(at::kCPU).to(at::kHalf)),
             std_f.push_back((0.5 * pf.logvar).exp().to(at::kCPU).to(at::kHalf));
         labels.push_back(lab);
+        if (o.keep_images) kept_images.push_back(images);  // (n, S, S, 3) uint8, as encoded
       }
       progress.advance(std::min(end, b + o.batch_size) - b, "");
     }
@@ -142,6 +147,7 @@ datasets::LatentMeta extract_latents(const ExperimentConfig& cfg, diffusion::Aut
                 {"mean_flip", at::cat(mean_f)},
                 {"std_flip", at::cat(std_f)},
                 {"labels", at::cat(labels)}};
+    if (o.keep_images) t["images"] = at::cat(kept_images);
     meta.shards.push_back(t["labels"].size(0));
     save_safetensors(path, t, {{"format", "moh-latents"}});
   }

@@ -16,6 +16,7 @@ struct ExtractOptions {
   std::string split = "train";
   int64_t shard_size = 4096;  ///< images per shard
   int64_t batch_size = 16;    ///< images per VAE forward
+  bool keep_images = false;   ///< store the encoded images too (n, S, S, 3) uint8: what REPA's encoder sees
 };
 
 /// Encodes the configured data (fashion_mnist or image_folder) at model.img_size. Shards already present in `out`

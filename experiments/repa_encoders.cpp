@@ -1,5 +1,7 @@
 #include "experiments/repa_encoders.h"
 
+#include "datasets/latents.h"
+
 #include <torch/nn/functional/upsampling.h>
 
 #include <filesystem>
@@ -119,17 +121,18 @@ RepaEncoder dinov2_encoder(const ExperimentConfig& cfg, const diffusion::DiTOpti
 
 }  // namespace
 
-void check_repa(const ExperimentConfig& cfg, const diffusion::DiTOptions& dit) {
+void check_repa(const ExperimentConfig& cfg, const diffusion::DiTOptions& dit, bool files) {
   const RepaConfig& r = cfg.repa;
   if (r.encoder.empty()) return;
-  if (cfg.data.dataset == DatasetKind::latents)
-    throw UserError(kEncoderKey, "latent shards hold no images for the encoder",
-                    "REPA trains on pixel-space data here (fashion_mnist, image_folder)");
   if (r.depth < 1 || r.depth > dit.depth)
     throw UserError(
         "config: train.repa.depth",
         std::to_string(r.depth) + " is not a block of " + cfg.model.name + " (1.." + std::to_string(dit.depth) + ")",
         "REPA aligns block 8 of SiT-XL's 28; about a third of the depth");
+  if (!files) return;
+  if (cfg.data.dataset == DatasetKind::latents && !datasets::read_latent_meta(cfg.data.root).images)
+    throw UserError(kEncoderKey, "the latent shards in " + cfg.data.root + " hold no images for the encoder",
+                    "extract them with `moh extract-latents CONFIG.yaml --keep-images --out DIR`");
   if (!std::filesystem::exists(r.encoder)) throw UserError(kEncoderKey, "no such file: " + r.encoder, kEncoderHint);
   if (std::filesystem::is_directory(r.encoder)) {
     const LoadedClassifier c = load_classifier_checkpoint(r.encoder);

@@ -22,9 +22,11 @@ struct RepaEncoder {
   std::string weights_sha256;      ///< of the encoder's weights file
 };
 
-/// Checks train.repa against the experiment before any work: pixel-space data (latent shards hold no images), a
-/// block within the model, an encoder that exists and whose grid maps to the DiT's. UserErrors name the key.
-void check_repa(const ExperimentConfig& cfg, const diffusion::DiTOptions& dit);
+/// Checks train.repa against the experiment: a block within the model; with `files` (training, before any work) also
+/// an encoder that exists and whose grid maps to the DiT's, and images beside latent shards (extract-latents
+/// --keep-images). `moh config` checks without `files`, as it does not open model.weights or diffusion.vae_weights
+/// either. UserErrors name the key.
+void check_repa(const ExperimentConfig& cfg, const diffusion::DiTOptions& dit, bool files = true);
 
 /// Builds the encoder of train.repa on ctx.device (frozen, eval mode); the same UserErrors as check_repa.
 RepaEncoder make_repa_encoder(const ExperimentConfig& cfg, const diffusion::DiTOptions& dit, const RunContext& ctx);

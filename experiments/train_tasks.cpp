@@ -116,15 +116,17 @@ class DiTTask : public TrainTask {
     return data_.epoch(epoch, rank, world, start_batch);
   }
   int64_t train_examples() const override { return data_.size(); }
-  LossTensors backward(torch::nn::Module& model, at::Tensor x0, at::Tensor y, const StepInfo&,
+  LossTensors backward(torch::nn::Module& model, at::Tensor x0, at::Tensor y, const StepInfo& info,
                        const GradScaler& scaler) override {
     diffusion::DiT net(std::dynamic_pointer_cast<diffusion::DiTImpl>(model.shared_from_this()));
     const double beta = cfg_.train.moh_loss_coeff;
+    diffusion::RepaTerm repa = repa_;
+    repa.images = info.side;  // a latent batch's clean images (DiTTrainData loads them for REPA); else undefined
     if (cfg_.diffusion.objective == Objective::flow)
       return diffusion::flow_backward(net, flow_, x0.to(ctx_.device), y.to(ctx_.device), beta, ctx_, scaler, ctx_.rank,
-                                      ctx_.world, repa_);
+                                      ctx_.world, repa);
     return diffusion::diffusion_backward(net, diffusion_, x0.to(ctx_.device), y.to(ctx_.device), beta, ctx_, scaler,
-                                         ctx_.rank, ctx_.world, repa_);
+                                         ctx_.rank, ctx_.world, repa);
   }
 
  private:

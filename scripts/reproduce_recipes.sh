@@ -23,6 +23,8 @@
 #        MOH (build/moh) RUNS (runs/recipes) LIMIT (0: every training image; fewer for a smoke run)
 #        JOB (the protocol file's name: jobs may run side by side into one OUT)
 #        CKPT_EVERY (0: a checkpoint, and so an FID, after every epoch only; N: also every N steps inside epochs)
+#        MAX_STEPS (0: all EPOCHS; N: stop after N steps — the lr is constant, so the run is the longer run's first N
+#        steps: an early point without training the rest)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MOH=${MOH:-build/moh}
@@ -30,6 +32,7 @@ OUT=${1:-docs/results/recipes}
 RUNS=${RUNS:-runs/recipes}
 MODELS=${MODELS:-"dit moh"} RECIPES=${RECIPES:-"ddpm flow"} SEEDS=${SEEDS:-"1 2"} EPOCHS=${EPOCHS:-4}
 SAMPLES=${SAMPLES:-2000} PRECISION=${PRECISION:-auto} LIMIT=${LIMIT:-0} CKPT_EVERY=${CKPT_EVERY:-0}
+MAX_STEPS=${MAX_STEPS:-0}
 [ -x "$MOH" ] || { echo "error: $MOH not found (run scripts/setup.sh first)" >&2; exit 2; }
 for r in $RECIPES; do
   case $r in ddpm | flow | ddpm_ld | flow_ld | flow_repa | flow_repa_ld) ;;
@@ -124,6 +127,7 @@ for s in $SEEDS; do
         # shellcheck disable=SC2046  # the recipe's overrides are words
         "$MOH" train "$(config "$m")" --run-dir "$run" --set train.seed="$s" --set train.epochs="$EPOCHS" \
           --set train.precision="$PRECISION" --set data.limit_train="$LIMIT" --set train.ckpt_every_steps="$CKPT_EVERY" \
+          --set train.max_steps="$MAX_STEPS" \
           $(recipe_sets "$r") >"$run.log"
         touch "$run.done"
       fi

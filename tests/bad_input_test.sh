@@ -269,6 +269,19 @@ bad "--sigma-rel: 0.5 is outside" -- ema reconstruct "$F/phema" --sigma-rel 0.5 
 bad "is before the run's first snapshot (step 2)" -- ema reconstruct "$F/phema" --sigma-rel 0.07 --step 1 --out "$O/e"
 bad "exists and is not empty" -- ema reconstruct "$F/phema" --sigma-rel 0.07 --out "$F/run"
 bad "unknown subcommand 'recon'" -- ema recon "$F/phema" --sigma-rel 0.07 --out "$O/e"
+FIDARGS=(--ref "$F/ref.npz" --features "classifier:$F/run")
+bad 'is a dit run; `-- eval` measures a classifier' -- ema sweep "$F/phema" --out "$O/s" -- eval
+bad "has no post-hoc EMA snapshots" -- ema sweep "$F/run" --out "$O/s" -- eval
+bad 'needs `-- eval [FLAGS]`' -- ema sweep "$F/phema" --out "$O/s"
+bad 'needs `-- eval [FLAGS]`' -- ema sweep "$F/phema" --out "$O/s" -- sample --steps 4
+bad "is not a measuring command" -- ema sweep "$F/phema" --out "$O/s" -- plot
+bad "fid --out: is set by the sweep" -- ema sweep "$F/phema" --out "$O/s" -- fid "${FIDARGS[@]}" --out "$O/f"
+bad "sample --raw: is set by the sweep" -- ema sweep "$F/phema" --out "$O/s" -- fid "${FIDARGS[@]}" -- sample --raw
+bad "unknown flag --cfg-scal" -- ema sweep "$F/phema" --out "$O/s" -- fid "${FIDARGS[@]}" -- sample --cfg-scal 4
+bad "--sigma-rels: 0.34 is outside" -- ema sweep "$F/phema" --sigma-rels 0.02:0.5:4 --out "$O/s" -- fid "${FIDARGS[@]}"
+bad "--sigma-rels: lists 0.1 twice" -- ema sweep "$F/phema" --sigma-rels 0.1,0.10 --out "$O/s" -- fid "${FIDARGS[@]}"
+bad "nope.npz: does not exist" -- ema sweep "$F/phema" --out "$O/s" -- fid --ref "$F/nope.npz" --features "classifier:$F/run"
+bad "exists, is not empty and holds no sweep.json" -- ema sweep "$F/phema" --out "$F/run" -- fid "${FIDARGS[@]}"
 bad "holds no post-hoc EMA profile for sigma_rel" -- train $DIT --set data.limit_train=32 --set data.batch_size=16 \
   --set train.max_steps=4 --set 'train.phema.sigma_rels=[0.05]' --set train.phema.snapshot_every=2 --resume "$F/dit" --run-dir "$O/r"
 # Commands and flags.

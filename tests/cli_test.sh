@@ -309,6 +309,25 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   [ ! -e "$tmp/s2" ] && pass=$((pass + 1)) || { echo "FAIL: failing sample commands wrote output"; fails=$((fails + 1)); }
   [ "$sums" = "$(cd "$tmp/run" && find . -type f | sort | xargs sha256sum)" ] && pass=$((pass + 1)) ||
     { echo "FAIL: run files changed by failing commands"; fails=$((fails + 1)); }
+
+  # moh ema sweep: each point is what `moh ema reconstruct` + `moh eval` give by hand, the baselines are the run's
+  # own raw and fixed-decay EMA weights, and a second start measures nothing again.
+  "$MOH" train $NANO "${TINY[@]}" --set train.max_steps=6 --set train.ema_decay=0.9 \
+    --set 'train.phema.sigma_rels=[0.05,0.1]' --set train.phema.snapshot_every=2 --run-dir "$tmp/ph" >/dev/null 2>&1
+  expect 0 "Best post-hoc EMA by top1" -- ema sweep "$tmp/ph" --sigma-rels 0.04,0.15 --baselines --out "$tmp/phs" -- eval
+  "$MOH" ema reconstruct "$tmp/ph" --sigma-rel 0.15 --out "$tmp/ph15" >/dev/null
+  row() { python3 -c 'import json,sys; r={r["id"]: r for r in json.load(open(sys.argv[1]))["rows"]}[sys.argv[2]]; print(r["metrics"]["loss"], r["metrics"]["top1"])' "$tmp/phs/sweep.json" "$1"; }
+  by_hand() { "$MOH" eval "$@" --json 2>/dev/null | python3 -c 'import json,sys; j=json.load(sys.stdin); print(j["loss"], j["top1"])'; }
+  for pair in "sigma_0.15:--checkpoint $tmp/ph15" "raw:--checkpoint $tmp/ph" "fixed_ema:--checkpoint $tmp/ph --ema"; do
+    # shellcheck disable=SC2086  # the flags are words
+    if [ "$(row "${pair%%:*}")" = "$(by_hand ${pair#*:})" ] && [ -n "$(row "${pair%%:*}")" ]; then pass=$((pass + 1)); else
+      echo "FAIL: ema sweep row ${pair%%:*} ($(row "${pair%%:*}")) differs from moh eval ${pair#*:} ($(by_hand ${pair#*:}))"
+      fails=$((fails + 1)); fi
+  done
+  [ "$(row sigma_0.04)" != "$(row sigma_0.15)" ] && pass=$((pass + 1)) || { echo "FAIL: ema sweep points all equal"; fails=$((fails + 1)); }
+  expect 0 "(4 points resumed)" -- ema sweep "$tmp/ph" --sigma-rels 0.04,0.15 --baselines --out "$tmp/phs" -- eval
+  ! grep -q '^\[' "$tmp/out" && pass=$((pass + 1)) || { echo "FAIL: a resumed ema sweep measured again"; fails=$((fails + 1)); }
+  expect 2 "holds a sweep of another run, step, metric or measure" -- ema sweep "$tmp/ph" --sigma-rels 0.04 --out "$tmp/phs" -- eval --batch 8
 fi
 
 # Every shipped experiment file (bases excepted) validates.

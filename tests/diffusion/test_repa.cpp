@@ -125,7 +125,7 @@ TEST(Repa, TrainingStepAddsTheWeightedTermAndTrainsOnlyTheProjector) {
   }
 }
 
-TEST(Repa, ChecksRefuseLatentsBlocksAndMissingEncoders) {
+TEST(Repa, ChecksRefuseMissingLatentsBlocksAndEncoders) {
   experiments::ExperimentConfig cfg;
   cfg.repa.encoder = "/nonexistent/dinov2.safetensors";
   cfg.repa.depth = 2;
@@ -141,10 +141,14 @@ TEST(Repa, ChecksRefuseLatentsBlocksAndMissingEncoders) {
   EXPECT_NE(message(cfg).find("no such file"), std::string::npos) << message(cfg);
   experiments::ExperimentConfig latent = cfg;
   latent.data.dataset = DatasetKind::latents;
-  EXPECT_NE(message(latent).find("latent shards hold no images"), std::string::npos) << message(latent);
+  latent.data.root = "/nonexistent/latents";
+  EXPECT_NE(message(latent).find("no meta.json"), std::string::npos) << message(latent);
+  // without files (moh config): the depth only
+  EXPECT_NO_THROW(experiments::check_repa(latent, dit, /*files=*/false));
   experiments::ExperimentConfig deep = cfg;
   deep.repa.depth = 7;
   EXPECT_NE(message(deep).find("is not a block of"), std::string::npos) << message(deep);
+  EXPECT_THROW(experiments::check_repa(deep, dit, /*files=*/false), UserError);
   experiments::ExperimentConfig off = latent;
   off.repa.encoder.clear();
   EXPECT_EQ(message(off), "");  // no encoder, no REPA: nothing to check
