@@ -29,7 +29,7 @@ const std::vector<Command>& commands() {
       {"eval", "top-1 / top-5 of a classifier checkpoint", cmd_eval},
       {"sample", "class-conditional samples of a DiT / MoH-DiT (CFG) as ADM .npz + grid.png", cmd_sample},
       {"fid", "FID / sFID / IS / precision / recall of samples vs a reference (ADM evaluator)", cmd_fid},
-      {"extract-latents", "encode a dataset once with the SD-VAE into latent shards for DiT training",
+      {"extract-latents", "encode a dataset once with the SD-VAE or VA-VAE into latent shards for DiT training",
        cmd_extract_latents},
       {"ref-stats", "precompute reference statistics for moh fid", cmd_ref_stats},
       {"export-images", "write a labelled image source as an ImageFolder split of PNGs", cmd_export_images},

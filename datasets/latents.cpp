@@ -30,6 +30,7 @@ void write_latent_meta(const std::string& dir, const LatentMeta& m) {
                    {"channels", m.channels},  {"size", m.size}, {"image_size", m.image_size}, {"scale", m.scale},
                    {"classes", m.classes},    {"vae", m.vae},   {"vae_sha256", m.vae_sha256}, {"source", m.source}};
   if (m.images) j["images"] = true;  // absent in directories written without --keep-images (and before it existed)
+  if (!m.channel_mean.empty()) j["channel_mean"] = m.channel_mean, j["channel_std"] = m.channel_std;
   write_file_atomic(dir + "/meta.json", j.dump(1) + "\n");
 }
 
@@ -52,6 +53,8 @@ LatentMeta read_latent_meta(const std::string& dir) {
     m.vae_sha256 = j.at("vae_sha256");
     m.source = j.at("source");
     m.images = j.value("images", false);
+    m.channel_mean = j.value("channel_mean", std::vector<double>{});
+    m.channel_std = j.value("channel_std", std::vector<double>{});
   } catch (const nlohmann::json::exception& e) {
     throw UserError(path, std::string("malformed: ") + e.what(), kHint);
   }
@@ -59,7 +62,50 @@ LatentMeta read_latent_meta(const std::string& dir) {
   for (int64_t n : m.shards) sum += n < 0 ? m.count + 1 : n;
   if (m.count <= 0 || sum != m.count || m.channels <= 0 || m.size <= 0 || !(m.scale > 0))
     throw UserError(path, "count, shards, channels, size and scale must be positive and consistent", kHint);
+  const bool stats = !m.channel_mean.empty() || !m.channel_std.empty();
+  if (stats &&
+      (m.channel_mean.size() != static_cast<size_t>(m.channels) || m.channel_std.size() != m.channel_mean.size() ||
+       std::any_of(m.channel_std.begin(), m.channel_std.end(), [](double v) { return !(v > 0); })))
+    throw UserError(path, "channel_mean and channel_std need one value per channel, std > 0", kHint);
   return m;
+}
+
+void latent_channel_stats(const std::string& dir, LatentMeta& meta) {
+  at::Tensor sum_m = at::zeros({meta.channels}, at::kDouble), sum_m2 = at::zeros_like(sum_m),
+             sum_s2 = at::zeros_like(sum_m);
+  int64_t values = 0;  // per channel
+  for (int64_t k = 0; k < meta.num_shards(); ++k) {
+    const SafetensorsReader shard(latent_shard_path(dir, k));
+    const SafetensorsEntry *m = shard.find("mean"), *s = shard.find("std");
+    if (!m || !s) throw UserError("latents " + dir, shard.path() + " has no mean/std", kHint);
+    const at::Tensor mean = shard.read(*m).to(at::kDouble), std = shard.read(*s).to(at::kDouble);  // (n, C, H, W)
+    sum_m += mean.sum({0, 2, 3});
+    sum_m2 += mean.square().sum({0, 2, 3});
+    sum_s2 += std.square().sum({0, 2, 3});
+    values += mean.size(0) * mean.size(2) * mean.size(3);
+  }
+  const auto n = static_cast<double>(values);
+  const at::Tensor mu = sum_m / n, var = sum_m2 / n + sum_s2 / n - mu.square();
+  meta.channel_mean = std::vector<double>(mu.data_ptr<double>(), mu.data_ptr<double>() + meta.channels);
+  const at::Tensor sd = var.clamp_min(0).sqrt().contiguous();
+  meta.channel_std = std::vector<double>(sd.data_ptr<double>(), sd.data_ptr<double>() + meta.channels);
+}
+
+namespace {
+// (1, C, 1, 1) of `v` on x's device and dtype.
+at::Tensor per_channel(const std::vector<double>& v, const at::Tensor& x) {
+  return at::tensor(v, at::kDouble).view({1, -1, 1, 1}).to(x.device(), x.scalar_type());
+}
+}  // namespace
+
+at::Tensor LatentNorm::to_model(const at::Tensor& z) const {
+  if (mean.empty()) return z * scale;
+  return (z - per_channel(mean, z)) / per_channel(std, z) * scale;
+}
+
+at::Tensor LatentNorm::to_vae(const at::Tensor& x) const {
+  if (mean.empty()) return x / scale;
+  return x / scale * per_channel(std, x) + per_channel(mean, x);
 }
 
 namespace {
@@ -205,8 +251,8 @@ bool LatentLoader::next(at::Tensor& z, at::Tensor& labels) {
   flip = flip.view({rows, 1, 1, 1});
   const at::Tensor mean = at::where(flip, mf.to(at::kFloat), m.to(at::kFloat));
   const at::Tensor std = at::where(flip, sf.to(at::kFloat), s.to(at::kFloat));
-  z = (mean + std * eps) * meta.scale;  // (B, C, H, W)
-  if (with_images_) {                   // (B, 3, P, P) in [-1, 1], mirrored with the latent
+  z = meta.norm().to_model(mean + std * eps);  // (B, C, H, W)
+  if (with_images_) {                          // (B, 3, P, P) in [-1, 1], mirrored with the latent
     const at::Tensor x = store_->read_images(mine).permute({0, 3, 1, 2}).to(at::kFloat) / 127.5 - 1.0;
     images_ = at::where(flip, x.flip({3}), x);
   }

@@ -4,7 +4,9 @@
 //   meta.json                {"format": "moh-latents", "version": 1, "count": N, "shards": [n0, n1, ...], "channels":
 //   C,
 //                             "size": H, "scale": 0.18215, "image_size": P, "classes": [...], "vae": "<file name>",
-//                             "vae_sha256": "...", "source": "<data spec>"}
+//                             "vae_sha256": "...", "source": "<data spec>"[, "channel_mean": [...],
+//                             "channel_std": [...]]}  (the channel statistics: VA-VAE latents, LightningDiT's
+//                             latent_norm)
 //   shard_00000.safetensors  mean, std, mean_flip, std_flip (n, C, H, W) F16 — the VAE posterior of each image and of
 //                            its horizontal mirror — and labels (n) I64; shard i holds n_i images (images that could
 //                            not be decoded are left out, so n_i may be below the extraction's shard size); with
@@ -23,17 +25,37 @@
 
 namespace moh::datasets {
 
+/// The map between a VAE's latents z and the space a DiT is trained in: x = scale · (z − mean_c) / std_c. The SD VAE
+/// (DiT) only scales (0.18215); VA-VAE latents (LightningDiT's latent_norm) are standardised per channel with the
+/// training latents' statistics and scale (latent_multiplier) 1.
+struct LatentNorm {
+  double scale = 1.0;
+  std::vector<double> mean, std;  ///< per channel; empty: 0 and 1
+
+  /// z (B, C, H, W) → x.
+  at::Tensor to_model(const at::Tensor& z) const;
+  /// x (B, C, H, W) → z, what the VAE decodes.
+  at::Tensor to_vae(const at::Tensor& x) const;
+};
+
 /// meta.json of a latent directory.
 struct LatentMeta {
   int64_t count = 0, channels = 0, size = 0, image_size = 0;
   std::vector<int64_t> shards;  ///< images per shard
   double scale = 0.0;
+  std::vector<double> channel_mean, channel_std;  ///< per-channel statistics of the latents (VA-VAE), or empty
   std::vector<std::string> classes;
   std::string vae, vae_sha256, source;
   bool images = false;  ///< shards hold the encoded images too (REPA on latents)
 
   int64_t num_shards() const { return static_cast<int64_t>(shards.size()); }
+  /// How the trainer maps these latents: scale and, when present, the channel statistics.
+  LatentNorm norm() const { return {scale, channel_mean, channel_std}; }
 };
+
+/// Per-channel mean and standard deviation of the latents z = mean + std · ε of every image of `dir` (not the
+/// mirrors), from their moments: E[z] = avg(mean), Var[z] = avg(mean²) + avg(std²) − E[z]² (in double).
+void latent_channel_stats(const std::string& dir, LatentMeta& meta);
 
 /// Path of shard i.
 std::string latent_shard_path(const std::string& dir, int64_t i);
@@ -76,10 +98,10 @@ class LatentStore {
 /// (seed, e), in global batches of `batch_size` (the last incomplete one dropped), read image by image from the
 /// shards, so a class-sorted directory (an ImageFolder tree extracted in order) still gives batches of every class
 /// and only one batch is ever in memory. `limit` > 0 trains on limited_subset(count, limit, seed).
-/// Each item becomes z = scale · (m + s · ε), with (m, s) the moments of the image or, with probability ½, of its
-/// mirror; the mirror choices and ε are drawn for the whole global batch from the global CPU generator, so a resumed
-/// run (which restores it) and any number of ranks draw what one process draws.
-/// Data parallel (world > 1): rank r serves rows r, r + world, ... of every global batch and reads only those.
+/// Each item becomes z = meta.norm().to_model(m + s · ε), with (m, s) the moments of the image or, with probability ½,
+/// of its mirror; the mirror choices and ε are drawn for the whole global batch from the global CPU generator, so a
+/// resumed run (which restores it) and any number of ranks draw what one process draws. Data parallel (world > 1): rank
+/// r serves rows r, r + world, ... of every global batch and reads only those.
 class LatentLoader : public BatchStream {
  public:
   /// `start_batch` > 0 (a run resumed inside an epoch) skips the epoch's first batches without drawing from the

@@ -5,7 +5,7 @@
 namespace moh {
 
 const config::EnumTable<VaeKind>& enum_table(VaeKind) {
-  static const config::EnumTable<VaeKind> t{{VaeKind::none, "none"}, {VaeKind::sd, "sd"}};
+  static const config::EnumTable<VaeKind> t{{VaeKind::none, "none"}, {VaeKind::sd, "sd"}, {VaeKind::vavae, "vavae"}};
   return t;
 }
 

@@ -11,7 +11,7 @@
 namespace moh {
 
 /// Latent space of a diffusion model: `none` = pixel-space diffusion.
-enum class VaeKind { none, sd };
+enum class VaeKind { none, sd, vavae };
 const config::EnumTable<VaeKind>& enum_table(VaeKind);
 
 /// Reverse-process sampler: DDPM / DDIM over a respaced chain, a probability-flow ODE solver (DPM-Solver++(2M),
@@ -75,7 +75,7 @@ struct DiffusionConfig {
   Objective objective = Objective::ddpm;
   int64_t steps = 1000;  ///< T of the training chain
   VaeKind vae = VaeKind::none;
-  std::string vae_weights;  ///< diffusers AutoencoderKL file (vae: sd)
+  std::string vae_weights;  ///< AutoencoderKL file (diffusers or LDM names)
 
   template <class V>
   void visit(V& v) {
@@ -83,9 +83,12 @@ struct DiffusionConfig {
             "ddpm (DiT: eps prediction on a chain of T steps, learned sigma) or flow (SiT: flow matching on the "
             "interpolant of diffusion.path)");
     v.field("steps", steps, "ddpm: diffusion steps T of the training chain (linear beta schedule scaled by 1000/T)");
-    v.field("vae", vae, "latent space: none = pixel-space diffusion, sd = SD kl-f8 latents (scale 0.18215)");
+    v.field("vae", vae,
+            "latent space: none = pixel-space diffusion, sd = SD kl-f8 latents (scale 0.18215), vavae = VA-VAE "
+            "f16d32 latents (LightningDiT; standardised per channel with the extracted latents' statistics)");
     v.field("vae_weights", vae_weights,
-            "vae: sd weights, e.g. sd-vae-ft-ema/diffusion_pytorch_model.safetensors (or .bin)");
+            "the VAE's weights: vae: sd sd-vae-ft-ema/diffusion_pytorch_model.safetensors (or .bin); vae: vavae "
+            "VA-VAE's vavae-imagenet256-f16d32-dinov2.pt (LDM names)");
     flow.visit(v);
   }
   FlowConfig flow;
@@ -121,6 +124,7 @@ struct SamplingConfig {
   std::string steps = "250";  ///< respacing spec: "250", "ddim50", "10,15,20"; ODE solvers: a step count
   double eta = 0.0;
   double atol = 1e-6, rtol = 1e-3;  ///< dopri5's tolerances (SiT's sample.py defaults)
+  double timestep_shift = 0.0;      ///< flow euler / heun: warp of the time grid (LightningDiT; 0 = off)
   double cfg_scale = 1.5;           ///< 1 = no guidance (no batch doubling)
   CfgChannels cfg_channels = CfgChannels::three;
   std::vector<double> cfg_interval{0.0, 1.0};  ///< guide where lo ≤ t / (T − 1) ≤ hi (1 = pure noise)
@@ -146,6 +150,9 @@ struct SamplingConfig {
     v.field("eta", eta, "DDIM noise (0 = deterministic)");
     v.field("atol", atol, "dopri5 absolute tolerance (SiT: 1e-6)");
     v.field("rtol", rtol, "dopri5 relative tolerance (SiT: 1e-3)");
+    v.field("timestep_shift", timestep_shift,
+            "flow euler/heun: the time grid t -> s t / (1 + (s - 1) t) (LightningDiT's timestep_shift s: 0.3 puts "
+            "more steps near noise; diffusers' flow-match shift 1/s on sigma = 1 - t); 0 = the plain grid");
     v.field("cfg_scale", cfg_scale, "classifier-free guidance scale; 1 = off");
     v.field("cfg_channels", cfg_channels,
             "guide the first 3 output channels (three, DiT-exact) or all eps channels (all)");

@@ -35,10 +35,17 @@ std::vector<double> flow_grid(double t0, double t1, int64_t n) {
   return g;
 }
 
+std::vector<double> shifted_flow_grid(double t0, double t1, int64_t n, double shift) {
+  std::vector<double> g = flow_grid(t0, t1, n);
+  if (shift > 0)
+    for (double& t : g) t = shift * t / (1.0 + (shift - 1.0) * t);  // LightningDiT's compute_tm
+  return g;
+}
+
 at::Tensor flow_euler_chain(const FlowChainArgs& a) {
   check_args(a, 1);
   const auto [t0, t1] = a.process->sample_interval(false);
-  const std::vector<double> g = flow_grid(t0, t1, a.steps + 1);
+  const std::vector<double> g = shifted_flow_grid(t0, t1, a.steps + 1, a.timestep_shift);
   at::Tensor x = a.noise;
   for (size_t i = 0; i + 1 < g.size(); ++i) {
     x = x + (g[i + 1] - g[i]) * velocity_at(a, x, g[i]);
@@ -50,7 +57,7 @@ at::Tensor flow_euler_chain(const FlowChainArgs& a) {
 at::Tensor flow_heun_chain(const FlowChainArgs& a) {
   check_args(a, 1);
   const auto [t0, t1] = a.process->sample_interval(false);
-  const std::vector<double> g = flow_grid(t0, t1, a.steps + 1);
+  const std::vector<double> g = shifted_flow_grid(t0, t1, a.steps + 1, a.timestep_shift);
   at::Tensor x = a.noise;
   for (size_t i = 0; i + 1 < g.size(); ++i) {
     const double dt = g[i + 1] - g[i];

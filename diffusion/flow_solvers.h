@@ -2,7 +2,8 @@
 // Samplers of a flow-matching model (diffusion/flow_matching.h), from noise at t0 to data at t1 on the interpolant's
 // time (0 = noise, 1 = data):
 //   euler   fixed steps on linspace(t0, t1, N + 1) (SiT's ODE with torchdiffeq "euler"; diffusers'
-//           FlowMatchEulerDiscreteScheduler on the same grid, σ = 1 − t);
+//           FlowMatchEulerDiscreteScheduler on the same grid, σ = 1 − t); with LightningDiT's timestep shift s > 0
+//           each grid point t becomes s·t / (1 + (s − 1)·t) (diffusers: shift 1/s on σ);
 //   heun    Heun's 2nd order on the same grid, the last step Euler (diffusers' FlowMatchHeunDiscreteScheduler);
 //   dopri5  adaptive Dormand–Prince 5(4) with torchdiffeq's controller (Hairer's initial step, RMS error norm,
 //           safety 0.9, growth ≤ 10, shrink ≥ 0.2, 4th-order interpolation at t1): SiT's default ODE sampler;
@@ -26,6 +27,7 @@ struct FlowChainArgs {
   at::Tensor noise;                 ///< x at t0 (N, ...)
   int64_t steps = 0;                ///< euler / heun: steps; sde: grid points including the last step's (SiT num_steps)
   double atol = 1e-6, rtol = 1e-3;  ///< dopri5
+  double timestep_shift = 0.0;      ///< euler / heun: LightningDiT's grid warp (0 = off)
   /// sde: the step's Wiener draw, standard normal shaped like x (the sampler owns the RNG order, e.g. CFG's doubled
   /// batch).
   std::function<at::Tensor(const at::Tensor& x)> draw;
@@ -37,6 +39,8 @@ using FlowChain = at::Tensor (*)(const FlowChainArgs& args);
 
 /// linspace(t0, t1, n) in double, the last point exactly t1.
 std::vector<double> flow_grid(double t0, double t1, int64_t n);
+/// The same warped by LightningDiT's timestep shift: t → s·t / (1 + (s − 1)·t) for s > 0 (s = 0: unchanged).
+std::vector<double> shifted_flow_grid(double t0, double t1, int64_t n, double shift);
 
 at::Tensor flow_euler_chain(const FlowChainArgs& args);
 at::Tensor flow_heun_chain(const FlowChainArgs& args);

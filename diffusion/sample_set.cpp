@@ -55,7 +55,7 @@ int64_t sample_parts(DiT& model, const GaussianDiffusion& chain, AutoencoderKL& 
         &nfe, &graphs);  // (b, C, I, I)
     if (vae) {
       torch::NoGradGuard ng;
-      x = vae->decode(x / kSdVaeLatentScale);  // (b, 3, 8·I, 8·I) in ~[−1, 1]
+      x = vae->decode(vae->latents.to_vae(x));  // (b, 3, f·I, f·I) in ~[−1, 1]
     }
     write_file_atomic(sample_part_path(parts_dir, k), datasets::npy_bytes(to_uint8_nhwc(x).cpu()));  // (b, H, W, C)
   }

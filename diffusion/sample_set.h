@@ -34,7 +34,8 @@ std::vector<int64_t> missing_sample_batches(int64_t n, const std::string& parts_
 std::vector<int64_t> rank_share(const std::vector<int64_t>& batches, const dist::Group& group);
 
 /// Samples `batches` of `labels` (N) with `model` on `chain` into part files (b, H, W, C) uint8, decoding latents
-/// with `vae` when it is set (z / 0.18215, DiT's sample.py); C is the model's channels (3 after the VAE).
+/// with `vae` when it is set (vae->latents.to_vae: z / 0.18215 as DiT's sample.py, or LightningDiT's channel
+/// statistics); C is the model's channels (3 after the VAE).
 /// `on_step` is called after every chain step. Returns the network evaluations per image summed over the batches
 /// (an adaptive sampler's count differs from batch to batch).
 int64_t sample_parts(DiT& model, const GaussianDiffusion& chain, AutoencoderKL& vae, const at::Tensor& labels,

@@ -75,12 +75,13 @@ const std::vector<SamplerRecord>& samplers() {
             "(FlowMatchEulerDiscreteScheduler)",
             SamplerGrid::solver};
     t[3].make_grid = karras_grid, t[3].chain = euler_chain, t[3].flow_chain = flow_euler_chain;
+    t[3].timestep_shift = true;
     t[4] = {SamplerKind::heun, "heun",
             "Heun (Karras et al. 2022, Algorithm 1), diffusers' HeunDiscreteScheduler; on flow models "
             "FlowMatchHeunDiscreteScheduler",
             SamplerGrid::solver};
     t[4].evals_per_step = 2, t[4].last_step_single = true, t[4].make_grid = karras_grid, t[4].chain = heun_chain;
-    t[4].flow_chain = flow_heun_chain;
+    t[4].flow_chain = flow_heun_chain, t[4].timestep_shift = true;
     t[5] = {SamplerKind::dopri5, "dopri5", "adaptive Dormand-Prince 5(4) on a flow model's ODE (torchdiffeq, SiT)",
             SamplerGrid::solver};
     t[5].runs_ddpm = false, t[5].flow_chain = dopri5_chain, t[5].adaptive = true;
@@ -249,6 +250,7 @@ FlowChainArgs flow_args(const SampleOptions& o, const std::function<void()>& on_
   a.process = &o.flow;
   a.steps = o.ode_steps;
   a.atol = o.atol, a.rtol = o.rtol;
+  a.timestep_shift = o.timestep_shift;
   if (on_step) a.on_step = [on_step](int64_t, const at::Tensor&) { on_step(); };
   return a;
 }

@@ -25,6 +25,7 @@ struct SampleOptions {
   Objective objective = Objective::ddpm;  ///< what the model predicts: DDPM's ε chain or a flow (then `flow`)
   FlowProcess flow;                       ///< objective: flow
   double atol = 1e-6, rtol = 1e-3;        ///< dopri5's tolerances
+  double timestep_shift = 0.0;            ///< flow euler / heun: grid warp (LightningDiT; 0 = off)
   double eta = 0.0;                       ///< DDIM noise
   double cfg_scale = 1.0;                 ///< 1 = plain forward, no doubling (sample_ddp's behaviour)
   CfgChannels cfg_channels = CfgChannels::three;
@@ -72,6 +73,7 @@ struct SamplerRecord {
   bool runs_ddpm = true;             ///< runs on DDPM (ε) models
   FlowChain flow_chain = nullptr;    ///< runs on flow models with this chain (diffusion/flow_solvers.h)
   bool adaptive = false;             ///< its step count is found while it runs (dopri5): NFE measured, not planned
+  bool timestep_shift = false;       ///< walks a fixed flow grid that sampling.timestep_shift can warp
 };
 
 /// Every sampler, in the schema's order.

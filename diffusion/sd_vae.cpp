@@ -2,7 +2,10 @@
 
 #include <torch/nn/functional/padding.h>
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
+#include <map>
 
 #include "core/checkpoint.h"
 #include "core/error.h"
@@ -82,16 +85,23 @@ at::Tensor Upsample2DImpl::forward(const at::Tensor& x) {
   return conv->forward(at::upsample_nearest2d(x, {x.size(2) * 2, x.size(3) * 2}, c10::nullopt, c10::nullopt));
 }
 
-VaeBlockImpl::VaeBlockImpl(int64_t in, int64_t out, int64_t layers, bool up, bool resample) {
+VaeBlockImpl::VaeBlockImpl(int64_t in, int64_t out, int64_t layers, bool up, bool resample, bool attention) {
   resnets = register_module("resnets", torch::nn::ModuleList());
   for (int64_t i = 0; i < layers; ++i) resnets->push_back(ResnetBlock2D(i == 0 ? in : out, out));
+  if (attention) {
+    attentions = register_module("attentions", torch::nn::ModuleList());
+    for (int64_t i = 0; i < layers; ++i) attentions->push_back(VaeAttention(out));
+  }
   if (resample && up) upsamplers = register_module("upsamplers", torch::nn::ModuleList(Upsample2D(out)));
   if (resample && !up) downsamplers = register_module("downsamplers", torch::nn::ModuleList(Downsample2D(out)));
 }
 
 at::Tensor VaeBlockImpl::forward(const at::Tensor& input) {
   at::Tensor x = input;
-  for (auto& r : *resnets) x = r->as<ResnetBlock2DImpl>()->forward(x);
+  for (size_t i = 0; i < resnets->size(); ++i) {
+    x = resnets[i]->as<ResnetBlock2DImpl>()->forward(x);
+    if (attentions) x = attentions[i]->as<VaeAttentionImpl>()->forward(x);
+  }
   if (downsamplers) x = downsamplers[0]->as<Downsample2DImpl>()->forward(x);
   if (upsamplers) x = upsamplers[0]->as<Upsample2DImpl>()->forward(x);
   return x;
@@ -112,8 +122,11 @@ VaeEncoderImpl::VaeEncoderImpl(const SdVaeOptions& o) {
   const auto& ch = o.block_out_channels;
   conv_in = register_module("conv_in", conv(o.in_channels, ch[0], 3));
   down_blocks = register_module("down_blocks", torch::nn::ModuleList());
-  for (size_t i = 0; i < ch.size(); ++i)
-    down_blocks->push_back(VaeBlock(i == 0 ? ch[0] : ch[i - 1], ch[i], o.layers_per_block, false, i + 1 < ch.size()));
+  for (size_t i = 0; i < ch.size(); ++i) {
+    const bool lowest = i + 1 == ch.size();
+    down_blocks->push_back(VaeBlock(i == 0 ? ch[0] : ch[i - 1], ch[i], o.layers_per_block, false, !lowest,
+                                    lowest && o.lowest_level_attention));
+  }
   mid_block = register_module("mid_block", VaeMidBlock(ch.back()));
   conv_norm_out = register_module("conv_norm_out", group_norm(ch.back()));
   conv_out = register_module("conv_out", conv(ch.back(), 2 * o.latent_channels, 3));
@@ -121,9 +134,9 @@ VaeEncoderImpl::VaeEncoderImpl(const SdVaeOptions& o) {
 
 at::Tensor VaeEncoderImpl::forward(const at::Tensor& x) {
   at::Tensor h = conv_in->forward(x);                                  // (B, 128, H, W)
-  for (auto& b : *down_blocks) h = b->as<VaeBlockImpl>()->forward(h);  // (B, 512, H/8, W/8)
+  for (auto& b : *down_blocks) h = b->as<VaeBlockImpl>()->forward(h);  // (B, 512, H/f, W/f)
   h = mid_block->forward(h);
-  return conv_out->forward(at::silu(conv_norm_out->forward(h)));  // (B, 8, H/8, W/8)
+  return conv_out->forward(at::silu(conv_norm_out->forward(h)));  // (B, 2·latent, H/f, W/f)
 }
 
 VaeDecoderImpl::VaeDecoderImpl(const SdVaeOptions& o) {
@@ -132,7 +145,8 @@ VaeDecoderImpl::VaeDecoderImpl(const SdVaeOptions& o) {
   mid_block = register_module("mid_block", VaeMidBlock(ch[0]));
   up_blocks = register_module("up_blocks", torch::nn::ModuleList());
   for (size_t i = 0; i < ch.size(); ++i)
-    up_blocks->push_back(VaeBlock(i == 0 ? ch[0] : ch[i - 1], ch[i], o.layers_per_block + 1, true, i + 1 < ch.size()));
+    up_blocks->push_back(VaeBlock(i == 0 ? ch[0] : ch[i - 1], ch[i], o.layers_per_block + 1, true, i + 1 < ch.size(),
+                                  i == 0 && o.lowest_level_attention));
   conv_norm_out = register_module("conv_norm_out", group_norm(ch.back()));
   conv_out = register_module("conv_out", conv(ch.back(), o.out_channels, 3));
 }
@@ -160,8 +174,8 @@ LatentPosterior AutoencoderKLImpl::encode(const at::Tensor& images) {
     throw UserError("vae encode",
                     "image side " + std::to_string(images.size(2)) + "x" + std::to_string(images.size(3)) +
                         " is not a multiple of " + std::to_string(f),
-                    "resize/crop to a multiple of 8");
-  const at::Tensor moments = quant_conv->forward(encoder->forward(images));  // (B, 8, H/8, W/8)
+                    "resize/crop to a multiple of " + std::to_string(f));
+  const at::Tensor moments = quant_conv->forward(encoder->forward(images));  // (B, 2·latent, H/f, W/f)
   const int64_t L = options.latent_channels;
   return {moments.narrow(1, 0, L), moments.narrow(1, L, L).clamp(-30.0, 20.0)};
 }
@@ -186,15 +200,144 @@ TensorMap normalize_vae_keys(const TensorMap& tensors) {
   return out;
 }
 
-void load_sd_vae(AutoencoderKL& vae, const std::string& path) {
-  if (!std::filesystem::is_regular_file(path))
-    throw UserError(
-        "vae weights " + path, "no such file",
-        "download stabilityai/sd-vae-ft-ema (diffusion_pytorch_model.safetensors) from Hugging Face and set "
-        "diffusion.vae_weights");
+namespace {
+
+// The rest of an LDM resnet or attention key ("nin_shortcut.weight", "q.bias") in diffusers form.
+std::string ldm_leaf(const std::string& module, const std::string& leaf) {
+  static const std::map<std::string, std::string> kAttention{
+      {"norm", "group_norm"}, {"q", "to_q"}, {"k", "to_k"}, {"v", "to_v"}, {"proj_out", "to_out.0"}};
+  const size_t dot = leaf.find('.');
+  const std::string head = leaf.substr(0, dot), tail = dot == std::string::npos ? "" : leaf.substr(dot);
+  if (module == "attentions") {
+    const auto it = kAttention.find(head);
+    return it == kAttention.end() ? "" : it->second + tail;
+  }
+  return (head == "nin_shortcut" ? "conv_shortcut" : head) + tail;
+}
+
+// "down.I.block.J.rest" / "up.I.attn.J.rest" / "down.I.downsample.conv.rest" (LDM) → the diffusers block path.
+std::string ldm_level_key(const std::string& part, int64_t levels) {
+  const bool up = part.rfind("up.", 0) == 0;
+  const size_t a = part.find('.') + 1, b = part.find('.', a);
+  if (b == std::string::npos) return "";
+  int64_t level = 0;
+  try {
+    level = std::stoll(part.substr(a, b - a));
+  } catch (const std::exception&) {
+    return "";
+  }
+  if (level < 0 || level >= levels) return "";
+  const std::string block =
+      std::string(up ? "up_blocks." : "down_blocks.") + std::to_string(up ? levels - 1 - level : level) + ".";
+  const std::string rest = part.substr(b + 1);
+  for (const char* resample : {"downsample.", "upsample."})
+    if (rest.rfind(resample, 0) == 0)
+      return block + (up ? "upsamplers.0." : "downsamplers.0.") + rest.substr(std::strlen(resample));
+  const size_t c = rest.find('.'), d = c == std::string::npos ? c : rest.find('.', c + 1);
+  if (d == std::string::npos) return "";
+  const std::string kind = rest.substr(0, c), index = rest.substr(c + 1, d - c - 1);
+  const std::string module = kind == "block" ? "resnets" : kind == "attn" ? "attentions" : "";
+  const std::string leaf = module.empty() ? "" : ldm_leaf(module, rest.substr(d + 1));
+  return leaf.empty() ? "" : block + module + "." + index + "." + leaf;
+}
+
+}  // namespace
+
+std::string ldm_vae_key(const std::string& name, int64_t levels) {
+  if (name.rfind("quant_conv.", 0) == 0 || name.rfind("post_quant_conv.", 0) == 0) return name;
+  const bool enc = name.rfind("encoder.", 0) == 0, dec = name.rfind("decoder.", 0) == 0;
+  if (!enc && !dec) return "";
+  const std::string side = enc ? "encoder." : "decoder.", part = name.substr(side.size());
+  for (const char* kept : {"down_blocks.", "up_blocks.", "mid_block.", "conv_norm_out.", "conv_in.", "conv_out."})
+    if (part.rfind(kept, 0) == 0) return name;  // diffusers already
+  if (part.rfind("norm_out.", 0) == 0) return side + "conv_" + part;
+  static const std::vector<std::pair<std::string, std::string>> kMid{
+      {"mid.block_1.", "resnets.0."}, {"mid.block_2.", "resnets.1."}, {"mid.attn_1.", "attentions.0."}};
+  for (const auto& [from, to] : kMid)
+    if (part.rfind(from, 0) == 0) {
+      const std::string leaf = ldm_leaf(to.substr(0, to.find('.')), part.substr(from.size()));
+      return leaf.empty() ? "" : side + "mid_block." + to + leaf;
+    }
+  if (part.rfind("down.", 0) == 0 || part.rfind("up.", 0) == 0) {
+    const std::string key = ldm_level_key(part, levels);
+    return key.empty() ? "" : side + key;
+  }
+  return "";
+}
+
+TensorMap ldm_vae_tensors(const TensorMap& tensors, int64_t levels) {
+  TensorMap out;
+  for (const auto& [name, t] : tensors) {
+    const std::string key = ldm_vae_key(name, levels);
+    if (key.empty()) continue;
+    const bool conv_attention = key.find(".attentions.") != std::string::npos && t.dim() == 4;
+    out[key] = conv_attention ? t.reshape({t.size(0), t.size(1)}) : t;  // 1×1 conv (C, C, 1, 1) → Linear (C, C)
+  }
+  return out;
+}
+
+TensorMap diffusers_vae_tensors(const TensorMap& tensors, int64_t levels) {
+  const bool ldm = std::any_of(tensors.begin(), tensors.end(),
+                               [](const auto& kv) { return kv.first.rfind("encoder.down.", 0) == 0; });
+  return ldm ? ldm_vae_tensors(tensors, levels) : normalize_vae_keys(tensors);
+}
+
+void load_vae_weights(AutoencoderKL& vae, const std::string& path, const std::string& source) {
+  if (!std::filesystem::is_regular_file(path)) throw UserError("vae weights " + path, "no such file", source);
   const bool safetensors = path.size() > 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0;
-  if (safetensors) return load_module_file(*vae, path, false, normalize_vae_key);  // one tensor in memory at a time
-  load_module_tensors(*vae, normalize_vae_keys(load_weights_file(path, "")), path);
+  TensorMap tensors;
+  if (safetensors) {
+    const SafetensorsReader reader(path);
+    const bool ldm = std::any_of(reader.entries().begin(), reader.entries().end(),
+                                 [](const auto& e) { return e.name.rfind("encoder.down.", 0) == 0; });
+    if (!ldm) return load_module_file(*vae, path, false, normalize_vae_key);  // one tensor in memory at a time
+    tensors = load_safetensors(path).tensors;
+  } else {
+    const TorchFile file = load_torch_file(path);
+    const bool nested = file.root->kind == PyValue::Kind::dict && file.root->get("state_dict");
+    tensors = torch_state_dict(file, nested ? "state_dict" : "", path);
+  }
+  const auto levels = static_cast<int64_t>(vae->options.block_out_channels.size());
+  load_module_tensors(*vae, diffusers_vae_tensors(tensors, levels), path);
+}
+
+void load_sd_vae(AutoencoderKL& vae, const std::string& path) {
+  load_vae_weights(vae, path, vae_spec(VaeKind::sd).weights_hint);
+}
+
+SdVaeOptions va_vae_f16d32_options() {
+  SdVaeOptions o;
+  o.latent_channels = 32;
+  o.block_out_channels = {128, 128, 256, 256, 512};
+  o.lowest_level_attention = true;
+  return o;
+}
+
+const VaeSpec& vae_spec(VaeKind kind) {
+  static const VaeSpec sd{"sd",
+                          SdVaeOptions{},
+                          kSdVaeLatentScale,
+                          false,
+                          kSdVaeParams,
+                          "download stabilityai/sd-vae-ft-ema (diffusion_pytorch_model.safetensors) from Hugging Face "
+                          "and set diffusion.vae_weights"};
+  static const VaeSpec vavae{"vavae",
+                             va_vae_f16d32_options(),
+                             1.0,
+                             true,
+                             kVaVaeParams,
+                             "download hustvl/vavae-imagenet256-f16d32-dinov2 (vavae-imagenet256-f16d32-dinov2.pt) "
+                             "from Hugging Face and set diffusion.vae_weights"};
+  if (kind == VaeKind::sd) return sd;
+  if (kind == VaeKind::vavae) return vavae;
+  throw std::logic_error("vae_spec: diffusion.vae none has no autoencoder");
+}
+
+AutoencoderKL make_vae(VaeKind kind) {
+  const VaeSpec& spec = vae_spec(kind);
+  AutoencoderKL vae(spec.options);
+  vae->latents = {spec.scale, {}, {}};
+  return vae;
 }
 
 }  // namespace moh::diffusion

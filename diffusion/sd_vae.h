@@ -14,6 +14,8 @@
 #include <string>
 
 #include "core/safetensors.h"
+#include "datasets/latents.h"
+#include "diffusion/diffusion_config.h"
 #include "vision/nn/linear.h"
 
 namespace moh::diffusion {
@@ -22,6 +24,8 @@ namespace moh::diffusion {
 constexpr double kSdVaeLatentScale = 0.18215;
 /// Parameter count of the SD kl-f8 VAE (spec §5.3).
 constexpr int64_t kSdVaeParams = 83653863;
+/// Parameter count of VA-VAE f16d32 (the autoencoder without its training-only DINOv2 projection).
+constexpr int64_t kVaVaeParams = 69836067;
 /// GroupNorm settings of every norm in the VAE.
 constexpr int64_t kSdVaeGroups = 32;
 constexpr double kSdVaeNormEps = 1e-6;
@@ -31,9 +35,16 @@ struct SdVaeOptions {
   int64_t in_channels = 3, out_channels = 3, latent_channels = 4;
   std::vector<int64_t> block_out_channels{128, 256, 512, 512};
   int64_t layers_per_block = 2;
+  /// Attention after every ResNet of the lowest-resolution down and up blocks (diffusers AttnDownEncoderBlock2D /
+  /// AttnUpDecoderBlock2D; LDM's attn_resolutions = [16] at 256 px): VA-VAE has it, the SD VAE does not.
+  bool lowest_level_attention = false;
   /// Spatial downsampling factor (2^(blocks − 1) = 8).
   int64_t factor() const { return int64_t{1} << (block_out_channels.size() - 1); }
 };
+
+/// VA-VAE f16d32 (hustvl/LightningDiT tokenizer/configs/vavae_f16d32.yaml, the LDM AutoencoderKL): 5 levels of
+/// widths 128, 128, 256, 256, 512 with attention at the lowest, 32 latent channels at 1/16 of the image side.
+SdVaeOptions va_vae_f16d32_options();
 
 /// GN → SiLU → conv3×3 → GN → SiLU → conv3×3, plus a 1×1 conv shortcut when the width changes.
 struct ResnetBlock2DImpl : torch::nn::Module {
@@ -70,11 +81,12 @@ struct Upsample2DImpl : torch::nn::Module {
 };
 TORCH_MODULE(Upsample2D);
 
-/// A down or up block: `resnets` then an optional resampler (`downsamplers.0` / `upsamplers.0`).
+/// A down or up block: `resnets` (each followed by its `attentions.i` when `attention`), then an optional resampler
+/// (`downsamplers.0` / `upsamplers.0`).
 struct VaeBlockImpl : torch::nn::Module {
-  VaeBlockImpl(int64_t in, int64_t out, int64_t layers, bool up, bool resample);
+  VaeBlockImpl(int64_t in, int64_t out, int64_t layers, bool up, bool resample, bool attention = false);
   at::Tensor forward(const at::Tensor& x);
-  torch::nn::ModuleList resnets{nullptr}, downsamplers{nullptr}, upsamplers{nullptr};
+  torch::nn::ModuleList resnets{nullptr}, attentions{nullptr}, downsamplers{nullptr}, upsamplers{nullptr};
 };
 TORCH_MODULE(VaeBlock);
 
@@ -118,6 +130,9 @@ struct LatentPosterior {
 /// AutoencoderKL.
 struct AutoencoderKLImpl : torch::nn::Module {
   explicit AutoencoderKLImpl(const SdVaeOptions& options = {});
+  /// The map between this VAE's latents and a DiT's (x = latents.to_model(z)): SD's scale 0.18215 by default; for
+  /// VA-VAE the channel statistics of the latents the DiT was trained on (set by the loader).
+  datasets::LatentNorm latents{kSdVaeLatentScale, {}, {}};
   /// Images in [−1, 1] (B, 3, H, W), H and W multiples of 8 → posterior over unscaled latents.
   LatentPosterior encode(const at::Tensor& images);
   /// Unscaled latents → images in ~[−1, 1] (not clamped).
@@ -135,8 +150,37 @@ TensorMap normalize_vae_keys(const TensorMap& tensors);
 /// The same for one name.
 std::string normalize_vae_key(const std::string& name);
 
-/// Loads diffusers AutoencoderKL weights (.safetensors or torch.save .bin/.pt, either attention naming). A missing file
-/// is a UserError saying where the weights come from; missing/unexpected tensors are named.
+/// The diffusers name of an LDM / CompVis AutoencoderKL key (encoder.down.1.block.0.nin_shortcut.weight →
+/// encoder.down_blocks.1.resnets.0.conv_shortcut.weight; decoder.up.I → decoder.up_blocks.(levels − 1 − I);
+/// mid.attn_1.q → mid_block.attentions.0.to_q), or "" for a key outside the autoencoder (VA-VAE checkpoints also hold
+/// the training loss's and the DINOv2 projection's tensors). Names already in diffusers form come back unchanged.
+std::string ldm_vae_key(const std::string& name, int64_t levels);
+/// Renames an LDM-named state_dict to diffusers names (1×1-conv attention weights become Linear weights), dropping
+/// what is not the autoencoder's.
+TensorMap ldm_vae_tensors(const TensorMap& tensors, int64_t levels);
+/// A VAE state_dict in diffusers names, whichever naming it came in (LDM, legacy or current diffusers).
+TensorMap diffusers_vae_tensors(const TensorMap& tensors, int64_t levels);
+
+/// Loads AutoencoderKL weights: diffusers files (.safetensors or torch.save .bin/.pt, either attention naming) or LDM
+/// / CompVis ones (VA-VAE's .pt: a state_dict, or a checkpoint holding one under "state_dict"). A missing file is a
+/// UserError saying where the weights come from (`source`); missing/unexpected tensors are named.
+void load_vae_weights(AutoencoderKL& vae, const std::string& path, const std::string& source);
+/// load_vae_weights for the SD VAE.
 void load_sd_vae(AutoencoderKL& vae, const std::string& path);
+
+/// One latent space of the toolkit (diffusion.vae): the autoencoder's shape, how its latents are scaled and where
+/// its weights come from.
+struct VaeSpec {
+  const char* name;
+  SdVaeOptions options;
+  double scale;              ///< DiT's latent scale (0.18215) or LightningDiT's latent_multiplier (1)
+  bool channel_stats;        ///< latents standardised per channel (LightningDiT's latent_norm)
+  int64_t params;            ///< parameter count
+  const char* weights_hint;  ///< where the weights come from
+};
+/// The spec of a latent kind (not VaeKind::none).
+const VaeSpec& vae_spec(VaeKind kind);
+/// An autoencoder of that kind with random weights and the kind's latent scale.
+AutoencoderKL make_vae(VaeKind kind);
 
 }  // namespace moh::diffusion

@@ -11,13 +11,15 @@
 
 namespace moh::experiments {
 
-diffusion::DiTOptions dit_options_for(const ModelConfig& model, bool latent) {
+diffusion::DiTOptions dit_options_for(const ModelConfig& model, int64_t latent_factor) {
   diffusion::DiTOptions o = diffusion::dit_options(model.name);
   if (model.num_classes > 0) o.num_classes = model.num_classes;
-  if (model.img_size > 0) {  // pixel space: image side = input side; SD latents: image side / 8
-    if (latent && model.img_size % 8 != 0)
-      throw UserError("config: model.img_size", "must be a multiple of 8 with vae: sd", "e.g. 256 (32×32 latents)");
-    o.input_size = latent ? model.img_size / 8 : model.img_size;
+  if (model.img_size > 0) {  // pixel space: image side = input side; latents: image side / the VAE's factor
+    const int64_t f = std::max<int64_t>(latent_factor, 1);
+    if (model.img_size % f != 0)
+      throw UserError("config: model.img_size", "must be a multiple of " + std::to_string(f) + " with this vae",
+                      "e.g. 256 (" + std::to_string(256 / f) + "×" + std::to_string(256 / f) + " latents)");
+    o.input_size = model.img_size / f;
   }
   if (!model.attention.empty())
     throw UserError("config: model.attention", "per-stage overrides are for classifiers",
@@ -45,7 +47,9 @@ diffusion::DiTOptions dit_options_for(const ModelConfig& model, bool latent) {
 }
 
 diffusion::DiTOptions dit_options_for(const ExperimentConfig& cfg) {
-  diffusion::DiTOptions o = dit_options_for(cfg.model, cfg.diffusion.vae == VaeKind::sd);
+  const int64_t factor =
+      cfg.diffusion.vae == VaeKind::none ? 0 : diffusion::vae_spec(cfg.diffusion.vae).options.factor();
+  diffusion::DiTOptions o = dit_options_for(cfg.model, factor);
   o.grad_checkpoint = cfg.train.grad_checkpoint == GradCheckpoint::blocks;
   o.validate();
   return o;
@@ -113,6 +117,7 @@ diffusion::SampleOptions sample_options_for(const ExperimentConfig& cfg) {
   so.objective = cfg.diffusion.objective;
   so.flow = diffusion::FlowProcess(cfg.diffusion.flow);
   so.atol = sc.atol, so.rtol = sc.rtol;
+  so.timestep_shift = sc.timestep_shift;
   so.topk = sc.topk;
   so.topk_schedule = sc.topk_schedule;
   so.guide_topk = sc.guide_topk;
@@ -124,6 +129,11 @@ diffusion::SampleOptions sample_options_for(const ExperimentConfig& cfg) {
                     name + " does not run on a " + (flow ? "flow" : "DDPM") +
                         " model (diffusion.objective: " + config::to_string(cfg.diffusion.objective) + ")",
                     "use " + diffusion::samplers_for(cfg.diffusion.objective));
+  if (sc.timestep_shift < 0 ||
+      (sc.timestep_shift > 0 && (!flow || !diffusion::sampler_record(sc.sampler).timestep_shift)))
+    throw UserError("config: sampling.timestep_shift",
+                    sc.timestep_shift < 0 ? "must be >= 0" : "warps the grid of the flow euler and heun samplers only",
+                    "set it to 0, or sample a flow model with euler or heun");
   if (!diffusion::is_ode_sampler(sc.sampler)) {
     diffusion::space_timesteps(cfg.diffusion.steps, sc.steps);  // a UserError if the spec cannot respace T
     return so;
@@ -162,12 +172,13 @@ void validate_dit_experiment(const ExperimentConfig& cfg, bool training, bool sa
   if (!training) return;
   check_repa(cfg, o, /*files=*/false);  // the encoder file and the shards' images: when training starts
   const bool latent = cfg.data.dataset == DatasetKind::latents;
-  if (cfg.diffusion.vae == VaeKind::sd && !latent)
+  if (cfg.diffusion.vae != VaeKind::none && !latent)
     throw UserError(
-        "config: data.dataset", "vae: sd trains from pre-extracted latents",
+        "config: data.dataset", "a latent DiT (vae: sd or vavae) trains from pre-extracted latents",
         "run `moh extract-latents CONFIG.yaml --out DIR`, then set data.dataset: latents and data.root: DIR");
-  if (latent && cfg.diffusion.vae != VaeKind::sd)
-    throw UserError("config: diffusion.vae", "data.dataset: latents needs vae: sd", "set diffusion.vae: sd");
+  if (latent && cfg.diffusion.vae == VaeKind::none)
+    throw UserError("config: diffusion.vae", "data.dataset: latents needs the VAE they were encoded with",
+                    "set diffusion.vae: sd or vavae");
 }
 
 DiTTrainData::DiTTrainData(const ExperimentConfig& cfg, const diffusion::DiTOptions& mo)
@@ -185,6 +196,9 @@ DiTTrainData::DiTTrainData(const ExperimentConfig& cfg, const diffusion::DiTOpti
           "config: model.num_classes",
           std::to_string(mo.num_classes) + " classes, the latents have " + std::to_string(latent_meta_.classes.size()),
           "");
+    if (diffusion::vae_spec(cfg.diffusion.vae).channel_stats && latent_meta_.channel_mean.empty())
+      throw UserError("latents " + cfg.data.root, "meta.json has no channel statistics (vae: vavae standardises them)",
+                      "extract them with this toolkit's moh extract-latents (vae: vavae)");
     latents_ =
         std::make_shared<const datasets::LatentStore>(cfg.data.root, latent_meta_);  // every shard's header checked
     return;
@@ -228,13 +242,25 @@ std::unique_ptr<BatchStream> DiTTrainData::epoch(int64_t epoch, int rank, int wo
                                                  world);  // the rank's strided share of every batch
 }
 
+datasets::LatentNorm trained_latent_norm(const ExperimentConfig& cfg) {
+  const diffusion::VaeSpec& spec = diffusion::vae_spec(cfg.diffusion.vae);
+  if (!spec.channel_stats) return {spec.scale, {}, {}};
+  const datasets::LatentMeta meta = datasets::read_latent_meta(cfg.data.root);  // a UserError when missing
+  if (meta.channel_mean.empty())
+    throw UserError("latents " + cfg.data.root,
+                    "meta.json has no channel statistics, which vae: " + std::string(spec.name) + " latents need",
+                    "extract them again with this toolkit's moh extract-latents");
+  return meta.norm();
+}
+
 diffusion::AutoencoderKL load_sampling_vae(const ExperimentConfig& cfg, const RunContext& ctx) {
-  if (cfg.diffusion.vae != VaeKind::sd) return diffusion::AutoencoderKL(nullptr);
+  if (cfg.diffusion.vae == VaeKind::none) return diffusion::AutoencoderKL(nullptr);
+  const diffusion::VaeSpec& spec = diffusion::vae_spec(cfg.diffusion.vae);
   if (cfg.diffusion.vae_weights.empty())
-    throw UserError("config: diffusion.vae_weights", "is empty, but vae: sd samples must be decoded",
-                    "set it to sd-vae-ft-ema's diffusion_pytorch_model.safetensors");
-  diffusion::AutoencoderKL vae;
-  load_sd_vae(vae, cfg.diffusion.vae_weights);
+    throw UserError("config: diffusion.vae_weights", "is empty, but latent samples must be decoded", spec.weights_hint);
+  diffusion::AutoencoderKL vae = diffusion::make_vae(cfg.diffusion.vae);
+  vae->latents = trained_latent_norm(cfg);  // before the weights: a missing statistic is refused without that work
+  diffusion::load_vae_weights(vae, cfg.diffusion.vae_weights, spec.weights_hint);
   vae->eval();
   vae->to(ctx.device);
   return vae;

@@ -17,7 +17,7 @@ namespace moh::experiments {
 
 /// The variant with the model section's overrides applied (model.img_size in pixels: a latent model's input is an
 /// eighth of it); not yet validated, as `moh forward` still reads sizes from the weights.
-diffusion::DiTOptions dit_options_for(const ModelConfig& model, bool latent);
+diffusion::DiTOptions dit_options_for(const ModelConfig& model, int64_t latent_factor);
 /// The model of a diffusion experiment: the above with the training settings that shape it, validated.
 diffusion::DiTOptions dit_options_for(const ExperimentConfig& cfg);
 

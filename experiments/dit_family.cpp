@@ -34,7 +34,7 @@ constexpr const char* kForwardInputs = "x (B,C,I,I) float, t (B) int or float, y
 // The weights decide input size, channels and classes (an official DiT-XL-2-512x512.pt builds a 64-token-wide model).
 TensorMap forward(const ForwardRequest& r) {
   check_forward_inputs(r, {"x", "t", "y"}, {"out"}, kForwardInputs);
-  diffusion::DiTOptions o = diffusion::dit_options_for_weights(dit_options_for(r.model, false), r.weights);
+  diffusion::DiTOptions o = diffusion::dit_options_for_weights(dit_options_for(r.model, 0), r.weights);
   o.validate();
   diffusion::DiT model(o);
   load_module_tensors(*model, r.weights, r.weights_origin, r.model.weights_allow_missing);
@@ -119,16 +119,22 @@ std::string attention_path_rows() {
   return rows + path_rows("MoH-DiT-Pixel/4-75", 28, 1);
 }
 
-constexpr const char* kVaeInputs = "x (B,3,H,W) in [-1,1], H and W multiples of 8";
+std::string vae_inputs(VaeKind kind) {
+  return "x (B,3,H,W) in [-1,1], H and W multiples of " + std::to_string(diffusion::vae_spec(kind).options.factor());
+}
 
-TensorMap vae_forward(const ForwardRequest& r) {
-  check_forward_inputs(r, {"x"}, {"latent_mean", "latent_logvar", "recon"}, kVaeInputs);
-  diffusion::AutoencoderKL vae;
-  load_module_tensors(*vae, diffusion::normalize_vae_keys(r.weights), r.weights_origin, r.model.weights_allow_missing);
+TensorMap vae_forward(VaeKind kind, const ForwardRequest& r) {
+  const std::string needs = vae_inputs(kind);
+  check_forward_inputs(r, {"x"}, {"latent_mean", "latent_logvar", "recon"}, needs);
+  diffusion::AutoencoderKL vae = diffusion::make_vae(kind);
+  const auto levels = static_cast<int64_t>(vae->options.block_out_channels.size());
+  load_module_tensors(*vae, diffusion::diffusers_vae_tensors(r.weights, levels), r.weights_origin,
+                      r.model.weights_allow_missing);
   vae->eval();
-  const at::Tensor x = forward_input(r, "x", at::kFloat, 4, kVaeInputs);
-  if (x.size(1) != 3 || x.size(2) % 8 || x.size(3) % 8)
-    throw UserError("--input " + r.inputs_origin, "x has shape " + c10::str(x.sizes()), kVaeInputs);
+  const at::Tensor x = forward_input(r, "x", at::kFloat, 4, needs);
+  const int64_t f = vae->options.factor();
+  if (x.size(1) != 3 || x.size(2) % f || x.size(3) % f)
+    throw UserError("--input " + r.inputs_origin, "x has shape " + c10::str(x.sizes()), needs);
   const diffusion::LatentPosterior post = vae->encode(x);
   return {{"latent_mean", post.mean}, {"latent_logvar", post.logvar}, {"recon", vae->decode(post.mean)}};
 }
@@ -153,16 +159,16 @@ ModelFamily dit_family() {
   return f;
 }
 
-ModelFamily sd_vae_family() {
+ModelFamily vae_family(VaeKind kind) {
+  const std::string name = kind == VaeKind::sd ? kSdVaeName : kVaVaeName;
   ModelFamily f;
-  f.id = kSdVaeName;
-  f.title = "SD-VAE (fixed: latent encoder/decoder of latent DiTs)";
-  f.names = [] { return std::vector<std::string>{kSdVaeName}; };
-  f.summarize = [](const std::string& name) {
-    return parameter_summary(name, kSdVaeName, *diffusion::AutoencoderKL());
-  };
-  f.forward = vae_forward;
-  f.forward_inputs = kVaeInputs;
+  f.id = name;
+  f.title = kind == VaeKind::sd ? "SD-VAE (fixed: latent encoder/decoder of latent DiTs)"
+                                : "VA-VAE f16d32 (fixed: latent encoder/decoder of LightningDiT)";
+  f.names = [name] { return std::vector<std::string>{name}; };
+  f.summarize = [kind](const std::string& n) { return parameter_summary(n, n, *diffusion::make_vae(kind)); };
+  f.forward = [kind](const ForwardRequest& r) { return vae_forward(kind, r); };
+  f.forward_inputs = vae_inputs(kind);
   return f;
 }
 

@@ -96,7 +96,7 @@ datasets::LatentMeta extract_latents(const ExperimentConfig& cfg, diffusion::Aut
   meta.channels = vae->options.latent_channels;
   meta.size = size / vae->options.factor();
   meta.image_size = size;
-  meta.scale = diffusion::kSdVaeLatentScale;
+  meta.scale = vae->latents.scale;
   meta.classes = reader.classes();
   meta.vae = fs::path(vae_file).filename().string();
   meta.vae_sha256 = vae_file.empty() ? "" : sha256_file(vae_file);
@@ -157,6 +157,7 @@ datasets::LatentMeta extract_latents(const ExperimentConfig& cfg, diffusion::Aut
                     std::to_string(bad) + " of " + std::to_string(n) + " images cannot be decoded",
                     "raise data.max_bad_fraction or fix the files");
   for (int64_t c : meta.shards) meta.count += c;
+  if (o.channel_stats) datasets::latent_channel_stats(o.out, meta);  // every shard's, kept ones included
   datasets::write_latent_meta(o.out, meta);
   return meta;
 }

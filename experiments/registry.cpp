@@ -14,8 +14,9 @@
 namespace moh::experiments {
 
 const std::vector<ModelFamily>& model_families() {
-  static const std::vector<ModelFamily> families{experiments::classifier_family(), experiments::dit_family(),
-                                                 experiments::sd_vae_family(), experiments::fid_inception_family()};
+  static const std::vector<ModelFamily> families{
+      experiments::classifier_family(), experiments::dit_family(), experiments::vae_family(VaeKind::sd),
+      experiments::vae_family(VaeKind::vavae), experiments::fid_inception_family()};
   return families;
 }
 

@@ -35,6 +35,10 @@ setup "$MOH" train $DIT --set data.limit_train=32 --set data.batch_size=16 --set
 setup "$MOH" ref-stats --images fashion_mnist:train:64 --out "$F/ref.npz" --features "classifier:$F/run"
 setup "$MOH" export-images --images fashion_mnist:train:60 --format jpg --out "$F/tree/train"
 setup "$MOH" export-images --images fashion_mnist:test:30 --format jpg --out "$F/tree/val"
+# SD-style latents (no channel statistics) shaped like VA-VAE's: 32 channels, 16x16
+mkdir -p "$F/sdlat" && printf '%s\n' '{"format": "moh-latents", "version": 1, "count": 1, "shards": [1], "channels": 32,
+ "size": 16, "image_size": 256, "scale": 1.0, "classes": ["a"], "vae": "x", "vae_sha256": "", "source": "x"}' \
+  >"$F/sdlat/meta.json"
 # a tree where 10 of the 60 training JPEGs are cut short (OpenCV would grey-fill them and call them good)
 cp -r "$F/tree" "$F/cut"
 for f in $(find "$F/cut/train" -name '*.jpg' | sort | head -10); do head -c 300 "$f" >"$f.x" && mv "$f.x" "$f"; done
@@ -168,6 +172,17 @@ bad "mse+cosine compares velocities" -- train $DIT --set diffusion.objective=flo
   --set diffusion.loss=mse+cosine --set diffusion.prediction=noise --run-dir "$O/r"
 bad "LightningDiT's block options are for DiT models" -- train $NANO --set model.mlp=swiglu --run-dir "$O/r"
 bad "sampling.atol: must be > 0" -- sample --checkpoint "$F/flow" --sampler dopri5 --set sampling.atol=0 --out "$O/s"
+# LightningDiT's timestep shift: fixed-grid flow samplers only; VA-VAE's weights and channel statistics
+bad "sampling.timestep_shift: warps the grid of the flow euler and heun samplers only" -- sample --checkpoint \
+  "$F/flow" --sampler sde --steps 10 --set sampling.timestep_shift=0.3 --out "$O/s"
+bad "sampling.timestep_shift: must be >= 0" -- sample --checkpoint "$F/flow" --set sampling.timestep_shift=-1 \
+  --out "$O/s"
+bad "sampling.timestep_shift: warps the grid" -- sample --checkpoint "$F/dit" --set sampling.timestep_shift=0.3 \
+  --out "$O/s"
+bad "vae weights $F/vavae.pt: no such file (download hustvl/vavae-imagenet256-f16d32-dinov2" -- extract-latents \
+  configs/imagenet/lightningdit_xl_1.yaml --set diffusion.vae_weights="$F/vavae.pt" --out "$O/lat"
+bad "latents $F/sdlat: meta.json has no channel statistics (vae: vavae standardises them)" -- train \
+  configs/imagenet/lightningdit_xl_1.yaml --set data.root="$F/sdlat" --run-dir "$O/r"
 # REPA: the encoder file, its kind and its token grid, the block, a classifier
 bad "train.repa.encoder: no such file" -- train $DIT --set train.repa.encoder="$F/dinov2.safetensors" \
   --set train.repa.depth=2 --run-dir "$O/r"

@@ -6,8 +6,9 @@
 #                transnext_torch.py re-run now) vs that torch's outputs, fp32, max rel ≤ 1e-5; the query_norm router
 #                vs a plain PyTorch version of the MoH-LLaMA3 rule (tests/fixtures/gen/query_norm_ref.py);
 #                our torch.save reader on this torch's zip and legacy files, bit-exact
-#   vae          diffusers.AutoencoderKL (sd-vae-ft-ema config, random weights) vs `moh forward --model sd-vae`:
-#                posterior mean, log-variance and decoded image, max rel ≤ 1e-5
+#   vae          diffusers.AutoencoderKL (sd-vae-ft-ema and VA-VAE f16d32 configs, random weights) vs `moh forward
+#                --model sd-vae / vavae-f16d32` (VA-VAE also from its LDM-named torch.save checkpoint, the naming
+#                checked by diffusers' LDM converter): posterior mean, log-variance and decoded image, max rel ≤ 1e-5
 #   safetensors  files written by the safetensors package (every dtype this LibTorch has, special values, empty and 0-d
 #                tensors, metadata) read by us and written back bit-exactly; every file a training run writes (model,
 #                ema, optimizer, rng) and `moh convert` output read by safetensors.torch.load_file, weights loaded with
@@ -91,20 +92,27 @@ forward)
   done
   ;;
 vae)
+  # The SD-VAE from diffusers-named safetensors; VA-VAE from the same and from its LDM-named torch.save checkpoint.
   run "$PY" tests/diffusion/ref_sd_vae.py "$tmp/vae"
-  run "$MOH" forward --model sd-vae --weights "$tmp/vae/vae.safetensors" --input "$tmp/vae/io.safetensors" \
-    --output "$tmp/vae/out.safetensors"
-  # Same LibTorch as the reference torch (the pip build): ≤ 1e-5 (measured: bit-identical). Another LibTorch (Debian's
-  # 1.13): within twice diffusers' own fp32-vs-fp64 error at this input (the decoder amplifies kernel rounding to
-  # ~1.5e-5 of max |recon|), and never looser than 1e-5 is asked of the same version.
+  run "$PY" tests/diffusion/ref_sd_vae.py "$tmp/vavae" --vavae
   ref_torch=$("$PY" -c "import torch; print(torch.__version__.split('+')[0])")
   our_torch=$("$MOH" --version | grep -o 'LibTorch [0-9.]*' | cut -d' ' -f2)
-  rtol=1e-5
-  if [ "$ref_torch" != "$our_torch" ]; then
-    rtol=$("$PY" -c "import json; f = json.load(open('$tmp/vae/fp32_noise_floor.json')); print('%.3g' % max(1e-5, 2 * max(f.values())))")
-    echo "LibTorch $our_torch vs torch $ref_torch: diffusers' fp32 noise floor $(cat "$tmp/vae/fp32_noise_floor.json"); rtol $rtol"
-  fi
-  run "$PY" scripts/compare_safetensors.py "$tmp/vae/io.safetensors" "$tmp/vae/out.safetensors" --rtol "$rtol"
+  for c in "sd-vae vae vae.safetensors" "vavae-f16d32 vavae vae.safetensors" "vavae-f16d32 vavae vae_ldm.pt"; do
+    read -r model dir weights <<<"$c"
+    key=()
+    [[ $weights == *.pt ]] && key=(--weights-key state_dict)
+    run "$MOH" forward --model "$model" --weights "$tmp/$dir/$weights" "${key[@]}" --input "$tmp/$dir/io.safetensors" \
+      --output "$tmp/$dir/out_${weights%%.*}.safetensors"
+    # Same LibTorch as the reference torch (the pip build): ≤ 1e-5 (measured: bit-identical). Another LibTorch
+    # (Debian's 1.13): within twice diffusers' own fp32-vs-fp64 error at this input (the decoder amplifies kernel
+    # rounding to ~1.5e-5 of max |recon|), and never looser than 1e-5 is asked of the same version.
+    rtol=1e-5
+    if [ "$ref_torch" != "$our_torch" ]; then
+      rtol=$("$PY" -c "import json; f = json.load(open('$tmp/$dir/fp32_noise_floor.json')); print('%.3g' % max(1e-5, 2 * max(f.values())))")
+      echo "$model, LibTorch $our_torch vs torch $ref_torch: diffusers' fp32 noise floor $(cat "$tmp/$dir/fp32_noise_floor.json"); rtol $rtol"
+    fi
+    run "$PY" scripts/compare_safetensors.py "$tmp/$dir/io.safetensors" "$tmp/$dir/out_${weights%%.*}.safetensors" --rtol "$rtol"
+  done
   ;;
 safetensors)
   # Float8 needs LibTorch ≥ 2.1 and uint16/32/64 ≥ 2.3; an older LibTorch must refuse them with a clean error.

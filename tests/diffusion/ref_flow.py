@@ -138,6 +138,22 @@ def diffusers_euler(field, noise, g):
     return torch.stack(states)
 
 
+def shifted(g, s):
+    """LightningDiT's timestep shift of a grid (transport/integrators.py compute_tm)."""
+    return [s * t / (1 + (s - 1) * t) for t in g]
+
+
+def diffusers_euler_shifted(field, noise, g, s):
+    """FlowMatchEulerDiscreteScheduler(shift=1/s) on the plain grid: diffusers warps sigma = 1 - t itself."""
+    sched = FlowMatchEulerDiscreteScheduler(shift=1.0 / s)
+    sched.set_timesteps(sigmas=[1 - t for t in g[:-1]])
+    x, states = noise, [noise]
+    for i, ts in enumerate(sched.timesteps):
+        x = sched.step(-field(x, 1 - float(sched.sigmas[i])), ts, x).prev_sample
+        states.append(x)
+    return torch.stack(states)
+
+
 def diffusers_heun(field, noise, g):
     """FlowMatchHeunDiscreteScheduler on our grid (its set_timesteps knows only its own; the layout is its own)."""
     sched = FlowMatchHeunDiscreteScheduler()
@@ -211,6 +227,14 @@ def chains(result):
             worst = ((mine - real).abs().max() / real.abs().max()).item()
             assert worst < 2e-6, f"{name} {n}: the written-out chain differs from diffusers' by {worst}"
             result[f"{name}_standin_{n}"] = real
+    # LightningDiT's timestep shift 0.3: our warp of t against diffusers' shift 1/0.3 of sigma, on Euler; Heun walks
+    # the same warped grid (diffusers' Heun cannot be handed one, above).
+    g = grid(0.0, 1.0, 11)
+    mine, real = euler(standin, noise, shifted(g, 0.3)), diffusers_euler_shifted(standin, noise, g, 0.3)
+    worst = ((mine - real).abs().max() / real.abs().max()).item()
+    assert worst < 2e-6, f"shifted euler: the written-out chain differs from diffusers' by {worst}"
+    assert (real - result["euler_standin_10"]).abs().max() > 1e-3, "the shift changed nothing"
+    result["euler_standin_10_shift"], result["heun_standin_10_shift"] = real, heun(standin, noise, shifted(g, 0.3))
     for atol, rtol, tag in ((1e-6, 1e-3, "sit"), (1e-8, 1e-7, "tight")):
         x, nfe = dopri5(standin, noise, 0.0, 1.0, atol, rtol)
         result[f"dopri5_standin_{tag}"], result[f"dopri5_standin_{tag}_nfe"] = x, torch.tensor(nfe)

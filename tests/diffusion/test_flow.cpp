@@ -311,6 +311,18 @@ TEST_F(FlowReference, ChainsMatchDiffusersTorchdiffeqAndTheSDE) {
       };
       k == SamplerKind::euler ? flow_euler_chain(a) : flow_heun_chain(a);
     }
+  for (SamplerKind k : {SamplerKind::euler, SamplerKind::heun}) {  // LightningDiT's timestep shift 0.3
+    const std::string key = config::to_string(k) + "_standin_10_shift";
+    FlowChainArgs a = standin_args(f, 10);
+    a.timestep_shift = 0.3;
+    const at::Tensor want = ref_.at(key);
+    a.on_step = [&](int64_t i, const at::Tensor& x) {
+      const double r = rel_err(x, want[i + 1]);
+      worst = std::max(worst, r);
+      EXPECT_LE(r, 1e-5) << key << " step " << i;
+    };
+    k == SamplerKind::euler ? flow_euler_chain(a) : flow_heun_chain(a);
+  }
   for (const auto& [tag, atol, rtol] :
        std::vector<std::tuple<std::string, double, double>>{{"sit", 1e-6, 1e-3}, {"tight", 1e-8, 1e-7}}) {
     int64_t nfe = 0;
