@@ -104,6 +104,26 @@ void check_head_budgets(const diffusion::DiTOptions& o, const SamplingConfig& sc
                     "set sampling.cfg_scale > 1 or remove sampling.guide_topk");
 }
 
+namespace {
+
+// sampling.steps of a solver sampler: a step count within what the objective allows.
+int64_t solver_steps(const ExperimentConfig& cfg, const std::string& name) {
+  const std::string& s = cfg.sampling.steps;
+  if (s.empty() || s.size() > 9 || s.find_first_not_of("0123456789") != std::string::npos)
+    throw UserError("config: sampling.steps", "\"" + s + "\" is not a step count for " + name,
+                    "the ODE solvers take a number of steps, e.g. 25");
+  const int64_t n = std::stoll(s);
+  if (cfg.diffusion.objective == Objective::flow && n < 2)
+    throw UserError("config: sampling.steps", name + " takes >= 2 steps, got " + s, "SiT: 250 (sde), 50 (euler)");
+  if (cfg.diffusion.objective != Objective::flow && (n < 2 || n > cfg.diffusion.steps))
+    throw UserError("config: sampling.steps",
+                    name + " takes 2 … " + std::to_string(cfg.diffusion.steps) + " steps (diffusion.steps), got " + s,
+                    "e.g. 25");
+  return n;
+}
+
+}  // namespace
+
 diffusion::SampleOptions sample_options_for(const ExperimentConfig& cfg) {
   const SamplingConfig& sc = cfg.sampling;
   diffusion::SampleOptions so;
@@ -138,17 +158,7 @@ diffusion::SampleOptions sample_options_for(const ExperimentConfig& cfg) {
     diffusion::space_timesteps(cfg.diffusion.steps, sc.steps);  // a UserError if the spec cannot respace T
     return so;
   }
-  const std::string& s = sc.steps;
-  if (s.empty() || s.size() > 9 || s.find_first_not_of("0123456789") != std::string::npos)
-    throw UserError("config: sampling.steps", "\"" + s + "\" is not a step count for " + name,
-                    "the ODE solvers take a number of steps, e.g. 25");
-  so.ode_steps = std::stoll(s);
-  if (flow && so.ode_steps < 2)
-    throw UserError("config: sampling.steps", name + " takes >= 2 steps, got " + s, "SiT: 250 (sde), 50 (euler)");
-  if (!flow && (so.ode_steps < 2 || so.ode_steps > cfg.diffusion.steps))
-    throw UserError("config: sampling.steps",
-                    name + " takes 2 … " + std::to_string(cfg.diffusion.steps) + " steps (diffusion.steps), got " + s,
-                    "e.g. 25");
+  so.ode_steps = solver_steps(cfg, name);
   return so;
 }
 

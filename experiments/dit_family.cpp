@@ -110,11 +110,13 @@ std::string path_rows(const std::string& name, int64_t image_px, int64_t latent_
   return rows;
 }
 
-// The latent variants at 256 px, XL at 512 px, and the Fashion-MNIST pixel model.
+// The latent variants at 256 px (SD-VAE latents 32², VA-VAE's 16²: the variant's own input side), XL at 512 px, and
+// the Fashion-MNIST pixel model.
 std::string attention_path_rows() {
   std::string rows;
   for (const auto& [name, o] : diffusion::dit_variants())
-    if (o.attention == AttentionMode::moh && name.find("Pixel") == std::string::npos) rows += path_rows(name, 256, 8);
+    if (o.attention == AttentionMode::moh && name.find("Pixel") == std::string::npos)
+      rows += path_rows(name, 256, 256 / o.input_size);
   rows += path_rows("MoH-DiT-XL/2-90", 512, 8) + path_rows("MoH-DiT-XL/2-75", 512, 8);
   return rows + path_rows("MoH-DiT-Pixel/4-75", 28, 1);
 }

@@ -106,7 +106,7 @@ expect 2 "unknown model variant" -- info --model DiT-XXL/2
 # moh config applies every rule of the model's family, with the message moh train gives.
 expect 0 "attention_path: sparse" -- config configs/fashion_mnist/moh_vit_nano.yaml --set model.attention_path=sparse
 expect 2 "train.accum_steps: must be 1 for diffusion training" -- config configs/fashion_mnist/moh_dit_pixel.yaml --set train.accum_steps=2
-expect 2 "vae: sd trains from pre-extracted latents" -- config configs/imagenet/dit_s_2.yaml --set data.dataset=image_folder
+expect 2 "(vae: sd or vavae) trains from pre-extracted latents" -- config configs/imagenet/dit_s_2.yaml --set data.dataset=image_folder
 expect 2 "did you mean 'MoH-ViT-S-75'" -- info --model MoH-ViT-S-7
 expect 0 '"params": 90020632' -- info --model MoH-ViT-B-75 --json
 expect 0 '"params": 12809304' -- info --model TransNeXt-Micro --json
@@ -137,7 +137,7 @@ expect 2 "ddp_prefix.pt: missing tensor '" -- forward --model DiT-Pixel/4 --weig
 expect 2 "vae weights weights/sd-vae-ft-ema/diffusion_pytorch_model.safetensors: no such file" -- extract-latents configs/imagenet/dit_s_2.yaml --out "$tmp/lat"
 expect 2 "missing tensor 'encoder.conv_in.weight'" -- extract-latents configs/imagenet/dit_s_2.yaml --set diffusion.vae_weights=$FX/nested_expected.safetensors --out "$tmp/lat"
 expect 2 "latents data/imagenet256_latents: no meta.json (create it with \`moh extract-latents" -- train configs/imagenet/moh_dit_s_2_75.yaml --run-dir "$tmp/lat_run"
-expect 2 "vae: sd trains from pre-extracted latents" -- train configs/imagenet/dit_s_2.yaml --set data.dataset=image_folder --run-dir "$tmp/lat_run"
+expect 2 "(vae: sd or vavae) trains from pre-extracted latents" -- train configs/imagenet/dit_s_2.yaml --set data.dataset=image_folder --run-dir "$tmp/lat_run"
 expect 2 "expected a comma-separated list" -- bench attention --seqs abc
 expect 0 '"what":"train_step"' -- bench train --model MoH-ViT-Nano --batch 2 --steps 1 --warmup 0 --profile 3 --json
 # bf16's MFU peak: the bf16 product where the CPU has native bf16, else the fp32 one (the fallback is no peak)

@@ -81,7 +81,7 @@ TEST(Experiment, ValidationRefusesWhatTrainingRefuses) {
       {"model: {name: MoH-DiT-Pixel/4-75, attention: [moh, moh, moh, moh]}", "model.attention"},
       {dit + "train: {accum_steps: 2}\ndata: {batch_size: 64}", "train.accum_steps"},
       {"model: {name: DiT-S/2}\ndiffusion: {vae: sd}\ndata: {dataset: fashion_mnist}", "pre-extracted latents"},
-      {"model: {name: DiT-S/2}\ndiffusion: {vae: none}\ndata: {dataset: latents, root: /x}", "needs vae: sd"},
+      {"model: {name: DiT-S/2}\ndiffusion: {vae: none}\ndata: {dataset: latents, root: /x}", "needs the VAE they were encoded with"},
       {dit + "sampling: {steps: ddim7777}", "timestep respacing"},
       {"model: {name: sd-vae}", "fixed network"},
       {"model: {name: MoH-ViT-Nanoo}", "did you mean 'MoH-ViT-Nano'"},
