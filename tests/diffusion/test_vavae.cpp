@@ -3,6 +3,7 @@
 // pyref_vae test (tests/diffusion/ref_sd_vae.py --vavae).
 #include <filesystem>
 
+#include "core/checkpoint.h"
 #include "core/error.h"
 #include "core/run_context.h"
 #include "core/safetensors.h"
@@ -148,6 +149,15 @@ TEST(VaVae, TrainingAndSamplingRefuseLatentsWithoutStatistics) {
   EXPECT_NO_THROW(experiments::DiTTrainData(cfg, o));
   EXPECT_NE(test::user_error_of([&] { experiments::load_sampling_vae(cfg, ctx); }).find("no such file"),
             std::string::npos);
+  // With weights (random, diffusers names) the sampling VAE decodes with the latents' statistics: x = 0 is the mean.
+  save_safetensors(d.file("vae.safetensors"), module_tensors(*diffusion::make_vae(VaeKind::vavae)));
+  const experiments::ExperimentConfig with_weights = experiments::load_experiment(
+      d.write("w.yaml", kVaVaeDiT),
+      {"data.dataset=latents", "data.root=" + dir, "diffusion.vae_weights=" + d.file("vae.safetensors")});
+  diffusion::AutoencoderKL vae = experiments::load_sampling_vae(with_weights, ctx);
+  EXPECT_EQ(vae->latents.mean, m.channel_mean);
+  EXPECT_EQ(vae->latents.std, m.channel_std);
+  EXPECT_TRUE(at::allclose(vae->latents.to_vae(at::zeros({1, 32, 2, 2})), at::full({1, 32, 2, 2}, 0.1)));
   m.channel_std[3] = 0.0;  // a malformed meta.json
   datasets::write_latent_meta(dir, m);
   EXPECT_NE(test::user_error_of([&] { datasets::read_latent_meta(dir); }).find("one value per channel"),
