@@ -178,6 +178,15 @@ void validate_dit_experiment(const ExperimentConfig& cfg, bool training, bool sa
         "three (DiT's latent quirk) needs at least 3 channels, the model has " + std::to_string(o.in_channels),
         "set sampling.cfg_channels=all");
   if (sampling) check_head_budgets(o, cfg.sampling);
+  // LightningDiT's cosine term is taken over channels: over one it is ±1, without gradient except an unbounded one
+  // at 0 — where the zero-initialised output starts — which freezes AdamW (measured: a grey-image run never learns).
+  if (cfg.diffusion.objective == Objective::flow && cfg.diffusion.flow.loss == FlowLoss::mse_cosine &&
+      o.in_channels < 2)
+    throw UserError("config: diffusion.loss",
+                    "mse+cosine compares velocities over channels; " + cfg.model.name + " has " +
+                        std::to_string(o.in_channels) +
+                        " (the cosine of one channel is ±1, its gradient 0 or unbounded)",
+                    "use loss: mse for single-channel images");
   sample_options_for(cfg);  // "sampling.steps" must respace diffusion.steps, or count an ODE solver's steps
   if (!training) return;
   check_repa(cfg, o, /*files=*/false);  // the encoder file and the shards' images: when training starts

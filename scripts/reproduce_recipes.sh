@@ -7,7 +7,7 @@
 #          linear path, velocity), sampled by Heun 6 steps with the same guidance (11 steps' worth of evaluations, 6
 #          of them guided: 17);
 #   ddpm_ld, flow_ld   the same with LightningDiT's block (RMSNorm, SwiGLU, 2-D RoPE); flow_ld also with its
-#          logit-normal t and the cosine loss term;
+#          logit-normal t (not its cosine loss term, which needs several channels);
 #   flow_repa, flow_repa_ld   flow (or flow_ld) + REPA (train.repa): block 2 of 6 (REPA: 8 of 28) aligned with stage 2
 #          (8×8 tokens, area-averaged to the DiT's 7×7) of a MoH-ViT-Nano classifier trained by the shipped recipe
 #          with another seed (RUNS/repa_encoder, seed 7) — not the FID feature network itself, so the alignment
@@ -78,7 +78,9 @@ recipe_sets() {  # the training overrides of a recipe
   ddpm) ;;
   flow) echo "--set diffusion.objective=flow --set sampling.sampler=heun --set sampling.steps=6" ;;
   ddpm_ld) echo "$LIGHTNING_BLOCK" ;;
-  flow_ld) echo "$(recipe_sets flow) $LIGHTNING_BLOCK --set diffusion.t_sampling=lognormal --set diffusion.loss=mse+cosine" ;;
+  # LightningDiT's cosine term runs over channels: on one channel it is ±1 (no gradient, unbounded at 0; moh refuses
+  # it), so on grey Fashion-MNIST flow_ld is its block and its logit-normal t without it.
+  flow_ld) echo "$(recipe_sets flow) $LIGHTNING_BLOCK --set diffusion.t_sampling=lognormal" ;;
   flow_repa*) echo "$(recipe_sets "flow${1#flow_repa}") --set train.repa.encoder=$ENCODER --set train.repa.stage=2" \
     "--set train.repa.depth=2 --set train.repa.weight=0.5 --set train.repa.projector_dim=256" ;;
   esac

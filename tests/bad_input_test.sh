@@ -170,6 +170,9 @@ bad "diffusion.t_lognormal: expected [m, s] with s > 0" -- train $DIT --set diff
   --set sampling.sampler=sde --set diffusion.t_sampling=lognormal --set "diffusion.t_lognormal=[0, 0]" --run-dir "$O/r"
 bad "mse+cosine compares velocities" -- train $DIT --set diffusion.objective=flow --set sampling.sampler=sde \
   --set diffusion.loss=mse+cosine --set diffusion.prediction=noise --run-dir "$O/r"
+bad "mse+cosine compares velocities over channels; MoH-DiT-Pixel/4-75 has 1" -- train $DIT \
+  --set diffusion.objective=flow --set sampling.sampler=heun --set sampling.steps=6 --set diffusion.loss=mse+cosine \
+  --run-dir "$O/r"
 bad "LightningDiT's block options are for DiT models" -- train $NANO --set model.mlp=swiglu --run-dir "$O/r"
 bad "sampling.atol: must be > 0" -- sample --checkpoint "$F/flow" --sampler dopri5 --set sampling.atol=0 --out "$O/s"
 # LightningDiT's timestep shift: fixed-grid flow samplers only; VA-VAE's weights and channel statistics

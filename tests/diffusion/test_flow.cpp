@@ -16,6 +16,7 @@
 #include "diffusion/sampler.h"
 #include "experiments/dit_experiment.h"
 #include "experiments/experiment_config.h"
+#include "experiments/registry.h"
 #include "tests/diffusion/tiny_dit.h"
 #include "tests/test_util.h"
 
@@ -248,6 +249,22 @@ TEST(FlowTraining, BackwardTrainsThePredictionChannels) {
   const at::Tensor rows = g.reshape({p * p, cout, -1});
   EXPECT_GT(rows.narrow(1, 0, 3).abs().sum().item<double>(), 0.0);
   EXPECT_EQ(rows.narrow(1, 3, 3).abs().sum().item<double>(), 0.0);
+}
+
+// LightningDiT's cosine term over one channel is ±1 (gradient 0, or unbounded at the zero-initialised output): a grey
+// model refuses it, a three-channel one takes it.
+TEST(FlowTraining, CosineTermNeedsSeveralChannels) {
+  const std::string base = MOH_SOURCE_DIR "/configs/fashion_mnist/moh_dit_pixel.yaml";
+  const std::vector<std::string> sets{"diffusion.objective=flow", "sampling.sampler=heun", "sampling.steps=6",
+                                      "diffusion.loss=mse+cosine"};
+  const std::string m =
+      test::user_error_of([&] { experiments::validate_experiment(experiments::load_experiment(base, sets)); });
+  EXPECT_NE(m.find("MoH-DiT-Pixel/4-75 has 1 (the cosine of one channel is ±1"), std::string::npos) << m;
+  EXPECT_EQ(test::user_error_of([&] {
+              experiments::validate_experiment(experiments::load_experiment(
+                  MOH_SOURCE_DIR "/configs/imagenet/lightningdit_xl_1.yaml", {"data.batch_size=8"}));
+            }),
+            "");
 }
 
 // The written-out SiT formulas, diffusers' flow-matching chains and torchdiffeq's dopri5 (tests/diffusion/ref_flow.py),
