@@ -52,7 +52,7 @@ TEST(Registry, EveryFamilyIsCompleteAndNamesAreUnique) {
       EXPECT_FALSE(f.validate || f.active_ratio || f.bench_step) << f.id;
     }
   }
-  EXPECT_EQ(ids, (std::set<std::string>{"classifier", "dit", "sd-vae", "fid-inception"}));
+  EXPECT_EQ(ids, (std::set<std::string>{"classifier", "dit", "sd-vae", "vavae-f16d32", "fid-inception"}));
   EXPECT_THROW(experiments::experiment_family(config("model: {name: sd-vae}")),
                UserError);  // a fixed network trains nothing
 }
@@ -61,6 +61,8 @@ TEST(Registry, FixedNetworksCountTheParametersOfTheRealPackages) {
   // diffusers AutoencoderKL with the sd-vae-ft-mse config; torchvision inception_v3(num_classes=1008,
   // aux_logits=False), whose blocks pytorch-fid's FID-Inception replaces with same-sized ones.
   EXPECT_EQ(experiments::find_model_family("sd-vae").summarize("sd-vae").params, 83653863);
+  // diffusers AutoencoderKL in VA-VAE f16d32's configuration (tests/diffusion/ref_sd_vae.py --vavae asserts the same).
+  EXPECT_EQ(experiments::find_model_family("vavae-f16d32").summarize("vavae-f16d32").params, 69836067);
   EXPECT_EQ(experiments::find_model_family("fid-inception").summarize("fid-inception").params, 23850960);
   const experiments::ModelSummary s = experiments::find_model_family("MoH-DiT-S/2-75").summarize("MoH-DiT-S/2-75");
   EXPECT_EQ(s.family, "dit");
