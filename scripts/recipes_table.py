@@ -9,13 +9,12 @@ compared: one set of tables per such group, headed by its provenance.
     python3 scripts/recipes_table.py ROWS.jsonl [ROWS.jsonl ...]
 """
 import json
-import math
 import statistics
 import sys
 from collections import OrderedDict
 
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
-GOAL = 5.0  # per cent above dense FID
+from ct_plateau_table import interval, verdict  # the same t-interval and 5 % goal verdict as the continue-tuning study
+
 RECIPES = ["ddpm", "ddpm_ld", "flow", "flow_ld", "flow_repa", "flow_repa_ld"]
 TITLES = {"ddpm": "DDPM", "ddpm_ld": "DDPM + LD block", "flow": "flow", "flow_ld": "flow + LD block",
           "flow_repa": "flow + REPA", "flow_repa_ld": "flow + REPA + LD block"}
@@ -49,19 +48,6 @@ def fid_table(rows):
         if all(c is None for c in cells):
             continue
         print(f"| {step} | {seed} | " + " | ".join("not run" if c is None else f"{c:.2f}" for c in cells) + " |")
-
-
-def interval(values):
-    m = statistics.mean(values)
-    if len(values) < 2:
-        return m, None
-    return m, T975.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
-
-
-def verdict(m, h):
-    if h is None:
-        return "undecided (one seed)"
-    return "met" if m + h <= GOAL else "not met" if m - h > GOAL else "undecided"
 
 
 def final_fids(rows, recipe, model):
