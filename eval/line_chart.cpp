@@ -118,7 +118,9 @@ class Canvas {
  public:
   virtual ~Canvas() = default;
   virtual void line(double x0, double y0, double x1, double y1, Rgb c, double width) = 0;
-  virtual void polyline(const std::vector<std::array<double, 2>>& pts, Rgb c, double width) = 0;
+  /// `dash`: dash_pattern's on/off lengths; empty: solid.
+  virtual void polyline(const std::vector<std::array<double, 2>>& pts, Rgb c, double width,
+                        const std::vector<double>& dash) = 0;
   virtual void dot(double x, double y, double r, Rgb c) = 0;
   /// `size` in the units of OpenCV's Hershey simplex font scale; (x, y) is the baseline's anchor point; `vertical`
   /// text reads bottom to top.
@@ -143,8 +145,11 @@ class SvgCanvas : public Canvas {
     out_ << "<line x1=\"" << n(x0) << "\" y1=\"" << n(y0) << "\" x2=\"" << n(x1) << "\" y2=\"" << n(y1) << "\""
          << stroke(c, width) << "/>\n";
   }
-  void polyline(const std::vector<std::array<double, 2>>& pts, Rgb c, double width) override {
-    out_ << "<polyline fill=\"none\" stroke-linejoin=\"round\"" << stroke(c, width) << " points=\"";
+  void polyline(const std::vector<std::array<double, 2>>& pts, Rgb c, double width,
+                const std::vector<double>& dash) override {
+    out_ << "<polyline fill=\"none\" stroke-linejoin=\"round\"" << stroke(c, width);
+    for (size_t i = 0; i < dash.size(); ++i) out_ << (i == 0 ? " stroke-dasharray=\"" : ",") << n(dash[i]);
+    out_ << (dash.empty() ? "" : "\"") << " points=\"";
     for (const auto& p : pts) out_ << n(p[0]) << ',' << n(p[1]) << ' ';
     out_ << "\"/>\n";
   }
@@ -184,10 +189,13 @@ class RasterCanvas : public Canvas {
   void line(double x0, double y0, double x1, double y1, Rgb c, double width) override {
     cv::line(m_, pt(x0, y0), pt(x1, y1), bgr(c), thick(width), cv::LINE_AA);
   }
-  void polyline(const std::vector<std::array<double, 2>>& pts, Rgb c, double width) override {
-    std::vector<cv::Point> p;
-    for (const auto& q : pts) p.push_back(pt(q[0], q[1]));
-    cv::polylines(m_, p, false, bgr(c), thick(width), cv::LINE_AA);
+  void polyline(const std::vector<std::array<double, 2>>& pts, Rgb c, double width,
+                const std::vector<double>& dash) override {
+    for (const auto& piece : dash_pieces(pts, dash)) {
+      std::vector<cv::Point> p;
+      for (const auto& q : piece) p.push_back(pt(q[0], q[1]));
+      cv::polylines(m_, p, false, bgr(c), thick(width), cv::LINE_AA);
+    }
   }
   void dot(double x, double y, double r, Rgb c) override {
     cv::circle(m_, pt(x, y), thick(r), bgr(c), cv::FILLED, cv::LINE_AA);
@@ -297,12 +305,14 @@ void draw_panel(Canvas& c, const ChartPanel& p, double top) {
   size_t legend_row = 0;
   for (size_t k = 0; k < p.series.size(); ++k) {
     const Series& s = p.series[k];
-    const Rgb col = kPalette[(s.colour >= 0 ? static_cast<size_t>(s.colour) : k) % kPalette.size()];
+    const size_t index = s.colour >= 0 ? static_cast<size_t>(s.colour) : k;
+    const Rgb col = kPalette[index % kPalette.size()];
+    const std::vector<double> dash = dash_pattern(static_cast<int>(index / kPalette.size() % 3));
     std::vector<std::array<double, 2>> pts = finite_points(s);
     for (auto& q : pts)
       q = {kLeft + ((ax.log ? std::log10(q[0]) : q[0]) - ax.lo) / (ax.hi - ax.lo) * pw,
            y_end - ((ay.log ? std::log10(q[1]) : q[1]) - ay.lo) / (ay.hi - ay.lo) * ph};
-    if (pts.size() > 1 && !s.dots_only) c.polyline(pts, col, 1.6);
+    if (pts.size() > 1 && !s.dots_only) c.polyline(pts, col, 1.6, dash);
     if (pts.size() <= 12 || s.dots_only)  // few points (evaluations) or a cloud: each one visible
       for (const auto& q : pts) c.dot(q[0], q[1], 2.6, col);
     if (s.name.empty()) continue;  // drawn without a legend row (the points of a line already named)
@@ -310,7 +320,7 @@ void draw_panel(Canvas& c, const ChartPanel& p, double top) {
     if (s.dots_only)
       c.dot(kLeft + pw + 20, ly - 4, 2.6, col);
     else
-      c.line(kLeft + pw + 10, ly - 4, kLeft + pw + 30, ly - 4, col, 2);
+      c.polyline({{kLeft + pw + 8, ly - 4}, {kLeft + pw + 30, ly - 4}}, col, 2, dash);
     c.text(s.name.substr(0, 24), kLeft + pw + 34, ly, 0.36, Anchor::start);
   }
 }
@@ -321,6 +331,39 @@ void draw_figure(Canvas& c, const std::string& title, const std::vector<const Ch
 }
 
 }  // namespace
+
+std::vector<double> dash_pattern(int style) {
+  if (style == 1) return {7, 4};
+  if (style == 2) return {2, 3};
+  return {};
+}
+
+std::vector<std::vector<std::array<double, 2>>> dash_pieces(const std::vector<std::array<double, 2>>& pts,
+                                                            const std::vector<double>& pattern) {
+  if (pattern.empty() || pts.size() < 2) return {pts};
+  std::vector<std::vector<std::array<double, 2>>> out;
+  std::vector<std::array<double, 2>> cur{pts[0]};
+  size_t k = 0;
+  double left = pattern[0];  // length left in the pattern's current entry
+  for (size_t i = 1; i < pts.size(); ++i) {
+    const auto &a = pts[i - 1], &b = pts[i];
+    const double len = std::hypot(b[0] - a[0], b[1] - a[1]);
+    double done = 0;
+    while (len - done > left) {  // the entry ends inside this segment
+      done += left;
+      const std::array<double, 2> p{a[0] + (b[0] - a[0]) * done / len, a[1] + (b[1] - a[1]) * done / len};
+      if (k % 2 == 0)
+        cur.push_back(p), out.push_back(cur), cur.clear();
+      else
+        cur = {p};
+      k = (k + 1) % pattern.size(), left = pattern[k];
+    }
+    left -= len - done;
+    if (k % 2 == 0) cur.push_back(b);
+  }
+  if (k % 2 == 0 && cur.size() > 1) out.push_back(cur);
+  return out;
+}
 
 Series running_best(const std::string& name, std::vector<double> x, std::vector<double> y) {
   std::vector<std::pair<double, double>> pts;

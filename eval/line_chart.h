@@ -2,6 +2,7 @@
 // Line charts for papers: a figure title naming what is drawn, then one or more panels stacked vertically, each with a
 // title, labelled axes and several named series in distinct colours with a legend. Written twice from one layout: an
 // SVG (vector, any build) and a PNG at twice the layout's pixel size (OpenCV builds only). Used by `moh plot`.
+#include <array>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,16 @@ struct Series {
   bool dots_only = false;  ///< points without a connecting line (settings that are not a sequence)
   int colour = -1;         ///< palette index; -1: the series' position (pin it to pair a line with its points)
 };
+
+/// The 8 palette colours repeat beyond 8 series: index k draws colour k % 8 with line style (k / 8) % 3, solid,
+/// dashed, dotted, so a chart of up to 24 series keeps every line distinct. The dash pattern of a style in layout
+/// pixels (on, off, on, off, …); empty: solid.
+std::vector<double> dash_pattern(int style);
+
+/// `pts` (a polyline) cut into its drawn pieces under `pattern` (dash_pattern): the pattern runs along the arc
+/// length across vertices, as an SVG stroke-dasharray does. An empty pattern gives the polyline itself.
+std::vector<std::vector<std::array<double, 2>>> dash_pieces(const std::vector<std::array<double, 2>>& pts,
+                                                            const std::vector<double>& pattern);
 
 /// One panel of a chart.
 struct ChartPanel {

@@ -161,7 +161,7 @@ TEST(LineChart, DotsOnlySeriesDrawNoLineAndUnnamedOnesNoLegendRow) {
   p.log_x = true;
   p.series = {{"model a", {10, 100}, {5, 3}, false, 0}, {"", {10, 50, 100}, {5, 6, 3}, true, 0}};
   const std::string svg = read_text(write_line_chart(dir.file("f"), "t", {p}).svg);
-  EXPECT_EQ(count(svg, "<polyline"), 1u);  // the named line only
+  EXPECT_EQ(count(svg, "<polyline"), 2u);  // the named line and its legend row's stroke only
   EXPECT_EQ(count(svg, "<circle"), 5u);    // 2 points of the line + 3 of the cloud, no legend dot
   EXPECT_EQ(count(svg, ">model a<"), 1u);
   EXPECT_NE(svg.find(">10<"), std::string::npos);  // decades of the log x axis
@@ -171,6 +171,35 @@ TEST(LineChart, DotsOnlySeriesDrawNoLineAndUnnamedOnesNoLegendRow) {
   EXPECT_EQ(count(named, "<circle"), 6u);  // its legend row shows a dot, not a line
   p.series[1].x[0] = 0;                    // a log axis has no place for 0
   EXPECT_THROW(write_line_chart(dir.file("h"), "t", {p}), UserError);
+}
+
+// The 8 colours repeat from the 9th series on; its line style changes (dashed, then dotted from the 17th), so the
+// 12-series recipe charts once drew two pairs of lines that could not be told apart.
+TEST(LineChart, SeriesBeyondThePaletteKeepTheirColourButChangeTheirDash) {
+  EXPECT_TRUE(dash_pattern(0).empty());
+  EXPECT_EQ(dash_pattern(1), (std::vector<double>{7, 4}));
+  EXPECT_EQ(dash_pattern(2), (std::vector<double>{2, 3}));
+  test::TempDir dir;
+  ChartPanel p{"fid", "step", "FID", {}, false, true};
+  for (int k = 0; k < 8; ++k) p.series.push_back({"run " + std::to_string(k), {0, 1}, {1.0 + k, 2.0 + k}});
+  EXPECT_EQ(count(read_text(write_line_chart(dir.file("a"), "t", {p}).svg), "stroke-dasharray"), 0u);
+  p.series.push_back({"run 8", {0, 1}, {9, 10}});
+  const std::string svg = read_text(write_line_chart(dir.file("b"), "t", {p}).svg);
+  EXPECT_EQ(count(svg, "stroke-dasharray=\"7.0,4.0\""), 2u);  // its line and its legend row
+  EXPECT_EQ(count(svg, "stroke=\"#1f77b4\""), 4u);            // the colour of run 0 again (2 lines, 2 legend rows)
+  p.series.back().colour = 17;                                // a pinned colour index picks the style the same way
+  EXPECT_EQ(count(read_text(write_line_chart(dir.file("c"), "t", {p}).svg), "stroke-dasharray=\"2.0,3.0\""), 2u);
+}
+
+// The dash pattern runs along the arc length across vertices: a dash bends round a corner instead of restarting.
+TEST(LineChart, DashPiecesFollowThePatternAlongTheWholePolyline) {
+  using P = std::vector<std::array<double, 2>>;
+  const P straight{{0, 0}, {22, 0}};
+  EXPECT_EQ(dash_pieces(straight, {}), (std::vector<P>{straight}));
+  EXPECT_EQ(dash_pieces(straight, {7, 4}), (std::vector<P>{{{0, 0}, {7, 0}}, {{11, 0}, {18, 0}}}));
+  EXPECT_EQ(dash_pieces({{0, 0}, {5, 0}, {5, 5}}, {7, 4}), (std::vector<P>{{{0, 0}, {5, 0}, {5, 2}}}));
+  EXPECT_EQ(dash_pieces({{0, 0}, {3, 0}, {3, 4}}, {2, 3}),  // 7 long: on 0-2, off 2-5, on 5-7
+            (std::vector<P>{{{0, 0}, {2, 0}}, {{3, 2}, {3, 4}}}));
 }
 
 }  // namespace
