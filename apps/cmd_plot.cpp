@@ -197,41 +197,57 @@ std::string steps_title(size_t series) {
   return "FID against training steps: " + std::to_string(series) + " model × recipe series";
 }
 
-// FID against optimizer steps from scripts/reproduce_recipes.sh's JSON lines: per model × recipe, the mean over seeds
-// at each step as the line, every seed's measurement as a dot of the same colour.
-int plot_fid_steps(const std::string& path, const std::string& out) {
-  std::map<std::string, std::map<double, std::vector<double>>> rows;  // "model recipe" → step → FIDs over seeds
+using FidSteps = std::map<std::string, std::map<std::string, std::map<double, std::vector<double>>>>;
+
+// scripts/reproduce_recipes.sh's JSON lines as model → recipe → step → FIDs over seeds (other lines skipped).
+FidSteps read_fid_steps(const std::string& path) {
+  FidSteps rows;
   std::stringstream lines(read_file(path, "--fid-steps"));
   for (std::string line; std::getline(lines, line);) {
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.is_object() || !j.value("step", nlohmann::json()).is_number() ||
         !j.value("fid", nlohmann::json()).is_number())
       continue;
-    const std::string label = j.value("model", std::string("model")) + " " + j.value("recipe", std::string("run"));
-    rows[label][j["step"].get<double>()].push_back(j["fid"].get<double>());
+    rows[j.value("model", std::string("model"))][j.value("recipe", std::string("run"))][j["step"].get<double>()]
+        .push_back(j["fid"].get<double>());
   }
   if (rows.empty())
     throw UserError("--fid-steps " + path, "holds no JSON line with numbers step and fid",
                     "write it with scripts/reproduce_recipes.sh");
+  return rows;
+}
+
+// FID against optimizer steps from scripts/reproduce_recipes.sh's JSON lines: per model × recipe, the mean over seeds
+// at each step as the line, every seed's measurement as a dot of the same colour. One colour per recipe, one line
+// style per model (solid, dashed, dotted), so the same recipe reads across models.
+int plot_fid_steps(const std::string& path, const std::string& out) {
+  const FidSteps rows = read_fid_steps(path);
   check_output_dir(out, "--out " + out);
+  std::vector<std::string> recipes;  // sorted, each once: a recipe's colour is its position
+  for (const auto& by_model : rows)
+    for (const auto& by_recipe : by_model.second) recipes.push_back(by_recipe.first);
+  std::sort(recipes.begin(), recipes.end());
+  recipes.erase(std::unique(recipes.begin(), recipes.end()), recipes.end());
   eval::ChartPanel panel{
       "FID vs optimizer steps (line: mean over seeds; dots: each seed)", "optimizer steps", "FID", {}, false};
   panel.integer_x = true;
-  std::vector<std::string> labels;
-  for (const auto& [label, by_step] : rows) {
-    const int colour = static_cast<int>(labels.size());
-    eval::Series mean{label, {}, {}, false, colour}, seeds{"", {}, {}, true, colour};
-    for (const auto& [step, fids] : by_step) {
-      double sum = 0;
-      for (double f : fids) sum += f, seeds.x.push_back(step), seeds.y.push_back(f);
-      mean.x.push_back(step), mean.y.push_back(sum / static_cast<double>(fids.size()));
+  int model = 0;
+  for (const auto& [name, by_recipe] : rows) {
+    for (const auto& [recipe, by_step] : by_recipe) {
+      const int colour = static_cast<int>(std::find(recipes.begin(), recipes.end(), recipe) - recipes.begin());
+      eval::Series mean{name + " " + recipe, {}, {}, false, colour, model}, seeds{"", {}, {}, true, colour, model};
+      for (const auto& [step, fids] : by_step) {
+        double sum = 0;
+        for (double f : fids) sum += f, seeds.x.push_back(step), seeds.y.push_back(f);
+        mean.x.push_back(step), mean.y.push_back(sum / static_cast<double>(fids.size()));
+      }
+      panel.series.push_back(mean);
+      panel.series.push_back(seeds);
     }
-    panel.series.push_back(mean);
-    panel.series.push_back(seeds);
-    labels.push_back(label);
+    ++model;
   }
   std::filesystem::create_directories(out);
-  std::cout << wrote(eval::write_line_chart(out + "/fid_steps", steps_title(labels.size()), {panel})) << "\n";
+  std::cout << wrote(eval::write_line_chart(out + "/fid_steps", steps_title(panel.series.size() / 2), {panel})) << "\n";
   return kExitOk;
 }
 

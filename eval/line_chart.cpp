@@ -307,7 +307,7 @@ void draw_panel(Canvas& c, const ChartPanel& p, double top) {
     const Series& s = p.series[k];
     const size_t index = s.colour >= 0 ? static_cast<size_t>(s.colour) : k;
     const Rgb col = kPalette[index % kPalette.size()];
-    const std::vector<double> dash = dash_pattern(static_cast<int>(index / kPalette.size() % 3));
+    const std::vector<double> dash = dash_pattern(s.style >= 0 ? s.style : static_cast<int>(index / kPalette.size()));
     std::vector<std::array<double, 2>> pts = finite_points(s);
     for (auto& q : pts)
       q = {kLeft + ((ax.log ? std::log10(q[0]) : q[0]) - ax.lo) / (ax.hi - ax.lo) * pw,
@@ -333,8 +333,8 @@ void draw_figure(Canvas& c, const std::string& title, const std::vector<const Ch
 }  // namespace
 
 std::vector<double> dash_pattern(int style) {
-  if (style == 1) return {7, 4};
-  if (style == 2) return {2, 3};
+  if (style % 3 == 1) return {7, 4};
+  if (style % 3 == 2) return {2, 3};
   return {};
 }
 

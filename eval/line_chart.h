@@ -14,11 +14,12 @@ struct Series {
   std::vector<double> x, y;
   bool dots_only = false;  ///< points without a connecting line (settings that are not a sequence)
   int colour = -1;         ///< palette index; -1: the series' position (pin it to pair a line with its points)
+  int style = -1;          ///< line style (0 solid, 1 dashed, 2 dotted); -1: from the palette index (see dash_pattern)
 };
 
-/// The 8 palette colours repeat beyond 8 series: index k draws colour k % 8 with line style (k / 8) % 3, solid,
-/// dashed, dotted, so a chart of up to 24 series keeps every line distinct. The dash pattern of a style in layout
-/// pixels (on, off, on, off, …); empty: solid.
+/// The 8 palette colours repeat beyond 8 series: palette index k draws colour k % 8 with line style k / 8 (unless the
+/// series pins its style), so a chart of up to 24 series keeps every line distinct. The dash pattern of line style
+/// `style` (mod 3: solid, dashed, dotted) in layout pixels (on, off, on, off, …); empty: solid.
 std::vector<double> dash_pattern(int style);
 
 /// `pts` (a polyline) cut into its drawn pieces under `pattern` (dash_pattern): the pattern runs along the arc

@@ -206,13 +206,19 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   [ -s "$tmp/plot/curves.png" ] && [ -s "$tmp/plot/curves.svg" ] && [ -s "$tmp/plot/summary.md" ] && grep -q '"time":"20' "$tmp/run_ema/metrics.jsonl" &&
     grep -q "epoch 1: top-1" "$tmp/run_ema/log.txt" && pass=$((pass + 1)) || { echo "FAIL: plot files, metrics time or log.txt"; fails=$((fails + 1)); }
   expect 2 "has no metrics.jsonl" -- plot "$tmp/run_ema/checkpoints"
-  # FID against steps from reproduce_recipes.sh's rows: two seeds of one recipe, one of another
+  # FID against steps from reproduce_recipes.sh's rows: two seeds of one recipe, one of another; a second model's
+  # lines dashed (one line style per model, one colour per recipe)
   printf '%s\n' '{"model": "moh", "recipe": "flow", "seed": 1, "step": 10, "fid": 30}' \
     '{"model": "moh", "recipe": "flow", "seed": 2, "step": 10, "fid": 34}' \
     '{"model": "moh", "recipe": "ddpm", "seed": 1, "step": 20, "fid": 50}' 'not json' >"$tmp/rows.jsonl"
   expect 0 "fid_steps.svg" -- plot --fid-steps "$tmp/rows.jsonl" --out "$tmp/fsteps"
   grep -q "moh ddpm" "$tmp/fsteps/fid_steps.svg" && grep -q "moh flow" "$tmp/fsteps/fid_steps.svg" &&
-    pass=$((pass + 1)) || { echo "FAIL: fid_steps.svg without its series"; fails=$((fails + 1)); }
+    ! grep -q "stroke-dasharray" "$tmp/fsteps/fid_steps.svg" &&
+    pass=$((pass + 1)) || { echo "FAIL: fid_steps.svg without its series, or dashed with one model"; fails=$((fails + 1)); }
+  echo '{"model": "dit", "recipe": "flow", "seed": 1, "step": 10, "fid": 28}' >>"$tmp/rows.jsonl"
+  expect 0 "fid_steps.svg" -- plot --fid-steps "$tmp/rows.jsonl" --out "$tmp/fsteps2m"
+  [ "$(grep -c 'stroke-dasharray' "$tmp/fsteps2m/fid_steps.svg")" = 2 ] && pass=$((pass + 1)) ||
+    { echo "FAIL: fid_steps.svg of two models: the second model's two legend rows not dashed (one point per series: no line)"; fails=$((fails + 1)); }
   expect 2 "holds no JSON line with numbers step and fid" -- plot --fid-steps "$tmp/run_ema/metrics.jsonl" \
     --out "$tmp/fsteps2"
   expect 2 "unknown flag --chekpoint (did you mean --checkpoint?)" -- eval --chekpoint "$tmp/run"

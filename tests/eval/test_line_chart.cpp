@@ -189,6 +189,8 @@ TEST(LineChart, SeriesBeyondThePaletteKeepTheirColourButChangeTheirDash) {
   EXPECT_EQ(count(svg, "stroke=\"#1f77b4\""), 4u);            // the colour of run 0 again (2 lines, 2 legend rows)
   p.series.back().colour = 17;                                // a pinned colour index picks the style the same way
   EXPECT_EQ(count(read_text(write_line_chart(dir.file("c"), "t", {p}).svg), "stroke-dasharray=\"2.0,3.0\""), 2u);
+  p.series.back().style = 0;  // a pinned style wins: solid again (a model's style beside a recipe's colour)
+  EXPECT_EQ(count(read_text(write_line_chart(dir.file("d"), "t", {p}).svg), "stroke-dasharray"), 0u);
 }
 
 // The dash pattern runs along the arc length across vertices: a dash bends round a corner instead of restarting.
