@@ -2,13 +2,15 @@
 """Markdown tables of scripts/reproduce_recipes.sh's rows.jsonl: FID against optimizer steps per recipe and model,
 MoH against dense per recipe after the last step (paired by seed, with a 95 % t-interval over seeds and the goal's
 verdict: within 5 % of dense FID is met when the interval's upper end is <= +5 %, not met when its lower end is > +5 %,
-otherwise undecided), and the fewest measured steps at which each recipe reaches the DDPM run's final FID (same model,
-same seed). Rows measured with different feature networks, reference statistics, machines or LibTorch builds are never
+otherwise undecided), the fewest measured steps at which each recipe reaches the DDPM run's final FID (same model,
+same seed), and, given the CFG_SWEEP rows (OUT/cfg_rows.jsonl), FID and sample accuracy against the guidance scale at
+the last step (means over the seeds measured at every scale; the sweep's samples share each seed's noise). Rows measured with different feature networks, reference statistics, machines or LibTorch builds are never
 compared: one set of tables per such group, headed by its provenance.
 
-    python3 scripts/recipes_table.py ROWS.jsonl [ROWS.jsonl ...]
+    python3 scripts/recipes_table.py ROWS.jsonl [CFG_ROWS.jsonl ...]
 """
 import json
+import re
 import statistics
 import sys
 from collections import OrderedDict
@@ -102,15 +104,51 @@ def steps_to_ddpm(rows):
         print("\n".join(lines) + "\n")
 
 
+def is_sweep(r):
+    """a CFG_SWEEP row (its id ends in _cfg<scale>), kept out of the FID-versus-steps tables"""
+    return re.search(r"_cfg[0-9.]+$", r["id"]) is not None
+
+
+def guidance(r):
+    """the row's guidance scale: its cfg field, or the --cfg-scale of its sampler (rows written before the field)"""
+    if "cfg" in r:
+        return float(r["cfg"])
+    return float(re.search(r"--cfg-scale ([0-9.]+)", r["sampler"]).group(1))
+
+
+def cfg_table(rows):
+    """FID / sample accuracy per guidance scale at the swept step; means over the seeds measured at every scale"""
+    swept = sorted({(r["recipe"], r["model"], r["step"]) for r in rows if is_sweep(r)},
+                   key=lambda k: (RECIPES.index(k[0]), list(MODELS).index(k[1])))
+    if not swept:
+        return
+    scales = sorted({guidance(r) for r in rows if is_sweep(r)} | {4.0})
+    print("| recipe | model | step | seeds | " + " | ".join(f"CFG {g:g}: FID / acc %" for g in scales) +
+          " | lowest FID at |\n|---|---|---|---|" + "---|" * (len(scales) + 1))
+    for rc, m, step in swept:
+        mine = [r for r in rows if (r["recipe"], r["model"], r["step"]) == (rc, m, step)]
+        at = {(r["seed"], guidance(r)): r for r in mine}
+        seeds = sorted(sd for sd in {r["seed"] for r in mine} if all((sd, g) in at for g in scales))
+        if not seeds:
+            continue
+        fid = {g: statistics.mean(at[(sd, g)]["fid"] for sd in seeds) for g in scales}
+        acc = {g: statistics.mean(at[(sd, g)]["sample_acc"] for sd in seeds) for g in scales}
+        print(f"| {TITLES[rc]} | {MODELS[m]} | {step} | {', '.join(map(str, seeds))} | " +
+              " | ".join(f"{fid[g]:.2f} / {acc[g]:.1f}" for g in scales) + f" | {min(scales, key=fid.get):g} |")
+    print()
+
+
 def main(paths):
     for (machine, libtorch, features, reference, samples), rows in groups(load(paths)).items():
         print(f"### {machine}, {libtorch}; feature network {features[:8]}…, reference {reference[:8]}…, "
               f"{samples} samples\n")
-        fid_table(rows)
+        steps = [r for r in rows if not is_sweep(r)]
+        fid_table(steps)
         print()
-        moh_vs_dense(rows)
+        moh_vs_dense(steps)
         print()
-        steps_to_ddpm(rows)
+        steps_to_ddpm(steps)
+        cfg_table(rows)
 
 
 if __name__ == "__main__":

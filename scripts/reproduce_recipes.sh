@@ -25,6 +25,8 @@
 #        CKPT_EVERY (0: a checkpoint, and so an FID, after every epoch only; N: also every N steps inside epochs)
 #        MAX_STEPS (0: all EPOCHS; N: stop after N steps — the lr is constant, so the run is the longer run's first N
 #        steps: an early point without training the rest)
+#        CFG_SWEEP ("": none; e.g. "1 2 6": each run's last checkpoint also sampled at these guidance scales, same
+#        interval and steps, one row each in OUT/cfg_rows.jsonl, apart from the FID-versus-steps rows)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MOH=${MOH:-build/moh}
@@ -32,7 +34,7 @@ OUT=${1:-docs/results/recipes}
 RUNS=${RUNS:-runs/recipes}
 MODELS=${MODELS:-"dit moh"} RECIPES=${RECIPES:-"ddpm flow"} SEEDS=${SEEDS:-"1 2"} EPOCHS=${EPOCHS:-4}
 SAMPLES=${SAMPLES:-2000} PRECISION=${PRECISION:-auto} LIMIT=${LIMIT:-0} CKPT_EVERY=${CKPT_EVERY:-0}
-MAX_STEPS=${MAX_STEPS:-0}
+MAX_STEPS=${MAX_STEPS:-0} CFG_SWEEP=${CFG_SWEEP:-}
 [ -x "$MOH" ] || { echo "error: $MOH not found (run scripts/setup.sh first)" >&2; exit 2; }
 for r in $RECIPES; do
   case $r in ddpm | flow | ddpm_ld | flow_ld | flow_repa | flow_repa_ld) ;;
@@ -42,6 +44,9 @@ done
 for m in $MODELS; do
   case $m in dit | moh) ;; *) echo "error: MODELS: unknown model $m (dit, moh)" >&2; exit 2 ;; esac
 done
+for g in $CFG_SWEEP; do
+  [[ "$g" =~ ^[0-9]+(\.[0-9]+)?$ ]] || { echo "error: CFG_SWEEP: $g is not a guidance scale (e.g. \"1 2 6\")" >&2; exit 2; }
+done
 mkdir -p "$OUT" "$RUNS"
 JOB=${JOB:-models_${MODELS// /-}_recipes_${RECIPES// /-}_seeds_${SEEDS// /-}}
 LIBTORCH=$("$MOH" --version | sed -n 2p)
@@ -49,12 +54,14 @@ COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)  # the toolkit'
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
   MACHINE=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1)
 else MACHINE=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); fi
+SWEEP_NOTE=${CFG_SWEEP:+; the last checkpoints also at CFG $CFG_SWEEP (cfg_rows.jsonl)}
 echo "protocol: $MACHINE, $LIBTORCH; models $MODELS; recipes $RECIPES; seeds $SEEDS; $EPOCHS epochs, FID after each" \
   "on $SAMPLES samples (classes balanced) against the Fashion-MNIST test set with the shipped MoH-ViT-Nano recipe's" \
-  "classifier as the feature network; training images ${LIMIT/#0/all}; precision $PRECISION" | tee "$OUT/protocol_$JOB.txt"
-ROWS=$OUT/rows.jsonl
+  "classifier as the feature network; training images ${LIMIT/#0/all}; precision $PRECISION$SWEEP_NOTE" |
+  tee "$OUT/protocol_$JOB.txt"
+ROWS=$OUT/rows.jsonl CFG_ROWS=$OUT/cfg_rows.jsonl
 touch "$ROWS"
-have() { grep -qF "\"id\": \"$1\"" "$ROWS"; }
+have() { grep -qF "\"id\": \"$1\"" "$2"; }
 
 FEATURES=$RUNS/features
 if [ ! -f "$FEATURES.done" ]; then
@@ -85,29 +92,31 @@ recipe_sets() {  # the training overrides of a recipe
     "--set train.repa.depth=2 --set train.repa.weight=0.5 --set train.repa.projector_dim=256" ;;
   esac
 }
-sampler_args() {  # the FID samples' sampler: 17 network evaluations per image either way (sampling.json's count)
+sampler_args() {  # RECIPE [CFG]: the FID samples' sampler, 17 network evaluations per image at CFG 4 either way
   case $1 in
-  ddpm*) echo "--sampler dpm++2m --steps 12 --cfg-scale 4 --cfg-interval 0,0.5" ;;
-  flow*) echo "--sampler heun --steps 6 --cfg-scale 4 --cfg-interval 0,0.5" ;;
+  ddpm*) echo "--sampler dpm++2m --steps 12 --cfg-scale ${2:-4} --cfg-interval 0,0.5" ;;
+  flow*) echo "--sampler heun --steps 6 --cfg-scale ${2:-4} --cfg-interval 0,0.5" ;;
   esac
 }
 
-# measure NAME RUN STEP MODEL RECIPE SEED: FID of one checkpoint, one row
+# measure NAME RUN STEP MODEL RECIPE SEED [CFG]: FID of one checkpoint, one row (in CFG_ROWS when CFG is given)
 measure() {
-  local id=$1 ckpt=$2/checkpoints/$3 dir=$2/eval_$3
-  have "$id" && return
+  local id=$1 ckpt=$2/checkpoints/$3 dir=$2/eval_$3${7:+_cfg$7} rows=$ROWS
+  [ -n "${7:-}" ] && rows=$CFG_ROWS && touch "$rows"
+  have "$id" "$rows" && return
   rm -rf "$dir"
   # shellcheck disable=SC2046  # the sampler flags are words
-  "$MOH" sample --checkpoint "$ckpt" --num-samples "$SAMPLES" --seed "$6" $(sampler_args "$5") \
+  "$MOH" sample --checkpoint "$ckpt" --num-samples "$SAMPLES" --seed "$6" $(sampler_args "$5" "${7:-}") \
     --out "$dir/samples" >/dev/null
   "$MOH" fid --samples "$dir/samples/samples.npz" --ref "$STATS" --features "classifier:$FEATURES" \
     --out "$dir/fid" >/dev/null
   local encoder=""  # the REPA encoder's weights (what the run's log names with its SHA-256)
   [[ "$5" == flow_repa* ]] && encoder=$ENCODER/checkpoints/$(cat "$ENCODER/checkpoints/latest")/model.safetensors
-  python3 - "$id" "$4" "$5" "$6" "$3" "$dir" "$MACHINE" "$LIBTORCH" "$STATS" "$SAMPLES" "$(sampler_args "$5")" \
-    "$PRECISION" "$encoder" "$COMMIT" >>"$ROWS" <<'PY'
+  python3 - "$id" "$4" "$5" "$6" "$3" "$dir" "$MACHINE" "$LIBTORCH" "$STATS" "$SAMPLES" \
+    "$(sampler_args "$5" "${7:-}")" "$PRECISION" "$encoder" "$COMMIT" "${7:-4}" >>"$rows" <<'PY'
 import hashlib, json, sys
-name, model, recipe, seed, step, d, machine, libtorch, ref, samples, sampler, precision, encoder, commit = sys.argv[1:]
+name, model, recipe, seed, step, d, machine, libtorch, ref, samples, sampler, precision, encoder, commit, cfg = \
+    sys.argv[1:]
 rep = json.load(open(d + "/fid/report.json"))
 nfe = json.load(open(d + "/samples/sampling.json"))["nfe_per_image"]
 print(json.dumps({"id": name, "model": model, "recipe": recipe, "seed": int(seed), "step": int(step),
@@ -115,7 +124,7 @@ print(json.dumps({"id": name, "model": model, "recipe": recipe, "seed": int(seed
                   "machine": machine, "libtorch": libtorch, "commit": commit, "precision": precision,
                   "feature_sha256": rep.get("feature_net", {}).get("weights_sha256"),
                   "reference_sha256": hashlib.sha256(open(ref, "rb").read()).hexdigest(),
-                  "samples": int(samples), "sampler": sampler, "nfe": nfe,
+                  "samples": int(samples), "sampler": sampler, "cfg": float(cfg), "nfe": nfe,
                   "repa_encoder_sha256": hashlib.sha256(open(encoder, "rb").read()).hexdigest() if encoder else None}))
 PY
 }
@@ -135,6 +144,10 @@ for s in $SEEDS; do
       fi
       for ckpt in "$run"/checkpoints/[0-9]*; do
         measure "${name}_$(basename "$ckpt")" "$run" "$(basename "$ckpt")" "$m" "$r" "$s"
+      done
+      last=$(basename "$(find "$run/checkpoints" -maxdepth 1 -name '[0-9]*' | sort | tail -n1)")
+      for g in $CFG_SWEEP; do
+        measure "${name}_${last}_cfg$g" "$run" "$last" "$m" "$r" "$s" "$g"
       done
     done
   done
