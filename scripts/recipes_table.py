@@ -4,8 +4,9 @@ MoH against dense per recipe after the last step (paired by seed, with a 95 % t-
 verdict: within 5 % of dense FID is met when the interval's upper end is <= +5 %, not met when its lower end is > +5 %,
 otherwise undecided), the fewest measured steps at which each recipe reaches the DDPM run's final FID (same model,
 same seed), and, given the CFG_SWEEP rows (OUT/cfg_rows.jsonl), FID and sample accuracy against the guidance scale at
-the last step (means over the seeds measured at every scale; the sweep's samples share each seed's noise). Rows measured with different feature networks, reference statistics, machines or LibTorch builds are never
-compared: one set of tables per such group, headed by its provenance.
+the last step (means over the seeds measured at every scale; the sweep's samples share each seed's noise). Rows
+measured with different feature networks, reference statistics, machines or LibTorch builds are never compared: one
+set of tables per such group, headed by its provenance.
 
     python3 scripts/recipes_table.py ROWS.jsonl [CFG_ROWS.jsonl ...]
 """
