@@ -155,7 +155,7 @@ static std::string blas_core_line() {
 
 static void print_version() {
   BlasInfo blas = detect_blas();
-  std::cout << "moh " << toolkit_version() << "\n"
+  std::cout << "moh " << toolkit_version() << " (commit " << toolkit_commit() << ")\n"
             << "LibTorch " << libtorch_version() << " ("
             << (libtorch_cuda_build().empty()
                     ? std::string("CPU-only build")

@@ -24,11 +24,9 @@ bool parse_bench_flags(cxxopts::Options& options, int argc, char** argv, cxxopts
 }
 
 nlohmann::json machine_record() {
-  return {{"cpu", cpu_model_name()},
-          {"cores", std::max(1u, std::thread::hardware_concurrency())},
-          {"threads", at::get_num_threads()},
-          {"libtorch", libtorch_version()},
-          {"blas", detect_blas().name}};
+  return {{"cpu", cpu_model_name()},          {"cores", std::max(1u, std::thread::hardware_concurrency())},
+          {"threads", at::get_num_threads()}, {"libtorch", libtorch_version()},
+          {"commit", toolkit_commit()},       {"blas", detect_blas().name}};
 }
 
 c10::Device bench_device(const std::string& name) {

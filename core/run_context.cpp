@@ -93,6 +93,12 @@ std::string toolkit_version() {
   return MOH_VERSION;
 }
 
+const char* moh_build_commit();  // generated: core/commit_stamp.cmake
+
+std::string toolkit_commit() {
+  return moh_build_commit();
+}
+
 std::string libtorch_version() {
   return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
          std::to_string(TORCH_VERSION_PATCH);

@@ -59,6 +59,9 @@ DeviceMemory device_memory(const std::string& device);
 
 /// Toolkit version string ("0.1.0").
 std::string toolkit_version();
+/// The commit this binary was built from ("7a4de96", "7a4de96-dirty", or "unknown" when built outside a git
+/// checkout): stamped at build time (core/commit_stamp.cmake), so it names the binary, not the checkout beside it.
+std::string toolkit_commit();
 /// LibTorch version string ("1.13.1").
 std::string libtorch_version();
 /// Whether this LibTorch has CUDA and a device is visible.

@@ -307,7 +307,8 @@ void TrainLoop::start_writing() {
     metrics_ = start_run_dir(run_dir_, cfg_.yaml, resume_ ? std::optional<int64_t>(state_.step) : std::nullopt,
                              cfg_.log.tensorboard);
     console_ = std::make_unique<ConsoleLog>(run_dir_ + "/log.txt");
-    std::cerr << "[" << utc_timestamp() << "] moh train " << cfg_.name << "\n";
+    std::cerr << "[" << utc_timestamp() << "] moh train " << cfg_.name << " (moh " << toolkit_version() << ", commit "
+              << toolkit_commit() << ", LibTorch " << libtorch_version() << ")\n";
     print_notes();  // what the data loading had to say, now that every input is accepted
     if (resume_)
       std::cerr << "resuming " << resume_->dir << " at epoch " << state_.epoch << ", step " << state_.step << "\n";

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/run_context.h"
 #include "datasets/npz.h"
 
 namespace moh::eval {
@@ -271,6 +272,7 @@ nlohmann::json describe_run(const GenerativeEvalOptions& o, const FeatureNet& ne
                          {"pr_rows", ref.pr_features.defined() ? ref.pr_features.size(0) : 0}};
   report["feature_net"] = net_meta(net);
   report["feature_net"]["spec"] = o.features;
+  report["moh_commit"] = toolkit_commit();
   report["is_mode"] =
       o.is_mode == ISMode::adm ? "adm (splits of 5000, in order)" : "torch-fidelity (10 shuffled splits)";
   report["pr_distances"] = "float32 squared L2 (ADM uses fp16 when finite)";

@@ -128,7 +128,8 @@ nlohmann::json measure_point(const EmaSweepRequest& r, int64_t step, const Point
               {"report", report},
               {"seconds", seconds},
               {"time", utc_timestamp()},
-              {"libtorch", libtorch_version()}});
+              {"libtorch", libtorch_version()},
+              {"commit", toolkit_commit()}});
   return row;
 }
 

@@ -272,6 +272,7 @@ void write_sampling_outputs(const SamplingModel& m, const SamplingChain& sc_chai
   info["nfe_measured"] = sampler_record(sc_chain.options.sampler).adaptive;
   info["seconds"] = out.seconds;
   info["checkpoint"] = r.checkpoint.empty() ? "untrained" : r.checkpoint;
+  info["moh_commit"] = toolkit_commit();
   if (m.step < 0) info["step"] = nullptr;
   write_file_atomic(r.out + "/sampling.json", info.dump(1) + "\n");
 }

@@ -9,6 +9,13 @@
 #   plateau continue-tuning from dense DiTs trained to their plateau (issue 57: scripts/reproduce_ct_plateau.sh, 4
 #           seeds) into STATE/plateau; with END_AT (epoch seconds) its dense phase gets 35 % of the time left and no
 #           job starts in the last 45 s, so a second call on the warm machine finishes what is left.
+#   recipes issue 55's recipe comparison at the GPU's size (scripts/reproduce_recipes.sh) into STATE/recipes: both
+#           models under REC_RECIPES ("flow flow_repa ddpm", in that order, every seed of one before the next) for
+#           REC_SEEDS ("1 2 3 4"), REC_EPOCHS (8) epochs of batch REC_BATCH (256) at lr REC_LR (1e-3) — 1,872 steps
+#           of 4× the CPU rows' batch (2 seeds, 1,874 steps of 64) — FID on REC_SAMPLES (5000) after every
+#           REC_MEASURE_EVERY-th (2) epoch and the last, with the CPU rows' feature network (FEATURE_RUN) and REPA
+#           encoder (REPA_ENCODER, default .gpu_payload/repa_encoder); one job per run, JOBS (8) at a time, none
+#           started in the last 45 s before END_AT; a cut run resumes from its last epoch when started again.
 # Models this small leave a GPU waiting on kernel launches, so independent jobs run side by side: first the dense
 # models of the study and the two demo models, then the conversions and continue-tuning runs (one job per seed and
 # router), the from-scratch runs and the two curves. Started again, finished runs and measurements are skipped.
@@ -18,7 +25,8 @@
 #   STATE_DIR    runs, logs and results (default runs/gpu_results): ct/ (rows.jsonl, continue_tuning.md),
 #                curve/ (curve.jsonl, curve.md, timing.jsonl, plots/), driver.log
 # env: MOH (default: scripts/gpu_check.sh's env + build stages make build-gpu/moh from KIT, default .gpu_kit),
-#      PARTS ("ct curve retime"; plateau on request) SEEDS ("1 2") SAMPLES (2000) DEMO_STEPS (2400) DIT_EPOCHS (4) LIMIT (0: every
+#      PARTS ("ct curve retime"; plateau and recipes on request)
+#      SEEDS ("1 2") SAMPLES (2000) DEMO_STEPS (2400) DIT_EPOCHS (4) LIMIT (0: every
 #      training image) PRECISION (fp32) SAMPLE_BATCH (1000) COPY_TO (a folder the results are copied into every 20 s
 #      and at the end) OMP_NUM_THREADS (2 per job)
 # Started again on the same machine, leave MOH unset: the build stage unpacks the kit again (carrying .gpu_kit anew
@@ -45,7 +53,7 @@ collect() {
   local f
   # seven files: the device tool brings back at most eight; tables and plots are made again from these
   for f in driver.log ct/rows.jsonl curve/curve.jsonl curve/timing.jsonl gpu_report/results.jsonl plateau/rows.jsonl \
-    plateau/checks.jsonl plateau/driver.log; do
+    plateau/checks.jsonl plateau/driver.log recipes/rows.jsonl; do
     [ -f "$STATE/$f" ] && cp "$STATE/$f" "$COPY_TO/$(echo "$f" | tr / _)"
   done
   (cd "$STATE" && find . \( -name '*.log' -o -name metrics.jsonl -o -name sampling.json -o -name report.json \
@@ -87,6 +95,49 @@ finish() {
   collect
   return $rc
 }
+# throttle N: wait until fewer than N of the jobs started by job() are running
+throttle() {
+  local p n
+  while :; do
+    n=0
+    for p in "${PIDS[@]}"; do kill -0 "$p" 2>/dev/null && n=$((n + 1)); done
+    [ "$n" -lt "$1" ] && return
+    sleep 2
+  done
+}
+# install_run SRC DST: a carried run (model weights, config, checkpoints/latest) as DST, once
+install_run() {
+  [ -f "$2.done" ] && return
+  [ -d "$1/checkpoints" ] || { log "error: $1: not a run (no checkpoints/)"; exit 2; }
+  rm -rf "$2" && cp -r "$1" "$2" && touch "$2.done"
+}
+recipes_part() {
+  local out=$STATE/recipes runs=$STATE/recipes/runs s r m
+  local deadline=$((${END_AT:-0} > 0 ? ${END_AT:-0} - 45 : 0))
+  mkdir -p "$runs"
+  install_run "$FEATURE" "$runs/features"
+  install_run "$(realpath -m "${REPA_ENCODER:-.gpu_payload/repa_encoder}")" "$runs/repa_encoder"
+  [ -f "$runs/fm_test_stats.npz" ] ||
+    "$MOH" ref-stats --images fashion_mnist:test --features "classifier:$runs/features" \
+      --out "$runs/fm_test_stats.npz" >/dev/null
+  # recipe by recipe, the two models of a pair side by side: a cut leaves whole pairs of the first recipes
+  for r in ${REC_RECIPES:-flow flow_repa ddpm}; do
+    for s in ${REC_SEEDS:-1 2 3 4}; do
+      for m in dit moh; do
+        throttle "${JOBS:-8}"
+        if [ "$deadline" -gt 0 ] && [ "$(date +%s)" -ge "$deadline" ]; then
+          log "recipes: $m $r seed $s not started (deadline)"
+          continue
+        fi
+        job "rec_${m}_${r}_s$s" env RUNS="$runs" MODELS="$m" RECIPES="$r" SEEDS="$s" EPOCHS="${REC_EPOCHS:-8}" \
+          SAMPLES="${REC_SAMPLES:-5000}" MEASURE_EVERY="${REC_MEASURE_EVERY:-2}" JOB="gpu_${m}_${r}_s$s" \
+          TRAIN_ARGS="--set data.batch_size=${REC_BATCH:-256} --set optim.lr=${REC_LR:-1e-3}" \
+          bash scripts/reproduce_recipes.sh "$out"
+      done
+    done
+  done
+  finish || true
+}
 demo_train() {  # demo_train NAME CONFIG: the demo recipe's DiT training, DEMO_STEPS steps
   [ -f "$RUNS/$1.done" ] && return
   rm -rf "${RUNS:?}/$1"
@@ -102,6 +153,11 @@ if has plateau; then
   LABEL=gpu JOBS=${JOBS:-8} SEEDS=${PLATEAU_SEEDS:-"1 2 3 4"} SAMPLES=${PLATEAU_SAMPLES:-5000} \
     DENSE_BUDGET=$((left * 35 / 100)) DEADLINE=$((left > 45 ? left - 45 : 0)) SAMPLE_BATCH=${SAMPLE_BATCH:-2500} \
     bash scripts/reproduce_ct_plateau.sh "$STATE/plateau" >"$STATE/plateau.log" 2>&1 || log "plateau study FAILED"
+  collect
+fi
+if has recipes; then
+  log "recipes at the GPU's size (issue 55)"
+  recipes_part
   collect
 fi
 STATS=$RUNS/fm_test_stats_$(basename "$FEATURE").npz  # the name reproduce_continue_tuning.sh looks for

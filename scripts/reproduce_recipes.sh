@@ -25,6 +25,9 @@
 #        CKPT_EVERY (0: a checkpoint, and so an FID, after every epoch only; N: also every N steps inside epochs)
 #        MAX_STEPS (0: all EPOCHS; N: stop after N steps — the lr is constant, so the run is the longer run's first N
 #        steps: an early point without training the rest)
+#        SAMPLE_ARGS (extra `moh sample` flags, e.g. "--set sampling.batch_size=1000" on a GPU)
+#        TRAIN_ARGS (extra `moh train` flags for every run, e.g. "--set data.batch_size=256 --set optim.lr=1e-3"; named
+#        in the protocol and in every row) MEASURE_EVERY (1: an FID at every checkpoint; N: at every N-th and the last)
 #        CFG_SWEEP ("": none; e.g. "1 2 6": each run's last checkpoint also sampled at these guidance scales, same
 #        interval and steps, one row each in OUT/cfg_rows.jsonl, apart from the FID-versus-steps rows)
 set -euo pipefail
@@ -34,7 +37,10 @@ OUT=${1:-docs/results/recipes}
 RUNS=${RUNS:-runs/recipes}
 MODELS=${MODELS:-"dit moh"} RECIPES=${RECIPES:-"ddpm flow"} SEEDS=${SEEDS:-"1 2"} EPOCHS=${EPOCHS:-4}
 SAMPLES=${SAMPLES:-2000} PRECISION=${PRECISION:-auto} LIMIT=${LIMIT:-0} CKPT_EVERY=${CKPT_EVERY:-0}
-MAX_STEPS=${MAX_STEPS:-0} CFG_SWEEP=${CFG_SWEEP:-}
+MAX_STEPS=${MAX_STEPS:-0} CFG_SWEEP=${CFG_SWEEP:-} SAMPLE_ARGS=${SAMPLE_ARGS:-}
+TRAIN_ARGS=${TRAIN_ARGS:-} MEASURE_EVERY=${MEASURE_EVERY:-1}
+[[ "$MEASURE_EVERY" =~ ^[1-9][0-9]*$ ]] ||
+  { echo "error: MEASURE_EVERY: $MEASURE_EVERY is not a count of checkpoints (1, 2, ...)" >&2; exit 2; }
 [ -x "$MOH" ] || { echo "error: $MOH not found (run scripts/setup.sh first)" >&2; exit 2; }
 for r in $RECIPES; do
   case $r in ddpm | flow | ddpm_ld | flow_ld | flow_repa | flow_repa_ld) ;;
@@ -50,14 +56,20 @@ done
 mkdir -p "$OUT" "$RUNS"
 JOB=${JOB:-models_${MODELS// /-}_recipes_${RECIPES// /-}_seeds_${SEEDS// /-}}
 LIBTORCH=$("$MOH" --version | sed -n 2p)
-COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)  # the toolkit's commit, in every row
+# The commit the binary was built from (`moh --version`), in every row; for a binary that does not say (built outside
+# git, or before it printed one) the checkout's, marked so.
+COMMIT=$("$MOH" --version | sed -n '1s/.*(commit \(.*\))$/\1/p')
+[ -n "$COMMIT" ] && [ "$COMMIT" != unknown ] ||
+  COMMIT="checkout $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
   MACHINE=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1)
 else MACHINE=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); fi
 SWEEP_NOTE=${CFG_SWEEP:+; the last checkpoints also at CFG $CFG_SWEEP (cfg_rows.jsonl)}
+EXTRA_NOTE=${TRAIN_ARGS:+; every run with $TRAIN_ARGS}
+[ "$MEASURE_EVERY" = 1 ] || EXTRA_NOTE+="; FID at checkpoints ${MEASURE_EVERY}, 2×${MEASURE_EVERY}, … and the last"
 echo "protocol: $MACHINE, $LIBTORCH; models $MODELS; recipes $RECIPES; seeds $SEEDS; $EPOCHS epochs, FID after each" \
   "on $SAMPLES samples (classes balanced) against the Fashion-MNIST test set with the shipped MoH-ViT-Nano recipe's" \
-  "classifier as the feature network; training images ${LIMIT/#0/all}; precision $PRECISION$SWEEP_NOTE" |
+  "classifier as the feature network; training images ${LIMIT/#0/all}; precision $PRECISION$SWEEP_NOTE$EXTRA_NOTE" |
   tee "$OUT/protocol_$JOB.txt"
 ROWS=$OUT/rows.jsonl CFG_ROWS=$OUT/cfg_rows.jsonl
 touch "$ROWS"
@@ -105,18 +117,18 @@ measure() {
   [ -n "${7:-}" ] && rows=$CFG_ROWS && touch "$rows"
   have "$id" "$rows" && return
   rm -rf "$dir"
-  # shellcheck disable=SC2046  # the sampler flags are words
+  # shellcheck disable=SC2046,SC2086  # the sampler flags are words
   "$MOH" sample --checkpoint "$ckpt" --num-samples "$SAMPLES" --seed "$6" $(sampler_args "$5" "${7:-}") \
-    --out "$dir/samples" >/dev/null
+    $SAMPLE_ARGS --out "$dir/samples" >/dev/null
   "$MOH" fid --samples "$dir/samples/samples.npz" --ref "$STATS" --features "classifier:$FEATURES" \
     --out "$dir/fid" >/dev/null
   local encoder=""  # the REPA encoder's weights (what the run's log names with its SHA-256)
   [[ "$5" == flow_repa* ]] && encoder=$ENCODER/checkpoints/$(cat "$ENCODER/checkpoints/latest")/model.safetensors
   python3 - "$id" "$4" "$5" "$6" "$3" "$dir" "$MACHINE" "$LIBTORCH" "$STATS" "$SAMPLES" \
-    "$(sampler_args "$5" "${7:-}")" "$PRECISION" "$encoder" "$COMMIT" "${7:-4}" >>"$rows" <<'PY'
+    "$(sampler_args "$5" "${7:-}")" "$PRECISION" "$encoder" "$COMMIT" "${7:-4}" "$TRAIN_ARGS" >>"$rows" <<'PY'
 import hashlib, json, sys
-name, model, recipe, seed, step, d, machine, libtorch, ref, samples, sampler, precision, encoder, commit, cfg = \
-    sys.argv[1:]
+name, model, recipe, seed, step, d, machine, libtorch, ref, samples, sampler, precision, encoder, commit, cfg, \
+    train_args = sys.argv[1:]
 rep = json.load(open(d + "/fid/report.json"))
 nfe = json.load(open(d + "/samples/sampling.json"))["nfe_per_image"]
 print(json.dumps({"id": name, "model": model, "recipe": recipe, "seed": int(seed), "step": int(step),
@@ -125,7 +137,8 @@ print(json.dumps({"id": name, "model": model, "recipe": recipe, "seed": int(seed
                   "feature_sha256": rep.get("feature_net", {}).get("weights_sha256"),
                   "reference_sha256": hashlib.sha256(open(ref, "rb").read()).hexdigest(),
                   "samples": int(samples), "sampler": sampler, "cfg": float(cfg), "nfe": nfe,
-                  "repa_encoder_sha256": hashlib.sha256(open(encoder, "rb").read()).hexdigest() if encoder else None}))
+                  "repa_encoder_sha256": hashlib.sha256(open(encoder, "rb").read()).hexdigest() if encoder else None,
+                  **({"train_args": train_args} if train_args else {})}))
 PY
 }
 
@@ -134,18 +147,21 @@ for s in $SEEDS; do
     for r in $RECIPES; do
       name=${m}_${r}_s$s run=$RUNS/${m}_${r}_s$s
       if [ ! -f "$run.done" ]; then
-        rm -rf "$run"
-        # shellcheck disable=SC2046  # the recipe's overrides are words
-        "$MOH" train "$(config "$m")" --run-dir "$run" --set train.seed="$s" --set train.epochs="$EPOCHS" \
-          --set train.precision="$PRECISION" --set data.limit_train="$LIMIT" --set train.ckpt_every_steps="$CKPT_EVERY" \
-          --set train.max_steps="$MAX_STEPS" \
-          $(recipe_sets "$r") >"$run.log"
+        # a run cut short (a killed job, a GPU call's time limit) goes on from its last checkpoint, exactly
+        # shellcheck disable=SC2046,SC2086  # the recipe's overrides are words
+        "$MOH" train "$(config "$m")" --run-dir "$run" --resume auto --set train.seed="$s" \
+          --set train.epochs="$EPOCHS" --set train.precision="$PRECISION" --set data.limit_train="$LIMIT" \
+          --set train.ckpt_every_steps="$CKPT_EVERY" --set train.max_steps="$MAX_STEPS" \
+          $(recipe_sets "$r") $TRAIN_ARGS >>"$run.log"
         touch "$run.done"
       fi
-      for ckpt in "$run"/checkpoints/[0-9]*; do
+      last=$(basename "$(find "$run/checkpoints" -maxdepth 1 -name '[0-9]*' | sort | tail -n1)")
+      i=0
+      for ckpt in "$run"/checkpoints/[0-9]*; do  # in step order
+        i=$((i + 1))
+        [ $((i % MEASURE_EVERY)) = 0 ] || [ "$(basename "$ckpt")" = "$last" ] || continue
         measure "${name}_$(basename "$ckpt")" "$run" "$(basename "$ckpt")" "$m" "$r" "$s"
       done
-      last=$(basename "$(find "$run/checkpoints" -maxdepth 1 -name '[0-9]*' | sort | tail -n1)")
       for g in $CFG_SWEEP; do
         measure "${name}_${last}_cfg$g" "$run" "$last" "$m" "$r" "$s" "$g"
       done
