@@ -39,6 +39,8 @@ cxxopts::Options sample_options(const std::string& prog) {
        cxxopts::value<std::string>());
   flag("guide-topk", "= sampling.guide_topk: K of the unconditional CFG branch (guide with fewer heads)",
        cxxopts::value<std::string>());
+  flag("precision", "= sampling.precision: tf32 (default; DiT's sample.py, fp32 on a CPU), fp32, bf16, fp16 (CUDA)",
+       cxxopts::value<std::string>());
   flag("batch,batch-size", "= sampling.batch_size (per batch file; every rank samples whole batches)",
        cxxopts::value<std::string>());
   flag("class-names", "text file with one class name per line (label order), for the grid's captions",
@@ -66,6 +68,7 @@ int cmd_sample(int argc, char** argv) {
                                                                                   {"seed", "seed"},
                                                                                   {"topk", "topk"},
                                                                                   {"guide-topk", "guide_topk"},
+                                                                                  {"precision", "precision"},
                                                                                   {"batch", "batch_size"}})
     if (args.count(flag)) {
       const std::string v = args[flag].as<std::string>();

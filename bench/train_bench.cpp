@@ -102,7 +102,9 @@ Common parse_common(cxxopts::Options& opts, int argc, char** argv, bool& help) {
        cxxopts::value<std::string>()->default_value("8"));
   flag("steps", "timed repetitions (median reported)", cxxopts::value<int64_t>()->default_value("5"));
   flag("warmup", "untimed repetitions first", cxxopts::value<int64_t>()->default_value("2"));
-  flag("precision", "fp32, bf16 (autocast), fp16 (CUDA, loss scaling) or auto (bf16 on CUDA / CPUs with native bf16)",
+  flag("precision",
+       "fp32, tf32 (fp32 with TF32 products on CUDA), bf16 (autocast), fp16 (CUDA, loss scaling) or auto (bf16 on "
+       "CUDA; measured on a CPU)",
        cxxopts::value<std::string>()->default_value("fp32"));
   flag("attention-path", "MoH path of the attention layers: auto, dense or sparse",
        cxxopts::value<std::string>()->default_value("auto"));
@@ -163,6 +165,7 @@ nlohmann::json profile_step(const Common& c, F&& step) {
 // Times `step` (warm-up first), optionally profiles one more call; fills the common JSON fields.
 template <class F>
 nlohmann::json time_steps(const Common& c, F&& step) {
+  const Tf32Scope tf32(c.ctx.precision);
   for (int64_t i = 0; i < c.warmup; ++i) step();
   sync(c.ctx);
   std::vector<double> t;
@@ -188,9 +191,10 @@ nlohmann::json time_steps(const Common& c, F&& step) {
 
 // Adds FLOP and MFU fields: fwd_flops counted on one forward pass of the batch.
 void add_flops(nlohmann::json& out, const Common& c, double fwd_flops, double step_flops) {
-  const at::ScalarType dt = c.ctx.precision == Precision::fp32   ? at::kFloat
-                            : c.ctx.precision == Precision::bf16 ? at::kBFloat16
-                                                                 : at::kHalf;
+  const at::ScalarType dt = c.ctx.precision == Precision::bf16   ? at::kBFloat16
+                            : c.ctx.precision == Precision::fp16 ? at::kHalf
+                                                                 : at::kFloat;  // fp32, tf32
+  const Tf32Scope tf32(c.ctx.precision);  // the measured peak of a tf32 run is TF32's
   double peak = c.peak_tflops;
   std::string source = "--peak-tflops";
   // Without native bf16, LibTorch's bf16 product is a scalar fallback that the step's own (smaller, transposed)

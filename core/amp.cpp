@@ -5,6 +5,8 @@
 #include <ATen/autocast_mode.h>
 #include <torch/version.h>
 
+#include <tuple>
+
 namespace moh {
 
 namespace {
@@ -42,8 +44,12 @@ void set_dtype(bool cuda, at::ScalarType t) {
 #endif
 }  // namespace
 
+bool autocasts(Precision p) {
+  return p == Precision::bf16 || p == Precision::fp16;
+}
+
 AutocastScope::AutocastScope(const RunContext& ctx) {
-  if (ctx.precision == Precision::fp32) return;
+  if (!autocasts(ctx.precision)) return;
   active_ = true;
   cuda_ = ctx.device.is_cuda();
   prev_enabled_ = is_enabled(cuda_);
@@ -58,6 +64,31 @@ AutocastScope::~AutocastScope() {
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
   set_enabled(cuda_, prev_enabled_);
   set_dtype(cuda_, prev_dtype_);
+}
+
+Tf32Scope::Tf32Scope(bool allow) {
+  engage(allow);
+}
+
+Tf32Scope::Tf32Scope(Precision p) {
+  if (p == Precision::tf32) engage(true);
+}
+
+void Tf32Scope::engage(bool allow) {
+  active_ = true;
+  std::tie(prev_cublas_, prev_cudnn_) = current();
+  at::globalContext().setAllowTF32CuBLAS(allow);
+  at::globalContext().setAllowTF32CuDNN(allow);
+}
+
+Tf32Scope::~Tf32Scope() {
+  if (!active_) return;
+  at::globalContext().setAllowTF32CuBLAS(prev_cublas_);
+  at::globalContext().setAllowTF32CuDNN(prev_cudnn_);
+}
+
+std::pair<bool, bool> Tf32Scope::current() {
+  return {at::globalContext().allowTF32CuBLAS(), at::globalContext().allowTF32CuDNN()};
 }
 
 AutocastState AutocastState::current() {

@@ -6,6 +6,7 @@
 
 #include <torch/optim/adamw.h>
 
+#include <utility>
 #include <vector>
 
 #include "core/run_context.h"
@@ -24,6 +25,30 @@ class AutocastScope {
  private:
   bool active_ = false, cuda_ = false, prev_enabled_ = false;
   at::ScalarType prev_dtype_ = at::kFloat;
+};
+
+/// Whether `p` runs the forward pass under autocast (bf16, fp16); fp32 and tf32 do not.
+bool autocasts(Precision p);
+
+/// Sets whether CUDA's fp32 matrix products (cuBLAS) and convolutions (cuDNN) may round their inputs to TF32 for the
+/// lifetime of the object, then restores the previous setting. LibTorch keeps this per process: `precision: tf32`
+/// allows it for a whole run, as the official DiT's train.py and sample.py do (`torch.backends.cuda.matmul.allow_tf32
+/// = True`); the FID feature networks forbid it while they run (spec: TF32 moves Inception features at 1e-3). A CPU
+/// ignores the setting.
+class Tf32Scope {
+ public:
+  explicit Tf32Scope(bool allow);
+  /// Allows TF32 under Precision::tf32; any other precision leaves the setting as it is.
+  explicit Tf32Scope(Precision p);
+  ~Tf32Scope();
+  Tf32Scope(const Tf32Scope&) = delete;
+  Tf32Scope& operator=(const Tf32Scope&) = delete;
+  /// The process's current setting: {cuBLAS, cuDNN}.
+  static std::pair<bool, bool> current();
+
+ private:
+  void engage(bool allow);
+  bool active_ = false, prev_cublas_ = false, prev_cudnn_ = false;
 };
 
 /// The autocast settings of the calling thread, CPU and CUDA (activation checkpointing re-enters them when autograd

@@ -188,6 +188,7 @@ c10::Device choose_device(const std::string& device, int local_rank, int local_w
 
 std::string precision_summary(Precision requested, const RunContext& ctx, const PrecisionProbe* probe) {
   std::string s = config::to_string(ctx.precision);
+  if (ctx.precision == Precision::tf32 && !ctx.device.is_cuda()) return s + " (fp32 on a CPU)";
   if (requested != Precision::automatic) return s;
   if (ctx.device.is_cuda()) return s + " (auto: CUDA)";
   const CpuPrecision& c = cpu_auto_precision(probe);

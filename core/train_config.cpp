@@ -3,8 +3,11 @@
 namespace moh {
 
 const config::EnumTable<Precision>& enum_table(Precision) {
-  static const config::EnumTable<Precision> t{
-      {Precision::fp32, "fp32"}, {Precision::bf16, "bf16"}, {Precision::fp16, "fp16"}, {Precision::automatic, "auto"}};
+  static const config::EnumTable<Precision> t{{Precision::fp32, "fp32"},
+                                              {Precision::tf32, "tf32"},
+                                              {Precision::bf16, "bf16"},
+                                              {Precision::fp16, "fp16"},
+                                              {Precision::automatic, "auto"}};
   return t;
 }
 

@@ -12,8 +12,10 @@ namespace moh {
 
 /// Numeric precision of forward + loss (master weights, optimizer and EMA stay fp32). `automatic` ("auto") is
 /// resolved by RunContext::create: bf16 on CUDA; on a CPU bf16 where this build's bf16 autocast is measured clearly
-/// faster than fp32 on this CPU (core/cpu_precision.h, cached per machine), else fp32.
-enum class Precision { fp32, bf16, fp16, automatic };
+/// faster than fp32 on this CPU (core/cpu_precision.h, cached per machine), else fp32. `tf32` is fp32 with CUDA's
+/// matrix products and convolutions allowed to round their inputs to TF32 (the official DiT's train.py and sample.py
+/// setting; core/amp.h Tf32Scope); a CPU computes it as fp32.
+enum class Precision { fp32, bf16, fp16, automatic, tf32 };
 const config::EnumTable<Precision>& enum_table(Precision);
 
 /// How AdamW's step, the gradient clipping and the EMA update run over the parameters (core/optimizer.h):
@@ -128,8 +130,9 @@ struct TrainConfig {
     v.field("moh_loss_coeff", moh_loss_coeff, "beta: weight of the MoH load-balance loss (mean over routed layers)");
     v.field("seed", seed, "global random seed");
     v.field("precision", precision,
-            "forward precision: fp32, bf16 (autocast on CPU or CUDA), fp16 (CUDA, loss scaling) "
-            "or auto (bf16 on CUDA; on a CPU bf16 where measured faster than fp32 on this CPU and build, else fp32)");
+            "forward precision: fp32, tf32 (fp32 with TF32 matrix products on CUDA, as the official DiT's train.py; "
+            "fp32 on a CPU), bf16 (autocast on CPU or CUDA), fp16 (CUDA, loss scaling) or auto (bf16 on CUDA; on a "
+            "CPU bf16 where measured faster than fp32 on this CPU and build, else fp32)");
     v.field("device", device, "auto, cpu, cuda or cuda:N");
     v.field("ema_decay", ema_decay, "EMA decay of the weights; 0 = no EMA");
     v.field("ema_warmup", ema_warmup,

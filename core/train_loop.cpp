@@ -349,6 +349,7 @@ LoopResult TrainLoop::run() {
   result_.best_metric = state_.best_metric;
   // Ctrl-C / SIGTERM: every rank learns of a request at the same step (a collective), and all stop there together.
   const StopOnSignal stop_on_signal(/*quiet=*/!group_->is_main());
+  const Tf32Scope tf32(ctx_.precision);  // precision: tf32 (the official DiT's fp32 setting on CUDA)
   for (int64_t epoch = state_.epoch; epoch < cfg_.train.epochs && !stop_; ++epoch) run_epoch(epoch);
   if (diverged_) report_divergence();
   if (interrupted_) result_.stop_signal = StopOnSignal::requested() != 0 ? StopOnSignal::requested() : SIGINT;

@@ -49,17 +49,20 @@ GraphedForward::Key GraphedForward::key_of(const at::Tensor& x, const at::Tensor
           y.size(0),       autocast ? 1 + autocast_dtype : 0, budget};
 }
 
+// The output in fp32 whatever autocast computed it in: guidance and the solvers' arithmetic stay fp32.
 at::Tensor GraphedForward::operator()(const at::Tensor& x, const at::Tensor& t, const at::Tensor& y) {
-  if (!enabled_ || !fallback_.empty() || !x.is_cuda()) return (*model_)->forward(x, t, y).out;
+  const auto fp32 = [](const at::Tensor& out) { return out.scalar_type() == at::kFloat ? out : out.to(at::kFloat); };
+  if (!enabled_ || !fallback_.empty() || !x.is_cuda()) return fp32((*model_)->forward(x, t, y).out);
   const Key key = key_of(x, t, y);
   auto it = graphs_.find(key);
   Entry* e = it != graphs_.end() ? it->second.get() : capture(x, t, y);
-  if (!e) return (*model_)->forward(x, t, y).out;
+  if (!e) return fp32((*model_)->forward(x, t, y).out);
 #ifdef MOH_TORCH_CUDA
   e->x.copy_(x), e->t.copy_(t), e->y.copy_(y);
   e->graph.replay();
   ++replays_;
-  return e->out.clone();  // a solver keeps earlier outputs (Heun's first slope) while the graph runs again
+  // a copy: a solver keeps earlier outputs (Heun's first slope) while the graph runs again
+  return e->out.scalar_type() == at::kFloat ? e->out.clone() : e->out.to(at::kFloat);
 #else
   return {};
 #endif

@@ -26,7 +26,7 @@ namespace moh::diffusion {
 /// Whether this build can capture CUDA graphs (a CUDA LibTorch).
 bool cuda_graphs_built();
 
-/// model->forward(x, t, y).out, replayed from CUDA graphs where it can be.
+/// model->forward(x, t, y).out in fp32 (an autocast forward's output cast), replayed from CUDA graphs where it can be.
 class GraphedForward {
  public:
   /// `enabled` false: always eager (sampling.cuda_graph: off).

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/config_schema.h"
+#include "core/train_config.h"
 
 namespace moh {
 
@@ -136,6 +137,7 @@ struct SamplingConfig {
   std::vector<int64_t> topk_schedule;  ///< K per noise-level bucket, clean → pure noise (empty = topk everywhere)
   int64_t guide_topk = -1;             ///< K of the unconditional CFG branch (−1 = the conditional branch's K)
   CudaGraphMode cuda_graph = CudaGraphMode::automatic;
+  Precision precision = Precision::tf32;  ///< the official sample.py's allow_tf32; fp32 on a CPU
 
   template <class V>
   void visit(V& v) {
@@ -176,6 +178,10 @@ struct SamplingConfig {
     v.field("cuda_graph", cuda_graph,
             "replay the network evaluations as CUDA graphs (auto: on a GPU where the forward can be captured; "
             "off: eager); the samples are the same either way");
+    v.field("precision", precision,
+            "network precision while sampling: tf32 (fp32 with TF32 matrix products on CUDA, as DiT's sample.py "
+            "sets allow_tf32; fp32 on a CPU), fp32, bf16 (autocast, CPU or CUDA) or fp16 (CUDA); the sampler's "
+            "own arithmetic stays fp32 and the VAE decoder runs without autocast");
   }
 };
 

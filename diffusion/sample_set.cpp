@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <stdexcept>
 
+#include "core/amp.h"
 #include "core/atomic_io.h"
 #include "datasets/loader.h"
 #include "datasets/npz.h"
@@ -41,18 +42,23 @@ int64_t sample_parts(DiT& model, const GaussianDiffusion& chain, AutoencoderKL& 
   const DiTOptions& mo = model->options;
   const int64_t n = labels.size(0);
   fs::create_directories(parts_dir);
+  const Tf32Scope tf32(ctx.precision);                  // sampling.precision: tf32 (DiT's sample.py), VAE included
   GraphedForward graphs(model, o.sampling.cuda_graph);  // captured once, replayed over every batch
   int64_t nfe = 0;
   for (const int64_t k : batches) {
     const int64_t i = k * o.batch_size, b = std::min(o.batch_size, n - i);
     torch::manual_seed(datasets::mix_seed(o.seed, static_cast<uint64_t>(k)));
     const at::Tensor noise = at::randn({b, mo.in_channels, mo.input_size, mo.input_size}).to(ctx.device);
-    at::Tensor x = sample_loop(
-        model, chain, noise, labels.narrow(0, i, b).to(ctx.device), o.sampling,
-        [&] {
-          if (on_step) on_step();
-        },
-        &nfe, &graphs);  // (b, C, I, I)
+    at::Tensor x;
+    {
+      const AutocastScope autocast(ctx);  // bf16 / fp16: the network only; the chain's state stays fp32
+      x = sample_loop(
+          model, chain, noise, labels.narrow(0, i, b).to(ctx.device), o.sampling,
+          [&] {
+            if (on_step) on_step();
+          },
+          &nfe, &graphs);  // (b, C, I, I)
+    }
     if (vae) {
       torch::NoGradGuard ng;
       x = vae->decode(vae->latents.to_vae(x));  // (b, 3, f·I, f·I) in ~[−1, 1]

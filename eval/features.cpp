@@ -6,6 +6,7 @@
 #include <future>
 #include <numeric>
 
+#include "core/amp.h"
 #include "core/checkpoint.h"
 #include "core/error.h"
 #include "core/progress.h"
@@ -30,11 +31,10 @@ class InceptionNet : public FeatureNet {
     sha_ = sha256_file(weights);
     net_->eval();
     net_->to(device_);
-    // TF32 convolutions change Inception features at the 1e-3 level (spec §5): keep exact fp32.
-    at::globalContext().setAllowTF32CuDNN(false);
   }
   InceptionFeatures extract(const at::Tensor& images_u8) override {
     torch::NoGradGuard ng;
+    const Tf32Scope exact(false);  // TF32 changes Inception features at the 1e-3 level (spec §5): exact fp32
     const at::Tensor x = inception_preprocess(images_u8.to(device_), resize_);  // (B, 3, 299, 299)
     InceptionFeatures f = net_->forward(x);
     return {f.pool.to(at::kCPU), f.spatial.to(at::kCPU), f.logits.to(at::kCPU)};
@@ -62,6 +62,7 @@ class DinoV2Net : public FeatureNet {
   InceptionFeatures extract(const at::Tensor& images_u8) override {
     namespace F = torch::nn::functional;
     torch::NoGradGuard ng;
+    const Tf32Scope exact(false);  // features in exact fp32 whatever the run's precision
     at::Tensor x = images_u8.to(device_).permute({0, 3, 1, 2}).to(at::kFloat);  // (B, C, H, W), 0…255
     if (x.size(1) == 1) x = x.expand({-1, 3, -1, -1});
     x = F::interpolate(x, F::InterpolateFuncOptions()
@@ -109,7 +110,8 @@ ClassifierFeatureNet::ClassifierFeatureNet(vision::TransNeXt model, datasets::Im
 
 InceptionFeatures ClassifierFeatureNet::extract(const at::Tensor& images_u8) {
   torch::NoGradGuard ng;
-  at::Tensor x = images_u8;  // (B, H, W, C)
+  const Tf32Scope exact(false);  // features in exact fp32 whatever the run's precision
+  at::Tensor x = images_u8;      // (B, H, W, C)
   const int64_t want_c = options_.in_chans;
   if (want_c == 1 && x.size(3) == 3) x = x.to(at::kFloat).mean(3, true).round().to(at::kByte);
   if (want_c == 3 && x.size(3) == 1) x = x.expand({-1, -1, -1, 3}).contiguous();

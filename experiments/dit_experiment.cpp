@@ -142,6 +142,9 @@ diffusion::SampleOptions sample_options_for(const ExperimentConfig& cfg) {
   so.topk_schedule = sc.topk_schedule;
   so.guide_topk = sc.guide_topk;
   so.cuda_graph = sc.cuda_graph == CudaGraphMode::automatic;
+  if (sc.precision == Precision::automatic)
+    throw UserError("config: sampling.precision", "auto is a training setting",
+                    "use tf32 (DiT's sample.py; fp32 on a CPU), fp32, bf16 or fp16 (CUDA)");
   const std::string name = config::to_string(sc.sampler);
   const bool flow = cfg.diffusion.objective == Objective::flow;
   if (!diffusion::runs_on(sc.sampler, cfg.diffusion.objective))

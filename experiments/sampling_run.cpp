@@ -272,6 +272,7 @@ void write_sampling_outputs(const SamplingModel& m, const SamplingChain& sc_chai
   info["nfe_measured"] = sampler_record(sc_chain.options.sampler).adaptive;
   info["seconds"] = out.seconds;
   info["checkpoint"] = r.checkpoint.empty() ? "untrained" : r.checkpoint;
+  info["precision"] = out.precision;  // as computed: tf32 is fp32 on a CPU
   info["moh_commit"] = toolkit_commit();
   if (m.step < 0) info["step"] = nullptr;
   write_file_atomic(r.out + "/sampling.json", info.dump(1) + "\n");
@@ -314,7 +315,7 @@ SamplingSummary run_sampling(const SamplingRequest& r) {
                     : !list.empty() ? static_cast<int64_t>(list.size())
                                     : mo.num_classes * m.cfg.sampling.per_class;
   if (n <= 0) throw UserError("--num-samples", "must be > 0", "");
-  const RunContext ctx = RunContext::create(r.device, Precision::fp32, static_cast<uint64_t>(m.cfg.sampling.seed));
+  const RunContext ctx = RunContext::create(r.device, sc.precision, static_cast<uint64_t>(sc.seed));
   AutoencoderKL vae = load_sampling_vae(m.cfg, ctx);
   torch::manual_seed(static_cast<uint64_t>(m.cfg.sampling.seed));  // random labels: from the seed
   const at::Tensor labels = sampling_labels(r.labels, n, mo.num_classes, m.cfg.sampling.per_class);
@@ -322,6 +323,7 @@ SamplingSummary run_sampling(const SamplingRequest& r) {
   const auto group = dist::Group::join(ctx, {{"sampling plan (sha256)", sha256_hex(plan.dump())}});
   check_parts_plan(r.out + "/parts", plan, r.out, *group);
   SamplingSummary out{r.out, m.weights, m.step, n};
+  out.precision = precision_summary(sc.precision, ctx);
   const auto start = std::chrono::steady_clock::now();
   std::optional<DiTHeadLoadStats> routing;
   if (r.head_load) {

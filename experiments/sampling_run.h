@@ -39,6 +39,7 @@ struct SamplingSummary {
   int64_t nfe = 0;          ///< network evaluations per image
   bool main = true;         ///< this process wrote the outputs (rank 0)
   std::string head_load{};  ///< the routing summary and files with --head-load ("" without)
+  std::string precision{};  ///< the network's precision as computed ("tf32", "tf32 (fp32 on a CPU)", "bf16")
 };
 
 /// Checks every input (before any work), samples on this process's rank, merges and writes DIR/samples.npz (arr_0

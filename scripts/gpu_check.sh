@@ -10,8 +10,8 @@
 #   MOH_GPU_CTEST_EXCLUDE  ctest -E regex of the tests stage (default: format and the long command-line scripts)
 #   MOH_GPU_CTEST_INCLUDE  ctest -R regex of the tests stage (default: every test not excluded)
 #   MOH_GPU_BENCH  which benchmarks of the bench stage (default: "train sample attention"; also: step router sweep
-#                  graphs official); MOH_GPU_OFFICIAL_RUNS (MODEL:BATCH ...), MOH_GPU_GRAPH_MODES (off auto) and
-#                  MOH_GPU_GRAPH_CHAINS (ddpm dpm) narrow the last two
+#                  graphs official precision); MOH_GPU_OFFICIAL_RUNS (MODEL:BATCH ...), MOH_GPU_GRAPH_MODES
+#                  (off auto) and MOH_GPU_GRAPH_CHAINS (ddpm dpm) narrow official and graphs
 # Stages: env (GPU, driver, torch, compiler), build (configure against the local torch with the kit's prefix, OpenCV
 # off, NCCL on, the CUDA kernels for the GPU seen), tests (ctest with MOH_TEST_DEVICE=cuda), cli (train, resume,
 # sample and fid through the moh binary on the GPU), bench (training step bf16 of DiT-XL/2 and MoH-DiT-XL/2-90 with MFU
@@ -139,7 +139,8 @@ stage_bench() {
       sweep) bench_sweep none 32,64,128,256; bench_sweep blocks 64,128,256,512 ;;
       graphs) for g in ${MOH_GPU_GRAPH_MODES:-off auto}; do bench_graphs "$g"; done ;;
       official) for b in ${MOH_GPU_OFFICIAL_RUNS:-DiT-XL/2:64 DiT-XL/2:128}; do bench_official "$b"; done ;;
-      *) die2 "MOH_GPU_BENCH: unknown benchmark $what (train sample attention step router sweep graphs official)" ;;
+      precision) for dt in fp32 tf32 bf16; do bench_precision "$dt"; done ;;
+      *) die2 "MOH_GPU_BENCH: unknown benchmark $what (the header of scripts/gpu_check.sh lists them)" ;;
     esac
   done
 }
@@ -222,6 +223,16 @@ bench_graphs_dpm() {
     --batch 64 --sampler dpm++2m --chain 12 --cfg-scale 4 --cfg-interval 0,0.5 --cuda-graph "$1" --steps 3 \
     --warmup 1 --json
   record bench "graphs_$1_dpm" "$(tail -n1 "$REPORT/bench_graphs_$1_dpm.log" | grep '^{' || echo null)"
+}
+# The network's precision: a DiT-XL/2 training step (batch 32) and DPM-Solver++ 12 steps + CFG 4 (batch 64) in strict
+# fp32, tf32 (what the official train.py and sample.py run) and bf16 autocast.
+bench_precision() {
+  run_logged bench "precision_train_$1" "$BUILD/moh" bench train --model DiT-XL/2 --device cuda --precision "$1" \
+    --batch 32 --steps 5 --warmup 2 --peak-tflops 989 --json
+  record bench "precision_train_$1" "$(tail -n1 "$REPORT/bench_precision_train_$1.log" | grep '^{' || echo null)"
+  run_logged bench "precision_sample_$1" "$BUILD/moh" bench sample --model DiT-XL/2 --device cuda --precision "$1" \
+    --batch 64 --sampler dpm++2m --chain 12 --cfg-scale 4 --steps 3 --warmup 1 --json
+  record bench "precision_sample_$1" "$(tail -n1 "$REPORT/bench_precision_sample_$1.log" | grep '^{' || echo null)"
 }
 # Attention layers on the GPU, one value per shape and mode, in ms (forward, forward + backward):
 #   vit_attention_DTYPE: MoH-ViT-B-50's routed layers (224 px, batch 32): MHA, MoH dense, MoH sparse and dense without

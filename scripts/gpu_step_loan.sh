@@ -15,6 +15,7 @@
 #          sweep    the best DiT-XL/2 batch without and with activation checkpointing, then ours and the official
 #                   step at 64 and 128 (MOH_GPU_BENCH="sweep official")
 #          graphs   sampling with and without CUDA graphs (MOH_GPU_BENCH=graphs)
+#          precision DiT-XL/2's training step and a sampling chain in fp32, tf32 and bf16 (MOH_GPU_BENCH=precision)
 #   env: KIT (.gpu_kit), PARTS ("step sweep graphs tests"; parity is the step part's official comparison alone);
 #        MOH_GPU_GRAPH_MODES / MOH_GPU_GRAPH_CHAINS pass through to the graphs part
 set -uo pipefail
@@ -59,6 +60,7 @@ run_part() {
       MOH_GPU_OFFICIAL_RUNS="DiT-XL/2:32 MoH-DiT-XL/2-90:32 DiT-XL/2:128" ;;
     sweep) part sweep 90 MOH_GPU_STAGES="env build bench" MOH_GPU_TARGETS=moh MOH_GPU_BENCH="sweep official" ;;
     graphs) part graphs 60 MOH_GPU_STAGES="env build bench" MOH_GPU_TARGETS=moh MOH_GPU_BENCH=graphs ;;
+    precision) part precision 60 MOH_GPU_STAGES="env build bench" MOH_GPU_TARGETS=moh MOH_GPU_BENCH=precision ;;
     tests) part tests 90 MOH_GPU_STAGES="build tests" MOH_GPU_TARGETS="moh moh_tests_core moh_tests_models" \
       MOH_GPU_CTEST_EXCLUDE='^(format)$' \
       MOH_GPU_CTEST_INCLUDE='^(MoHRouting|MoHAttention|Optimizer|OpProfile|OnDevice|GradCheckpoint|TrainLoop|Guard|ClassificationTrainer|DiffusionTrainer)\.' ;;

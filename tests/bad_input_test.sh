@@ -160,6 +160,9 @@ bad "sampling.cfg_scale: must be finite" -- sample --checkpoint "$F/dit" --cfg-s
 bad "sampling.seed: expected an integer" -- sample --checkpoint "$F/dit" --seed abc --out "$O/s"
 bad "--num-samples: must be > 0" -- sample --checkpoint "$F/dit" --num-samples 0 --out "$O/s"
 bad "'99' is not a class index below 10" -- sample --checkpoint "$F/dit" --labels 1,99 --out "$O/s"
+bad "sampling.precision: auto is a training setting" -- sample --checkpoint "$F/dit" --precision auto --out "$O/s"
+bad "sampling.precision" -- sample --checkpoint "$F/dit" --precision fp64 --out "$O/s"
+bad "fp16 autocast needs a CUDA device" -- sample --checkpoint "$F/dit" --precision fp16 --device cpu --out "$O/s"
 # a sampler of the other objective (flow matching vs DDPM), and the flow keys' rules
 bad "sde does not run on a DDPM model" -- sample --checkpoint "$F/dit" --sampler sde --steps 50 --out "$O/s"
 bad "dopri5 does not run on a DDPM model" -- sample --checkpoint "$F/dit" --sampler dopri5 --out "$O/s"

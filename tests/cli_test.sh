@@ -156,7 +156,7 @@ expect 2 "--model is required" -- bench train --batch 2
 expect 0 '"pipeline":"eval"' -- bench data --images 64 --batch 16 --rounds 1 --workers 2 --json
 expect 2 "needs at least two batches" -- bench data --images 8 --batch 16
 expect 2 "--python /nonexistent/python: not an executable" -- bench data --images 64 --python /nonexistent/python
-expect 2 "expected one of fp32|bf16|fp16" -- bench train --model MoH-ViT-Nano --precision fp8
+expect 2 "expected one of fp32|tf32|bf16|fp16" -- bench train --model MoH-ViT-Nano --precision fp8
 
 # Training: a tiny real run, then bad inputs that must exit 2 with one line and leave the run's files untouched.
 if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then

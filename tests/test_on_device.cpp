@@ -234,5 +234,30 @@ TEST(OnDevice, FidInceptionFeaturesMatchFp64Cpu) {
   EXPECT_LE(err(b.logits, a.logits), 1e-4);
 }
 
+// precision: tf32 (train.precision, sampling.precision) reaches the device: on a GPU a fp32 product inside a Tf32Scope
+// rounds its inputs to TF32 (10-bit mantissa: relative error about 1e-3, not fp32's 1e-6), outside it it is exact
+// fp32 again; on a CPU the scope changes nothing.
+TEST(OnDevice, Tf32ScopeRoundsCudaProductsAndOnlyThere) {
+  NoTf32 no_tf32;
+  const torch::Device dev = test::device();
+  torch::manual_seed(7);
+  const at::Tensor a = at::randn({512, 512}, at::kDouble), b = at::randn({512, 512}, at::kDouble);
+  const at::Tensor ref = at::matmul(a, b), ad = a.to(dev, at::kFloat), bd = b.to(dev, at::kFloat);
+  const double strict = err(at::matmul(ad, bd), ref);
+  double tf32 = 0;
+  {
+    const Tf32Scope on(Precision::tf32);
+    tf32 = err(at::matmul(ad, bd), ref);
+  }
+  EXPECT_LE(strict, 1e-5);
+  EXPECT_LE(err(at::matmul(ad, bd), ref), 1e-5);  // the scope ended: exact fp32 again
+  if (dev.is_cuda()) {
+    EXPECT_GT(tf32, 1e-4) << "TF32 was not used";
+    EXPECT_LE(tf32, 1e-2);
+  } else {
+    EXPECT_EQ(tf32, strict);
+  }
+}
+
 }  // namespace
 }  // namespace moh

@@ -146,6 +146,41 @@ TEST(Amp, AutocastScopeIsScopedAndFp32IsANoOp) {
   }
 }
 
+// precision: tf32 allows TF32 for CUDA's fp32 products and convolutions (a process setting) while a Tf32Scope lives,
+// and puts back what was there; other precisions leave it alone; no autocast, and a CPU computes exact fp32.
+TEST(Amp, Tf32ScopeSetsAndRestoresTheProcessSetting) {
+  EXPECT_EQ(config::enum_from_string<Precision>("tf32", "train.precision"), Precision::tf32);
+  const std::pair<bool, bool> before = Tf32Scope::current();
+  at::globalContext().setAllowTF32CuBLAS(false), at::globalContext().setAllowTF32CuDNN(false);
+  {
+    const Tf32Scope on(Precision::tf32);
+    EXPECT_EQ(Tf32Scope::current(), std::make_pair(true, true));
+    {
+      const Tf32Scope off(false);  // a feature network inside a tf32 run
+      EXPECT_EQ(Tf32Scope::current(), std::make_pair(false, false));
+    }
+    EXPECT_EQ(Tf32Scope::current(), std::make_pair(true, true));
+  }
+  EXPECT_EQ(Tf32Scope::current(), std::make_pair(false, false));
+  for (Precision p : {Precision::fp32, Precision::bf16}) {
+    const Tf32Scope untouched(p);
+    EXPECT_EQ(Tf32Scope::current(), std::make_pair(false, false));
+  }
+  const RunContext ctx = RunContext::create("cpu", Precision::tf32, 0);
+  EXPECT_FALSE(autocasts(ctx.precision));
+  EXPECT_EQ(precision_summary(Precision::tf32, ctx), "tf32 (fp32 on a CPU)");
+  const at::Tensor a = at::randn({64, 48}), b = at::randn({48, 32});
+  const at::Tensor exact = at::matmul(a, b);
+  {
+    const Tf32Scope on(Precision::tf32);
+    const AutocastScope no_autocast(ctx);
+    const at::Tensor c = at::matmul(a, b);
+    EXPECT_EQ(c.scalar_type(), at::kFloat);
+    EXPECT_TRUE(at::equal(c, exact));
+  }
+  at::globalContext().setAllowTF32CuBLAS(before.first), at::globalContext().setAllowTF32CuDNN(before.second);
+}
+
 TEST(Amp, GradScalerUnscalesSkipsAndGrows) {
   at::Tensor p = at::zeros({3}).set_requires_grad(true);
   GradScaler off(Precision::bf16);

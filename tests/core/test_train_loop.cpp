@@ -65,6 +65,7 @@ class ToyTask : public TrainTask {
   LossTensors backward(torch::nn::Module& model, at::Tensor x, at::Tensor y, const StepInfo& at,
                        const GradScaler& scaler) override {
     if (at.step == signal_at_step) std::raise(SIGINT);  // Ctrl-C during this step (the loop's handler takes it)
+    if (tf32_steps) *tf32_steps += Tf32Scope::current().first ? 1 : 0;
     auto& lin = dynamic_cast<torch::nn::LinearImpl&>(model);
     x = x.to(lin.weight.device()), y = y.to(lin.weight.device());  // MOH_TEST_DEVICE: the model may be on a GPU
     if (at.epoch == nan_epoch && at.batch == nan_batch) x = x * std::numeric_limits<float>::quiet_NaN();
@@ -88,6 +89,7 @@ class ToyTask : public TrainTask {
   int64_t nan_epoch = -1, nan_batch = -1;    // this batch's input is NaN (a non-finite loss and gradients)
   int64_t drop_epoch = -1, drop_batch = -1;  // this batch is not in the data at all
   bool noise_ = true;
+  int64_t* tf32_steps = nullptr;  // counts the steps that ran with TF32 allowed
 
  private:
   at::Tensor x_, y_;
@@ -276,6 +278,24 @@ TEST(TrainLoop, StepCheckpointsInsideEpochsResumeExactly) {
   for (const auto& [k, v] : a.model) EXPECT_TRUE(torch::equal(v, c.model.at(k))) << k;
   for (const auto& [k, v] : a.ema) EXPECT_TRUE(torch::equal(v, c.ema.at(k))) << k;
   EXPECT_EQ(eval_lines(d.file("full")), eval_lines(d.file("every3")));
+}
+
+// train.precision: tf32 allows TF32 for every step of the run and puts the process setting back after it; on a CPU
+// the run is exactly the fp32 one.
+TEST(TrainLoop, Tf32IsAllowedThroughTheRunAndIsFp32OnACpu) {
+  test::TempDir d;
+  const std::pair<bool, bool> before = Tf32Scope::current();
+  at::globalContext().setAllowTF32CuBLAS(false);
+  int64_t fp32_steps = 0, tf32_steps = 0;
+  run_with(toy_config(d, "precision: fp32"), d.file("fp32"), [&](ToyTask& t) { t.tf32_steps = &fp32_steps; });
+  run_with(toy_config(d, "precision: tf32"), d.file("tf32"), [&](ToyTask& t) { t.tf32_steps = &tf32_steps; });
+  EXPECT_EQ(fp32_steps, 0);
+  EXPECT_EQ(tf32_steps, 12);
+  EXPECT_FALSE(Tf32Scope::current().first);
+  at::globalContext().setAllowTF32CuBLAS(before.first);
+  if (test::device_name() != "cpu") return;  // on a GPU TF32 rounds the products
+  const Checkpoint a = load_checkpoint(d.file("fp32")), b = load_checkpoint(d.file("tf32"));
+  for (const auto& [k, v] : a.model) EXPECT_TRUE(torch::equal(v, b.model.at(k))) << k;
 }
 
 TEST(TrainLoop, NoEmaUnlessAskedFor) {

@@ -4,12 +4,15 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 
+#include "core/amp.h"
 #include "core/atomic_io.h"
 #include "core/checkpoint.h"
 #include "core/error.h"
 #include "datasets/fashion_mnist.h"
 #include "datasets/npz.h"
+#include "diffusion/cuda_graph.h"
 #include "diffusion/diffusion_trainer.h"
 #include "diffusion/gaussian_diffusion.h"
 #include "diffusion/sample_set.h"
@@ -214,6 +217,38 @@ TEST(SampleSet, PartsResumeAndMergeExactly) {
   std::filesystem::remove(sample_part_path(split, 1));
   EXPECT_THROW(merge_sample_parts(split, labels, 3, d.file("c.npz")), std::runtime_error);
   EXPECT_FALSE(std::filesystem::exists(d.file("c.npz")));
+}
+
+// sampling.precision reaches the network: tf32 is exact fp32 on a CPU, bf16 autocast changes the images a little, and
+// the network's output comes back as fp32 for the sampler's arithmetic (guidance, the update) either way.
+TEST(SampleSet, TheNetworkRunsInTheSamplingPrecision) {
+  test::TempDir d;
+  DiT model = tiny_dit(1, false);
+  const GaussianDiffusion chain = GaussianDiffusion::respaced(1000, "ddim10");
+  AutoencoderKL no_vae{nullptr};
+  SampleSetOptions o;
+  o.sampling.sampler = SamplerKind::ddim;
+  o.sampling.cfg_scale = 4.0;
+  o.sampling.cfg_channels = CfgChannels::all;
+  o.batch_size = 8;
+  const at::Tensor labels = at::arange(8, at::kLong).remainder(10);
+  std::map<std::string, at::Tensor> images;
+  for (const Precision p : {Precision::fp32, Precision::tf32, Precision::bf16}) {
+    const std::string dir = d.file(config::to_string(p));
+    sample_parts(model, chain, no_vae, labels, {0}, o, RunContext::create("cpu", p, 0), dir);
+    const std::string part = sample_part_path(dir, 0);
+    images[config::to_string(p)] = datasets::parse_npy(read_file(part), part).to(at::kFloat);
+  }
+  EXPECT_TRUE(at::equal(images["tf32"], images["fp32"]));
+  const double differ = images["bf16"].ne(images["fp32"]).to(at::kFloat).mean().item<double>();
+  const double mean_abs = (images["bf16"] - images["fp32"]).abs().mean().item<double>();
+  EXPECT_GT(differ, 0.0) << "bf16 autocast did not reach the network";
+  EXPECT_LT(mean_abs, 1.0) << "of 255 levels";
+  GraphedForward eager(model, false);
+  const AutocastScope bf16(RunContext::create("cpu", Precision::bf16, 0));
+  const at::Tensor x = at::randn({2, 1, 8, 8}), t = at::full({2}, 500, at::kLong), y = at::zeros({2}, at::kLong);
+  EXPECT_EQ(model->forward(x, t, y).out.scalar_type(), at::kBFloat16);
+  EXPECT_EQ(eager(x, t, y).scalar_type(), at::kFloat);
 }
 
 // 2,000 images of 64×64×3 (24.6 MB as uint8; an int64 copy would be 197 MB) merged from batches of 100: the merge's
