@@ -87,7 +87,8 @@ int cmd_eval(int argc, char** argv) {
                         {"checkpoint", source},
                         {"weights", weights},
                         {"model", model_name},
-                        {"count", r.count}};
+                        {"count", r.count},
+                        {"provenance", provenance(ctx.device)}};
   if (step >= 0) report["step"] = step;
   if (!out.empty()) {
     eval::write_report(out, report, "Classifier evaluation: " + model_name);

@@ -26,15 +26,14 @@ one() {
   "$1" sample --checkpoint "$CKPT" --num-samples "$N" --seed "$3" --sampler dpm++2m --steps 12 --cfg-scale 4 \
     --batch 500 --precision "$2" --out "$d" >"$work/log" 2>&1
   "$1" fid --samples "$d/samples.npz" --ref "$REF" --features "classifier:$FEATURES" --out "$d/fid" >>"$work/log" 2>&1
-  python3 - "$d" "$2" "$3" "$4" "$("$1" --version | awk '/^LibTorch/ {print $2}')" "$CKPT" >>"$OUT" <<'PY'
+  python3 - "$d" "$2" "$3" "$4" "$CKPT" >>"$OUT" <<'PY'
 import json, sys
-d, p, seed, rnd, lt, ckpt = sys.argv[1:]
+d, p, seed, rnd, ckpt = sys.argv[1:]
 s, f = json.load(open(d + "/sampling.json")), json.load(open(d + "/fid/report.json"))
 print(json.dumps({"precision": p, "as_computed": s["precision"], "seed": int(seed), "round": int(rnd),
-                  "seconds": s["seconds"], "fid": f["metrics"]["fid"], "libtorch": lt, "checkpoint": ckpt,
+                  "seconds": s["seconds"], "fid": f["metrics"]["fid"], "checkpoint": ckpt,
                   "samples": s["count"], "feature_sha256": f["feature_net"]["weights_sha256"],
-                  "moh_commit": s["moh_commit"], "cpu": open("/proc/cpuinfo").read().split("model name")[1]
-                  .split("\n")[0].strip(" :\t")}))
+                  "reference_sha256": f["reference"]["sha256"], **s["provenance"]}))
 PY
 }
 

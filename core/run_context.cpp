@@ -23,6 +23,7 @@
 #include <sstream>
 #include <vector>
 
+#include "core/blas_core.h"
 #include "core/cpu_precision.h"
 #include "core/error.h"
 #include "moh_version.h"
@@ -102,6 +103,31 @@ std::string toolkit_commit() {
 std::string libtorch_version() {
   return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
          std::to_string(TORCH_VERSION_PATCH);
+}
+
+namespace {
+std::string gpu_name(const c10::Device& device) {
+#ifdef MOH_TORCH_CUDA
+  if (cuda_available()) return at::cuda::getDeviceProperties(device.has_index() ? device.index() : 0)->name;
+#endif
+  (void)device;
+  return "unknown";
+}
+}  // namespace
+
+nlohmann::json provenance(const c10::Device& device) {
+  nlohmann::json p{{"device", device.str()}};
+  if (device.is_cuda()) {
+    p["device_name"] = gpu_name(device);
+  } else {
+    p["device_name"] = cpu_model_name();
+    p["threads"] = at::get_num_threads();
+    const BlasCore core = blas_core();
+    p["blas"] = detect_blas().name + (core.used.empty() ? "" : " (" + core.used + ")");
+  }
+  p["libtorch"] = libtorch_version();
+  p["commit"] = toolkit_commit();
+  return p;
 }
 
 bool cuda_available() {

@@ -4,6 +4,7 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "core/train_config.h"
@@ -64,6 +65,11 @@ std::string toolkit_version();
 std::string toolkit_commit();
 /// LibTorch version string ("1.13.1").
 std::string libtorch_version();
+/// Where a result was computed, for the files it is read from later (sampling.json, the FID and evaluation reports):
+/// {"device": "cpu" | "cuda:N", "device_name": the CPU model or the GPU's name, "threads": LibTorch's intra-op threads
+/// (CPU), "blas": "OpenBLAS (Cooperlake)" | "MKL" (CPU), "libtorch", "commit": toolkit_commit()}. Two numbers that
+/// differ by device, library or BLAS kernel in the last digits can then be told apart from a real difference.
+nlohmann::json provenance(const c10::Device& device);
 /// Whether this LibTorch has CUDA and a device is visible.
 bool cuda_available();
 /// Deterministic kernels from here on (train.deterministic): LibTorch's deterministic algorithms, erroring on an

@@ -41,6 +41,7 @@ class InceptionNet : public FeatureNet {
   }
   std::string name() const override { return "inception"; }
   std::string weights_sha256() const override { return sha_; }
+  c10::Device device() const override { return device_; }
   std::string preprocessing() const override {
     return resize_ == InceptionResize::tf1 ? "tf1-bilinear-299, (x-128)/128" : "pytorch-bilinear-299, 2x/255-1";
   }
@@ -77,6 +78,7 @@ class DinoV2Net : public FeatureNet {
   }
   std::string name() const override { return "dinov2"; }
   std::string weights_sha256() const override { return sha_; }
+  c10::Device device() const override { return device_; }
   std::string preprocessing() const override {
     return "grey to RGB, bicubic antialiased resize to 224, x/255, ImageNet mean/std (EDM2 fd_dinov2, torch resize)";
   }

@@ -38,6 +38,8 @@ class FeatureNet {
   virtual std::string name() const = 0;
   /// SHA-256 of the weights file.
   virtual std::string weights_sha256() const = 0;
+  /// Where extract() computes (reports name it: the last digits of a FID depend on it).
+  virtual c10::Device device() const = 0;
   /// Preprocessing description ("tf1-bilinear-299", "pad-to-32, normalise mean/std").
   virtual std::string preprocessing() const = 0;
   /// Whether logits are class predictions of the dataset's labels (so sample accuracy can be reported).
@@ -71,6 +73,7 @@ class ClassifierFeatureNet : public FeatureNet {
   InceptionFeatures extract(const at::Tensor& images_u8) override;
   std::string name() const override { return name_; }
   std::string weights_sha256() const override { return sha_; }
+  c10::Device device() const override { return device_; }
   std::string preprocessing() const override;
   bool predicts_dataset_classes() const override { return true; }
 

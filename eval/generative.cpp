@@ -1,11 +1,13 @@
 #include "eval/generative.h"
 
 #include <chrono>
+#include <filesystem>
 #include <iostream>
 #include <sstream>
 
 #include "core/error.h"
 #include "core/run_context.h"
+#include "core/sha256.h"
 #include "datasets/npz.h"
 
 namespace moh::eval {
@@ -270,9 +272,12 @@ nlohmann::json describe_run(const GenerativeEvalOptions& o, const FeatureNet& ne
                          {"count", ref.count},
                          {"statistics", ref_stored ? "stored" : "computed"},
                          {"pr_rows", ref.pr_features.defined() ? ref.pr_features.size(0) : 0}};
+  // Which reference file the numbers are against (a dataset spec or a folder has no one hash: null).
+  report["reference"]["sha256"] =
+      std::filesystem::is_regular_file(o.reference) ? nlohmann::json(sha256_file(o.reference)) : nlohmann::json();
   report["feature_net"] = net_meta(net);
   report["feature_net"]["spec"] = o.features;
-  report["moh_commit"] = toolkit_commit();
+  report["provenance"] = provenance(net.device());
   report["is_mode"] =
       o.is_mode == ISMode::adm ? "adm (splits of 5000, in order)" : "torch-fidelity (10 shuffled splits)";
   report["pr_distances"] = "float32 squared L2 (ADM uses fp16 when finite)";

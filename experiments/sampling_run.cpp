@@ -273,7 +273,6 @@ void write_sampling_outputs(const SamplingModel& m, const SamplingChain& sc_chai
   info["seconds"] = out.seconds;
   info["checkpoint"] = r.checkpoint.empty() ? "untrained" : r.checkpoint;
   info["precision"] = out.precision;  // as computed: tf32 is fp32 on a CPU
-  info["moh_commit"] = toolkit_commit();
   if (m.step < 0) info["step"] = nullptr;
   write_file_atomic(r.out + "/sampling.json", info.dump(1) + "\n");
 }
@@ -344,7 +343,9 @@ SamplingSummary run_sampling(const SamplingRequest& r) {
     routing->reduce(*group);
     if (out.main) write_routing(*routing, r, m, out);
   }
-  if (out.main) write_sampling_outputs(m, chain, r, labels, plan, out);
+  nlohmann::json info = plan;
+  info["provenance"] = provenance(ctx.device);  // rank 0's: every rank runs the same build on the same kind of device
+  if (out.main) write_sampling_outputs(m, chain, r, labels, info, out);
   return out;
 }
 

@@ -31,6 +31,24 @@ expect() {
   pass=$((pass + 1))
 }
 
+# holds FILE WHAT EXPR: the Python expression EXPR (on j, the JSON in FILE) is true; WHAT names the check. The
+# provenance a result file carries must be this binary's: its commit and LibTorch as `moh --version` prints them.
+COMMIT=$("$MOH" --version | sed -n 's/^moh .*(commit \(.*\))$/\1/p')
+LIBTORCH=$("$MOH" --version | awk '/^LibTorch/ {print $2; exit}')
+holds() {
+  if python3 - "$1" "$3" "$COMMIT" "$LIBTORCH" <<'PY'; then pass=$((pass + 1)); else echo "FAIL: $2 ($1)"; fails=$((fails + 1)); fi
+import hashlib, json, sys
+path, expr, commit, libtorch = sys.argv[1:]
+j = json.load(open(path))
+sha = lambda f: hashlib.sha256(open(f, "rb").read()).hexdigest()
+ok = eval(expr)
+if not ok:
+    print(json.dumps(j.get("provenance"), indent=1)[:2000])
+sys.exit(0 if ok else 1)
+PY
+}
+provenance_ok='j["provenance"]["device"] == "cpu" and j["provenance"]["commit"] == commit and j["provenance"]["libtorch"] == libtorch and j["provenance"]["threads"] >= 1 and j["provenance"]["blas"] != ""'
+
 # kill_resume NAME CONFIG FILES -- ARGS...: trains CONFIG with ARGS uninterrupted, and again killed with -9 after its
 # first checkpoint then continued with --resume auto; the two runs' FILES (in checkpoint 0000024) and every logged loss
 # must be byte-identical.
@@ -251,6 +269,7 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   expect 2 "apt-get install dataset-fashion-mnist" -- train $NANO "${TINY[@]}" --set data.root=/nonexistent --run-dir "$tmp/run2"
   expect 0 "top-1" -- eval $NANO --set data.limit_val=64 --checkpoint "$tmp/run" --out "$tmp/evrep"
   grep -q "| top1 |" "$tmp/evrep/report.md" && pass=$((pass + 1)) || { echo "FAIL: eval report"; fails=$((fails + 1)); }
+  holds "$tmp/evrep/report.json" "eval report's provenance" "$provenance_ok"
   # Head loads side by side (e.g. right after conversion and after continue-tuning): a directory or the file itself.
   expect 0 "| stage3.block0 | 0." -- plot --head-load "before=$tmp/evrep" "after=$tmp/evrep/head_load.json" --out "$tmp/hlc"
   expect 2 'has no layer with an "overall" load' -- plot --head-load "$tmp/evrep/report.json" --out "$tmp/hlc2"
@@ -270,7 +289,11 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   expect 0 "FID " -- fid --samples fashion_mnist:test:64 --ref fashion_mnist:train:64 "${FEAT[@]}" --out "$tmp/rep"
   [ -s "$tmp/rep/report.json" ] && [ -s "$tmp/rep/report.md" ] && pass=$((pass + 1)) || { echo "FAIL: no report files"; fails=$((fails + 1)); }
   expect 0 "wrote $tmp/ref.npz" -- ref-stats --images fashion_mnist:train:64 --out "$tmp/ref.npz" "${FEAT[@]}"
-  expect 0 '"statistics": "stored"' -- fid --samples fashion_mnist:test:64 --ref "$tmp/ref.npz" "${FEAT[@]}" --json
+  holds "$tmp/rep/report.json" "FID report's provenance, no file hash for a dataset reference" \
+    "$provenance_ok and j['reference']['sha256'] is None"
+  expect 0 '"statistics": "stored"' -- fid --samples fashion_mnist:test:64 --ref "$tmp/ref.npz" "${FEAT[@]}" --json --out "$tmp/rep2"
+  holds "$tmp/rep2/report.json" "FID report names its reference file by SHA-256" \
+    "j['reference']['sha256'] == sha('$tmp/ref.npz') and j['reference']['statistics'] == 'stored'"
   expect 2 "error: npz" -- fid --samples tests/fixtures/npz/truncated.npz --ref "$tmp/ref.npz" "${FEAT[@]}"
   expect 2 "expected uint8" -- fid --samples tests/fixtures/npz/wrong_dtype.npz --ref "$tmp/ref.npz" "${FEAT[@]}"
   expect 2 "is not (N, H, W, 3)" -- fid --samples tests/fixtures/npz/wrong_rank.npz --ref "$tmp/ref.npz" "${FEAT[@]}"
@@ -295,6 +318,7 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   [ ! -e "$tmp/dit_noema/checkpoints/0000002/ema.safetensors" ] && pass=$((pass + 1)) || { echo "FAIL: ema.safetensors without an EMA"; fails=$((fails + 1)); }
   expect 0 "from the model weights of step 2" -- sample --checkpoint "$tmp/dit_noema" "${FAST[@]}" --num-samples 2 --out "$tmp/s6"
   grep -q '"weights": "model"' "$tmp/s6/sampling.json" && pass=$((pass + 1)) || { echo "FAIL: sampling.json does not say which weights"; fails=$((fails + 1)); }
+  holds "$tmp/s6/sampling.json" "sampling.json's provenance" "$provenance_ok"
   expect 0 "wrote" -- sample configs/fashion_mnist/moh_dit_pixel.yaml --checkpoint "$tmp/dit" --cfg-scale 3 --steps ddim3 --num-samples 4 --labels 1,7 --seed 5 --out "$tmp/s3"
   expect 0 "wrote" -- sample configs/fashion_mnist/moh_dit_pixel.yaml --checkpoint "$tmp/dit" --cfg-scale 3 --steps ddim3 --num-samples 4 --labels 1,7 --seed 5 --out "$tmp/s4"
   cmp -s "$tmp/s3/samples.npz" "$tmp/s4/samples.npz" && cmp -s "$tmp/s3/grid.png" "$tmp/s4/grid.png" && pass=$((pass + 1)) || { echo "FAIL: same seed, different samples"; fails=$((fails + 1)); }

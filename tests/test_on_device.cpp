@@ -259,5 +259,20 @@ TEST(OnDevice, Tf32ScopeRoundsCudaProductsAndOnlyThere) {
   }
 }
 
+// The provenance a result file carries names the device it ran on (the GPU's own name there).
+TEST(OnDevice, ProvenanceNamesTheDevice) {
+  const torch::Device dev = test::device();
+  const nlohmann::json p = provenance(dev);
+  EXPECT_EQ(p.at("device"), dev.str());
+  EXPECT_EQ(p.at("libtorch"), libtorch_version());
+  if (dev.is_cuda()) {
+    EXPECT_NE(p.at("device_name"), "unknown");
+    EXPECT_NE(p.at("device_name"), cpu_model_name());
+    EXPECT_FALSE(p.contains("threads"));  // CPU threads do not decide a GPU result
+  } else {
+    EXPECT_EQ(p.at("device_name"), cpu_model_name());
+  }
+}
+
 }  // namespace
 }  // namespace moh

@@ -1,4 +1,6 @@
 // Progress bar (plain mode lines, durations), JSONL metrics, and RunContext (torchrun/Slurm environment, errors).
+#include <ATen/Parallel.h>
+
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <tuple>
@@ -131,6 +133,24 @@ TEST(RunContext, DeviceAndPrecisionErrors) {
   EXPECT_TRUE(RunContext::create("auto", Precision::fp32, 0).device.is_cpu() || cuda_available());
   EXPECT_FALSE(libtorch_version().empty());
   EXPECT_FALSE(detect_blas().name.empty());
+}
+
+// What a result file says about where it was computed: read from the process, so it follows a change of threads.
+TEST(RunContext, ProvenanceNamesTheCpuItsThreadsBlasAndBuild) {
+  const int before = at::get_num_threads();
+  const nlohmann::json p = provenance(c10::Device(c10::kCPU));
+  EXPECT_EQ(p.at("device"), "cpu");
+  EXPECT_EQ(p.at("device_name"), cpu_model_name());
+  EXPECT_EQ(p.at("threads"), before);
+  EXPECT_EQ(p.at("libtorch"), libtorch_version());
+  EXPECT_EQ(p.at("commit"), toolkit_commit());
+  const std::string blas = p.at("blas");
+  EXPECT_EQ(blas.rfind(detect_blas().name, 0), 0u) << blas;
+  const std::string core = blas_core().used;
+  if (!core.empty()) EXPECT_NE(blas.find("(" + core + ")"), std::string::npos) << blas;
+  at::set_num_threads(1);
+  EXPECT_EQ(provenance(c10::Device(c10::kCPU)).at("threads"), 1);
+  at::set_num_threads(before);
 }
 
 TEST(Amp, AutocastScopeIsScopedAndFp32IsANoOp) {
