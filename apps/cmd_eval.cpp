@@ -58,12 +58,13 @@ int cmd_eval(int argc, char** argv) {
   RunContext ctx = RunContext::create(args.count("device") ? args["device"].as<std::string>() : cfg.train.device,
                                       Precision::fp32, 0);
   vision::TransNeXt model{nullptr};
-  std::string source, weights = "model", model_name = cfg.model.name;
+  std::string source, weights = "model", model_name = cfg.model.name, weights_file = cfg.model.weights;
   int64_t step = -1;  // unknown for --weights files
   if (loaded) {
     model = loaded->model;
     source = loaded->dir;
     weights = loaded->weights;
+    weights_file = loaded->weights_file;
     step = loaded->step;
     model_name = loaded->cfg.model.name;
   } else {  // official or converted weights, e.g. a TransNeXt / MoH-ViT .pth with --weights-key model
@@ -88,6 +89,7 @@ int cmd_eval(int argc, char** argv) {
                         {"weights", weights},
                         {"model", model_name},
                         {"count", r.count},
+                        {"weights_sha256", sha256_file(weights_file)},
                         {"provenance", provenance(ctx.device)}};
   if (step >= 0) report["step"] = step;
   if (!out.empty()) {

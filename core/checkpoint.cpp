@@ -209,6 +209,7 @@ std::string save_checkpoint(const std::string& run_dir, const TrainerState& stat
                      {"batch", state.batch},
                      {"skipped", state.skipped},
                      {"best_metric", state.best_metric}};
+    if (!state.written_by.is_null()) j["written_by"] = state.written_by;
     write_file_atomic(dir.path() + "/trainer_state.json", j.dump(1) + "\n");
     write_file_atomic(dir.path() + "/config.resolved.yaml", config_yaml);
     dir.commit();
@@ -301,6 +302,7 @@ Checkpoint load_checkpoint(const std::string& path, bool tensors) {
     c.state.batch = j.value("batch", int64_t{0});  // absent in checkpoints taken at epoch ends before it existed
     c.state.skipped = j.value("skipped", int64_t{0});
     c.state.best_metric = j.value("best_metric", 0.0);
+    c.state.written_by = j.value("written_by", nlohmann::json());
   } catch (const nlohmann::json::exception& e) {
     throw UserError("checkpoint " + dir + "/trainer_state.json", std::string("malformed: ") + e.what(), "");
   }

@@ -60,6 +60,9 @@ struct TrainerState {
   int64_t batch = 0;            ///< batches of `epoch` already done (a checkpoint taken inside an epoch: interrupt)
   int64_t skipped = 0;          ///< of those, batches whose optimizer step was skipped (fp16 overflow)
   double best_metric = 0;       ///< best value of the task's first evaluation metric (classifiers: top-1)
+  /// provenance() of the process that wrote the checkpoint (null when unknown: conversions, older checkpoints); a
+  /// record, never compared on resume: a run may continue on another device.
+  nlohmann::json written_by;
 };
 
 /// Writes checkpoints/<step>/ atomically (model, optimizer, rng and, if given, ema .safetensors) and then updates

@@ -629,6 +629,7 @@ std::string TrainLoop::save() {
   TensorMap rng = dist::gather_rng_states(*group_, ctx_.device, per_rank_);
   rng["amp_scaler"] = scaler_->state();
   if (!group_->is_main()) return "";
+  state_.written_by = provenance(ctx_.device);
   // Views of the live tensors, streamed to disk one at a time (an XL/2 state is ~11 GB).
   const std::string dir = save_checkpoint(run_dir_, state_, model, optim, cfg_.yaml, rng, ema, profiles);
   prune_checkpoints(run_dir_, cfg_.train.keep_last, cfg_.train.keep_every_steps);

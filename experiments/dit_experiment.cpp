@@ -309,7 +309,10 @@ LoadedDiT load_dit_checkpoint(const std::string& path, bool prefer_ema) {
   r.model = diffusion::DiT(with_repa_projectors(dit_options_for(r.cfg), r.cfg.repa, repa_widths(ckpt.dir)));
   r.dir = ckpt.dir;
   r.step = ckpt.state.step;
-  r.weights = load_checkpoint_weights(*r.model, ckpt, prefer_ema, /*require_ema=*/false).which;
+  r.written_by = ckpt.state.written_by;
+  const CheckpointWeights w = load_checkpoint_weights(*r.model, ckpt, prefer_ema, /*require_ema=*/false);
+  r.weights = w.which;
+  r.weights_file = w.file;
   r.model->eval();
   return r;
 }

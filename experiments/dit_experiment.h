@@ -69,7 +69,9 @@ struct LoadedDiT {
   ExperimentConfig cfg;           ///< the experiment it was trained with
   std::string dir;                ///< the checkpoint directory
   std::string weights;            ///< "ema" or "model": which weights were loaded
+  std::string weights_file;       ///< the .safetensors file they came from
   int64_t step = 0;               ///< optimizer steps of the checkpoint
+  nlohmann::json written_by;      ///< the provenance of the process that saved it (null for older checkpoints)
 };
 /// The decoder of a latent experiment's samples (diffusion.vae: sd; eval mode, on ctx.device), or an empty holder
 /// for pixel-space models. UserError when diffusion.vae_weights is not set.

@@ -44,12 +44,15 @@ struct SamplingModel {
   std::string weights = "untrained";  // "ema", "model", a weights file, or untrained
   int64_t step = -1;
   std::string checkpoint_dir;  // RUN/checkpoints/STEP of a checkpoint, else ""
+  std::string weights_file;    // the file the weights were read from, else "" (untrained)
+  nlohmann::json written_by;   // the checkpoint's provenance: where it was trained
 };
 
 // A checkpoint's EMA (or --raw trained) weights, read alone; only sampling.* may change.
 SamplingModel checkpoint_model(const SamplingRequest& r) {
   LoadedDiT loaded = load_dit_checkpoint(r.checkpoint, !r.raw);
-  SamplingModel m{loaded.model, loaded.cfg, loaded.weights, loaded.step, loaded.dir};
+  SamplingModel m{loaded.model, loaded.cfg,          loaded.weights,   loaded.step,
+                  loaded.dir,   loaded.weights_file, loaded.written_by};
   for (const auto& s : r.sets)
     if (s.rfind("sampling.", 0) != 0)
       throw UserError("--set " + s, "only sampling.* can be changed when sampling a checkpoint",
@@ -83,6 +86,7 @@ SamplingModel config_model(const SamplingRequest& r) {
   if (!r.untrained && !m.cfg.model.weights.empty()) {
     load_initial_weights(*m.model, m.cfg.model.weights, m.cfg.model.weights_key, m.cfg.model.weights_allow_missing);
     m.weights = m.cfg.model.weights + (m.cfg.model.weights_key.empty() ? "" : " [" + m.cfg.model.weights_key + "]");
+    m.weights_file = m.cfg.model.weights;
   }
   m.model->eval();
   return m;
@@ -110,6 +114,8 @@ nlohmann::json sampling_plan(const SamplingModel& m, const SamplingRequest& r, c
   return {{"model", m.cfg.model.name},
           {"checkpoint", r.checkpoint},
           {"weights", m.weights},
+          // Parts sampled from other weights at the same path and step (a run trained again) are refused.
+          {"weights_sha256", m.weights_file.empty() ? nlohmann::json() : nlohmann::json(sha256_file(m.weights_file))},
           {"step", m.step},
           {"sampling", config::to_json(sc)},  // every sampling.* setting, as the schema names them
           {"count", labels.size(0)},
@@ -345,6 +351,7 @@ SamplingSummary run_sampling(const SamplingRequest& r) {
   }
   nlohmann::json info = plan;
   info["provenance"] = provenance(ctx.device);  // rank 0's: every rank runs the same build on the same kind of device
+  info["checkpoint_written_by"] = m.written_by;
   if (out.main) write_sampling_outputs(m, chain, r, labels, info, out);
   return out;
 }

@@ -54,6 +54,13 @@ for f in $(find "$F/valcut/val" -name '*.jpg'); do head -c 300 "$f" >"$f.x" && m
 setup "$MOH" export-images --images fashion_mnist:test:8 --out "$F/pngs"
 mkdir -p "$F/samples" && find "$F/pngs" -name '*.png' -exec cp {} "$F/samples/" \;
 p=$(find "$F/samples" -name '*.png' | sort | head -1) && head -c 100 "$p" >"$p.x" && mv "$p.x" "$p"
+# a sampling directory left with parts of the same plan from other weights at the same path and step (a run trained
+# again): only weights_sha256 differs, so nothing but the weights' bytes can refuse it
+SPARTS=(--checkpoint "$F/dit" --num-samples 4 --steps ddim2)
+setup "$MOH" sample "${SPARTS[@]}" --out "$tmp/s0"
+mkdir -p "$F/sparts/parts" && python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); j["weights_sha256"] = "0" * 64
+json.dump({k: j[k] for k in ("checkpoint", "count", "labels", "labels_hash", "model", "sampling", "step", "weights",
+                             "weights_sha256")}, open(sys.argv[2], "w"))' "$tmp/s0/sampling.json" "$F/sparts/parts/plan.json"
 # run directories with damaged resume state
 ck=$(cat "$F/run/checkpoints/latest")
 for r in missing outside empty nolatest rng; do cp -r "$F/run" "$F/run_$r"; done
@@ -166,6 +173,7 @@ bad "fp16 autocast needs a CUDA device" -- sample --checkpoint "$F/dit" --precis
 # a sampler of the other objective (flow matching vs DDPM), and the flow keys' rules
 bad "sde does not run on a DDPM model" -- sample --checkpoint "$F/dit" --sampler sde --steps 50 --out "$O/s"
 bad "dopri5 does not run on a DDPM model" -- sample --checkpoint "$F/dit" --sampler dopri5 --out "$O/s"
+bad "holds parts of another sampling run (weights_sha256: \"000" -- sample "${SPARTS[@]}" --out "$F/sparts"
 bad "ddpm does not run on a flow model (diffusion.objective: flow) (use euler, heun, dopri5 or sde)" -- \
   sample --checkpoint "$F/flow" --sampler ddpm --out "$O/s"
 bad "ddim does not run on a flow model" -- train $DIT --set diffusion.objective=flow --run-dir "$O/r"

@@ -269,7 +269,8 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   expect 2 "apt-get install dataset-fashion-mnist" -- train $NANO "${TINY[@]}" --set data.root=/nonexistent --run-dir "$tmp/run2"
   expect 0 "top-1" -- eval $NANO --set data.limit_val=64 --checkpoint "$tmp/run" --out "$tmp/evrep"
   grep -q "| top1 |" "$tmp/evrep/report.md" && pass=$((pass + 1)) || { echo "FAIL: eval report"; fails=$((fails + 1)); }
-  holds "$tmp/evrep/report.json" "eval report's provenance" "$provenance_ok"
+  holds "$tmp/evrep/report.json" "eval report's provenance and weights" \
+    "$provenance_ok and j['weights_sha256'] == sha('$tmp/run/checkpoints/$(cat "$tmp/run/checkpoints/latest")/model.safetensors')"
   # Head loads side by side (e.g. right after conversion and after continue-tuning): a directory or the file itself.
   expect 0 "| stage3.block0 | 0." -- plot --head-load "before=$tmp/evrep" "after=$tmp/evrep/head_load.json" --out "$tmp/hlc"
   expect 2 'has no layer with an "overall" load' -- plot --head-load "$tmp/evrep/report.json" --out "$tmp/hlc2"
@@ -318,7 +319,10 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   [ ! -e "$tmp/dit_noema/checkpoints/0000002/ema.safetensors" ] && pass=$((pass + 1)) || { echo "FAIL: ema.safetensors without an EMA"; fails=$((fails + 1)); }
   expect 0 "from the model weights of step 2" -- sample --checkpoint "$tmp/dit_noema" "${FAST[@]}" --num-samples 2 --out "$tmp/s6"
   grep -q '"weights": "model"' "$tmp/s6/sampling.json" && pass=$((pass + 1)) || { echo "FAIL: sampling.json does not say which weights"; fails=$((fails + 1)); }
-  holds "$tmp/s6/sampling.json" "sampling.json's provenance" "$provenance_ok"
+  holds "$tmp/s6/sampling.json" "sampling.json's provenance, weights and where they were trained" \
+    "$provenance_ok and j['weights_sha256'] == sha('$tmp/dit_noema/checkpoints/0000002/model.safetensors') and j['checkpoint_written_by']['commit'] == commit"
+  holds "$tmp/dit/checkpoints/0000002/trainer_state.json" "a checkpoint records where it was trained" \
+    "j['written_by']['device'] == 'cpu' and j['written_by']['commit'] == commit and j['written_by']['libtorch'] == libtorch"
   expect 0 "wrote" -- sample configs/fashion_mnist/moh_dit_pixel.yaml --checkpoint "$tmp/dit" --cfg-scale 3 --steps ddim3 --num-samples 4 --labels 1,7 --seed 5 --out "$tmp/s3"
   expect 0 "wrote" -- sample configs/fashion_mnist/moh_dit_pixel.yaml --checkpoint "$tmp/dit" --cfg-scale 3 --steps ddim3 --num-samples 4 --labels 1,7 --seed 5 --out "$tmp/s4"
   cmp -s "$tmp/s3/samples.npz" "$tmp/s4/samples.npz" && cmp -s "$tmp/s3/grid.png" "$tmp/s4/grid.png" && pass=$((pass + 1)) || { echo "FAIL: same seed, different samples"; fails=$((fails + 1)); }
