@@ -23,10 +23,12 @@ bool parse_bench_flags(cxxopts::Options& options, int argc, char** argv, cxxopts
   return false;
 }
 
+// The host's side of provenance(): the BLAS with its kernel ("OpenBLAS (Cooperlake)"), so CPU rows say what ran them.
 nlohmann::json machine_record() {
-  return {{"cpu", cpu_model_name()},          {"cores", std::max(1u, std::thread::hardware_concurrency())},
-          {"threads", at::get_num_threads()}, {"libtorch", libtorch_version()},
-          {"commit", toolkit_commit()},       {"blas", detect_blas().name}};
+  const nlohmann::json p = provenance(c10::Device(c10::kCPU));
+  return {{"cpu", p["device_name"]}, {"cores", std::max(1u, std::thread::hardware_concurrency())},
+          {"threads", p["threads"]}, {"libtorch", p["libtorch"]},
+          {"commit", p["commit"]},   {"blas", p["blas"]}};
 }
 
 c10::Device bench_device(const std::string& name) {

@@ -13,8 +13,8 @@ namespace moh::bench {
 /// Parses argv into `out`; returns false when --help was asked for (the help is printed, nothing else to do).
 bool parse_bench_flags(cxxopts::Options& options, int argc, char** argv, cxxopts::ParseResult& out);
 
-/// {"cpu": model name, "cores": hardware threads, "threads": intra-op threads, "libtorch": version, "blas": name}: put
-/// into every benchmark's JSON so that a figure always says where it was measured.
+/// {"cpu": model name, "cores": hardware threads, "threads": intra-op threads, "libtorch": version, "commit", "blas":
+/// name and kernel}: put into every benchmark's JSON so that a figure always says where it was measured.
 nlohmann::json machine_record();
 
 /// The device of a benchmark's --device flag (cpu, cuda, cuda:N): a UserError where it is not there.

@@ -2,7 +2,9 @@
 // numbers, on a hand-made event list with known answers and on a recorded step of a small MoH-DiT.
 #include <torch/optim/adamw.h>
 
+#include "bench/common.h"
 #include "bench/op_profile.h"
+#include "core/blas_core.h"
 #include "core/ema.h"
 #include "core/optimizer.h"
 #include "tests/diffusion/tiny_dit.h"
@@ -91,6 +93,16 @@ TEST(OpProfile, RecordedMoHDiTStepHasEveryClass) {
   for (const auto& [k, v] : p.ms) classes += v;
   for (const auto& r : p.ops) ops += r.self_ms;
   EXPECT_NEAR(classes, ops, 1e-6 * ops);
+}
+
+// Every benchmark row names the BLAS kernel it ran on (an OpenBLAS fallback costs 2-6x: docs/BENCHMARKS.md).
+TEST(BenchRecord, NamesTheCpuTheBlasAndItsKernel) {
+  const nlohmann::json m = machine_record();
+  EXPECT_EQ(m.at("cpu"), cpu_model_name());
+  EXPECT_EQ(m.at("commit"), toolkit_commit());
+  const std::string blas = m.at("blas"), core = blas_core().used;
+  EXPECT_EQ(blas.rfind(detect_blas().name, 0), 0u) << blas;
+  if (!core.empty()) EXPECT_EQ(blas, "OpenBLAS (" + core + ")");
 }
 
 }  // namespace
