@@ -5,6 +5,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "core/atomic_io.h"
 #include "core/error.h"
 #include "core/run_context.h"
 #include "core/sha256.h"
@@ -259,6 +260,22 @@ void save_features(const std::string& path, const FeatureSet& s, const FeatureSe
   datasets::save_npz(path, arrays);
 }
 
+// How the samples were made, when `moh sample` wrote them: the sampling.json beside SAMPLES.npz, if it was written
+// after the samples and counts as many (a later run that stopped between the two files leaves an older one); else null.
+nlohmann::json sampling_record(const std::string& samples, int64_t count) {
+  namespace fs = std::filesystem;
+  const fs::path record = fs::path(samples).parent_path() / "sampling.json";
+  std::error_code ec;
+  if (!fs::is_regular_file(samples, ec) || !fs::is_regular_file(record, ec)) return nullptr;
+  if (fs::last_write_time(record, ec) < fs::last_write_time(samples, ec) || ec) return nullptr;
+  try {
+    nlohmann::json j = nlohmann::json::parse(read_file(record.string()));
+    return j.value("count", int64_t{-1}) == count ? j : nlohmann::json();
+  } catch (const std::exception&) {
+    return nullptr;  // not ours to judge: the metrics do not depend on it
+  }
+}
+
 nlohmann::json describe_run(const GenerativeEvalOptions& o, const FeatureNet& net, const FeatureSet& s,
                             const ReferenceStats& ref, bool ref_stored) {
   nlohmann::json report;
@@ -267,7 +284,10 @@ nlohmann::json describe_run(const GenerativeEvalOptions& o, const FeatureNet& ne
     report["sample_accuracy"] = {{"top1", pred.eq(s.labels).to(at::kDouble).mean().item<double>() * 100.0},
                                  {"count", s.labels.size(0)}};
   }
-  report["samples"] = {{"path", o.samples}, {"count", s.pool.size(0)}, {"labelled", s.labels.defined()}};
+  report["samples"] = {{"path", o.samples},
+                       {"count", s.pool.size(0)},
+                       {"labelled", s.labels.defined()},
+                       {"sampling", sampling_record(o.samples, s.pool.size(0))}};
   report["reference"] = {{"path", o.reference},
                          {"count", ref.count},
                          {"statistics", ref_stored ? "stored" : "computed"},

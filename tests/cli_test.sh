@@ -291,7 +291,7 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   [ -s "$tmp/rep/report.json" ] && [ -s "$tmp/rep/report.md" ] && pass=$((pass + 1)) || { echo "FAIL: no report files"; fails=$((fails + 1)); }
   expect 0 "wrote $tmp/ref.npz" -- ref-stats --images fashion_mnist:train:64 --out "$tmp/ref.npz" "${FEAT[@]}"
   holds "$tmp/rep/report.json" "FID report's provenance, no file hash for a dataset reference" \
-    "$provenance_ok and j['reference']['sha256'] is None"
+    "$provenance_ok and j['reference']['sha256'] is None and j['samples']['sampling'] is None"
   expect 0 '"statistics": "stored"' -- fid --samples fashion_mnist:test:64 --ref "$tmp/ref.npz" "${FEAT[@]}" --json --out "$tmp/rep2"
   holds "$tmp/rep2/report.json" "FID report names its reference file by SHA-256" \
     "j['reference']['sha256'] == sha('$tmp/ref.npz') and j['reference']['statistics'] == 'stored'"
@@ -330,7 +330,13 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   expect 2 "sampling.cfg_scale: must be >= 1" -- sample --checkpoint "$tmp/dit" --cfg-scale -1 --out "$tmp/s2"
   expect 2 "unknown model variant or network (did you mean 'MoH-DiT-Pixel/4-75'?)" -- train $DIT --set model.name=MoH-DiT-Pixel/4-7 --run-dir "$tmp/dit2"
   [ -s "$tmp/s/grid.png" ] && [ -s "$tmp/s/sampling.json" ] && pass=$((pass + 1)) || { echo "FAIL: no grid/sampling.json"; fails=$((fails + 1)); }
-  expect 0 "sample accuracy" -- fid --samples "$tmp/s/samples.npz" --ref "$tmp/ref.npz" "${FEAT[@]}" --metrics fid,is
+  expect 0 "sample accuracy" -- fid --samples "$tmp/s/samples.npz" --ref "$tmp/ref.npz" "${FEAT[@]}" --metrics fid,is --out "$tmp/rep3"
+  # The FID report carries how its samples were made (the sampling.json beside them), unless that record is older.
+  holds "$tmp/rep3/report.json" "FID report embeds the samples' sampling.json" \
+    "j['samples']['sampling']['weights_sha256'] == sha('$tmp/dit/checkpoints/0000002/ema.safetensors') and j['samples']['sampling']['count'] == 20"
+  cp -r "$tmp/s" "$tmp/s_stale" && touch -d '+1 minute' "$tmp/s_stale/samples.npz"
+  expect 0 "FID " -- fid --samples "$tmp/s_stale/samples.npz" --ref "$tmp/ref.npz" "${FEAT[@]}" --metrics fid --out "$tmp/rep4"
+  holds "$tmp/rep4/report.json" "no sampling record older than its samples" "j['samples']['sampling'] is None"
   expect 0 "wrote $tmp/u/samples.npz" -- sample $DIT --untrained "${FAST[@]}" --set sampling.sampler=ddpm --out "$tmp/u"
   # Routing analytics of a MoH-DiT while it samples: head load by timestep and class, entropy, top-K changes.
   expect 0 "head load: 6 routed layers, 3 network evaluations" -- sample $DIT --untrained "${FAST[@]}" --head-load --out "$tmp/hl"
