@@ -9,7 +9,8 @@
 #      same model a separate shorter run gives under the constant lr), and MoH-DiT from scratch for 100 + PCTS % of
 #      the dense steps (one run, checkpoints kept likewise);
 #   3. every model's FID on SAMPLES samples, all with the seed's sampling seed (common random numbers for the paired
-#      differences), one feature network and one reference set; each row carries its provenance.
+#      differences), one feature network and one reference set; each row carries its provenance (the device, LibTorch
+#      and commit that trained and sampled it, as moh recorded them; the parent's, features' and reference's hashes).
 # Jobs run side by side, at most JOBS at a time (a GPU left waiting on small kernels is filled by the others).
 # Rows: OUT/rows.jsonl (final measurements), OUT/checks.jsonl (the plateau checks), OUT/protocol_LABEL.txt (a line per
 # start: a study finished by a second call keeps both); the table:
@@ -94,6 +95,19 @@ fid() {
   python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["metrics"]["fid"])' "$dir/fid/report.json"
 }
 
+# ran_on ID: where ID's samples were made and its checkpoint trained, as moh recorded them (sampling.json; not a guess
+# from the host: a job can run on the CPU of a GPU machine), as JSON members to splice into a row
+ran_on() {
+  python3 - "$OUT/logs/$1.fid/sampling.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+p, t = s["provenance"], s.get("checkpoint_written_by") or {}
+on = lambda p: f'{p["device"]} ({p["device_name"]})' if p else None
+by = lambda p: f'LibTorch {p["libtorch"]}, commit {p["commit"]}' if p else None
+print(json.dumps({"sampled_on": on(p), "sampled_by": by(p), "trained_on": on(t), "trained_by": by(t)})[1:-1])
+PY
+}
+
 # decide SEED: go (train another segment), plateau or max_epochs, from the seed's checks so far
 decide() { python3 scripts/ct_plateau_table.py --decide "$OUT" "$1" "$MAX_EPOCHS"; }
 last_epoch() {
@@ -114,7 +128,7 @@ dense() {
       --set train.ckpt_every_epochs="$SEGMENT" || return 1
     fa=$(fid "${run}_e${e}_a" "$RUNS/$run" "$CHECK_SAMPLES" 101) && fb=$(fid "${run}_e${e}_b" "$RUNS/$run" "$CHECK_SAMPLES" 102) ||
       return 1
-    echo "{\"id\": \"${run}_e$e\", \"seed\": $s, \"epoch\": $e, \"step\": $(steps_of "$run"), \"fid_a\": $fa, \"fid_b\": $fb, \"samples\": $CHECK_SAMPLES, $COMMON}" >>"$OUT/checks.jsonl"
+    echo "{\"id\": \"${run}_e$e\", \"seed\": $s, \"epoch\": $e, \"step\": $(steps_of "$run"), \"fid_a\": $fa, \"fid_b\": $fb, \"samples\": $CHECK_SAMPLES, $(ran_on "${run}_e${e}_a"), $COMMON}" >>"$OUT/checks.jsonl"
     log "$run: epoch $e FID $fa / $fb"
   done
   echo "$verdict" >"$RUNS/$run.stop"
@@ -127,7 +141,7 @@ measure() {
   local f dense=dit_dense_s$3 n
   f=$(fid "$1" "$2" "$SAMPLES" "$3") || return 1
   n=$(steps_of "$dense")
-  echo "{\"id\": \"$1\", \"seed\": $3, \"what\": \"$4\", \"router\": \"$5\", \"choice\": \"$6\", \"pct\": $7, \"extra_steps\": $8, \"dense_steps\": $n, \"dense_stop\": \"$(cat "$RUNS/$dense.stop")\", \"parent_sha256\": \"$(sha "$(ckpt "$dense" "$n")/ema.safetensors")\", \"checkpoint\": \"${2#"$RUNS"/}\", \"fid\": $f, \"samples\": $SAMPLES, $COMMON}" >>"$OUT/rows.jsonl"
+  echo "{\"id\": \"$1\", \"seed\": $3, \"what\": \"$4\", \"router\": \"$5\", \"choice\": \"$6\", \"pct\": $7, \"extra_steps\": $8, \"dense_steps\": $n, \"dense_stop\": \"$(cat "$RUNS/$dense.stop")\", \"parent_sha256\": \"$(sha "$(ckpt "$dense" "$n")/ema.safetensors")\", \"checkpoint\": \"${2#"$RUNS"/}\", \"fid\": $f, \"samples\": $SAMPLES, $(ran_on "$1"), $COMMON}" >>"$OUT/rows.jsonl"
   log "$1: FID $f"
 }
 share() { local n=$(($1 * $2 / 100)); echo $((n > 0 ? n : 1)); }  # share STEPS PCT: at least 1 step

@@ -42,4 +42,14 @@ sed -i 's/"dense_stop": "plateau"/"dense_stop": "budget"/' "$T/rows.jsonl"
 out=$(python3 scripts/ct_plateau_table.py "$T")
 grep -q "Seeds 1, 2, 3: the dense parent stopped before its plateau" <<<"$out" ||
   fail "parents stopped by the budget must be named"
+# the devices moh recorded: one device, no warning; a row trained elsewhere is named
+! grep -q "Warning: these rows ran on" <<<"$out" || fail "rows without device records must not warn"
+on='"trained_on": "cuda:0 (NVIDIA H200)", "sampled_on": "cuda:0 (NVIDIA H200)"'
+sed -i "s/\"fid\":/$on, \"fid\":/" "$T/rows.jsonl"
+out=$(python3 scripts/ct_plateau_table.py "$T")
+! grep -q "Warning: these rows ran on" <<<"$out" || fail "rows of one device must not warn: $out"
+sed -i '/"id": "b2"/s/"trained_on": "cuda:0 (NVIDIA H200)"/"trained_on": "cpu (AMD EPYC)"/' "$T/rows.jsonl"
+out=$(python3 scripts/ct_plateau_table.py "$T")
+grep -q "Warning: these rows ran on 2 devices (cpu (AMD EPYC); cuda:0 (NVIDIA H200))" <<<"$out" ||
+  fail "a row trained on another device must be named: $out"
 echo "ct_plateau: ok"
