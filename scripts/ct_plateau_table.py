@@ -14,6 +14,8 @@ import statistics
 import sys
 from collections import OrderedDict
 
+from row_provenance import mixed_devices_warning
+
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 GOAL = 5.0  # per cent above dense FID
 
@@ -105,11 +107,6 @@ def paired_table(rows):
     print()
 
 
-def devices(rows):
-    """the devices that trained and sampled these rows, as moh recorded them (rows written before it did: none)"""
-    return sorted({r[k] for r in rows for k in ("trained_on", "sampled_on") if r.get(k)})
-
-
 def main(out):
     rows, checks = load(out + "/rows.jsonl"), load(out + "/checks.jsonl")
     for label in sorted({r["label"] for r in rows + checks}):
@@ -117,10 +114,9 @@ def main(out):
         first = (mine or checks)[0]
         print(f"### {label}: {first['machine']}, {first['libtorch']}; sampler {first['sampler']}; "
               f"feature network {first['feature_sha256'][:12]}…, reference {first['reference_sha256'][:12]}…\n")
-        ran = devices(mine + [r for r in checks if r["label"] == label])
-        if len(ran) > 1:
-            print(f"**Warning: these rows ran on {len(ran)} devices ({'; '.join(ran)}): the differences below mix "
-                  "devices, not only models.**\n")
+        warning = mixed_devices_warning(mine + [r for r in checks if r["label"] == label])
+        if warning:
+            print(warning)
         print("Plateau checks of the dense parents (FID on two sample sets each):\n")
         checks_table([r for r in checks if r["label"] == label])
         if mine:

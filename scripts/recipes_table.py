@@ -16,6 +16,7 @@ import statistics
 import sys
 from collections import OrderedDict
 
+from row_provenance import mixed_devices_warning
 from ct_plateau_table import interval, verdict  # the same t-interval and 5 % goal verdict as the continue-tuning study
 
 RECIPES = ["ddpm", "ddpm_ld", "flow", "flow_ld", "flow_repa", "flow_repa_ld"]
@@ -143,6 +144,9 @@ def main(paths):
     for (machine, libtorch, features, reference, samples), rows in groups(load(paths)).items():
         print(f"### {machine}, {libtorch}; feature network {features[:8]}…, reference {reference[:8]}…, "
               f"{samples} samples\n")
+        warning = mixed_devices_warning(rows)
+        if warning:
+            print(warning)
         steps = [r for r in rows if not is_sweep(r)]
         fid_table(steps)
         print()

@@ -129,14 +129,16 @@ measure() {
 import hashlib, json, sys
 name, model, recipe, seed, step, d, machine, libtorch, ref, samples, sampler, precision, encoder, commit, cfg, \
     train_args = sys.argv[1:]
-rep = json.load(open(d + "/fid/report.json"))
-nfe = json.load(open(d + "/samples/sampling.json"))["nfe_per_image"]
+rep, s = json.load(open(d + "/fid/report.json")), json.load(open(d + "/samples/sampling.json"))
+on = lambda p: f'{p["device"]} ({p["device_name"]})' if p else None  # where moh ran, as it recorded it
 print(json.dumps({"id": name, "model": model, "recipe": recipe, "seed": int(seed), "step": int(step),
                   "fid": rep["metrics"]["fid"], "sample_acc": rep.get("sample_accuracy", {}).get("top1"),
                   "machine": machine, "libtorch": libtorch, "commit": commit, "precision": precision,
                   "feature_sha256": rep.get("feature_net", {}).get("weights_sha256"),
                   "reference_sha256": hashlib.sha256(open(ref, "rb").read()).hexdigest(),
-                  "samples": int(samples), "sampler": sampler, "cfg": float(cfg), "nfe": nfe,
+                  "samples": int(samples), "sampler": sampler, "cfg": float(cfg), "nfe": s["nfe_per_image"],
+                  "weights_sha256": s["weights_sha256"], "sampled_on": on(s["provenance"]),
+                  "trained_on": on(s.get("checkpoint_written_by")),
                   "repa_encoder_sha256": hashlib.sha256(open(encoder, "rb").read()).hexdigest() if encoder else None,
                   **({"train_args": train_args} if train_args else {})}))
 PY

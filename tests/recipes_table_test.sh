@@ -32,4 +32,13 @@ grep -q "| flow | DiT | 200 | 1, 2 | 25.00 / 20.0 | 17.50 / 45.0 | 20.00 / 60.0 
   fail "the sweep's means over seeds 1, 2 and the lowest-FID scale: $out"
 ! grep -q "| flow | MoH | 200 | .* / " <<<"$out" || fail "a model without sweep rows has no sweep line: $out"
 ! grep -q "99" <<<"$out" || fail "sweep rows stay out of the step tables, and a seed missing a scale out of the means"
+! grep -q "Warning: these rows ran on" <<<"$out" || fail "rows without device records must not warn"
+# one row sampled on another device than the rest: named (scripts/row_provenance.py, shared with ct_plateau_table.py)
+sed -i 's/"nfe": 17}/"nfe": 17, "sampled_on": "cuda:0 (NVIDIA H200)"}/' "$T/rows.jsonl"
+! grep -q "Warning: these rows ran on" <<<"$(python3 scripts/recipes_table.py "$T/rows.jsonl")" ||
+  fail "rows of one device must not warn"
+sed -i '/"id": "moh_flow_s2"/s/NVIDIA H200)"/AMD EPYC)", "trained_on": "cpu (AMD EPYC)"/; /"id": "moh_flow_s2"/s/cuda:0 (AMD/cpu (AMD/' "$T/rows.jsonl"
+out=$(python3 scripts/recipes_table.py "$T/rows.jsonl")
+grep -q "Warning: these rows ran on 2 devices (cpu (AMD EPYC); cuda:0 (NVIDIA H200))" <<<"$out" ||
+  fail "a row of another device must be named: $out"
 echo "recipes_table: ok"
