@@ -130,6 +130,16 @@ nlohmann::json provenance(const c10::Device& device) {
   return p;
 }
 
+std::string device_line(const c10::Device& device) {
+  const nlohmann::json p = provenance(device);
+  std::string line = p["device"].get<std::string>() + " (" + p["device_name"].get<std::string>();
+  if (p.contains("threads")) {
+    const int n = p["threads"].get<int>();
+    line += ", " + std::to_string(n) + (n == 1 ? " thread, " : " threads, ") + p["blas"].get<std::string>();
+  }
+  return line + ")";
+}
+
 bool cuda_available() {
   return torch::cuda::is_available();
 }

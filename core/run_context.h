@@ -70,6 +70,8 @@ std::string libtorch_version();
 /// (CPU), "blas": "OpenBLAS (Cooperlake)" | "MKL" (CPU), "libtorch", "commit": toolkit_commit()}. Two numbers that
 /// differ by device, library or BLAS kernel in the last digits can then be told apart from a real difference.
 nlohmann::json provenance(const c10::Device& device);
+/// provenance() for a log line: "cuda:0 (NVIDIA H200)", "cpu (AMD EPYC, 2 threads, OpenBLAS (Cooperlake))".
+std::string device_line(const c10::Device& device);
 /// Whether this LibTorch has CUDA and a device is visible.
 bool cuda_available();
 /// Deterministic kernels from here on (train.deterministic): LibTorch's deterministic algorithms, erroring on an

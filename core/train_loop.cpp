@@ -308,7 +308,7 @@ void TrainLoop::start_writing() {
                              cfg_.log.tensorboard);
     console_ = std::make_unique<ConsoleLog>(run_dir_ + "/log.txt");
     std::cerr << "[" << utc_timestamp() << "] moh train " << cfg_.name << " (moh " << toolkit_version() << ", commit "
-              << toolkit_commit() << ", LibTorch " << libtorch_version() << ")\n";
+              << toolkit_commit() << ", LibTorch " << libtorch_version() << ") on " << device_line(ctx_.device) << "\n";
     print_notes();  // what the data loading had to say, now that every input is accepted
     if (resume_)
       std::cerr << "resuming " << resume_->dir << " at epoch " << state_.epoch << ", step " << state_.step << "\n";

@@ -35,6 +35,7 @@ expect() {
 # provenance a result file carries must be this binary's: its commit and LibTorch as `moh --version` prints them.
 COMMIT=$("$MOH" --version | sed -n 's/^moh .*(commit \(.*\))$/\1/p')
 LIBTORCH=$("$MOH" --version | awk '/^LibTorch/ {print $2; exit}')
+CPU_NAME=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
 holds() {
   if python3 - "$1" "$3" "$COMMIT" "$LIBTORCH" <<'PY'; then pass=$((pass + 1)); else echo "FAIL: $2 ($1)"; fails=$((fails + 1)); fi
 import hashlib, json, sys
@@ -182,6 +183,9 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   TINY=(--set data.limit_train=128 --set data.limit_val=64 --set data.batch_size=32 --set train.epochs=1 --set train.max_steps=2
         --set train.processes=1)
   expect 0 '"steps":2' -- train $NANO "${TINY[@]}" --run-dir "$tmp/run"
+  # The run's first log line says what it runs on: device, CPU, threads and BLAS kernel, LibTorch, commit.
+  grep -qF "commit $COMMIT, LibTorch $LIBTORCH) on cpu ($CPU_NAME, " "$tmp/run/log.txt" &&
+    pass=$((pass + 1)) || { echo "FAIL: log.txt does not say where the run ran: $(head -3 "$tmp/run/log.txt")"; fails=$((fails + 1)); }
   sums=$(cd "$tmp/run" && find . -type f | sort | xargs sha256sum)
   expect 2 "already holds a run" -- train $NANO "${TINY[@]}" --run-dir "$tmp/run"
   expect 0 '"steps":2' -- train $NANO "${TINY[@]}" --set model.weights="$tmp/run" --run-dir "$tmp/run_init"

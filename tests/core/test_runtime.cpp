@@ -150,6 +150,7 @@ TEST(RunContext, ProvenanceNamesTheCpuItsThreadsBlasAndBuild) {
   if (!core.empty()) EXPECT_NE(blas.find("(" + core + ")"), std::string::npos) << blas;
   at::set_num_threads(1);
   EXPECT_EQ(provenance(c10::Device(c10::kCPU)).at("threads"), 1);
+  EXPECT_EQ(device_line(c10::Device(c10::kCPU)), "cpu (" + cpu_model_name() + ", 1 thread, " + blas + ")");
   at::set_num_threads(before);
 }
 
