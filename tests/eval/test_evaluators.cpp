@@ -1,6 +1,10 @@
 // Generative metrics (IS, precision/recall), npz IO, the FID Inception network and its TF1 resize, SHA-256.
 // Reference values: closed forms and numpy 1.24 for the permutation and the npz fixtures
 // (tests/fixtures/gen/make_npz.py), hand computation for the resize.
+#include <algorithm>
+#include <random>
+#include <vector>
+
 #include "core/error.h"
 #include "core/sha256.h"
 #include "datasets/image_source.h"
@@ -256,6 +260,43 @@ TEST(Sha256, KnownVectors) {
   EXPECT_EQ(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
   EXPECT_EQ(sha256_hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
   EXPECT_EQ(sha256_hex(std::string(1000000, 'a')), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  EXPECT_EQ(sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),  // 56 bytes: padding spills
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+}
+
+// The SHA-extensions path against the plain rounds, on random states and blocks (skipped on a CPU without them).
+TEST(Sha256, ExtensionsEqualThePlainRounds) {
+  std::mt19937 rng(7);
+  std::vector<uint8_t> data(64 * 257);
+  for (auto& b : data) b = static_cast<uint8_t>(rng());
+  for (size_t n : {size_t{1}, size_t{2}, size_t{5}, size_t{257}}) {
+    uint32_t plain[8], fast[8];
+    for (int i = 0; i < 8; ++i) plain[i] = fast[i] = static_cast<uint32_t>(rng());
+    sha256_detail::blocks_plain(plain, data.data(), n);
+    if (!sha256_detail::blocks_sha_ni(fast, data.data(), n)) GTEST_SKIP() << "this CPU has no SHA extensions";
+    for (int i = 0; i < 8; ++i) EXPECT_EQ(fast[i], plain[i]) << n << " blocks, word " << i;
+  }
+  EXPECT_STREQ(sha256_detail::path(), "SHA extensions");
+}
+
+// Updates split anywhere (inside a block, across blocks, empty) give the digest of one update.
+TEST(Sha256, SplitUpdatesEqualOneUpdate) {
+  std::mt19937 rng(11);
+  std::string bytes(300, '\0');
+  for (auto& c : bytes) c = static_cast<char>(rng());
+  for (size_t len : {size_t{0}, size_t{55}, size_t{56}, size_t{63}, size_t{64}, size_t{65}, size_t{129}, size_t{300}}) {
+    const std::string whole = sha256_hex(bytes.substr(0, len));
+    for (int trial = 0; trial < 20; ++trial) {
+      Sha256 s;
+      size_t at = 0;
+      while (at < len) {
+        const size_t take = std::min(len - at, static_cast<size_t>(rng() % 100));
+        s.update(bytes.data() + at, take);
+        at += take;
+      }
+      EXPECT_EQ(s.hex_digest(), whole) << len << " bytes, trial " << trial;
+    }
+  }
 }
 
 // A value that rounds to zero prints without a sign (FID of identical sets: -1e-13 printed as "-0.00").
