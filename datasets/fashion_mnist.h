@@ -11,6 +11,8 @@ namespace moh::datasets {
 
 /// Default location of the Debian package's files.
 constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
+/// Every image's side in pixels, and its channels (grey).
+constexpr int64_t kFashionMnistSide = 28, kFashionMnistChannels = 1;
 /// Class names in label order.
 const std::vector<std::string>& fashion_mnist_classes();
 

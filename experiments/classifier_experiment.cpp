@@ -76,6 +76,7 @@ void validate_classifier_experiment(const ExperimentConfig& cfg) {
                         " GiB of " + memory.name,
                     "lower model.img_size or data.batch_size");
   datasets::RandAugmentSpec::parse(cfg.augment.rand_augment, "config: augment.rand_augment");
+  check_data_shape(cfg, {o.in_chans, /*side=*/0});
 }
 
 datasets::ImageTransform transform_for(const ExperimentConfig& cfg, const vision::TransNeXtOptions& model) {

@@ -201,6 +201,7 @@ void validate_dit_experiment(const ExperimentConfig& cfg, bool training, bool sa
   if (latent && cfg.diffusion.vae == VaeKind::none)
     throw UserError("config: diffusion.vae", "data.dataset: latents needs the VAE they were encoded with",
                     "set diffusion.vae: sd or vavae");
+  if (!sampling) check_data_shape(cfg, {o.in_channels, o.input_size});  // sampling reads no data
 }
 
 DiTTrainData::DiTTrainData(const ExperimentConfig& cfg, const diffusion::DiTOptions& mo)

@@ -25,4 +25,19 @@ datasets::ImageSet load_split(const ExperimentConfig& cfg, bool train, int64_t c
   return set;
 }
 
+void check_data_shape(const ExperimentConfig& cfg, const PixelInput& model) {
+  if (cfg.data.dataset != DatasetKind::fashion_mnist) return;
+  const int64_t side = datasets::kFashionMnistSide, channels = datasets::kFashionMnistChannels;
+  if (model.side > 0 && model.side != side)
+    throw UserError("config: model",
+                    cfg.model.name + " takes " + std::to_string(model.side) + " px images, the data is " +
+                        std::to_string(side) + " px",
+                    "choose a matching variant");
+  if (model.channels != channels)
+    throw UserError("config: model",
+                    cfg.model.name + " takes " + std::to_string(model.channels) + " channels, the data has " +
+                        std::to_string(channels),
+                    "choose a matching variant");
+}
+
 }  // namespace moh::experiments

@@ -75,6 +75,14 @@ bool is_stop_code(int code) {
   return code == 128 + SIGINT || code == 128 + SIGTERM;
 }
 
+// SIGKILL that nobody here sent is most often the kernel's out-of-memory killer (every rank holds its own model,
+// optimizer and batch: a job that fits one process can exceed the machine's memory with several).
+std::string killed_hint(int sig) {
+  return sig == SIGKILL ? " (SIGKILL: most likely out of memory; `dmesg` tells; lower data.batch_size or "
+                          "train.processes)"
+                        : "";
+}
+
 }  // namespace
 
 namespace {
@@ -184,7 +192,7 @@ Outcome wait_ranks(Ranks& ranks) {
     if (code != kExitOk && !stopping) {
       if (WIFSIGNALED(status))
         std::cerr << "error: rank " << ranks.place.node_rank * ranks.n + rank << " was killed by signal "
-                  << WTERMSIG(status) << "\n";
+                  << WTERMSIG(status) << killed_hint(WTERMSIG(status)) << "\n";
       out.code = code;
       out.how = WIFSIGNALED(status) ? "signal " + std::to_string(WTERMSIG(status)) : "exit " + std::to_string(code);
       stopping = true;

@@ -129,6 +129,16 @@ for kv in optim.lr=.inf optim.lr=1e39 schedule.min_lr=.nan train.moh_loss_coeff=
 done
 bad "model.img_size: must be <= 8192" -- train $NANO "${TINY[@]}" --set model.img_size=100000 --run-dir "$O/r"
 bad "needs at least" -- train configs/imagenet/moh_vit_s_75.yaml --set model.img_size=8192 --run-dir "$O/r"
+# A model the embedded data cannot feed: refused when the config is checked, not at the first step (a LibTorch error)
+# or after `precision: auto` has timed the model (minutes on a machine without the cached verdict).
+t0=$SECONDS
+bad "MoH-ViT-S-75 takes 3 channels, the data has 1" -- train $NANO --set model.name=MoH-ViT-S-75 --run-dir "$O/r"
+MOH_CPU_PRECISION_CACHE=$tmp/fresh_precision_cache.json \
+  bad "MoH-DiT-S/2-90 takes 32 px images, the data is 28 px" -- train $DIT --set model.name=MoH-DiT-S/2-90 \
+  --set train.precision=auto --run-dir "$O/r"
+if [ $((SECONDS - t0)) -gt 30 ]; then
+  echo "FAIL: the two shape refusals took $((SECONDS - t0)) s (checked before any work: seconds)"; fails=$((fails + 1))
+fi
 bad "data.num_workers: must be <= 256" -- train $NANO "${TINY[@]}" --set data.num_workers=100000 --run-dir "$O/r"
 bad "the training data has labels up to 9" -- train $NANO "${TINY[@]}" --set model.num_classes=3 --run-dir "$O/r"
 bad "larger than the training set (128 examples)" -- train $NANO "${TINY[@]}" --set data.batch_size=4096 --run-dir "$O/r"

@@ -88,6 +88,17 @@ else bad "rank 0 after rank 1 died: exit $rc after ${took}s: $(tail -2 "$tmp/k0.
 # The launcher stops the other ranks when one fails and returns its exit code.
 [ "$(run "$tmp/l.log" -- launch --nproc 2 -- train $NANO --set optim.lr=-1 --run-dir "$tmp/l")" = 2 ] && \
   [ "$(grep -c '^error: ' "$tmp/l.log")" = 1 ] && ok "launch: a config error is one line, exit 2" || bad "launch bad config: $(cat "$tmp/l.log")"
+# A rank ended by SIGKILL, which the kernel's out-of-memory killer sends, is named with that likely cause.
+"$MOH" launch --nproc 2 -- train $NANO "${K[@]}" --run-dir "$tmp/m" >"$tmp/m.log" 2>&1 &
+pm=$!
+pids+=("$pm")
+for _ in $(seq 1 1200); do [ -s "$tmp/m/metrics.jsonl" ] && break; sleep 0.1; done
+kill -9 "$(pgrep -P "$pm" | tail -1)"
+wait "$pm"
+rc=$?
+if [ "$rc" != 0 ] && grep -q "was killed by signal 9 (SIGKILL: most likely out of memory" "$tmp/m.log"; then
+  ok "launch: a rank killed by SIGKILL: $(grep -m1 'killed by signal' "$tmp/m.log" | cut -c1-160)"
+else bad "launch, a rank killed by SIGKILL: exit $rc: $(tail -3 "$tmp/m.log")"; fi
 
 # A diverging run on 2 ranks (optim.lr 1e6): both ranks see the same averaged gradients, so both skip the same
 # steps and stop together at train.max_nonfinite_steps — exit 1 and one error line for the machine, not one per rank.

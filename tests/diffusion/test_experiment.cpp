@@ -111,6 +111,23 @@ TEST(Experiment, ValidationRefusesWhatTrainingRefuses) {
       experiments::ExperimentUse::extract_latents));
 }
 
+// The embedded data's fixed shape (28 px, grey) against the model, when the config is checked: before, a 3-channel
+// classifier met the grey images at its first step (a LibTorch error, exit 1) and a 32-px DiT was refused only after
+// `precision: auto` had timed its training step (minutes on a fresh machine).
+TEST(Experiment, ValidationRefusesAModelTheEmbeddedDataCannotFeed) {
+  const auto error = [](const std::string& yaml, experiments::ExperimentUse use = experiments::ExperimentUse::train) {
+    return test::user_error_of([&] { experiments::validate_experiment(config(yaml), use); });
+  };
+  const auto npos = std::string::npos;
+  EXPECT_NE(error("model: {name: MoH-ViT-S-75}").find("MoH-ViT-S-75 takes 3 channels, the data has 1"), npos);
+  EXPECT_EQ(error("model: {name: MoH-ViT-Nano, img_size: 32}"), "");  // smaller images are placed in the input
+  EXPECT_NE(error("model: {name: MoH-DiT-S/2-90}").find("MoH-DiT-S/2-90 takes 32 px images, the data is 28 px"), npos);
+  EXPECT_NE(error("model: {name: DiT-S/2, img_size: 28}").find("DiT-S/2 takes 4 channels, the data has 1"), npos);
+  EXPECT_EQ(error("model: {name: MoH-DiT-Pixel/4-75}"), "");
+  EXPECT_EQ(error("model: {name: MoH-DiT-S/2-90}", experiments::ExperimentUse::sample), "");  // sampling reads no data
+  EXPECT_EQ(error("model: {name: MoH-ViT-S-75}\ndata: {dataset: image_folder, root: /x}"), "");  // checked when read
+}
+
 // The memory guard counts the widest layer's heads (MoH-DiT-XL/2-90's top layers have 24 heads, num_heads says 16)
 // against the memory of the device the run trains on (a GPU's is smaller than its host's).
 TEST(Experiment, MemoryGuardUsesTheWidestLayerAndTheDevice) {
