@@ -210,24 +210,27 @@ nn::AttentionOutput TransNeXtAttentionImpl::forward_reference(const at::Tensor& 
   return run(x, t, i, true);
 }
 
+nn::HeadRouting TransNeXtAttentionImpl::route(const at::Tensor& x) {
+  const int64_t B = x.size(0), N = x.size(1), C = x.size(2), h = options.num_heads;
+  if (router.by_query_norm) {  // the raw query projections (before TransNeXt's L2 normalisation) decide
+    const nn::Linear& q_lin = aggregated ? q : qkv;  // query rows [0, C), head-major
+    const at::Tensor bq = q_lin->bias.defined() ? q_lin->bias.narrow(0, 0, C) : at::Tensor();
+    return router.route_by_queries(
+        nn::routed_queries(x.reshape({B * N, C}), q_lin->weight.narrow(0, 0, C), bq, router.shared, h));
+  }
+  if (options.mode != AttentionMode::mha) return router.route(x.reshape({B * N, C}), is_training());
+  return {};
+}
+
 nn::AttentionOutput TransNeXtAttentionImpl::run(const at::Tensor& x, const at::Tensor& table, const at::Tensor& index,
                                                 bool reference) {
-  const int64_t B = x.size(0), N = x.size(1), C = x.size(2);
-  const int64_t h = options.num_heads, d = C / h;
+  const int64_t B = x.size(0), N = x.size(1), C = x.size(2), h = options.num_heads;
   TORCH_CHECK(N == H * W, "TransNeXt attention built for ", H, "x", W, " tokens, got ", N,
               " (the model's img_size must equal the input size)");
   const at::Tensor len_scale = seq_length_scale.to(x.device(), x.scalar_type());
   const at::Tensor tau = at::softplus(temperature);  // (h, 1, 1)
+  const nn::HeadRouting routing = route(x);
   nn::AttentionOutput out;
-  nn::HeadRouting routing;
-  if (router.by_query_norm) {  // the raw query projections (before TransNeXt's L2 normalisation) decide
-    const nn::Linear& q_lin = aggregated ? q : qkv;  // query rows [0, C), head-major
-    const at::Tensor bq = q_lin->bias.defined() ? q_lin->bias.narrow(0, 0, C) : at::Tensor();
-    routing = router.route_by_queries(
-        nn::routed_queries(x.reshape({B * N, C}), q_lin->weight.narrow(0, 0, C), bq, router.shared, h));
-  } else if (options.mode != AttentionMode::mha) {
-    routing = router.route(x.reshape({B * N, C}), is_training());
-  }
   out.aux_loss = routing.aux_loss;
   out.routed = routing.routed;
   out.picks = routing.picks;
@@ -235,83 +238,107 @@ nn::AttentionOutput TransNeXtAttentionImpl::run(const at::Tensor& x, const at::T
     out.out = proj->forward(head_hooks.apply(mix_sparse(x, tau, len_scale, table, index, routing), proj->weight, h));
     return out;
   }
+  const at::Tensor o = aggregated ? aggregated_attention(x, tau, len_scale, table, index, reference)
+                                  : full_attention(x, tau, len_scale, table, index);  // (B, h, N, d)
+  at::Tensor mixed = o.transpose(1, 2);                                               // (B, N, h, d)
+  if (routing.gates.defined()) mixed = mixed * routing.gates.view({B, N, h, 1});
+  out.out = proj->forward(head_hooks.apply(mixed.reshape({B, N, C}), proj->weight, h));
+  return out;
+}
 
-  at::Tensor o;  // (B, h, N, d) per-head outputs before gating
-  if (!aggregated) {
-    auto parts = qkv->forward(x).reshape({B, N, 3, h, d}).permute({2, 0, 3, 1, 4});  // (3, B, h, N, d)
-    at::Tensor qs = (l2n(parts[0]) + query_embedding) * tau * len_scale;             // length-scaled cosine query
-    at::Tensor bias = cpb_bias(cpb_fc1, cpb_fc2, table, index, h, N, N);             // (h, N, N)
-    at::Tensor attn = at::softmax(at::matmul(qs, l2n(parts[1]).transpose(-2, -1)) + bias, -1);
-    o = at::matmul(attn, parts[2]);
-  } else {
-    const int64_t P = pool_h * pool_w;
-    at::Tensor qn = l2n(q->forward(x).reshape({B, N, h, d}).permute({0, 2, 1, 3}));  // (B, h, N, d)
-    at::Tensor qs = (qn + query_embedding) * tau * len_scale;                        // (B, h, N, d)
-    auto kvl = kv->forward(x).chunk(2, -1);                                          // K | V, each (B, N, C)
-    at::Tensor k_loc = l2n(kvl[0].reshape({B, N, h, d}));                            // (B, N, h, d)
-    at::Tensor v_loc = kvl[1].reshape({B, N, h, d});
-    const at::Tensor mask = padding_mask.to(x.device());
-    at::Tensor attn_local;                     // (B, h, N, 9)
-    at::Tensor k_nb, v_nb;                     // (B, h, N, d, 9)
-    std::vector<at::Tensor> k_shift, v_shift;  // reference: per neighbour (B, h, N, d)
-    // The sliding-window ops (CPU; CUDA builds with options.fused); the im2col path below is the official native
-    // code's unfold, kept beside them with a parity test (window_kernels = false).
-    const bool kernels =
-        !reference && window_kernels && (x.is_cpu() || options.fused) && sliding_window_kernels_available(x.device());
-    if (kernels) {
-      k_nb = k_loc.permute({0, 2, 1, 3});
-      v_nb = v_loc.permute({0, 2, 1, 3});              // (B, h, N, d) maps, not neighbours
-      attn_local = sliding_window_qk(qs, k_nb, H, W);  // (B, h, N, 9)
-    } else if (!reference) {
-      at::Tensor maps = at::cat({k_loc.reshape({B, N, C}), kvl[1]}, -1).permute({0, 2, 1}).reshape({B, 2 * C, H, W});
-      at::Tensor nb = at::im2col(maps, {kWindow, kWindow}, {1, 1}, {1, 1}, {1, 1})  // (B, 2C·9, N), channel-major
-                          .reshape({B, 2 * h, d, kWindowArea, N})
-                          .permute({0, 1, 4, 2, 3});  // (B, 2h, N, d, 9)
-      auto kvnb = nb.chunk(2, 1);
-      k_nb = kvnb[0];
-      v_nb = kvnb[1];
-      attn_local = at::matmul(qs.unsqueeze(-2), k_nb).squeeze(-2);  // (B, h, N, 9)
+at::Tensor TransNeXtAttentionImpl::full_attention(const at::Tensor& x, const at::Tensor& tau,
+                                                  const at::Tensor& len_scale, const at::Tensor& table,
+                                                  const at::Tensor& index) {
+  const int64_t B = x.size(0), N = x.size(1), h = options.num_heads, d = x.size(2) / h;
+  auto parts = qkv->forward(x).reshape({B, N, 3, h, d}).permute({2, 0, 3, 1, 4});  // (3, B, h, N, d)
+  const at::Tensor qs = (l2n(parts[0]) + query_embedding) * tau * len_scale;       // length-scaled cosine query
+  const at::Tensor bias = cpb_bias(cpb_fc1, cpb_fc2, table, index, h, N, N);       // (h, N, N)
+  return at::matmul(at::softmax(at::matmul(qs, l2n(parts[1]).transpose(-2, -1)) + bias, -1), parts[2]);
+}
+
+namespace {
+// The 3×3 window around each token: its keys' logits and the weighted sum of its values, computed one of three
+// equal ways: the sliding-window ops (CPU; CUDA builds with options.fused), the official native code's im2col +
+// matmul, or neighbour by neighbour over shifted zero-padded maps (the test reference).
+struct LocalWindow {
+  enum class Path { kernels, im2col, reference };
+  Path path;
+  int64_t H, W;
+  at::Tensor k, v;                           // kernels: (B, h, N, d) maps; im2col: (B, h, N, d, 9) neighbours
+  std::vector<at::Tensor> k_shift, v_shift;  // reference: per neighbour z = row·3 + col, (B, h, N, d)
+
+  // k_loc, v_loc: (B, N, h, d), keys already normalised.
+  LocalWindow(Path p, const at::Tensor& k_loc, const at::Tensor& v_loc, int64_t height, int64_t width)
+      : path(p), H(height), W(width) {
+    const int64_t B = k_loc.size(0), N = k_loc.size(1), h = k_loc.size(2), d = k_loc.size(3), C = h * d;
+    if (path == Path::kernels) {
+      k = k_loc.permute({0, 2, 1, 3});
+      v = v_loc.permute({0, 2, 1, 3});
+    } else if (path == Path::im2col) {
+      at::Tensor maps = at::cat({k_loc.reshape({B, N, C}), v_loc.reshape({B, N, C})}, -1)
+                            .permute({0, 2, 1})
+                            .reshape({B, 2 * C, H, W});
+      auto kv_nb = at::im2col(maps, {kWindow, kWindow}, {1, 1}, {1, 1}, {1, 1})  // (B, 2C·9, N), channel-major
+                       .reshape({B, 2 * h, d, kWindowArea, N})
+                       .permute({0, 1, 4, 2, 3})  // (B, 2h, N, d, 9)
+                       .chunk(2, 1);
+      k = kv_nb[0];
+      v = kv_nb[1];
     } else {
-      // Neighbour by neighbour: shift the zero-padded K/V maps by each offset of the 3×3 window (z = row·3 + col).
       auto grid = [&](const at::Tensor& t) {  // (B, N, h, d) -> padded (B, h, H+2, W+2, d)
         return at::constant_pad_nd(t.permute({0, 2, 1, 3}).reshape({B, h, H, W, d}), {0, 0, 1, 1, 1, 1});
       };
-      at::Tensor kp = grid(k_loc), vp = grid(v_loc);
-      std::vector<at::Tensor> logits;
+      const at::Tensor kp = grid(k_loc), vp = grid(v_loc);
       for (int64_t di = 0; di < kWindow; ++di)
         for (int64_t dj = 0; dj < kWindow; ++dj) {
           k_shift.push_back(kp.narrow(2, di, H).narrow(3, dj, W).reshape({B, h, N, d}));
           v_shift.push_back(vp.narrow(2, di, H).narrow(3, dj, W).reshape({B, h, N, d}));
-          logits.push_back((qs * k_shift.back()).sum(-1));
         }
-      attn_local = at::stack(logits, -1);
     }
-    attn_local = (attn_local + relative_pos_bias_local.unsqueeze(1))
-                     .masked_fill(mask, -std::numeric_limits<double>::infinity());  // bias, then mask (official order)
-    // Pooled branch: 1×1 conv -> GELU -> adaptive avg pool -> LN; keys/values from the same kv projection.
-    const at::Tensor kvp = pooled_kv(x);                                               // (2, B, h, P, d)
-    at::Tensor pool_bias = cpb_bias(cpb_fc1, cpb_fc2, table, index, h, N, P);          // (h, N, P)
-    at::Tensor attn_pool = at::matmul(qs, l2n(kvp[0]).transpose(-2, -1)) + pool_bias;  // (B, h, N, P)
-    at::Tensor attn = at::softmax(at::cat({attn_local, attn_pool}, -1), -1);           // one softmax
-    attn_local = attn.narrow(-1, 0, kWindowArea);
-    attn_pool = attn.narrow(-1, kWindowArea, P);
-    // Learnable tokens and bias, added after the softmax with the plain normalised query.
-    attn_local = at::matmul(qn, learnable_tokens) + learnable_bias + attn_local;  // (B, h, N, 9)
-    at::Tensor x_local;
-    if (kernels) {
-      x_local = sliding_window_av(attn_local, v_nb, H, W);  // (B, h, N, d)
-    } else if (!reference) {
-      x_local = at::matmul(attn_local.unsqueeze(-2), v_nb.transpose(-2, -1)).squeeze(-2);  // (B, h, N, d)
-    } else {
-      x_local = at::zeros_like(qs);
-      for (int64_t z = 0; z < kWindowArea; ++z) x_local = x_local + attn_local.select(-1, z).unsqueeze(-1) * v_shift[z];
-    }
-    o = x_local + at::matmul(attn_pool, kvp[1]);  // (B, h, N, d)
   }
-  at::Tensor mixed = o.transpose(1, 2);  // (B, N, h, d)
-  if (routing.gates.defined()) mixed = mixed * routing.gates.view({B, N, h, 1});
-  out.out = proj->forward(head_hooks.apply(mixed.reshape({B, N, C}), proj->weight, h));
-  return out;
+
+  at::Tensor logits(const at::Tensor& qs) const {  // qs (B, h, N, d) -> (B, h, N, 9)
+    if (path == Path::kernels) return sliding_window_qk(qs, k, H, W);
+    if (path == Path::im2col) return at::matmul(qs.unsqueeze(-2), k).squeeze(-2);
+    std::vector<at::Tensor> per_slot;
+    for (const at::Tensor& kz : k_shift) per_slot.push_back((qs * kz).sum(-1));
+    return at::stack(per_slot, -1);
+  }
+
+  // attn (B, h, N, 9) -> (B, h, N, d); the reference sums into zeros like `qs` (its dtype under autocast).
+  at::Tensor mix(const at::Tensor& attn, const at::Tensor& qs) const {
+    if (path == Path::kernels) return sliding_window_av(attn, v, H, W);
+    if (path == Path::im2col) return at::matmul(attn.unsqueeze(-2), v.transpose(-2, -1)).squeeze(-2);
+    at::Tensor out = at::zeros_like(qs);
+    for (int64_t z = 0; z < kWindowArea; ++z) out = out + attn.select(-1, z).unsqueeze(-1) * v_shift[z];
+    return out;
+  }
+};
+}  // namespace
+
+at::Tensor TransNeXtAttentionImpl::aggregated_attention(const at::Tensor& x, const at::Tensor& tau,
+                                                        const at::Tensor& len_scale, const at::Tensor& table,
+                                                        const at::Tensor& index, bool reference) {
+  const int64_t B = x.size(0), N = x.size(1), h = options.num_heads, d = x.size(2) / h, P = pool_h * pool_w;
+  const at::Tensor qn = l2n(q->forward(x).reshape({B, N, h, d}).permute({0, 2, 1, 3}));  // (B, h, N, d)
+  const at::Tensor qs = (qn + query_embedding) * tau * len_scale;                        // (B, h, N, d)
+  auto kvl = kv->forward(x).chunk(2, -1);                                                // K | V, each (B, N, C)
+  using Path = LocalWindow::Path;
+  Path path = reference ? Path::reference : Path::im2col;  // im2col: window_kernels = false, or no kernels built
+  if (!reference && window_kernels && (x.is_cpu() || options.fused) && sliding_window_kernels_available(x.device()))
+    path = Path::kernels;
+  const LocalWindow window(path, l2n(kvl[0].reshape({B, N, h, d})), kvl[1].reshape({B, N, h, d}), H, W);
+  const at::Tensor attn_local = (window.logits(qs) + relative_pos_bias_local.unsqueeze(1))
+                                    .masked_fill(padding_mask.to(x.device()),
+                                                 -std::numeric_limits<double>::infinity());  // bias, then mask
+  // Pooled branch: 1×1 conv -> GELU -> adaptive avg pool -> LN; keys/values from the same kv projection.
+  const at::Tensor kvp = pooled_kv(x);                                                     // (2, B, h, P, d)
+  const at::Tensor pool_bias = cpb_bias(cpb_fc1, cpb_fc2, table, index, h, N, P);          // (h, N, P)
+  const at::Tensor attn_pool = at::matmul(qs, l2n(kvp[0]).transpose(-2, -1)) + pool_bias;  // (B, h, N, P)
+  const at::Tensor attn = at::softmax(at::cat({attn_local, attn_pool}, -1), -1);           // one softmax
+  // Learnable tokens and bias, added after the softmax with the plain normalised query.
+  const at::Tensor local = at::matmul(qn, learnable_tokens) + learnable_bias + attn.narrow(-1, 0, kWindowArea);
+  return window.mix(local, qs) + at::matmul(attn.narrow(-1, kWindowArea, P), kvp[1]);  // (B, h, N, d)
 }
 
 at::Tensor average_pool(const at::Tensor& x, int64_t ph, int64_t pw, bool deterministic) {

@@ -100,6 +100,12 @@ struct TransNeXtAttentionImpl : torch::nn::Module, nn::HeadControl {
  private:
   nn::AttentionOutput run(const at::Tensor& x, const at::Tensor& cpb_table, const at::Tensor& cpb_index,
                           bool reference);
+  nn::HeadRouting route(const at::Tensor& x);  // no routing for MHA layers
+  /// Per-head outputs (B, h, N, d) before gating; tau = softplus(temperature) (h, 1, 1), len_scale (N, 1).
+  at::Tensor full_attention(const at::Tensor& x, const at::Tensor& tau, const at::Tensor& len_scale,
+                            const at::Tensor& cpb_table, const at::Tensor& cpb_index);
+  at::Tensor aggregated_attention(const at::Tensor& x, const at::Tensor& tau, const at::Tensor& len_scale,
+                                  const at::Tensor& cpb_table, const at::Tensor& cpb_index, bool reference);
   at::Tensor pooled_kv(const at::Tensor& x);  // (2, B, h, P, d) pooled keys (not normalised) and values
   /// The sparse path: (B, N, C) gated head outputs, computed for the selected (token, head) pairs only.
   at::Tensor mix_sparse(const at::Tensor& x, const at::Tensor& tau, const at::Tensor& len_scale,

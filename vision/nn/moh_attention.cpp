@@ -239,32 +239,38 @@ double MoHAttentionImpl::active_share() const {
 AttentionOutput MoHAttentionImpl::forward_with_path(const at::Tensor& x, AttentionPath path, const RopeTables& rope) {
   TORCH_CHECK(rope.defined() == (options.rope_grid > 0), "MoHAttention: rotary tables are needed iff rope_grid > 0");
   const int64_t B = x.size(0), N = x.size(1), C = x.size(2);
-  const int64_t h = options.num_heads, d = options.head_dim_resolved(), inner = h * d;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  const at::Tensor x_flat = x.reshape({B * N, C});  // (T, C): router input = the tensor feeding QKV
-
-  AttentionOutput out;
   HeadRouting routing;  // the query_norm router waits for the queries
-  if (options.mode != AttentionMode::mha && !router.by_query_norm) routing = router.route(x_flat, is_training());
-
+  if (options.mode != AttentionMode::mha && !router.by_query_norm)
+    routing = router.route(x.reshape({B * N, C}), is_training());  // router input = the tensor feeding QKV
   path = choose_attention_path(path, active_share(), N, x.device());
   const bool sparse = path == AttentionPath::sparse && router.topk > 0;
-  at::Tensor mixed;  // (B, N, h·d)
-  if (!sparse && options.mode != AttentionMode::moa) {
-    // Dense: one qkv product for Q, K and V of every head (as the official module), then every head attends.
-    auto qkvx = qkv->forward(x).view({B, N, 3, h, d}).permute({2, 0, 3, 1, 4});  // (3, B, h, N, d)
-    if (router.by_query_norm)
-      routing = router.route_by_queries(
-          qkvx[0].narrow(1, router.shared, h - router.shared).permute({0, 2, 1, 3}).reshape({B * N, -1, d}));
-    mixed = mix_heads_dense(shape_qk(qkvx[0], q_norm, rope), shape_qk(qkvx[1], k_norm, rope), qkvx[2], routing.gates,
-                            scale, options.fused);
-    out.out = proj->forward(head_hooks.apply(mixed, proj->weight, h));  // (B, N, C)
-    out.aux_loss = routing.aux_loss;
-    out.routed = routing.routed;
-    out.picks = routing.picks;
-    return out;
-  }
+  const at::Tensor mixed = !sparse && options.mode != AttentionMode::moa ? mix_fused_qkv(x, rope, routing)
+                                                                         : mix_split_qkv(x, rope, routing, sparse);
+  AttentionOutput out;
+  out.out = proj->forward(head_hooks.apply(mixed, proj->weight, options.num_heads));  // (B, N, C)
+  out.aux_loss = routing.aux_loss;
+  out.routed = routing.routed;
+  out.picks = routing.picks;
+  return out;
+}
 
+at::Tensor MoHAttentionImpl::mix_fused_qkv(const at::Tensor& x, const RopeTables& rope, HeadRouting& routing) {
+  // One qkv product for Q, K and V of every head (as the official module), then every head attends.
+  const int64_t B = x.size(0), N = x.size(1), h = options.num_heads, d = options.head_dim_resolved();
+  auto qkvx = qkv->forward(x).view({B, N, 3, h, d}).permute({2, 0, 3, 1, 4});  // (3, B, h, N, d)
+  if (router.by_query_norm)
+    routing = router.route_by_queries(
+        qkvx[0].narrow(1, router.shared, h - router.shared).permute({0, 2, 1, 3}).reshape({B * N, -1, d}));
+  return mix_heads_dense(shape_qk(qkvx[0], q_norm, rope), shape_qk(qkvx[1], k_norm, rope), qkvx[2], routing.gates,
+                         1.0 / std::sqrt(static_cast<double>(d)), options.fused);  // (B, N, h·d)
+}
+
+at::Tensor MoHAttentionImpl::mix_split_qkv(const at::Tensor& x, const RopeTables& rope, HeadRouting& routing,
+                                           bool sparse) {
+  const int64_t B = x.size(0), N = x.size(1), C = x.size(2);
+  const int64_t h = options.num_heads, d = options.head_dim_resolved(), inner = h * d;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const at::Tensor x_flat = x.reshape({B * N, C});  // (T, C)
   // Keys/values of every head (they cannot shrink: any selected query attends to all of them).
   at::Tensor k, v;    // (B, h_kv, N, d)
   at::Tensor wq, bq;  // query projection (inner, C) / (inner)
@@ -285,32 +291,19 @@ AttentionOutput MoHAttentionImpl::forward_with_path(const at::Tensor& x, Attenti
     wq = w.narrow(0, 0, inner);
     bq = b.defined() ? b.narrow(0, 0, inner) : b;
   }
-
   if (router.by_query_norm) routing = router.route_by_queries(routed_queries(x_flat, wq, bq, router.shared, h));
-  out.aux_loss = routing.aux_loss;
-  out.routed = routing.routed;
-  out.picks = routing.picks;
   k = shape_qk(k, k_norm, rope);
-  const bool shaped = options.qk_norm || rope.defined();  // then queries are normalised / rotated whole
-  if (sparse && !shaped) {
-    QuerySource qs;
+  QuerySource qs;
+  if (sparse && !options.qk_norm && !rope.defined()) {  // queries projected only for the selected pairs
     qs.x = x_flat;
     qs.wq = wq;
-    qs.bq = bq;  // queries projected only for selected pairs
-    mixed = mix_heads_sparse(qs, k, v, routing.gates, routing.routed, h, router.shared, scale, options.fused);
-  } else {
-    const at::Tensor qh =
-        shape_qk(at::linear(x, wq, bq).view({B, N, h, d}).transpose(1, 2), q_norm, rope);  // (B,h,N,d)
-    if (sparse) {
-      QuerySource qs;
-      qs.q = qh;
-      mixed = mix_heads_sparse(qs, k, v, routing.gates, routing.routed, h, router.shared, scale, options.fused);
-    } else {  // MoA, dense: queries of every head, keys/values shared by all heads
-      mixed = mix_heads_dense(qh, k, v, routing.gates, scale, options.fused);
-    }
+    qs.bq = bq;
+    return mix_heads_sparse(qs, k, v, routing.gates, routing.routed, h, router.shared, scale, options.fused);
   }
-  out.out = proj->forward(head_hooks.apply(mixed, proj->weight, h));  // (B, N, C)
-  return out;
+  // Queries normalised / rotated whole; MoA's dense path: queries of every head, keys/values shared by all heads.
+  qs.q = shape_qk(at::linear(x, wq, bq).view({B, N, h, d}).transpose(1, 2), q_norm, rope);  // (B, h, N, d)
+  if (sparse) return mix_heads_sparse(qs, k, v, routing.gates, routing.routed, h, router.shared, scale, options.fused);
+  return mix_heads_dense(qs.q, k, v, routing.gates, scale, options.fused);
 }
 
 }  // namespace moh::nn

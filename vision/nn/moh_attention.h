@@ -130,6 +130,11 @@ struct MoHAttentionImpl : torch::nn::Module, HeadControl {
   std::shared_ptr<torch::nn::Module> q_norm, k_norm;
 
  private:
+  /// The heads' gated outputs (B, N, h·d) from one qkv product for every head (the dense path of MHA and MoH).
+  at::Tensor mix_fused_qkv(const at::Tensor& x, const RopeTables& rope, HeadRouting& routing);
+  /// The same from keys/values projected apart from the queries: MoA (one key/value head), and the sparse path
+  /// (queries only for the selected (token, head) pairs when no qk_norm or rotation needs them whole).
+  at::Tensor mix_split_qkv(const at::Tensor& x, const RopeTables& rope, HeadRouting& routing, bool sparse);
   /// Queries or keys (B, h, N, d) after qk_norm and the rotary embedding (as given when both are off).
   at::Tensor shape_qk(const at::Tensor& t, const std::shared_ptr<torch::nn::Module>& norm,
                       const RopeTables& rope) const;
