@@ -21,6 +21,7 @@
 #include "diffusion/sampler.h"
 #include "experiments/dit_experiment.h"
 #include "experiments/registry.h"
+#include "vision/nn/fused_ops.h"
 
 namespace moh::bench {
 
@@ -286,6 +287,8 @@ nlohmann::json train_row(Common& c, experiments::BenchRequest r, const experimen
   out["ema_decay"] = r.ema_decay;
   out["grad_checkpoint"] = r.grad_checkpoint ? "blocks" : "none";
   out["router"] = r.plain_router ? "plain" : "compact";
+  out["fused"] = config::to_string(r.fused);
+  out["fused_resolved"] = nn::use_fused_ops(r.fused, r.ctx.device);
   out["what"] = "train_step";
   return out;
 }
@@ -315,6 +318,8 @@ int train_bench_main(int argc, char** argv) {
        cxxopts::value<std::string>()->default_value("none"));
   flag("router", "MoH routers: compact (what runs train) or plain (the official op sequence, the reference)",
        cxxopts::value<std::string>()->default_value("compact"));
+  flag("fused", "the fused block operations and weight working copies, as model.fused: auto, on or off",
+       cxxopts::value<std::string>()->default_value("auto"));
   bool help = false;
   Common c = parse_common(opts, argc, argv, help);
   if (help) return 0;
@@ -332,6 +337,8 @@ int train_bench_main(int argc, char** argv) {
   const std::string router = c.args["router"].as<std::string>();
   if (router != "compact" && router != "plain") throw UserError("--router " + router, "unknown", "compact or plain");
   r.plain_router = router == "plain";
+  r.fused = config::enum_from_string<FusedMode>(c.args["fused"].as<std::string>(), "--fused");
+  nn::use_fused_ops(r.fused, c.ctx.device);  // `on` where no kernels serve the device: refused before any work
   const experiments::ModelFamily& family = experiments::find_model_family(c.model, "--model " + c.model);
   if (!family.bench_step)
     throw UserError("--model", c.model + " is a fixed network", "pick a classifier or DiT variant");

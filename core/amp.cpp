@@ -9,10 +9,11 @@
 
 namespace moh {
 
-namespace {
 at::ScalarType autocast_dtype(Precision p) {
   return p == Precision::fp16 ? at::kHalf : at::kBFloat16;
 }
+
+namespace {
 
 // LibTorch 2.4 replaced the per-device autocast setters by ones taking the device type.
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)

@@ -29,6 +29,8 @@ class AutocastScope {
 
 /// Whether `p` runs the forward pass under autocast (bf16, fp16); fp32 and tf32 do not.
 bool autocasts(Precision p);
+/// The type autocast computes products in under `p` (bf16; fp16 for fp16).
+at::ScalarType autocast_dtype(Precision p);
 
 /// Sets whether CUDA's fp32 matrix products (cuBLAS) and convolutions (cuDNN) may round their inputs to TF32 for the
 /// lifetime of the object, then restores the previous setting. LibTorch keeps this per process: `precision: tf32`

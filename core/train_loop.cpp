@@ -23,6 +23,7 @@
 #include "core/retention.h"
 #include "core/sha256.h"
 #include "core/step_guard.h"
+#include "core/working_copies.h"
 
 namespace moh {
 
@@ -181,6 +182,7 @@ class TrainLoop {
   std::unique_ptr<phema::RunProfiles> phema_;   // only with train.phema.sigma_rels
   int64_t last_snapshot_ = -1;
   std::unique_ptr<GradScaler> scaler_;
+  std::unique_ptr<WorkingCopies> copies_;  // the weights' autocast casts, when the task asks for them
   TrainerState state_;
   bool per_rank_ = false;
   std::unique_ptr<BatchStream> first_loader_;  // the first epoch's loader and batch, taken before anything is written
@@ -279,6 +281,8 @@ void TrainLoop::load_start_state() {
   }
   group_->broadcast_module(*model_);  // every rank starts from rank 0's weights
   if (ema_ && !resumed_ema) ema_->copy_from(*model_);
+  if (task_->working_copies() && autocasts(ctx_.precision))
+    copies_ = std::make_unique<WorkingCopies>(model_->parameters(), autocast_dtype(ctx_.precision));
   per_rank_ = task_->per_rank_rng();
   dist::restore_rank_rng(*group_, resume_ ? &resume_->rng : nullptr, static_cast<uint64_t>(cfg_.train.seed),
                          state_.step, per_rank_, ctx_.device);
@@ -422,8 +426,11 @@ void TrainLoop::run_step(at::Tensor x, at::Tensor y, at::Tensor side, int64_t ep
   const int64_t images = x.size(0) * ctx_.world;
   // Distinct classes in this rank's batch (hard labels only): a class-sorted data stream shows here at once.
   const int64_t classes = y.dim() == 1 && !y.is_floating_point() ? std::get<0>(at::_unique(y)).size(0) : 0;
-  const LossTensors losses =
-      task_->backward(*model_, std::move(x), std::move(y), {epoch, b, state_.step, std::move(side)}, *scaler_);
+  LossTensors losses;
+  {
+    const WorkingCopyScope copies(copies_.get());
+    losses = task_->backward(*model_, std::move(x), std::move(y), {epoch, b, state_.step, std::move(side)}, *scaler_);
+  }
   group_->average_gradients(model_->parameters());  // no-op on one process
   resolve_pending();  // the previous step's flag, read now that this step's work is queued
   if (stop_) return optimizer_->zero_grad();
@@ -435,6 +442,7 @@ void TrainLoop::run_step(at::Tensor x, at::Tensor y, at::Tensor side, int64_t ep
       losses.front().second, ctx_.precision == Precision::fp16 ? std::vector<at::Tensor>{} : model_->parameters());
   batch_of_run_ = epoch * steps_per_epoch + b;
   const bool took = device_skip_ ? optimize_on_device(finite) : optimize_on_host(finite);
+  if (copies_) copies_->refresh();  // the next forward reads this step's weights
   add_to_window(losses, finite, images, classes, took);
   progress_->advance(1, status_);
   if (took && state_.step % cfg_.train.log_every_steps == 0) log_window(epoch);

@@ -107,6 +107,9 @@ class TrainTask {
     (void)model, (void)group;
     return {};
   }
+  /// Whether the model's products read low-precision working copies of its weights under autocast
+  /// (core/working_copies.h), refreshed after every optimizer step instead of cast in every forward pass.
+  virtual bool working_copies() const { return false; }
   /// The routed heads' picks of every routed MoH layer ((E) counts each) since the last call, reset: logged at each
   /// evaluation as the run's head load; none for a model without routing.
   virtual std::vector<at::Tensor> take_head_load(torch::nn::Module& model) {

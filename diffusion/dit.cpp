@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/registry.h"
 #include "diffusion/repa.h"
+#include "vision/nn/fused_ops.h"
 
 namespace moh::diffusion {
 
@@ -48,6 +49,7 @@ nn::MoHAttentionOptions DiTOptions::layer(int64_t i) const {
   o.qk_norm = qk_norm;
   o.qk_norm_kind = norm;
   o.rope_grid = pos == PosKind::rope2d ? grid_size() : 0;
+  o.fused_ops = fused;
   if (attention == AttentionMode::moh)
     o.moh(at_layer(shared, 0), at_layer(topk, 0));
   else if (attention == AttentionMode::moa)
@@ -162,15 +164,38 @@ DiTBlockImpl::DiTBlockImpl(const DiTOptions& o, int64_t layer) : dim(o.hidden_si
     mlp = register_module("mlp", Mlp(d, hidden, /*tanh_gelu=*/true));
   adaLN_modulation =
       register_module("adaLN_modulation", torch::nn::Sequential(torch::nn::SiLU(), nn::Linear(d, 6 * d)));
+  set_fused_ops(o.fused);
+}
+
+void DiTBlockImpl::set_fused_ops(FusedMode mode) {
+  fused = mode;
+  attn->set_fused_ops(mode);
+  if (mlp) mlp->fused = mode;
 }
 
 DiTOutput DiTBlockImpl::forward(const at::Tensor& x, const at::Tensor& c, const nn::RopeTables& rope) {
   auto mod = adaLN_modulation->forward(c).chunk(6, 1);  // shift/scale/gate for msa, then mlp; each (N, D)
+  if (!norm1 && nn::use_fused_ops(fused, x.device())) return forward_fused(x, mod, rope);
   auto a = attn->forward(modulate(block_norm(norm1, x), mod[0], mod[1]), rope);  // router sees the modulated tokens
   at::Tensor h = x + mod[2].unsqueeze(1) * a.out;
   const at::Tensor m = modulate(block_norm(norm2, h), mod[3], mod[4]);
   h = h + mod[5].unsqueeze(1) * (swiglu ? swiglu->forward(m) : mlp->forward(m));
   return {h, a.aux_loss, a.routed, {}};  // (N, T, D)
+}
+
+DiTOutput DiTBlockImpl::forward_fused(const at::Tensor& x, const std::vector<at::Tensor>& mod,
+                                      const nn::RopeTables& rope) {
+  // A normalised input with one consumer is stored in the type that product casts it to (the same values). The
+  // attention input of a routed layer feeds the router's product too, so it stays in x's type and the two
+  // gradients add up there, as in the official sequence.
+  const bool one_reader = attn->options.mode == AttentionMode::mha;
+  const at::Tensor a_in =
+      nn::fused_ln_modulate(x, mod[0], mod[1], kNormEps, one_reader ? nn::consumer_dtype(x) : x.scalar_type());
+  auto a = attn->forward(a_in, rope);
+  at::Tensor h = nn::fused_gate_residual(x, mod[2], a.out);                                        // (N, T, D)
+  const at::Tensor m = nn::fused_ln_modulate(h, mod[3], mod[4], kNormEps, nn::consumer_dtype(h));  // fc1's input
+  h = nn::fused_gate_residual(h, mod[5], swiglu ? swiglu->forward(m) : mlp->forward(m));
+  return {h, a.aux_loss, a.routed, {}};
 }
 
 FinalLayerImpl::FinalLayerImpl(int64_t d, int64_t patch, int64_t out_channels, NormKind norm) : dim(d) {
@@ -182,6 +207,8 @@ FinalLayerImpl::FinalLayerImpl(int64_t d, int64_t patch, int64_t out_channels, N
 
 at::Tensor FinalLayerImpl::forward(const at::Tensor& x, const at::Tensor& c) {
   auto mod = adaLN_modulation->forward(c).chunk(2, 1);  // shift first, then scale
+  if (!norm_final && nn::use_fused_ops(fused, x.device()))
+    return linear->forward(nn::fused_ln_modulate(x, mod[0], mod[1], kNormEps, nn::consumer_dtype(x)));
   return linear->forward(modulate(block_norm(norm_final, x), mod[0], mod[1]));
 }
 
@@ -207,6 +234,7 @@ DiTImpl::DiTImpl(const DiTOptions& o) : options(o) {
   blocks = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < o.depth; ++i) blocks->push_back(DiTBlock(o, i));
   final_layer = register_module("final_layer", FinalLayer(D, o.patch_size, o.out_channels(), o.norm));
+  final_layer->fused = o.fused;
   if (o.pos == PosKind::rope2d)
     feat_rope = register_module("feat_rope", RopeBuffers(o.layer(0).head_dim_resolved(), o.grid_size()));
   if (!o.repa_z_dims.empty()) {
@@ -239,6 +267,12 @@ void DiTImpl::initialize_weights() {
   for (auto& b : *blocks) zero_linear(b->as<DiTBlockImpl>()->adaLN_modulation[1]);
   zero_linear(final_layer->adaLN_modulation[1]);
   zero_linear(final_layer->linear.ptr());
+}
+
+void DiTImpl::set_fused_ops(FusedMode mode) {
+  options.fused = mode;
+  for (auto& b : *blocks) b->as<DiTBlockImpl>()->set_fused_ops(mode);
+  final_layer->fused = mode;
 }
 
 at::Tensor DiTImpl::unpatchify(const at::Tensor& x) const {

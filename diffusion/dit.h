@@ -46,6 +46,7 @@ struct DiTOptions {
   AttentionPath path = AttentionPath::automatic;
   RouterKind router = RouterKind::learned;  ///< MoH layers' router (learned or query_norm)
   bool grad_checkpoint = false;             ///< training: recompute each block's activations in the backward pass
+  FusedMode fused = FusedMode::automatic;   ///< fused block operations (model.fused; vision/nn/fused_ops.h)
   // LightningDiT's block options (off = DiT's block and names).
   NormKind norm = NormKind::layernorm;  ///< rmsnorm: norm1/norm2/norm_final RMSNorm with a scale
   MlpKind mlp = MlpKind::gelu;          ///< swiglu: mlp.w12 / mlp.w3 with hidden int(2/3 · mlp_ratio · D)
@@ -125,12 +126,20 @@ struct DiTOutput {
 struct DiTBlockImpl : torch::nn::Module {
   DiTBlockImpl(const DiTOptions& o, int64_t layer);
   DiTOutput forward(const at::Tensor& x, const at::Tensor& c, const nn::RopeTables& rope = {});
+  /// Whether the fused operations run (model.fused): this block's LayerNorm + modulate, gates + residuals, the MLP's
+  /// bias + GELU, and its attention's router and head gates.
+  void set_fused_ops(FusedMode mode);
   nn::MoHAttention attn{nullptr};
   Mlp mlp{nullptr};
   SwiGLU swiglu{nullptr};                      ///< registered as `mlp` instead of the GELU Mlp (mlp: swiglu)
   nn::RMSNorm norm1{nullptr}, norm2{nullptr};  ///< norm: rmsnorm (else LayerNorm without parameters)
   torch::nn::Sequential adaLN_modulation{nullptr};
   int64_t dim;
+  FusedMode fused = FusedMode::off;
+
+ private:
+  /// forward() by the fused operations (LayerNorm blocks); the same values up to rounding.
+  DiTOutput forward_fused(const at::Tensor& x, const std::vector<at::Tensor>& mod, const nn::RopeTables& rope);
 };
 TORCH_MODULE(DiTBlock);
 
@@ -142,6 +151,7 @@ struct FinalLayerImpl : torch::nn::Module {
   nn::RMSNorm norm_final{nullptr};  ///< norm: rmsnorm
   torch::nn::Sequential adaLN_modulation{nullptr};
   int64_t dim;
+  FusedMode fused = FusedMode::off;  ///< LayerNorm + modulate in one pass (model.fused)
 };
 TORCH_MODULE(FinalLayer);
 
@@ -155,6 +165,8 @@ struct DiTImpl : torch::nn::Module {
   at::Tensor unpatchify(const at::Tensor& x) const;
   /// DiT's initialize_weights(): xavier Linear, sin-cos pos_embed, N(0, .02) label/timestep, zero adaLN + final.
   void initialize_weights();
+  /// model.fused for every block and the final layer (options.fused at construction; benchmarks and tests switch it).
+  void set_fused_ops(FusedMode mode);
 
   /// Called after each forward when set (routing analytics while sampling, diffusion/head_load.h): every block's
   /// selected routed heads (N·T, K) (undefined for blocks without routing), the timesteps t (N) and the labels (N)

@@ -22,6 +22,7 @@ vision::TransNeXtOptions classifier_options_for(const ModelConfig& model) {
                     "remove them for " + model.name);
   o.attention_path = model.attention_path;
   o.router = model.router;
+  o.fused = model.fused;
   if (model.num_classes > 0) o.num_classes = model.num_classes;
   if (model.img_size > 0) o.img_size = model.img_size;
   if (model.drop_path >= 0) o.drop_path_rate = model.drop_path;

@@ -4,6 +4,7 @@
 
 #include "core/amp.h"
 #include "core/checkpoint.h"
+#include "core/working_copies.h"
 #include "experiments/classifier_experiment.h"
 #include "experiments/train_tasks.h"
 #include "vision/classifier_trainer.h"
@@ -49,6 +50,7 @@ BenchStep bench_step(const BenchRequest& r) {
     if (r.img_size > 0) o.img_size = r.img_size;
     o.attention_path = r.path;
     o.grad_checkpoint = r.grad_checkpoint;
+    o.fused = r.fused;
   }
   o.validate();
   vision::TransNeXt model(o);
@@ -66,7 +68,10 @@ BenchStep bench_step(const BenchRequest& r) {
   const RunContext ctx = r.ctx;
   BenchStep b;
   b.step = [=]() mutable {
-    classifier_backward(model, x, y, 1, 0.01, 0.1, ctx, opt->scaler());
+    {
+      const WorkingCopyScope copies(opt->copies());
+      classifier_backward(model, x, y, 1, 0.01, 0.1, ctx, opt->scaler());
+    }
     opt->step(*model);
   };
   b.forward = [=]() mutable { model->forward(x); };

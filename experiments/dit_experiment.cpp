@@ -39,6 +39,7 @@ diffusion::DiTOptions dit_options_for(const ModelConfig& model, int64_t latent_f
   }
   o.path = model.attention_path;
   o.router = model.router;
+  o.fused = model.fused;
   if (model.norm != NormKind::automatic) o.norm = model.norm;
   if (model.mlp != MlpKind::automatic) o.mlp = model.mlp;
   if (model.pos != PosKind::automatic) o.pos = model.pos;

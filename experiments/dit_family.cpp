@@ -7,6 +7,7 @@
 #include "core/amp.h"
 #include "core/checkpoint.h"
 #include "core/error.h"
+#include "core/working_copies.h"
 #include "diffusion/diffusion_trainer.h"
 #include "diffusion/dit.h"
 #include "diffusion/sd_vae.h"
@@ -55,6 +56,7 @@ BenchStep bench_step(const BenchRequest& r) {
     if (r.img_size > 0) o.input_size = r.img_size;
     o.path = r.path;
     o.grad_checkpoint = r.grad_checkpoint;
+    o.fused = r.fused;
   }
   diffusion::DiT model(o);
   model->to(r.ctx.device);
@@ -73,7 +75,10 @@ BenchStep bench_step(const BenchRequest& r) {
   auto chain = std::make_shared<diffusion::GaussianDiffusion>(diffusion::GaussianDiffusion::base(1000));
   BenchStep b;
   b.step = [=]() mutable {
-    diffusion_backward(model, *chain, x0, y, 0.01, ctx, opt->scaler());
+    {
+      const WorkingCopyScope copies(opt->copies());
+      diffusion_backward(model, *chain, x0, y, 0.01, ctx, opt->scaler());
+    }
     opt->step(*model);
   };
   b.forward = [=]() mutable { model->forward(x0, t, y); };

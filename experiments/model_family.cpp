@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/optimizer.h"
+#include "vision/nn/fused_ops.h"
 
 namespace moh::experiments {
 
@@ -56,6 +57,8 @@ BenchOptimizer::BenchOptimizer(torch::nn::Module& model, const BenchRequest& r, 
   adamw_ = std::make_unique<torch::optim::AdamW>(model.parameters(),
                                                  torch::optim::AdamWOptions(lr).weight_decay(weight_decay));
   scaler_ = std::make_unique<GradScaler>(r.ctx.precision);
+  if (nn::use_fused_ops(r.fused, r.ctx.device) && autocasts(r.ctx.precision))
+    copies_ = std::make_unique<WorkingCopies>(model.parameters(), autocast_dtype(r.ctx.precision));
   if (r.ema_decay > 0) {
     ema_ = std::make_unique<ModelEma>(copy(), r.ema_decay, /*warmup=*/false, impl_);
     ema_->copy_from(model);
@@ -64,6 +67,7 @@ BenchOptimizer::BenchOptimizer(torch::nn::Module& model, const BenchRequest& r, 
 
 void BenchOptimizer::step(torch::nn::Module& model) {
   if (finish_optimizer_step(*adamw_, model.parameters(), *scaler_, clip_, impl_) && ema_) ema_->update(model, steps_++);
+  if (copies_) copies_->refresh();
 }
 
 }  // namespace moh::experiments

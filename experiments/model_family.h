@@ -17,6 +17,7 @@
 #include "core/run_context.h"
 #include "core/safetensors.h"
 #include "core/train_loop.h"
+#include "core/working_copies.h"
 #include "experiments/experiment_config.h"
 
 namespace moh::experiments {
@@ -86,6 +87,7 @@ struct BenchRequest {
   double ema_decay = 0;                    ///< > 0: the step updates an EMA copy too, as a run with train.ema_decay
   bool grad_checkpoint = false;            ///< train.grad_checkpoint: blocks
   bool plain_router = false;               ///< routers by the official op sequence (nn::HeadRouter::plain)
+  FusedMode fused = FusedMode::automatic;  ///< model.fused: the fused block operations and weight working copies
   /// When set, the model is the experiment's (its options as a run builds them; name, img_size, path and
   /// grad_checkpoint above are then unused).
   const ExperimentConfig* experiment = nullptr;
@@ -102,9 +104,13 @@ class BenchOptimizer {
   void step(torch::nn::Module& model);
   /// The loss scaler the step's backward scales by (fp16) and step() unscales by.
   GradScaler& scaler() { return *scaler_; }
+  /// The weights' working copies the step's backward reads (WorkingCopyScope), as a run keeps them with model.fused;
+  /// null without.
+  const WorkingCopies* copies() const { return copies_.get(); }
 
  private:
   std::unique_ptr<torch::optim::AdamW> adamw_;
+  std::unique_ptr<WorkingCopies> copies_;
   std::unique_ptr<GradScaler> scaler_;
   std::unique_ptr<ModelEma> ema_;
   OptimImpl impl_;

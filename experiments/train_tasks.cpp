@@ -6,6 +6,7 @@
 #include "diffusion/diffusion_trainer.h"
 #include "experiments/repa_encoders.h"
 #include "vision/classifier_trainer.h"
+#include "vision/nn/fused_ops.h"
 #include "vision/nn/head_surgery.h"
 
 namespace moh::experiments {
@@ -39,6 +40,7 @@ class ClassifierTask : public TrainTask {
     return true;
   }
   bool per_rank_rng() const override { return true; }  // drop path draws differ per rank
+  bool working_copies() const override { return nn::use_fused_ops(cfg_.model.fused, ctx_.device); }
   std::unique_ptr<BatchStream> train_batches(int64_t epoch, int rank, int world, int64_t start_batch) const override {
     return train_.epoch(epoch, cfg_.data.batch_size / world, /*train=*/true, start_batch, true, rank, world);
   }
@@ -112,6 +114,7 @@ class DiTTask : public TrainTask {
   }
   // One common generator on every rank: the step's draws are made for the global batch (diffusion_backward).
   bool per_rank_rng() const override { return false; }
+  bool working_copies() const override { return nn::use_fused_ops(cfg_.model.fused, ctx_.device); }
   std::unique_ptr<BatchStream> train_batches(int64_t epoch, int rank, int world, int64_t start_batch) const override {
     return data_.epoch(epoch, rank, world, start_batch);
   }

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "vision/nn/fused_ops.h"
+
 #ifdef MOH_CUDA_KERNELS
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_bf16.h>
@@ -188,12 +190,7 @@ struct SlidingAV : torch::autograd::Function<SlidingAV> {
 }  // namespace
 
 bool sliding_window_kernels_available(const at::Device& device) {
-  if (device.is_cpu()) return true;
-#ifdef MOH_CUDA_KERNELS
-  return device.is_cuda();
-#else
-  return false;
-#endif
+  return nn::fused_kernels_available(device);  // one build switch (MOH_CUDA_KERNELS) builds every CUDA kernel
 }
 
 at::Tensor sliding_window_qk(const at::Tensor& q, const at::Tensor& k, int64_t H, int64_t W) {

@@ -12,6 +12,7 @@
 #include "core/activation_checkpoint.h"
 #include "core/error.h"
 #include "core/registry.h"
+#include "vision/nn/fused_ops.h"
 #include "vision/sliding_window_op.h"
 
 namespace moh::vision {
@@ -76,6 +77,7 @@ nn::MoHAttentionOptions TransNeXtOptions::stage_attention(int64_t i) const {
   o.qkv_bias = qkv_bias;
   o.path = attention_path;
   o.router = router;
+  o.fused_ops = fused;
   if (attention[i] == AttentionMode::moh)
     o.moh(shared_heads[i], topk[i]);
   else if (attention[i] == AttentionMode::moa)
@@ -240,9 +242,14 @@ nn::AttentionOutput TransNeXtAttentionImpl::run(const at::Tensor& x, const at::T
   }
   const at::Tensor o = aggregated ? aggregated_attention(x, tau, len_scale, table, index, reference)
                                   : full_attention(x, tau, len_scale, table, index);  // (B, h, N, d)
-  at::Tensor mixed = o.transpose(1, 2);                                               // (B, N, h, d)
-  if (routing.gates.defined()) mixed = mixed * routing.gates.view({B, N, h, 1});
-  out.out = proj->forward(head_hooks.apply(mixed.reshape({B, N, C}), proj->weight, h));
+  at::Tensor mixed;                                                                   // (B, N, C)
+  if (routing.gates.defined() && nn::use_fused_ops(options.fused_ops, o.device()))
+    mixed = nn::fused_gate_heads(o, routing.gates, nn::consumer_dtype(o));
+  else if (routing.gates.defined())
+    mixed = nn::plain_gate_heads(o, routing.gates);
+  else
+    mixed = o.transpose(1, 2).reshape({B, N, C});
+  out.out = proj->forward(head_hooks.apply(mixed, proj->weight, h));
   return out;
 }
 

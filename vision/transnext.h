@@ -44,6 +44,7 @@ struct TransNeXtOptions {
   /// "MoH-ViT attention"); sparse stays available (inference-only gains at stage 3).
   AttentionPath attention_path = AttentionPath::automatic;
   RouterKind router = RouterKind::learned;  ///< MoH layers' router (learned or query_norm)
+  FusedMode fused = FusedMode::automatic;   ///< MoH layers' fused router and head gates (model.fused)
   bool grad_checkpoint = false;             ///< training: recompute each block's activations in the backward pass
 
   /// Feature-map side of stage i at the input size (and at the pretraining size).
@@ -81,6 +82,7 @@ struct TransNeXtAttentionImpl : torch::nn::Module, nn::HeadControl {
     if (router.topk > 0) options.topk = router.topk;
   }
   void set_plain_router(bool on) override { router.plain = on; }
+  void set_fused_ops(FusedMode mode) override { options.fused_ops = router.fused = mode; }
   std::vector<nn::HeadTensor> head_tensors() const override;
 
   nn::MoHAttentionOptions options;

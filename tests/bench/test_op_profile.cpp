@@ -7,6 +7,7 @@
 #include "core/blas_core.h"
 #include "core/ema.h"
 #include "core/optimizer.h"
+#include "core/run_context.h"
 #include "tests/diffusion/tiny_dit.h"
 #include "tests/test_util.h"
 
@@ -102,7 +103,9 @@ TEST(BenchRecord, NamesTheCpuTheBlasAndItsKernel) {
   EXPECT_EQ(m.at("commit"), toolkit_commit());
   const std::string blas = m.at("blas"), core = blas_core().used;
   EXPECT_EQ(blas.rfind(detect_blas().name, 0), 0u) << blas;
-  if (!core.empty()) EXPECT_EQ(blas, "OpenBLAS (" + core + ")");
+  if (!core.empty()) {
+    EXPECT_EQ(blas, "OpenBLAS (" + core + ")");
+  }
 }
 
 }  // namespace

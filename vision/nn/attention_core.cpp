@@ -8,6 +8,8 @@
 #include <numeric>
 #include <vector>
 
+#include "vision/nn/fused_ops.h"
+
 namespace moh::nn {
 
 namespace {
@@ -78,14 +80,15 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 }
 
 at::Tensor mix_heads_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gates,
-                           double scale, bool fused) {
+                           double scale, bool fused, bool fused_gates) {
   RECORD_USER_SCOPE("moh::attention");
   const int64_t B = q.size(0), h = q.size(1), N = q.size(2), d = q.size(3);
   at::Tensor kk = k.size(1) == h ? k : k.expand({B, h, k.size(2), d});
   at::Tensor vv = v.size(1) == h ? v : v.expand({B, h, v.size(2), d});
-  at::Tensor o = attend(q, kk, vv, scale, {}, fused).transpose(1, 2);  // (B, N, h, d)
-  if (gates.defined()) o = o * gates.view({B, N, h, 1});               // official: einsum("bne,bned->bned")
-  return o.reshape({B, N, h * d});
+  const at::Tensor o = attend(q, kk, vv, scale, {}, fused);  // (B, h, N, d)
+  if (gates.defined() && fused_gates) return fused_gate_heads(o, gates, consumer_dtype(o));
+  if (gates.defined()) return plain_gate_heads(o, gates);  // official: einsum("bne,bned->bned")
+  return o.transpose(1, 2).reshape({B, N, h * d});
 }
 
 namespace {

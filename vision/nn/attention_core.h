@@ -43,9 +43,10 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const at::Tensor& bias = {}, bool fused = false);
 
 /// Dense head mixing: q (B, h, N, d), k/v (B, h_kv, N, d) with h_kv ∈ {1, h} (1 = keys/values shared by all heads,
-/// MoA), gates (B·N, h) or undefined (plain MHA) → (B, N, h·d).
+/// MoA), gates (B·N, h) or undefined (plain MHA) → (B, N, h·d). `fused_gates`: the gates applied in the layout pass
+/// (fused_gate_heads, stored in the type the output projection casts to) instead of a separate product.
 at::Tensor mix_heads_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gates,
-                           double scale, bool fused = false);
+                           double scale, bool fused = false, bool fused_gates = false);
 
 /// The sparse paths' layout: the selected (token, head) pairs grouped by (batch, head); groups of similar size share
 /// one padded bucket (Gb groups × M slots). Index tensors (int64) on the routing's device, built there.

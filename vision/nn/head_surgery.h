@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/safetensors.h"
+#include "vision/nn/model_config.h"
 
 namespace moh::nn {
 
@@ -63,6 +64,8 @@ struct HeadControl {
   /// Routes by the official op sequence (HeadRouter::plain) instead of the compact one: the reference of the parity
   /// test and of `moh bench train --router plain`.
   virtual void set_plain_router(bool on) = 0;
+  /// Whether the fused router and head gates run (model.fused: on, off, or auto by the device's rule).
+  virtual void set_fused_ops(FusedMode mode) = 0;
 };
 
 /// Every attention layer of `model` that exposes HeadControl, with its module name ("blocks.3.attn").

@@ -22,6 +22,12 @@ const config::EnumTable<RouterKind>& enum_table(RouterKind) {
   return t;
 }
 
+const config::EnumTable<FusedMode>& enum_table(FusedMode) {
+  static const config::EnumTable<FusedMode> t{
+      {FusedMode::automatic, "auto"}, {FusedMode::on, "on"}, {FusedMode::off, "off"}};
+  return t;
+}
+
 const config::EnumTable<NormKind>& enum_table(NormKind) {
   static const config::EnumTable<NormKind> t{
       {NormKind::automatic, "auto"}, {NormKind::layernorm, "layernorm"}, {NormKind::rmsnorm, "rmsnorm"}};

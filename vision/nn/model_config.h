@@ -45,6 +45,12 @@ const config::EnumTable<MlpKind>& enum_table(MlpKind);
 enum class PosKind { automatic, sincos, rope2d };
 const config::EnumTable<PosKind>& enum_table(PosKind);
 
+/// Whether the blocks run the fused operations (vision/nn/fused_ops.h: LayerNorm + modulate, gate + residual,
+/// bias + GELU, the MoH router, the head gates in the projection's layout): `on`, `off` (the official op sequence),
+/// or `automatic` ("auto", the default: where a measurement showed them faster, use_fused_ops).
+enum class FusedMode { automatic, on, off };
+const config::EnumTable<FusedMode>& enum_table(FusedMode);
+
 /// `model:` — which network and how its attention runs.
 struct ModelConfig {
   std::string name;                      ///< registry name, e.g. "MoH-ViT-S-75" (`moh info --list`)
@@ -63,6 +69,7 @@ struct ModelConfig {
   MlpKind mlp = MlpKind::automatic;         ///< DiT blocks (LightningDiT: swiglu)
   PosKind pos = PosKind::automatic;         ///< DiT (LightningDiT: rope2d)
   bool qk_norm = false;                     ///< DiT: normalise queries and keys per head (RMSNorm or LayerNorm)
+  FusedMode fused = FusedMode::automatic;   ///< fused block operations (on / off / auto)
 
   template <class V>
   void visit(V& v) {
@@ -93,6 +100,9 @@ struct ModelConfig {
             "DiT positions: sincos (DiT) or rope2d (sincos + 2-D rotary queries/keys, LightningDiT); auto = the "
             "variant's");
     v.field("qk_norm", qk_norm, "DiT: normalise queries and keys per head with model.norm (LightningDiT's qk_norm)");
+    v.field("fused", fused,
+            "fused block operations (LayerNorm + modulate, gate + residual, bias + GELU, the MoH router, head gates): "
+            "on, off (the official op sequence) or auto (on where measured faster; today off everywhere)");
   }
 };
 

@@ -8,6 +8,7 @@
 
 #include "core/activation_checkpoint.h"
 #include "vision/nn/attention_core.h"
+#include "vision/nn/fused_ops.h"
 
 namespace moh::nn {
 
@@ -54,7 +55,8 @@ HeadRouter::HeadRouter(torch::nn::Module& owner, const MoHAttentionOptions& o)
     : heads(o.num_heads),
       shared(o.mode == AttentionMode::moh ? o.shared_heads : 0),
       topk(o.topk),
-      scale_by_k(o.mode == AttentionMode::moh) {
+      scale_by_k(o.mode == AttentionMode::moh),
+      fused(o.fused_ops) {
   if (o.mode == AttentionMode::mha) {
     topk = 0;
     return;
@@ -69,7 +71,8 @@ HeadRouter::HeadRouter(torch::nn::Module& owner, const MoHAttentionOptions& o)
 
 HeadRouting HeadRouter::route(const at::Tensor& x, bool training) const {
   RECORD_USER_SCOPE("moh::router");  // profiles (moh bench train --profile) count this as the router's time
-  return plain || topk == 0 || shared_only ? route_plain(x, training) : route_compact(x, training);
+  if (plain || topk == 0 || shared_only) return route_plain(x, training);
+  return use_fused_ops(fused, x.device()) ? route_fused(x, training) : route_compact(x, training);
 }
 
 HeadRouting HeadRouter::route_plain(const at::Tensor& x, bool training) const {
@@ -104,17 +107,24 @@ HeadRouting HeadRouter::route_plain(const at::Tensor& x, bool training) const {
   return r;
 }
 
+namespace {
+// The router's logits from one product over its layers' stacked rows: columns [wg (E) | wg_1 (h_s > 1) | wg_0 (h_s >
+// 0)].
+at::Tensor stacked_logits(const HeadRouter& r, const at::Tensor& x) {
+  std::vector<at::Tensor> w{working_weight(r.wg->weight)};
+  if (r.wg_1) w.push_back(working_weight(r.wg_1->weight));
+  if (r.wg_0) w.push_back(working_weight(r.wg_0->weight));
+  return at::linear(x, w.size() == 1 ? w[0] : at::cat(w, 0));  // (T, E + n_shared + n_alpha)
+}
+}  // namespace
+
 HeadRouting HeadRouter::route_compact(const at::Tensor& x, bool training) const {
   HeadRouting r;
   const int64_t T = x.size(0), E = heads - shared;
   const int64_t n_alpha = shared > 0 ? 2 : 0, n_shared = shared > 1 ? shared : 0;
-  // One product for the three layers: logits columns [wg (E) | wg_1 (n_shared) | wg_0 (n_alpha)].
-  std::vector<at::Tensor> w{wg->weight};
-  if (n_shared > 0) w.push_back(wg_1->weight);
-  if (n_alpha > 0) w.push_back(wg_0->weight);
-  const at::Tensor logits = at::linear(x, w.size() == 1 ? w[0] : at::cat(w, 0));  // (T, E + n_shared + n_alpha)
-  const at::Tensor p = at::softmax(logits.narrow(1, 0, E), -1);                   // (T, E)
-  auto [kept, routed] = p.topk(topk, -1);                                         // (T, K) each
+  const at::Tensor logits = stacked_logits(*this, x);            // one product for the three layers
+  const at::Tensor p = at::softmax(logits.narrow(1, 0, E), -1);  // (T, E)
+  auto [kept, routed] = p.topk(topk, -1);                        // (T, K) each
   r.routed = routed;
   // The kept weights renormalised (their sum is at least K/E: the plain path's clamp never binds) times K, and α2.
   at::Tensor alpha;  // (T, 2) = softmax(wg_0 x) × 2
@@ -138,6 +148,18 @@ HeadRouting HeadRouter::route_compact(const at::Tensor& x, bool training) const 
       n_shared > 0 ? at::softmax(logits.narrow(1, E, n_shared), -1) * (a1 * static_cast<double>(shared)) : a1;
   r.gates = at::cat({shared_g, routed_g}, -1);  // [shared | routed]: router index j is head h_s + j
   return r;
+}
+
+HeadRouting HeadRouter::route_fused(const at::Tensor& x, bool training) const {
+  fused::RouterShape s;
+  s.experts = static_cast<int>(heads - shared), s.shared = static_cast<int>(shared), s.topk = static_cast<int>(topk);
+  s.scale_by_k = scale_by_k;
+  const at::Tensor logits = stacked_logits(*this, x);
+  if (s.logits() > fused::kMaxRouterLogits || topk > fused::kMaxRouterTopK || !fused_dtype(logits.scalar_type()) ||
+      !fused_kernels_available(logits.device()))
+    return route_compact(x, training);
+  FusedRouting f = fused_route(logits, s, training);
+  return {f.gates, f.routed, f.aux_loss, f.picks};
 }
 
 void HeadRouter::set_topk(int64_t k) {
@@ -211,6 +233,10 @@ at::Tensor MoHAttentionImpl::shape_qk(const at::Tensor& t, const std::shared_ptr
   return rope.defined() ? apply_rope(out, rope) : out;
 }
 
+void MoHAttentionImpl::set_fused_ops(FusedMode mode) {
+  options.fused_ops = router.fused = mode;
+}
+
 void MoHAttentionImpl::set_routed_topk(int64_t k) {
   router.set_topk(k);
   if (router.topk > 0) options.topk = router.topk;  // the active ratio the automatic path rule reads
@@ -262,7 +288,8 @@ at::Tensor MoHAttentionImpl::mix_fused_qkv(const at::Tensor& x, const RopeTables
     routing = router.route_by_queries(
         qkvx[0].narrow(1, router.shared, h - router.shared).permute({0, 2, 1, 3}).reshape({B * N, -1, d}));
   return mix_heads_dense(shape_qk(qkvx[0], q_norm, rope), shape_qk(qkvx[1], k_norm, rope), qkvx[2], routing.gates,
-                         1.0 / std::sqrt(static_cast<double>(d)), options.fused);  // (B, N, h·d)
+                         1.0 / std::sqrt(static_cast<double>(d)), options.fused,
+                         use_fused_ops(options.fused_ops, x.device()));  // (B, N, h·d)
 }
 
 at::Tensor MoHAttentionImpl::mix_split_qkv(const at::Tensor& x, const RopeTables& rope, HeadRouting& routing,
@@ -303,7 +330,7 @@ at::Tensor MoHAttentionImpl::mix_split_qkv(const at::Tensor& x, const RopeTables
   // Queries normalised / rotated whole; MoA's dense path: queries of every head, keys/values shared by all heads.
   qs.q = shape_qk(at::linear(x, wq, bq).view({B, N, h, d}).transpose(1, 2), q_norm, rope);  // (B, h, N, d)
   if (sparse) return mix_heads_sparse(qs, k, v, routing.gates, routing.routed, h, router.shared, scale, options.fused);
-  return mix_heads_dense(qs.q, k, v, routing.gates, scale, options.fused);
+  return mix_heads_dense(qs.q, k, v, routing.gates, scale, options.fused, use_fused_ops(options.fused_ops, x.device()));
 }
 
 }  // namespace moh::nn

@@ -32,6 +32,7 @@ struct MoHAttentionOptions {
   bool qk_norm = false;                         ///< normalise queries and keys per head over d (LightningDiT)
   NormKind qk_norm_kind = NormKind::layernorm;  ///< with qk_norm: LayerNorm (affine, eps 1e-5) or RMSNorm (eps 1e-6)
   int64_t rope_grid = 0;                        ///< > 0: 2-D rotary q/k over a rope_grid² token grid (d % 4 == 0)
+  FusedMode fused_ops = FusedMode::off;  ///< the fused router and head gates (vision/nn/fused_ops.h; model.fused)
 
   MoHAttentionOptions() = default;
   MoHAttentionOptions(int64_t dim_, int64_t heads_) : dim(dim_), num_heads(heads_) {}
@@ -71,6 +72,9 @@ struct HeadRouter {
   /// kernels and autograd nodes per layer (a GPU step of small kernels waits on the host). Reference for the parity
   /// test and `moh bench train --router plain`.
   bool plain = false;
+  /// The fused router (fused_route: softmax, top-K, gates, loss and picks in one pass after the one product) instead
+  /// of the compact op sequence, its reference, where use_fused_ops says so; learned routers with K > 0 only.
+  FusedMode fused = FusedMode::off;
 
   HeadRouter() = default;
   /// Creates and registers the layers needed by (options.mode, h_s, K) on `owner`.
@@ -81,6 +85,7 @@ struct HeadRouter {
   HeadRouting route(const at::Tensor& x, bool training) const;
   HeadRouting route_plain(const at::Tensor& x, bool training) const;    ///< route() by the official op sequence
   HeadRouting route_compact(const at::Tensor& x, bool training) const;  ///< route() for K > 0 in fewer ops
+  HeadRouting route_fused(const at::Tensor& x, bool training) const;    ///< route_compact() in one fused pass
   /// Parameter-free routing (RouterKind::query_norm) from the routed heads' queries q (T, h − h_s, d): logits =
   /// ‖q_j‖₂ / std_j ‖q_j‖₂ (unbiased, as torch.std), softmax, top-K; gate 1 for the shared heads and the K selected,
   /// 0 for the others (the choice carries no gradient); no load-balance loss. K = 0 layers: every gate 1.
@@ -118,6 +123,7 @@ struct MoHAttentionImpl : torch::nn::Module, HeadControl {
   int64_t routed_topk() const override { return router.topk; }
   void set_routed_topk(int64_t k) override;
   void set_plain_router(bool on) override { router.plain = on; }
+  void set_fused_ops(FusedMode mode) override;
   std::vector<HeadTensor> head_tensors() const override;
   /// The share of heads a token attends with now: the trained (h_s + K) / h, or that of a K set at run time
   /// (sampling.topk; K = 0: the shared heads only). What attention_path: auto decides by.

@@ -1,5 +1,7 @@
 #include "vision/nn/vit_layers.h"
 
+#include "vision/nn/fused_ops.h"
+
 namespace moh::nn {
 
 MlpImpl::MlpImpl(int64_t dim, int64_t hidden, bool tanh) : tanh_gelu(tanh) {
@@ -8,6 +10,8 @@ MlpImpl::MlpImpl(int64_t dim, int64_t hidden, bool tanh) : tanh_gelu(tanh) {
 }
 
 at::Tensor MlpImpl::forward(const at::Tensor& x) {
+  if (tanh_gelu && use_fused_ops(fused, x.device()))
+    return fc2->forward(fused_bias_gelu(at::linear(x, working_weight(fc1->weight)), working_weight(fc1->bias)));
   return fc2->forward(at::gelu(fc1->forward(x), tanh_gelu ? "tanh" : "none"));
 }
 

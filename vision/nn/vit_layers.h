@@ -5,6 +5,7 @@
 #include <torch/nn/modules/conv.h>
 
 #include "vision/nn/linear.h"
+#include "vision/nn/model_config.h"
 
 namespace moh::nn {
 
@@ -15,6 +16,8 @@ struct MlpImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& x);  // (…, dim) → (…, dim)
   Linear fc1{nullptr}, fc2{nullptr};
   bool tanh_gelu;
+  /// GELU(tanh) and fc1's bias in one fused pass after fc1's product (fused_bias_gelu) where use_fused_ops says so.
+  FusedMode fused = FusedMode::off;
 };
 TORCH_MODULE(Mlp);
 

@@ -1,0 +1,181 @@
+// The fused block operations (vision/nn/fused_ops.h) against the official op sequences they replace, forward and
+// backward, in fp32 and in the mixed types of bf16 autocast, on the test device (MOH_TEST_DEVICE: the CPU loops here,
+// the CUDA kernels on a GPU). Shapes are odd on purpose: token counts that are no multiple of the reduction tiles,
+// widths that are no multiple of a warp.
+#include <vector>
+
+#include "tests/test_util.h"
+#include "vision/nn/fused_ops.h"
+#include "vision/nn/moh_attention.h"
+
+namespace moh::nn {
+namespace {
+
+using test::rel_err;
+
+// fp32: the fused loops sum in another order than LibTorch's kernels; each result differs by a few ulps of the
+// largest term it sums (8 ulps of fp32 = 4.8e-7 relative): 1e-6 of the tensor's largest value.
+constexpr double kFp32Tol = 1e-6;
+// A result stored in bf16 after the same fp32 arithmetic in another order: at most one rounding step apart, i.e. one
+// bf16 ulp (2^-8 relative) of the largest value; sums over rounded terms: two.
+constexpr double kBf16Tol = 1.0 / 128;
+
+torch::TensorOptions opts(torch::ScalarType t = torch::kFloat) {
+  return torch::TensorOptions().device(test::device()).dtype(t);
+}
+
+// Gradients of `out` · w_out (a fixed random weight) with respect to `inputs`.
+std::vector<torch::Tensor> grads_of(const torch::Tensor& out, const std::vector<torch::Tensor>& inputs, int seed) {
+  torch::manual_seed(seed);
+  const torch::Tensor w = torch::randn(out.sizes(), opts());
+  return torch::autograd::grad({(out.to(torch::kFloat) * w).sum()}, inputs, {}, /*retain_graph=*/true);
+}
+
+void expect_all_close(const std::vector<torch::Tensor>& got, const std::vector<torch::Tensor>& want, double tol,
+                      const char* what) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(got[i].defined() && want[i].defined()) << what << " tensor " << i;
+    EXPECT_EQ(got[i].scalar_type(), want[i].scalar_type()) << what << " tensor " << i;
+    EXPECT_EQ(got[i].sizes(), want[i].sizes()) << what << " tensor " << i;
+    EXPECT_LE(rel_err(got[i].to(torch::kDouble), want[i].to(torch::kDouble)), tol) << what << " tensor " << i;
+  }
+}
+
+// adaLN's output (B, 6D) in `mod_type` and its six (B, D) chunks (row stride 6D, as the block reads them).
+struct Modulation {
+  torch::Tensor all;
+  std::vector<torch::Tensor> chunks;
+};
+Modulation modulation(int64_t B, int64_t D, torch::ScalarType mod_type, int seed) {
+  torch::manual_seed(seed);
+  Modulation m;
+  m.all = (torch::randn({B, 6 * D}, opts()) * 0.5).to(mod_type).requires_grad_(true);
+  m.chunks = m.all.chunk(6, 1);
+  return m;
+}
+
+TEST(FusedOps, LnModulateEqualsTheOfficialSequence) {
+  const double eps = 1e-6;
+  for (const auto mod_type : {torch::kFloat, torch::kBFloat16}) {
+    const int64_t B = 3, N = 37, D = 200;
+    torch::manual_seed(1);
+    const torch::Tensor x = (torch::randn({B, N, D}, opts()) * 2 + 0.5).requires_grad_(true);
+    const Modulation m = modulation(B, D, mod_type, 2);
+    const torch::Tensor plain = plain_ln_modulate(x, m.chunks[0], m.chunks[1], eps);
+    const torch::Tensor fused = fused_ln_modulate(x, m.chunks[0], m.chunks[1], eps, plain.scalar_type());
+    // Mixed types round `1 + scale` to bf16 as the official code: the fp32 outputs agree to fp32 rounding either way.
+    expect_all_close({fused}, {plain}, kFp32Tol, "output");
+    expect_all_close(grads_of(fused, {x, m.all}, 3), grads_of(plain, {x, m.all}, 3),
+                     mod_type == torch::kFloat ? kFp32Tol : kBf16Tol, "dx, d(adaLN)");
+    // Stored in bf16 for a product that casts it there anyway: the cast of the fp32 result.
+    const torch::Tensor low = fused_ln_modulate(x, m.chunks[0], m.chunks[1], eps, torch::kBFloat16);
+    EXPECT_EQ(low.scalar_type(), torch::kBFloat16);
+    expect_all_close({low}, {plain.to(torch::kBFloat16)}, kBf16Tol, "bf16 output");
+    expect_all_close(grads_of(low, {x, m.all}, 4), grads_of(plain.to(torch::kBFloat16), {x, m.all}, 4),
+                     mod_type == torch::kFloat ? kFp32Tol : kBf16Tol, "bf16-stored gradients");
+  }
+}
+
+TEST(FusedOps, GateResidualEqualsTheOfficialSequence) {
+  for (const auto branch_type : {torch::kFloat, torch::kBFloat16}) {
+    const int64_t B = 2, N = 45, D = 136;
+    torch::manual_seed(5);
+    const torch::Tensor x = torch::randn({B, N, D}, opts()).requires_grad_(true);
+    const torch::Tensor branch = torch::randn({B, N, D}, opts()).to(branch_type).requires_grad_(true);
+    const Modulation m = modulation(B, D, branch_type, 6);
+    const torch::Tensor plain = plain_gate_residual(x, m.chunks[2], branch);
+    const torch::Tensor fused = fused_gate_residual(x, m.chunks[2], branch);
+    const bool f32 = branch_type == torch::kFloat;
+    expect_all_close({fused}, {plain}, f32 ? kFp32Tol : 0.0, "output");  // bf16: the official rounding, exactly
+    expect_all_close(grads_of(fused, {x, branch, m.all}, 7), grads_of(plain, {x, branch, m.all}, 7),
+                     f32 ? kFp32Tol : kBf16Tol, "dx, dbranch, d(adaLN)");
+  }
+}
+
+TEST(FusedOps, BiasGeluEqualsTheOfficialLinearAndGelu) {
+  for (const auto type : {torch::kFloat, torch::kBFloat16}) {
+    const int64_t T = 70, C = 48, F = 300;
+    torch::manual_seed(8);
+    const torch::Tensor x = torch::randn({2, T / 2, C}, opts()).to(type).requires_grad_(true);
+    const torch::Tensor w = (torch::randn({F, C}, opts()) * 0.2).to(type).requires_grad_(true);
+    const torch::Tensor b = torch::randn({F}, opts()).requires_grad_(true);  // fp32, as the Linear's parameter
+    const torch::Tensor plain = plain_linear_gelu(x, w, b.to(type));         // autocast casts the bias
+    const torch::Tensor fused = fused_bias_gelu(at::linear(x, w), b);
+    const bool f32 = type == torch::kFloat;
+    // bf16: the official Linear rounds z + b once, the fused op z, then z + b: one ulp apart at most.
+    expect_all_close({fused}, {plain}, f32 ? kFp32Tol : kBf16Tol, "output");
+    expect_all_close(grads_of(fused, {x, w, b}, 9), grads_of(plain, {x, w, b}, 9), f32 ? kFp32Tol : 2 * kBf16Tol,
+                     "dx, dw, db");
+  }
+}
+
+TEST(FusedOps, GateHeadsEqualsTheOfficialGating) {
+  const int64_t B = 2, h = 5, N = 23, d = 40;
+  torch::manual_seed(10);
+  const torch::Tensor gates = torch::rand({B * N, h}, opts()).requires_grad_(true);
+  for (const auto type : {torch::kFloat, torch::kBFloat16})
+    for (const bool bnhd : {false, true}) {  // (B, h, N, d) memory, or the (B, N, h, d) memory flash attention leaves
+      torch::Tensor o = bnhd ? torch::randn({B, N, h, d}, opts()).transpose(1, 2) : torch::randn({B, h, N, d}, opts());
+      o = o.to(type).requires_grad_(true);
+      const torch::Tensor plain = plain_gate_heads(o, gates);  // fp32: bf16 × fp32 gates promote
+      const torch::Tensor fused = fused_gate_heads(o, gates, type);
+      expect_all_close({fused.to(torch::kFloat)}, {plain.to(type).to(torch::kFloat)}, 0.0, "output");
+      expect_all_close(grads_of(fused, {o, gates}, 11), grads_of(plain.to(type), {o, gates}, 11),
+                       type == torch::kFloat ? kFp32Tol : kBf16Tol, "do, dgates");
+    }
+}
+
+// The fused router against route_compact (its reference, itself equal to the official sequence) on the same
+// layer: gates, picks, loss, and the gradients of x and the router weights through gates and loss.
+void expect_fused_router_equals_compact(const MoHAttentionOptions& o, int seed) {
+  torch::manual_seed(seed);
+  MoHAttention a(o);
+  a->to(test::device());
+  for (auto& p : a->parameters()) p.data().normal_(0, 0.5);
+  const torch::Tensor x0 = torch::randn({53, o.dim}, opts()), w = torch::randn({53, o.num_heads}, opts());
+  std::vector<std::vector<torch::Tensor>> runs;
+  std::vector<torch::Tensor> routed, picks;
+  for (const bool fused : {false, true}) {
+    a->zero_grad();
+    a->router.fused = fused ? FusedMode::on : FusedMode::off;
+    const torch::Tensor x = x0.clone().requires_grad_(true);
+    const HeadRouting r = a->router.route(x, true);
+    ((r.gates * w).sum() + 3.0 * r.aux_loss).backward();
+    std::vector<torch::Tensor> run{r.gates, r.aux_loss, x.grad()};
+    for (const auto& p : a->parameters()) run.push_back(p.grad());
+    runs.push_back(run);
+    routed.push_back(r.routed), picks.push_back(r.picks);
+  }
+  for (size_t i = 0; i < runs[0].size(); ++i) {
+    if (!runs[0][i].defined()) continue;  // parameters without a gradient (the qkv / proj layers)
+    EXPECT_LE(rel_err(runs[1][i], runs[0][i]), kFp32Tol) << "tensor " << i << " (gates, aux, dx, then parameters)";
+  }
+  EXPECT_TRUE(torch::equal(routed[0], routed[1])) << "the same heads, in the same order";
+  EXPECT_TRUE(torch::equal(picks[0], picks[1])) << "the same picks";
+}
+
+TEST(FusedOps, RouterEqualsTheCompactRouter) {
+  expect_fused_router_equals_compact(MoHAttentionOptions(32, 8).moh(3, 2), 21);  // h_s > 1: wg, wg_1, wg_0
+  expect_fused_router_equals_compact(MoHAttentionOptions(32, 4).moh(1, 2), 22);  // h_s = 1: no wg_1
+  expect_fused_router_equals_compact(MoHAttentionOptions(24, 6).moh(0, 2), 23);  // no shared heads
+  expect_fused_router_equals_compact(MoHAttentionOptions(24, 6).moh(2, 4), 24);  // every routed head
+  expect_fused_router_equals_compact(MoHAttentionOptions(32, 4).moa(2), 25);     // MoA: no × K
+  MoHAttentionOptions xl(1152, 24);                                              // MoH-DiT-XL/2-90's last layers
+  xl.head_dim = 72;
+  expect_fused_router_equals_compact(xl.moh(16, 3), 26);
+}
+
+TEST(FusedOps, OnlyTheTypesAndDevicesTheLoopsTakeAreFused) {
+  EXPECT_TRUE(fused_kernels_available(torch::Device(torch::kCPU)));
+  EXPECT_TRUE(fused_dtype(torch::kBFloat16));
+  EXPECT_FALSE(fused_dtype(torch::kDouble));
+  // fp64 (the reference twins of tests/test_on_device.cpp) runs the official sequence.
+  const torch::Tensor x = torch::randn({2, 3, 8}, torch::kDouble), m = torch::randn({2, 8}, torch::kDouble);
+  EXPECT_TRUE(torch::equal(fused_ln_modulate(x, m, m, 1e-6, torch::kDouble), plain_ln_modulate(x, m, m, 1e-6)));
+  EXPECT_FALSE(use_fused_ops(FusedMode::off, torch::Device(torch::kCPU)));
+  EXPECT_TRUE(use_fused_ops(FusedMode::on, torch::Device(torch::kCPU)));
+}
+
+}  // namespace
+}  // namespace moh::nn
