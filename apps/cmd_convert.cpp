@@ -35,9 +35,13 @@ std::string created_summary(const std::vector<std::string>& names) {
 }
 
 std::string join_heads(const std::vector<int64_t>& heads) {
-  std::string s;
-  for (int64_t h : heads) s += (s.empty() ? "" : " ") + std::to_string(h);
-  return "[" + s + "]";
+  std::string s = "[";
+  for (int64_t h : heads) {
+    if (s.size() > 1) s += ' ';
+    s += std::to_string(h);
+  }
+  s += ']';
+  return s;
 }
 
 int convert_to_moh(const cxxopts::ParseResult& args, const std::string& in, const std::string& out,

@@ -76,32 +76,35 @@ double profile_dot(double t_a, double gamma_a, double t_b, double gamma_b) {
 }
 
 std::vector<double> least_squares(const std::vector<Profile>& snapshots, const Profile& target) {
-  const size_t n = snapshots.size();
+  const size_t n = snapshots.size(), w = n + 1;
   if (n == 0) throw UserError("post-hoc EMA", "no snapshots to combine", "train with train.phema.snapshot_every > 0");
-  std::vector<std::vector<double>> a(n, std::vector<double>(n + 1));  // [A | b]
+  std::vector<double> a(n * w);  // [A | b], row-major
+  const auto at = [&](size_t r, size_t c) -> double& { return a[r * w + c]; };
   for (size_t i = 0; i < n; ++i) {
     for (size_t j = 0; j < n; ++j)
-      a[i][j] = profile_dot(snapshots[i].t, snapshots[i].gamma, snapshots[j].t, snapshots[j].gamma);
-    a[i][n] = profile_dot(snapshots[i].t, snapshots[i].gamma, target.t, target.gamma);
+      at(i, j) = profile_dot(snapshots[i].t, snapshots[i].gamma, snapshots[j].t, snapshots[j].gamma);
+    at(i, n) = profile_dot(snapshots[i].t, snapshots[i].gamma, target.t, target.gamma);
   }
   for (size_t c = 0; c < n; ++c) {  // forward elimination, the largest pivot of each column first
     size_t p = c;
     for (size_t r = c + 1; r < n; ++r)
-      if (std::abs(a[r][c]) > std::abs(a[p][c])) p = r;
-    if (!(std::abs(a[p][c]) > 1e-300))
+      if (std::abs(at(r, c)) > std::abs(at(p, c))) p = r;
+    if (!(std::abs(at(p, c)) > 1e-300))
       throw UserError("post-hoc EMA", "the snapshots' profiles are linearly dependent",
                       "every (step, sigma_rel) pair may appear once");
-    std::swap(a[c], a[p]);
+    std::swap_ranges(a.begin() + static_cast<std::ptrdiff_t>(c * w),
+                     a.begin() + static_cast<std::ptrdiff_t>((c + 1) * w),
+                     a.begin() + static_cast<std::ptrdiff_t>(p * w));
     for (size_t r = c + 1; r < n; ++r) {
-      const double m = a[r][c] / a[c][c];
-      for (size_t k = c; k <= n; ++k) a[r][k] -= m * a[c][k];
+      const double m = at(r, c) / at(c, c);
+      for (size_t k = c; k <= n; ++k) at(r, k) -= m * at(c, k);
     }
   }
   std::vector<double> x(n);
   for (size_t i = n; i-- > 0;) {
-    double v = a[i][n];
-    for (size_t k = i + 1; k < n; ++k) v -= a[i][k] * x[k];
-    x[i] = v / a[i][i];
+    double v = at(i, n);
+    for (size_t k = i + 1; k < n; ++k) v -= at(i, k) * x[k];
+    x[i] = v / at(i, i);
   }
   return x;
 }

@@ -669,10 +669,16 @@ void materialize(std::vector<PendingTensor>& tensors, const std::string& origin)
       t.value->tensor = at::empty(t.size, options);
       continue;
     }
-    // Largest element index reached, in 128-bit arithmetic so that no size/stride can overflow it.
-    __int128 last = t.offset;
-    for (size_t i = 0; i < t.size.size(); ++i) last += static_cast<__int128>(t.size[i] - 1) * t.stride[i];
-    if (last >= numel)
+    // Largest element index reached, every product and sum checked: a corrupt size or stride must not wrap around
+    // into a small index.
+    int64_t last = t.offset;
+    bool overflow = false;
+    for (size_t i = 0; i < t.size.size() && !overflow; ++i) {
+      int64_t reach = 0;
+      overflow =
+          __builtin_mul_overflow(t.size[i] - 1, t.stride[i], &reach) || __builtin_add_overflow(last, reach, &last);
+    }
+    if (overflow || last >= numel)
       throw UserError(
           origin, "tensor " + c10::str(t.size) + " extends past its storage of " + std::to_string(numel) + " elements",
           "corrupt file");

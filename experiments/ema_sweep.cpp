@@ -248,11 +248,11 @@ std::string sweep_table(const std::vector<nlohmann::json>& rows, const std::stri
     text += "| " + row["weights"].get<std::string>() + " | " +
             (baseline ? std::string("–") : point_id(row["sigma_rel"].get<double>()).substr(6)) + " | " +
             (row["step"].is_null() ? std::string("–") : row["step"].dump()) + " |";
-    for (const auto& k : keys)
-      text +=
-          " " +
-          (row["metrics"].contains(k) ? eval::format_metric(k, row["metrics"][k].get<double>()) : std::string("–")) +
-          " |";
+    for (const auto& k : keys) {
+      text += ' ';
+      text += row["metrics"].contains(k) ? eval::format_metric(k, row["metrics"][k].get<double>()) : "–";
+      text += " |";
+    }
     text += "\n";
     const double v = row["metrics"][metric].get<double>();
     if (!baseline && (!best || better(v, (*best)["metrics"][metric].get<double>(), metric))) best = &row;

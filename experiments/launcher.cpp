@@ -276,7 +276,8 @@ std::string resume_command(const std::string& program, int argc, char** argv, co
     }
     if (a.rfind("--resume=", 0) == 0) continue;
     has_run_dir = has_run_dir || a == "--run-dir" || a.rfind("--run-dir=", 0) == 0;
-    cmd += " " + quote(a);
+    cmd += ' ';
+    cmd += quote(a);
   }
   if (!has_run_dir) cmd += " --run-dir " + quote(run_dir);
   return cmd + " --resume auto";

@@ -39,7 +39,7 @@ run_suite() {  # $1 = debian|pip
 nocv_suite() {
   local t0=$(date +%s)
   cmake -S . -B build-nocv -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOH_WITH_OPENCV=OFF -DMOH_BUILD_TESTS=OFF \
-    -DMOH_BUILD_BENCH=OFF >/dev/null
+    -DMOH_BUILD_BENCH=OFF ${MOH_CMAKE_ARGS:-} >/dev/null
   cmake --build build-nocv -j"$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" --target moh  # not OMP's 1
   bash tests/nocv_test.sh build-nocv/moh
   echo "test.sh: no-OpenCV build (build-nocv): build + test $(( $(date +%s) - t0 )) s"

@@ -53,7 +53,7 @@ TEST(Safetensors, RoundTripEveryDtype) {
 // every dtype, IEEE specials, integer extremes, empty and 0-d tensors, non-ASCII metadata. The dtypes this LibTorch
 // lacks (float8 < 2.1, uint16/32/64 < 2.3) are a one-line user error naming the LibTorch that has them.
 TEST(Safetensors, ReadsFilesWrittenByThePythonPackage) {
-  const std::string dir = std::string(MOH_SOURCE_DIR) + "/tests/fixtures/safetensors/";
+  const std::string dir = test::source_path("tests/fixtures/safetensors/");
   SafetensorsFile f = load_safetensors(dir + "py_basic.safetensors");
   EXPECT_EQ(f.metadata.at("note"), "\u00fcn\u00efc\u00f6d\u00e9 \u2713");
   EXPECT_EQ(f.metadata.at("written_by"), "safetensors.torch.save_file");

@@ -147,7 +147,9 @@ TEST(RunContext, ProvenanceNamesTheCpuItsThreadsBlasAndBuild) {
   const std::string blas = p.at("blas");
   EXPECT_EQ(blas.rfind(detect_blas().name, 0), 0u) << blas;
   const std::string core = blas_core().used;
-  if (!core.empty()) EXPECT_NE(blas.find("(" + core + ")"), std::string::npos) << blas;
+  if (!core.empty()) {
+    EXPECT_NE(blas.find("(" + core + ")"), std::string::npos) << blas;
+  }
   at::set_num_threads(1);
   EXPECT_EQ(provenance(c10::Device(c10::kCPU)).at("threads"), 1);
   EXPECT_EQ(device_line(c10::Device(c10::kCPU)), "cpu (" + cpu_model_name() + ", 1 thread, " + blas + ")");

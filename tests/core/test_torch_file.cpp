@@ -12,7 +12,7 @@ namespace moh {
 namespace {
 
 std::string fixture(const std::string& name) {
-  return std::string(MOH_SOURCE_DIR) + "/tests/fixtures/torch/" + name;
+  return test::source_path("tests/fixtures/torch/", name);
 }
 
 /// The message of the UserError `f` throws ("" when it throws nothing).

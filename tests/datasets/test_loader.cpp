@@ -173,7 +173,7 @@ TEST(LatentLoader, BatchesMixClassesOfASortedSet) {
   m.size = 1;
   m.image_size = 8;
   m.scale = 1.0;
-  for (int64_t c = 0; c < kClasses; ++c) m.classes.push_back("n" + std::to_string(c));
+  for (int64_t c = 0; c < kClasses; ++c) m.classes.push_back(std::string(1, 'n') += std::to_string(c));
   for (int64_t first = 0, k = 0; first < kCount; first += kShard, ++k) {
     const int64_t n = std::min(kShard, kCount - first);
     m.shards.push_back(n);

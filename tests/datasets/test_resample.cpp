@@ -22,7 +22,7 @@ at::Tensor noisy_image(std::mt19937& rng, int64_t H, int64_t W, int64_t C) {
 }
 
 SafetensorsFile pillow_fixture() {
-  return load_safetensors(std::string(MOH_SOURCE_DIR) + "/tests/fixtures/pillow/bicubic.safetensors");
+  return load_safetensors(test::source_path("tests/fixtures/pillow/bicubic.safetensors"));
 }
 
 TEST(Resample, FastPathEqualsReferenceOnManyShapes) {
@@ -94,7 +94,7 @@ TEST(Resample, EvalTransformMatchesTorchvision) {
 }
 
 TEST(Resample, BoxAndCenterCropArrMatchPillowBitForBit) {
-  const SafetensorsFile f = load_safetensors(std::string(MOH_SOURCE_DIR) + "/tests/fixtures/pillow/box.safetensors");
+  const SafetensorsFile f = load_safetensors(test::source_path("tests/fixtures/pillow/box.safetensors"));
   int cases = 0, crops = 0;
   for (int i = 0; f.tensors.count("in_" + std::to_string(i)); ++i, ++cases) {
     const at::Tensor in = f.tensors.at("in_" + std::to_string(i)), want = f.tensors.at("out_" + std::to_string(i));
@@ -165,7 +165,7 @@ TEST(Affine, FastPathEqualsReference) {
 TEST(Affine, MatchesPillowBitForBit) {
   // Image.rotate / Image.transform(AFFINE) with BICUBIC and timm's fill colour, written by Pillow 13.0.0
   // (tests/fixtures/gen/make_pillow_affine.py): rotations both ways, shears, translations, grey images.
-  const SafetensorsFile f = load_safetensors(std::string(MOH_SOURCE_DIR) + "/tests/fixtures/pillow/affine.safetensors");
+  const SafetensorsFile f = load_safetensors(test::source_path("tests/fixtures/pillow/affine.safetensors"));
   int cases = 0;
   for (int i = 0; f.tensors.count("in_" + std::to_string(i)); ++i, ++cases) {
     const std::string k = std::to_string(i);

@@ -12,7 +12,7 @@ namespace moh {
 namespace {
 
 std::string fixture(const std::string& name) {
-  return std::string(MOH_SOURCE_DIR) + "/tests/fixtures/torch/" + name;
+  return test::source_path("tests/fixtures/torch/", name);
 }
 
 double max_rel_error(const at::Tensor& a, const at::Tensor& b) {

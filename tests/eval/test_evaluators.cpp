@@ -21,7 +21,7 @@ namespace {
 // Checksums of FixedWeightsOutputChecksum, recorded from this implementation on LibTorch 1.13 / OpenBLAS.
 constexpr double kExpectPool = 4055.888184, kExpectSpatial = 3698.295654, kExpectLogits = 769.654785;
 
-const std::string kFixtures = std::string(MOH_SOURCE_DIR) + "/tests/fixtures/npz/";
+const std::string kFixtures = test::source_path("tests/fixtures/npz/");
 
 TEST(InceptionScore, IdenticalPredictionsGiveOne) {
   at::Tensor logits = at::zeros({100, 10});

@@ -22,7 +22,7 @@ using experiments::SharedChoice;
 
 experiments::ExperimentConfig fashion(const std::string& file, std::vector<std::string> sets) {
   sets.insert(sets.begin(), {"data.limit_train=64", "data.batch_size=16", "train.precision=fp32"});
-  return experiments::load_experiment(std::string(MOH_SOURCE_DIR) + "/configs/fashion_mnist/" + file, sets);
+  return experiments::load_experiment(test::source_path("configs/fashion_mnist/", file), sets);
 }
 
 // Moves every parameter off its initial value (DiT's adaLN-Zero would hide the attention; TransNeXt's temperature

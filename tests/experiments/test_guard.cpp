@@ -41,7 +41,7 @@ class NanBatch : public TrainTask {
 
 experiments::ExperimentConfig tiny(const std::string& file, const std::string& precision) {
   return experiments::load_experiment(
-      std::string(MOH_SOURCE_DIR) + "/configs/fashion_mnist/" + file,
+      test::source_path("configs/fashion_mnist/", file),
       {"data.limit_train=256", "data.limit_val=64", "train.epochs=1", "train.processes=1", "train.log_every_steps=1",
        "train.precision=" + precision, "train.device=cpu"});
 }

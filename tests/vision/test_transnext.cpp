@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "tests/test_util.h"
+#include "vision/nn/head_surgery.h"
 #include "vision/sliding_window_op.h"
 #include "vision/transnext.h"
 
@@ -270,6 +271,39 @@ TEST(TransNeXt, SparsePathKeepsTheLogits) {
   autos->eval();
   EXPECT_TRUE(torch::equal(autos->forward(img).logits, dense->forward(img).logits));
   EXPECT_FALSE(torch::equal(sparse->forward(img).logits, dense->forward(img).logits));  // the check sees a path change
+}
+
+// model.fused in the classifier: its MoH layers' router and head gates (the fused pieces that apply to TransNeXt's
+// blocks) against the official sequence on the same weights, logits, load-balance loss and every gradient, on the
+// test device. fp32: each piece within a few ulps (tests/vision/nn/test_fused.cpp), the network within 1e-5.
+TEST(TransNeXt, FusedRouterAndGatesKeepTheNetwork) {
+  torch::manual_seed(3);
+  TransNeXt m(classifier_options("MoH-ViT-Nano-75"));
+  m->to(test::device());
+  m->train();
+  const torch::Tensor img = torch::randn({3, 1, 32, 32}, torch::TensorOptions().device(test::device()));
+  std::vector<std::vector<torch::Tensor>> runs;
+  for (const FusedMode mode : {FusedMode::off, FusedMode::on}) {
+    nn::set_fused_attention(*m, mode);
+    m->zero_grad();
+    torch::manual_seed(4);  // drop path draws alike
+    const ClassifierOutput out = m->forward(img);
+    (out.logits.square().sum() + out.aux_loss).backward();
+    std::vector<torch::Tensor> r{out.logits.detach().clone(), out.aux_loss.detach().clone()};
+    for (const auto& p : m->parameters())
+      if (p.grad().defined()) r.push_back(p.grad().clone());
+    runs.push_back(r);
+  }
+  ASSERT_EQ(runs[0].size(), runs[1].size());
+  // Some gradients are 0 up to rounding (cpb_fc2.bias shifts every logit of a softmax alike; a router whose gates
+  // barely move the loss): those are judged against a thousandth of the largest gradient, not against their own noise.
+  double largest = 0;
+  for (size_t i = 2; i < runs[0].size(); ++i) largest = std::max(largest, runs[0][i].abs().max().item<double>());
+  for (size_t i = 0; i < runs[0].size(); ++i) {
+    const double scale = std::max(runs[0][i].abs().max().item<double>(), i >= 2 ? 1e-3 * largest : 0.0);
+    EXPECT_LE((runs[1][i] - runs[0][i]).abs().max().item<double>(), 1e-5 * scale)
+        << "tensor " << i << " (logits, aux, then gradients)";
+  }
 }
 
 // The CUDA sliding-window kernels (CUDA builds, options.fused) against the neighbour-by-neighbour reference on the

@@ -55,6 +55,10 @@ void set_plain_routers(torch::nn::Module& model, bool on) {
   for (const auto& named : head_controls(model)) named.second->set_plain_router(on);
 }
 
+void set_fused_attention(torch::nn::Module& model, FusedMode mode) {
+  for (const auto& named : head_controls(model)) named.second->set_fused_ops(mode);
+}
+
 std::vector<at::Tensor> take_training_load(torch::nn::Module& model) {
   std::vector<at::Tensor> loads;
   for (const auto& named : head_controls(model)) {

@@ -72,6 +72,8 @@ struct HeadControl {
 std::vector<std::pair<std::string, HeadControl*>> head_controls(torch::nn::Module& model);
 /// HeadControl::set_plain_router on every attention layer of `model`.
 void set_plain_routers(torch::nn::Module& model, bool on);
+/// HeadControl::set_fused_ops on every attention layer of `model` (a DiT's blocks: DiTImpl::set_fused_ops).
+void set_fused_attention(torch::nn::Module& model, FusedMode mode);
 
 /// Every routed layer's training_load in module order ((h − h_s) counts; zeros where nothing was counted), each
 /// reset: the trainer logs the head load of the steps since its last evaluation.

@@ -100,9 +100,10 @@ struct ModelConfig {
             "DiT positions: sincos (DiT) or rope2d (sincos + 2-D rotary queries/keys, LightningDiT); auto = the "
             "variant's");
     v.field("qk_norm", qk_norm, "DiT: normalise queries and keys per head with model.norm (LightningDiT's qk_norm)");
-    v.field("fused", fused,
-            "fused block operations (LayerNorm + modulate, gate + residual, bias + GELU, the MoH router, head gates): "
-            "on, off (the official op sequence) or auto (on where measured faster; today off everywhere)");
+    v.field(
+        "fused", fused,
+        "fused block operations (LayerNorm + modulate, gate + residual, bias + GELU, the MoH router, head gates): "
+        "on, off (the official op sequence) or auto (the rule measured per device: docs/BENCHMARKS.md, Fused block)");
   }
 };
 
