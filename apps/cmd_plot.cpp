@@ -3,9 +3,9 @@
 // measure different things) as DIR/curves.svg and .png, and a Markdown table across the runs (final/best metrics,
 // images per second, wall time, active heads) as DIR/summary.md, also printed.
 // `moh plot --fid-curve curve.jsonl [--out DIR]`: FID against network evaluations per image and against seconds, one
-// series per model (the rows scripts/fid_curve.sh writes), as DIR/fid_curve.svg and .png.
+// series per model (the rows studies/fid_curve/run.sh writes), as DIR/fid_curve.svg and .png.
 // `moh plot --fid-steps rows.jsonl [--out DIR]`: FID against optimizer steps, one series per model × recipe (the
-// rows scripts/reproduce_recipes.sh writes), as DIR/fid_steps.svg and .png.
+// rows studies/recipes/run.sh writes), as DIR/fid_steps.svg and .png.
 // `moh plot --head-load [LABEL=]PATH... [--out DIR]`: the head load of several evaluations of one model side by side
 // (PATH: a head_load.json of moh eval --out / moh sample --head-load, or its directory), e.g. before and after
 // continue-tuning, as DIR/head_load_compare.png and a Markdown table DIR/head_load_compare.md, also printed.
@@ -153,7 +153,7 @@ void add_fid_series(eval::ChartPanel& panel, const std::string& label, int colou
   panel.series.push_back(eval::Series{"", cost, fid, true, colour});
 }
 
-// FID against NFE and against seconds, one colour per "label", from scripts/fid_curve.sh's JSON lines.
+// FID against NFE and against seconds, one colour per "label", from studies/fid_curve/run.sh's JSON lines.
 int plot_fid_curve(const std::string& path, const std::string& out) {
   std::map<std::string, std::vector<std::array<double, 3>>> rows;  // label → (nfe, seconds, fid)
   std::stringstream lines(read_file(path, "--fid-curve"));
@@ -168,7 +168,7 @@ int plot_fid_curve(const std::string& path, const std::string& out) {
   }
   if (rows.empty())
     throw UserError("--fid-curve " + path, "holds no JSON line with numbers nfe > 0, seconds > 0 and fid",
-                    "write it with scripts/fid_curve.sh");
+                    "write it with studies/fid_curve/run.sh");
   check_output_dir(out, "--out " + out);
   eval::ChartPanel by_nfe{"FID vs network evaluations per image (dots: settings; line: the best at that cost or less)",
                           "NFE per image",
@@ -199,7 +199,7 @@ std::string steps_title(size_t series) {
 
 using FidSteps = std::map<std::string, std::map<std::string, std::map<double, std::vector<double>>>>;
 
-// scripts/reproduce_recipes.sh's JSON lines as model → recipe → step → FIDs over seeds (other lines skipped).
+// studies/recipes/run.sh's JSON lines as model → recipe → step → FIDs over seeds (other lines skipped).
 FidSteps read_fid_steps(const std::string& path) {
   FidSteps rows;
   std::stringstream lines(read_file(path, "--fid-steps"));
@@ -213,11 +213,11 @@ FidSteps read_fid_steps(const std::string& path) {
   }
   if (rows.empty())
     throw UserError("--fid-steps " + path, "holds no JSON line with numbers step and fid",
-                    "write it with scripts/reproduce_recipes.sh");
+                    "write it with studies/recipes/run.sh");
   return rows;
 }
 
-// FID against optimizer steps from scripts/reproduce_recipes.sh's JSON lines: per model × recipe, the mean over seeds
+// FID against optimizer steps from studies/recipes/run.sh's JSON lines: per model × recipe, the mean over seeds
 // at each step as the line, every seed's measurement as a dot of the same colour. One colour per recipe, one line
 // style per model (solid, dashed, dotted), so the same recipe reads across models.
 int plot_fid_steps(const std::string& path, const std::string& out) {
@@ -332,9 +332,9 @@ int cmd_plot(int argc, char** argv) {
   auto flag = opts.add_options();
   flag("runs", "run directories", cxxopts::value<std::vector<std::string>>());
   flag("out", "output directory (default: <run>/plots for one run, plots/ for several)", cxxopts::value<std::string>());
-  flag("fid-curve", "FID against NFE and seconds from scripts/fid_curve.sh's curve.jsonl (instead of runs)",
+  flag("fid-curve", "FID against NFE and seconds from studies/fid_curve/run.sh's curve.jsonl (instead of runs)",
        cxxopts::value<std::string>());
-  flag("fid-steps", "FID against optimizer steps from scripts/reproduce_recipes.sh's rows.jsonl (instead of runs)",
+  flag("fid-steps", "FID against optimizer steps from studies/recipes/run.sh's rows.jsonl (instead of runs)",
        cxxopts::value<std::string>());
   flag("head-load", "compare the head load of evaluations given as [LABEL=]PATH (head_load.json or its directory)");
   flag("h,help", "show this help");

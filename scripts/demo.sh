@@ -24,7 +24,7 @@ mkdir -p "$OUT"
 
 echo "== $($MOH --version | tr '\n' ' ')"
 lap_start=$(date +%s)
-lap() {  # the seconds of each stage, in the log (docs/RESULTS.md's demo table reads them from there)
+lap() {  # the seconds of each stage, in the log (docs/results/demo/README.md reads them from there)
   local now
   now=$(date +%s)
   echo "== $1: $((now - lap_start)) s"
@@ -39,7 +39,7 @@ $MOH eval configs/fashion_mnist/moh_vit_nano.yaml --checkpoint "$OUT/classifier"
 lap "classifier evaluation + head load"
 
 echo "== 2/3 diffusion: MoH-DiT-Pixel/4-75 trained by flow matching on Fashion-MNIST ($DIT_STEPS steps), then CFG samples"
-# SiT's recipe (linear path, velocity; configs/fashion_mnist/moh_sit_pixel.yaml): in docs/RESULTS.md's recipe
+# SiT's recipe (linear path, velocity; configs/fashion_mnist/moh_sit_pixel.yaml): in the recipe study (docs/results/recipes/README.md)
 # comparison it reached a far lower FID than DiT's DDPM recipe in this budget (flow + REPA lower still, but REPA needs
 # a second trained classifier as its encoder).
 $MOH train configs/fashion_mnist/moh_sit_pixel.yaml --run-dir "$OUT/dit" --set train.max_steps=$DIT_STEPS

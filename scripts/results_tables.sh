@@ -4,7 +4,7 @@
 #   ...
 #   <!-- end NAME -->
 # of DOC holds exactly the contents of DIR/NAME.md.
-#   results_tables.sh splice DOC DIR   rewrite every block from its file (used by scripts/reproduce_small.sh)
+#   results_tables.sh splice DOC DIR   rewrite every block from its file (used by studies/small/run.sh)
 #   results_tables.sh check DOC DIR    exit 1 if a block differs from its file or a file is missing (a ctest)
 #   results_tables.sh trace DOC...     exit 1 if a number of a table in DOC has no raw file under docs/results/ that
 #                                      holds it (scripts/trace_numbers.py: the <!-- raw: FILES --> line over a table)

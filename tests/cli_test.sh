@@ -228,7 +228,7 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   [ -s "$tmp/plot/curves.png" ] && [ -s "$tmp/plot/curves.svg" ] && [ -s "$tmp/plot/summary.md" ] && grep -q '"time":"20' "$tmp/run_ema/metrics.jsonl" &&
     grep -q "epoch 1: top-1" "$tmp/run_ema/log.txt" && pass=$((pass + 1)) || { echo "FAIL: plot files, metrics time or log.txt"; fails=$((fails + 1)); }
   expect 2 "has no metrics.jsonl" -- plot "$tmp/run_ema/checkpoints"
-  # FID against steps from reproduce_recipes.sh's rows: two seeds of one recipe, one of another; a second model's
+  # FID against steps from studies/recipes/run.sh's rows: two seeds of one recipe, one of another; a second model's
   # lines dashed (one line style per model, one colour per recipe)
   printf '%s\n' '{"model": "moh", "recipe": "flow", "seed": 1, "step": 10, "fid": 30}' \
     '{"model": "moh", "recipe": "flow", "seed": 2, "step": 10, "fid": 34}' \

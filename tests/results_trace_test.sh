@@ -18,6 +18,7 @@ check() {  # check EXPECTED_RC NEEDLE DOC
 }
 check 0 "problems" README.md
 check 0 "problems" docs/RESULTS.md
+for page in docs/results/*/README.md; do check 0 "problems" "$page"; done
 
 raw=docs/results/fm_fid_trained.json  # FID 54.2177, seconds 103.1, sample accuracy 53.27, precision 0.5286
 table() {  # table MARKER ROW...
@@ -42,5 +43,31 @@ table "<!-- raw: $raw docs/results/fm_fid_untrained.json labels=1 -->" "| a | 54
 check 0 "0 problems" "$tmp/doc.md"
 table "<!-- raw: $raw -->" "| run 7 | 54.22 (1.00) | 103 s | 53.27 |"  # without labels=1 the row's name is a figure
 check 1 "7 is in none of" "$tmp/doc.md"
+# The prose of the user documents (scripts/doc_check.py): no words about how the work was organised, no dead citation;
+# and each rule fails where it should.
+prose() {  # prose EXPECTED_RC NEEDLE DOC...
+  local out rc
+  out=$(python3 scripts/doc_check.py "${@:3}" 2>&1)
+  rc=$?
+  if [ "$rc" != "$1" ] || ! grep -qF -- "$2" <<<"$out"; then
+    echo "FAIL: doc_check ${*:3}: expected rc $1 and '$2', got rc $rc:"
+    echo "$out"
+    fails=$((fails + 1))
+  fi
+}
+prose 0 " 0 problems" README.md docs/*.md docs/results/*/README.md
+mkdir -p "$tmp/docs"
+for line in "Measured in the next loan." "See issue 57 for the protocol." "The job started at 14:05 UTC." \
+            "An evening job trained seed 2." "This session had no GPU."; do
+  echo "$line" >"$tmp/docs/p.md"
+  prose 1 "is about how the work was organised" "$tmp/docs/p.md"
+done
+printf '%s\n' "The rows: [rows](no_such_file.jsonl)." >"$tmp/docs/p.md"
+prose 1 "links no_such_file.jsonl, which does not exist" "$tmp/docs/p.md"
+printf '%s\n' "Run \`scripts/no_such_script.sh\` first." >"$tmp/docs/p.md"
+prose 1 "cites scripts/no_such_script.sh, which does not exist" "$tmp/docs/p.md"
+printf '%s\n' "Durations such as 8 min 21 s, ratios 1.00×, 2026-11-27, \`scripts/test.sh\`, [this page](p.md)." >"$tmp/docs/p.md"
+printf '%s\n' '```' 'at 14:05 in a fenced log' '```' >>"$tmp/docs/p.md"
+prose 0 " 0 problems" "$tmp/docs/p.md"  # what the rules must let pass
 echo "results_trace: $fails failures"
 [ "$fails" = 0 ]

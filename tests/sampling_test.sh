@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The FID-versus-compute journey at toy size (docs/SAMPLING.md): a 2-step MoH-DiT-Pixel/4-75 and a 20-step ViT-Nano
-# feature network, then scripts/fid_curve.sh over two settings of the ODE samplers (DPM-Solver++ with a guidance
+# feature network, then studies/fid_curve/run.sh over two settings of the ODE samplers (DPM-Solver++ with a guidance
 # interval, Heun guiding with fewer heads). Checks the counted network evaluations against the grids, one row per
 # setting with finite FIDs, the plot, and that a second start skips the settings already measured.
 # usage: sampling_test.sh path/to/moh repo_root
@@ -26,8 +26,8 @@ dpm4_int | --sampler dpm++2m --steps 4 --cfg-interval 0,0.5
 heun3_guide1 | --sampler heun --steps 3 --guide-topk 1
 EOF
 run_curve() {
-  SAMPLES=40 CFG=3 MOH=$MOH LABEL=toy bash scripts/fid_curve.sh "$tmp/dit" "$tmp/curve" "$tmp/ref.npz" \
-    "classifier:$tmp/cls" "$tmp/settings" >"$tmp/curve.log" 2>&1 || { fail "fid_curve.sh"; tail -5 "$tmp/curve.log"; }
+  SAMPLES=40 CFG=3 MOH=$MOH LABEL=toy bash studies/fid_curve/run.sh "$tmp/dit" "$tmp/curve" "$tmp/ref.npz" \
+    "classifier:$tmp/cls" "$tmp/settings" >"$tmp/curve.log" 2>&1 || { fail "studies/fid_curve/run.sh"; tail -5 "$tmp/curve.log"; }
 }
 run_curve
 # dpm++2m, 4 steps: t = 999, 749, 500, 250; u ≤ 0.5 only at 250 → 1 guided → 5. Heun, 3 steps: 5 evaluations, all

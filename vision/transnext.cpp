@@ -657,7 +657,7 @@ const std::vector<std::pair<std::string, TransNeXtOptions>>& classifier_variants
         {"MoH-ViT-B-50", with_moh(base, {2, 2, 2, 4}, {2, 4, 6, 8})},
         {"ViT-Nano", nano()},
         {"MoH-ViT-Nano", with_moh(nano(), {2, 4, 2, 4}, {0, 0, 4, 2})},
-        // The small-scale ablation (scripts/reproduce_small.sh): heads {2, 4, 8, 8} × depths {1, 2, 3, 1} = 42
+        // The small-scale ablation (studies/small/run.sh): heads {2, 4, 8, 8} × depths {1, 2, 3, 1} = 42
         // head-layers; active = shared + top-K per stage.
         {"MoH-ViT-Nano-90", with_moh(nano(), {2, 4, 3, 4}, {0, 0, 4, 3})},  // 2 + 8 + 21 + 7 = 38 / 42 = 90.5 %
         {"MoH-ViT-Nano-75", with_moh(nano(), {2, 2, 2, 4}, {0, 1, 4, 2})},  // 2 + 6 + 18 + 6 = 32 / 42 = 76.2 %

@@ -10,7 +10,7 @@
 # Every number in the tables comes from files this script writes under OUT (one JSON line per measurement in
 # rows.jsonl; continue_tuning.md is made from them). Finished steps are skipped when the script is started again.
 #
-# usage: scripts/reproduce_continue_tuning.sh [OUT]    (OUT defaults to docs/results/continue_tuning)
+# usage: studies/continue_tuning/run.sh [OUT]    (OUT defaults to docs/results/continue_tuning)
 # env:   SEEDS ("1 2") PARTS ("cls dit") ROUTERS ("learned query_norm") CHOICES ("first importance learned")
 #        (ROUTERS="" measures the dense model and, with SCRATCH=1, the from-scratch one only)
 #        CLS_EPOCHS (3, the shipped recipe) DIT_EPOCHS (4) SAMPLES (2000) PRECISION (auto) MOH (build/moh)
@@ -21,7 +21,7 @@
 #        only the from-scratch model is then trained and measured, for 125 % of them; needs ROUTERS="" and SCRATCH=1)
 #        SAMPLE_ARGS (more moh sample flags for the FID samples, e.g. "--set sampling.batch_size=1000" on a GPU)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 MOH=${MOH:-build/moh}
 OUT=${1:-docs/results/continue_tuning}
 RUNS=${RUNS:-runs/continue_tuning}
@@ -196,6 +196,6 @@ for s in $SEEDS; do
   case " $PARTS " in *" cls "*) classifier "$s" && head_loads "$s" ;; esac
   case " $PARTS " in *" dit "*) diffusion "$s" ;; esac
 done
-.venv/bin/python scripts/continue_tuning_table.py "$ROWS" >"$OUT/continue_tuning.md" 2>/dev/null ||
-  python3 scripts/continue_tuning_table.py "$ROWS" >"$OUT/continue_tuning.md"
+.venv/bin/python studies/continue_tuning/table.py "$ROWS" >"$OUT/continue_tuning.md" 2>/dev/null ||
+  python3 studies/continue_tuning/table.py "$ROWS" >"$OUT/continue_tuning.md"
 cat "$OUT/continue_tuning.md"

@@ -14,9 +14,9 @@
 # Jobs run side by side, at most JOBS at a time (a GPU left waiting on small kernels is filled by the others).
 # Rows: OUT/rows.jsonl (final measurements), OUT/checks.jsonl (the plateau checks), OUT/protocol_LABEL.txt (a line per
 # start: a study finished by a second call keeps both); the table:
-# scripts/ct_plateau_table.py OUT. Started again, finished runs and measured rows are skipped.
+# studies/ct_plateau/table.py OUT. Started again, finished runs and measured rows are skipped.
 #
-# usage: scripts/reproduce_ct_plateau.sh OUT
+# usage: studies/ct_plateau/run.sh OUT
 # env: FEATURE_RUN (required: the classifier run whose features every FID uses) MOH (build/moh) RUNS (OUT/runs)
 #      LABEL (this machine's table: gpu or cpu) SEEDS ("1 2 3 4") JOBS (8) BATCH (256) LR (1e-3) CT_LR (LR / 2)
 #      SEGMENT (4 epochs) MAX_EPOCHS (40) DENSE_BUDGET (0: none; seconds) DEADLINE (0: none; seconds after which no
@@ -24,7 +24,7 @@
 #      CHOICES ("first importance learned") PCTS ("10 25") SAMPLER ("--sampler dpm++2m --steps 12 --cfg-scale 4")
 #      SAMPLE_BATCH (1000) PRECISION (fp32) LIMIT (0: every training image)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 [ $# -eq 1 ] || { echo "usage: $0 OUT" >&2; exit 2; }
 OUT=$(realpath -m "$1")
 MOH=${MOH:-build/moh} LABEL=${LABEL:-cpu} SEEDS=${SEEDS:-"1 2 3 4"} JOBS=${JOBS:-8} BATCH=${BATCH:-256}
@@ -109,7 +109,7 @@ PY
 }
 
 # decide SEED: go (train another segment), plateau or max_epochs, from the seed's checks so far
-decide() { python3 scripts/ct_plateau_table.py --decide "$OUT" "$1" "$MAX_EPOCHS"; }
+decide() { python3 studies/ct_plateau/table.py --decide "$OUT" "$1" "$MAX_EPOCHS"; }
 last_epoch() {
   python3 -c 'import json,sys; print(max([r["epoch"] for r in (json.loads(l) for l in open(sys.argv[1]) if l.strip()) if r["seed"] == int(sys.argv[2])] or [0]))' "$OUT/checks.jsonl" "$1"
 }
@@ -204,5 +204,7 @@ study() {
 pids=()
 for s in $SEEDS; do study "$s" & pids+=($!); done
 for p in "${pids[@]}"; do wait "$p" || true; done
-python3 scripts/ct_plateau_table.py "$OUT" >"$OUT/ct_plateau.md" && cat "$OUT/ct_plateau.md"
+# The tables need scipy (studies/stats.py): the project venv's Python where there is one.
+"$(command -v .venv/bin/python || command -v python3)" studies/ct_plateau/table.py "$OUT" >"$OUT/ct_plateau.md" &&
+  cat "$OUT/ct_plateau.md"
 log "finished"

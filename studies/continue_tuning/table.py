@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Markdown tables of scripts/reproduce_continue_tuning.sh's rows.jsonl: per part (cls, dit), per model (dense,
+"""Markdown tables of studies/continue_tuning/run.sh's rows.jsonl: per part (cls, dit), per model (dense,
 scratch, router/shared-choice) and extra steps, the mean ± std over seeds of each metric and of its difference to the
 same seed's dense model (each seed converts its own dense model), with the seed count.
 
-    python3 scripts/continue_tuning_table.py docs/results/continue_tuning/rows.jsonl
+    python3 studies/continue_tuning/table.py docs/results/continue_tuning/rows.jsonl
 """
 import json
 import statistics

@@ -1,22 +1,25 @@
 #!/usr/bin/env python3
-"""Markdown tables of scripts/reproduce_ct_plateau.sh's OUT: the dense models' plateau checks, and each continue-tuned
+"""Markdown tables of studies/ct_plateau/run.sh's OUT: the dense models' plateau checks, and each continue-tuned
 (or from-scratch) MoH-DiT against its own seed's dense parent as paired relative differences with a 95 % t-interval
 over seeds, with the goal's verdict (within 5 % of dense FID: met when the interval's upper end is <= +5 %, not met
 when its lower end is > +5 %, otherwise undecided), and continue-tuning against MoH from scratch at the same total
 steps. Rows of different labels (machines) are never mixed: one set of tables per label.
 
-    python3 scripts/ct_plateau_table.py OUT
-    python3 scripts/ct_plateau_table.py --decide OUT SEED MAX_EPOCHS   (the stop rule: go, plateau or max_epochs)
+    .venv/bin/python studies/ct_plateau/table.py OUT     (the tables: scipy, studies/stats.py)
+    python3 studies/ct_plateau/table.py --decide OUT SEED MAX_EPOCHS   (the stop rule: go, plateau or max_epochs)
 """
 import json
 import math
+import os
 import statistics
 import sys
 from collections import OrderedDict
 
-from row_provenance import mixed_devices_warning
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from provenance import mixed_devices_warning  # noqa: E402
+from stats import fmt, interval  # noqa: E402
+from stats import verdict as goal_verdict  # noqa: E402
 
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 GOAL = 5.0  # per cent above dense FID
 
 
@@ -27,22 +30,9 @@ def load(path):
         return []
 
 
-def interval(values):
-    """mean and 95 % t-interval half-width of values (None for the width with fewer than two)"""
-    m = statistics.mean(values)
-    if len(values) < 2:
-        return m, None
-    return m, T975.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
-
-
-def fmt(m, h, unit=""):
-    return f"{m:+.1f}{unit}" if h is None else f"{m:+.1f}{unit} [{m - h:+.1f}, {m + h:+.1f}]"
-
-
 def verdict(m, h):
-    if h is None:
-        return "undecided (one seed)"
-    return "met" if m + h <= GOAL else "not met" if m - h > GOAL else "undecided"
+    """the study's goal: within GOAL per cent of the dense parent's FID"""
+    return goal_verdict(m, h, GOAL)
 
 
 def decide(checks, max_epochs):

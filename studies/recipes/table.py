@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Markdown tables of scripts/reproduce_recipes.sh's rows.jsonl: FID against optimizer steps per recipe and model,
+"""Markdown tables of studies/recipes/run.sh's rows.jsonl: FID against optimizer steps per recipe and model,
 MoH against dense per recipe after the last step (paired by seed, with a 95 % t-interval over seeds and the goal's
 verdict: within 5 % of dense FID is met when the interval's upper end is <= +5 %, not met when its lower end is > +5 %,
 otherwise undecided), the fewest measured steps at which each recipe reaches the DDPM run's final FID (same model,
@@ -8,16 +8,25 @@ the last step (means over the seeds measured at every scale; the sweep's samples
 measured with different feature networks, reference statistics, machines or LibTorch builds are never compared: one
 set of tables per such group, headed by its provenance.
 
-    python3 scripts/recipes_table.py ROWS.jsonl [CFG_ROWS.jsonl ...]
+    python3 studies/recipes/table.py ROWS.jsonl [CFG_ROWS.jsonl ...]
 """
 import json
+import os
 import re
 import statistics
 import sys
 from collections import OrderedDict
 
-from row_provenance import mixed_devices_warning
-from ct_plateau_table import interval, verdict  # the same t-interval and 5 % goal verdict as the continue-tuning study
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from provenance import mixed_devices_warning  # noqa: E402
+from stats import interval  # noqa: E402
+from stats import verdict as goal_verdict  # noqa: E402
+
+GOAL = 5.0  # per cent: "MoH within 5 % of dense", the continue-tuning study's goal
+
+
+def verdict(m, h):
+    return goal_verdict(m, h, GOAL)
 
 RECIPES = ["ddpm", "ddpm_ld", "flow", "flow_ld", "flow_repa", "flow_repa_ld"]
 TITLES = {"ddpm": "DDPM", "ddpm_ld": "DDPM + LD block", "flow": "flow", "flow_ld": "flow + LD block",
@@ -158,5 +167,5 @@ def main(paths):
 
 if __name__ == "__main__":
     if len(sys.argv) < 2:
-        sys.exit("usage: recipes_table.py ROWS.jsonl [ROWS.jsonl ...]")
+        sys.exit("usage: studies/recipes/table.py ROWS.jsonl [ROWS.jsonl ...]")
     main(sys.argv[1:])

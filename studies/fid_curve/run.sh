@@ -6,7 +6,7 @@
 # setting already there is skipped when the script is started again), OUT/curve.md as a table, and
 # `moh plot --fid-curve` draws FID against NFE and against seconds (OUT/fid_curve.png).
 #
-# usage: scripts/fid_curve.sh RUN_DIR OUT_DIR REF_STATS FEATURES [SETTINGS_FILE]
+# usage: studies/fid_curve/run.sh RUN_DIR OUT_DIR REF_STATS FEATURES [SETTINGS_FILE]
 #   REF_STATS  reference statistics (moh ref-stats), FEATURES  the feature network (e.g. classifier:runs/nano)
 #   SETTINGS_FILE  lines "name | moh sample flags"; default: the list below (DDPM-250 + CFG is the baseline)
 # env: SAMPLES (2000) CFG (4: the scale of every guided setting) LABEL (the run dir's name: the series name)
@@ -14,7 +14,7 @@
 #      "--set sampling.batch_size=1000" on a GPU: the batch changes which noise each image gets, not the protocol)
 #      EXTRA_SETTINGS (a file of more settings after the list, e.g. head budgets --topk K for a MoH model)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 [ $# -ge 4 ] || { echo "usage: $0 RUN_DIR OUT_DIR REF_STATS FEATURES [SETTINGS_FILE]" >&2; exit 2; }
 RUN=$1 OUT=$2 REF=$3 FEATURES=$4 SETTINGS=${5:-}
 MOH=${MOH:-build/moh} SAMPLES=${SAMPLES:-2000} CFG=${CFG:-4} LABEL=${LABEL:-$(basename "$RUN")} DEVICE=${DEVICE:-auto}
@@ -23,7 +23,7 @@ SAMPLE_ARGS=${SAMPLE_ARGS:-} EXTRA=${EXTRA_SETTINGS:-}
 [ -d "$RUN" ] || { echo "error: $RUN: not a run directory" >&2; exit 2; }
 [ -f "$REF" ] || { echo "error: $REF: no reference statistics (moh ref-stats)" >&2; exit 2; }
 
-default_settings() {  # the list measured in docs/RESULTS.md ("Fewer network evaluations")
+default_settings() {  # the list measured in docs/results/fid_curve/README.md
   cat <<EOF
 ddpm250 | --sampler ddpm --steps 250 --cfg-scale $CFG
 ddim50 | --sampler ddim --steps ddim50 --cfg-scale $CFG

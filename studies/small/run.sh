@@ -8,13 +8,13 @@
 # the metrics.jsonl and the `moh fid` report; then classification.md and diffusion.md, the tables themselves.
 # Runs that finished are skipped when the script is started again (their done.json exists).
 #
-# usage: scripts/reproduce_small.sh [OUT]         (OUT defaults to docs/results/reproduce_small)
+# usage: studies/small/run.sh [OUT]         (OUT defaults to docs/results/reproduce_small)
 # env:   CLS_EPOCHS (2) CLS_LIMIT (0 = all 60,000 images) SEEDS ("0 1 2")
 #        DIT_EPOCHS (4) DIT_LIMIT (0) DIT_SEEDS ("0 1") PRECISION (bf16) MOH (build/moh) RUNS (runs/reproduce_small)
 # The full protocol takes about 5 hours on a 2-core CPU; the one committed under docs/results/reproduce_small,
 # CLS_EPOCHS=1 CLS_LIMIT=20000 DIT_EPOCHS=1 DIT_LIMIT=0, took 47 minutes.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 MOH=${MOH:-build/moh}
 OUT=${1:-docs/results/reproduce_small}
 RUNS=${RUNS:-runs/reproduce_small}
@@ -110,5 +110,5 @@ done
 } >"$OUT/diffusion.md"
 cat "$OUT/diffusion.md"
 echo "tables: $OUT/classification.md $OUT/diffusion.md; head load: $OUT/head_load_moh75/head_load.png"
-# docs/RESULTS.md shows these two files verbatim (a ctest checks it): refresh its blocks when writing the default OUT.
-if [ "$OUT" = docs/results/reproduce_small ]; then bash scripts/results_tables.sh splice docs/RESULTS.md "$OUT"; fi
+# The study page shows these two files verbatim (a ctest checks it): refresh its blocks when writing the default OUT.
+if [ "$OUT" = docs/results/reproduce_small ]; then bash scripts/results_tables.sh splice docs/results/reproduce_small/README.md "$OUT"; fi

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# The compute-heavy measurements of docs/RESULTS.md as one command on one GPU (issues 35 and 36):
-#   ct      the DiT half of the continue-tuning study (scripts/reproduce_continue_tuning.sh PARTS=dit) for SEEDS;
-#   curve   FID versus compute (scripts/fid_curve.sh) of the demo recipe's MoH-DiT-Pixel/4-75 and of a dense
+# The compute-heavy measurements of the studies (docs/RESULTS.md) as one command on one GPU:
+#   ct      the DiT half of the continue-tuning study (studies/continue_tuning/run.sh PARTS=dit) for SEEDS;
+#   curve   FID versus compute (studies/fid_curve/run.sh) of the demo recipe's MoH-DiT-Pixel/4-75 and of a dense
 #           DiT-Pixel/4 trained with the same budget (DEMO_STEPS), over the default settings, more settings at
 #           ≤ 25 network evaluations per image, and head budgets K at inference for the MoH model;
 #   retime  the sampling seconds of every curve setting again, one setting at a time on an otherwise idle GPU (the
 #           curve runs beside the training jobs, so its own seconds measure a shared GPU);
-#   plateau continue-tuning from dense DiTs trained to their plateau (issue 57: scripts/reproduce_ct_plateau.sh, 4
+#   plateau continue-tuning from dense DiTs trained to their plateau (issue 57: studies/ct_plateau/run.sh, 4
 #           seeds) into STATE/plateau; with END_AT (epoch seconds) its dense phase gets 35 % of the time left and no
 #           job starts in the last 45 s, so a second call on the warm machine finishes what is left.
-#   recipes issue 55's recipe comparison at the GPU's size (scripts/reproduce_recipes.sh) into STATE/recipes: both
+#   recipes issue 55's recipe comparison at the GPU's size (studies/recipes/run.sh) into STATE/recipes: both
 #           models under REC_RECIPES ("flow flow_repa ddpm", in that order, every seed of one before the next) for
 #           REC_SEEDS ("1 2 3 4"), REC_EPOCHS (8) epochs of batch REC_BATCH (256) at lr REC_LR (1e-3) — 1,872 steps
 #           of 4× the CPU rows' batch (2 seeds, 1,874 steps of 64) — FID on REC_SAMPLES (5000) after every
@@ -20,7 +20,7 @@
 # models of the study and the two demo models, then the conversions and continue-tuning runs (one job per seed and
 # router), the from-scratch runs and the two curves. Started again, finished runs and measurements are skipped.
 #
-# usage: scripts/gpu_results.sh FEATURE_RUN [STATE_DIR]
+# usage: studies/run_on_gpu.sh FEATURE_RUN [STATE_DIR]
 #   FEATURE_RUN  the FID feature network of every measurement: a classifier run (the study's dense ViT-Nano)
 #   STATE_DIR    runs, logs and results (default runs/gpu_results): ct/ (rows.jsonl, continue_tuning.md),
 #                curve/ (curve.jsonl, curve.md, timing.jsonl, plots/), driver.log
@@ -132,7 +132,7 @@ recipes_part() {
         job "rec_${m}_${r}_s$s" env RUNS="$runs" MODELS="$m" RECIPES="$r" SEEDS="$s" EPOCHS="${REC_EPOCHS:-8}" \
           SAMPLES="${REC_SAMPLES:-5000}" MEASURE_EVERY="${REC_MEASURE_EVERY:-2}" JOB="gpu_${m}_${r}_s$s" \
           TRAIN_ARGS="--set data.batch_size=${REC_BATCH:-256} --set optim.lr=${REC_LR:-1e-3}" \
-          bash scripts/reproduce_recipes.sh "$out"
+          bash studies/recipes/run.sh "$out"
       done
     done
   done
@@ -152,7 +152,7 @@ if has plateau; then
   log "plateau study (issue 57), $left s left"
   LABEL=gpu JOBS=${JOBS:-8} SEEDS=${PLATEAU_SEEDS:-"1 2 3 4"} SAMPLES=${PLATEAU_SAMPLES:-5000} \
     DENSE_BUDGET=$((left * 35 / 100)) DEADLINE=$((left > 45 ? left - 45 : 0)) SAMPLE_BATCH=${SAMPLE_BATCH:-2500} \
-    bash scripts/reproduce_ct_plateau.sh "$STATE/plateau" >"$STATE/plateau.log" 2>&1 || log "plateau study FAILED"
+    bash studies/ct_plateau/run.sh "$STATE/plateau" >"$STATE/plateau.log" 2>&1 || log "plateau study FAILED"
   collect
 fi
 if has recipes; then
@@ -160,14 +160,14 @@ if has recipes; then
   recipes_part
   collect
 fi
-STATS=$RUNS/fm_test_stats_$(basename "$FEATURE").npz  # the name reproduce_continue_tuning.sh looks for
+STATS=$RUNS/fm_test_stats_$(basename "$FEATURE").npz  # the name studies/continue_tuning/run.sh looks for
 has ct || has curve || { log "finished"; exit 0; }
 [ -f "$STATS" ] || "$MOH" ref-stats --images fashion_mnist:test --features "classifier:$FEATURE" --out "$STATS" >/dev/null
 log "reference statistics: $STATS"
 
 # ct_job NAME SEED ROUTERS SCRATCH: one slice of the continue-tuning study (finished parts are skipped)
 ct_job() {
-  job "$1" env SEEDS="$2" ROUTERS="$3" SCRATCH="$4" PARTS=dit bash scripts/reproduce_continue_tuning.sh "$STATE/ct"
+  job "$1" env SEEDS="$2" ROUTERS="$3" SCRATCH="$4" PARTS=dit bash studies/continue_tuning/run.sh "$STATE/ct"
 }
 log "phase 1: dense models of the study, the demo's two models"
 if has ct; then for s in $SEEDS; do ct_job "ct_dense_s$s" "$s" "" 0; done; fi
@@ -184,14 +184,14 @@ if has ct; then
     ct_job "ct_scratch_s$s" "$s" "" 1
   done
 fi
-if has curve; then  # fid_curve.sh's default settings for both; head budgets for the MoH model (trained K = 2 of 4)
+if has curve; then  # studies/fid_curve/run.sh's default settings for both; head budgets for the MoH model (trained K = 2 of 4)
   { for k in 0 1 3 4; do echo "dpm++2m_12_k$k | --sampler dpm++2m --steps 12 --cfg-scale 4 --topk $k"; done
     echo "dpm++2m_12_guidek1 | --sampler dpm++2m --steps 12 --cfg-scale 4 --guide-topk 1"
     for k in 1 3; do echo "dpm++2m_25_k$k | --sampler dpm++2m --steps 25 --cfg-scale 4 --topk $k"; done
   } >"$STATE/curve/settings_moh_k.txt"
   job curve_moh env LABEL=MoH-DiT-Pixel/4-75 CFG=4 EXTRA_SETTINGS="$STATE/curve/settings_moh_k.txt" \
-    bash scripts/fid_curve.sh "$RUNS/demo_moh" "$STATE/curve" "$STATS" "classifier:$FEATURE"
-  job curve_dense env LABEL=DiT-Pixel/4 CFG=4 bash scripts/fid_curve.sh "$RUNS/demo_dense" "$STATE/curve" "$STATS" \
+    bash studies/fid_curve/run.sh "$RUNS/demo_moh" "$STATE/curve" "$STATS" "classifier:$FEATURE"
+  job curve_dense env LABEL=DiT-Pixel/4 CFG=4 bash studies/fid_curve/run.sh "$RUNS/demo_dense" "$STATE/curve" "$STATS" \
     "classifier:$FEATURE"
 fi
 finish || true

@@ -18,7 +18,7 @@
 # SHA-256, sample count, sampler), drawn at the end as OUT/fid_steps.png (`moh plot --fid-steps`); finished runs and
 # measurements are skipped when the script is started again.
 #
-# usage: scripts/reproduce_recipes.sh [OUT]    (OUT defaults to docs/results/recipes)
+# usage: studies/recipes/run.sh [OUT]    (OUT defaults to docs/results/recipes)
 # env:   MODELS ("dit moh") RECIPES ("ddpm flow"; also ddpm_ld flow_ld) SEEDS ("1 2") EPOCHS (4) SAMPLES (2000) PRECISION (auto)
 #        MOH (build/moh) RUNS (runs/recipes) LIMIT (0: every training image; fewer for a smoke run)
 #        JOB (the protocol file's name: jobs may run side by side into one OUT)
@@ -31,7 +31,7 @@
 #        CFG_SWEEP ("": none; e.g. "1 2 6": each run's last checkpoint also sampled at these guidance scales, same
 #        interval and steps, one row each in OUT/cfg_rows.jsonl, apart from the FID-versus-steps rows)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 MOH=${MOH:-build/moh}
 OUT=${1:-docs/results/recipes}
 RUNS=${RUNS:-runs/recipes}
