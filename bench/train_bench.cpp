@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "core/optimizer.h"
 #include "core/run_context.h"
+#include "diffusion/objective.h"
 #include "diffusion/sampler.h"
 #include "experiments/dit_experiment.h"
 #include "experiments/registry.h"
@@ -421,7 +422,7 @@ int sample_bench_main(int argc, char** argv) {
   so.sampler = !sampler.empty()             ? config::enum_from_string<SamplerKind>(sampler, "--sampler")
                : spec.rfind("ddim", 0) == 0 ? SamplerKind::ddim
                                             : SamplerKind::ddpm;
-  if (!diffusion::runs_on(so.sampler, Objective::ddpm)) so.objective = Objective::flow;  // dopri5, sde: flow models
+  so.objective = diffusion::objective_of_sampler(so.sampler);  // dopri5, sde: flow models
   if (diffusion::is_ode_sampler(so.sampler)) so.ode_steps = parse_solver_steps(spec);
   const diffusion::GaussianDiffusion chain = diffusion::sampling_chain(so.sampler, 1000, spec);
   so.cfg_interval = parse_interval(c.args["cfg-interval"].as<std::string>());

@@ -1,5 +1,6 @@
 #include "diffusion/diffusion_config.h"
 
+#include "diffusion/objective.h"
 #include "diffusion/sampler.h"
 
 namespace moh {
@@ -19,7 +20,11 @@ const config::EnumTable<SamplerKind>& enum_table(SamplerKind) {
 }
 
 const config::EnumTable<Objective>& enum_table(Objective) {
-  static const config::EnumTable<Objective> t{{Objective::ddpm, "ddpm"}, {Objective::flow, "flow"}};
+  static const config::EnumTable<Objective> t = [] {  // the objective records name their kinds
+    config::EnumTable<Objective> names;
+    for (const auto& r : diffusion::objectives()) names.emplace_back(r.kind, r.name);
+    return names;
+  }();
   return t;
 }
 

@@ -38,13 +38,13 @@ DiTOutput forward_autocast(DiT& model, const at::Tensor& xt, const at::Tensor& t
   return model->forward(xt, t, y, d.drop);
 }
 
-// REPA's targets of the clean training images (x0 itself in pixel space; the images beside a latent batch): the frozen
-// encoder, without gradients, in the training precision.
-std::vector<at::Tensor> repa_targets(const RepaTerm& repa, const at::Tensor& x0, const RunContext& ctx) {
+// REPA's targets of the clean training images (the data itself in pixel space; the images beside a latent batch): the
+// frozen encoder, without gradients, in the training precision.
+std::vector<at::Tensor> repa_targets(const RepaTerm& repa, const at::Tensor& data, const RunContext& ctx) {
   if (!repa.enabled()) return {};
   torch::NoGradGuard no_grad;
   AutocastScope autocast(ctx);
-  return {repa.targets(repa.images.defined() ? repa.images.to(x0.device()) : x0)};  // (B, T, D)
+  return {repa.targets(repa.images.defined() ? repa.images.to(data.device()) : data)};  // (B, T, D)
 }
 
 // loss + β·aux (+ λ·REPA), scaled backward; `r` gets the aux (and repa) terms beside the loss terms already in it.
@@ -65,32 +65,33 @@ LossTensors finish_backward(at::Tensor loss, const DiTOutput& out, double beta, 
 
 }  // namespace
 
-LossTensors diffusion_backward(DiT& model, const GaussianDiffusion& diffusion, const at::Tensor& x0,
+LossTensors diffusion_backward(DiT& model, const GaussianDiffusion& diffusion, const at::Tensor& data,
                                const at::Tensor& y, double beta, const RunContext& ctx, const GradScaler& scaler,
                                int rank, int world, const RepaTerm& repa) {
   const double p = model->is_training() ? model->y_embedder->dropout_prob : 0.0;
-  const DiffusionDraws d = draw_training_noise(x0.sizes().vec(), diffusion.num_steps(), p, rank, world, x0.device());
-  const std::vector<at::Tensor> targets = repa_targets(repa, x0, ctx);
-  const at::Tensor noise = d.noise.to(x0.scalar_type());
-  const at::Tensor xt = diffusion.q_sample(x0, d.t, noise);
+  const DiffusionDraws d =
+      draw_training_noise(data.sizes().vec(), diffusion.num_steps(), p, rank, world, data.device());
+  const std::vector<at::Tensor> targets = repa_targets(repa, data, ctx);
+  const at::Tensor noise = d.noise.to(data.scalar_type());
+  const at::Tensor xt = diffusion.q_sample(data, d.t, noise);
   const DiTOutput out = forward_autocast(model, xt, d.t, y, d, ctx);
-  const GaussianDiffusion::Losses l = diffusion.training_losses(out.out.to(at::kFloat), x0, xt, d.t, noise);
+  const GaussianDiffusion::Losses l = diffusion.training_losses(out.out.to(at::kFloat), data, xt, d.t, noise);
   const at::Tensor loss = l.loss.mean();
   return finish_backward(loss, out, beta, scaler,
                          {{"loss", loss.detach()}, {"mse", l.mse.mean().detach()}, {"vb", l.vb.mean().detach()}}, repa,
                          targets);
 }
 
-LossTensors flow_backward(DiT& model, const FlowProcess& flow, const at::Tensor& x1, const at::Tensor& y, double beta,
+LossTensors flow_backward(DiT& model, const FlowProcess& flow, const at::Tensor& data, const at::Tensor& y, double beta,
                           const RunContext& ctx, const GradScaler& scaler, int rank, int world, const RepaTerm& repa) {
   const double p = model->is_training() ? model->y_embedder->dropout_prob : 0.0;
-  const DiffusionDraws d = draw_training_noise(x1.sizes().vec(), flow_time_draw(flow), p, rank, world, x1.device());
-  const std::vector<at::Tensor> targets = repa_targets(repa, x1, ctx);
-  const at::Tensor x0 = d.noise.to(x1.scalar_type()), t = d.t.to(x1.scalar_type());
-  const at::Tensor xt = flow.interpolate(x1, x0, t).first;
+  const DiffusionDraws d = draw_training_noise(data.sizes().vec(), flow_time_draw(flow), p, rank, world, data.device());
+  const std::vector<at::Tensor> targets = repa_targets(repa, data, ctx);
+  const at::Tensor noise = d.noise.to(data.scalar_type()), t = d.t.to(data.scalar_type());
+  const at::Tensor xt = flow.interpolate(data, noise, t).first;
   const DiTOutput out = forward_autocast(model, xt, t, y, d, ctx);
-  const at::Tensor pred = out.out.to(at::kFloat).narrow(1, 0, x1.size(1));  // (B, C, H, W)
-  const FlowProcess::Losses l = flow.training_losses(pred, x1.to(at::kFloat), x0.to(at::kFloat), t.to(at::kFloat));
+  const at::Tensor pred = out.out.to(at::kFloat).narrow(1, 0, data.size(1));  // (B, C, H, W)
+  const FlowProcess::Losses l = flow.training_losses(pred, data.to(at::kFloat), noise.to(at::kFloat), t.to(at::kFloat));
   const at::Tensor loss = l.loss.mean();
   return finish_backward(
       loss, out, beta, scaler,

@@ -33,21 +33,21 @@ DiffusionDraws draw_training_noise(const std::vector<int64_t>& local_shape, int6
 /// A flow process's draws: t (float32) by its t_sampling.
 TimeDraw flow_time_draw(const FlowProcess& flow);
 
-/// The forward/backward half of a DiT training step on clean data x0 (B, C, H, W) with labels y: the draws above,
+/// The forward/backward half of a DiT training step on clean data (B, C, H, W) with labels y: the draws above,
 /// q_sample, forward under autocast, hybrid loss in fp32 + β·aux, scaled backward. The optimizer half is
-/// finish_optimizer_step (core/amp.h). Data parallel (world > 1): x0 holds the rank's samples r, r + world, ... of
+/// finish_optimizer_step (core/amp.h). Data parallel (world > 1): data holds the rank's samples r, r + world, ... of
 /// the global batch, so the step equals a single process's. With `repa` enabled, λ·REPA's projection loss of the
-/// model's projected block tokens against the encoder's targets of x0 is added (REPA train.py). Returns loss, mse,
-/// vb, aux (and repa) (0-dim, on the device).
-LossTensors diffusion_backward(DiT& model, const GaussianDiffusion& diffusion, const at::Tensor& x0,
+/// model's projected block tokens against the encoder's targets of the data is added (REPA train.py). Returns loss,
+/// mse, vb, aux (and repa) (0-dim, on the device).
+LossTensors diffusion_backward(DiT& model, const GaussianDiffusion& diffusion, const at::Tensor& data,
                                const at::Tensor& y, double beta, const RunContext& ctx, const GradScaler& scaler,
                                int rank = 0, int world = 1, const RepaTerm& repa = {});
 
-/// The same half step for flow matching (SiT train.py): t, noise x0 and the class-dropout mask as above, x_t and u_t
+/// The same half step for flow matching (SiT train.py): t, the noise and the class-dropout mask as above, x_t and u_t
 /// on the path, forward under autocast on t itself, the loss of flow.training_losses on the first C output channels
-/// (a learned-σ model's variance channels go untrained, as in SiT) + β·aux (+ λ·REPA of x1, REPA's SiT recipe).
+/// (a learned-σ model's variance channels go untrained, as in SiT) + β·aux (+ λ·REPA of the data, REPA's SiT recipe).
 /// Returns loss, mse, cosine, aux (and repa).
-LossTensors flow_backward(DiT& model, const FlowProcess& flow, const at::Tensor& x1, const at::Tensor& y, double beta,
+LossTensors flow_backward(DiT& model, const FlowProcess& flow, const at::Tensor& data, const at::Tensor& y, double beta,
                           const RunContext& ctx, const GradScaler& scaler, int rank = 0, int world = 1,
                           const RepaTerm& repa = {});
 

@@ -1,5 +1,7 @@
 #include "diffusion/sampler.h"
 
+#include "diffusion/objective.h"
+
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -104,8 +106,7 @@ bool is_ode_sampler(SamplerKind kind) {
 }
 
 bool runs_on(SamplerKind kind, Objective objective) {
-  const SamplerRecord& r = sampler_record(kind);
-  return objective == Objective::flow ? r.flow_chain != nullptr : r.runs_ddpm;
+  return objective_record(objective).admits(sampler_record(kind));
 }
 
 std::string samplers_for(Objective objective) {
@@ -128,11 +129,9 @@ int64_t sampler_steps(const SampleOptions& o, const GaussianDiffusion& chain) {
 
 namespace {
 
-// The noise level u ∈ [0, 1] (1 = pure noise) of the network's time input t: t / (T − 1) of a DDPM model timestep,
-// 1 − t on a flow model's interpolant (0 = noise), clamped: dopri5's stages may pass t = 1, and there SiT still
-// guides (u = 0 lies in the default interval [0, 1]).
+// The noise level u ∈ [0, 1] (1 = pure noise) of the network's time input t (the objective's record says how).
 double noise_level(const SampleOptions& o, double t) {
-  return o.objective == Objective::flow ? std::clamp(1.0 - t, 0.0, 1.0) : t / static_cast<double>(o.train_steps - 1);
+  return objective_record(o.objective).noise_level(t, o.train_steps);
 }
 
 // Guidance at network time t: CFG on and its noise level inside the interval.
@@ -140,6 +139,8 @@ bool guided_at(const SampleOptions& o, double t) {
   const double u = noise_level(o, t);
   return o.cfg_scale > 1.0 && u >= o.cfg_interval[0] && u <= o.cfg_interval[1];
 }
+
+}  // namespace
 
 // K of every routed MoH layer for one network evaluation, from the noise level u and the branch; the trained K of
 // each layer comes back when the loop ends.
@@ -172,6 +173,8 @@ class HeadBudget {
   std::vector<std::pair<nn::HeadControl*, int64_t>> layers_;
   int64_t current_ = -1;
 };
+
+namespace {
 
 // The guided output (2n, C_out, H, W) for x (n, ...) at noise level u: one forward of the doubled batch, or two when
 // the unconditional branch has its own head budget (guide_topk). y = [labels; null] (2n).
@@ -271,8 +274,10 @@ at::Tensor flow_loop(GraphedForward& net, const at::Tensor& noise, const at::Ten
   return sampler_record(o.sampler).flow_chain(a);
 }
 
+}  // namespace
+
 // The network evaluations per image of a flow chain, found by running it on a stand-in prediction of one element.
-int64_t planned_flow_nfe(const SampleOptions& o) {
+int64_t flow_planned_nfe(const SampleOptions& o, const GaussianDiffusion&) {
   int64_t nfe = 0;
   FlowChainArgs a = flow_args(o, {});
   a.noise = at::zeros({1, 1, 1, 1});
@@ -285,11 +290,12 @@ int64_t planned_flow_nfe(const SampleOptions& o) {
   return nfe;
 }
 
-}  // namespace
-
 int64_t planned_nfe(const SampleOptions& o, const GaussianDiffusion& chain) {
   if (sampler_record(o.sampler).adaptive) return -1;
-  if (o.objective == Objective::flow) return planned_flow_nfe(o);
+  return objective_record(o.objective).planned_nfe(o, chain);
+}
+
+int64_t ddpm_planned_nfe(const SampleOptions& o, const GaussianDiffusion& chain) {
   int64_t nfe = 0;
   auto count = [&](double t) { nfe += guided_at(o, t) ? 2 : 1; };
   if (!is_ode_sampler(o.sampler)) {
@@ -327,20 +333,26 @@ at::Tensor sample_loop(DiT& model, const GaussianDiffusion& chain, const at::Ten
   GraphedForward& net = graphs ? *graphs : *own;
   TORCH_CHECK(runs_on(o.sampler, o.objective), "sample_loop: sampler ", config::to_string(o.sampler),
               " does not run on this objective");
-  if (o.objective == Objective::flow) {
-    x = flow_loop(net, noise, y, o, heads, on_step, count);
-  } else if (!is_ode_sampler(o.sampler)) {
-    x = ancestral_loop(net, chain, cfg ? at::cat({noise, noise}) : noise, y, o, heads, on_step, count);
-  } else {
-    const EpsModel eps = dit_prediction(net, y, o, heads, count);
-    const OdeGrid grid = ode_grid(o, chain);
-    const StepHook hook = [&](int64_t, const at::Tensor&) {
-      if (on_step) on_step();
-    };
-    x = sampler_record(o.sampler).chain(eps, noise, grid, hook, o.clip_denoised);
-  }
+  x = objective_record(o.objective).reverse({net, chain, noise, y, o, heads, on_step, count});
   if (nfe) *nfe += count;
   return x;
+}
+
+at::Tensor ddpm_reverse(const ReverseArgs& a) {
+  const SampleOptions& o = a.options;
+  if (!is_ode_sampler(o.sampler))
+    return ancestral_loop(a.net, a.chain, o.cfg_scale > 1.0 ? at::cat({a.noise, a.noise}) : a.noise, a.y, o, a.heads,
+                          a.on_step, a.nfe);
+  const EpsModel eps = dit_prediction(a.net, a.y, o, a.heads, a.nfe);
+  const OdeGrid grid = ode_grid(o, a.chain);
+  const StepHook hook = [&](int64_t, const at::Tensor&) {
+    if (a.on_step) a.on_step();
+  };
+  return sampler_record(o.sampler).chain(eps, a.noise, grid, hook, o.clip_denoised);
+}
+
+at::Tensor flow_reverse(const ReverseArgs& a) {
+  return flow_loop(a.net, a.noise, a.y, a.options, a.heads, a.on_step, a.nfe);
 }
 
 at::Tensor to_uint8_nhwc(const at::Tensor& samples) {

@@ -119,6 +119,29 @@ at::Tensor sample_loop(DiT& model, const GaussianDiffusion& chain, const at::Ten
                        const SampleOptions& options, const std::function<void()>& on_step = {}, int64_t* nfe = nullptr,
                        GraphedForward* graphs = nullptr);
 
+/// The MoH head budget of each network evaluation (sampling.topk, topk_schedule, guide_topk), as sample_loop sets it.
+class HeadBudget;
+
+/// What sample_loop hands an objective's reverse process (objective.h): the network, the chain, the noise (n, ...), the
+/// labels ([labels; null] with CFG), the options, the head budget, the step callback and the evaluation count.
+struct ReverseArgs {
+  GraphedForward& net;
+  const GaussianDiffusion& chain;
+  const at::Tensor& noise;
+  const at::Tensor& y;
+  const SampleOptions& options;
+  HeadBudget& heads;
+  const std::function<void()>& on_step;
+  int64_t& nfe;
+};
+/// The reverse process of a DDPM (ε) model: the ancestral / DDIM chain, or the sampler's solver over the base chain.
+at::Tensor ddpm_reverse(const ReverseArgs& args);
+/// The reverse process of a flow model: the sampler's flow chain (flow_solvers.h).
+at::Tensor flow_reverse(const ReverseArgs& args);
+/// planned_nfe of a DDPM model's chain and of a flow model's.
+int64_t ddpm_planned_nfe(const SampleOptions& options, const GaussianDiffusion& chain);
+int64_t flow_planned_nfe(const SampleOptions& options, const GaussianDiffusion& chain);
+
 /// Pixel samples in [−1, 1] → uint8 NHWC exactly as sample_ddp.py: clamp(127.5·x + 128, 0, 255) truncated.
 at::Tensor to_uint8_nhwc(const at::Tensor& samples);
 

@@ -5,6 +5,7 @@
 #include "core/retention.h"
 #include "core/run_context.h"
 #include "diffusion/diffusion_schedule.h"
+#include "diffusion/objective.h"
 #include "experiments/experiment_data.h"
 #include "experiments/model_family.h"
 #include "experiments/repa_encoders.h"
@@ -114,12 +115,15 @@ int64_t solver_steps(const ExperimentConfig& cfg, const std::string& name) {
     throw UserError("config: sampling.steps", "\"" + s + "\" is not a step count for " + name,
                     "the ODE solvers take a number of steps, e.g. 25");
   const int64_t n = std::stoll(s);
-  if (cfg.diffusion.objective == Objective::flow && n < 2)
-    throw UserError("config: sampling.steps", name + " takes >= 2 steps, got " + s, "SiT: 250 (sde), 50 (euler)");
-  if (cfg.diffusion.objective != Objective::flow && (n < 2 || n > cfg.diffusion.steps))
+  const diffusion::ObjectiveRecord& objective = diffusion::objective_record(cfg.diffusion.objective);
+  const bool capped = objective.solver_steps_within_chain;  // the solver walks the training chain's ᾱ
+  if (n < 2 || (capped && n > cfg.diffusion.steps))
     throw UserError("config: sampling.steps",
-                    name + " takes 2 … " + std::to_string(cfg.diffusion.steps) + " steps (diffusion.steps), got " + s,
-                    "e.g. 25");
+                    name + " takes " +
+                        (capped ? "2 … " + std::to_string(cfg.diffusion.steps) + " steps (diffusion.steps)"
+                                : std::string(">= 2 steps")) +
+                        ", got " + s,
+                    objective.steps_hint);
   return n;
 }
 
@@ -147,14 +151,14 @@ diffusion::SampleOptions sample_options_for(const ExperimentConfig& cfg) {
     throw UserError("config: sampling.precision", "auto is a training setting",
                     "use tf32 (DiT's sample.py; fp32 on a CPU), fp32, bf16 or fp16 (CUDA)");
   const std::string name = config::to_string(sc.sampler);
-  const bool flow = cfg.diffusion.objective == Objective::flow;
+  const diffusion::ObjectiveRecord& objective = diffusion::objective_record(cfg.diffusion.objective);
   if (!diffusion::runs_on(sc.sampler, cfg.diffusion.objective))
-    throw UserError("config: sampling.sampler",
-                    name + " does not run on a " + (flow ? "flow" : "DDPM") +
-                        " model (diffusion.objective: " + config::to_string(cfg.diffusion.objective) + ")",
-                    "use " + diffusion::samplers_for(cfg.diffusion.objective));
+    throw UserError(
+        "config: sampling.sampler",
+        name + " does not run on a " + objective.model_word + " model (diffusion.objective: " + objective.name + ")",
+        "use " + diffusion::samplers_for(cfg.diffusion.objective));
   if (sc.timestep_shift < 0 ||
-      (sc.timestep_shift > 0 && (!flow || !diffusion::sampler_record(sc.sampler).timestep_shift)))
+      (sc.timestep_shift > 0 && (!objective.warps_flow_grid || !diffusion::sampler_record(sc.sampler).timestep_shift)))
     throw UserError("config: sampling.timestep_shift",
                     sc.timestep_shift < 0 ? "must be >= 0" : "warps the grid of the flow euler and heun samplers only",
                     "set it to 0, or sample a flow model with euler or heun");
@@ -182,15 +186,8 @@ void validate_dit_experiment(const ExperimentConfig& cfg, bool training, bool sa
         "three (DiT's latent quirk) needs at least 3 channels, the model has " + std::to_string(o.in_channels),
         "set sampling.cfg_channels=all");
   if (sampling) check_head_budgets(o, cfg.sampling);
-  // LightningDiT's cosine term is taken over channels: over one it is ±1, without gradient except an unbounded one
-  // at 0 — where the zero-initialised output starts — which freezes AdamW (measured: a grey-image run never learns).
-  if (cfg.diffusion.objective == Objective::flow && cfg.diffusion.flow.loss == FlowLoss::mse_cosine &&
-      o.in_channels < 2)
-    throw UserError("config: diffusion.loss",
-                    "mse+cosine compares velocities over channels; " + cfg.model.name + " has " +
-                        std::to_string(o.in_channels) +
-                        " (the cosine of one channel is ±1, its gradient 0 or unbounded)",
-                    "use loss: mse for single-channel images");
+  const diffusion::ObjectiveRecord& objective = diffusion::objective_record(cfg.diffusion.objective);
+  if (objective.validate) objective.validate(cfg.diffusion, o, cfg.model.name);  // its settings against the model
   sample_options_for(cfg);  // "sampling.steps" must respace diffusion.steps, or count an ODE solver's steps
   if (!training) return;
   check_repa(cfg, o, /*files=*/false);  // the encoder file and the shards' images: when training starts

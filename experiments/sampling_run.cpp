@@ -20,6 +20,7 @@
 #include "datasets/fashion_mnist.h"
 #include "datasets/image_grid.h"
 #include "diffusion/head_load.h"
+#include "diffusion/objective.h"
 #include "diffusion/sample_set.h"
 #include "experiments/dit_experiment.h"
 #include "experiments/dit_family.h"
@@ -333,12 +334,17 @@ SamplingSummary run_sampling(const SamplingRequest& r) {
   std::optional<DiTHeadLoadStats> routing;
   if (r.head_load) {
     routing.emplace(mo, 10, m.cfg.diffusion.steps);
-    const bool flow = m.cfg.diffusion.objective == Objective::flow;
-    const double T = static_cast<double>(m.cfg.diffusion.steps - 1);
-    m.model->routing_observer = [&, flow, T](const std::vector<at::Tensor>& routed, const at::Tensor& t,
-                                             const at::Tensor& y) {
-      routing->add(routed, flow ? (1.0 - t.clamp(0.0, 1.0)) * T : t, y);  // a flow time as the DDPM timestep of
-    };                                                                    // its noise level
+    const auto& objective = diffusion::objective_record(m.cfg.diffusion.objective);
+    const int64_t T = m.cfg.diffusion.steps;
+    // The buckets are DDPM timesteps of a noise level: any objective's time is mapped through its noise level.
+    m.model->routing_observer = [&, T](const std::vector<at::Tensor>& routed, const at::Tensor& t,
+                                       const at::Tensor& y) {
+      const at::Tensor times = t.to(at::kDouble).cpu().contiguous();
+      at::Tensor steps = at::empty_like(times);
+      for (int64_t i = 0; i < times.numel(); ++i)
+        steps.data_ptr<double>()[i] = objective.chain_timestep(times.data_ptr<double>()[i], T);
+      routing->add(routed, steps.to(t.device()), y);
+    };
   }
   const SamplingChain chain = sampling_chain_of(m.cfg);
   out.resumed_batches = sample_missing_parts(m, chain, vae, labels, ctx, *group, r.out + "/parts", out);

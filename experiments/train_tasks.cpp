@@ -4,6 +4,7 @@
 
 #include "datasets/augment.h"
 #include "diffusion/diffusion_trainer.h"
+#include "diffusion/objective.h"
 #include "experiments/repa_encoders.h"
 #include "vision/classifier_trainer.h"
 #include "vision/nn/fused_ops.h"
@@ -90,12 +91,7 @@ class DiTTask : public TrainTask {
  public:
   std::vector<at::Tensor> take_head_load(torch::nn::Module& model) override { return nn::take_training_load(model); }
   DiTTask(const ExperimentConfig& cfg, const RunContext& ctx)
-      : cfg_(cfg),
-        ctx_(ctx),
-        options_(dit_options_for(cfg)),
-        data_(cfg, options_),
-        diffusion_(diffusion::GaussianDiffusion::base(cfg.diffusion.steps)),
-        flow_(cfg.diffusion.flow) {
+      : cfg_(cfg), ctx_(ctx), options_(dit_options_for(cfg)), data_(cfg, options_), process_(cfg.diffusion) {
     if (cfg.repa.encoder.empty()) return;
     encoder_ = make_repa_encoder(cfg, options_, ctx);
     options_ = with_repa_projectors(options_, cfg.repa, {encoder_.dim});
@@ -119,17 +115,15 @@ class DiTTask : public TrainTask {
     return data_.epoch(epoch, rank, world, start_batch);
   }
   int64_t train_examples() const override { return data_.size(); }
-  LossTensors backward(torch::nn::Module& model, at::Tensor x0, at::Tensor y, const StepInfo& info,
+  LossTensors backward(torch::nn::Module& model, at::Tensor data, at::Tensor y, const StepInfo& info,
                        const GradScaler& scaler) override {
     diffusion::DiT net(std::dynamic_pointer_cast<diffusion::DiTImpl>(model.shared_from_this()));
     const double beta = cfg_.train.moh_loss_coeff;
     diffusion::RepaTerm repa = repa_;
     repa.images = info.side;  // a latent batch's clean images (DiTTrainData loads them for REPA); else undefined
-    if (cfg_.diffusion.objective == Objective::flow)
-      return diffusion::flow_backward(net, flow_, x0.to(ctx_.device), y.to(ctx_.device), beta, ctx_, scaler, ctx_.rank,
-                                      ctx_.world, repa);
-    return diffusion::diffusion_backward(net, diffusion_, x0.to(ctx_.device), y.to(ctx_.device), beta, ctx_, scaler,
-                                         ctx_.rank, ctx_.world, repa);
+    return diffusion::objective_record(cfg_.diffusion.objective)
+        .train_step(net, process_, data.to(ctx_.device), y.to(ctx_.device), beta, ctx_, scaler, ctx_.rank, ctx_.world,
+                    repa);
   }
 
  private:
@@ -137,10 +131,9 @@ class DiTTask : public TrainTask {
   RunContext ctx_;
   diffusion::DiTOptions options_;
   DiTTrainData data_;
-  diffusion::GaussianDiffusion diffusion_;  // objective: ddpm
-  diffusion::FlowProcess flow_;             // objective: flow
-  RepaEncoder encoder_;                     // train.repa
-  diffusion::RepaTerm repa_;                // off unless train.repa.encoder
+  diffusion::TrainingProcess process_;  // what the objective's training step draws from
+  RepaEncoder encoder_;                 // train.repa
+  diffusion::RepaTerm repa_;            // off unless train.repa.encoder
 };
 
 }  // namespace

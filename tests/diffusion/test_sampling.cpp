@@ -16,6 +16,7 @@
 #include "diffusion/cuda_graph.h"
 #include "diffusion/diffusion_trainer.h"
 #include "diffusion/gaussian_diffusion.h"
+#include "diffusion/objective.h"
 #include "diffusion/sample_set.h"
 #include "diffusion/sampler.h"
 #include "diffusion/sd_vae.h"
@@ -168,7 +169,8 @@ TEST(Samplers, EveryKindHasOneCompleteRecordAndPlansTheEvaluationsTheLoopMakes) 
     } else if (r.runs_ddpm) {
       EXPECT_TRUE(!r.update && r.make_grid && r.chain);
     }
-    for (Objective objective : {Objective::ddpm, Objective::flow}) {
+    for (const ObjectiveRecord& obj : objectives()) {
+      const Objective objective = obj.kind;
       if (!runs_on(kind, objective)) continue;
       SCOPED_TRACE(config::to_string(objective));
       SampleOptions o;
@@ -187,6 +189,49 @@ TEST(Samplers, EveryKindHasOneCompleteRecordAndPlansTheEvaluationsTheLoopMakes) 
       }
     }
   }
+}
+
+// One record per training objective (diffusion/objective.h): every kind has one, its time ↔ noise level is one line
+// (a DDPM model's timesteps come back exactly), it admits some sampler, and its training step logs the terms it names.
+TEST(Objectives, EveryKindHasOneCompleteRecordAndItsStepLogsItsTerms) {
+  const auto& names = enum_table(Objective{});
+  ASSERT_EQ(objectives().size(), names.size());
+  const RunContext ctx = RunContext::create("cpu", Precision::fp32, 0);
+  const GradScaler scaler(Precision::fp32);
+  DiffusionConfig dc;
+  dc.steps = 1000;
+  const TrainingProcess process(dc);
+  for (const auto& [kind, name] : names) {
+    SCOPED_TRACE(name);
+    const ObjectiveRecord& r = objective_record(kind);
+    EXPECT_EQ(r.kind, kind);
+    EXPECT_EQ(std::string(r.name), name);
+    EXPECT_NE(std::string(r.summary), "");
+    EXPECT_TRUE(r.train_step && r.admits && r.reverse && r.planned_nfe);
+    EXPECT_FALSE(samplers_for(kind).empty());
+    for (double t : {0.0, 0.3, 0.999, 1.0, 250.0, 999.0}) {
+      const double u = r.noise_level(t, 1000);
+      EXPECT_GE(u, 0.0);
+      EXPECT_LE(u, 1.0);
+      EXPECT_NEAR(r.chain_timestep(t, 1000), u * 999.0, 1e-9);  // the same line, scaled to the chain
+    }
+    DiT m = tiny_dit(1, /*moh=*/true);
+    m->train();
+    torch::manual_seed(4);
+    const LossTensors terms =
+        r.train_step(m, process, torch::randn({2, 1, 8, 8}), torch::tensor({1, 3}), 0.01, ctx, scaler, 0, 1, {});
+    std::vector<std::string> got, want(r.loss_terms.begin(), r.loss_terms.end());
+    for (const auto& [term, value] : terms) got.push_back(term);
+    want.push_back("aux");  // the MoH layers' load-balance term
+    EXPECT_EQ(got, want);
+  }
+  // A DDPM model's timesteps map onto the chain exactly (the head-load buckets of every DDPM run stay as they were).
+  const ObjectiveRecord& ddpm = objective_record(Objective::ddpm);
+  for (int64_t t = 0; t < 1000; ++t) EXPECT_EQ(ddpm.chain_timestep(static_cast<double>(t), 1000), t);
+  EXPECT_EQ(ddpm.noise_level(999, 1000), 1.0);
+  EXPECT_EQ(objective_record(Objective::flow).noise_level(0.0, 1000), 1.0);  // flow time 0 = noise
+  EXPECT_EQ(objective_of_sampler(SamplerKind::dopri5), Objective::flow);
+  EXPECT_EQ(objective_of_sampler(SamplerKind::ddpm), Objective::ddpm);
 }
 
 TEST(SampleSet, PartsResumeAndMergeExactly) {
