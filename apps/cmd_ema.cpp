@@ -129,41 +129,18 @@ void check_segments(const Segments& seg) {
   }
 }
 
-void call(int (*cmd)(int, char**), const std::string& name, std::vector<std::string> words) {
-  words.insert(words.begin(), "moh " + name);
-  std::vector<char*> argv;
-  for (auto& w : words) argv.push_back(w.data());
-  if (cmd(static_cast<int>(argv.size()), argv.data()) != kExitOk)
-    throw std::runtime_error("ema sweep: moh " + name + " failed");
-}
-
-nlohmann::json read_json(const std::string& path) {
-  return nlohmann::json::parse(read_file(path, "report"));
-}
-
+// The sweep's measure from the segments after `--`: the same flags, parsed into the commands' requests.
 experiments::SweepMeasure measurer(const Segments& seg, bool keep_samples) {
-  return [seg, keep_samples](const std::string& ckpt, experiments::SweepWeights w, const std::string& dir) {
-    using W = experiments::SweepWeights;
-    if (seg.count("eval")) {
-      std::vector<std::string> a{"--checkpoint", ckpt, "--out", dir + "/eval"};
-      if (w == W::fixed_ema) a.push_back("--ema");
-      a.insert(a.end(), seg.at("eval").begin(), seg.at("eval").end());
-      call(cmd_eval, "eval", a);
-      return read_json(dir + "/eval/report.json");
-    }
-    std::vector<std::string> s{"--checkpoint", ckpt, "--out", dir + "/samples"};
-    if (w == W::raw) s.push_back("--raw");
-    if (seg.count("sample")) s.insert(s.end(), seg.at("sample").begin(), seg.at("sample").end());
-    call(cmd_sample, "sample", s);
-    std::vector<std::string> f{"--samples", dir + "/samples/samples.npz", "--out", dir + "/fid"};
-    f.insert(f.end(), seg.at("fid").begin(), seg.at("fid").end());
-    call(cmd_fid, "fid", f);
-    nlohmann::json report = read_json(dir + "/fid/report.json");
-    report["sampling"] = read_json(dir + "/samples/sampling.json");
-    report["step"] = report["sampling"].value("step", nlohmann::json());
-    if (!keep_samples) std::filesystem::remove(dir + "/samples/samples.npz");
-    return report;
-  };
+  experiments::CheckpointMeasure m;
+  m.keep_samples = keep_samples;
+  if (seg.count("eval")) m.eval = eval_request(parse_segment("eval", seg.at("eval")), "moh ema sweep -- eval");
+  if (seg.count("sample")) m.sample = sampling_request(parse_segment("sample", seg.at("sample")));
+  if (seg.count("fid")) {
+    const auto args = parse_segment("fid", seg.at("fid"));
+    m.fid = fid_request(args);
+    m.fid_device = args["device"].as<std::string>();
+  }
+  return experiments::checkpoint_measurer(m);
 }
 
 std::string eta_text(double seconds);

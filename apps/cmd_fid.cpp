@@ -9,7 +9,9 @@
 #include "core/config_schema.h"
 #include "core/error.h"
 #include "eval/generative.h"
+#include "eval/metric_record.h"
 #include "eval/report.h"
+#include "experiments/evaluation_run.h"
 #include "experiments/feature_nets.h"
 
 namespace moh::apps {
@@ -51,45 +53,42 @@ cxxopts::Options fid_options(const std::string& prog) {
   return opts;
 }
 
+eval::GenerativeEvalOptions fid_request(const cxxopts::ParseResult& args) {
+  eval::GenerativeEvalOptions o;
+  if (args.count("samples")) o.samples = args["samples"].as<std::string>();
+  if (args.count("ref")) o.reference = args["ref"].as<std::string>();
+  if (args.count("features")) o.features = args["features"].as<std::string>();
+  o.save_features = args["save-features"].as<std::string>();
+  o.metrics = eval::parse_metric_set(args["metrics"].as<std::string>());
+  o.metrics_explicit = args.count("metrics") > 0;
+  o.is_mode = config::enum_from_string<eval::ISMode>(args["is-mode"].as<std::string>(), "--is-mode");
+  o.resize = config::enum_from_string<eval::InceptionResize>(args["resize"].as<std::string>(), "--resize");
+  o.batch_size = args["batch"].as<int64_t>();
+  if (o.batch_size < 1) throw UserError("--batch", "must be at least 1", "");
+  return o;
+}
+
 int cmd_fid(int argc, char** argv) {
   cxxopts::Options opts = fid_options(argv[0]);
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
   for (const char* required : {"samples", "ref", "features"})
     if (!args.count(required)) throw UserError(argv[0], std::string("missing --") + required, "see moh fid --help");
-  eval::GenerativeEvalOptions o;
-  o.samples = args["samples"].as<std::string>();
-  o.reference = args["ref"].as<std::string>();
-  o.features = args["features"].as<std::string>();
-  o.save_features = args["save-features"].as<std::string>();
-  o.metrics = eval::parse_metric_set(args["metrics"].as<std::string>());
-  o.metrics_explicit = args.count("metrics") > 0;
-  const std::string is_mode = args["is-mode"].as<std::string>(), resize = args["resize"].as<std::string>();
-  if (is_mode != "adm" && is_mode != "fidelity")
-    throw UserError("--is-mode " + is_mode, "unknown mode", "adm or fidelity");
-  if (resize != "tf1" && resize != "pytorch") throw UserError("--resize " + resize, "unknown mode", "tf1 or pytorch");
-  o.is_mode = is_mode == "adm" ? eval::ISMode::adm : eval::ISMode::fidelity;
-  o.resize = resize == "tf1" ? eval::InceptionResize::tf1 : eval::InceptionResize::pytorch;
-  o.batch_size = args["batch"].as<int64_t>();
-  if (o.batch_size < 1) throw UserError("--batch", "must be at least 1", "");
-  if (!args["out"].as<std::string>().empty())
-    check_output_dir(args["out"].as<std::string>(), "--out " + args["out"].as<std::string>());
-  if (!o.save_features.empty()) check_output_file(o.save_features, "--save-features " + o.save_features);
-  RunContext ctx = RunContext::create(args["device"].as<std::string>(), Precision::fp32, 0);
-
-  const std::unique_ptr<eval::FeatureNet> net = experiments::make_feature_net(o.features, ctx, o.resize);
-  nlohmann::json report = eval::evaluate_generative(o, *net);
+  const eval::GenerativeEvalOptions o = fid_request(args);
   const std::string out = args["out"].as<std::string>();
-  if (!out.empty()) eval::write_report(out, report, "Generative evaluation: " + o.samples);
+  if (!out.empty()) check_output_dir(out, "--out " + out);
+  if (!o.save_features.empty()) check_output_file(o.save_features, "--save-features " + o.save_features);
+  const nlohmann::json report = experiments::evaluate_sample_set(o, args["device"].as<std::string>(), out);
   if (args.count("json")) {
     std::cout << report.dump(2) << std::endl;
   } else {
     const auto& m = report["metrics"];
-    const bool dino = report["feature_net"]["feature_net"].get<std::string>() == "dinov2";
-    std::cout << (dino ? "FD-DINOv2 " : "FID ") << fmt(m, "fid") << "  sFID " << fmt(m, "sfid") << "  IS "
-              << fmt(m, "inception_score") << "  precision " << fmt(m, "precision") << "  recall " << fmt(m, "recall")
-              << "  KID " << fmt(m, "kid_mean") << "  (" << report["samples"]["count"] << " samples, "
-              << report["feature_net"]["feature_net"].get<std::string>() << ")\n";
+    const std::string net = report["feature_net"]["feature_net"].get<std::string>();
+    std::string line;
+    for (const eval::MetricRecord& r : eval::metric_records())
+      if (r.on_console)
+        line += (line.empty() ? "" : "  ") + eval::metric_label(r.key, net == "dinov2") + " " + fmt(m, r.key);
+    std::cout << line << "  (" << report["samples"]["count"] << " samples, " << net << ")\n";
     if (report.contains("sample_accuracy"))
       std::cout << "sample accuracy " << eval::format_metric("top1", report["sample_accuracy"]["top1"].get<double>())
                 << " %\n";
@@ -115,17 +114,15 @@ int cmd_ref_stats(int argc, char** argv) {
   for (const char* required : {"images", "out", "features"})
     if (!args.count(required))
       throw UserError(argv[0], std::string("missing --") + required, "see moh ref-stats --help");
-  const std::string resize = args["resize"].as<std::string>(), out = args["out"].as<std::string>();
-  if (resize != "tf1" && resize != "pytorch") throw UserError("--resize " + resize, "unknown mode", "tf1 or pytorch");
+  const std::string out = args["out"].as<std::string>();
+  const auto resize = config::enum_from_string<eval::InceptionResize>(args["resize"].as<std::string>(), "--resize");
   if (out.size() < 5 || out.compare(out.size() - 4, 4, ".npz") != 0)
     throw UserError("--out " + out, "must end in .npz", "");
   check_output_file(out, "--out " + out);
   const int64_t batch = args["batch"].as<int64_t>();
   if (batch < 1) throw UserError("--batch", "must be at least 1", "");
   RunContext ctx = RunContext::create(args["device"].as<std::string>(), Precision::fp32, 0);
-  auto net =
-      experiments::make_feature_net(args["features"].as<std::string>(), ctx,
-                                    resize == "tf1" ? eval::InceptionResize::tf1 : eval::InceptionResize::pytorch);
+  auto net = experiments::make_feature_net(args["features"].as<std::string>(), ctx, resize);
   auto images = datasets::open_image_source(args["images"].as<std::string>());
   const eval::FeatureSet f = eval::extract_features(*net, *images, batch, "reference");
   eval::ReferenceStats stats = eval::reference_stats_from(f, *net);

@@ -54,10 +54,7 @@ cxxopts::Options sample_options(const std::string& prog) {
   return opts;
 }
 
-int cmd_sample(int argc, char** argv) {
-  cxxopts::Options opts = sample_options(argv[0]);
-  auto args = parse_or_throw(opts, argc, argv);
-  if (print_help_if_asked(opts, args)) return 0;
+experiments::SamplingRequest sampling_request(const cxxopts::ParseResult& args) {
   experiments::SamplingRequest r;
   r.sets = config_overrides(args);
   for (const auto& [flag, key] : std::vector<std::pair<std::string, std::string>>{{"cfg-scale", "cfg_scale"},
@@ -85,7 +82,14 @@ int cmd_sample(int argc, char** argv) {
   r.labels = args["labels"].as<std::string>();
   r.out = args["out"].as<std::string>();
   r.device = args["device"].as<std::string>();
-  const experiments::SamplingSummary s = experiments::run_sampling(r);
+  return r;
+}
+
+int cmd_sample(int argc, char** argv) {
+  cxxopts::Options opts = sample_options(argv[0]);
+  auto args = parse_or_throw(opts, argc, argv);
+  if (print_help_if_asked(opts, args)) return 0;
+  const experiments::SamplingSummary s = experiments::run_sampling(sampling_request(args));
   if (!s.main) return kExitOk;  // rank 0 wrote the merged .npz
   std::cout << "wrote " << s.out << "/samples.npz (" << s.count << " images) from the " << s.weights << " weights"
             << (s.step >= 0 ? " of step " + std::to_string(s.step) : std::string())

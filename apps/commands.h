@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "apps/cli.h"
+#include "experiments/evaluation_run.h"
 
 namespace moh::apps {
 
@@ -39,9 +40,13 @@ int cmd_compare(int argc, char** argv);
 int cmd_plot(int argc, char** argv);
 int cmd_ema(int argc, char** argv);
 
-// The flags of the commands `moh ema sweep` runs for each point, checked before its first point.
+// The flags of the measurements `moh ema sweep` makes at each point (those of moh sample, fid and eval), and the
+// requests they parse into.
 cxxopts::Options sample_options(const std::string& prog);
 cxxopts::Options fid_options(const std::string& prog);
 cxxopts::Options eval_options(const std::string& prog);
+experiments::SamplingRequest sampling_request(const cxxopts::ParseResult& args);
+eval::GenerativeEvalOptions fid_request(const cxxopts::ParseResult& args);
+experiments::ClassifierEvalRequest eval_request(const cxxopts::ParseResult& args, const std::string& program);
 
 }  // namespace moh::apps

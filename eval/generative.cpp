@@ -1,5 +1,7 @@
 #include "eval/generative.h"
 
+#include <algorithm>
+
 #include <chrono>
 #include <filesystem>
 #include <iostream>
@@ -44,27 +46,46 @@ void check_square(const at::Tensor& sigma, const at::Tensor& mu, const std::stri
 
 }  // namespace
 
+bool& MetricSet::operator[](MetricGroup g) {
+  switch (g) {
+    case MetricGroup::fid:
+      return fid;
+    case MetricGroup::sfid:
+      return sfid;
+    case MetricGroup::is:
+      return is;
+    case MetricGroup::pr:
+      return pr;
+    case MetricGroup::kid:
+    case MetricGroup::classification:
+      break;
+  }
+  return kid;
+}
+
 MetricSet parse_metric_set(const std::string& list) {
+  // The words: each generative group of the metric records once, in their order, and "all".
+  std::vector<std::pair<std::string, MetricGroup>> words;
+  for (const MetricRecord& r : metric_records())
+    if (r.group != MetricGroup::classification && (words.empty() || words.back().second != r.group))
+      words.emplace_back(group_word(r.group), r.group);
+  std::vector<std::string> names;
+  for (const auto& w : words) names.push_back(w.first);
+  names.emplace_back("all");
   MetricSet m{false, false, false, false, false};
   std::stringstream ss(list);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (item == "fid")
-      m.fid = true;
-    else if (item == "sfid")
-      m.sfid = true;
-    else if (item == "is")
-      m.is = true;
-    else if (item == "pr")
-      m.pr = true;
-    else if (item == "kid")
-      m.kid = true;
-    else if (item == "all")
+  for (std::string item; std::getline(ss, item, ',');) {
+    const auto it = std::find_if(words.begin(), words.end(), [&](const auto& w) { return w.first == item; });
+    if (it != words.end()) {
+      m[it->second] = true;
+    } else if (item == "all") {
       m = MetricSet{};
-    else {
-      const std::string near = nearest_name(item, {"fid", "sfid", "is", "pr", "kid", "all"});
+    } else {
+      const std::string near = nearest_name(item, names);
+      std::string all;
+      for (const auto& n : names) all += (all.empty() ? "" : ",") + n;
       throw UserError("--metrics " + list, "unknown metric '" + item + "'",
-                      near.empty() ? "choose from fid,sfid,is,pr,kid,all" : "did you mean '" + near + "'?");
+                      near.empty() ? "choose from " + all : "did you mean '" + near + "'?");
     }
   }
   if (!(m.fid || m.sfid || m.is || m.pr || m.kid))

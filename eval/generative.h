@@ -12,6 +12,7 @@
 #include "core/run_context.h"
 #include "eval/features.h"
 #include "eval/frechet.h"
+#include "eval/metric_record.h"
 #include "eval/metrics.h"
 
 namespace moh::eval {
@@ -19,6 +20,8 @@ namespace moh::eval {
 /// Which numbers to compute.
 struct MetricSet {
   bool fid = true, sfid = true, is = true, pr = true, kid = true;
+  /// The flag of a generative group (metric_record.h).
+  bool& operator[](MetricGroup group);
 };
 /// Parses "fid,sfid,is,pr,kid" (any subset; "all"); unknown names are UserErrors.
 MetricSet parse_metric_set(const std::string& list);

@@ -11,6 +11,12 @@
 
 namespace moh::eval {
 
+const config::EnumTable<InceptionResize>& enum_table(InceptionResize) {
+  static const config::EnumTable<InceptionResize> t{{InceptionResize::tf1, "tf1"},
+                                                    {InceptionResize::pytorch, "pytorch"}};
+  return t;
+}
+
 namespace {
 
 // TF's average pool ignores padded zeros (pytorch-fid: count_include_pad=False).

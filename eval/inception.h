@@ -11,6 +11,7 @@
 
 #include <string>
 
+#include "core/config_schema.h"
 #include "vision/nn/linear.h"
 
 namespace moh::eval {
@@ -99,6 +100,8 @@ enum class InceptionResize {
   tf1,      ///< TF1 legacy bilinear (src = dst·in/out), (x − 128)/128 — ADM / torch-fidelity parity (default)
   pytorch,  ///< F.interpolate bilinear, align_corners=False, 2·x/255 − 1 — pytorch-fid parity
 };
+
+const config::EnumTable<InceptionResize>& enum_table(InceptionResize);
 
 /// The FID Inception network.
 struct FIDInceptionV3Impl : torch::nn::Module {

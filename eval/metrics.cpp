@@ -5,6 +5,11 @@
 
 namespace moh::eval {
 
+const config::EnumTable<ISMode>& enum_table(ISMode) {
+  static const config::EnumTable<ISMode> t{{ISMode::adm, "adm"}, {ISMode::fidelity, "fidelity"}};
+  return t;
+}
+
 namespace {
 
 // exp(E_x KL(p(y|x) ‖ p(y))) over one split of probabilities/log-probabilities (float64).

@@ -7,6 +7,8 @@
 #include <random>
 #include <vector>
 
+#include "core/config_schema.h"
+
 namespace moh::eval {
 
 /// How the Inception Score splits the samples.
@@ -14,6 +16,8 @@ enum class ISMode {
   adm,       ///< consecutive splits of 5000 (partial last split kept), mean only (ADM / DiT papers)
   fidelity,  ///< torch-fidelity: rows permuted by numpy RandomState(2020), 10 splits [i·N/10, (i+1)·N/10), mean ± std
 };
+
+const config::EnumTable<ISMode>& enum_table(ISMode);
 
 /// ADM's split size.
 constexpr int64_t kAdmISSplitSize = 5000;

@@ -9,6 +9,7 @@
 
 #include "core/atomic_io.h"
 #include "core/config_schema.h"
+#include "eval/metric_record.h"
 
 namespace moh::eval {
 
@@ -32,20 +33,8 @@ void flatten(const nlohmann::json& v, const std::string& prefix, std::ostringstr
 }  // namespace
 
 std::string format_metric(const std::string& key, double v) {
-  auto ends = [&](const char* s) {
-    const std::string t(s);
-    return key.size() >= t.size() && key.compare(key.size() - t.size(), t.size(), t) == 0;
-  };
-  int digits = -1;
-  if (key == "fid" || key == "sfid" || key.rfind("inception_score", 0) == 0 || key.rfind("top", 0) == 0 ||
-      ends("accuracy"))
-    digits = 2;
-  else if (key == "precision" || key == "recall")
-    digits = 3;
-  else if (key == "kid_mean" || key == "kid_std")
-    digits = 6;
-  else if (ends("loss"))
-    digits = 4;
+  const MetricRecord* r = find_metric(key);
+  const int digits = r ? r->digits : -1;
   if (digits < 0 || !std::isfinite(v)) return config::shortest_double(v);
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*f", digits, v);
@@ -60,10 +49,14 @@ std::string report_markdown(const nlohmann::json& report, const std::string& tit
   md << "# " << title << "\n\n";
   if (report.contains("metrics")) {
     md << "| metric | value |\n|---|---|\n";
-    // The usual reading order first (FID, sFID, IS, precision, recall / top-1, top-5), then anything else.
-    static const std::vector<std::string> kOrder{
-        "fid",  "sfid", "inception_score", "inception_score_std", "precision", "recall", "kid_mean", "kid_std", "top1",
-        "top5", "loss"};
+    // The usual reading order first (the metric records': FID, sFID, IS, precision, recall, KID / top-1, top-5,
+    // loss), then anything else.
+    static const std::vector<std::string> kOrder = [] {
+      std::vector<std::string> keys;
+      for (const MetricRecord& r : metric_records())
+        if (r.in_reading_order) keys.emplace_back(r.key);
+      return keys;
+    }();
     const auto& m = report["metrics"];
     auto cell = [](const std::string& k, const nlohmann::json& v) {
       return v.is_number() ? format_metric(k, v.get<double>()) : scalar_text(v);

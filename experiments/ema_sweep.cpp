@@ -14,6 +14,7 @@
 #include "core/progress.h"
 #include "core/run_context.h"
 #include "eval/line_chart.h"
+#include "eval/metric_record.h"
 #include "eval/report.h"
 
 namespace moh::experiments {
@@ -51,7 +52,8 @@ std::string point_id(double sigma_rel) {
 }
 
 bool lower_is_better(const std::string& metric) {
-  return metric == "fid" || metric == "sfid" || metric == "kid_mean" || metric == "loss";
+  const eval::MetricRecord* r = eval::find_metric(metric);
+  return r && r->lower_is_better;
 }
 
 const char* weights_name(SweepWeights w) {
@@ -152,7 +154,7 @@ eval::ChartFiles write_chart(const EmaSweepRequest& r, const std::vector<nlohman
   eval::ChartPanel panel;
   panel.title = r.metric + " of the reconstructed EMA";
   panel.x_label = "σ_rel (EMA length relative to the training time)";
-  panel.y_label = r.metric;
+  panel.y_label = eval::metric_label(r.metric);
   eval::Series curve{"post-hoc EMA", {}, {}};
   for (const auto& row : ordered(rows))
     if (!row["sigma_rel"].is_null()) {

@@ -11,6 +11,7 @@
 #include "datasets/npz.h"
 #include "eval/generative.h"
 #include "eval/inception.h"
+#include "eval/metric_record.h"
 #include "eval/metrics.h"
 #include "eval/report.h"
 #include "tests/test_util.h"
@@ -312,6 +313,48 @@ TEST(Generative, MetricListParsing) {
   MetricSet m = parse_metric_set("fid,pr");
   EXPECT_TRUE(m.fid && m.pr && !m.sfid && !m.is);
   EXPECT_THROW(parse_metric_set("fid,sfdi"), UserError);
+  // The words are the records' generative groups, each once, in their order, then "all".
+  EXPECT_NE(test::user_error_of([] { parse_metric_set("nope"); }).find("choose from fid,sfid,is,pr,kid,all"),
+            std::string::npos);
+  const MetricSet all = parse_metric_set("all");
+  EXPECT_TRUE(all.fid && all.sfid && all.is && all.pr && all.kid);
+}
+
+// One record per metric (eval/metric_record.h): every report key has its digits, direction and label there, and the
+// keys a prefix or suffix record covers are those the reports write.
+TEST(MetricRecords, EveryMetricIsOneRecordReadByTheReportsAndTheSweep) {
+  for (const MetricRecord& r : metric_records()) {
+    SCOPED_TRACE(r.key);
+    EXPECT_EQ(find_metric(r.key), &r);  // its own key finds it
+    EXPECT_NE(std::string(r.label), "");
+    EXPECT_GE(r.digits, 0);
+    if (r.group != MetricGroup::classification) {
+      MetricSet only = parse_metric_set(group_word(r.group));  // the --metrics word that computes it
+      EXPECT_TRUE(only[r.group]);
+    }
+  }
+  const auto digits_of = [](const std::string& key) {
+    const MetricRecord* r = find_metric(key);
+    return r ? r->digits : -1;
+  };
+  EXPECT_EQ(digits_of("top1_ema"), 2);         // prefix
+  EXPECT_EQ(digits_of("val_loss"), 4);         // suffix
+  EXPECT_EQ(digits_of("sample_accuracy"), 2);  // suffix
+  EXPECT_EQ(digits_of("inception_score_std"), 2);
+  EXPECT_EQ(digits_of("lr"), -1);  // no record: the shortest exact form
+  EXPECT_EQ(format_metric("lr", 0.0005), "0.0005");
+  EXPECT_EQ(format_metric("kid_mean", 0.0012345678), "0.001235");
+  EXPECT_TRUE(find_metric("fid")->lower_is_better && find_metric("kid_mean")->lower_is_better);
+  EXPECT_TRUE(find_metric("val_loss")->lower_is_better);
+  EXPECT_FALSE(find_metric("top1")->lower_is_better || find_metric("inception_score")->lower_is_better);
+  EXPECT_EQ(metric_label("fid"), "FID");
+  EXPECT_EQ(metric_label("fid", /*dinov2=*/true), "FD-DINOv2");
+  EXPECT_EQ(metric_label("kid_mean", true), "KID");
+  EXPECT_EQ(metric_label("unknown_key"), "unknown_key");
+  // report.md lists the records' keys in their order before any other key.
+  const std::string md = report_markdown({{"metrics", {{"zeta", 1.0}, {"recall", 0.5}, {"fid", 3.0}}}}, "t");
+  EXPECT_LT(md.find("| fid |"), md.find("| recall |"));
+  EXPECT_LT(md.find("| recall |"), md.find("| zeta |"));
 }
 
 }  // namespace
