@@ -18,8 +18,8 @@
 #include "core/atomic_io.h"
 #include "core/error.h"
 #include "core/phema_run.h"
+#include "eval/ema_sweep.h"
 #include "eval/report.h"
-#include "experiments/ema_sweep.h"
 #include "experiments/registry.h"
 
 namespace moh::apps {
@@ -130,7 +130,7 @@ void check_segments(const Segments& seg) {
 }
 
 // The sweep's measure from the segments after `--`: the same flags, parsed into the commands' requests.
-experiments::SweepMeasure measurer(const Segments& seg, bool keep_samples) {
+eval::SweepMeasure measurer(const Segments& seg, bool keep_samples) {
   experiments::CheckpointMeasure m;
   m.keep_samples = keep_samples;
   if (seg.count("eval")) m.eval = eval_request(parse_segment("eval", seg.at("eval")), "moh ema sweep -- eval");
@@ -147,7 +147,7 @@ std::string eta_text(double seconds);
 
 // The run's family must be the one the measure reads; its baselines: raw weights, and the fixed-decay EMA if it has
 // one.
-void check_family(experiments::EmaSweepRequest& r, const std::string& family, bool baselines) {
+void check_family(eval::EmaSweepRequest& r, const std::string& family, bool baselines) {
   phema::list_snapshots(r.run);  // a run without snapshots: its own error first
   const experiments::ExperimentConfig cfg = experiments::load_experiment(r.run + "/config.resolved.yaml");
   const std::string id = experiments::experiment_family(cfg).id;
@@ -155,8 +155,8 @@ void check_family(experiments::EmaSweepRequest& r, const std::string& family, bo
     throw UserError(r.run, "is a " + id + " run; `-- " + (family == "dit" ? "fid" : "eval") + "` measures a " + family,
                     family == "dit" ? "measure a classifier with -- eval" : "measure a DiT with -- fid FLAGS");
   if (!baselines) return;
-  r.baselines.push_back(experiments::SweepWeights::raw);
-  if (cfg.train.ema_decay > 0) r.baselines.push_back(experiments::SweepWeights::fixed_ema);
+  r.baselines.push_back(eval::SweepWeights::raw);
+  if (cfg.train.ema_decay > 0) r.baselines.push_back(eval::SweepWeights::fixed_ema);
 }
 
 // One line per measured point, with the time it took and the time the rest should take at the mean rate so far.
@@ -204,17 +204,16 @@ int ema_sweep(int argc, char** argv) {
     throw UserError(argv[0], "needs RUN and --out", "moh ema sweep RUN --sigma-rels 0.02:0.20:10 --out DIR -- eval");
   const Segments seg = measure_segments(std::vector<std::string>(argv + own, argv + argc));
   check_segments(seg);
-  experiments::EmaSweepRequest r;
+  eval::EmaSweepRequest r;
   r.run = std::filesystem::absolute(args["run"].as<std::string>()).lexically_normal().string();
   r.out = args["out"].as<std::string>();
   r.step = args["step"].as<int64_t>();
   if (r.step < 0) throw UserError("--step", "must be >= 0 (0 = the last snapshot)", "");
-  r.sigma_rels = experiments::parse_sigma_rels(args["sigma-rels"].as<std::string>(), "--sigma-rels");
+  r.sigma_rels = eval::parse_sigma_rels(args["sigma-rels"].as<std::string>(), "--sigma-rels");
   r.metric = seg.count("eval") ? "top1" : "fid";
   r.measure = seg;
   check_family(r, seg.count("eval") ? "classifier" : "dit", args.count("baselines") > 0);
-  const auto res =
-      experiments::run_ema_sweep(r, measurer(seg, args.count("keep-samples") > 0), progress_printer(r.metric));
+  const auto res = eval::run_ema_sweep(r, measurer(seg, args.count("keep-samples") > 0), progress_printer(r.metric));
   std::cout << read_file(res.table, "table") << "wrote " << res.json << ", " << res.table
             << (res.chart_svg.empty() ? "" : ", " + res.chart_svg)
             << (res.resumed ? " (" + std::to_string(res.resumed) + " points resumed)" : "") << std::endl;

@@ -10,15 +10,15 @@
 #include "apps/cli.h"
 #include "apps/commands.h"
 #include "core/error.h"
-#include "experiments/launcher.h"
+#include "core/launcher.h"
 
 namespace moh::apps {
 
 namespace {
 
 // --nnodes / --node_rank / --master_addr, checked.
-experiments::NodePlace node_place(const cxxopts::ParseResult& args) {
-  experiments::NodePlace p;
+NodePlace node_place(const cxxopts::ParseResult& args) {
+  NodePlace p;
   const std::string nnodes = args["nnodes"].as<std::string>();
   const size_t colon = nnodes.find(':');
   const std::string lo = nnodes.substr(0, colon), hi = colon == std::string::npos ? lo : nnodes.substr(colon + 1);
@@ -80,7 +80,7 @@ int cmd_launch(int argc, char** argv) {
         << "Each process gets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (docs/DISTRIBUTED.md).\n";
     return 0;
   }
-  const experiments::NodePlace place = node_place(args);
+  const NodePlace place = node_place(args);
   const int n = args["nproc"].as<int>();
   if (n < 1 || n > 512) throw UserError("--nproc", "must be in 1..512, got " + std::to_string(n), "");
   if (split + 1 >= argc)
@@ -91,14 +91,14 @@ int cmd_launch(int argc, char** argv) {
   int port = args["master-port"].as<int>();
   if (port < 0 || port > 65535) throw UserError("--master-port", "not a TCP port", "1..65535, or 0 for a free one");
   if (port == 0 && place.nnodes > 1) port = 29500;  // every machine must name the same one: torchrun's default
-  if (port != 0 && place.node_rank == 0 && !experiments::port_free(port))
+  if (port != 0 && place.node_rank == 0 && !port_free(port))
     throw UserError("--master_port " + std::to_string(port), "already in use on this machine",
                     "another run or program listens there: pick another port on every machine");
   const int max_restarts = args["max-restarts"].as<int>();
   if (max_restarts < 0 || max_restarts > 1000)
     throw UserError("--max-restarts " + std::to_string(max_restarts), "must be in 0..1000", "");
 
-  experiments::LaunchPlan plan;
+  LaunchPlan plan;
   plan.program = invoked_as();
   plan.nproc = n, plan.port = port, plan.place = place, plan.max_restarts = max_restarts;
   for (int i = split + 1; i < argc; ++i) plan.args.emplace_back(argv[i]);
@@ -108,7 +108,7 @@ int cmd_launch(int argc, char** argv) {
                           std::to_string(place.node_rank) + " --master_addr " + place.master_addr + " --master_port " +
                           std::to_string(port);
   plan.resume_prefix += " --nproc_per_node " + std::to_string(n) + " --";
-  return experiments::launch_local(plan);
+  return launch_local(plan);
 }
 
 }  // namespace moh::apps

@@ -7,8 +7,8 @@
 
 #include "apps/cli.h"
 #include "apps/commands.h"
+#include "core/launcher.h"
 #include "core/train_loop.h"
-#include "experiments/launcher.h"
 #include "experiments/registry.h"
 
 namespace moh::apps {
@@ -30,12 +30,12 @@ int cmd_train(int argc, char** argv) {
     // Their devices are checked here, before any process starts (device: cuda with more processes than GPUs).
     const int n = static_cast<int>(cfg.train.processes);
     choose_device(cfg.train.device, n - 1, n, cuda_available() ? cuda_device_count() : 0);
-    experiments::LaunchPlan plan;
+    LaunchPlan plan;
     plan.program = invoked_as();
     plan.nproc = n;
     plan.args = {"train"};
     for (int i = 1; i < argc; ++i) plan.args.emplace_back(argv[i]);
-    return experiments::launch_local(plan);
+    return launch_local(plan);
   }
   const TrainArgs ta{args["run-dir"].as<std::string>(), args["resume"].as<std::string>(),
                      args.count("allow-config-change") > 0};
@@ -45,7 +45,7 @@ int cmd_train(int argc, char** argv) {
   if (r.stop_signal != 0) {  // Ctrl-C / SIGTERM: the checkpoint is saved; say how to go on (exit 128 + signal)
     if (main_rank)
       std::cerr << "stopped at step " << r.steps << ": checkpoint " << r.checkpoint
-                << "\nresume with: " << experiments::resume_command(invoked_as(), argc, argv, r.run_dir) << std::endl;
+                << "\nresume with: " << resume_command(invoked_as(), argc, argv, r.run_dir) << std::endl;
     return 128 + r.stop_signal;
   }
   if (!main_rank) return 0;  // only rank 0 prints the result line

@@ -324,6 +324,7 @@ Checkpoint load_checkpoint(const std::string& path, bool tensors) {
   return c;
 }
 
+namespace {
 // Keeps only metrics lines of steps already covered by the checkpoint being resumed, so the log of a resumed run
 // equals that of an uninterrupted one.
 void truncate_metrics(const std::string& path, int64_t step) {
@@ -338,6 +339,7 @@ void truncate_metrics(const std::string& path, int64_t step) {
   }
   write_file_atomic(path, kept);
 }
+}  // namespace
 
 TensorMap load_weights_tensors(const std::string& path, const std::string& key) {
   if (fs::is_directory(path)) {  // one of this toolkit's checkpoints: only the file asked for is read

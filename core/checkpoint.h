@@ -137,8 +137,4 @@ TensorMap load_weights_tensors(const std::string& path, const std::string& key);
 void load_initial_weights(torch::nn::Module& module, const std::string& path, const std::string& key,
                           bool allow_missing = false);
 
-/// Keeps only the metrics lines of steps ≤ `step` (and drops a line cut by a kill), so the log of a resumed run equals
-/// that of an uninterrupted one.
-void truncate_metrics(const std::string& path, int64_t step);
-
 }  // namespace moh

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <set>
 #include <string>
 #include <type_traits>
@@ -18,6 +19,10 @@
 #include "core/error.h"
 
 namespace moh::config {
+
+/// How a config section reports a broken rule: bad(dotted key, why, hint) throws the UserError naming the key (and the
+/// file); a section's validate() checks its own fields with it, ExperimentConfig::validate the rules across sections.
+using RuleError = std::function<void(const std::string& key, const std::string& why, const std::string& hint)>;
 
 /// The names of an enum's values. Specialise by declaring `const EnumTable<E>& enum_table(E)` next to the enum.
 template <class E>

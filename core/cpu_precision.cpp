@@ -28,7 +28,11 @@ namespace moh {
 
 namespace fs = std::filesystem;
 
-constexpr double kSlowStepMs = 4000;  // fp32 + bf16 warm-up steps beyond this: one timed round
+// The calibration's time budget: the decision comes within about 10 s for any model. Warm-up steps of the probe beyond
+// kProbeLargeMs (one fp32 and one bf16 step) mean a model too large to time in the budget: the fixed block decides
+// for it (its steps are product-bound as such a model's are). Timed rounds stop when the next would pass kBudgetMs.
+constexpr double kProbeLargeMs = 3000;
+constexpr double kBudgetMs = 8000;
 
 Precision precision_from_timing(double fp32_ms, double bf16_ms) {
   return bf16_ms > 0 && fp32_ms > 0 && bf16_ms < 0.9 * fp32_ms ? Precision::bf16 : Precision::fp32;
@@ -155,25 +159,30 @@ std::pair<double, double> measure_cpu_precision(const PrecisionProbe* probe) {
     std::lock_guard<std::mutex> lock(gen.mutex());
     rng = gen.get_state();
   }
-  std::function<void()> fp32_step, bf16_step;
-  std::shared_ptr<Block> block;
-  if (probe) {
-    fp32_step = probe->build(Precision::fp32), bf16_step = probe->build(Precision::bf16);
-  } else {
-    block = std::make_shared<Block>(make_block());
-    fp32_step = [block] { block_step(false, *block); }, bf16_step = [block] { block_step(true, *block); };
-  }
   auto ms = [](const std::function<void()>& step) {
     const auto start = std::chrono::steady_clock::now();
     step();
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   };
-  // Warm-up (allocations, kernel dispatch, weight casts), then interleaved rounds: three, or one where a step is
-  // slow enough that the noise of one measurement is small against the calibration's cost.
-  const double warm = ms(fp32_step) + ms(bf16_step);
+  std::function<void()> fp32_step, bf16_step;
+  std::shared_ptr<Block> block;
+  double warm = 0;  // warm-up (allocations, kernel dispatch, weight casts): one step in each precision
+  if (probe) {
+    fp32_step = probe->build(Precision::fp32), bf16_step = probe->build(Precision::bf16);
+    warm = ms(fp32_step) + ms(bf16_step);
+  }
+  if (!probe || warm > kProbeLargeMs) {
+    block = std::make_shared<Block>(make_block());
+    fp32_step = [block] { block_step(false, *block); }, bf16_step = [block] { block_step(true, *block); };
+    warm += ms(fp32_step) + ms(bf16_step);
+  }
+  // Interleaved rounds, at most three, each only while it fits the budget (the first always).
   std::vector<double> fp32, bf16;
-  for (int round = 0; round < (warm > kSlowStepMs ? 1 : 3); ++round)
+  double spent = warm;
+  for (int round = 0; round < 3 && (round == 0 || spent + (fp32.back() + bf16.back()) <= kBudgetMs); ++round) {
     fp32.push_back(ms(fp32_step)), bf16.push_back(ms(bf16_step));
+    spent += fp32.back() + bf16.back();
+  }
   {
     std::lock_guard<std::mutex> lock(gen.mutex());
     gen.set_state(rng);

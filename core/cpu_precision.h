@@ -2,10 +2,11 @@
 // What `precision: auto` means on a CPU. Native bf16 instructions do not make bf16 autocast faster by themselves: on
 // a Sapphire Rapids guest the pip build's bf16 step was 2x slower than its fp32 step while Debian's build was 2.8x
 // faster in bf16 (its fp32 ran on a generic kernel then); docs/BENCHMARKS.md has the table. So auto measures, once
-// per machine and build: a transformer MLP block (LayerNorm, two products, GELU; forward and backward) in fp32 and
-// under bf16 autocast, interleaved; bf16 is chosen only where it is clearly faster (time < 0.9x fp32's). The verdict
-// is cached, keyed by CPU, flags, LibTorch, BLAS core and thread count, so every later run — and every rank of a
-// data-parallel run — takes the same precision; the first process to measure holds a lock while the others wait.
+// per machine, build and model: the experiment's training step at a small batch (or, for a model whose step would
+// not fit the budget, a DiT-style transformer block) in fp32 and under bf16 autocast, interleaved, within about 10 s;
+// bf16 is chosen only where it is clearly faster (time < 0.9x fp32's). The verdict is cached, keyed by CPU, flags,
+// LibTorch, BLAS core, thread count and workload, so every later run — and every rank of a data-parallel run — takes
+// the same precision; the first process to measure holds a lock while the others wait.
 #include <functional>
 #include <string>
 #include <utility>
@@ -34,8 +35,8 @@ struct PrecisionProbe {
 /// ($XDG_CACHE_HOME/moh/cpu_precision.json, else ~/.cache/moh/...); an unwritable cache means measuring every time.
 const CpuPrecision& cpu_auto_precision(const PrecisionProbe* probe = nullptr);
 
-/// The calibration itself (median step times in fp32 and bf16, ms, interleaved rounds): what cpu_auto_precision
-/// caches.
+/// The calibration itself (median step times in fp32 and bf16, ms, interleaved rounds within the budget; the block's
+/// when the probe's steps are too slow for it): what cpu_auto_precision caches.
 std::pair<double, double> measure_cpu_precision(const PrecisionProbe* probe = nullptr);
 
 /// The rule: bf16 only where measured clearly faster than fp32 (bf16 < 0.9 · fp32).

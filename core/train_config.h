@@ -59,6 +59,8 @@ struct OptimConfig {
             "(multi-tensor kernels), fused (one pass per parameter; LibTorch >= 2.0 CUDA, >= 2.4 CPU) or auto "
             "(fused on CUDA where available, else foreach)");
   }
+  /// Rules of optim: alone (AdamW's ranges).
+  void validate(const config::RuleError& bad) const;
 };
 
 /// `schedule:` — learning-rate schedule.
@@ -77,6 +79,8 @@ struct ScheduleConfig {
     v.field("warmup_lr", warmup_lr, "learning rate at the start of warm-up");
     v.field("min_lr", min_lr, "final learning rate of the cosine");
   }
+  /// Rules of schedule: alone (min_lr against optim.lr: ExperimentConfig).
+  void validate(const config::RuleError& bad) const;
 };
 
 /// `train.phema:` — post-hoc EMA (EDM2): power-function EMA profiles tracked during training and written as
@@ -161,6 +165,8 @@ struct TrainConfig {
             "less memory, larger batches, about 1/3 more compute; gradients unchanged)");
     v.section("phema", phema, "post-hoc EMA (EDM2): tracked power-function profiles and their snapshots");
   }
+  /// Rules of train: alone (train.phema: phema::check_config; train.repa: its section).
+  void validate(const config::RuleError& bad) const;
 };
 
 /// `log:` — what a run writes besides metrics.jsonl and log.txt.
@@ -194,6 +200,10 @@ struct LoopConfig {
   TrainConfig train;
   LogConfig log;
   InitialWeights weights;
+  /// Keys of `yaml` a resumed run may not change (the checkpoint's weights would not fit it) and keys it changes only
+  /// with --allow-config-change (the data stream and the batch), named by the sections and the family that own them;
+  /// the loop adds its own train.* keys (config_keys_guarded_on_resume).
+  std::vector<std::string> fixed_on_resume, guarded_on_resume;
 };
 
 }  // namespace moh

@@ -91,16 +91,8 @@ bool complete_optimizer_step(torch::optim::AdamW& optimizer, torch::nn::Module& 
   return true;
 }
 
-const std::vector<std::string>& config_keys_fixed_on_resume() {
-  static const std::vector<std::string> keys{"model.name", "model.attention", "model.num_classes", "model.img_size",
-                                             "diffusion.vae"};
-  return keys;
-}
-
 const std::vector<std::string>& config_keys_guarded_on_resume() {
-  static const std::vector<std::string> keys{"data.dataset",     "data.root",       "data.batch_size",
-                                             "data.limit_train", "train.processes", "train.accum_steps",
-                                             "train.seed",       "diffusion.steps"};
+  static const std::vector<std::string> keys{"train.processes", "train.accum_steps", "train.seed"};
   return keys;
 }
 
@@ -108,20 +100,22 @@ namespace {
 
 // Refuses what a resumed run cannot (or should not silently) change against its checkpoint's config, and returns the
 // line that lists the other changes ("" if none), printed once the run starts. Runs before anything is written.
-std::string check_resume_config(const std::string& checkpoint_yaml, const std::string& run_yaml, const std::string& dir,
+std::string check_resume_config(const LoopConfig& cfg, const std::string& checkpoint_yaml, const std::string& dir,
                                 bool allow_change, const TrainerState& at) {
   auto in = [](const std::vector<std::string>& keys, const std::string& k) {
     return std::find(keys.begin(), keys.end(), k) != keys.end();
   };
-  const std::vector<ConfigChange> changes = config_changes(checkpoint_yaml, run_yaml);
+  std::vector<std::string> guarded = cfg.guarded_on_resume;
+  guarded.insert(guarded.end(), config_keys_guarded_on_resume().begin(), config_keys_guarded_on_resume().end());
+  const std::vector<ConfigChange> changes = config_changes(checkpoint_yaml, cfg.yaml);
   for (const auto& c : changes) {
-    if (in(config_keys_fixed_on_resume(), c.key))
+    if (in(cfg.fixed_on_resume, c.key))
       throw UserError("--resume " + dir, c.key + " differs from the checkpoint's (" + c.before + " -> " + c.after + ")",
                       "a checkpoint resumes only with its own model; start a new run with --weights " + dir);
-    if (in(config_keys_guarded_on_resume(), c.key) && !allow_change)
+    if (in(guarded, c.key) && !allow_change)
       throw UserError("--resume " + dir, c.key + " differs from the checkpoint's (" + c.before + " -> " + c.after + ")",
                       "the run would no longer be the same run; pass --allow-config-change to resume anyway");
-    if (in(config_keys_guarded_on_resume(), c.key) && at.batch > 0)  // batch b of another data stream means nothing
+    if (in(guarded, c.key) && at.batch > 0)  // batch b of another data stream means nothing
       throw UserError("--resume " + dir,
                       c.key + " differs from the checkpoint's (" + c.before + " -> " + c.after +
                           "), and the checkpoint was taken inside epoch " + std::to_string(at.epoch + 1),
@@ -229,7 +223,7 @@ TrainLoop::TrainLoop(const LoopConfig& cfg, const TrainArgs& args, const TaskFac
   resume_ = resolve_resume(run_dir_, args.resume);
   if (resume_)
     config_changes_ =
-        check_resume_config(resume_->config_yaml, cfg.yaml, resume_->dir, args.allow_config_change, resume_->state);
+        check_resume_config(cfg, resume_->config_yaml, resume_->dir, args.allow_config_change, resume_->state);
   // One writer per run directory: an existing one is locked at once (a second process is refused before it loads
   // any data); a new one only once every input has been checked (start_writing), so a refused run creates nothing.
   if (ctx_.is_main() && fs::exists(run_dir_)) lock_ = std::make_unique<RunDirLock>(run_dir_);

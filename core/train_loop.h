@@ -36,9 +36,8 @@ struct TrainArgs {
   std::shared_ptr<const PrecisionProbe> precision_probe = nullptr;
 };
 
-/// What a resumed run may not change (the checkpoint's weights would not fit), and what it changes only when asked
-/// (`--allow-config-change`: the data stream or the batch per rank, so the run is no longer the same run).
-const std::vector<std::string>& config_keys_fixed_on_resume();
+/// The loop's own keys a resumed run changes only when asked (`--allow-config-change`: the ranks, the accumulation
+/// and the seed, so the run is no longer the same run); LoopConfig names the other sections' and the family's.
 const std::vector<std::string>& config_keys_guarded_on_resume();
 
 /// Named scalars in a fixed order: the mean losses of a logging window ("loss" first), the metrics of an evaluation.

@@ -17,6 +17,9 @@ const config::EnumTable<DatasetKind>& enum_table(DatasetKind);
 enum class LoaderKind { memory, stream };
 const config::EnumTable<LoaderKind>& enum_table(LoaderKind);
 
+/// The data: keys a resumed run changes only when asked (another data stream or batch is another run).
+const std::vector<std::string>& data_keys_guarded_on_resume();
+
 /// `data:` — where images come from and how many per step.
 struct DataConfig {
   DatasetKind dataset = DatasetKind::fashion_mnist;
@@ -49,6 +52,8 @@ struct DataConfig {
     v.field("shift", shift, "training augmentation for small images: random translation of up to ±N pixels");
     v.field("hflip", hflip, "training augmentation for small images: random horizontal flip (p = 0.5)");
   }
+  /// Rules of data: alone.
+  void validate(const config::RuleError& bad) const;
 };
 
 /// `augment:` — classification augmentation of the ImageNet recipe (timm create_transform + Mixup). The crop, flip,
@@ -83,6 +88,8 @@ struct AugmentConfig {
     v.field("eval_crop_pct", eval_crop_pct,
             "stream: evaluation resizes the short side to size / crop_pct, then centre-crops");
   }
+  /// Rules of augment: alone.
+  void validate(const config::RuleError& bad) const;
 };
 
 }  // namespace moh

@@ -1,5 +1,7 @@
 #include "diffusion/diffusion_config.h"
 
+#include <cmath>
+
 #include "diffusion/objective.h"
 #include "diffusion/sampler.h"
 
@@ -58,6 +60,38 @@ const config::EnumTable<CfgChannels>& enum_table(CfgChannels) {
 const config::EnumTable<CudaGraphMode>& enum_table(CudaGraphMode) {
   static const config::EnumTable<CudaGraphMode> t{{CudaGraphMode::automatic, "auto"}, {CudaGraphMode::off, "off"}};
   return t;
+}
+
+void FlowConfig::validate(const config::RuleError& bad) const {
+  if (t_lognormal.size() != 2 || !(t_lognormal[1] > 0) || !std::isfinite(t_lognormal[0]))
+    bad("diffusion.t_lognormal", "expected [m, s] with s > 0", "LightningDiT: [0, 1]");
+  if (loss == FlowLoss::mse_cosine && prediction != FlowPrediction::velocity)
+    bad("diffusion.loss", "mse+cosine compares velocities: it needs diffusion.prediction: velocity", "");
+}
+
+void DiffusionConfig::validate(const config::RuleError& bad) const {
+  if (steps < 2) bad("diffusion.steps", "must be >= 2", "DiT uses 1000");
+  flow.validate(bad);
+}
+
+void RepaConfig::validate(const config::RuleError& bad) const {
+  if (!(weight >= 0) || !std::isfinite(weight)) bad("train.repa.weight", "must be >= 0", "REPA: 0.5");
+  if (depth < 1) bad("train.repa.depth", "must be >= 1", "REPA: 8 of SiT-XL's 28 blocks");
+  if (projector_dim < 1) bad("train.repa.projector_dim", "must be >= 1", "REPA: 2048");
+  if (stage < 0 || stage > 4) bad("train.repa.stage", "must be in 0..4 (0 = the last stage)", "");
+}
+
+void SamplingConfig::validate(const config::RuleError& bad) const {
+  if (!(atol > 0) || !(rtol > 0))
+    bad(atol > 0 ? "sampling.rtol" : "sampling.atol", "must be > 0", "SiT: atol 1e-6, rtol 1e-3");
+  if (steps.empty()) bad("sampling.steps", "must not be empty", "e.g. \"250\" or \"ddim50\"");
+  if (!(eta >= 0)) bad("sampling.eta", "must be >= 0", "0 = deterministic DDIM");
+  if (!(cfg_scale >= 1)) bad("sampling.cfg_scale", "must be >= 1 (1 = no guidance)", "DiT's FID setting is 1.5");
+  if (cfg_interval.size() != 2 || !(cfg_interval[0] >= 0 && cfg_interval[0] <= cfg_interval[1] && cfg_interval[1] <= 1))
+    bad("sampling.cfg_interval", "expected [lo, hi] with 0 <= lo <= hi <= 1 (noise level, 1 = pure noise)",
+        "e.g. [0.0, 0.7]; [0, 1] guides every step");
+  if (per_class <= 0) bad("sampling.per_class", "must be > 0", "");
+  if (batch_size <= 0) bad("sampling.batch_size", "must be > 0", "");
 }
 
 }  // namespace moh

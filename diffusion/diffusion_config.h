@@ -69,6 +69,8 @@ struct FlowConfig {
     v.field("loss", loss,
             "objective: flow loss: mse, or mse+cosine (adds LightningDiT's 1 - cos(v, u) over channels; velocity)");
   }
+  /// Rules of the flow keys of diffusion:.
+  void validate(const config::RuleError& bad) const;
 };
 
 /// `diffusion:` — the Gaussian diffusion process of a DiT experiment (DiT: linear β, T = 1000, learned σ, hybrid loss).
@@ -92,6 +94,8 @@ struct DiffusionConfig {
             "VA-VAE's vavae-imagenet256-f16d32-dinov2.pt (LDM names)");
     flow.visit(v);
   }
+  /// Rules of diffusion: alone (its objective's against the model: the objective record).
+  void validate(const config::RuleError& bad) const;
   FlowConfig flow;
 };
 
@@ -117,6 +121,8 @@ struct RepaConfig {
             "classifier encoder: the stage whose tokens are the targets (1..4; 0 = the last), resized to the DiT's "
             "token grid");
   }
+  /// Rules of train.repa: alone.
+  void validate(const config::RuleError& bad) const;
 };
 
 /// `sampling:` — how `moh sample` (and the end-of-training samples) run the reverse process.
@@ -183,6 +189,8 @@ struct SamplingConfig {
             "sets allow_tf32; fp32 on a CPU), fp32, bf16 (autocast, CPU or CUDA) or fp16 (CUDA); the sampler's "
             "own arithmetic stays fp32 and the VAE decoder runs without autocast");
   }
+  /// Rules of sampling: alone (against the model and objective: validate_dit_experiment).
+  void validate(const config::RuleError& bad) const;
 };
 
 }  // namespace moh

@@ -26,6 +26,7 @@ void check_args(const FlowChainArgs& a, int64_t min_steps) {
 
 }  // namespace
 
+namespace {
 std::vector<double> flow_grid(double t0, double t1, int64_t n) {
   TORCH_CHECK(n >= 2, "flow_grid: needs >= 2 points");
   std::vector<double> g(static_cast<size_t>(n));
@@ -34,6 +35,7 @@ std::vector<double> flow_grid(double t0, double t1, int64_t n) {
   g.back() = t1;
   return g;
 }
+}  // namespace
 
 std::vector<double> shifted_flow_grid(double t0, double t1, int64_t n, double shift) {
   std::vector<double> g = flow_grid(t0, t1, n);

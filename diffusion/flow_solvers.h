@@ -37,8 +37,6 @@ struct FlowChainArgs {
 /// A flow chain: returns x at t1.
 using FlowChain = at::Tensor (*)(const FlowChainArgs& args);
 
-/// linspace(t0, t1, n) in double, the last point exactly t1.
-std::vector<double> flow_grid(double t0, double t1, int64_t n);
 /// The same warped by LightningDiT's timestep shift: t → s·t / (1 + (s − 1)·t) for s > 0 (s = 0: unchanged).
 std::vector<double> shifted_flow_grid(double t0, double t1, int64_t n, double shift);
 

@@ -12,6 +12,9 @@
 
 namespace moh::diffusion {
 
+namespace {
+// The guided output (2n, C_out, H, W) from the conditional and unconditional outputs (n, C_out, H, W) each:
+// ε_u + s (ε_c − ε_u) on the first 3 (three) or C (all) channels, copied to both halves; the rest conditional.
 at::Tensor combine_cfg(const at::Tensor& cond, const at::Tensor& uncond, double scale, CfgChannels channels,
                        int64_t in_channels) {
   // DiT guides eps[:, :3] (a quirk inherited from pixel-space GLIDE, kept for parity); "all" guides the C ε channels.
@@ -21,6 +24,7 @@ at::Tensor combine_cfg(const at::Tensor& cond, const at::Tensor& uncond, double 
   const at::Tensor rest = at::cat({cond, uncond}).narrow(1, k, cond.size(1) - k);
   return at::cat({at::cat({guided, guided}), rest}, 1);
 }
+}  // namespace
 
 namespace {
 at::Tensor forward_with_cfg(GraphedForward& net, const at::Tensor& x, const at::Tensor& t_model, const at::Tensor& y,

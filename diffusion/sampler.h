@@ -101,11 +101,6 @@ int64_t sampler_steps(const SampleOptions& options, const GaussianDiffusion& cha
 /// the last); −1 for an adaptive sampler (dopri5), whose count sample_loop's `nfe` measures.
 int64_t planned_nfe(const SampleOptions& options, const GaussianDiffusion& chain);
 
-/// The guided output (2n, C_out, H, W) from the conditional and unconditional outputs (n, C_out, H, W) each:
-/// ε_u + s (ε_c − ε_u) on the first 3 (three) or C (all) channels, copied to both halves; the rest conditional.
-at::Tensor combine_cfg(const at::Tensor& cond, const at::Tensor& uncond, double scale, CfgChannels channels,
-                       int64_t in_channels);
-
 /// DiT's forward_with_cfg on a doubled batch x = [x_c; x_u], y = [labels; null]: returns the guided output.
 at::Tensor forward_with_cfg(DiT& model, const at::Tensor& x, const at::Tensor& t_model, const at::Tensor& y,
                             double scale, CfgChannels channels);

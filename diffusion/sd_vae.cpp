@@ -194,11 +194,14 @@ std::string normalize_vae_key(const std::string& name) {
   return n;
 }
 
+namespace {
+// Renames legacy diffusers attention keys (query/key/value/proj_attn → to_q/to_k/to_v/to_out.0).
 TensorMap normalize_vae_keys(const TensorMap& tensors) {
   TensorMap out;
   for (const auto& [name, t] : tensors) out[normalize_vae_key(name)] = t;
   return out;
 }
+}  // namespace
 
 namespace {
 

@@ -145,8 +145,6 @@ struct AutoencoderKLImpl : torch::nn::Module {
 };
 TORCH_MODULE(AutoencoderKL);
 
-/// Renames legacy diffusers attention keys (query/key/value/proj_attn → to_q/to_k/to_v/to_out.0).
-TensorMap normalize_vae_keys(const TensorMap& tensors);
 /// The same for one name.
 std::string normalize_vae_key(const std::string& name);
 

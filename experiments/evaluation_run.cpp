@@ -102,15 +102,15 @@ nlohmann::json evaluate_sample_set(const eval::GenerativeEvalOptions& o, const s
   return report;
 }
 
-SweepMeasure checkpoint_measurer(const CheckpointMeasure& m) {
-  return [m](const std::string& checkpoint, SweepWeights w, const std::string& dir) {
+eval::SweepMeasure checkpoint_measurer(const CheckpointMeasure& m) {
+  return [m](const std::string& checkpoint, eval::SweepWeights w, const std::string& dir) {
     if (m.eval) {
       ClassifierEvalRequest e = *m.eval;
-      e.checkpoint = checkpoint, e.out = dir + "/eval", e.ema = w == SweepWeights::fixed_ema;
+      e.checkpoint = checkpoint, e.out = dir + "/eval", e.ema = w == eval::SweepWeights::fixed_ema;
       return evaluate_classifier_checkpoint(e).report;
     }
     SamplingRequest s = m.sample.value_or(SamplingRequest{});
-    s.checkpoint = checkpoint, s.out = dir + "/samples", s.raw = w == SweepWeights::raw;
+    s.checkpoint = checkpoint, s.out = dir + "/samples", s.raw = w == eval::SweepWeights::raw;
     run_sampling(s);
     eval::GenerativeEvalOptions f = m.fid.value();
     f.samples = dir + "/samples/samples.npz";

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "eval/ema_sweep.h"
 #include "eval/generative.h"
 #include "experiments/classifier_experiment.h"
-#include "experiments/ema_sweep.h"
 #include "experiments/sampling_run.h"
 
 namespace moh::experiments {
@@ -56,6 +56,6 @@ struct CheckpointMeasure {
 
 /// The measure `moh ema sweep` runs at each point: the report of evaluate_classifier_checkpoint, or of
 /// evaluate_sample_set over run_sampling's samples with sampling.json as "sampling" and its step as "step".
-SweepMeasure checkpoint_measurer(const CheckpointMeasure& measure);
+eval::SweepMeasure checkpoint_measurer(const CheckpointMeasure& measure);
 
 }  // namespace moh::experiments

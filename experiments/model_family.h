@@ -128,6 +128,9 @@ struct BenchStep {
 
 /// One family. Fixed networks (SD-VAE, FID-Inception) leave the experiment hooks empty.
 struct ModelFamily {
+  /// Keys a resumed run of this family may not change (its weights would not fit) and keys it changes only when
+  /// asked (the training process), beside the data section's and the loop's.
+  std::vector<std::string> fixed_on_resume, guarded_on_resume;
   std::string id;     ///< "classifier", "dit", "sd-vae", "fid-inception": JSON keys and `moh info --list`
   std::string title;  ///< heading of `moh info --list`
   std::function<std::vector<std::string>()> names;

@@ -60,7 +60,9 @@ TaskFactory task_factory(const ExperimentConfig& cfg) {
 }
 
 namespace {
-constexpr int64_t kPrecisionProbeMaxBatch = 64;
+// The probe's batch: small enough that a step of a small model takes a fraction of a second on 2 cores, so that
+// `precision: auto` decides within its ~10 s budget (core/cpu_precision.h).
+constexpr int64_t kPrecisionProbeMaxBatch = 8;
 
 // `precision: auto` on a CPU decided by this experiment's own training step (core/cpu_precision.h): its model as the
 // run builds it, at the batch one backward pass sees, with its optimizer, EMA and checkpointing, on random data.
@@ -69,8 +71,8 @@ std::shared_ptr<const PrecisionProbe> training_probe(const ExperimentConfig& cfg
   if (cfg.train.precision != Precision::automatic || !f.bench_step) return nullptr;
   const char* w = std::getenv("WORLD_SIZE");
   const int64_t world = std::max<int64_t>(1, w ? std::atoll(w) : 1);
-  // The batch one backward pass sees, at most 64: per-example cost is about flat beyond that, and the probe runs
-  // before the data are read (a batch the data cannot fill is refused only then).
+  // The batch one backward pass sees, at most kPrecisionProbeMaxBatch (the probe runs before the data are read: a
+  // batch the data cannot fill is refused only then).
   const int64_t micro = cfg.data.batch_size / world / std::max<int64_t>(1, cfg.train.accum_steps);
   const int64_t batch = std::clamp<int64_t>(micro, 1, kPrecisionProbeMaxBatch);
   auto probe = std::make_shared<PrecisionProbe>();

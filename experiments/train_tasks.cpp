@@ -5,6 +5,7 @@
 #include "datasets/augment.h"
 #include "diffusion/diffusion_trainer.h"
 #include "diffusion/objective.h"
+#include "experiments/registry.h"
 #include "experiments/repa_encoders.h"
 #include "vision/classifier_trainer.h"
 #include "vision/nn/fused_ops.h"
@@ -148,6 +149,11 @@ LoopConfig loop_config(const ExperimentConfig& cfg) {
   l.train = cfg.train;
   l.log = cfg.log;
   l.weights = {cfg.model.weights, cfg.model.weights_key, cfg.model.weights_allow_missing};
+  const ModelFamily& family = experiment_family(cfg);
+  l.fixed_on_resume = family.fixed_on_resume;
+  l.guarded_on_resume = family.guarded_on_resume;
+  const auto& data = data_keys_guarded_on_resume();
+  l.guarded_on_resume.insert(l.guarded_on_resume.end(), data.begin(), data.end());
   return l;
 }
 

@@ -1,13 +1,16 @@
 // Progress bar (plain mode lines, durations), JSONL metrics, and RunContext (torchrun/Slurm environment, errors).
 #include <ATen/Parallel.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
+#include <thread>
 #include <tuple>
 
 #include "core/amp.h"
 #include "core/atomic_io.h"
 #include "core/blas_core.h"
+#include "core/cpu_precision.h"
 #include "core/ema.h"
 #include "core/error.h"
 #include "core/progress.h"
@@ -265,6 +268,34 @@ TEST(BlasCore, BestCoreForTheCpuAndWhenToSwitch) {
 // The self-check of a core: the products through LibTorch agree with the plain loop.
 TEST(BlasCore, SelfCheckPassesOnTheBlasInUse) {
   EXPECT_EQ(check_blas_products(), "");
+}
+
+// `precision: auto` decides within its budget whatever the model (core/cpu_precision.h): a probe whose steps are quick
+// is timed in a warm-up and three interleaved rounds; one whose warm-up steps alone take longer than a small model's
+// ever do is timed once and the fixed transformer block decides instead. Counted calls, not wall times.
+TEST(CpuPrecision, TheProbeIsTimedWithinTheBudgetOrTheBlockDecides) {
+  const auto counting_probe = [](int& calls, std::chrono::milliseconds step) {
+    PrecisionProbe p;
+    p.name = "test probe";
+    p.build = [&calls, step](Precision) {
+      return std::function<void()>([&calls, step] {
+        ++calls;
+        std::this_thread::sleep_for(step);
+      });
+    };
+    return p;
+  };
+  int quick = 0, slow = 0;
+  const PrecisionProbe fast = counting_probe(quick, std::chrono::milliseconds(10));
+  const auto [f32, b16] = measure_cpu_precision(&fast);
+  EXPECT_EQ(quick, 2 * 4);  // fp32 and bf16: one warm-up step and three rounds each
+  EXPECT_GE(f32, 10.0);
+  EXPECT_GE(b16, 10.0);
+  const PrecisionProbe large = counting_probe(slow, std::chrono::milliseconds(1600));
+  const auto [block_f32, block_b16] = measure_cpu_precision(&large);
+  EXPECT_EQ(slow, 2);  // its warm-up (3.2 s) says too large: the block's steps were timed instead
+  EXPECT_GT(block_f32, 0.0);
+  EXPECT_GT(block_b16, 0.0);
 }
 
 }  // namespace

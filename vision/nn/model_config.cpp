@@ -88,4 +88,12 @@ std::vector<HeadSplit> moh_split(const ModelConfig& model, const std::vector<int
   return out;
 }
 
+void ModelConfig::validate(const config::RuleError& bad) const {
+  if (num_classes < 0) bad("model.num_classes", "must be >= 0 (0 = variant default)", "");
+  if (img_size < 0) bad("model.img_size", "must be >= 0 (0 = variant default)", "");
+  if (img_size > kMaxImageSize)
+    bad("model.img_size", "must be <= " + std::to_string(kMaxImageSize) + " px, got " + std::to_string(img_size), "");
+  if (drop_path >= 1) bad("model.drop_path", "must be < 1", "e.g. 0.1");
+}
+
 }  // namespace moh

@@ -105,6 +105,8 @@ struct ModelConfig {
         "fused block operations (LayerNorm + modulate, gate + residual, bias + GELU, the MoH router, head gates): "
         "on, off (the official op sequence) or auto (the rule measured per device: docs/BENCHMARKS.md, Fused block)");
   }
+  /// Rules of model: alone (a family's own rules: its validate hook).
+  void validate(const config::RuleError& bad) const;
 };
 
 /// Why h_s always-on heads and top-K of the remaining h − h_s do not fit a layer of h heads, or "" when they do:

@@ -1,4 +1,4 @@
-// `moh ema sweep` as library code (experiments/ema_sweep.h): the σ_rel ranges it accepts, that each point measures
+// `moh ema sweep` as library code (eval/ema_sweep.h): the σ_rel ranges it accepts, that each point measures
 // the reconstruction of its own σ_rel, that a second start measures only what is missing, and that the table picks
 // the best point in the metric's own direction.
 #include <gtest/gtest.h>
@@ -10,14 +10,13 @@
 #include "core/phema.h"
 #include "core/phema_run.h"
 #include "core/safetensors.h"
-#include "experiments/ema_sweep.h"
+#include "eval/ema_sweep.h"
 #include "tests/test_util.h"
 
-namespace moh {
+namespace moh::eval {
 namespace {
 
 namespace fs = std::filesystem;
-using experiments::SweepWeights;
 
 // A run directory with post-hoc EMA snapshots (σ_rel 0.05 and 0.10 every 100 steps to 300) of weights following a
 // known sequence: enough for reconstruct() and write_reconstruction().
@@ -37,7 +36,7 @@ std::string make_run(const test::TempDir& tmp) {
 
 // The measure: the first weight of the checkpoint's EMA as "fid" (so a point's value says which weights it read),
 // counting calls.
-experiments::SweepMeasure probe(int& calls) {
+SweepMeasure probe(int& calls) {
   return [&calls](const std::string& ckpt, SweepWeights w, const std::string& dir) {
     ++calls;
     // the point's own directory, holding nothing but its reconstruction
@@ -55,20 +54,20 @@ experiments::SweepMeasure probe(int& calls) {
 }
 
 TEST(EmaSweep, SigmaRangesAreEvenlySpacedAndInsideTheProfilesRange) {
-  EXPECT_EQ(experiments::parse_sigma_rels("0.02:0.20:10", "s").size(), 10u);
-  const auto v = experiments::parse_sigma_rels("0.02:0.20:10", "s");
+  EXPECT_EQ(parse_sigma_rels("0.02:0.20:10", "s").size(), 10u);
+  const auto v = parse_sigma_rels("0.02:0.20:10", "s");
   EXPECT_DOUBLE_EQ(v.front(), 0.02);
   EXPECT_DOUBLE_EQ(v.back(), 0.20);
   EXPECT_DOUBLE_EQ(v[1], 0.04);
-  EXPECT_EQ(experiments::parse_sigma_rels("0.05,0.1", "s"), (std::vector<double>{0.05, 0.1}));
-  EXPECT_EQ(experiments::parse_sigma_rels("0.07:0.3:1", "s"), (std::vector<double>{0.07}));
+  EXPECT_EQ(parse_sigma_rels("0.05,0.1", "s"), (std::vector<double>{0.05, 0.1}));
+  EXPECT_EQ(parse_sigma_rels("0.07:0.3:1", "s"), (std::vector<double>{0.07}));
   for (const char* bad : {"0.02:0.5:4", "0:0.1:3", "0.02:0.2:0", "0.02:0.2:2.5", "0.05,x", "0.1,0.10", "1:2", ""})
-    EXPECT_NE(test::user_error_of([&] { experiments::parse_sigma_rels(bad, "--sigma-rels"); }), "") << bad;
+    EXPECT_NE(test::user_error_of([&] { parse_sigma_rels(bad, "--sigma-rels"); }), "") << bad;
 }
 
 TEST(EmaSweep, EachPointMeasuresItsOwnReconstructionAndASecondStartOnlyTheRest) {
   test::TempDir tmp;
-  experiments::EmaSweepRequest r;
+  EmaSweepRequest r;
   r.run = make_run(tmp);
   r.out = tmp.file("sweep");
   r.sigma_rels = {0.04, 0.12};
@@ -76,7 +75,7 @@ TEST(EmaSweep, EachPointMeasuresItsOwnReconstructionAndASecondStartOnlyTheRest) 
   r.metric = "fid";
   r.measure = {{"fid", {"--ref", "x"}}};
   int calls = 0;
-  auto res = experiments::run_ema_sweep(r, probe(calls), nullptr);
+  auto res = run_ema_sweep(r, probe(calls), nullptr);
   ASSERT_EQ(calls, 4);
   ASSERT_EQ(res.rows.size(), 4u);
   EXPECT_EQ(res.step, 300);
@@ -95,26 +94,25 @@ TEST(EmaSweep, EachPointMeasuresItsOwnReconstructionAndASecondStartOnlyTheRest) 
 
   r.sigma_rels = {0.04, 0.08, 0.12};  // one point more: only it is measured; the rest come from sweep.json
   calls = 0;
-  res = experiments::run_ema_sweep(r, probe(calls), nullptr);
+  res = run_ema_sweep(r, probe(calls), nullptr);
   EXPECT_EQ(calls, 1);
   EXPECT_EQ(res.resumed, 4);
   EXPECT_EQ(res.rows.size(), 5u);
   r.sigma_rels = {0.08};  // fewer listed: the others stay in the record
-  res = experiments::run_ema_sweep(r, probe(calls), nullptr);
+  res = run_ema_sweep(r, probe(calls), nullptr);
   EXPECT_EQ(calls, 1);
   EXPECT_EQ(res.rows.size(), 5u);
 
   r.measure = {{"fid", {"--ref", "y"}}};  // another measure into the same directory
-  EXPECT_NE(test::user_error_of([&] { experiments::run_ema_sweep(r, probe(calls), nullptr); }).find("another"),
-            std::string::npos);
+  EXPECT_NE(test::user_error_of([&] { run_ema_sweep(r, probe(calls), nullptr); }).find("another"), std::string::npos);
   r.measure = {{"fid", {"--ref", "x"}}};
   r.step = 150;  // the EMAs would end at step 100: another sweep
-  EXPECT_NE(test::user_error_of([&] { experiments::run_ema_sweep(r, probe(calls), nullptr); }), "");
+  EXPECT_NE(test::user_error_of([&] { run_ema_sweep(r, probe(calls), nullptr); }), "");
   r.out = tmp.file("sweep100");
-  res = experiments::run_ema_sweep(r, probe(calls), nullptr);
+  res = run_ema_sweep(r, probe(calls), nullptr);
   EXPECT_EQ(res.step, 100);
   r.step = 50;
-  EXPECT_NE(test::user_error_of([&] { experiments::run_ema_sweep(r, probe(calls), nullptr); }), "");
+  EXPECT_NE(test::user_error_of([&] { run_ema_sweep(r, probe(calls), nullptr); }), "");
 }
 
 TEST(EmaSweep, TheTablePicksTheBestPointInTheMetricsDirection) {
@@ -123,12 +121,12 @@ TEST(EmaSweep, TheTablePicksTheBestPointInTheMetricsDirection) {
         {"id", id}, {"weights", "post-hoc EMA"}, {"sigma_rel", s}, {"step", 9}, {"metrics", {{"fid", v}, {"top1", v}}}};
   };
   const std::vector<nlohmann::json> rows{row("a", 0.05, 30), row("b", 0.10, 20), row("c", 0.15, 25)};
-  EXPECT_NE(experiments::sweep_table(rows, "fid").find("sigma_rel 0.1 (20.00)"), std::string::npos);
-  EXPECT_NE(experiments::sweep_table(rows, "top1").find("sigma_rel 0.05 (30.00)"), std::string::npos);
-  const std::string t = experiments::sweep_table(rows, "fid");
+  EXPECT_NE(sweep_table(rows, "fid").find("sigma_rel 0.1 (20.00)"), std::string::npos);
+  EXPECT_NE(sweep_table(rows, "top1").find("sigma_rel 0.05 (30.00)"), std::string::npos);
+  const std::string t = sweep_table(rows, "fid");
   EXPECT_LT(t.find("| 0.05 |"), t.find("| 0.1 |"));  // rows by σ_rel
   EXPECT_LT(t.find("| 0.1 |"), t.find("| 0.15 |"));
 }
 
 }  // namespace
-}  // namespace moh
+}  // namespace moh::eval

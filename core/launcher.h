@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-namespace moh::experiments {
+namespace moh {
 
 /// This machine among several (torchrun's --nnodes / --node_rank / --master_addr): its ranks are
 /// node_rank · nproc + LOCAL_RANK of nnodes · nproc, and every rank meets at master_addr:port.
@@ -44,4 +44,4 @@ bool port_free(int port);
 /// and the original arguments with `--resume auto` (and `--run-dir` when it was implicit), shell-quoted.
 std::string resume_command(const std::string& program, int argc, char** argv, const std::string& run_dir);
 
-}  // namespace moh::experiments
+}  // namespace moh

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-namespace moh::experiments {
+namespace moh::eval {
 
 /// "a:b:n" (n values from a to b, evenly spaced, both ends included) or a list "a,b,c". A malformed spec, n < 1, or a
 /// value outside the power-function profiles' range (0, phema::max_sigma_rel()] is a UserError naming `what`.
@@ -54,4 +54,4 @@ EmaSweepResult run_ema_sweep(const EmaSweepRequest& request, const SweepMeasure&
 /// and loss, higher otherwise).
 std::string sweep_table(const std::vector<nlohmann::json>& rows, const std::string& metric);
 
-}  // namespace moh::experiments
+}  // namespace moh::eval

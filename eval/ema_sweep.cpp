@@ -1,4 +1,4 @@
-#include "experiments/ema_sweep.h"
+#include "eval/ema_sweep.h"
 
 #include <algorithm>
 #include <chrono>
@@ -17,7 +17,7 @@
 #include "eval/metric_record.h"
 #include "eval/report.h"
 
-namespace moh::experiments {
+namespace moh::eval {
 
 namespace fs = std::filesystem;
 
@@ -52,7 +52,7 @@ std::string point_id(double sigma_rel) {
 }
 
 bool lower_is_better(const std::string& metric) {
-  const eval::MetricRecord* r = eval::find_metric(metric);
+  const MetricRecord* r = find_metric(metric);
   return r && r->lower_is_better;
 }
 
@@ -150,12 +150,12 @@ std::vector<nlohmann::json> ordered(std::vector<nlohmann::json> rows) {
   return rows;
 }
 
-eval::ChartFiles write_chart(const EmaSweepRequest& r, const std::vector<nlohmann::json>& rows) {
-  eval::ChartPanel panel;
+ChartFiles write_chart(const EmaSweepRequest& r, const std::vector<nlohmann::json>& rows) {
+  ChartPanel panel;
   panel.title = r.metric + " of the reconstructed EMA";
   panel.x_label = "σ_rel (EMA length relative to the training time)";
-  panel.y_label = eval::metric_label(r.metric);
-  eval::Series curve{"post-hoc EMA", {}, {}};
+  panel.y_label = metric_label(r.metric);
+  Series curve{"post-hoc EMA", {}, {}};
   for (const auto& row : ordered(rows))
     if (!row["sigma_rel"].is_null()) {
       curve.x.push_back(row["sigma_rel"].get<double>());
@@ -171,7 +171,7 @@ eval::ChartFiles write_chart(const EmaSweepRequest& r, const std::vector<nlohman
       panel.series.push_back({w == "raw" ? "raw weights" : w, {lo, hi}, {v, v}});
     }
   const std::string title = "Post-hoc EMA sweep of " + fs::path(r.run).filename().string();
-  return eval::write_line_chart(r.out + "/sweep", title, {panel});
+  return write_line_chart(r.out + "/sweep", title, {panel});
 }
 
 }  // namespace
@@ -229,7 +229,7 @@ EmaSweepResult run_ema_sweep(const EmaSweepRequest& r, const SweepMeasure& measu
   res.json = r.out + "/sweep.json";
   res.table = r.out + "/sweep.md";
   write_file_atomic(res.table, sweep_table(res.rows, r.metric));
-  const eval::ChartFiles chart = write_chart(r, res.rows);
+  const ChartFiles chart = write_chart(r, res.rows);
   res.chart_svg = chart.svg;
   res.chart_png = chart.png;
   return res;
@@ -252,7 +252,7 @@ std::string sweep_table(const std::vector<nlohmann::json>& rows, const std::stri
             (row["step"].is_null() ? std::string("–") : row["step"].dump()) + " |";
     for (const auto& k : keys) {
       text += ' ';
-      text += row["metrics"].contains(k) ? eval::format_metric(k, row["metrics"][k].get<double>()) : "–";
+      text += row["metrics"].contains(k) ? format_metric(k, row["metrics"][k].get<double>()) : "–";
       text += " |";
     }
     text += "\n";
@@ -262,8 +262,8 @@ std::string sweep_table(const std::vector<nlohmann::json>& rows, const std::stri
   if (best)
     text += "\nBest post-hoc EMA by " + metric + ": sigma_rel " +
             point_id((*best)["sigma_rel"].get<double>()).substr(6) + " (" +
-            eval::format_metric(metric, (*best)["metrics"][metric].get<double>()) + ").\n";
+            format_metric(metric, (*best)["metrics"][metric].get<double>()) + ").\n";
   return text;
 }
 
-}  // namespace moh::experiments
+}  // namespace moh::eval

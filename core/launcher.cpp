@@ -1,4 +1,4 @@
-#include "experiments/launcher.h"
+#include "core/launcher.h"
 
 #include <netinet/in.h>
 #include <signal.h>
@@ -21,7 +21,7 @@
 
 #include "core/error.h"
 
-namespace moh::experiments {
+namespace moh {
 
 namespace {
 
@@ -283,4 +283,4 @@ std::string resume_command(const std::string& program, int argc, char** argv, co
   return cmd + " --resume auto";
 }
 
-}  // namespace moh::experiments
+}  // namespace moh
