@@ -7,6 +7,7 @@
 #include "core/checkpoint.h"
 #include "core/error.h"
 #include "core/rendezvous.h"
+#include "core/wait_report.h"
 
 #ifdef MOH_WITH_C10D
 #include <arpa/inet.h>
@@ -148,18 +149,48 @@ std::string lost_ranks(c10d::Store& store, const std::vector<RankCard>& cards, i
   return lost.size() > 4 ? s + ", …" : s;
 }
 
+// How a waiting rank posts and reads collective numbers: through the run's store, under keys of their own.
+WaitReportIO wait_report_io(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<RankCard>& cards, int rank,
+                            int world) {
+  const auto key = [](int r) { return "moh/wait/" + std::to_string(r); };
+  const auto who = [cards](int r) {
+    for (const auto& c : cards)
+      if (c.rank == r) return describe(c);
+    return "rank " + std::to_string(r);
+  };
+  WaitReportIO io;
+  io.post = [store, key, rank](int64_t n) { store->set(key(rank), bytes(std::to_string(n))); };
+  io.read = [store, key, world] {
+    std::vector<int64_t> posted(static_cast<size_t>(world), -1);
+    for (int r = 0; r < world; ++r)
+      if (store->check({key(r)})) posted[static_cast<size_t>(r)] = std::stoll(text(store->get(key(r))));
+    return posted;
+  };
+  io.describe = who;
+  io.store_holder = who(0);
+  return io;
+}
+
+WaitReportTimes wait_times(double timeout_s) {
+  WaitReportTimes t;
+  t.give_up_s = timeout_s;
+  return t;
+}
+
 // A c10d process group. Backend errors (a peer that died, a timeout) surface as one-line runtime errors naming the
 // ranks that were lost and their hosts.
 template <class PG>
 class C10dGroup : public Group {
  public:
   C10dGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<PG> pg, const RunContext& ctx, c10::Device device,
-            std::string name, std::vector<RankCard> cards)
+            std::string name, std::vector<RankCard> cards, double timeout_s)
       : Group(ctx.rank, ctx.world, device),
         store_(std::move(store)),
         pg_(std::move(pg)),
         name_(std::move(name)),
-        cards_(std::move(cards)) {}
+        cards_(std::move(cards)),
+        waits_(ctx.rank, wait_report_io(store_, cards_, ctx.rank, ctx.world), wait_times(timeout_s),
+               [](const std::string& line) { std::cerr << line << std::endl; }) {}
   std::string backend() const override { return name_; }
   void barrier() override {
     run("barrier", [&] { pg_->barrier()->wait(); });
@@ -191,6 +222,11 @@ class C10dGroup : public Group {
   template <class F>
   void run(const char* what, F&& f) {
     std::string cause;
+    waits_.begin(what);
+    struct Ended {
+      WaitReporter& w;
+      ~Ended() { w.end(); }
+    } ended{waits_};
     try {
       f();
       return;
@@ -208,6 +244,7 @@ class C10dGroup : public Group {
   c10::intrusive_ptr<PG> pg_;
   std::string name_;
   std::vector<RankCard> cards_;
+  WaitReporter waits_;  // last: its thread may read the members above
 };
 
 // The socket error inside a c10d message ("errno: 113 - No route to host"), else its first line.
@@ -302,7 +339,8 @@ Rendezvous rendezvous(const RunContext& ctx, const std::string& host, int port, 
   const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
   char name[256] = {};
   ::gethostname(name, sizeof name - 1);
-  const RankCard mine{ctx.rank, ctx.world, name, gloo_listen_address(host, port), random_nonce(), agree};
+  const RankCard mine{
+      ctx.rank, ctx.world, name, gloo_listen_address(host, port), random_nonce(), agree, static_cast<int>(::getpid())};
   while (true) {
     Rendezvous r{open_store(host, port, ctx, deadline), {}};
     const auto leave_card = [&] {
@@ -384,7 +422,7 @@ std::shared_ptr<Group> Group::join(const RunContext& ctx, const Agreement& agree
     opts->timeout = timeout;
     auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(pg_store, ctx.rank, ctx.world, opts);
     return std::make_shared<C10dGroup<c10d::ProcessGroupNCCL>>(rdzv.store, pg, ctx, ctx.device, "nccl",
-                                                               std::move(rdzv.cards));
+                                                               std::move(rdzv.cards), timeout_s);
   }
 #endif
   auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
@@ -397,7 +435,7 @@ std::shared_ptr<Group> Group::join(const RunContext& ctx, const Agreement& agree
                                          : c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
   auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(pg_store, ctx.rank, ctx.world, opts);
   return std::make_shared<C10dGroup<c10d::ProcessGroupGloo>>(rdzv.store, pg, ctx, c10::Device(c10::kCPU), "gloo",
-                                                             std::move(rdzv.cards));
+                                                             std::move(rdzv.cards), timeout_s);
 #endif
 }
 

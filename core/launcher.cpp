@@ -153,6 +153,18 @@ struct Outcome {
   std::string how = "exit 0";  ///< the first failing rank's end, for the restart line: "exit N" or "signal N"
 };
 
+// A rank stopped by a signal (SIGSTOP, a debugger) stays alive and silent while the others wait for it in their next
+// collective: say so at once, and again when it continues.
+void report_pause(int rank, pid_t pid, int status) {
+  if (WIFCONTINUED(status)) {
+    std::cerr << "moh launch: rank " << rank << " (pid " << pid << ") continues\n";
+    return;
+  }
+  std::cerr << "moh launch: rank " << rank << " (pid " << pid << ") was stopped by signal " << WSTOPSIG(status) << " ("
+            << strsignal(WSTOPSIG(status)) << "); the other ranks wait for it until MOH_DIST_TIMEOUT ("
+            << "kill -CONT " << pid << " resumes it)\n";
+}
+
 // Waits; the first failure stops the rest: SIGTERM, then SIGKILL 10 s later. An input error (exit 2) of a rank other
 // than 0 first gives rank 0 up to 30 s to fail alike and print the one error line (the other ranks stay quiet).
 Outcome wait_ranks(Ranks& ranks) {
@@ -168,11 +180,11 @@ Outcome wait_ranks(Ranks& ranks) {
   while (alive > 0) {
     for (; forwarded < g_signals; ++forwarded) signal_all(g_last_signal);
     int status = 0;
-    const pid_t pid = ::waitpid(-1, &status, stopping ? WNOHANG : 0);
+    const pid_t pid = ::waitpid(-1, &status, (stopping ? WNOHANG : 0) | WUNTRACED | WCONTINUED);
     if (pid < 0 && errno == EINTR) continue;
     if (pid == 0) {  // stopping, nobody exited yet
       const auto now = Clock::now();
-      if (!termed && now >= term_at) signal_all(SIGTERM), termed = true;
+      if (!termed && now >= term_at) signal_all(SIGTERM), signal_all(SIGCONT), termed = true;  // a stopped rank too
       if (now >= kill_at) signal_all(SIGKILL);
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
       continue;
@@ -181,6 +193,10 @@ Outcome wait_ranks(Ranks& ranks) {
     const auto it = std::find(ranks.pids.begin(), ranks.pids.end(), pid);
     if (it == ranks.pids.end()) continue;
     const int rank = static_cast<int>(it - ranks.pids.begin());
+    if (WIFSTOPPED(status) || WIFCONTINUED(status)) {
+      report_pause(ranks.place.node_rank * ranks.n + rank, pid, status);
+      continue;
+    }
     *it = -1;
     --alive;
     const int code = WIFEXITED(status) ? WEXITSTATUS(status) : kExitRuntime;

@@ -47,21 +47,24 @@ std::string disagreement(const RankCard& mine, const RankCard& card) {
 std::string encode_card(const RankCard& c) {
   std::string s =
       std::to_string(c.rank) + "\t" + std::to_string(c.world) + "\t" + c.host + "\t" + c.address + "\t" + c.nonce;
+  s += "\t" + std::to_string(c.pid);
   for (const auto& [name, value] : c.agree) s += "\t" + name + "=" + value;
   return s;
 }
 
 RankCard decode_card(const std::string& text) {
   const auto f = split(text, '\t');
-  if (f.size() < 5) throw std::runtime_error("malformed rendezvous card: " + text.substr(0, 80));
+  if (f.size() < 6) throw std::runtime_error("malformed rendezvous card: " + text.substr(0, 80));
   RankCard c;
   try {
-    c.rank = std::stoi(f[0]), c.world = std::stoi(f[1]);
+    size_t used = 0;
+    c.rank = std::stoi(f[0]), c.world = std::stoi(f[1]), c.pid = std::stoi(f[5], &used);
+    if (used != f[5].size()) throw std::invalid_argument("pid");
   } catch (const std::exception&) {
     throw std::runtime_error("malformed rendezvous card: " + text.substr(0, 80));
   }
   c.host = f[2], c.address = f[3], c.nonce = f[4];
-  for (size_t i = 5; i < f.size(); ++i) {
+  for (size_t i = 6; i < f.size(); ++i) {
     const size_t eq = f[i].find('=');
     if (eq == std::string::npos) throw std::runtime_error("malformed rendezvous card: " + text.substr(0, 80));
     c.agree.emplace_back(f[i].substr(0, eq), f[i].substr(eq + 1));
@@ -70,7 +73,8 @@ RankCard decode_card(const std::string& text) {
 }
 
 std::string describe(const RankCard& c) {
-  return "rank " + std::to_string(c.rank) + " (host " + c.host + (c.address.empty() ? "" : ", " + c.address) + ")";
+  return "rank " + std::to_string(c.rank) + " (host " + c.host + (c.address.empty() ? "" : ", " + c.address) +
+         (c.pid > 0 ? ", pid " + std::to_string(c.pid) : "") + ")";
 }
 
 std::string rendezvous_refusal(const RankCard& mine, const std::vector<RankCard>& cards) {

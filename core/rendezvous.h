@@ -23,13 +23,14 @@ struct RankCard {
   std::string address;  ///< where its backend listens
   std::string nonce;    ///< random per process
   Agreement agree;
+  int pid = 0;  ///< its process id (for lines about a rank that stopped answering)
 };
 
 /// One line of text and back (tab-separated; values must hold no tab or newline). decode throws std::runtime_error.
 std::string encode_card(const RankCard& card);
 RankCard decode_card(const std::string& text);
 
-/// "rank 1 (host h1, 10.0.0.2)" for messages.
+/// "rank 1 (host h1, 10.0.0.2, pid 4242)" for messages (no pid when 0).
 std::string describe(const RankCard& card);
 
 /// Judges the cards that have arrived so far (any order), against rank 0's `mine`: "" while nothing is wrong, else

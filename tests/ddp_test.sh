@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Data parallel on c10d / Gloo with two processes on 127.0.0.1 (moh launch): training equals a single process with the
 # same global batch (classifier and DiT), sampling merges into the same .npz, evaluation gives the same top-1, and a
-# rank that dies makes the other exit with an error instead of hanging.
+# rank that dies makes the other exit with an error instead of hanging; one that stops answering is named while waiting.
 # usage: ddp_test.sh path/to/moh repo_root
 set -u
 MOH=$1
@@ -99,6 +99,28 @@ rc=$?
 if [ "$rc" != 0 ] && grep -q "was killed by signal 9 (SIGKILL: most likely out of memory" "$tmp/m.log"; then
   ok "launch: a rank killed by SIGKILL: $(grep -m1 'killed by signal' "$tmp/m.log" | cut -c1-160)"
 else bad "launch, a rank killed by SIGKILL: exit $rc: $(tail -3 "$tmp/m.log")"; fi
+
+# A rank that stops answering (SIGSTOP) leaves no silent wait: the launcher names it at once, the waiting rank names
+# it (host, pid) after 30 s and says when it gives up, and the run ends with exit 1 at MOH_DIST_TIMEOUT.
+MOH_DIST_TIMEOUT=40 "$MOH" launch --nproc 2 -- train $NANO "${K[@]}" --run-dir "$tmp/st" >"$tmp/st.log" 2>&1 &
+ps_=$!
+pids+=("$ps_")
+for _ in $(seq 1 1200); do [ -s "$tmp/st/metrics.jsonl" ] && break; sleep 0.1; done
+stopped=$(pgrep -P "$ps_" | tail -1)
+kill -STOP "$stopped"
+start=$(date +%s)
+for _ in $(seq 1 300); do grep -q "rank 1 (pid $stopped) was stopped by signal 19" "$tmp/st.log" && break; sleep 0.1; done
+named=$(( $(date +%s) - start ))
+wait "$ps_"
+rc=$?
+took=$(( $(date +%s) - start ))
+[ "$named" -le 30 ] && grep -q "rank 1 (pid $stopped) was stopped by signal 19" "$tmp/st.log" &&
+  ok "launch names the stopped rank after ${named}s" || bad "launch did not name the stopped rank: $(tail -3 "$tmp/st.log")"
+if grep -Eq "^moh: rank 0 has waited (29|3[0-9]) s in all-reduce #[0-9]+ for rank 1 \(host [^,]+, [^,]+, pid $stopped\), which has not reached it; it gives up after 40 s \(MOH_DIST_TIMEOUT\), in 1?[0-9] s$" "$tmp/st.log"; then
+  ok "the waiting rank names whom it waits for: $(grep -m1 '^moh: rank 0 has waited' "$tmp/st.log")"
+else bad "no line from the waiting rank: $(grep -v '^step\|%' "$tmp/st.log" | tail -5)"; fi
+[ "$rc" = 1 ] && [ "$took" -le 90 ] && grep -q "lost rank 1 (host" "$tmp/st.log" &&
+  ok "the run ends with exit 1 ${took}s after the stop, naming rank 1" || bad "after a stopped rank: exit $rc after ${took}s: $(tail -3 "$tmp/st.log")"
 
 # A diverging run on 2 ranks (optim.lr 1e6): both ranks see the same averaged gradients, so both skip the same
 # steps and stop together at train.max_nonfinite_steps — exit 1 and one error line for the machine, not one per rank.

@@ -89,7 +89,7 @@ ip netns pids "$ns1" | xargs -r kill -9
 t0=$(date +%s)
 wait_for "$p0" 90; rc=$RC
 dt=$(($(date +%s) - t0))
-if [ "$rc" = 1 ] && [ "$dt" -le 60 ] && grep -q "lost rank 1 (host .*$addr1)" "$tmp/lost.h0.log" &&
+if [ "$rc" = 1 ] && [ "$dt" -le 60 ] && grep -q "lost rank 1 (host .*$addr1, pid [0-9]*)" "$tmp/lost.h0.log" &&
   [ "$(one_line "$tmp/lost.h0.log")" = 1 ]; then
   ok "host 1 lost: host 0 exits 1 after ${dt} s: $(grep '^error: ' "$tmp/lost.h0.log" | cut -c1-150)"
 else bad "host 1 lost: exit $rc after ${dt} s: $(tail -3 "$tmp/lost.h0.log" | tr '\n' ' ' | cut -c1-400)"; fi

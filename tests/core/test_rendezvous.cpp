@@ -20,12 +20,16 @@ RankCard card(int rank, int world, const std::string& config = "abc") {
                   "h" + std::to_string(rank),
                   "10.0.0." + std::to_string(rank + 1),
                   "n" + std::to_string(rank),
-                  {{"config", config}, {"start", "step 0"}}};
+                  {{"config", config}, {"start", "step 0"}},
+                  0};
 }
 
 TEST(Rendezvous, CardsRoundTripAndMalformedOnesAreRefused) {
-  const RankCard c = card(3, 4, std::string(64, 'f'));
+  RankCard c = card(3, 4, std::string(64, 'f'));
+  c.pid = 4242;
   const RankCard d = decode_card(encode_card(c));
+  EXPECT_EQ(d.pid, 4242);
+  EXPECT_EQ(describe(d), "rank 3 (host h3, 10.0.0.4, pid 4242)");
   EXPECT_EQ(d.rank, 3);
   EXPECT_EQ(d.world, 4);
   EXPECT_EQ(d.host, "h3");
@@ -33,8 +37,9 @@ TEST(Rendezvous, CardsRoundTripAndMalformedOnesAreRefused) {
   EXPECT_EQ(d.nonce, "n3");
   EXPECT_EQ(d.agree, c.agree);
   EXPECT_THROW(decode_card("1\t2\th"), std::runtime_error);
-  EXPECT_THROW(decode_card("x\t2\th\ta\tn"), std::runtime_error);
-  EXPECT_THROW(decode_card("1\t2\th\ta\tn\tnoequals"), std::runtime_error);
+  EXPECT_THROW(decode_card("x\t2\th\ta\tn\t1"), std::runtime_error);
+  EXPECT_THROW(decode_card("1\t2\th\ta\tn\t1x"), std::runtime_error);
+  EXPECT_THROW(decode_card("1\t2\th\ta\tn\t1\tnoequals"), std::runtime_error);
 }
 
 TEST(Rendezvous, JudgesWorldSizeRanksAndAgreement) {
