@@ -54,6 +54,7 @@ RunContext RunContext::create(const std::string& device, Precision precision, ui
   if (ctx.world < 1 || ctx.rank < 0 || ctx.rank >= ctx.world)
     throw UserError("environment", "RANK/WORLD_SIZE inconsistent", "launch with torchrun or `moh launch`");
   const int local_world = env_int("LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE", 1);
+  ctx.local_world = std::max(1, local_world);
   ctx.device = choose_device(device, ctx.local_rank, local_world, cuda_available() ? cuda_device_count() : 0);
   if (device == "auto" && !ctx.device.is_cuda() && cuda_available() && ctx.local_rank == 0)
     std::cerr << "note: device auto: " << local_world << " processes on this node, " << cuda_device_count()

@@ -19,6 +19,7 @@ struct RunContext {
   Precision precision = Precision::fp32;
   uint64_t seed = 0;
   int rank = 0, world = 1, local_rank = 0;
+  int local_world = 1;  ///< processes of the run on this machine (LOCAL_WORLD_SIZE)
   /// The how-manyth start after a failure this is, and the most allowed (torchrun's TORCHELASTIC_RESTART_COUNT /
   /// TORCHELASTIC_MAX_RESTARTS, set by `moh launch --max-restarts`); 0 and 0 outside a restarting launcher.
   int restart = 0, max_restarts = 0;

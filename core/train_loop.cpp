@@ -198,7 +198,8 @@ class TrainLoop {
   bool diverged_ = false;
   Clock::time_point window_start_;
   double lr_ = 0;
-  std::string status_;  // the bar's "loss=… lr=…", refreshed at each metrics line
+  std::string status_;       // the bar's "loss=… lr=…", refreshed at each metrics line
+  std::string memory_line_;  // the memory check's verdict, for the log's first lines
   bool stop_ = false, interrupted_ = false;
   LoopResult result_;
   const Clock::time_point start_ = Clock::now();
@@ -224,6 +225,15 @@ TrainLoop::TrainLoop(const LoopConfig& cfg, const TrainArgs& args, const TaskFac
   if (resume_)
     config_changes_ =
         check_resume_config(cfg, resume_->config_yaml, resume_->dir, args.allow_config_change, resume_->state);
+  // Whether the run fits, before any data are read: one step of the real model at small batches, extrapolated.
+  if (args.memory_probe) {
+    MemoryPlan plan;
+    plan.batch = local_batch / cfg.train.accum_steps;
+    plan.per_batch = world * cfg.train.accum_steps;
+    plan.sharing = ctx_.device.is_cuda() ? 1 : ctx_.local_world;
+    plan.setting = "data.batch_size";
+    memory_line_ = preflight_memory(*args.memory_probe, ctx_, plan);
+  }
   // One writer per run directory: an existing one is locked at once (a second process is refused before it loads
   // any data); a new one only once every input has been checked (start_writing), so a refused run creates nothing.
   if (ctx_.is_main() && fs::exists(run_dir_)) lock_ = std::make_unique<RunDirLock>(run_dir_);
@@ -332,6 +342,7 @@ void TrainLoop::start_writing() {
     std::cerr << "model " << task_->describe() << ", "
               << precision_summary(cfg_.train.precision, ctx_, args_.precision_probe.get()) << ", run dir " << run_dir_
               << (ctx_.world > 1 ? ", " + std::to_string(ctx_.world) + " data-parallel ranks" : std::string()) << "\n";
+    if (!memory_line_.empty()) std::cerr << memory_line_ << "\n";
   }
   // One bar for the whole run: batches b/S (S = epochs × batches per epoch, capped by train.max_steps), the rate of
   // this process's batches, and the ETA of the rest of the run.

@@ -18,6 +18,7 @@
 #include "core/checkpoint.h"
 #include "core/distributed.h"
 #include "core/ema.h"
+#include "core/memory_preflight.h"
 #include "core/run_context.h"
 #include "core/train_config.h"
 
@@ -34,6 +35,9 @@ struct TrainArgs {
   /// What decides `precision: auto` on a CPU: the experiment's own training step (set by moh train; without it, a
   /// generic transformer block).
   std::shared_ptr<const PrecisionProbe> precision_probe = nullptr;
+  /// One step of the run's model at a batch: the memory check before any work (core/memory_preflight.h; none = no
+  /// check).
+  std::shared_ptr<const MemoryProbe> memory_probe = nullptr;
 };
 
 /// The loop's own keys a resumed run changes only when asked (`--allow-config-change`: the ranks, the accumulation

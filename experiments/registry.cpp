@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "core/amp.h"
 #include "core/cpu_precision.h"
 #include "core/error.h"
 #include "datasets/image_decode.h"
@@ -92,12 +93,51 @@ std::shared_ptr<const PrecisionProbe> training_probe(const ExperimentConfig& cfg
   };
   return probe;
 }
+
+// The memory check of a training run (core/memory_preflight.h): the experiment's own step (model, optimizer, EMA,
+// checkpointing as the run builds them) on random data, at the precision and on the device the run resolved.
+std::shared_ptr<const MemoryProbe> memory_probe(const ExperimentConfig& cfg) {
+  const ModelFamily& f = experiment_family(cfg);
+  if (!f.bench_step) return nullptr;
+  auto probe = std::make_shared<MemoryProbe>();
+  probe->what = "training " + cfg.model.name + " at " + std::to_string(cfg.model.img_size) + " px";
+  probe->other = "model.img_size, or set train.grad_checkpoint: blocks";
+  probe->build = [&f, cfg](const RunContext& ctx, int64_t batch) {
+    BenchRequest r;
+    r.name = cfg.model.name;
+    r.ctx = ctx;
+    r.batch = batch;
+    r.optim = cfg.optim.impl;
+    r.ema_decay = cfg.train.ema_decay;
+    r.experiment = &cfg;
+    return f.bench_step(r).step;
+  };
+  if (f.id == "classifier") {  // evaluates its validation split during training, at its own batch
+    probe->eval_batch = cfg.data.eval_batch_size;
+    probe->eval_setting = "data.eval_batch_size";
+    probe->build_eval = [&f, cfg](const RunContext& ctx, int64_t batch) {
+      BenchRequest r;
+      r.name = cfg.model.name;
+      r.ctx = ctx;
+      r.batch = batch;
+      r.experiment = &cfg;
+      std::function<void()> forward = f.bench_step(r).forward;
+      return std::function<void()>([forward, ctx] {
+        const torch::NoGradGuard no_grad;
+        const AutocastScope autocast(ctx);  // as the run evaluates
+        forward();
+      });
+    };
+  }
+  return probe;
+}
 }  // namespace
 
 LoopResult train_experiment(const ExperimentConfig& cfg, const TrainArgs& args) {
   validate_experiment(cfg);
   TrainArgs a = args;
   if (!a.precision_probe) a.precision_probe = training_probe(cfg);
+  if (!a.memory_probe) a.memory_probe = memory_probe(cfg);
   return run_training(loop_config(cfg), a, task_factory(cfg));
 }
 

@@ -125,6 +125,18 @@ void TransNeXtOptions::validate() const {
   if (num_classes <= 0 || in_chans <= 0) throw UserError(what, "num_classes and in_chans must be positive", "");
 }
 
+std::pair<at::Tensor, at::Tensor> unique_pairs(const at::Tensor& a, const at::Tensor& b) {
+  // Ranks of a and of b among their distinct values; the key rank_a · |distinct b| + rank_b orders pairs as rows are
+  // ordered lexicographically, so the distinct keys are the distinct rows in unique_dim's order.
+  auto [ua, rank_a, na] = at::_unique2(a, true, true, false);
+  auto [ub, rank_b, nb] = at::_unique2(b, true, true, false);
+  const int64_t width = ub.size(0);
+  auto [keys, inverse, counts] = at::_unique2(rank_a * width + rank_b, true, true, false);
+  at::Tensor rows =
+      at::stack({ua.index_select(0, at::div(keys, width, "floor")), ub.index_select(0, keys % width)}, -1);
+  return {rows, inverse};
+}
+
 std::pair<at::Tensor, at::Tensor> relative_position_cpb(int64_t qh, int64_t qw, int64_t kh, int64_t kw, int64_t ph,
                                                         int64_t pw) {
   auto axis = [](int64_t q, int64_t k) {
@@ -138,8 +150,7 @@ std::pair<at::Tensor, at::Tensor> relative_position_cpb(int64_t qh, int64_t qw, 
   auto qg = at::meshgrid({aqh, aqw}, "ij");
   at::Tensor rh = (qg[0].reshape({-1, 1}) - kg[0].reshape({1, -1})) / static_cast<double>(ph - 1) * 8.0;
   at::Tensor rw = (qg[1].reshape({-1, 1}) - kg[1].reshape({1, -1})) / static_cast<double>(pw - 1) * 8.0;
-  at::Tensor pairs = at::stack({rh, rw}, -1).view({-1, 2});  // (Nq·Nk, 2)
-  auto [table, inverse, counts] = at::unique_dim(pairs, 0, true, true);
+  auto [table, inverse] = unique_pairs(rh.reshape({-1}), rw.reshape({-1}));
   table = at::sign(table) * at::log2(table.abs() + 1.0) / std::log2(kCpbLogBase);  // log-spaced
   return {table, inverse};
 }

@@ -108,7 +108,8 @@ TEST(WaitReport, AStoreThatDoesNotAnswerIsNamedInsteadOfHangingTheRank) {
   }
   release.set_value();  // lets the reads left behind finish
   std::lock_guard<std::mutex> lock(store->mu);
-  EXPECT_NE(store->said[0].find("in barrier #1 and cannot ask the others: the store held by rank 0 (host h0, pid 17) does not answer"),
+  EXPECT_NE(store->said[0].find(
+                "in barrier #1 and cannot ask the others: the store held by rank 0 (host h0, pid 17) does not answer"),
             std::string::npos)
       << store->said[0];
 }

@@ -349,6 +349,21 @@ TEST(TransNeXtAttention, LengthScaleAndPaddingAtStage1) {
 
 TEST(TransNeXtCPB, TableSizesAndCoordinates) {
   EXPECT_EQ(relative_position_cpb(56, 56, 7, 7, 56, 56).first.size(0), 10816);
+  // unique_pairs is unique_dim(rows) through integer keys: the same rows, order and inverse, bit for bit.
+  at::manual_seed(3);
+  for (const auto& [n, levels] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {500, 7}, {4000, 40}, {300, 1000}}) {
+    const at::Tensor a = (at::randint(levels, {n}) - levels / 2).to(at::kFloat) / 3.0;
+    const at::Tensor b = (at::randint(levels, {n}) - levels / 2).to(at::kFloat) * 0.7;
+    auto [rows, inverse] = unique_pairs(a, b);
+    auto [ref_rows, ref_inverse, counts] = at::unique_dim(at::stack({a, b}, -1), 0, true, true);
+    EXPECT_TRUE(rows.equal(ref_rows)) << n;
+    EXPECT_TRUE(inverse.equal(ref_inverse)) << n;
+  }
+  {
+    const at::Tensor a = at::arange(20, at::kFloat).repeat_interleave(20), b = at::arange(20, at::kFloat).repeat(20);
+    auto [ref_rows, ref_inverse, counts] = at::unique_dim(at::stack({a, b}, -1), 0, true, true);
+    EXPECT_TRUE(unique_pairs(a.flip(0), b.flip(0)).first.equal(ref_rows));
+  }
   EXPECT_EQ(relative_position_cpb(28, 28, 7, 7, 28, 28).first.size(0), 2704);
   EXPECT_EQ(relative_position_cpb(14, 14, 7, 7, 14, 14).first.size(0), 676);
   EXPECT_EQ(relative_position_cpb(7, 7, 7, 7, 7, 7).first.size(0), 169);

@@ -1,0 +1,181 @@
+#include "core/memory_preflight.h"
+
+#include <malloc.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/run_context.h"
+
+#ifdef MOH_TORCH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+namespace moh {
+
+namespace {
+
+// A "Name:   123 kB" line of /proc/self/status or /proc/meminfo, in bytes (0 if absent).
+double proc_kb(const char* file, const std::string& name) {
+  std::ifstream in(file);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(name + ":", 0) == 0) return std::atof(line.c_str() + name.size() + 1) * 1024.0;
+  return 0;
+}
+
+// The cgroup's memory limit (v2, then v1), or 0 when there is none.
+double cgroup_limit() {
+  for (const char* f : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    std::ifstream in(f);
+    std::string v;
+    if (in >> v && v != "max") {
+      const double b = std::atof(v.c_str());
+      if (b > 0 && b < 1e18) return b;
+    }
+  }
+  return 0;
+}
+
+double cgroup_usage() {
+  for (const char* f : {"/sys/fs/cgroup/memory.current", "/sys/fs/cgroup/memory/memory.usage_in_bytes"}) {
+    std::ifstream in(f);
+    double v = 0;
+    if (in >> v) return v;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int64_t MemoryNeed::at(int64_t batch) const {
+  return static_cast<int64_t>(std::ceil(fixed + per_sample * static_cast<double>(batch)));
+}
+
+int64_t MemoryNeed::largest_batch(double bytes) const {
+  if (per_sample <= 0) return bytes >= fixed ? INT64_MAX : 0;
+  return std::max<int64_t>(0, static_cast<int64_t>(std::floor((bytes - fixed) / per_sample)));
+}
+
+std::string gib(double bytes) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.1f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
+  return s;
+}
+
+MemoryAvailable memory_available(const c10::Device& device, int sharing) {
+  const double share = std::max(1, sharing);
+#ifdef MOH_TORCH_CUDA
+  if (device.is_cuda()) {
+    size_t free = 0, total = 0;
+    c10::cuda::CUDAGuard guard(device.index());
+    if (cudaMemGetInfo(&free, &total) == cudaSuccess) {
+      const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+      const double held = static_cast<double>(stats.reserved_bytes[0].current);
+      return {(static_cast<double>(free) + held * share) / share, "GPU " + device.str()};
+    }
+  }
+#endif
+  (void)device;
+  const double rss = proc_kb("/proc/self/status", "VmRSS");
+  double free = proc_kb("/proc/meminfo", "MemAvailable");
+  if (const double limit = cgroup_limit(); limit > 0) free = std::min(free, limit - cgroup_usage());
+  return {(free + rss * share) / share, "this machine"};
+}
+
+double peak_memory_during(const std::function<void()>& run, const c10::Device& device) {
+#ifdef MOH_TORCH_CUDA
+  if (device.is_cuda()) {
+    c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+    run();
+    return static_cast<double>(c10::cuda::CUDACachingAllocator::getDeviceStats(device.index()).reserved_bytes[0].peak);
+  }
+#endif
+  (void)device;
+  // Freed heap memory goes back to the system first: kept by the allocator, it would be reused by `run` without
+  // raising the resident set, and the measured peak would miss what `run` needs on its own. Writing 5 to clear_refs
+  // then resets the high-water mark to the current resident set (Linux >= 4.0).
+  ::malloc_trim(0);
+  if (std::FILE* f = std::fopen("/proc/self/clear_refs", "w")) {
+    std::fputs("5", f);
+    std::fclose(f);
+  }
+  run();
+  return std::max(proc_kb("/proc/self/status", "VmHWM"), proc_kb("/proc/self/status", "VmRSS"));
+}
+
+MemoryNeed measure_memory_need(const std::function<std::function<void()>(int64_t)>& build, int64_t b1, int64_t b2,
+                               const c10::Device& device) {
+  // One step per batch, its first: what it allocates once (the optimizer's state, the allocator's pools) comes after
+  // its activations are freed, so the first step's peak is the peak of every step.
+  auto peak_at = [&](int64_t batch) { return peak_memory_during(build(batch), device); };
+  const double p1 = peak_at(b1);
+  if (b2 <= b1) return {p1, 0};
+  const double p2 = peak_at(b2);
+  const double slope = std::max(0.0, (p2 - p1) / static_cast<double>(b2 - b1));
+  return {p2 - slope * static_cast<double>(b2), slope};
+}
+
+double check_memory_fits(const MemoryNeed& need, const MemoryPlan& plan, const MemoryAvailable& available) {
+  const double estimate = static_cast<double>(need.at(plan.batch));
+  if (estimate <= available.bytes) return estimate;
+  std::ostringstream why, hint;
+  why << plan.what << " needs about " << gib(estimate * plan.sharing) << " on " << available.name;
+  if (plan.sharing > 1) why << " (" << plan.sharing << " processes × " << gib(estimate) << ")";
+  why << " by one measured step at batch " << plan.batch << " per process (" << gib(need.fixed) << " + "
+      << gib(need.per_sample) << " per sample); " << gib(available.bytes * plan.sharing) << " available";
+  const int64_t fits = need.largest_batch(available.bytes);
+  if (fits > 0)
+    hint << "lower " << plan.setting << " to at most " << fits * plan.per_batch;
+  else
+    hint << "not even one sample fits: lower " << plan.other << " or use a machine with more memory";
+  if (fits > 0 && !plan.other.empty()) hint << ", or lower " << plan.other;
+  throw UserError("memory", why.str(), hint.str() + "; MOH_MEMORY_CHECK=0 skips this check");
+}
+
+// The batches measured: b and 2b. Larger b measure the per-sample part above the allocator's noise; smaller ones
+// keep the check within seconds for large models (a training step costs several forwards).
+constexpr int64_t kTrainProbeBatch = 2, kEvalProbeBatch = 4;
+
+std::string preflight_memory(const MemoryProbe& probe, const RunContext& ctx, MemoryPlan plan) {
+  const char* skip = std::getenv("MOH_MEMORY_CHECK");
+  if (skip && std::string(skip) == "0") return "";
+  const auto start = std::chrono::steady_clock::now();
+  plan.what = probe.what, plan.other = probe.other;
+  const MemoryAvailable available = memory_available(ctx.device, plan.sharing);
+  auto need_at = [&](const auto& build, int64_t batch, int64_t b1) {
+    return measure_memory_need([&](int64_t b) { return build(ctx, b); }, std::min<int64_t>(b1, batch),
+                               std::min<int64_t>(2 * b1, batch), ctx.device);
+  };
+  const MemoryNeed train_need = need_at(probe.build, plan.batch, kTrainProbeBatch);
+  const double train = check_memory_fits(train_need, plan, available);
+  std::ostringstream line;
+  line << std::fixed;
+  line.precision(2);
+  double eval = 0;
+  if (probe.build_eval && probe.eval_batch > 0) {
+    MemoryPlan ep = plan;
+    ep.what = "evaluating " + plan.what.substr(plan.what.find(' ') + 1);
+    ep.batch = probe.eval_batch, ep.per_batch = 1, ep.setting = probe.eval_setting;
+    // A run evaluates while its training state (weights, gradients, optimizer and EMA state) stays allocated:
+    // the evaluation's activations come on top of the training step's fixed part.
+    MemoryNeed eval_need = need_at(probe.build_eval, ep.batch, kEvalProbeBatch);
+    eval_need.fixed = std::max(eval_need.fixed, train_need.fixed);
+    eval = check_memory_fits(eval_need, ep, available);
+  }
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  line << "memory: about " << gib(std::max(train, eval)) << " per process (training batch " << plan.batch << ": "
+       << gib(train);
+  if (eval > 0) line << ", evaluation batch " << probe.eval_batch << ": " << gib(eval);
+  line << ") of " << gib(available.bytes) << " available (measured in " << took << " s)";
+  return line.str();
+}
+
+}  // namespace moh

@@ -1,0 +1,78 @@
+#pragma once
+// Whether a run fits in memory, decided before it does any work. A run that does not fit is otherwise killed by the
+// kernel (or fails with "CUDA out of memory") minutes in, after loading its data and compiling its first steps. The
+// check measures instead of modelling: the peak memory of one real step at two small batches on the run's device,
+// extrapolated linearly to the run's batch (activations grow with the batch; weights, gradients, optimizer and EMA
+// state do not), times the processes that share this machine or GPU, against what is available there.
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace moh {
+
+/// Peak memory of one step as a line in the batch: fixed + per_sample · batch (bytes).
+struct MemoryNeed {
+  double fixed = 0, per_sample = 0;
+  int64_t at(int64_t batch) const;
+  /// The largest batch whose need is at most `bytes` (0 when not even one sample fits).
+  int64_t largest_batch(double bytes) const;
+};
+
+/// Memory this process may use on `device`, with a name for messages: on a CPU, the machine's available memory
+/// (MemAvailable, or the cgroup's limit when lower) plus this process's resident set, split among the `sharing`
+/// processes of this machine (each holds about what this one holds now); on a GPU, its free memory plus what this
+/// process's allocator holds.
+struct MemoryAvailable {
+  double bytes = 0;
+  std::string name;
+};
+MemoryAvailable memory_available(const c10::Device& device, int sharing);
+
+/// The peak memory while `run` runs: the process's resident set on a CPU (its high-water mark, reset first), the
+/// CUDA caching allocator's peak of reserved bytes on a GPU.
+double peak_memory_during(const std::function<void()>& run, const c10::Device& device);
+
+/// Measures the need: `build(batch)` returns one step of the real model at that batch (built afresh, its first call
+/// allocating the optimizer's state); each is run once to warm, then measured. Batches b1 < b2; with b2 ≤ b1 the
+/// need is the one measurement (no extrapolation).
+MemoryNeed measure_memory_need(const std::function<std::function<void()>(int64_t)>& build, int64_t b1, int64_t b2,
+                               const c10::Device& device);
+
+/// What a refusal names.
+struct MemoryPlan {
+  std::string what;       ///< "training MoH-ViT-Nano at 224 px"
+  int64_t batch = 1;      ///< per process (the batch one step of one process sees)
+  int64_t per_batch = 1;  ///< what the setting counts per process batch (e.g. ranks × accumulation for data.batch_size)
+  int sharing = 1;        ///< processes on this machine or GPU
+  std::string setting;    ///< the setting to lower ("data.batch_size")
+  std::string other;      ///< other ways out ("model.img_size, or train.grad_checkpoint: blocks")
+};
+
+/// The refusal: a UserError naming the estimate, what is available and the largest setting that fits, when
+/// need.at(batch) exceeds the available memory. Returns the estimate (bytes per process) otherwise.
+double check_memory_fits(const MemoryNeed& need, const MemoryPlan& plan, const MemoryAvailable& available);
+
+/// What a command hands the check: one step of its real model at a batch, on the run's device and precision.
+struct RunContext;
+struct MemoryProbe {
+  std::string what;   ///< "training MoH-ViT-Nano at 224 px"
+  std::string other;  ///< other settings that lower the need ("model.img_size, or train.grad_checkpoint: blocks")
+  std::function<std::function<void()>(const RunContext& ctx, int64_t batch)> build;
+  /// One evaluation forward (no gradients) at a batch, when the run evaluates during training; its batch setting.
+  std::function<std::function<void()>(const RunContext& ctx, int64_t batch)> build_eval;
+  int64_t eval_batch = 0;
+  std::string eval_setting;  ///< "data.eval_batch_size"
+};
+
+/// The check as a command runs it, before any work: skipped when MOH_MEMORY_CHECK=0; measures the training step at
+/// batches 2 and 4 (the evaluation forward at 4 and 8, when there is one), refuses (UserError) or returns one line for the
+/// log: "memory: about 1.2 GiB per process (training batch 64: 1.2 GiB, evaluation batch 256: 0.9 GiB) of 10.3 GiB
+/// available (measured in 0.8 s)".
+std::string preflight_memory(const MemoryProbe& probe, const RunContext& ctx, MemoryPlan plan);
+
+/// "12.3 GiB".
+std::string gib(double bytes);
+
+}  // namespace moh
