@@ -74,10 +74,9 @@ MemoryAvailable memory_available(const c10::Device& device, int sharing) {
   const double share = std::max(1, sharing);
 #ifdef MOH_TORCH_CUDA
   if (device.is_cuda()) {
-    size_t free = 0, total = 0;
-    c10::cuda::CUDAGuard guard(device.index());
+    size_t free = 0, total = 0;  // of the current device: the run's (RunContext::create made it current)
     if (cudaMemGetInfo(&free, &total) == cudaSuccess) {
-      const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+      const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.has_index() ? device.index() : 0);
       const double held = static_cast<double>(stats.reserved_bytes[0].current);
       return {(static_cast<double>(free) + held * share) / share, "GPU " + device.str()};
     }
@@ -93,9 +92,10 @@ MemoryAvailable memory_available(const c10::Device& device, int sharing) {
 double peak_memory_during(const std::function<void()>& run, const c10::Device& device) {
 #ifdef MOH_TORCH_CUDA
   if (device.is_cuda()) {
-    c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+    const c10::DeviceIndex index = device.has_index() ? device.index() : 0;
+    c10::cuda::CUDACachingAllocator::resetPeakStats(index);
     run();
-    return static_cast<double>(c10::cuda::CUDACachingAllocator::getDeviceStats(device.index()).reserved_bytes[0].peak);
+    return static_cast<double>(c10::cuda::CUDACachingAllocator::getDeviceStats(index).reserved_bytes[0].peak);
   }
 #endif
   (void)device;
