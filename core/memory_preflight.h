@@ -67,8 +67,8 @@ struct MemoryProbe {
 };
 
 /// The check as a command runs it, before any work: skipped when MOH_MEMORY_CHECK=0; measures the training step at
-/// batches 2 and 4 (the evaluation forward at 4 and 8, when there is one), refuses (UserError) or returns one line for the
-/// log: "memory: about 1.2 GiB per process (training batch 64: 1.2 GiB, evaluation batch 256: 0.9 GiB) of 10.3 GiB
+/// batches 2 and 4 (the evaluation forward at 4 and 8, when there is one), refuses (UserError) or returns one line for
+/// the log: "memory: about 1.2 GiB per process (training batch 64: 1.2 GiB, evaluation batch 256: 0.9 GiB) of 10.3 GiB
 /// available (measured in 0.8 s)".
 std::string preflight_memory(const MemoryProbe& probe, const RunContext& ctx, MemoryPlan plan);
 
