@@ -225,15 +225,6 @@ TrainLoop::TrainLoop(const LoopConfig& cfg, const TrainArgs& args, const TaskFac
   if (resume_)
     config_changes_ =
         check_resume_config(cfg, resume_->config_yaml, resume_->dir, args.allow_config_change, resume_->state);
-  // Whether the run fits, before any data are read: one step of the real model at small batches, extrapolated.
-  if (args.memory_probe) {
-    MemoryPlan plan;
-    plan.batch = local_batch / cfg.train.accum_steps;
-    plan.per_batch = world * cfg.train.accum_steps;
-    plan.sharing = ctx_.device.is_cuda() ? 1 : ctx_.local_world;
-    plan.setting = "data.batch_size";
-    memory_line_ = preflight_memory(*args.memory_probe, ctx_, plan);
-  }
   // One writer per run directory: an existing one is locked at once (a second process is refused before it loads
   // any data); a new one only once every input has been checked (start_writing), so a refused run creates nothing.
   if (ctx_.is_main() && fs::exists(run_dir_)) lock_ = std::make_unique<RunDirLock>(run_dir_);
@@ -249,6 +240,16 @@ TrainLoop::TrainLoop(const LoopConfig& cfg, const TrainArgs& args, const TaskFac
                     std::to_string(cfg.batch_size) + " is larger than the training set (" +
                         std::to_string(task_->train_examples()) + " examples)",
                     "lower data.batch_size or raise data.limit_train");
+  // Whether the run fits, once its inputs are checked and before the model is built: one step of the real model at
+  // small batches, extrapolated.
+  if (args.memory_probe) {
+    MemoryPlan plan;
+    plan.batch = local_batch / cfg.train.accum_steps;
+    plan.per_batch = world * cfg.train.accum_steps;
+    plan.sharing = ctx_.device.is_cuda() ? 1 : ctx_.local_world;
+    plan.setting = "data.batch_size";
+    memory_line_ = preflight_memory(*args.memory_probe, ctx_, plan);
+  }
   build_model_and_optimizer();
   load_start_state();
   take_first_batch();
