@@ -45,9 +45,9 @@ std::string disagreement(const RankCard& mine, const RankCard& card) {
 }  // namespace
 
 std::string encode_card(const RankCard& c) {
-  std::string s =
-      std::to_string(c.rank) + "\t" + std::to_string(c.world) + "\t" + c.host + "\t" + c.address + "\t" + c.nonce;
-  s += "\t" + std::to_string(c.pid);
+  std::string s = std::to_string(c.rank);
+  for (const std::string& f : {std::to_string(c.world), c.host, c.address, c.nonce, std::to_string(c.pid)})
+    s += "\t", s += f;
   for (const auto& [name, value] : c.agree) s += "\t" + name + "=" + value;
   return s;
 }
@@ -73,8 +73,15 @@ RankCard decode_card(const std::string& text) {
 }
 
 std::string describe(const RankCard& c) {
-  return "rank " + std::to_string(c.rank) + " (host " + c.host + (c.address.empty() ? "" : ", " + c.address) +
-         (c.pid > 0 ? ", pid " + std::to_string(c.pid) : "") + ")";
+  // Appended piece by piece: GCC 12 warns falsely about one long chain of std::string sums (-Wstringop-overflow).
+  std::string s = "rank ";
+  s += std::to_string(c.rank);
+  s += " (host ";
+  s += c.host;
+  if (!c.address.empty()) s += ", ", s += c.address;
+  if (c.pid > 0) s += ", pid ", s += std::to_string(c.pid);
+  s += ")";
+  return s;
 }
 
 std::string rendezvous_refusal(const RankCard& mine, const std::vector<RankCard>& cards) {
