@@ -11,6 +11,7 @@
 #include "apps/commands.h"
 #include "core/error.h"
 #include "core/launcher.h"
+#include "core/parse.h"
 
 namespace moh::apps {
 
@@ -22,10 +23,11 @@ NodePlace node_place(const cxxopts::ParseResult& args) {
   const std::string nnodes = args["nnodes"].as<std::string>();
   const size_t colon = nnodes.find(':');
   const std::string lo = nnodes.substr(0, colon), hi = colon == std::string::npos ? lo : nnodes.substr(colon + 1);
-  if (lo != hi || lo.empty() || lo.find_first_not_of("0123456789") != std::string::npos || lo.size() > 4)
+  const std::optional<int64_t> count = parse_int(lo);
+  if (lo != hi || !count || *count > 9999)
     throw UserError("--nnodes " + nnodes, "must be a number of machines (M, or M:M; elastic ranges are not supported)",
                     "e.g. --nnodes 2");
-  p.nnodes = std::stoi(lo);
+  p.nnodes = static_cast<int>(*count);
   p.node_rank = args["node_rank"].as<int>();
   p.master_addr = args["master_addr"].as<std::string>();
   if (p.nnodes < 1) throw UserError("--nnodes " + nnodes, "must be at least 1", "");

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/parse.h"
 #include "vision/nn/attention_core.h"
 #include "vision/nn/moh_attention.h"
 
@@ -187,14 +188,13 @@ static std::vector<T> parse_list(const std::string& s, const std::string& flag) 
   std::stringstream ss(s);
   std::string item;
   while (std::getline(ss, item, ',')) {
-    try {
-      if constexpr (std::is_integral_v<T>)
-        out.push_back(static_cast<T>(std::stoll(item)));
-      else
-        out.push_back(static_cast<T>(std::stod(item)));
-    } catch (...) {
-      throw UserError("--" + flag, "expected a comma-separated list of numbers, got \"" + s + "\"", "");
-    }
+    std::optional<T> v;
+    if constexpr (std::is_integral_v<T>)
+      v = parse_int(item);
+    else
+      v = parse_double(item);
+    if (!v) throw UserError("--" + flag, "expected a comma-separated list of numbers, got \"" + s + "\"", "");
+    out.push_back(*v);
   }
   return out;
 }
@@ -233,7 +233,9 @@ int attention_bench_main(int argc, char** argv) {
     auto colon = p.find(':');
     if (colon == std::string::npos)
       throw UserError("--dims", "expected dim:heads pairs, got \"" + p + "\"", "e.g. 384:6,768:12");
-    o.dims.push_back({std::stoll(p.substr(0, colon)), std::stoll(p.substr(colon + 1))});
+    const std::optional<int64_t> dim = parse_int(p.substr(0, colon)), heads = parse_int(p.substr(colon + 1));
+    if (!dim || !heads) throw UserError("--dims", "expected dim:heads pairs, got \"" + p + "\"", "e.g. 384:6,768:12");
+    o.dims.push_back({*dim, *heads});
   }
   o.scopes.clear();
   std::stringstream ss(args["scopes"].as<std::string>());

@@ -17,6 +17,7 @@
 #include "core/amp.h"
 #include "core/error.h"
 #include "core/optimizer.h"
+#include "core/parse.h"
 #include "core/run_context.h"
 #include "diffusion/objective.h"
 #include "diffusion/sampler.h"
@@ -82,16 +83,10 @@ std::vector<int64_t> parse_batches(const std::string& text) {
   std::vector<int64_t> out;
   std::stringstream in(text);
   for (std::string item; std::getline(in, item, ',');) {
-    size_t used = 0;
-    int64_t v = 0;
-    try {
-      v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != item.size() || v < 1 || (!out.empty() && v <= out.back()))
+    const std::optional<int64_t> v = parse_int(item);
+    if (!v || *v < 1 || (!out.empty() && *v <= out.back()))
       throw UserError("--batch " + text, "expected positive sizes in ascending order", "e.g. --batch 32,64,128");
-    out.push_back(v);
+    out.push_back(*v);
   }
   if (out.empty()) throw UserError("--batch", "no size given", "e.g. --batch 32");
   return out;
@@ -371,25 +366,18 @@ int train_bench_main(int argc, char** argv) {
 
 namespace {
 int64_t parse_solver_steps(const std::string& spec) {
-  size_t used = 0;
-  int64_t n = 0;
-  try {
-    n = std::stoll(spec, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != spec.size() || n < 2)
-    throw UserError("--chain " + spec, "an ODE solver takes a step count >= 2", "e.g. --chain 12");
-  return n;
+  const std::optional<int64_t> n = parse_int(spec);
+  if (!n || *n < 2) throw UserError("--chain " + spec, "an ODE solver takes a step count >= 2", "e.g. --chain 12");
+  return *n;
 }
 
 std::array<double, 2> parse_interval(const std::string& text) {
-  double lo = -1, hi = -1;
-  char comma = 0;
-  std::istringstream in(text);
-  if (!(in >> lo >> comma >> hi) || comma != ',' || !(0 <= lo && lo <= hi && hi <= 1) || !in.eof())
+  const size_t comma = text.find(',');
+  const std::optional<double> lo = parse_double(text.substr(0, comma));
+  const std::optional<double> hi = comma == std::string::npos ? std::nullopt : parse_double(text.substr(comma + 1));
+  if (!lo || !hi || !(0 <= *lo && *lo <= *hi && *hi <= 1))
     throw UserError("--cfg-interval " + text, "expected lo,hi with 0 <= lo <= hi <= 1", "e.g. --cfg-interval 0,0.5");
-  return {lo, hi};
+  return {*lo, *hi};
 }
 }  // namespace
 

@@ -6,6 +6,7 @@
 
 #include "core/checkpoint.h"
 #include "core/error.h"
+#include "core/parse.h"
 #include "core/rendezvous.h"
 #include "core/wait_report.h"
 
@@ -392,19 +393,12 @@ std::shared_ptr<Group> Group::join(const RunContext& ctx, const Agreement& agree
 #else
   const std::string host = env_or("MASTER_ADDR", "127.0.0.1");
   const std::string port_s = env_or("MASTER_PORT", "29500");
-  int port = 0;
-  try {
-    port = std::stoi(port_s);
-  } catch (const std::exception&) {
-    port = -1;
-  }
-  if (port <= 0 || port > 65535) throw UserError("MASTER_PORT=" + port_s, "not a TCP port", "1..65535");
-  double timeout_s = 300;
-  try {
-    timeout_s = std::stod(env_or("MOH_DIST_TIMEOUT", "300"));
-  } catch (const std::exception&) {
-    throw UserError("MOH_DIST_TIMEOUT", "not a number of seconds", "e.g. 300");
-  }
+  const int64_t port_n = parse_int(port_s).value_or(-1);
+  if (port_n <= 0 || port_n > 65535) throw UserError("MASTER_PORT=" + port_s, "not a TCP port", "1..65535");
+  const int port = static_cast<int>(port_n);
+  const std::optional<double> timeout_given = parse_double(env_or("MOH_DIST_TIMEOUT", "300"));
+  if (!timeout_given) throw UserError("MOH_DIST_TIMEOUT", "not a number of seconds", "e.g. 300");
+  const double timeout_s = *timeout_given;
   if (!(timeout_s > 0)) throw UserError("MOH_DIST_TIMEOUT", "must be > 0 seconds", "e.g. 300");
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
   Rendezvous rdzv;

@@ -10,6 +10,7 @@
 
 #include <torch/cuda.h>
 #include <torch/version.h>
+#include <climits>
 #include <thread>
 
 #include <dlfcn.h>
@@ -26,6 +27,7 @@
 #include "core/blas_core.h"
 #include "core/cpu_precision.h"
 #include "core/error.h"
+#include "core/parse.h"
 #include "moh_version.h"
 
 namespace moh {
@@ -33,11 +35,10 @@ namespace moh {
 static int env_int(const char* a, const char* b, int fallback) {
   for (const char* k : {a, b}) {
     if (const char* v = std::getenv(k)) {
-      try {
-        return std::stoi(v);
-      } catch (...) {
+      const std::optional<int64_t> n = parse_int(v);
+      if (!n || *n < INT_MIN || *n > INT_MAX)
         throw UserError(std::string("environment ") + k, std::string("not an integer: \"") + v + "\"", "");
-      }
+      return static_cast<int>(*n);
     }
   }
   return fallback;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/parse.h"
 #include "datasets/affine.h"
 #include "datasets/resample.h"
 
@@ -159,15 +160,9 @@ RandAugmentSpec RandAugmentSpec::parse(const std::string& spec, const std::strin
   r.enabled = true;
   while (std::getline(ss, part, '-')) {
     auto value = [&](size_t skip) {
-      try {
-        size_t used = 0;
-        const double v = std::stod(part.substr(skip), &used);
-        if (used != part.size() - skip) throw std::invalid_argument(part);
-        return v;
-      } catch (const std::exception&) {
-        throw UserError(origin, "bad RandAugment part '" + part + "' in '" + spec + "'",
-                        "parts: mN, nN, mstdX, incN, pX");
-      }
+      if (const std::optional<double> v = parse_double(part.substr(skip))) return *v;
+      throw UserError(origin, "bad RandAugment part '" + part + "' in '" + spec + "'",
+                      "parts: mN, nN, mstdX, incN, pX");
     };
     if (part.rfind("mstd", 0) == 0)
       r.magnitude_std = value(4);

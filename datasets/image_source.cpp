@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/parse.h"
 #include "datasets/fashion_mnist.h"
 #include "datasets/image_decode.h"
 #include "datasets/npz.h"
@@ -156,9 +157,9 @@ std::unique_ptr<ImageSource> open_image_source(const std::string& spec) {
     const size_t colon = rest.find(':');
     if (colon != std::string::npos) {
       const std::string n = rest.substr(colon + 1);
-      if (n.empty() || n.find_first_not_of("0123456789") != std::string::npos || n.size() > 9)
-        throw UserError("images " + spec, "'" + n + "' is not an image count", kSpecHint);
-      limit = std::stoll(n);
+      const std::optional<int64_t> count = parse_int(n);
+      if (!count || *count < 0) throw UserError("images " + spec, "'" + n + "' is not an image count", kSpecHint);
+      limit = *count;
       rest = rest.substr(0, colon);
     }
     if (rest != "train" && rest != "test") throw UserError("images " + spec, "unknown split '" + rest + "'", kSpecHint);

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/parse.h"
 
 namespace moh::diffusion {
 
@@ -59,12 +60,9 @@ std::vector<int64_t> space_timesteps(int64_t T, const std::string& spec) {
     return {steps.begin(), steps.end()};
   }
   if (spec.rfind("ddim", 0) == 0) {
-    int64_t want = 0;
-    try {
-      want = std::stoll(spec.substr(4));
-    } catch (...) {
-      throw UserError(what, "expected ddimN with an integer N", "e.g. ddim50");
-    }
+    const std::optional<int64_t> parsed = parse_int(spec.substr(4));
+    if (!parsed) throw UserError(what, "expected ddimN with an integer N", "e.g. ddim50");
+    const int64_t want = *parsed;
     for (int64_t stride = 1; stride < T; ++stride) {
       if ((T + stride - 1) / stride == want) {
         std::vector<int64_t> out;
@@ -80,13 +78,9 @@ std::vector<int64_t> space_timesteps(int64_t T, const std::string& spec) {
   while (start <= spec.size()) {
     size_t comma = spec.find(',', start);
     std::string part = spec.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    try {
-      size_t used = 0;
-      counts.push_back(std::stoll(part, &used));
-      if (used != part.size()) throw std::invalid_argument(part);
-    } catch (...) {
-      throw UserError(what, "expected step counts like 250 or 10,15,20, or ddimN", "");
-    }
+    const std::optional<int64_t> count = parse_int(part);
+    if (!count) throw UserError(what, "expected step counts like 250 or 10,15,20, or ddimN", "");
+    counts.push_back(*count);
     if (comma == std::string::npos) break;
     start = comma + 1;
   }

@@ -84,21 +84,13 @@ nlohmann::json DiTHeadLoadStats::to_json() const {
   nlohmann::json layers = nlohmann::json::array();
   for (const Layer& l : layers_) {
     if (l.pool == 0) continue;
-    const at::Tensor overall = row_shares(l.by_bucket.sum(0));
-    const double h = load_entropy(overall);
-    layers.push_back({{"name", "blocks." + std::to_string(l.block) + ".attn"},
-                      {"block", l.block},
-                      {"shared", l.shared},
-                      {"routed_pool", l.pool},
-                      {"topk", l.topk},
-                      {"selections", l.by_bucket.sum().item<double>()},
-                      {"overall", to_doubles(overall)},
-                      {"by_timestep", rows(l.by_bucket)},
-                      {"by_class", rows(l.by_class)},
-                      {"entropy", h},
-                      {"entropy_share", l.pool > 1 ? h / std::log(static_cast<double>(l.pool)) : 1.0},
-                      {"topk_change_share", l.compared > 0 ? nlohmann::json(l.changed / l.compared) : nlohmann::json()},
-                      {"compared_tokens", l.compared}});
+    nlohmann::json layer = vision::routed_layer_json("blocks." + std::to_string(l.block) + ".attn", l.block, l.shared,
+                                                     l.pool, l.topk, l.by_bucket);
+    layer["by_timestep"] = rows(l.by_bucket);
+    layer["by_class"] = rows(l.by_class);
+    layer["topk_change_share"] = l.compared > 0 ? nlohmann::json(l.changed / l.compared) : nlohmann::json();
+    layer["compared_tokens"] = l.compared;
+    layers.push_back(layer);
   }
   nlohmann::json ranges = nlohmann::json::array(), class_rows = nlohmann::json::array();
   for (int64_t b = 0; b < buckets_; ++b) ranges.push_back({b * timesteps_ / buckets_, (b + 1) * timesteps_ / buckets_});

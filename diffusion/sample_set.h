@@ -13,8 +13,8 @@
 
 #include "core/distributed.h"
 #include "core/run_context.h"
+#include "diffusion/autoencoder_kl.h"
 #include "diffusion/sampler.h"
-#include "diffusion/sd_vae.h"
 
 namespace moh::diffusion {
 

@@ -9,6 +9,7 @@
 
 #include "core/atomic_io.h"
 #include "core/error.h"
+#include "core/parse.h"
 #include "core/phema.h"
 #include "core/phema_run.h"
 #include "core/progress.h"
@@ -24,16 +25,8 @@ namespace fs = std::filesystem;
 namespace {
 
 double parse_number(const std::string& text, const std::string& what) {
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != text.size() || !std::isfinite(v))
-    throw UserError(what, "'" + text + "' is not a number", "a:b:n (n values from a to b) or a list 0.05,0.1");
-  return v;
+  if (const std::optional<double> v = parse_double(text)) return *v;
+  throw UserError(what, "'" + text + "' is not a number", "a:b:n (n values from a to b) or a list 0.05,0.1");
 }
 
 std::vector<std::string> split(const std::string& s, char sep) {

@@ -242,19 +242,10 @@ EvalResult evaluate_sharded(vision::TransNeXt& model, const ClassifierSplit& spl
 }
 
 LoadedClassifier load_classifier_checkpoint(const std::string& path, bool ema) {
-  auto [ckpt, cfg] = open_family_checkpoint(path, names_of(vision::classifier_variants()), "classifier",
-                                            "pass a classifier run (moh train with a MoH-ViT / TransNeXt config)");
-  hold_checkpoint(ckpt.dir);  // a run pruning its checkpoints leaves this one alone while we read it
-  LoadedClassifier r;
-  r.cfg = cfg;
-  r.model = vision::TransNeXt(classifier_options_for(r.cfg));
-  r.dir = ckpt.dir;
-  r.step = ckpt.state.step;
-  const CheckpointWeights w = load_checkpoint_weights(*r.model, ckpt, ema, /*require_ema=*/true);
-  r.weights = w.which;
-  r.weights_file = w.file;
-  r.model->eval();
-  return r;
+  const FamilyCheckpoint opened =
+      open_family_checkpoint(path, names_of(vision::classifier_variants()), "classifier",
+                             "pass a classifier run (moh train with a MoH-ViT / TransNeXt config)");
+  return load_family_model(opened, vision::TransNeXt(classifier_options_for(opened.cfg)), ema, /*require_ema=*/true);
 }
 
 }  // namespace moh::experiments

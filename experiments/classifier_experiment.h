@@ -11,6 +11,7 @@
 #include "datasets/image_folder.h"
 #include "datasets/loader.h"
 #include "experiments/experiment_config.h"
+#include "experiments/model_family.h"
 #include "vision/head_load.h"
 #include "vision/transnext.h"
 
@@ -66,14 +67,7 @@ EvalResult evaluate_sharded(vision::TransNeXt& model, const ClassifierSplit& spl
                             const RunContext& ctx, dist::Group& group, vision::HeadLoadStats* head_load = nullptr);
 
 /// A classifier loaded from one of this toolkit's checkpoints.
-struct LoadedClassifier {
-  vision::TransNeXt model{nullptr};  ///< in eval mode, on the CPU
-  ExperimentConfig cfg;              ///< the experiment it was trained with
-  std::string dir;                   ///< the checkpoint directory
-  std::string weights;               ///< "ema" or "model": which weights were loaded
-  std::string weights_file;          ///< the .safetensors file they came from
-  int64_t step = 0;                  ///< optimizer steps of the checkpoint
-};
+using LoadedClassifier = LoadedModel<vision::TransNeXt>;
 /// Loads a classifier checkpoint (checkpoint or run directory): its model weights, or with `ema` its EMA weights (a
 /// UserError if it kept none). A DiT checkpoint is a UserError.
 LoadedClassifier load_classifier_checkpoint(const std::string& path, bool ema = false);

@@ -2,6 +2,7 @@
 
 #include "core/checkpoint.h"
 #include "core/error.h"
+#include "core/parse.h"
 #include "core/retention.h"
 #include "core/run_context.h"
 #include "diffusion/diffusion_schedule.h"
@@ -111,10 +112,11 @@ namespace {
 // sampling.steps of a solver sampler: a step count within what the objective allows.
 int64_t solver_steps(const ExperimentConfig& cfg, const std::string& name) {
   const std::string& s = cfg.sampling.steps;
-  if (s.empty() || s.size() > 9 || s.find_first_not_of("0123456789") != std::string::npos)
+  const std::optional<int64_t> parsed = parse_int(s);
+  if (!parsed)
     throw UserError("config: sampling.steps", "\"" + s + "\" is not a step count for " + name,
                     "the ODE solvers take a number of steps, e.g. 25");
-  const int64_t n = std::stoll(s);
+  const int64_t n = *parsed;
   const diffusion::ObjectiveRecord& objective = diffusion::objective_record(cfg.diffusion.objective);
   const bool capped = objective.solver_steps_within_chain;  // the solver walks the training chain's ᾱ
   if (n < 2 || (capped && n > cfg.diffusion.steps))
@@ -301,19 +303,11 @@ std::vector<int64_t> repa_widths(const std::string& checkpoint_dir) {
 }  // namespace
 
 LoadedDiT load_dit_checkpoint(const std::string& path, bool prefer_ema) {
-  auto [ckpt, cfg] = open_family_checkpoint(path, names_of(diffusion::dit_variants()), "DiT", "pass a DiT run");
-  hold_checkpoint(ckpt.dir);  // a run pruning its checkpoints leaves this one alone while we read it
-  LoadedDiT r;
-  r.cfg = cfg;
-  r.model = diffusion::DiT(with_repa_projectors(dit_options_for(r.cfg), r.cfg.repa, repa_widths(ckpt.dir)));
-  r.dir = ckpt.dir;
-  r.step = ckpt.state.step;
-  r.written_by = ckpt.state.written_by;
-  const CheckpointWeights w = load_checkpoint_weights(*r.model, ckpt, prefer_ema, /*require_ema=*/false);
-  r.weights = w.which;
-  r.weights_file = w.file;
-  r.model->eval();
-  return r;
+  const FamilyCheckpoint opened =
+      open_family_checkpoint(path, names_of(diffusion::dit_variants()), "DiT", "pass a DiT run");
+  diffusion::DiT model(
+      with_repa_projectors(dit_options_for(opened.cfg), opened.cfg.repa, repa_widths(opened.ckpt.dir)));
+  return load_family_model(opened, std::move(model), prefer_ema, /*require_ema=*/false);
 }
 
 }  // namespace moh::experiments

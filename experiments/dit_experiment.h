@@ -8,10 +8,11 @@
 #include "core/run_context.h"
 #include "datasets/latents.h"
 #include "datasets/loader.h"
+#include "diffusion/autoencoder_kl.h"
 #include "diffusion/dit.h"
 #include "diffusion/sampler.h"
-#include "diffusion/sd_vae.h"
 #include "experiments/experiment_config.h"
+#include "experiments/model_family.h"
 
 namespace moh::experiments {
 
@@ -64,15 +65,7 @@ class DiTTrainData {
 };
 
 /// A DiT loaded from one of this toolkit's checkpoints.
-struct LoadedDiT {
-  diffusion::DiT model{nullptr};  ///< in eval mode, on the CPU
-  ExperimentConfig cfg;           ///< the experiment it was trained with
-  std::string dir;                ///< the checkpoint directory
-  std::string weights;            ///< "ema" or "model": which weights were loaded
-  std::string weights_file;       ///< the .safetensors file they came from
-  int64_t step = 0;               ///< optimizer steps of the checkpoint
-  nlohmann::json written_by;      ///< the provenance of the process that saved it (null for older checkpoints)
-};
+using LoadedDiT = LoadedModel<diffusion::DiT>;
 /// The decoder of a latent experiment's samples (diffusion.vae: sd; eval mode, on ctx.device), or an empty holder
 /// for pixel-space models. UserError when diffusion.vae_weights is not set.
 diffusion::AutoencoderKL load_sampling_vae(const ExperimentConfig& cfg, const RunContext& ctx);

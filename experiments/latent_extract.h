@@ -6,7 +6,7 @@
 
 #include "core/run_context.h"
 #include "datasets/latents.h"
-#include "diffusion/sd_vae.h"
+#include "diffusion/autoencoder_kl.h"
 #include "experiments/experiment_config.h"
 
 namespace moh::experiments {

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/optimizer.h"
+#include "core/retention.h"
 #include "vision/nn/fused_ops.h"
 
 namespace moh::experiments {
@@ -48,6 +49,7 @@ FamilyCheckpoint open_family_checkpoint(const std::string& path, const std::vect
   r.cfg = parse_experiment(r.ckpt.config_yaml, r.ckpt.dir + "/config.resolved.yaml");
   if (std::find(names.begin(), names.end(), r.cfg.model.name) == names.end())
     throw UserError("checkpoint " + r.ckpt.dir, "holds a " + r.cfg.model.name + " model, not a " + family, hint);
+  hold_checkpoint(r.ckpt.dir);  // a run pruning its checkpoints leaves this one alone while we read it
   return r;
 }
 

@@ -54,9 +54,39 @@ struct FamilyCheckpoint {
   ExperimentConfig cfg;
 };
 /// Opens the checkpoint (or run directory) `path` for a family's loader: a UserError unless the experiment's model
-/// is one of `names`, the variants of `family` ("DiT", "classifier"; `hint` says what to pass instead).
+/// is one of `names`, the variants of `family` ("DiT", "classifier"; `hint` says what to pass instead). The
+/// checkpoint is held against pruning (core/retention.h) from then on.
 FamilyCheckpoint open_family_checkpoint(const std::string& path, const std::vector<std::string>& names,
                                         const std::string& family, const std::string& hint);
+
+/// A model loaded from one of this toolkit's checkpoints, whatever its family (LoadedClassifier, LoadedDiT).
+template <class Model>
+struct LoadedModel {
+  Model model{nullptr};       ///< in eval mode, on the CPU
+  ExperimentConfig cfg;       ///< the experiment it was trained with
+  std::string dir;            ///< the checkpoint directory
+  std::string weights;        ///< "ema" or "model": which weights were loaded
+  std::string weights_file;   ///< the .safetensors file they came from
+  int64_t step = 0;           ///< optimizer steps of the checkpoint
+  nlohmann::json written_by;  ///< the provenance of the process that saved it (null for older checkpoints)
+};
+
+/// Loads an opened checkpoint's weights into `model` (built for its experiment): the EMA weights when `ema` and the
+/// checkpoint kept them (a UserError when it did not and `require_ema`), else the trained weights; eval mode.
+template <class Model>
+LoadedModel<Model> load_family_model(const FamilyCheckpoint& opened, Model model, bool ema, bool require_ema) {
+  LoadedModel<Model> r;
+  r.cfg = opened.cfg;
+  r.model = std::move(model);
+  r.dir = opened.ckpt.dir;
+  r.step = opened.ckpt.state.step;
+  r.written_by = opened.ckpt.state.written_by;
+  const CheckpointWeights w = load_checkpoint_weights(*r.model, opened.ckpt, ema, require_ema);
+  r.weights = w.which;
+  r.weights_file = w.file;
+  r.model->eval();
+  return r;
+}
 
 /// `moh forward`: one fp32 eval-mode forward of variant `name` with `weights` on the tensors of `inputs`.
 struct ForwardRequest {

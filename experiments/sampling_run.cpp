@@ -13,6 +13,7 @@
 #include "core/checkpoint.h"
 #include "core/distributed.h"
 #include "core/error.h"
+#include "core/parse.h"
 #include "core/progress.h"
 #include "core/run_context.h"
 #include "core/sha256.h"
@@ -98,11 +99,11 @@ std::vector<int64_t> parse_label_list(const std::string& mode, int64_t num_class
   if (mode == "balanced" || mode == "random") return list;
   std::stringstream ss(mode);
   for (std::string item; std::getline(ss, item, ',');) {
-    if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos || item.size() > 9 ||
-        std::stoll(item) >= num_classes)
+    const std::optional<int64_t> label = parse_int(item);
+    if (!label || *label < 0 || *label >= num_classes)
       throw UserError("--labels " + mode, "'" + item + "' is not a class index below " + std::to_string(num_classes),
                       "balanced, random or a list like 1,2,3");
-    list.push_back(std::stoll(item));
+    list.push_back(*label);
   }
   return list;
 }

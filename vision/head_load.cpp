@@ -31,6 +31,21 @@ double load_entropy(const at::Tensor& shares) {
   return h;
 }
 
+nlohmann::json routed_layer_json(const std::string& name, int64_t block, int64_t shared, int64_t pool, int64_t topk,
+                                 const at::Tensor& counts) {
+  const at::Tensor overall = row_shares(counts.sum(0));
+  const double h = load_entropy(overall);
+  return {{"name", name},
+          {"block", block},
+          {"shared", shared},
+          {"routed_pool", pool},
+          {"topk", topk},
+          {"selections", counts.sum().item<double>()},
+          {"overall", to_doubles(overall)},
+          {"entropy", h},
+          {"entropy_share", pool > 1 ? h / std::log(static_cast<double>(pool)) : 1.0}};
+}
+
 HeadLoadStats::HeadLoadStats(const TransNeXtOptions& model, int64_t num_classes) : classes_(num_classes) {
   for (int64_t s = 0; s < 4; ++s) {
     const nn::MoHAttentionOptions a = model.stage_attention(s);
@@ -77,19 +92,10 @@ nlohmann::json HeadLoadStats::to_json() const {
     nlohmann::json per_class = nlohmann::json::array();
     const at::Tensor shares = row_shares(l.counts);
     for (int64_t c = 0; c < classes_; ++c) per_class.push_back(to_doubles(shares[c]));
-    const at::Tensor overall = row_shares(l.counts.sum(0));
-    const double h = load_entropy(overall);
-    layers.push_back({{"name", l.name},
-                      {"stage", l.stage},
-                      {"block", l.block},
-                      {"shared", l.shared},
-                      {"routed_pool", l.pool},
-                      {"topk", l.topk},
-                      {"selections", l.counts.sum().item<double>()},
-                      {"overall", to_doubles(overall)},
-                      {"entropy", h},
-                      {"entropy_share", l.pool > 1 ? h / std::log(static_cast<double>(l.pool)) : 1.0},
-                      {"per_class", per_class}});
+    nlohmann::json layer = routed_layer_json(l.name, l.block, l.shared, l.pool, l.topk, l.counts);
+    layer["stage"] = l.stage;
+    layer["per_class"] = per_class;
+    layers.push_back(layer);
   }
   return {{"layers", layers},
           {"note",

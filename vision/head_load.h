@@ -45,6 +45,11 @@ at::Tensor row_shares(const at::Tensor& counts);
 std::vector<double> to_doubles(const at::Tensor& t);
 /// Entropy in nats of a vector of shares (0·ln 0 = 0): ln E for a load spread evenly over E heads.
 double load_entropy(const at::Tensor& shares);
+/// The fields of one routed layer that every head-load JSON has, whatever the model: {"name", "block", "shared",
+/// "routed_pool", "topk", "selections", "overall": [E shares], "entropy", "entropy_share"}, from the layer's
+/// (rows, E) selection counts (rows: classes, timestep buckets, ...). The model's own fields are added by its writer.
+nlohmann::json routed_layer_json(const std::string& name, int64_t block, int64_t shared, int64_t pool, int64_t topk,
+                                 const at::Tensor& counts);
 
 /// One heat-map panel of head load: labelled rows (classes, timestep ranges) × the routed heads of one layer, each
 /// cell the share of the row's routed selections that went to that head (rows sum to 1).

@@ -9,6 +9,7 @@
 
 #include "core/atomic_io.h"
 #include "core/error.h"
+#include "core/parse.h"
 #include "core/safetensors.h"
 #include "datasets/fashion_mnist.h"
 #include "tests/test_util.h"
@@ -19,6 +20,21 @@ namespace moh {
 namespace {
 
 using test::TempDir;
+
+// The one parser of numbers users write: the whole text or nothing.
+TEST(Parse, WholeTextOrNothing) {
+  EXPECT_EQ(parse_int("250"), 250);
+  EXPECT_EQ(parse_int("-3"), -3);
+  EXPECT_EQ(parse_int("9223372036854775807"), INT64_MAX);
+  for (const char* bad : {"", " 1", "1 ", "+1", "12x", "1.0", "0x10", "9223372036854775808", "-"})
+    EXPECT_FALSE(parse_int(bad).has_value()) << "'" << bad << "'";
+  EXPECT_EQ(parse_double("0.5"), 0.5);
+  EXPECT_EQ(parse_double("2e-4"), 2e-4);
+  EXPECT_EQ(parse_double(".5"), 0.5);
+  EXPECT_EQ(parse_double("-1"), -1.0);
+  for (const char* bad : {"", "fast", "1,5", " 0.5", "0.5s", "inf", "nan", "1e999", "+1"})
+    EXPECT_FALSE(parse_double(bad).has_value()) << "'" << bad << "'";
+}
 
 TEST(Safetensors, RoundTripEveryDtype) {
   TempDir d;

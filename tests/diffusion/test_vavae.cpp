@@ -9,7 +9,7 @@
 #include "core/safetensors.h"
 #include "datasets/fashion_mnist.h"
 #include "datasets/latents.h"
-#include "diffusion/sd_vae.h"
+#include "diffusion/autoencoder_kl.h"
 #include "experiments/dit_experiment.h"
 #include "experiments/experiment_config.h"
 #include "experiments/latent_extract.h"

@@ -1,10 +1,11 @@
 #pragma once
-// The Stable Diffusion kl-f8 VAE (diffusers AutoencoderKL with the sd-vae-ft-ema / -mse config) that maps
-// 256×256×3 images to the 32×32×4 latents DiT is trained on: encoder (4 down blocks of 2 ResNets, mid block with one
-// single-head attention), quant convs, a diagonal Gaussian posterior and the decoder (4 up blocks of 3 ResNets).
-// Module names equal the diffusers state_dict keys (encoder.down_blocks.1.resnets.0.conv_shortcut.weight,
-// decoder.mid_block.attentions.0.to_q.weight, ...); the legacy attention names (query/key/value/proj_attn) that the
-// published .safetensors files use are mapped on load. 248 tensors, 83,653,863 parameters.
+// The latent autoencoders of this toolkit, both diffusers AutoencoderKL: the Stable Diffusion kl-f8 VAE (sd-vae-ft-ema
+// / -mse config) that maps 256×256×3 images to the 32×32×4 latents DiT is trained on, and VA-VAE f16d32 (LightningDiT's
+// 16×16×32 latents). Encoder (down blocks of ResNets, mid block with one single-head attention), quant convs, a
+// diagonal Gaussian posterior and the decoder. Module names equal the diffusers state_dict keys
+// (encoder.down_blocks.1.resnets.0.conv_shortcut.weight, decoder.mid_block.attentions.0.to_q.weight, ...); the legacy
+// attention names (query/key/value/proj_attn) and the LDM layout of published files are mapped on load. SD-VAE: 248
+// tensors, 83,653,863 parameters.
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/conv.h>

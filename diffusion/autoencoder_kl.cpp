@@ -1,4 +1,4 @@
-#include "diffusion/sd_vae.h"
+#include "diffusion/autoencoder_kl.h"
 
 #include <torch/nn/functional/padding.h>
 
