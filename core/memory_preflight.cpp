@@ -135,7 +135,8 @@ double check_memory_fits(const MemoryNeed& need, const MemoryPlan& plan, const M
   if (fits > 0)
     hint << "lower " << plan.setting << " to at most " << fits * plan.per_batch;
   else
-    hint << "not even one sample fits: lower " << plan.other << " or use a machine with more memory";
+    hint << "not even one sample fits: " << (plan.other.empty() ? "" : "lower " + plan.other + " or ")
+         << "use a machine with more memory";
   if (fits > 0 && !plan.other.empty()) hint << ", or lower " << plan.other;
   throw UserError("memory", why.str(), hint.str() + "; MOH_MEMORY_CHECK=0 skips this check");
 }
@@ -171,8 +172,8 @@ std::string preflight_memory(const MemoryProbe& probe, const RunContext& ctx, Me
     eval = check_memory_fits(eval_need, ep, available);
   }
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  line << "memory: about " << gib(std::max(train, eval)) << " per process (training batch " << plan.batch << ": "
-       << gib(train);
+  line << "memory: about " << gib(std::max(train, eval)) << " per process (" << probe.step << " batch " << plan.batch
+       << ": " << gib(train);
   if (eval > 0) line << ", evaluation batch " << probe.eval_batch << ": " << gib(eval);
   line << ") of " << gib(available.bytes) << " available (measured in " << took << " s)";
   return line.str();

@@ -59,6 +59,7 @@ struct RunContext;
 struct MemoryProbe {
   std::string what;   ///< "training MoH-ViT-Nano at 224 px"
   std::string other;  ///< other settings that lower the need ("model.img_size, or train.grad_checkpoint: blocks")
+  std::string step = "training";  ///< what `build` runs, for the log line ("sampling")
   std::function<std::function<void()>(const RunContext& ctx, int64_t batch)> build;
   /// One evaluation forward (no gradients) at a batch, when the run evaluates during training; its batch setting.
   std::function<std::function<void()>(const RunContext& ctx, int64_t batch)> build_eval;
@@ -66,7 +67,8 @@ struct MemoryProbe {
   std::string eval_setting;  ///< "data.eval_batch_size"
 };
 
-/// The check as a command runs it, before any work: skipped when MOH_MEMORY_CHECK=0; measures the training step at
+/// The check as a command runs it, before any work: skipped when MOH_MEMORY_CHECK=0; measures the step (training,
+/// sampling) at
 /// batches 2 and 4 (the evaluation forward at 4 and 8, when there is one), refuses (UserError) or returns one line for
 /// the log: "memory: about 1.2 GiB per process (training batch 64: 1.2 GiB, evaluation batch 256: 0.9 GiB) of 10.3 GiB
 /// available (measured in 0.8 s)".

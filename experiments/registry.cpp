@@ -99,29 +99,28 @@ std::shared_ptr<const PrecisionProbe> training_probe(const ExperimentConfig& cfg
 std::shared_ptr<const MemoryProbe> memory_probe(const ExperimentConfig& cfg) {
   const ModelFamily& f = experiment_family(cfg);
   if (!f.bench_step) return nullptr;
-  auto probe = std::make_shared<MemoryProbe>();
-  probe->what = "training " + cfg.model.name + " at " + std::to_string(cfg.model.img_size) + " px";
-  probe->other = "model.img_size, or set train.grad_checkpoint: blocks";
-  probe->build = [&f, cfg](const RunContext& ctx, int64_t batch) {
+  // The run's step at `batch` (with the run's optimizer and EMA when `training`).
+  auto step = [&f, cfg](const RunContext& ctx, int64_t batch, bool training) {
     BenchRequest r;
     r.name = cfg.model.name;
     r.ctx = ctx;
     r.batch = batch;
-    r.optim = cfg.optim.impl;
-    r.ema_decay = cfg.train.ema_decay;
     r.experiment = &cfg;
-    return f.bench_step(r).step;
+    if (training) {
+      r.optim = cfg.optim.impl;
+      r.ema_decay = cfg.train.ema_decay;
+    }
+    return f.bench_step(r);
   };
+  auto probe = std::make_shared<MemoryProbe>();
+  probe->what = "training " + cfg.model.name + " at " + std::to_string(cfg.model.img_size) + " px";
+  probe->other = "model.img_size, or set train.grad_checkpoint: blocks";
+  probe->build = [step](const RunContext& ctx, int64_t batch) { return step(ctx, batch, true).step; };
   if (f.id == "classifier") {  // evaluates its validation split during training, at its own batch
     probe->eval_batch = cfg.data.eval_batch_size;
     probe->eval_setting = "data.eval_batch_size";
-    probe->build_eval = [&f, cfg](const RunContext& ctx, int64_t batch) {
-      BenchRequest r;
-      r.name = cfg.model.name;
-      r.ctx = ctx;
-      r.batch = batch;
-      r.experiment = &cfg;
-      std::function<void()> forward = f.bench_step(r).forward;
+    probe->build_eval = [step](const RunContext& ctx, int64_t batch) {
+      std::function<void()> forward = step(ctx, batch, false).forward;
       return std::function<void()>([forward, ctx] {
         const torch::NoGradGuard no_grad;
         const AutocastScope autocast(ctx);  // as the run evaluates

@@ -9,10 +9,12 @@
 #include <optional>
 #include <sstream>
 
+#include "core/amp.h"
 #include "core/atomic_io.h"
 #include "core/checkpoint.h"
 #include "core/distributed.h"
 #include "core/error.h"
+#include "core/memory_preflight.h"
 #include "core/parse.h"
 #include "core/progress.h"
 #include "core/run_context.h"
@@ -236,6 +238,37 @@ int64_t sample_missing_parts(SamplingModel& m, const SamplingChain& sc_chain, Au
   return batches - static_cast<int64_t>(missing.size());
 }
 
+// The memory check of a sampling run (core/memory_preflight.h), before any image is sampled: one network evaluation
+// of the real model at a batch (twice the rows under classifier-free guidance, as the sampler runs it) and the
+// decoding of its latents, without gradients, at the run's precision and on its device. Zeros as inputs: the check
+// draws no random number, so the samples do not depend on it.
+std::string check_sampling_memory(SamplingModel& m, AutoencoderKL& vae, int64_t n, const RunContext& ctx) {
+  const DiTOptions mo = m.model->options;
+  const bool guided = m.cfg.sampling.cfg_scale > 1;
+  MemoryProbe probe;
+  probe.what = "sampling " + m.cfg.model.name;
+  probe.other = guided ? "sampling.cfg_scale to 1 (one network batch instead of two)" : "";
+  probe.step = "sampling";
+  DiT model = m.model;
+  probe.build = [model, vae, mo, guided](const RunContext& c, int64_t batch) {
+    return std::function<void()>([model, vae, mo, guided, c, batch]() mutable {
+      const torch::NoGradGuard no_grad;
+      const AutocastScope autocast(c);
+      const int64_t rows = guided ? 2 * batch : batch;
+      const auto on = at::TensorOptions().device(c.device);
+      const at::Tensor x = at::zeros({rows, mo.in_channels, mo.input_size, mo.input_size}, on);
+      model->forward(x, at::full({rows}, 1, on.dtype(at::kLong)), at::zeros({rows}, on.dtype(at::kLong)));
+      if (vae) vae->decode(vae->latents.to_vae(x.narrow(0, 0, batch)));
+    });
+  };
+  MemoryPlan plan;
+  plan.batch = std::min(m.cfg.sampling.batch_size, n);  // n images take one batch of n
+  plan.sharing = ctx.device.is_cuda() ? 1 : ctx.local_world;
+  plan.setting = "sampling.batch_size (--batch)";
+  m.model->to(ctx.device);
+  return preflight_memory(probe, ctx, plan);
+}
+
 // A checkpoint of a run that logs to TensorBoard (log.tensorboard): the grid goes into the run's tb/ as an image at
 // the checkpoint's step, tagged by sampler, steps and guidance, so the run's samples line up with its curves.
 void grid_to_tensorboard(const SamplingModel& m, const std::string& png_path) {
@@ -327,8 +360,10 @@ SamplingSummary run_sampling(const SamplingRequest& r) {
   torch::manual_seed(static_cast<uint64_t>(m.cfg.sampling.seed));  // random labels: from the seed
   const at::Tensor labels = sampling_labels(r.labels, n, mo.num_classes, m.cfg.sampling.per_class);
   const nlohmann::json plan = sampling_plan(m, r, labels);
+  const std::string memory = check_sampling_memory(m, vae, n, ctx);  // before anything is written
   const auto group = dist::Group::join(ctx, {{"sampling plan (sha256)", sha256_hex(plan.dump())}});
   check_parts_plan(r.out + "/parts", plan, r.out, *group);
+  if (!memory.empty() && group->is_main()) std::cerr << memory << "\n";  // now that every input is accepted
   SamplingSummary out{r.out, m.weights, m.step, n};
   out.precision = precision_summary(sc.precision, ctx);
   const auto start = std::chrono::steady_clock::now();

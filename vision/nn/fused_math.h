@@ -183,6 +183,7 @@ MOH_HD void route_row_grad(const float* logits, const RouterShape& s, const int*
                            const float* picks_coef, float* dlogits) {
   const int E = s.experts, K = s.topk, hs = s.shared, ns = s.n_shared_logits();
   float p[kMaxRouterLogits];
+  p[0] = 0.f;  // a routed layer has E >= 1: this only says so to GCC's -O1 uninitialised-read analysis
   for (int i = 0; i < E; ++i) p[i] = logits[i];
   softmax_inplace(p, E);
   float kept = 0.f;
