@@ -188,6 +188,12 @@ void validate_dit_experiment(const ExperimentConfig& cfg, bool training, bool sa
         "three (DiT's latent quirk) needs at least 3 channels, the model has " + std::to_string(o.in_channels),
         "set sampling.cfg_channels=all");
   if (sampling) check_head_budgets(o, cfg.sampling);
+  // Pixel-space samples are images: 1 or 3 channels (a latent variant's 4 would be refused only at the merge).
+  if (sampling && cfg.diffusion.vae == VaeKind::none && o.in_channels != 1 && o.in_channels != 3)
+    throw UserError("config: model.name",
+                    cfg.model.name + " samples " + std::to_string(o.in_channels) +
+                        "-channel latents, but diffusion.vae is none (pixel space)",
+                    "choose a pixel-space variant (DiT-Pixel/4, MoH-DiT-Pixel/4-75) or set diffusion.vae");
   const diffusion::ObjectiveRecord& objective = diffusion::objective_record(cfg.diffusion.objective);
   if (objective.validate) objective.validate(cfg.diffusion, o, cfg.model.name);  // its settings against the model
   sample_options_for(cfg);  // "sampling.steps" must respace diffusion.steps, or count an ODE solver's steps

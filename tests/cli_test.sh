@@ -347,6 +347,7 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   grep -q '"topk_change_share"' "$tmp/hl/head_load.json" && pass=$((pass + 1)) || { echo "FAIL: no head_load.json"; fails=$((fails + 1)); }
   expect 2 "model DiT-Pixel/4 has no routed MoH layers" -- sample configs/fashion_mnist/dit_pixel.yaml --untrained --head-load --out "$tmp/s2"
   expect 2 "not a DiT" -- sample --checkpoint "$tmp/run" --out "$tmp/s2"
+  expect 2 "MoH-DiT-S/2-75 samples 4-channel latents, but diffusion.vae is none" -- sample $DIT --untrained --set model.name=MoH-DiT-S/2-75 --out "$tmp/s2"
   expect 2 "only sampling.\\* can be changed" -- sample --checkpoint "$tmp/dit" --set model.name=DiT-Pixel/4 --out "$tmp/s2"
   expect 2 "needs at least 3 channels" -- sample --checkpoint "$tmp/dit" --set sampling.cfg_channels=three --out "$tmp/s2"
   expect 2 "missing --checkpoint" -- sample --out "$tmp/s2"

@@ -124,7 +124,13 @@ TEST(Experiment, ValidationRefusesAModelTheEmbeddedDataCannotFeed) {
   EXPECT_NE(error("model: {name: MoH-DiT-S/2-90}").find("MoH-DiT-S/2-90 takes 32 px images, the data is 28 px"), npos);
   EXPECT_NE(error("model: {name: DiT-S/2, img_size: 28}").find("DiT-S/2 takes 4 channels, the data has 1"), npos);
   EXPECT_EQ(error("model: {name: MoH-DiT-Pixel/4-75}"), "");
-  EXPECT_EQ(error("model: {name: MoH-DiT-S/2-90}", experiments::ExperimentUse::sample), "");  // sampling reads no data
+  // Sampling reads no data, but pixel-space samples are images: a latent variant needs its VAE.
+  EXPECT_NE(error("model: {name: MoH-DiT-S/2-90}", experiments::ExperimentUse::sample)
+                .find("MoH-DiT-S/2-90 samples 4-channel latents, but diffusion.vae is none"),
+            npos);
+  EXPECT_EQ(error("model: {name: MoH-DiT-S/2-90}\ndiffusion: {vae: sd}\ndata: {dataset: latents, root: /x}",
+                  experiments::ExperimentUse::sample),
+            "");
   EXPECT_EQ(error("model: {name: MoH-ViT-S-75}\ndata: {dataset: image_folder, root: /x}"), "");  // checked when read
 }
 
