@@ -56,10 +56,11 @@ double cgroup_usage() {
 }  // namespace
 
 int64_t MemoryNeed::at(int64_t batch) const {
-  return static_cast<int64_t>(std::ceil(fixed + per_sample * static_cast<double>(batch)));
+  return static_cast<int64_t>(std::ceil(std::max(fixed + per_sample * static_cast<double>(batch), floor)));
 }
 
 int64_t MemoryNeed::largest_batch(double bytes) const {
+  if (bytes < floor) return 0;
   if (per_sample <= 0) return bytes >= fixed ? INT64_MAX : 0;
   return std::max<int64_t>(0, static_cast<int64_t>(std::floor((bytes - fixed) / per_sample)));
 }
@@ -141,9 +142,8 @@ double check_memory_fits(const MemoryNeed& need, const MemoryPlan& plan, const M
   throw UserError("memory", why.str(), hint.str() + "; MOH_MEMORY_CHECK=0 skips this check");
 }
 
-// The batches measured: b and 2b. Larger b measure the per-sample part above the allocator's noise; smaller ones
-// keep the check within seconds for large models (a training step costs several forwards).
-constexpr int64_t kTrainProbeBatch = 2, kEvalProbeBatch = 4;
+// The evaluation forward's batches: 4 and 8 (MemoryProbe::probe_batch says why b matters).
+constexpr int64_t kEvalProbeBatch = 4;
 
 std::string preflight_memory(const MemoryProbe& probe, const RunContext& ctx, MemoryPlan plan) {
   const char* skip = std::getenv("MOH_MEMORY_CHECK");
@@ -155,7 +155,9 @@ std::string preflight_memory(const MemoryProbe& probe, const RunContext& ctx, Me
     return measure_memory_need([&](int64_t b) { return build(ctx, b); }, std::min<int64_t>(b1, batch),
                                std::min<int64_t>(2 * b1, batch), ctx.device);
   };
-  const MemoryNeed train_need = need_at(probe.build, plan.batch, kTrainProbeBatch);
+  MemoryNeed train_need = need_at(probe.build, plan.batch, probe.probe_batch);
+  train_need.floor = train_need.fixed + probe.held_after;
+  train_need.fixed += probe.held;
   const double train = check_memory_fits(train_need, plan, available);
   std::ostringstream line;
   line << std::fixed;
@@ -172,9 +174,11 @@ std::string preflight_memory(const MemoryProbe& probe, const RunContext& ctx, Me
     eval = check_memory_fits(eval_need, ep, available);
   }
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double step = train_need.fixed + train_need.per_sample * static_cast<double>(plan.batch);
   line << "memory: about " << gib(std::max(train, eval)) << " per process (" << probe.step << " batch " << plan.batch
-       << ": " << gib(train);
+       << ": " << gib(step);
   if (eval > 0) line << ", evaluation batch " << probe.eval_batch << ": " << gib(eval);
+  if (probe.held_after > 0) line << ", then " << probe.after << ": " << gib(train_need.floor);
   line << ") of " << gib(available.bytes) << " available (measured in " << took << " s)";
   return line.str();
 }

@@ -12,9 +12,10 @@
 
 namespace moh {
 
-/// Peak memory of one step as a line in the batch: fixed + per_sample · batch (bytes).
+/// Peak memory of one step as a line in the batch, fixed + per_sample · batch (bytes), or of a later phase that does
+/// not depend on the batch (floor), whichever is higher.
 struct MemoryNeed {
-  double fixed = 0, per_sample = 0;
+  double fixed = 0, per_sample = 0, floor = 0;
   int64_t at(int64_t batch) const;
   /// The largest batch whose need is at most `bytes` (0 when not even one sample fits).
   int64_t largest_batch(double bytes) const;
@@ -60,6 +61,16 @@ struct MemoryProbe {
   std::string what;   ///< "training MoH-ViT-Nano at 224 px"
   std::string other;  ///< other settings that lower the need ("model.img_size, or train.grad_checkpoint: blocks")
   std::string step = "training";  ///< what `build` runs, for the log line ("sampling")
+  /// Bytes the run holds beside its step whatever the batch, computed rather than measured (e.g. the features of
+  /// every image an evaluation has seen); added to the step's fixed part.
+  double held = 0;
+  /// Bytes of a later phase without the step's activations, beyond the step's fixed part (an evaluation's metrics
+  /// over the features of every image).
+  double held_after = 0;
+  std::string after;  ///< that phase, for the log line ("the metrics")
+  /// The smaller of the two batches measured (the other is twice it): small keeps a large model's check short,
+  /// larger lifts a cheap forward's per-sample part above the allocator's page-sized noise.
+  int64_t probe_batch = 2;
   std::function<std::function<void()>(const RunContext& ctx, int64_t batch)> build;
   /// One evaluation forward (no gradients) at a batch, when the run evaluates during training; its batch setting.
   std::function<std::function<void()>(const RunContext& ctx, int64_t batch)> build_eval;

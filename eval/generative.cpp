@@ -9,6 +9,8 @@
 
 #include "core/atomic_io.h"
 #include "core/error.h"
+#include "core/memory_preflight.h"
+#include "eval/metrics.h"
 #include "core/run_context.h"
 #include "core/sha256.h"
 #include "datasets/npz.h"
@@ -207,8 +209,9 @@ void check_counts(const GenerativeEvalOptions& o, int64_t n_samples, const Refer
                     "KID needs at least 2 images per set", "use more images or leave kid out of --metrics");
 }
 
-/// Labels and statistic widths against the net's output widths (one probe image through the net, no progress).
-void check_widths(const GenerativeEvalOptions& o, FeatureNet& net, const datasets::ImageSource& samples,
+/// Labels and statistic widths against the net's output widths (one probe image through the net, no progress);
+/// returns the probe's features (their widths size the memory check).
+InceptionFeatures check_widths(const GenerativeEvalOptions& o, FeatureNet& net, const datasets::ImageSource& samples,
                   const ReferenceInputs& r) {
   const InceptionFeatures probe = net.extract(at::zeros({1, 32, 32, 3}, at::kByte));
   const at::Tensor labels = samples.labels();
@@ -220,7 +223,7 @@ void check_widths(const GenerativeEvalOptions& o, FeatureNet& net, const dataset
                           ", the feature network has " + std::to_string(probe.logits.size(1)) + " classes",
                       "samples of another dataset?");
   }
-  if (!r.stored) return;
+  if (!r.stored) return probe;
   // A statistic's width: mu (D), mu_s (Ds), pr_features (rows, D).
   const auto width = [&](const at::Tensor& stat, const at::Tensor& features, const char* key, bool asked) {
     const int64_t dims = stat.defined() ? stat.size(stat.dim() - 1) : 0;
@@ -233,6 +236,70 @@ void check_widths(const GenerativeEvalOptions& o, FeatureNet& net, const dataset
   width(r.stored->pool.mu, probe.pool, "mu", o.metrics.fid);
   width(r.stored->spatial.mu, probe.spatial, "mu_s", o.metrics.sfid);
   width(r.stored->pr_features, probe.pool, "pr_features", o.metrics.pr || o.metrics.kid);
+  return probe;
+}
+
+/// Bytes the precision/recall pass needs beside the features: one block of distances (kPRBlockBytes, or n² floats for
+/// fewer rows) times what a block costs with its temporaries, measured on a small block (the k-th value's sort copies
+/// the block, with int64 indices: about 5 blocks on LibTorch 1.13).
+double pr_pass_bytes(int64_t n_max, int64_t width) {
+  const int64_t n = 4096;
+  const at::Tensor f = at::arange(n * width, at::kFloat).reshape({n, width}).remainder(251);  // any values will do
+  const double before = peak_memory_during([] {}, c10::kCPU);
+  const double peak = peak_memory_during([&] { manifold_radii(f); }, c10::kCPU);
+  const double per_block_byte = std::max(0.0, peak - before) / (4.0 * static_cast<double>(n * n));
+  const double block = std::min(static_cast<double>(kPRBlockBytes), 4.0 * static_cast<double>(n_max * n_max));
+  return per_block_byte * block;
+}
+
+/// What a host evaluation holds whatever its batch: every image's features (fp32) beside the forward, and after the
+/// last forward the largest of: the samples' twice while their batches are joined, the reference's beside them, the
+/// metrics' own (the float64 copies of the statistics and KID, the precision/recall pass).
+void hold_features(MemoryProbe& probe, const GenerativeEvalOptions& o, const InceptionFeatures& f, int64_t n_samples,
+                   int64_t n_reference) {
+  int64_t width = 0, widest = 0;
+  for (const at::Tensor* t : {&f.pool, &f.spatial, &f.logits})
+    if (t->defined()) width += t->size(1), widest = std::max(widest, t->size(1));
+  const double s = 4.0 * static_cast<double>(n_samples * width), r = 4.0 * static_cast<double>(n_reference * width);
+  double metrics = 16.0 * static_cast<double>((n_samples + n_reference) * widest);
+  if (o.metrics.pr) metrics = std::max(metrics, pr_pass_bytes(std::max(n_samples, n_reference), f.pool.size(1)));
+  probe.held = s + r;
+  probe.after = "the metrics";
+  probe.held_after = std::max({2 * s, s + 2 * r, s + r + metrics});
+}
+
+/// The memory check of an evaluation (core/memory_preflight.h), before the first feature is extracted: the feature
+/// network's forward at a batch of blank images of the samples' size, with the next batch read beside it (as
+/// extract_features runs), plus the features it holds.
+std::string check_generative_memory(const GenerativeEvalOptions& o, FeatureNet& net, const InceptionFeatures& probe_f,
+                                    int64_t n_samples, const ReferenceInputs& refs) {
+  datasets::ImageBlock first;
+  if (!datasets::open_image_source(o.samples)->next(1, first)) return "";
+  const std::vector<int64_t> shape = first.images.sizes().vec();  // (1, H, W, C)
+  const int64_t n_ref = refs.images ? refs.images->size() : 0;
+  MemoryPlan plan;
+  plan.batch = std::min(o.batch_size, std::max(n_samples, n_ref));  // a batch is never larger than its set
+  plan.setting = "--batch";
+  MemoryProbe probe;
+  probe.what = "evaluating " + std::to_string(n_samples) + " samples with " + net.name();
+  probe.step = "features";
+  // The feature forward's memory per image falls as the batch grows (measured: twice as much at 16–128 images as at
+  // 1,024–4,096 with the classifier), so it is measured at a quarter and half of the run's batch; a forward is cheap
+  // enough there (Inception on a CPU: about 0.05 s per image).
+  probe.probe_batch = std::clamp<int64_t>(plan.batch / 2, 16, 512);
+  probe.other = "the number of samples or reference images (the features of every image are held)";
+  // The features and the metrics live on the host: with the net on a GPU the check is its forward's.
+  if (net.device().is_cpu()) hold_features(probe, o, probe_f, n_samples, n_ref);
+  probe.build = [&net, shape](const RunContext&, int64_t batch) {
+    return std::function<void()>([&net, shape, batch] {
+      const at::Tensor images = at::zeros({batch, shape[1], shape[2], shape[3]}, at::kByte);
+      const at::Tensor next = at::zeros_like(images);  // the reader's next batch
+      net.extract(images);
+    });
+  };
+  RunContext ctx;
+  ctx.device = net.device();
+  return preflight_memory(probe, ctx, plan);
 }
 
 /// The reference statistics: stored ones completed by those computed from `rf` (features of the reference images).
@@ -351,7 +418,9 @@ nlohmann::json evaluate_generative(const GenerativeEvalOptions& options, Feature
   std::unique_ptr<datasets::ImageSource> samples = datasets::open_image_source(o.samples);
   const ReferenceInputs refs = open_reference(o, net);
   check_counts(o, samples->size(), refs);
-  check_widths(o, net, *samples, refs);  // every input check is done before the first feature is extracted
+  const InceptionFeatures probe = check_widths(o, net, *samples, refs);
+  const std::string memory = check_generative_memory(o, net, probe, samples->size(), refs);
+  if (!memory.empty()) std::cerr << memory << "\n";  // every input check is done before the first feature is extracted
 
   const FeatureSet s = extract_features(net, *samples, o.batch_size, "samples");
   const std::string net_hint = "the feature network's weights (" + o.features + ") give non-finite outputs";

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The memory check before training and sampling (core/memory_preflight.h): a run that cannot fit is refused with one
+# The memory check before training, sampling and FID (core/memory_preflight.h): a run that cannot fit is refused with one
 # line (the estimate, what is available, the largest batch that fits), exit 2, nothing written. (Runs that fit are
 # checked by every other training and sampling test, which all pass through the check.)
 # usage: memory_check_test.sh path/to/moh repo_root
@@ -45,5 +45,26 @@ if "$MOH" sample $DIT --untrained --num-samples 8 --batch 4 --steps 2 --out "$tm
   grep -Eq '^memory: about [0-9.]+ GiB per process \(sampling batch 4: [0-9.]+ GiB\) of [0-9.]+ GiB available' "$tmp/s_ok.log" &&
   [ -f "$tmp/s_ok/samples.npz" ]; then ok "a sampling run that fits: $(grep '^memory: ' "$tmp/s_ok.log")"
 else bad "sampling 8 images: $(tail -3 "$tmp/s_ok.log")"; fi
+# FID: the feature network's forward at --batch, plus the features of every image. A batch of the whole 60,000-image
+# training set through the classifier at once (≈ 100 GiB) is refused before the first feature; a run that fits says
+# what it measured.
+"$MOH" train $NANO --set data.limit_train=64 --set data.limit_val=32 --set data.batch_size=32 --set train.epochs=1 \
+  --run-dir "$tmp/cls" >"$tmp/cls.log" 2>&1 || bad "classifier for the FID cases: $(tail -3 "$tmp/cls.log")"
+start=$(date +%s)
+"$MOH" fid --samples fashion_mnist:train --ref fashion_mnist:test --features "classifier:$tmp/cls" --batch 60000 \
+  --out "$tmp/f_big" >"$tmp/f_big.log" 2>&1
+rc=$?
+took=$(( $(date +%s) - start ))
+if [ "$avail" -gt 200000000 ]; then echo "note: over 200 GiB available: the FID refusal case fits here, not checked"
+elif [ "$rc" = 2 ] && [ "$(grep -c . "$tmp/f_big.log")" = 1 ] &&
+  grep -Eq '^error: memory: evaluating 60000 samples with classifier:MoH-ViT-Nano needs about [0-9.]+ GiB on this machine by one measured step at batch 60000 .* \(lower --batch to at most [0-9]+' "$tmp/f_big.log" &&
+  [ ! -e "$tmp/f_big" ]; then
+  ok "FID refused in ${took}s, nothing written: $(cut -c1-200 "$tmp/f_big.log")"
+else bad "FID at batch 60000: exit $rc after ${took}s: $(tail -3 "$tmp/f_big.log")"; fi
+if "$MOH" fid --samples fashion_mnist:test:64 --ref fashion_mnist:train:64 --features "classifier:$tmp/cls" \
+  --batch 16 >"$tmp/f_ok.log" 2>&1 &&
+  grep -Eq '^memory: about [0-9.]+ GiB per process \(features batch 16: [0-9.]+ GiB, then the metrics: [0-9.]+ GiB\) of [0-9.]+ GiB available' "$tmp/f_ok.log" &&
+  grep -q '^FID ' "$tmp/f_ok.log"; then ok "an FID run that fits: $(grep '^memory: ' "$tmp/f_ok.log")"
+else bad "FID of 64 images: $(tail -3 "$tmp/f_ok.log")"; fi
 echo "memory_check_test: $pass passed, $fails failed"
 [ "$fails" = 0 ]
