@@ -10,10 +10,10 @@
 #include "core/atomic_io.h"
 #include "core/error.h"
 #include "core/memory_preflight.h"
-#include "eval/metrics.h"
 #include "core/run_context.h"
 #include "core/sha256.h"
 #include "datasets/npz.h"
+#include "eval/metrics.h"
 
 namespace moh::eval {
 
@@ -212,7 +212,7 @@ void check_counts(const GenerativeEvalOptions& o, int64_t n_samples, const Refer
 /// Labels and statistic widths against the net's output widths (one probe image through the net, no progress);
 /// returns the probe's features (their widths size the memory check).
 InceptionFeatures check_widths(const GenerativeEvalOptions& o, FeatureNet& net, const datasets::ImageSource& samples,
-                  const ReferenceInputs& r) {
+                               const ReferenceInputs& r) {
   const InceptionFeatures probe = net.extract(at::zeros({1, 32, 32, 3}, at::kByte));
   const at::Tensor labels = samples.labels();
   if (labels.defined() && labels.numel() > 0 && net.predicts_dataset_classes()) {

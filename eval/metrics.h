@@ -85,7 +85,8 @@ constexpr int64_t kPRBlockBytes = 256 << 20;
 
 /// k-NN radii of a feature set (N, D): the (k+1)-th smallest squared distance of each row to all rows.
 /// Computed in row blocks so that memory stays ~`block_bytes` regardless of N.
-at::Tensor manifold_radii(const at::Tensor& features, int64_t k = kPRNeighbourhood, int64_t block_bytes = kPRBlockBytes);
+at::Tensor manifold_radii(const at::Tensor& features, int64_t k = kPRNeighbourhood,
+                          int64_t block_bytes = kPRBlockBytes);
 
 /// Precision and recall of `samples` against `reference` (both (N, D), float32 distances as ADM's fp32 fallback).
 PRResult precision_recall(const at::Tensor& reference, const at::Tensor& samples, int64_t k = kPRNeighbourhood,
