@@ -145,9 +145,13 @@ double check_memory_fits(const MemoryNeed& need, const MemoryPlan& plan, const M
 // The evaluation forward's batches: 4 and 8 (MemoryProbe::probe_batch says why b matters).
 constexpr int64_t kEvalProbeBatch = 4;
 
-std::string preflight_memory(const MemoryProbe& probe, const RunContext& ctx, MemoryPlan plan) {
+bool memory_check_skipped() {
   const char* skip = std::getenv("MOH_MEMORY_CHECK");
-  if (skip && std::string(skip) == "0") return "";
+  return skip && std::string(skip) == "0";
+}
+
+std::string preflight_memory(const MemoryProbe& probe, const RunContext& ctx, MemoryPlan plan) {
+  if (memory_check_skipped()) return "";
   const auto start = std::chrono::steady_clock::now();
   plan.what = probe.what, plan.other = probe.other;
   const MemoryAvailable available = memory_available(ctx.device, plan.sharing);

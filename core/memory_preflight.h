@@ -85,6 +85,9 @@ struct MemoryProbe {
 /// available (measured in 0.8 s)".
 std::string preflight_memory(const MemoryProbe& probe, const RunContext& ctx, MemoryPlan plan);
 
+/// Whether the user turned the check off (MOH_MEMORY_CHECK=0): a command skips what it computes only for the check.
+bool memory_check_skipped();
+
 /// "12.3 GiB".
 std::string gib(double bytes);
 
