@@ -11,6 +11,13 @@ for f in samples/grid.png samples/samples.npz classifier/eval/head_load.png clas
   [ -s "$out/demo/$f" ] || { echo "FAIL: missing $f"; exit 1; }
 done
 grep -q "FID report:" "$out/log" || { echo "FAIL: demo did not print the artefact paths"; exit 1; }
+# The whole demo's ETA is the first line, and every stage's seconds follow (the README's times come from them).
+head -n1 "$out/log" | grep -Eq '^== demo: about [0-9]+ min in all \(setup \+ build 0 s, classifier [0-9]+ s' ||
+  { echo "FAIL: first line is not the ETA: $(head -n1 "$out/log")"; exit 1; }
+for stage in "setup + build" "classifier training" "classifier evaluation + head load" "diffusion training" "sampling" \
+  "reference statistics + FID report"; do
+  grep -Eq "^== $(printf '%s' "$stage" | sed 's/+/\\+/g'): [0-9]+ s" "$out/log" || { echo "FAIL: no seconds for $stage"; exit 1; }
+done
 # Every metric in the FID report is a finite number (JSON has no NaN/Infinity literals; nlohmann writes null for them).
 if grep -A8 '"metrics"' "$out/demo/fid/report.json" | grep -q 'null'; then echo "FAIL: non-finite metric"; exit 1; fi
 for key in fid sfid inception_score precision recall; do
