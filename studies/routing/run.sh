@@ -2,7 +2,7 @@
 # Routing analytics of the demo's two MoH models on Fashion-MNIST (docs/results/routing/README.md):
 #  1. MoH-ViT-Nano, the demo's 200 steps, split into 5 epochs of 5,120 images so the trainer logs the head load 5 times;
 #     `moh eval` then writes its head load per class;
-#  2. MoH-DiT-Pixel/4-75, the demo's 2,400 steps, in 8 epochs of 19,200 images (8 head-load lines);
+#  2. MoH-DiT-Pixel/4-75, 2,400 steps (the demo's until 2026-11-29), in 8 epochs of 19,200 images (8 head-load lines);
 #     `moh sample --head-load` (the demo's CFG 4, DDIM 50, 10 per class) writes the head load by timestep and class;
 #  3. `moh plot` of both runs (loss, lr, top-1 and the head load at each evaluation).
 # fp32 throughout: bf16 autocast is several times slower on CPUs without native bf16 and differs between machines.
