@@ -16,7 +16,7 @@ head -n1 "$out/log" | grep -Eq '^== demo: about [0-9]+ min in all \(setup \+ bui
   { echo "FAIL: first line is not the ETA: $(head -n1 "$out/log")"; exit 1; }
 for stage in "setup + build" "classifier training" "classifier evaluation + head load" "diffusion training" "sampling" \
   "reference statistics + FID report"; do
-  grep -Eq "^== $(printf '%s' "$stage" | sed 's/+/\\+/g'): [0-9]+ s" "$out/log" || { echo "FAIL: no seconds for $stage"; exit 1; }
+  grep -Eq "^== ${stage//+/\\+}: [0-9]+ s" "$out/log" || { echo "FAIL: no seconds for $stage"; exit 1; }
 done
 # Every metric in the FID report is a finite number (JSON has no NaN/Infinity literals; nlohmann writes null for them).
 if grep -A8 '"metrics"' "$out/demo/fid/report.json" | grep -q 'null'; then echo "FAIL: non-finite metric"; exit 1; fi
