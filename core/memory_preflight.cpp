@@ -1,6 +1,8 @@
 #include "core/memory_preflight.h"
 
+#include <ATen/Parallel.h>
 #include <malloc.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -8,7 +10,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iostream>
 #include <sstream>
+#include <vector>
 
 #include "core/error.h"
 #include "core/run_context.h"
@@ -67,7 +71,7 @@ int64_t MemoryNeed::largest_batch(double bytes) const {
 
 std::string gib(double bytes) {
   char s[32];
-  std::snprintf(s, sizeof s, "%.1f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
+  std::snprintf(s, sizeof s, "%.1f GiB", bytes / kGiB);
   return s;
 }
 
@@ -90,13 +94,24 @@ MemoryAvailable memory_available(const c10::Device& device, int sharing) {
   return {(free + rss * share) / share, "this machine"};
 }
 
+double peak_memory_so_far(const c10::Device& device) {
+#ifdef MOH_TORCH_CUDA
+  if (device.is_cuda()) {
+    const c10::DeviceIndex index = device.has_index() ? device.index() : 0;
+    return static_cast<double>(c10::cuda::CUDACachingAllocator::getDeviceStats(index).reserved_bytes[0].peak);
+  }
+#endif
+  (void)device;
+  return std::max(proc_kb("/proc/self/status", "VmHWM"), proc_kb("/proc/self/status", "VmRSS"));
+}
+
 double peak_memory_during(const std::function<void()>& run, const c10::Device& device) {
 #ifdef MOH_TORCH_CUDA
   if (device.is_cuda()) {
     const c10::DeviceIndex index = device.has_index() ? device.index() : 0;
     c10::cuda::CUDACachingAllocator::resetPeakStats(index);
     run();
-    return static_cast<double>(c10::cuda::CUDACachingAllocator::getDeviceStats(index).reserved_bytes[0].peak);
+    return peak_memory_so_far(device);
   }
 #endif
   (void)device;
@@ -109,19 +124,79 @@ double peak_memory_during(const std::function<void()>& run, const c10::Device& d
     std::fclose(f);
   }
   run();
-  return std::max(proc_kb("/proc/self/status", "VmHWM"), proc_kb("/proc/self/status", "VmRSS"));
+  return peak_memory_so_far(device);
 }
 
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+// At most b1·2^5: a cheap step's check stays short however large the run's batch.
+constexpr size_t kMaxProbePoints = 6;
+
+// One measured step: its peak memory (bytes) and its seconds, the step built first (model, optimizer, inputs).
+struct ProbePoint {
+  int64_t batch = 0;
+  double peak = 0, seconds = 0;
+};
+
+// On a CPU, the seconds this process's threads have computed, divided by its intra-op threads: a step's time as on a
+// machine with nothing else running, so that the check measures the same batches whatever else loads the machine.
+// On a GPU, wall time (the host mostly waits).
+double step_clock(const c10::Device& device) {
+  if (!device.is_cpu())
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return (static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec)) / std::max(1, at::get_num_threads());
+}
+
+ProbePoint probe_point(const std::function<std::function<void()>(int64_t)>& build, int64_t batch,
+                       const c10::Device& device, double step_seconds) {
+  const std::function<void()> step = build(batch);
+  double start = step_clock(device);
+  ProbePoint first{batch, peak_memory_during(step, device), step_clock(device) - start};
+  if (first.seconds > step_seconds / 2) return first;
+  // A short step is measured again: the first allocates what every later step finds in place (the optimizer's
+  // state, the thread pools' and the BLAS's buffers), which at a few samples outweighs the activations; a run's peak
+  // is its activations on top of all that.
+  start = step_clock(device);
+  const double peak = peak_memory_during(step, device);
+  return {batch, peak, step_clock(device) - start};
+}
+
+// The line through two points.
+MemoryNeed line_through(const ProbePoint& small, const ProbePoint& large) {
+  if (large.batch <= small.batch) return {large.peak, 0};
+  const double slope = std::max(0.0, (large.peak - small.peak) / static_cast<double>(large.batch - small.batch));
+  return {large.peak - slope * static_cast<double>(large.batch), slope};
+}
+
+bool memory_check_verbose() {
+  const char* v = std::getenv("MOH_MEMORY_CHECK");
+  return v && std::string(v) == "verbose";
+}
+
+}  // namespace
+
 MemoryNeed measure_memory_need(const std::function<std::function<void()>(int64_t)>& build, int64_t b1, int64_t b2,
-                               const c10::Device& device) {
-  // One step per batch, its first: what it allocates once (the optimizer's state, the allocator's pools) comes after
-  // its activations are freed, so the first step's peak is the peak of every step.
-  auto peak_at = [&](int64_t batch) { return peak_memory_during(build(batch), device); };
-  const double p1 = peak_at(b1);
-  if (b2 <= b1) return {p1, 0};
-  const double p2 = peak_at(b2);
-  const double slope = std::max(0.0, (p2 - p1) / static_cast<double>(b2 - b1));
-  return {p2 - slope * static_cast<double>(b2), slope};
+                               const c10::Device& device, double step_seconds) {
+  // The batch doubles from b1 while the next step should stay within step_seconds (twice the last one's time), up to
+  // b2, and the two largest batches give the line: at a few samples a step's peak is its optimizer phase (gradients,
+  // the AdamW state, the EMA), which does not grow with the batch, and what the heap already holds absorbs small
+  // activations, so a line through small batches is too flat (docs/BENCHMARKS.md).
+  std::vector<ProbePoint> points{probe_point(build, b1, device, step_seconds)};
+  while (points.back().batch < b2 && points.size() < kMaxProbePoints &&
+         (points.size() < 2 || 2 * points.back().seconds <= step_seconds))
+    points.push_back(probe_point(build, std::min(2 * points.back().batch, b2), device, step_seconds));
+  if (memory_check_verbose()) {
+    std::string line = "memory check:";
+    for (const ProbePoint& p : points)
+      line += " batch " + std::to_string(p.batch) + " " + std::to_string(static_cast<int64_t>(p.peak / kMiB)) +
+              " MiB (" + std::to_string(static_cast<int64_t>(p.seconds * 1000)) + " ms)";
+    std::cerr << line << "\n";
+  }
+  if (points.size() == 1) return {points[0].peak, 0};
+  return line_through(points[points.size() - 2], points.back());
 }
 
 double check_memory_fits(const MemoryNeed& need, const MemoryPlan& plan, const MemoryAvailable& available) {
@@ -142,22 +217,24 @@ double check_memory_fits(const MemoryNeed& need, const MemoryPlan& plan, const M
   throw UserError("memory", why.str(), hint.str() + "; MOH_MEMORY_CHECK=0 skips this check");
 }
 
-// The evaluation forward's batches: 4 and 8 (MemoryProbe::probe_batch says why b matters).
+// The evaluation forward's smallest batch (MemoryProbe::probe_batch says why it matters).
 constexpr int64_t kEvalProbeBatch = 4;
+// How long the check's largest step may take: a run's start waits for about twice this per measured step kind.
+constexpr double kProbeStepSeconds = 1.0;
 
 bool memory_check_skipped() {
   const char* skip = std::getenv("MOH_MEMORY_CHECK");
   return skip && std::string(skip) == "0";
 }
 
-std::string preflight_memory(const MemoryProbe& probe, const RunContext& ctx, MemoryPlan plan) {
-  if (memory_check_skipped()) return "";
+MemoryVerdict preflight_memory(const MemoryProbe& probe, const RunContext& ctx, MemoryPlan plan) {
+  if (memory_check_skipped()) return {};
   const auto start = std::chrono::steady_clock::now();
   plan.what = probe.what, plan.other = probe.other;
   const MemoryAvailable available = memory_available(ctx.device, plan.sharing);
   auto need_at = [&](const auto& build, int64_t batch, int64_t b1) {
-    return measure_memory_need([&](int64_t b) { return build(ctx, b); }, std::min<int64_t>(b1, batch),
-                               std::min<int64_t>(2 * b1, batch), ctx.device);
+    return measure_memory_need([&](int64_t b) { return build(ctx, b); }, std::min<int64_t>(b1, batch), batch,
+                               ctx.device, kProbeStepSeconds);
   };
   MemoryNeed train_need = need_at(probe.build, plan.batch, probe.probe_batch);
   train_need.floor = train_need.fixed + probe.held_after;
@@ -184,7 +261,7 @@ std::string preflight_memory(const MemoryProbe& probe, const RunContext& ctx, Me
   if (eval > 0) line << ", evaluation batch " << probe.eval_batch << ": " << gib(eval);
   if (probe.held_after > 0) line << ", then " << probe.after << ": " << gib(train_need.floor);
   line << ") of " << gib(available.bytes) << " available (measured in " << took << " s)";
-  return line.str();
+  return {line.str(), std::max(train, eval)};
 }
 
 }  // namespace moh

@@ -35,11 +35,18 @@ MemoryAvailable memory_available(const c10::Device& device, int sharing);
 /// CUDA caching allocator's peak of reserved bytes on a GPU.
 double peak_memory_during(const std::function<void()>& run, const c10::Device& device);
 
+/// The process's peak memory since it started (or since the last peak_memory_during): its resident set's high-water
+/// mark on a CPU, the CUDA caching allocator's peak of reserved bytes on a GPU. What a run reports beside the estimate.
+double peak_memory_so_far(const c10::Device& device);
+
 /// Measures the need: `build(batch)` returns one step of the real model at that batch (built afresh, its first call
-/// allocating the optimizer's state); each is run once to warm, then measured. Batches b1 < b2; with b2 ≤ b1 the
-/// need is the one measurement (no extrapolation).
+/// allocating the optimizer's state); a step is measured once, or, when it is short, run once more and measured
+/// again. Batches b1, 2·b1, 4·b1, … (at most 32·b1) while the next step should take at most `step_seconds` (twice the
+/// last one's computing time per thread, so that a loaded machine measures the same batches), up to b2 (the run's
+/// batch); the need is the line through the two largest (with b2 ≤ b1, the one measurement: no extrapolation).
+/// MOH_MEMORY_CHECK=verbose prints every point.
 MemoryNeed measure_memory_need(const std::function<std::function<void()>(int64_t)>& build, int64_t b1, int64_t b2,
-                               const c10::Device& device);
+                               const c10::Device& device, double step_seconds = 1.0);
 
 /// What a refusal names.
 struct MemoryPlan {
@@ -68,8 +75,8 @@ struct MemoryProbe {
   /// over the features of every image).
   double held_after = 0;
   std::string after;  ///< that phase, for the log line ("the metrics")
-  /// The smaller of the two batches measured (the other is twice it): small keeps a large model's check short,
-  /// larger lifts a cheap forward's per-sample part above the allocator's page-sized noise.
+  /// The smallest batch measured (measure_memory_need raises it towards the run's batch while a step stays short):
+  /// small keeps a large model's check short.
   int64_t probe_batch = 2;
   std::function<std::function<void()>(const RunContext& ctx, int64_t batch)> build;
   /// One evaluation forward (no gradients) at a batch, when the run evaluates during training; its batch setting.
@@ -78,17 +85,23 @@ struct MemoryProbe {
   std::string eval_setting;  ///< "data.eval_batch_size"
 };
 
+/// What the check decided: the line for the log and the estimate it gives (bytes per process; 0 when skipped).
+struct MemoryVerdict {
+  std::string line;
+  double estimate = 0;
+};
+
 /// The check as a command runs it, before any work: skipped when MOH_MEMORY_CHECK=0; measures the step (training,
-/// sampling) at
-/// batches 2 and 4 (the evaluation forward at 4 and 8, when there is one), refuses (UserError) or returns one line for
-/// the log: "memory: about 1.2 GiB per process (training batch 64: 1.2 GiB, evaluation batch 256: 0.9 GiB) of 10.3 GiB
-/// available (measured in 0.8 s)".
-std::string preflight_memory(const MemoryProbe& probe, const RunContext& ctx, MemoryPlan plan);
+/// sampling) at two batches (the evaluation forward too, when there is one), refuses (UserError) or returns the
+/// verdict, whose line reads "memory: about 1.2 GiB per process (training batch 64: 1.2 GiB, evaluation batch 256:
+/// 0.9 GiB) of 10.3 GiB available (measured in 0.8 s)".
+MemoryVerdict preflight_memory(const MemoryProbe& probe, const RunContext& ctx, MemoryPlan plan);
 
 /// Whether the user turned the check off (MOH_MEMORY_CHECK=0): a command skips what it computes only for the check.
 bool memory_check_skipped();
 
 /// "12.3 GiB".
 std::string gib(double bytes);
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 }  // namespace moh

@@ -300,7 +300,7 @@ std::string check_generative_memory(const GenerativeEvalOptions& o, FeatureNet& 
   };
   RunContext ctx;
   ctx.device = net.device();
-  return preflight_memory(probe, ctx, plan);
+  return preflight_memory(probe, ctx, plan).line;
 }
 
 /// The reference statistics: stored ones completed by those computed from `rf` (features of the reference images).

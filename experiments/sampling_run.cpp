@@ -266,7 +266,7 @@ std::string check_sampling_memory(SamplingModel& m, AutoencoderKL& vae, int64_t 
   plan.sharing = ctx.device.is_cuda() ? 1 : ctx.local_world;
   plan.setting = "sampling.batch_size (--batch)";
   m.model->to(ctx.device);
-  return preflight_memory(probe, ctx, plan);
+  return preflight_memory(probe, ctx, plan).line;
 }
 
 // A checkpoint of a run that logs to TensorBoard (log.tensorboard): the grid goes into the run's tb/ as an image at
