@@ -425,17 +425,19 @@ LoopResult TrainLoop::run() {
   return result_;
 }
 
-// The run's peak memory beside the check's estimate (rank 0's process), in the log and in metrics.jsonl: what the
-// estimate is judged by (docs/BENCHMARKS.md), and what a user sizing the next run reads.
+// The run's peak memory beside the check's estimate (rank 0's process), in hundredths of a GiB: what the estimate is
+// judged by (docs/BENCHMARKS.md), and what a user sizing the next run reads. Not in metrics.jsonl, whose lines are the
+// same whether a run was resumed or not.
 void TrainLoop::report_peak_memory() {
   if (!group_->is_main()) return;
-  const double peak = peak_memory_so_far(ctx_.device);
-  std::cerr << "memory: peak " << gib(peak) << " per process"
-            << (out_.memory.estimate > 0 ? " (estimated " + gib(out_.memory.estimate) + " before the first step)" : "")
-            << "\n";
-  nlohmann::json line{{"step", state_.step}, {"event", "memory"}, {"peak_mem_gib", peak / kGiB}};
-  if (out_.memory.estimate > 0) line["estimated_mem_gib"] = out_.memory.estimate / kGiB;
-  out_.metrics.write(line);
+  char line[160];
+  std::snprintf(line, sizeof line, "memory: peak %.2f GiB per process", peak_memory_so_far(ctx_.device) / kGiB);
+  std::cerr << line;
+  if (out_.memory.estimate > 0) {
+    std::snprintf(line, sizeof line, " (estimated %.2f GiB before the first step)", out_.memory.estimate / kGiB);
+    std::cerr << line;
+  }
+  std::cerr << "\n";
 }
 
 void TrainLoop::run_epoch(int64_t epoch) {
@@ -594,7 +596,6 @@ void TrainLoop::log_window(int64_t epoch) {
   for (const auto& [k, v] : result_.losses) line[k] = v;
   if (window_.skipped > 0) line["skipped_steps"] = window_.skipped;
   if (window_.classes > 0) line["classes_per_batch"] = static_cast<double>(window_.classes) / window_.steps;
-  line["peak_mem_gib"] = peak_memory_so_far(ctx_.device) / kGiB;
   out_.metrics.write(line);
   char status[96];
   std::snprintf(status, sizeof status, "loss=%.4f lr=%.2e", scalar(result_.losses, "loss"), lr_);
