@@ -1,7 +1,7 @@
 #pragma once
 // Whether a run fits in memory, decided before it does any work. A run that does not fit is otherwise killed by the
 // kernel (or fails with "CUDA out of memory") minutes in, after loading its data and compiling its first steps. The
-// check measures instead of modelling: the peak memory of one real step at two small batches on the run's device,
+// check measures instead of modelling: the peak memory of one real step at a few small batches on the run's device,
 // extrapolated linearly to the run's batch (activations grow with the batch; weights, gradients, optimizer and EMA
 // state do not), times the processes that share this machine or GPU, against what is available there.
 #include <c10/core/Device.h>
