@@ -55,6 +55,7 @@ StepResult dit_step(bool checkpoint, Precision precision) {
 
 TEST(GradCheckpoint, DiTGradientsEqualThePlainRunBitForBit) {
   for (Precision p : {Precision::fp32, Precision::bf16}) {
+    SCOPED_TRACE(p == Precision::fp32 ? "fp32" : "bf16 autocast");
     const StepResult plain = dit_step(false, p), ckpt = dit_step(true, p);
     ASSERT_GT(plain.grads.size(), 10u);
     expect_equal(ckpt.grads, plain.grads);
