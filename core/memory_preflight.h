@@ -92,7 +92,7 @@ struct MemoryVerdict {
 };
 
 /// The check as a command runs it, before any work: skipped when MOH_MEMORY_CHECK=0; measures the step (training,
-/// sampling) at two batches (the evaluation forward too, when there is one), refuses (UserError) or returns the
+/// sampling) at a few batches (the evaluation forward too, when there is one), refuses (UserError) or returns the
 /// verdict, whose line reads "memory: about 1.2 GiB per process (training batch 64: 1.2 GiB, evaluation batch 256:
 /// 0.9 GiB) of 10.3 GiB available (measured in 0.8 s)".
 MemoryVerdict preflight_memory(const MemoryProbe& probe, const RunContext& ctx, MemoryPlan plan);
