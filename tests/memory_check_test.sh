@@ -67,7 +67,9 @@ if "$MOH" fid --samples fashion_mnist:test:64 --ref fashion_mnist:train:64 --fea
   grep -q '^FID ' "$tmp/f_ok.log"; then ok "an FID run that fits: $(grep '^memory: ' "$tmp/f_ok.log")"
 else bad "FID of 64 images: $(tail -3 "$tmp/f_ok.log")"; fi
 # The estimate against the run's own peak (the resident set's high-water mark, which the run logs at its end and
-# /usr/bin/time reads the same): within 25 % on three shapes, the slowest of them about 20 s.
+# /usr/bin/time reads the same), on three shapes, the slowest of them about 20 s. Measured: 0.78-1.10 over 45 runs
+# (docs/BENCHMARKS.md); the bound, 2/3 to 3/2, leaves room for a machine's scatter and still fails the old check's
+# 0.33-0.5 on these shapes.
 estimate_ratio() {  # name, then moh train arguments
   local name=$1 dir="$tmp/est_$1"
   shift
@@ -77,10 +79,10 @@ estimate_ratio() {  # name, then moh train arguments
   fi
   local line
   line=$(grep -E '^memory: peak [0-9.]+ GiB per process \(estimated [0-9.]+ GiB before the first step\)' "$dir.log")
-  if [ -n "$line" ] && echo "$line" | awk '{ r = $8 / $3; printf "%.2f", r > "/dev/stderr"; exit !(r >= 0.75 && r <= 1.25) }' \
+  if [ -n "$line" ] && echo "$line" | awk '{ r = $8 / $3; printf "%.2f", r > "/dev/stderr"; exit !(r >= 0.67 && r <= 1.5) }' \
     2>"$dir.ratio"; then
     ok "$name: estimate / peak $(cat "$dir.ratio"): $line"
-  else bad "$name: estimate / peak $(cat "$dir.ratio" 2>/dev/null) (want 0.75 to 1.25): $line $(tail -2 "$dir.log")"; fi
+  else bad "$name: estimate / peak $(cat "$dir.ratio" 2>/dev/null) (want 0.67 to 1.5): $line $(tail -2 "$dir.log")"; fi
 }
 estimate_ratio dit_pixel_64 $DIT
 estimate_ratio nano_32px_128 $NANO --set model.img_size=32 --set data.batch_size=128 --set data.eval_batch_size=256 \
