@@ -63,7 +63,15 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     auto holder = ctx->saved_data["replay"].toCapsule();
     const Replay& replay = *static_cast<Replay*>(holder.get());
     std::vector<at::Tensor> inputs = ctx->get_saved_variables();
-    for (size_t i = 0; i < inputs.size(); ++i) inputs[i] = inputs[i].detach().requires_grad_(replay.needs_grad[i]);
+    // The inputs' gradients are taken as the engine hands them over, before AccumulateGrad would copy them into the
+    // inputs' strides: a block input that is a strided view (DiT's patch embedding plus pos_embed) would otherwise
+    // pass a gradient in another memory order than the plain run, and a bf16 reduction over it (the conv's bias
+    // gradient) would sum in another order.
+    std::vector<at::Tensor> input_grads(inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      inputs[i] = inputs[i].detach().requires_grad_(replay.needs_grad[i]);
+      if (replay.needs_grad[i]) inputs[i].register_hook([&input_grads, i](const at::Tensor& g) { input_grads[i] = g; });
+    }
     const std::vector<at::Tensor> now = rng_states(replay.rng_devices);  // the random stream continues afterwards
     set_rng_states(replay.rng_devices, replay.rng_states);
     std::vector<at::Tensor> outputs;
@@ -85,7 +93,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
       if (outputs[i].requires_grad() && grads[i].defined()) roots.push_back(outputs[i]), root_grads.push_back(grads[i]);
     if (!roots.empty()) torch::autograd::backward(roots, root_grads);  // parameters' .grad accumulate here
     torch::autograd::variable_list out{at::Tensor()};                  // the replay argument
-    for (const auto& t : inputs) out.push_back(t.requires_grad() ? t.grad() : at::Tensor());
+    out.insert(out.end(), input_grads.begin(), input_grads.end());
     return out;
   }
 };
