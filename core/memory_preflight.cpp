@@ -185,6 +185,12 @@ MemoryNeed measure_memory_need(const std::function<std::function<void()>(int64_t
   // the AdamW state, the EMA), which does not grow with the batch, and what the heap already holds absorbs small
   // activations, so a line through small batches is too flat (docs/BENCHMARKS.md).
   std::vector<ProbePoint> points{probe_point(build, b1, device, step_seconds)};
+  if (b1 > 1 && b2 > b1 && 2 * points[0].seconds > step_seconds) {
+    // A step already too slow to double (a large image, a large model): the second point is half its batch, so that
+    // the refusal of a run far too large comes in 1.5 such steps rather than 3. At such sizes the activations
+    // outweigh the optimizer phase even at one or two samples.
+    points.insert(points.begin(), probe_point(build, b1 / 2, device, step_seconds));
+  }
   while (points.back().batch < b2 && points.size() < kMaxProbePoints &&
          (points.size() < 2 || 2 * points.back().seconds <= step_seconds))
     points.push_back(probe_point(build, std::min(2 * points.back().batch, b2), device, step_seconds));

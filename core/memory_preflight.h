@@ -43,7 +43,8 @@ double peak_memory_so_far(const c10::Device& device);
 /// allocating the optimizer's state); a step is measured once, or, when it is short, run once more and measured
 /// again. Batches b1, 2·b1, 4·b1, … (at most 32·b1) while the next step should take at most `step_seconds` (twice the
 /// last one's computing time per thread, so that a loaded machine measures the same batches), up to b2 (the run's
-/// batch); the need is the line through the two largest (with b2 ≤ b1, the one measurement: no extrapolation).
+/// batch); when the step at b1 is already too slow to double, b1/2 and b1 instead. The need is the line through the
+/// two largest (with b2 ≤ b1, the one measurement: no extrapolation).
 /// MOH_MEMORY_CHECK=verbose prints every point.
 MemoryNeed measure_memory_need(const std::function<std::function<void()>(int64_t)>& build, int64_t b1, int64_t b2,
                                const c10::Device& device, double step_seconds = 1.0);
