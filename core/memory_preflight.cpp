@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 #include <malloc.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -12,6 +13,7 @@
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -233,22 +235,67 @@ bool memory_check_skipped() {
   return skip && std::string(skip) == "0";
 }
 
-MemoryVerdict preflight_memory(const MemoryProbe& probe, const RunContext& ctx, MemoryPlan plan) {
-  if (memory_check_skipped()) return {};
-  const auto start = std::chrono::steady_clock::now();
-  plan.what = probe.what, plan.other = probe.other;
-  const MemoryAvailable available = memory_available(ctx.device, plan.sharing);
+std::vector<double> once_per_machine(const std::function<std::vector<double>()>& measure, size_t width,
+                                     const RunContext& ctx, const SumOverRanks& sum, uint32_t host) {
+  // Slots per rank: the machine's key, 1 for the rank that measured, its numbers.
+  const size_t slot = 2 + width, me = static_cast<size_t>(ctx.rank) * slot;
+  std::vector<double> all(static_cast<size_t>(ctx.world) * slot, 0.0);
+  all[me] = host;
+  if (ctx.local_rank == 0) {
+    const std::vector<double> mine = measure();
+    all[me + 1] = 1;
+    std::copy_n(mine.begin(), std::min(width, mine.size()), all.begin() + static_cast<std::ptrdiff_t>(me + 2));
+  }
+  all = sum(all);
+  for (size_t r = 0; r < static_cast<size_t>(ctx.world); ++r)
+    if (all[r * slot] == host && all[r * slot + 1] == 1)
+      return {all.begin() + static_cast<std::ptrdiff_t>(r * slot + 2),
+              all.begin() + static_cast<std::ptrdiff_t>(r * slot + slot)};
+  return measure();  // no local rank 0 on this machine (ranks numbered by hand): its own measurement
+}
+
+uint32_t this_machine_key() {
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  return static_cast<uint32_t>(std::hash<std::string>{}(name)&0x7fffffffu);
+}
+
+namespace {
+
+// The needs a check measures: its step's, and its evaluation forward's when it has one (eval_batch 0: none, or not
+// measured because the step alone does not fit).
+struct MeasuredNeeds {
+  MemoryNeed train, eval;
+  std::vector<double> numbers() const { return {train.fixed, train.per_sample, eval.fixed, eval.per_sample}; }
+  static MeasuredNeeds from(const std::vector<double>& v) { return {{v[0], v[1]}, {v[2], v[3]}}; }
+};
+
+// The step's need with what the run holds beside it (MemoryProbe::held, held_after).
+MemoryNeed with_held(MemoryNeed need, const MemoryProbe& probe) {
+  need.floor = need.fixed + probe.held_after;
+  need.fixed += probe.held;
+  return need;
+}
+
+MeasuredNeeds measure_needs(const MemoryProbe& probe, const RunContext& ctx, const MemoryPlan& plan,
+                            const MemoryAvailable& available) {
   auto need_at = [&](const auto& build, int64_t batch, int64_t b1) {
     return measure_memory_need([&](int64_t b) { return build(ctx, b); }, std::min<int64_t>(b1, batch), batch,
                                ctx.device, kProbeStepSeconds);
   };
-  MemoryNeed train_need = need_at(probe.build, plan.batch, probe.probe_batch);
-  train_need.floor = train_need.fixed + probe.held_after;
-  train_need.fixed += probe.held;
+  MeasuredNeeds n;
+  n.train = need_at(probe.build, plan.batch, probe.probe_batch);
+  const bool step_fits = with_held(n.train, probe).at(plan.batch) <= available.bytes;  // else refused without it
+  if (step_fits && probe.build_eval && probe.eval_batch > 0)
+    n.eval = need_at(probe.build_eval, probe.eval_batch, kEvalProbeBatch);
+  return n;
+}
+
+// The refusal (UserError) or the log line, from the measured needs.
+MemoryVerdict verdict_of(const MeasuredNeeds& needs, const MemoryProbe& probe, const MemoryPlan& plan,
+                         const MemoryAvailable& available, std::chrono::steady_clock::time_point start) {
+  const MemoryNeed train_need = with_held(needs.train, probe);
   const double train = check_memory_fits(train_need, plan, available);
-  std::ostringstream line;
-  line << std::fixed;
-  line.precision(2);
   double eval = 0;
   if (probe.build_eval && probe.eval_batch > 0) {
     MemoryPlan ep = plan;
@@ -256,18 +303,46 @@ MemoryVerdict preflight_memory(const MemoryProbe& probe, const RunContext& ctx, 
     ep.batch = probe.eval_batch, ep.per_batch = 1, ep.setting = probe.eval_setting;
     // A run evaluates while its training state (weights, gradients, optimizer and EMA state) stays allocated:
     // the evaluation's activations come on top of the training step's fixed part.
-    MemoryNeed eval_need = need_at(probe.build_eval, ep.batch, kEvalProbeBatch);
+    MemoryNeed eval_need = needs.eval;
     eval_need.fixed = std::max(eval_need.fixed, train_need.fixed);
     eval = check_memory_fits(eval_need, ep, available);
   }
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const double step = train_need.fixed + train_need.per_sample * static_cast<double>(plan.batch);
+  std::ostringstream line;
+  line << std::fixed;
+  line.precision(2);
   line << "memory: about " << gib(std::max(train, eval)) << " per process (" << probe.step << " batch " << plan.batch
        << ": " << gib(step);
   if (eval > 0) line << ", evaluation batch " << probe.eval_batch << ": " << gib(eval);
   if (probe.held_after > 0) line << ", then " << probe.after << ": " << gib(train_need.floor);
   line << ") of " << gib(available.bytes) << " available (measured in " << took << " s)";
   return {line.str(), std::max(train, eval)};
+}
+
+}  // namespace
+
+MemoryVerdict preflight_memory(const MemoryProbe& probe, const RunContext& ctx, MemoryPlan plan,
+                               const SumOverRanks& sum_over_ranks) {
+  if (memory_check_skipped()) return {};
+  const auto start = std::chrono::steady_clock::now();
+  plan.what = probe.what, plan.other = probe.other;
+  const MemoryAvailable available = memory_available(ctx.device, plan.sharing);
+  MeasuredNeeds needs;
+  if (sum_over_ranks && ctx.world > 1 && ctx.local_world > 1 && ctx.device.is_cpu()) {
+    // The processes of a machine would each measure the same step on a share of its cores: one measures with all of
+    // them (the refusal of a run that does not fit comes sooner), the others wait.
+    needs = MeasuredNeeds::from(once_per_machine(
+        [&] {
+          const ScopedCpuThreads all_cores(std::min<int>(at::get_num_threads() * ctx.local_world,
+                                                         static_cast<int>(std::thread::hardware_concurrency())));
+          return measure_needs(probe, ctx, plan, available).numbers();
+        },
+        4, ctx, sum_over_ranks, this_machine_key()));
+  } else {
+    needs = measure_needs(probe, ctx, plan, available);
+  }
+  return verdict_of(needs, probe, plan, available, start);
 }
 
 }  // namespace moh

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace moh {
 
@@ -95,8 +96,22 @@ struct MemoryVerdict {
 /// The check as a command runs it, before any work: skipped when MOH_MEMORY_CHECK=0; measures the step (training,
 /// sampling) at a few batches (the evaluation forward too, when there is one), refuses (UserError) or returns the
 /// verdict, whose line reads "memory: about 1.2 GiB per process (training batch 64: 1.2 GiB, evaluation batch 256:
-/// 0.9 GiB) of 10.3 GiB available (measured in 0.8 s)".
-MemoryVerdict preflight_memory(const MemoryProbe& probe, const RunContext& ctx, MemoryPlan plan);
+/// 0.9 GiB) of 10.3 GiB available (measured in 0.8 s)". With `sum_over_ranks` (the run's group: every rank calls it)
+/// and several processes on one CPU machine, only local rank 0 measures, with all their threads, while the others
+/// wait (once_per_machine).
+using SumOverRanks = std::function<std::vector<double>(const std::vector<double>&)>;
+MemoryVerdict preflight_memory(const MemoryProbe& probe, const RunContext& ctx, MemoryPlan plan,
+                               const SumOverRanks& sum_over_ranks = nullptr);
+
+/// A measurement shared by the processes of each machine: local rank 0 runs `measure` (`width` numbers), the other
+/// ranks run nothing, and after `sum` (an all-reduce over every rank of ctx.world, each rank calling it once) every
+/// rank returns the numbers of local rank 0 on its own machine (`host`, a key of the machine's name). The measuring
+/// rank's numbers are exact: each rank writes only its own slots of the summed vector.
+std::vector<double> once_per_machine(const std::function<std::vector<double>()>& measure, size_t width,
+                                     const RunContext& ctx, const SumOverRanks& sum, uint32_t host);
+
+/// A key of this machine's name (gethostname) for once_per_machine.
+uint32_t this_machine_key();
 
 /// Whether the user turned the check off (MOH_MEMORY_CHECK=0): a command skips what it computes only for the check.
 bool memory_check_skipped();

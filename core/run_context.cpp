@@ -346,6 +346,24 @@ int configure_cpu_threads() {
   return at::get_num_threads();
 }
 
+namespace {
+void set_openblas_threads(int threads) {
+  using Fn = void (*)(int);
+  if (auto fn = reinterpret_cast<Fn>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) fn(threads);
+}
+}  // namespace
+
+ScopedCpuThreads::ScopedCpuThreads(int threads) : intra_op_(at::get_num_threads()), blas_(openblas_threads()) {
+  if (threads <= intra_op_) return;
+  at::set_num_threads(threads);
+  if (blas_ > 0 && blas_ < threads) set_openblas_threads(threads);
+}
+
+ScopedCpuThreads::~ScopedCpuThreads() {
+  if (at::get_num_threads() != intra_op_) at::set_num_threads(intra_op_);
+  if (blas_ > 0 && openblas_threads() != blas_) set_openblas_threads(blas_);
+}
+
 void warn_if_reference_blas() {
   static std::once_flag once;
   std::call_once(once, [] {

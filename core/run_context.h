@@ -102,6 +102,19 @@ std::string libtorch_cuda_build();
 /// Returns the thread count in effect.
 int configure_cpu_threads();
 
+/// Raises this process's CPU threads (LibTorch's intra-op threads and OpenBLAS's pool, when it has one) to `threads`
+/// while it lives, then restores both: the one process of a machine that works for all of them while they wait.
+class ScopedCpuThreads {
+ public:
+  explicit ScopedCpuThreads(int threads);
+  ~ScopedCpuThreads();
+  ScopedCpuThreads(const ScopedCpuThreads&) = delete;
+  ScopedCpuThreads& operator=(const ScopedCpuThreads&) = delete;
+
+ private:
+  int intra_op_ = 0, blas_ = 0;
+};
+
 /// How the CPU's thread pools are set up, for `moh --version` and benchmark records.
 struct ThreadSetup {
   int intra_op = 1;         ///< LibTorch's intra-op threads

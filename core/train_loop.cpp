@@ -296,7 +296,8 @@ TrainLoop::TrainLoop(const LoopConfig& cfg, const TrainArgs& args, const TaskFac
     plan.per_batch = world * cfg.train.accum_steps;
     plan.sharing = ctx_.device.is_cuda() ? 1 : ctx_.local_world;
     plan.setting = "data.batch_size";
-    out_.memory = preflight_memory(*args.memory_probe, ctx_, plan);
+    out_.memory = preflight_memory(*args.memory_probe, ctx_, plan,
+                                   [this](const std::vector<double>& v) { return group_->sum(v); });
   }
   build_model_and_optimizer();
   load_start_state();

@@ -6,8 +6,11 @@
 #include <torch/version.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
+#include <map>
+#include <mutex>
 
 #include "core/activation_checkpoint.h"
 #include "core/error.h"
@@ -137,8 +140,9 @@ std::pair<at::Tensor, at::Tensor> unique_pairs(const at::Tensor& a, const at::Te
   return {rows, inverse};
 }
 
-std::pair<at::Tensor, at::Tensor> relative_position_cpb(int64_t qh, int64_t qw, int64_t kh, int64_t kw, int64_t ph,
-                                                        int64_t pw) {
+namespace {
+std::pair<at::Tensor, at::Tensor> compute_relative_position_cpb(int64_t qh, int64_t qw, int64_t kh, int64_t kw,
+                                                                int64_t ph, int64_t pw) {
   auto axis = [](int64_t q, int64_t k) {
     at::Tensor aq = at::arange(q, at::kFloat);
     at::Tensor ak = at::adaptive_avg_pool1d(aq.unsqueeze(0), {k}).squeeze(0);  // pool-bin centres
@@ -153,6 +157,20 @@ std::pair<at::Tensor, at::Tensor> relative_position_cpb(int64_t qh, int64_t qw, 
   auto [table, inverse] = unique_pairs(rh.reshape({-1}), rw.reshape({-1}));
   table = at::sign(table) * at::log2(table.abs() + 1.0) / std::log2(kCpbLogBase);  // log-spaced
   return {table, inverse};
+}
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> relative_position_cpb(int64_t qh, int64_t qw, int64_t kh, int64_t kw, int64_t ph,
+                                                        int64_t pw) {
+  // Memoised per grid: ranking the pairs of a large first stage (150k at 224 px) is slow on a CPU, and a run builds
+  // the model several times (its EMA copy, the memory check's steps). Clones: a model may move its own copy.
+  static std::mutex mutex;
+  static std::map<std::array<int64_t, 6>, std::pair<at::Tensor, at::Tensor>> done;
+  const std::array<int64_t, 6> key{qh, qw, kh, kw, ph, pw};
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto it = done.find(key);
+  if (it == done.end()) it = done.emplace(key, compute_relative_position_cpb(qh, qw, kh, kw, ph, pw)).first;
+  return {it->second.first.clone(), it->second.second.clone()};
 }
 
 // ---- attention ---------------------------------------------------------------------------------------------------

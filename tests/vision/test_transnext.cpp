@@ -97,6 +97,18 @@ TEST(ClassifierRegistry, PaperActiveHeadRatiosAndNames) {
   EXPECT_THROW(classifier_options("MoH-ViT-X"), UserError);
 }
 
+// The tables are memoised per grid (every model build asks again): each call gets its own copy, equal to the first.
+TEST(TransNeXtAttention, RelativePositionTablesAreCopiesOfOneComputation) {
+  auto [table, index] = relative_position_cpb(9, 7, 3, 2, 9, 7);
+  const at::Tensor table0 = table.clone(), index0 = index.clone();
+  table.add_(1), index.zero_();  // a caller changing its copy
+  auto [again, again_index] = relative_position_cpb(9, 7, 3, 2, 9, 7);
+  EXPECT_TRUE(at::equal(again, table0));
+  EXPECT_TRUE(at::equal(again_index, index0));
+  EXPECT_EQ(again_index.size(0), 9 * 7 * 3 * 2);
+  EXPECT_EQ(relative_position_cpb(9, 7, 3, 3, 9, 7).second.size(0), 9 * 7 * 3 * 3);  // another grid, another entry
+}
+
 // The dense aggregated path three ways: the sliding-window ops (the default), im2col + matmul (the official native
 // code's unfold) and the neighbour-by-neighbour reference; output and input gradient in fp32 (≤ 1e-5), every parameter
 // gradient in fp64 (≤ 1e-10). Odd maps (9×7) and a 1-row-high pool: every border case of the window.
