@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <set>
 
 #include "apps/cli.h"
 #include "apps/commands.h"
@@ -200,6 +201,19 @@ static int run(int argc, char** argv) {
                   near.empty() ? "commands: " + join(names) : "did you mean '" + near + "'?");
 }
 
+// Whether this command may skip the CPU setup's second start of the program (reexec_for_cpu) for now: help texts,
+// `config`, `info` and `plot`, which compute next to nothing; `train`, which re-executes once its input is checked (a
+// refused config answers from the first start); `launch`, whose ranks start with the setup (set_cpu_env_for_children).
+// `--version` reports the setup runs get, so it re-executes.
+bool defers_cpu_setup(int argc, char** argv) {
+  if (argc < 2) return true;
+  static const std::set<std::string> later{"--help", "-h", "help", "config", "info", "plot", "train", "launch"};
+  if (later.count(argv[1])) return true;
+  for (int i = 2; i < argc && std::strcmp(argv[i], "--") != 0; ++i)
+    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) return true;
+  return false;
+}
+
 }  // namespace moh::apps
 
 int main(int argc, char** argv) {
@@ -212,7 +226,8 @@ int main(int argc, char** argv) {
   const bool speaks = rank.empty() || (local_env && std::strcmp(local_env, "0") == 0);
   const std::string prefix = rank.empty() ? "error: " : "error: rank " + rank + ": ";
   try {
-    moh::reexec_for_cpu(argv);  // Debian's LibTorch + OpenBLAS: before any OpenMP region or product runs
+    moh::prepare_cpu_setup(argv);  // Debian's LibTorch + OpenBLAS: before any OpenMP region or product runs
+    if (!moh::apps::defers_cpu_setup(argc, argv)) moh::reexec_for_cpu();
     moh::configure_cpu_threads();
     const int code = moh::apps::run(argc, argv);
     if (speaks) moh::print_notes();  // input notes a command did not print itself (its input was accepted)

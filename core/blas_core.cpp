@@ -219,17 +219,22 @@ void check_chosen_core() {
 
 }  // namespace
 
-void reexec_for_cpu(char** argv) {
+void prepare_cpu_setup(char** argv) {
   g_argv.clear();
   for (char** a = argv; a && *a; ++a) g_argv.push_back(*a);
   g_argv.push_back(nullptr);
   if (!env("MOH_BLAS_CORE_FROM").empty() && env("MOH_BLAS_CORE_CHECKED").empty()) check_chosen_core();
-  if (!env("MOH_BLAS_CORE_FAILED").empty() && env("MOH_BLAS_CORE_WARNED").empty()) {
+  // Once per run: a launcher's ranks each check the core it chose for them, the first of each machine says it.
+  const bool speaks = env("LOCAL_RANK").empty() || env("LOCAL_RANK") == "0";
+  if (!env("MOH_BLAS_CORE_FAILED").empty() && env("MOH_BLAS_CORE_WARNED").empty() && speaks) {
     std::cerr << "warning: OpenBLAS core " << env("MOH_BLAS_CORE_TRIED") << " failed moh's self-check ("
               << env("MOH_BLAS_CORE_FAILED") << "): running on OpenBLAS's own choice " << env("MOH_BLAS_CORE_FROM")
               << " (set OPENBLAS_CORETYPE to choose one)\n";
     ::setenv("MOH_BLAS_CORE_WARNED", "1", 1);
   }
+}
+
+std::map<std::string, std::string> cpu_env_needed() {
   std::map<std::string, std::string> set;
   if (needs_sleeping_openmp()) set["OMP_WAIT_POLICY"] = "passive", set["MOH_THREADS_SET"] = "1";
   if (env("OPENBLAS_CORETYPE").empty() && env("MOH_BLAS_CORE_FROM").empty()) {
@@ -238,10 +243,24 @@ void reexec_for_cpu(char** argv) {
     const std::string better = detected.empty() ? "" : openblas_core_upgrade(detected, cpu_flags());
     if (!better.empty()) set["OPENBLAS_CORETYPE"] = better, set["MOH_BLAS_CORE_FROM"] = detected;
   }
-  if (set.empty()) return;
+  return set;
+}
+
+void reexec_for_cpu() {
+  const std::map<std::string, std::string> set = cpu_env_needed();
+  if (set.empty() || g_argv.size() < 2) return;  // nothing to change, or prepare_cpu_setup never ran
   for (const auto& [k, v] : set) ::setenv(k.c_str(), v.c_str(), 1);
-  ::execv("/proc/self/exe", argv);  // returns only on failure: go on as we are
+  ::execv("/proc/self/exe", g_argv.data());  // returns only on failure: go on as we are
   for (const auto& [k, v] : set) ::unsetenv(k.c_str());
+}
+
+void reexec_for_cpu(char** argv) {
+  prepare_cpu_setup(argv);
+  reexec_for_cpu();
+}
+
+void set_cpu_env_for_children() {
+  for (const auto& [k, v] : cpu_env_needed()) ::setenv(k.c_str(), v.c_str(), 1);
 }
 
 void reexec_for_cpu_from_cmdline() {

@@ -6,6 +6,7 @@
 // does for OMP_WAIT_POLICY), after checking that core's products against a plain reference in the new process: a
 // core that computes wrong results, or crashes on an instruction the CPU lacks, is not used (one warning line, and
 // OpenBLAS's own choice stays). A user's own OPENBLAS_CORETYPE always wins.
+#include <map>
 #include <set>
 #include <string>
 
@@ -40,12 +41,28 @@ BlasCore blas_core();
 /// triple loop in double: "" when every one agrees within its dtype's rounding, else what failed.
 std::string check_blas_products();
 
-/// Run first thing in `moh` and the test binaries (argv = the process's own arguments): re-executes the program once
-/// with what the CPU path needs — OMP_WAIT_POLICY=passive (reexec_with_sleeping_openmp, run_context.h) and a better
-/// OpenBLAS core — and, in the re-executed process, checks the new core (falling back on failure). Returns when
-/// nothing needs to change. MOH_BLAS_ASSUME_CORE=NAME (tests) treats NAME as OpenBLAS's own choice;
-/// MOH_BLAS_SELFCHECK_INJECT=wrong|crash (tests) makes the self-check see a wrong product or an illegal instruction.
+/// Run first thing in `moh` and the test binaries (argv = the process's own arguments): remembers them for
+/// reexec_for_cpu and, in a process re-executed with a new OpenBLAS core, checks that core (re-executing once more
+/// with OpenBLAS's own choice on failure, with one warning line). MOH_BLAS_SELFCHECK_INJECT=wrong|crash (tests) makes
+/// the self-check see a wrong product or an illegal instruction.
+void prepare_cpu_setup(char** argv);
+
+/// What the CPU path needs in the environment and this process lacks: OMP_WAIT_POLICY=passive
+/// (needs_sleeping_openmp, run_context.h) and a better OpenBLAS core; empty when nothing. MOH_BLAS_ASSUME_CORE=NAME
+/// (tests) treats NAME as OpenBLAS's own choice.
+std::map<std::string, std::string> cpu_env_needed();
+
+/// Re-executes the program (the arguments prepare_cpu_setup kept) with cpu_env_needed() set, which OpenMP and
+/// OpenBLAS read only when they are loaded; returns when nothing needs to change. A command calls it before its first
+/// computation (those that never compute, and a launcher, skip the second start of LibTorch).
+void reexec_for_cpu();
+
+/// prepare_cpu_setup(argv) and reexec_for_cpu(): both at once, for programs that compute from the start.
 void reexec_for_cpu(char** argv);
+
+/// Sets cpu_env_needed() in this process's environment without re-executing: a launcher computes nothing itself, and
+/// the processes it starts begin with what they need.
+void set_cpu_env_for_children();
 
 /// reexec_for_cpu with the arguments of /proc/self/cmdline (for static initialisation, where argv is not at hand).
 void reexec_for_cpu_from_cmdline();

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/blas_core.h"
 #include "core/error.h"
 
 namespace moh {
@@ -248,6 +249,7 @@ int launch_local(const LaunchPlan& plan) {
   const int n = plan.nproc, max_restarts = plan.max_restarts;
   const int port = plan.port == 0 ? free_port() : plan.port;
   std::vector<std::string> command = plan.args;
+  set_cpu_env_for_children();  // the ranks compute, the launcher does not: they start with it (core/blas_core.h)
   // Ctrl-C reaches the launcher alone (the ranks get their own process group) and is forwarded once per press.
   struct sigaction sa {};
   sa.sa_handler = on_launcher_signal;

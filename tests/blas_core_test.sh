@@ -48,5 +48,30 @@ check "the user's OPENBLAS_CORETYPE wins: $line" grep -q "^OpenBLAS core: Haswel
 a=$("$MOH" bench train --model MoH-DiT-Pixel/4-75 --batch 2 --steps 1 --warmup 0 --img-size 8 --json 2>/dev/null | grep -c step_s)
 b=$(MOH_BLAS_ASSUME_CORE=Prescott "$MOH" bench train --model MoH-DiT-Pixel/4-75 --batch 2 --steps 1 --warmup 0 --img-size 8 --json 2>/dev/null | grep -c step_s)
 check "commands run after the switch" test "$a$b" = 11
+# When moh starts again with the chosen core: a command that computes, before it computes; a refused config and
+# `moh config` never (their first start answers); a launcher leaves it to its ranks, which check the core themselves
+# (the machine's first rank says when it fails).
+NANO=$(dirname "$0")/../configs/fashion_mnist/moh_vit_nano.yaml
+if [ -n "$best" ] && [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  inj=(env MOH_BLAS_ASSUME_CORE=Prescott MOH_BLAS_SELFCHECK_INJECT=wrong "$MOH")
+  tiny=(--set data.limit_train=64 --set data.limit_val=32 --set data.batch_size=32 --set train.epochs=1
+        --set train.max_steps=1)
+  warnings() { grep -c "^warning: OpenBLAS core $best failed moh's self-check" <<<"$1"; }
+  err=$("${inj[@]}" train "$NANO" --set optim.lr=-1 2>&1 >/dev/null)
+  check "a refused config: its one error line, no second start: $err" \
+    test "$(grep -c . <<<"$err")$(grep -c '^error: ' <<<"$err")" = 11
+  err=$("${inj[@]}" config "$NANO" 2>&1 >/dev/null)
+  check "moh config: no second start: $err" test -z "$err"
+  err=$("${inj[@]}" train "$NANO" "${tiny[@]}" --set train.processes=1 --run-dir "$tmp/r1" 2>&1 >/dev/null)
+  check "a training run starts again before it computes: one warning" test "$(warnings "$err")" = 1
+  if "$MOH" --version | grep -q '^data parallel: c10d'; then
+    err=$("${inj[@]}" train "$NANO" "${tiny[@]}" --set data.batch_size=64 --set train.processes=2 \
+      --run-dir "$tmp/r2" 2>&1 >/dev/null)
+    check "two ranks from train.processes: the core reaches them, one warning: $(warnings "$err")" \
+      test "$(warnings "$err")" = 1
+  fi
+fi
 echo "blas_core: $fails failed"
 [ "$fails" = 0 ]

@@ -59,11 +59,6 @@ at::Tensor drop_path(const at::Tensor& x, double p, bool training) {
   return x * at::empty(shape, x.options()).bernoulli_(keep) / keep;  // timm DropPath: per-sample, scaled
 }
 
-at::Tensor cpb_bias(nn::Linear fc1, nn::Linear fc2, const at::Tensor& table, const at::Tensor& index, int64_t heads,
-                    int64_t nq, int64_t nk) {
-  at::Tensor b = fc2->forward(at::relu(fc1->forward(table)));  // (T, h)
-  return b.t().index_select(1, index).view({heads, nq, nk});   // (h, Nq, Nk)
-}
 }  // namespace
 
 // ---- options ---------------------------------------------------------------------------------------------------
@@ -128,13 +123,27 @@ void TransNeXtOptions::validate() const {
   if (num_classes <= 0 || in_chans <= 0) throw UserError(what, "num_classes and in_chans must be positive", "");
 }
 
+namespace {
+// The distinct values of a 1-D tensor, ascending, and each element's rank among them: at::_unique2(x, sorted,
+// return_inverse), by one sort (LibTorch 1.13's CPU unique hashes every element, a visible part of building a model
+// at 224 px). Values that compare equal share a rank, as in unique.
+std::pair<at::Tensor, at::Tensor> sorted_ranks(const at::Tensor& x) {  // x (n) → values (u), rank (n)
+  auto [sorted, order] = x.sort();
+  const int64_t n = x.numel();
+  at::Tensor fresh = at::ones({n}, x.options().dtype(at::kBool));  // the first of each run of equal values
+  if (n > 1) fresh.narrow(0, 1, n - 1).copy_(sorted.narrow(0, 1, n - 1) != sorted.narrow(0, 0, n - 1));
+  at::Tensor rank_sorted = fresh.to(at::kLong).cumsum(0) - 1;
+  return {sorted.masked_select(fresh), at::empty_like(rank_sorted).scatter_(0, order, rank_sorted)};
+}
+}  // namespace
+
 std::pair<at::Tensor, at::Tensor> unique_pairs(const at::Tensor& a, const at::Tensor& b) {
   // Ranks of a and of b among their distinct values; the key rank_a · |distinct b| + rank_b orders pairs as rows are
   // ordered lexicographically, so the distinct keys are the distinct rows in unique_dim's order.
-  auto [ua, rank_a, na] = at::_unique2(a, true, true, false);
-  auto [ub, rank_b, nb] = at::_unique2(b, true, true, false);
+  auto [ua, rank_a] = sorted_ranks(a);
+  auto [ub, rank_b] = sorted_ranks(b);
   const int64_t width = ub.size(0);
-  auto [keys, inverse, counts] = at::_unique2(rank_a * width + rank_b, true, true, false);
+  auto [keys, inverse] = sorted_ranks(rank_a * width + rank_b);
   at::Tensor rows =
       at::stack({ua.index_select(0, at::div(keys, width, "floor")), ub.index_select(0, keys % width)}, -1);
   return {rows, inverse};
@@ -172,6 +181,22 @@ std::pair<at::Tensor, at::Tensor> relative_position_cpb(int64_t qh, int64_t qw, 
   if (it == done.end()) it = done.emplace(key, compute_relative_position_cpb(qh, qw, kh, kw, ph, pw)).first;
   return {it->second.first.clone(), it->second.second.clone()};
 }
+
+at::Tensor gather_bias(const at::Tensor& b, const at::Tensor& index, int64_t nq, int64_t nk) {
+  // Head by head from its 1-D column: the backward of a gather along a dim of a 2-D tensor adds index by index in
+  // LibTorch 1.13 (a separate op for each of the 10M positions of a 224-px first stage), that of a 1-D one in one
+  // loop; and one flat gather of all heads would hold an int64 index twice the size of the bias until the backward.
+  std::vector<at::Tensor> heads;
+  for (int64_t i = 0; i < b.size(1); ++i) heads.push_back(b.select(1, i).index_select(0, index));  // (Nq·Nk)
+  return at::stack(heads).view({b.size(1), nq, nk});                                               // (h, Nq, Nk)
+}
+
+namespace {
+at::Tensor cpb_bias(nn::Linear fc1, nn::Linear fc2, const at::Tensor& table, const at::Tensor& index, int64_t nq,
+                    int64_t nk) {
+  return gather_bias(fc2->forward(at::relu(fc1->forward(table))), index, nq, nk);  // MLP (T, h) → (h, Nq, Nk)
+}
+}  // namespace
 
 // ---- attention ---------------------------------------------------------------------------------------------------
 
@@ -288,7 +313,7 @@ at::Tensor TransNeXtAttentionImpl::full_attention(const at::Tensor& x, const at:
   const int64_t B = x.size(0), N = x.size(1), h = options.num_heads, d = x.size(2) / h;
   auto parts = qkv->forward(x).reshape({B, N, 3, h, d}).permute({2, 0, 3, 1, 4});  // (3, B, h, N, d)
   const at::Tensor qs = (l2n(parts[0]) + query_embedding) * tau * len_scale;       // length-scaled cosine query
-  const at::Tensor bias = cpb_bias(cpb_fc1, cpb_fc2, table, index, h, N, N);       // (h, N, N)
+  const at::Tensor bias = cpb_bias(cpb_fc1, cpb_fc2, table, index, N, N);          // (h, N, N)
   return at::matmul(at::softmax(at::matmul(qs, l2n(parts[1]).transpose(-2, -1)) + bias, -1), parts[2]);
 }
 
@@ -369,7 +394,7 @@ at::Tensor TransNeXtAttentionImpl::aggregated_attention(const at::Tensor& x, con
                                                  -std::numeric_limits<double>::infinity());  // bias, then mask
   // Pooled branch: 1×1 conv -> GELU -> adaptive avg pool -> LN; keys/values from the same kv projection.
   const at::Tensor kvp = pooled_kv(x);                                                     // (2, B, h, P, d)
-  const at::Tensor pool_bias = cpb_bias(cpb_fc1, cpb_fc2, table, index, h, N, P);          // (h, N, P)
+  const at::Tensor pool_bias = cpb_bias(cpb_fc1, cpb_fc2, table, index, N, P);             // (h, N, P)
   const at::Tensor attn_pool = at::matmul(qs, l2n(kvp[0]).transpose(-2, -1)) + pool_bias;  // (B, h, N, P)
   const at::Tensor attn = at::softmax(at::cat({attn_local, attn_pool}, -1), -1);           // one softmax
   // Learnable tokens and bias, added after the softmax with the plain normalised query.
@@ -420,14 +445,14 @@ at::Tensor TransNeXtAttentionImpl::mix_sparse(const at::Tensor& x, const at::Ten
     const at::Tensor kvp = pooled_kv(x);  // (2, B, h, P, d)
     keys = l2n(kvp[0]).reshape({B * h, P, d});
     values = kvp[1].reshape({B * h, P, d});
-    bias_rows = cpb_bias(cpb_fc1, cpb_fc2, table, index, h, N, P).reshape({h * N, P});
+    bias_rows = cpb_bias(cpb_fc1, cpb_fc2, table, index, N, P).reshape({h * N, P});
   } else {
     const at::Tensor& w = qkv->weight;
     const at::Tensor b = qkv->bias.defined() ? qkv->bias.narrow(0, C, 2 * C) : at::Tensor();
     auto kvx = at::linear(x, w.narrow(0, C, 2 * C), b).view({B, N, 2, h, d}).permute({2, 0, 3, 1, 4});  // (2,B,h,N,d)
     keys = l2n(kvx[0]).reshape({B * h, N, d});
     values = kvx[1].reshape({B * h, N, d});
-    bias_rows = cpb_bias(cpb_fc1, cpb_fc2, table, index, h, N, N).reshape({h * N, N});
+    bias_rows = cpb_bias(cpb_fc1, cpb_fc2, table, index, N, N).reshape({h * N, N});
   }
   const at::Tensor nbr = aggregated ? neighbours.to(dev) : at::Tensor();
   const at::Tensor gates_flat = routing.gates.reshape({T * h});

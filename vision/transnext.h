@@ -70,6 +70,10 @@ std::pair<at::Tensor, at::Tensor> unique_pairs(const at::Tensor& a, const at::Te
 std::pair<at::Tensor, at::Tensor> relative_position_cpb(int64_t q_h, int64_t q_w, int64_t k_h, int64_t k_w,
                                                         int64_t pretrain_h, int64_t pretrain_w);
 
+/// Each head's position bias (h, Nq, Nk) from the CPB MLP's output b (T, h): row `index` (Nq·Nk, into T) of each
+/// head's column; as b.t().index_select(1, index), with a backward that is one loop in LibTorch 1.13.
+at::Tensor gather_bias(const at::Tensor& b, const at::Tensor& index, int64_t nq, int64_t nk);
+
 /// Aggregated attention (stages with sr_ratio > 1) or full TransNeXt attention (sr_ratio == 1), with optional MoH/MoA
 /// head routing applied to each head's output before `proj`.
 struct TransNeXtAttentionImpl : torch::nn::Module, nn::HeadControl {

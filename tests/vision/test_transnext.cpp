@@ -3,6 +3,7 @@
 #include <torch/version.h>
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <set>
 
 #include "core/error.h"
@@ -387,6 +388,25 @@ TEST(TransNeXtCPB, TableSizesAndCoordinates) {
   torch::Tensor first = table.index_select(0, index.narrow(0, 0, 1));
   EXPECT_NEAR(first[0][0].item<double>(), expect, 1e-6);
   EXPECT_NEAR(first[0][1].item<double>(), expect, 1e-6);
+}
+
+// gather_bias takes each head's row from the flat table; the plain path gathers along dim 1 of the (h, T) table.
+// Forward: the same elements. Backward: each table entry's gradient sums the upstream gradients of the positions that
+// gather it, in an order either path may choose: within count·eps·Σ|terms| of the plain path's (count: the most
+// positions gathering one entry).
+TEST(TransNeXtCPB, FlatGatherEqualsTheGatherAlongTheHeadsTable) {
+  auto [table, index] = relative_position_cpb(56, 56, 7, 7, 56, 56);  // 224 px stage 1: 153,664 positions
+  const int64_t h = 3, nq = 3136, nk = 49, rows = table.size(0);
+  torch::manual_seed(5);
+  const at::Tensor b = at::randn({rows, h}).requires_grad_(true), upstream = at::randn({h, nq, nk});
+  const at::Tensor ours = gather_bias(b, index, nq, nk), plain = b.t().index_select(1, index).view({h, nq, nk});
+  EXPECT_TRUE(ours.equal(plain));
+  const at::Tensor g = torch::autograd::grad({ours}, {b}, {upstream})[0];
+  const at::Tensor g_plain = torch::autograd::grad({plain}, {b}, {upstream})[0];
+  const double count = at::bincount(index).max().item<double>(), eps = std::numeric_limits<float>::epsilon();
+  const at::Tensor bound = at::zeros({h, rows}).index_add_(1, index, upstream.abs().view({h, -1})).t() * count * eps;
+  EXPECT_TRUE((g - g_plain).abs().le(bound).all().item<bool>());
+  EXPECT_GT(g.abs().sum().item<double>(), 0.0);
 }
 
 TEST(ClassifierRegistry, SmallInputPitfallIsAClearError) {
