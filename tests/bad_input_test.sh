@@ -2,7 +2,8 @@
 # The bad-input contract, case by case: a malformed config, flag, file, image, npz, checkpoint or output path must end
 # with exit code 2 and exactly one stderr line `error: ...` (no library or progress lines before it), must leave every
 # file already on disk untouched (not written, replaced or removed: the fixture tree's listing with inodes and
-# change times after every case) and must create nothing where it was refused. usage: bad_input_test.sh path/to/moh repo_root
+# change times after every case) and must create nothing where it was refused.
+# usage: bad_input_test.sh path/to/moh repo_root
 set -u
 MOH=$1
 ROOT=$2

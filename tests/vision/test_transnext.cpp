@@ -390,7 +390,8 @@ TEST(TransNeXtCPB, TableSizesAndCoordinates) {
   EXPECT_NEAR(first[0][1].item<double>(), expect, 1e-6);
 }
 
-// gather_bias takes each head's row from the flat table; the plain path gathers along dim 1 of the (h, T) table.
+// gather_bias gathers each head's bias from its own 1-D column of the (T, h) table; the plain path gathers along dim 1
+// of the (h, T) table.
 // Forward: the same elements. Backward: each table entry's gradient sums the upstream gradients of the positions that
 // gather it, in an order either path may choose: within count·eps·Σ|terms| of the plain path's (count: the most
 // positions gathering one entry).
