@@ -262,6 +262,39 @@ uint32_t this_machine_key() {
 
 namespace {
 
+// While it lives, glibc maps every allocation above 128 KiB on its own and unmaps it when freed, so that a probe's
+// peak resident set is its live memory. Under glibc's default, allocations below a threshold that rises to 32 MiB come
+// from the heap, whose free space absorbed part of a small batch's activations: the feature forward's growth per
+// image at 256-512 images was below its growth at thousands, and a batch 100 times larger was estimated at half its
+// need (docs/BENCHMARKS.md, "Memory check before training"). Setting the threshold ends glibc's adjustment of it, so
+// the guard leaves it where that adjustment ends in any run with large tensors (32 MiB, the heap trimmed above 64 MiB
+// free). A user's own malloc settings (environment) are left alone.
+class LiveSetHeap {
+ public:
+  explicit LiveSetHeap(bool on) : on_(on && !user_tuned()) {
+#ifdef __GLIBC__
+    if (on_) mallopt(M_MMAP_THRESHOLD, 128 << 10);
+#endif
+  }
+  ~LiveSetHeap() {
+#ifdef __GLIBC__
+    if (!on_) return;
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 64 << 20);
+#endif
+  }
+  LiveSetHeap(const LiveSetHeap&) = delete;
+  LiveSetHeap& operator=(const LiveSetHeap&) = delete;
+
+ private:
+  static bool user_tuned() {
+    for (const char* v : {"GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"})
+      if (std::getenv(v)) return true;
+    return false;
+  }
+  bool on_;
+};
+
 // The needs a check measures: its step's, and its evaluation forward's when it has one (eval_batch 0: none, or not
 // measured because the step alone does not fit).
 struct MeasuredNeeds {
@@ -279,6 +312,7 @@ MemoryNeed with_held(MemoryNeed need, const MemoryProbe& probe) {
 
 MeasuredNeeds measure_needs(const MemoryProbe& probe, const RunContext& ctx, const MemoryPlan& plan,
                             const MemoryAvailable& available) {
+  const LiveSetHeap live(probe.live_set && ctx.device.is_cpu());
   auto need_at = [&](const auto& build, int64_t batch, int64_t b1) {
     return measure_memory_need([&](int64_t b) { return build(ctx, b); }, std::min<int64_t>(b1, batch), batch,
                                ctx.device, kProbeStepSeconds);

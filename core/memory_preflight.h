@@ -80,6 +80,10 @@ struct MemoryProbe {
   /// The smallest batch measured (measure_memory_need raises it towards the run's batch while a step stays short):
   /// small keeps a large model's check short.
   int64_t probe_batch = 2;
+  /// Whether the run's batch lies far beyond the batches measured (a feature forward probed at 512 images for a batch
+  /// of 60,000): then, on a CPU, every allocation of the probe above 128 KiB is mapped on its own, so that the measured
+  /// peaks are the step's live memory, not lowered by free space the heap already holds (LiveSetHeap).
+  bool live_set = false;
   std::function<std::function<void()>(const RunContext& ctx, int64_t batch)> build;
   /// One evaluation forward (no gradients) at a batch, when the run evaluates during training; its batch setting.
   std::function<std::function<void()>(const RunContext& ctx, int64_t batch)> build_eval;

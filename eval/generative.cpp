@@ -284,10 +284,11 @@ std::string check_generative_memory(const GenerativeEvalOptions& o, FeatureNet& 
   MemoryProbe probe;
   probe.what = "evaluating " + std::to_string(n_samples) + " samples with " + net.name();
   probe.step = "features";
-  // The feature forward's memory per image falls as the batch grows (measured: twice as much at 16–128 images as at
-  // 1,024–4,096 with the classifier), so it is measured at a quarter and half of the run's batch; a forward is cheap
-  // enough there (Inception on a CPU: about 0.05 s per image).
+  // The forward is measured from half the run's batch (at most 512 images; measure_memory_need halves it again when
+  // one forward is slow), and extrapolated from there to the run's batch, 100-fold for a batch of 60,000: its slope
+  // must be the forward's own, so every allocation of the probe is mapped on its own (live_set).
   probe.probe_batch = std::clamp<int64_t>(plan.batch / 2, 16, 512);
+  probe.live_set = true;
   probe.other = "the number of samples or reference images (the features of every image are held)";
   // The features and the metrics live on the host: with the net on a GPU the check is its forward's.
   if (net.device().is_cpu()) hold_features(probe, o, probe_f, n_samples, n_ref);
