@@ -125,8 +125,8 @@ void TransNeXtOptions::validate() const {
 
 namespace {
 // The distinct values of a 1-D tensor, ascending, and each element's rank among them: at::_unique2(x, sorted,
-// return_inverse), by one sort (LibTorch 1.13's CPU unique hashes every element, a visible part of building a model
-// at 224 px). Values that compare equal share a rank, as in unique.
+// return_inverse), by one sort (LibTorch 1.13's CPU unique hashes every element). Values that compare equal share a
+// rank, as in unique.
 std::pair<at::Tensor, at::Tensor> sorted_ranks(const at::Tensor& x) {  // x (n) → values (u), rank (n)
   auto [sorted, order] = x.sort();
   const int64_t n = x.numel();
@@ -135,44 +135,36 @@ std::pair<at::Tensor, at::Tensor> sorted_ranks(const at::Tensor& x) {  // x (n) 
   at::Tensor rank_sorted = fresh.to(at::kLong).cumsum(0) - 1;
   return {sorted.masked_select(fresh), at::empty_like(rank_sorted).scatter_(0, order, rank_sorted)};
 }
-}  // namespace
 
-std::pair<at::Tensor, at::Tensor> unique_pairs(const at::Tensor& a, const at::Tensor& b) {
-  // Ranks of a and of b among their distinct values; the key rank_a · |distinct b| + rank_b orders pairs as rows are
-  // ordered lexicographically, so the distinct keys are the distinct rows in unique_dim's order.
-  auto [ua, rank_a] = sorted_ranks(a);
-  auto [ub, rank_b] = sorted_ranks(b);
-  const int64_t width = ub.size(0);
-  auto [keys, inverse] = sorted_ranks(rank_a * width + rank_b);
-  at::Tensor rows =
-      at::stack({ua.index_select(0, at::div(keys, width, "floor")), ub.index_select(0, keys % width)}, -1);
-  return {rows, inverse};
+// One axis's relative coordinates: each query position against each pooled key bin's centre, scaled to the
+// pretraining size as CPB scales them. (q·k), query-major.
+at::Tensor axis_coordinates(int64_t q, int64_t k, int64_t pretrain) {
+  const at::Tensor aq = at::arange(q, at::kFloat);
+  const at::Tensor ak = at::adaptive_avg_pool1d(aq.unsqueeze(0), {k}).squeeze(0);  // pool-bin centres
+  return ((aq.reshape({-1, 1}) - ak.reshape({1, -1})) / static_cast<double>(pretrain - 1) * 8.0).reshape({-1});
 }
 
-namespace {
 std::pair<at::Tensor, at::Tensor> compute_relative_position_cpb(int64_t qh, int64_t qw, int64_t kh, int64_t kw,
                                                                 int64_t ph, int64_t pw) {
-  auto axis = [](int64_t q, int64_t k) {
-    at::Tensor aq = at::arange(q, at::kFloat);
-    at::Tensor ak = at::adaptive_avg_pool1d(aq.unsqueeze(0), {k}).squeeze(0);  // pool-bin centres
-    return std::make_pair(aq, ak);
-  };
-  auto [aqh, akh] = axis(qh, kh);
-  auto [aqw, akw] = axis(qw, kw);
-  auto kg = at::meshgrid({akh, akw}, "ij");
-  auto qg = at::meshgrid({aqh, aqw}, "ij");
-  at::Tensor rh = (qg[0].reshape({-1, 1}) - kg[0].reshape({1, -1})) / static_cast<double>(ph - 1) * 8.0;
-  at::Tensor rw = (qg[1].reshape({-1, 1}) - kg[1].reshape({1, -1})) / static_cast<double>(pw - 1) * 8.0;
-  auto [table, inverse] = unique_pairs(rh.reshape({-1}), rw.reshape({-1}));
-  table = at::sign(table) * at::log2(table.abs() + 1.0) / std::log2(kCpbLogBase);  // log-spaced
-  return {table, inverse};
+  // A pair's height coordinate depends only on (query row, key row), its width coordinate only on (query column, key
+  // column), and every height value meets every width value: the distinct pairs are the product of each axis's
+  // distinct values, in unique_dim's lexicographic order, and a pair's row is rank_h · |widths| + rank_w. Ranking
+  // the Nq·Nk pairs themselves took seconds for a large first stage (10M pairs in MoH-ViT-Nano's at 224 px).
+  auto [uh, rank_h] = sorted_ranks(axis_coordinates(qh, kh, ph));  // (Uh), (qh·kh)
+  auto [uw, rank_w] = sorted_ranks(axis_coordinates(qw, kw, pw));  // (Uw), (qw·kw)
+  const int64_t nw = uw.size(0);
+  at::Tensor table = at::stack({uh.repeat_interleave(nw), uw.repeat({uh.size(0)})}, -1);  // (Uh·Uw, 2)
+  table = at::sign(table) * at::log2(table.abs() + 1.0) / std::log2(kCpbLogBase);         // log-spaced
+  // (qh, qw, kh, kw) flattened: query (i, j) row-major, then key (k, l) row-major.
+  at::Tensor index = (rank_h.view({qh, 1, kh, 1}) * nw + rank_w.view({1, qw, 1, kw})).reshape({-1});
+  return {table, index};
 }
 }  // namespace
 
 std::pair<at::Tensor, at::Tensor> relative_position_cpb(int64_t qh, int64_t qw, int64_t kh, int64_t kw, int64_t ph,
                                                         int64_t pw) {
-  // Memoised per grid: ranking the pairs of a large first stage (150k at 224 px) is slow on a CPU, and a run builds
-  // the model several times (its EMA copy, the memory check's steps). Clones: a model may move its own copy.
+  // Memoised per grid: a run builds the model several times (its EMA copy, the memory check's steps). Clones: a
+  // model may move its own copy.
   static std::mutex mutex;
   static std::map<std::array<int64_t, 6>, std::pair<at::Tensor, at::Tensor>> done;
   const std::array<int64_t, 6> key{qh, qw, kh, kw, ph, pw};

@@ -60,13 +60,9 @@ struct TransNeXtOptions {
   void validate() const;
 };
 
-/// The distinct rows of the (n, 2) pairs (a, b) in lexicographic order and each pair's row: what
-/// at::unique_dim(pairs, 0, sorted, inverse) returns, computed through one integer key per pair (a sort) instead of
-/// row-by-row comparisons.
-std::pair<at::Tensor, at::Tensor> unique_pairs(const at::Tensor& a, const at::Tensor& b);
-
 /// Log-spaced continuous relative position coordinates between a query grid and the pooled key grid
-/// (`get_relative_position_cpb`): returns (table (T, 2) of unique coordinates, index (Nq·Nk) into it).
+/// (`get_relative_position_cpb`): returns (table (T, 2) of unique coordinates, index (Nq·Nk) into it), as
+/// at::unique_dim(coordinates, 0, sorted, inverse) orders them.
 std::pair<at::Tensor, at::Tensor> relative_position_cpb(int64_t q_h, int64_t q_w, int64_t k_h, int64_t k_w,
                                                         int64_t pretrain_h, int64_t pretrain_w);
 

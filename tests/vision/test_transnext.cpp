@@ -362,21 +362,6 @@ TEST(TransNeXtAttention, LengthScaleAndPaddingAtStage1) {
 
 TEST(TransNeXtCPB, TableSizesAndCoordinates) {
   EXPECT_EQ(relative_position_cpb(56, 56, 7, 7, 56, 56).first.size(0), 10816);
-  // unique_pairs is unique_dim(rows) through integer keys: the same rows, order and inverse, bit for bit.
-  at::manual_seed(3);
-  for (const auto& [n, levels] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {500, 7}, {4000, 40}, {300, 1000}}) {
-    const at::Tensor a = (at::randint(levels, {n}) - levels / 2).to(at::kFloat) / 3.0;
-    const at::Tensor b = (at::randint(levels, {n}) - levels / 2).to(at::kFloat) * 0.7;
-    auto [rows, inverse] = unique_pairs(a, b);
-    auto [ref_rows, ref_inverse, counts] = at::unique_dim(at::stack({a, b}, -1), 0, true, true);
-    EXPECT_TRUE(rows.equal(ref_rows)) << n;
-    EXPECT_TRUE(inverse.equal(ref_inverse)) << n;
-  }
-  {
-    const at::Tensor a = at::arange(20, at::kFloat).repeat_interleave(20), b = at::arange(20, at::kFloat).repeat(20);
-    auto [ref_rows, ref_inverse, counts] = at::unique_dim(at::stack({a, b}, -1), 0, true, true);
-    EXPECT_TRUE(unique_pairs(a.flip(0), b.flip(0)).first.equal(ref_rows));
-  }
   EXPECT_EQ(relative_position_cpb(28, 28, 7, 7, 28, 28).first.size(0), 2704);
   EXPECT_EQ(relative_position_cpb(14, 14, 7, 7, 14, 14).first.size(0), 676);
   EXPECT_EQ(relative_position_cpb(7, 7, 7, 7, 7, 7).first.size(0), 169);
@@ -388,6 +373,31 @@ TEST(TransNeXtCPB, TableSizesAndCoordinates) {
   torch::Tensor first = table.index_select(0, index.narrow(0, 0, 1));
   EXPECT_NEAR(first[0][0].item<double>(), expect, 1e-6);
   EXPECT_NEAR(first[0][1].item<double>(), expect, 1e-6);
+}
+
+// The plain path of relative_position_cpb: every (query, key) pair's coordinates, as the official
+// get_relative_position_cpb builds them, through at::unique_dim. The fast path ranks each axis on its own; the same
+// table, order and index, bit for bit, on square, oblong, pooled and unpooled grids, at and off the pretraining size.
+TEST(TransNeXtCPB, PerAxisRanksEqualUniqueDimOverEveryPair) {
+  const std::vector<std::array<int64_t, 6>> grids{{9, 7, 3, 2, 9, 7},       {56, 56, 7, 7, 56, 56},
+                                                  {28, 28, 28, 28, 28, 28}, {12, 20, 4, 5, 16, 24},
+                                                  {14, 14, 14, 14, 7, 7},   {1, 5, 1, 5, 2, 6}};
+  for (const auto& [qh, qw, kh, kw, ph, pw] : grids) {
+    auto axis = [](int64_t q, int64_t k) {
+      const at::Tensor aq = at::arange(q, at::kFloat);
+      return std::make_pair(aq, at::adaptive_avg_pool1d(aq.unsqueeze(0), {k}).squeeze(0));
+    };
+    auto [aqh, akh] = axis(qh, kh);
+    auto [aqw, akw] = axis(qw, kw);
+    const auto kg = at::meshgrid({akh, akw}, "ij"), qg = at::meshgrid({aqh, aqw}, "ij");
+    const at::Tensor rh = (qg[0].reshape({-1, 1}) - kg[0].reshape({1, -1})) / static_cast<double>(ph - 1) * 8.0;
+    const at::Tensor rw = (qg[1].reshape({-1, 1}) - kg[1].reshape({1, -1})) / static_cast<double>(pw - 1) * 8.0;
+    auto [rows, inverse, counts] = at::unique_dim(at::stack({rh.reshape({-1}), rw.reshape({-1})}, -1), 0, true, true);
+    const at::Tensor table = at::sign(rows) * at::log2(rows.abs() + 1.0) / std::log2(8.0);
+    auto [fast_table, fast_index] = relative_position_cpb(qh, qw, kh, kw, ph, pw);
+    EXPECT_TRUE(fast_table.equal(table)) << qh << "x" << qw << " " << kh << "x" << kw;
+    EXPECT_TRUE(fast_index.equal(inverse)) << qh << "x" << qw << " " << kh << "x" << kw;
+  }
 }
 
 // gather_bias gathers each head's bias from its own 1-D column of the (T, h) table; the plain path gathers along dim 1
