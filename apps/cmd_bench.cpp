@@ -5,9 +5,7 @@
 
 #include "apps/commands.h"
 #include "bench/attention_bench.h"
-#ifdef MOH_WITH_OPENCV
 #include "bench/data_bench.h"
-#endif
 #include "bench/eval_bench.h"
 #include "bench/train_bench.h"
 #include "bench/vit_attention_bench.h"
@@ -30,14 +28,7 @@ int cmd_bench(int argc, char** argv) {
   if (what == "train") return bench::train_bench_main(static_cast<int>(args.size()), args.data());
   if (what == "sample") return bench::sample_bench_main(static_cast<int>(args.size()), args.data());
   if (what == "vit-attention") return bench::vit_attention_bench_main(static_cast<int>(args.size()), args.data());
-  if (what == "data") {
-#ifdef MOH_WITH_OPENCV
-    return bench::data_bench_main(static_cast<int>(args.size()), args.data());
-#else
-    throw UserError("moh bench data", "decoding JPEGs needs OpenCV, which this build was configured without",
-                    "rebuild with -DMOH_WITH_OPENCV=ON");
-#endif
-  }
+  if (what == "data") return bench::data_bench_main(static_cast<int>(args.size()), args.data());
   throw UserError("moh bench", "unknown benchmark '" + what + "'",
                   "available: attention, vit-attention, eval, train, sample, data");
 }

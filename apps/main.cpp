@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "core/progress.h"
 #include "core/run_context.h"
+#include "datasets/image_decode.h"
 
 namespace moh::apps {
 
@@ -156,6 +157,10 @@ static std::string blas_core_line() {
 
 static void print_version() {
   BlasInfo blas = detect_blas();
+  const char* images =
+      datasets::can_decode_images()
+          ? "images: OpenCV: yes (image folders, PNG/JPEG in and out)\n"
+          : "images: OpenCV: no (built with -DMOH_WITH_OPENCV=OFF: .npz, latents and the embedded datasets)\n";
   std::cout << "moh " << toolkit_version() << " (commit " << toolkit_commit() << ")\n"
             << "LibTorch " << libtorch_version() << " ("
             << (libtorch_cuda_build().empty()
@@ -168,11 +173,7 @@ static void print_version() {
             << blas_core_line() << "CPU threads: " << threads_line() << "\n"
             << "data parallel: " << (dist::available() ? "c10d (Gloo)" : "off (no c10d/Gloo headers at build time)")
             << "\n"
-#ifdef MOH_WITH_OPENCV
-            << "images: OpenCV: yes (image folders, PNG/JPEG in and out)\n";
-#else
-            << "images: OpenCV: no (built with -DMOH_WITH_OPENCV=OFF: .npz, latents and the embedded datasets)\n";
-#endif
+            << images;
 }
 
 static int run(int argc, char** argv) {

@@ -2,6 +2,9 @@
 
 #include "bench/common.h"
 
+#include "core/error.h"
+
+#ifdef MOH_WITH_OPENCV
 #include <ATen/Parallel.h>
 #include <cxxopts.hpp>
 #include <nlohmann/json.hpp>
@@ -19,7 +22,6 @@
 #include <unistd.h>
 
 #include "core/atomic_io.h"
-#include "core/error.h"
 #include "core/run_context.h"
 #include "datasets/image_folder.h"
 #include "datasets/stream_loader.h"
@@ -214,3 +216,14 @@ int data_bench_main(int argc, char** argv) {
 }
 
 }  // namespace moh::bench
+#else   // MOH_WITH_OPENCV
+
+namespace moh::bench {
+
+int data_bench_main(int, char**) {
+  throw UserError("moh bench data", "decoding JPEGs needs OpenCV, which this build was configured without",
+                  "rebuild with -DMOH_WITH_OPENCV=ON");
+}
+
+}  // namespace moh::bench
+#endif  // MOH_WITH_OPENCV

@@ -6,7 +6,9 @@
 # default), demo_quick and scale_check against the pip build (the faster one); a single build runs every test.
 #   MOH_TEST_LIBTORCH  both (default) | debian | pip   which builds to test
 #   MOH_TEST_JOBS      ctest parallelism (default 2)
-#   MOH_TEST_NOCV      1 (default): also build and check the tree without OpenCV (build-nocv/, with the Debian build)
+#   MOH_TEST_NOCV      1 (default): the Debian tree also links moh_nocv, the program of a build without OpenCV, which
+#                      ctest's nocv test checks (-DMOH_NOCV_CHECK=ON: its image code compiled without OpenCV, the rest
+#                      shared)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 which=${MOH_TEST_LIBTORCH:-both}
@@ -21,10 +23,11 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 if [ "$which" != debian ]; then MOH_LIBTORCH=pip MOH_SKIP_BUILD=1 bash scripts/setup.sh; fi
 
 run_suite() {  # $1 = debian|pip
-  local dir=build t0 t1
+  local dir=build t0 t1 nocv=""
   if [ "$1" = pip ]; then dir=build-torch2; fi
+  if [ "$1" = debian ]; then nocv=-DMOH_NOCV_CHECK=$([ "${MOH_TEST_NOCV:-1}" = 1 ] && echo ON || echo OFF); fi
   t0=$(date +%s)
-  MOH_LIBTORCH=$1 bash scripts/setup.sh
+  MOH_CMAKE_ARGS="${MOH_CMAKE_ARGS:-} $nocv" MOH_LIBTORCH=$1 bash scripts/setup.sh
   t1=$(date +%s)
   # Testing both builds, each long script test runs in one of them (label once_debian / once_pip, tests/CMakeLists.txt).
   local skip=()
@@ -34,19 +37,6 @@ run_suite() {  # $1 = debian|pip
   (cd "$dir" && ctest --output-on-failure -j"${MOH_TEST_JOBS:-2}" --timeout 1200 "${skip[@]}")
   echo "test.sh: $1 LibTorch ($dir): build $(( t1 - t0 )) s, tests $(( $(date +%s) - t1 )) s"
 }
-# A third tree without OpenCV (the GPU machines' build, docs/GPU.md): the binary only, against Debian's LibTorch, and
-# tests/nocv_test.sh (what it still does end to end, what it refuses). MOH_TEST_NOCV=0 leaves it out.
-# At -O1: this tree checks that the code builds and works without OpenCV; no one times its binary, so it is built for
-# compile speed.
-nocv_suite() {
-  local t0=$(date +%s)
-  cmake -S . -B build-nocv -G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG" \
-    -DMOH_WITH_OPENCV=OFF -DMOH_BUILD_TESTS=OFF -DMOH_BUILD_BENCH=OFF ${MOH_CMAKE_ARGS:-} >/dev/null
-  cmake --build build-nocv -j"$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" --target moh  # not OMP's 1
-  bash tests/nocv_test.sh build-nocv/moh
-  echo "test.sh: no-OpenCV build (build-nocv): build + test $(( $(date +%s) - t0 )) s"
-}
 if [ "$which" != pip ]; then run_suite debian; fi
-if [ "$which" != pip ] && [ "${MOH_TEST_NOCV:-1}" = 1 ]; then nocv_suite; fi
 if [ "$which" != debian ]; then run_suite pip; fi
 echo "test.sh: done ($which)"

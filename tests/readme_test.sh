@@ -49,6 +49,7 @@ for cmd in "${CMDS[@]}"; do
         "bench attention"*) args="$args --seqs 196 --dims 128:4 --runs 1" ;;
         "bench vit-attention"*) args=$(echo "$args" | sed -E 's/--batch [0-9]+/--batch 1/')" --runs 1 --warmup 0" ;;
         "bench data"*) args=$(echo "$args" | sed -E 's/--images [0-9]+/--images 64/; s/--python [^ ]+//')" --batch 16 --rounds 1" ;;
+        "bench sample"*) args=$(echo "$args" | sed -E 's/--chain ddim[0-9]+/--chain ddim2/')" --steps 1 --warmup 0" ;;
         *) args="$args --steps 1 --warmup 0" ;;
       esac ;;
   esac
