@@ -96,6 +96,12 @@ MemoryAvailable memory_available(const c10::Device& device, int sharing) {
   return {(free + rss * share) / share, "this machine"};
 }
 
+bool malloc_tuned_by_user() {
+  for (const char* v : {"GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"})
+    if (std::getenv(v)) return true;
+  return false;
+}
+
 double peak_memory_so_far(const c10::Device& device) {
 #ifdef MOH_TORCH_CUDA
   if (device.is_cuda()) {
@@ -271,7 +277,7 @@ namespace {
 // free). A user's own malloc settings (environment) are left alone.
 class LiveSetHeap {
  public:
-  explicit LiveSetHeap(bool on) : on_(on && !user_tuned()) {
+  explicit LiveSetHeap(bool on) : on_(on && !malloc_tuned_by_user()) {
 #ifdef __GLIBC__
     if (on_) mallopt(M_MMAP_THRESHOLD, 128 << 10);
 #endif
@@ -287,11 +293,6 @@ class LiveSetHeap {
   LiveSetHeap& operator=(const LiveSetHeap&) = delete;
 
  private:
-  static bool user_tuned() {
-    for (const char* v : {"GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"})
-      if (std::getenv(v)) return true;
-    return false;
-  }
   bool on_;
 };
 

@@ -40,6 +40,10 @@ double peak_memory_during(const std::function<void()>& run, const c10::Device& d
 /// mark on a CPU, the CUDA caching allocator's peak of reserved bytes on a GPU. What a run reports beside the estimate.
 double peak_memory_so_far(const c10::Device& device);
 
+/// Whether the user tunes glibc's malloc through the environment (GLIBC_TUNABLES, MALLOC_*_): then the toolkit's own
+/// mallopt settings (the memory check's measurement, the image loader's kept memory) leave malloc alone.
+bool malloc_tuned_by_user();
+
 /// Measures the need: `build(batch)` returns one step of the real model at that batch (built afresh, its first call
 /// allocating the optimizer's state); a step is measured once, or, when it is short, run once more and measured
 /// again. Batches b1, 2·b1, 4·b1, … (at most 32·b1) while the next step should take at most `step_seconds` (twice the

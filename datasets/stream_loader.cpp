@@ -8,6 +8,7 @@
 #endif
 
 #include "core/error.h"
+#include "core/memory_preflight.h"
 #include "datasets/image_decode.h"
 #include "datasets/loader.h"
 
@@ -41,8 +42,7 @@ void keep_freed_memory() {
 #ifdef __GLIBC__
   static std::once_flag once;
   std::call_once(once, [] {
-    for (const char* v : {"GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"})
-      if (std::getenv(v)) return;
+    if (malloc_tuned_by_user()) return;
     mallopt(M_MMAP_THRESHOLD, 32 << 20);
     mallopt(M_TRIM_THRESHOLD, 256 << 20);
     mallopt(M_TOP_PAD, 64 << 20);

@@ -5,10 +5,13 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -66,6 +69,23 @@ TEST(MemoryCheck, NoLargerBatchThanTheRunsIsMeasured) {
   EXPECT_EQ(built, (std::vector<int64_t>{4}));
   EXPECT_EQ(need.per_sample, 0.0);
   EXPECT_GE(need.fixed, 4 * static_cast<double>(kBlock));
+}
+
+// The memory check's measurement and the image loader leave malloc to a user who tunes it through the environment.
+TEST(MemoryCheck, MallocTunedByUserFollowsTheEnvironment) {
+  const char* names[] = {"GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"};
+  std::vector<std::pair<std::string, std::string>> saved;
+  for (const char* n : names)
+    if (const char* v = std::getenv(n)) saved.emplace_back(n, v);
+  for (const char* n : names) unsetenv(n);
+  EXPECT_FALSE(malloc_tuned_by_user());
+  for (const char* n : names) {
+    setenv(n, "1", 1);
+    EXPECT_TRUE(malloc_tuned_by_user()) << n;
+    unsetenv(n);
+  }
+  EXPECT_FALSE(malloc_tuned_by_user());
+  for (const auto& [n, v] : saved) setenv(n.c_str(), v.c_str(), 1);
 }
 
 TEST(MemoryCheck, TheRefusalNamesTheEstimateAndTheLargestSettingThatFits) {
