@@ -19,7 +19,8 @@ TINY=(--set data.limit_train=128 --set data.limit_val=64 --set data.batch_size=3
 F=$tmp/fx   # fixtures: must not change
 O=$tmp/out  # where refused commands were pointed: must stay empty
 mkdir -p "$F" "$O"
-setup() { "$@" >"$tmp/setup.log" 2>&1 || { echo "setup failed: $*"; cat "$tmp/setup.log"; exit 1; }; }
+# fixtures are made without the memory check (a few measured steps per run; tests/memory_check_test.sh tests it)
+setup() { MOH_MEMORY_CHECK=0 "$@" >"$tmp/setup.log" 2>&1 || { echo "setup failed: $*"; cat "$tmp/setup.log"; exit 1; }; }
 
 # ---- fixtures ------------------------------------------------------------------------------------------------------
 if [ ! -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
