@@ -28,11 +28,20 @@ namespace moh {
 
 namespace fs = std::filesystem;
 
-// The calibration's time budget: the decision comes within about 10 s for any model. Warm-up steps of the probe beyond
-// kProbeLargeMs (one fp32 and one bf16 step) mean a model too large to time in the budget: the fixed block decides
-// for it (its steps are product-bound as such a model's are). Timed rounds stop when the next would pass kBudgetMs.
+// The calibration's time budget: the decision comes within about 10 s for any model. The probe's steps are timed at
+// the largest batch up to the run's whose fp32 and bf16 warm-up steps should fit kProbeLargeMs (from a step at
+// kFirstBatch, time taken as linear in the batch): bf16's gain is in the products, which a small batch hides (the
+// demo's DiT on an AVX-512 BF16 CPU: 1.0x fp32's time at 8 images, 0.7-0.8x at its 64). Warm-up steps beyond
+// kProbeLargeMs mean a model too large to time in the budget: the fixed block decides for it (its steps are
+// product-bound as such a model's are); a first step of one image beyond half of it says so before any larger batch
+// runs (a 224-px classifier's takes seconds per image on one thread). The first three timed rounds stop when the next
+// would pass kBudgetMs; more, up to kMaxRounds, while they fit kSteadyMs: one round's ratio of a small model's steps
+// scatters by ±20 % on a 2-core VM, so three rounds' median could decide either way (docs/BENCHMARKS.md).
 constexpr double kProbeLargeMs = 3000;
 constexpr double kBudgetMs = 8000;
+constexpr double kSteadyMs = 2000;
+constexpr int kMaxRounds = 15;
+constexpr int64_t kFirstBatch = 8;
 
 Precision precision_from_timing(double fp32_ms, double bf16_ms) {
   return bf16_ms > 0 && fp32_ms > 0 && bf16_ms < 0.9 * fp32_ms ? Precision::bf16 : Precision::fp32;
@@ -150,6 +159,47 @@ CpuPrecision cached_or_measured(const PrecisionProbe* probe, const std::string& 
   return r;
 }
 
+double elapsed_ms(const std::function<void()>& step) {
+  const auto start = std::chrono::steady_clock::now();
+  step();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
+// The two steps the rounds time, each run once already (warm-up: allocations, kernel dispatch, weight casts), and the
+// milliseconds their choice took.
+struct TimedSteps {
+  std::function<void()> fp32, bf16;
+  double spent = 0;
+};
+
+// The probe's steps at the largest batch whose warm-ups fit kProbeLargeMs, or the block's for a model too large.
+TimedSteps steps_to_time(const PrecisionProbe* probe) {
+  TimedSteps s;
+  bool large = !probe;
+  if (probe) {
+    s.spent = probe->batch > 1 ? elapsed_ms(probe->build(Precision::fp32, 1)) : 0;  // the first look
+    large = s.spent > kProbeLargeMs / 2;
+    const int64_t first = std::min(probe->batch, kFirstBatch);
+    int64_t batch = first;
+    double warm = 0;
+    if (!large) s.fp32 = probe->build(Precision::fp32, first), warm = elapsed_ms(s.fp32);
+    auto next = [&] { return std::min(2 * batch, probe->batch); };
+    while (!large && batch < probe->batch && 2 * warm * static_cast<double>(next()) / first <= kProbeLargeMs)
+      batch = next();
+    if (batch > first) s.spent += warm, s.fp32 = probe->build(Precision::fp32, batch), warm = elapsed_ms(s.fp32);
+    large = large || warm > kProbeLargeMs;
+    if (!large) s.bf16 = probe->build(Precision::bf16, batch), warm += elapsed_ms(s.bf16);
+    large = large || warm > kProbeLargeMs;
+    s.spent += warm;
+  }
+  if (large) {
+    auto block = std::make_shared<Block>(make_block());
+    s.fp32 = [block] { block_step(false, *block); }, s.bf16 = [block] { block_step(true, *block); };
+    s.spent += elapsed_ms(s.fp32) + elapsed_ms(s.bf16);
+  }
+  return s;
+}
+
 }  // namespace
 
 std::pair<double, double> measure_cpu_precision(const PrecisionProbe* probe) {
@@ -159,28 +209,15 @@ std::pair<double, double> measure_cpu_precision(const PrecisionProbe* probe) {
     std::lock_guard<std::mutex> lock(gen.mutex());
     rng = gen.get_state();
   }
-  auto ms = [](const std::function<void()>& step) {
-    const auto start = std::chrono::steady_clock::now();
-    step();
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  };
-  std::function<void()> fp32_step, bf16_step;
-  std::shared_ptr<Block> block;
-  double warm = 0;  // warm-up (allocations, kernel dispatch, weight casts): one step in each precision
-  if (probe) {
-    fp32_step = probe->build(Precision::fp32), bf16_step = probe->build(Precision::bf16);
-    warm = ms(fp32_step) + ms(bf16_step);
-  }
-  if (!probe || warm > kProbeLargeMs) {
-    block = std::make_shared<Block>(make_block());
-    fp32_step = [block] { block_step(false, *block); }, bf16_step = [block] { block_step(true, *block); };
-    warm += ms(fp32_step) + ms(bf16_step);
-  }
-  // Interleaved rounds, at most three, each only while it fits the budget (the first always).
+  const TimedSteps steps = steps_to_time(probe);
+  // Interleaved rounds, each precision first in every other one (the step after the other precision's ran slower).
   std::vector<double> fp32, bf16;
-  double spent = warm;
-  for (int round = 0; round < 3 && (round == 0 || spent + (fp32.back() + bf16.back()) <= kBudgetMs); ++round) {
-    fp32.push_back(ms(fp32_step)), bf16.push_back(ms(bf16_step));
+  double spent = steps.spent;
+  for (int round = 0; round < kMaxRounds; ++round) {
+    const double next = round == 0 ? 0 : fp32.back() + bf16.back();
+    if (round > 0 && spent + next > (round < 3 ? kBudgetMs : kSteadyMs)) break;
+    if (round % 2 == 0) fp32.push_back(elapsed_ms(steps.fp32)), bf16.push_back(elapsed_ms(steps.bf16));
+    if (round % 2 == 1) bf16.push_back(elapsed_ms(steps.bf16)), fp32.push_back(elapsed_ms(steps.fp32));
     spent += fp32.back() + bf16.back();
   }
   {

@@ -2,11 +2,13 @@
 // What `precision: auto` means on a CPU. Native bf16 instructions do not make bf16 autocast faster by themselves: on
 // a Sapphire Rapids guest the pip build's bf16 step was 2x slower than its fp32 step while Debian's build was 2.8x
 // faster in bf16 (its fp32 ran on a generic kernel then); docs/BENCHMARKS.md has the table. So auto measures, once
-// per machine, build and model: the experiment's training step at a small batch (or, for a model whose step would
-// not fit the budget, a DiT-style transformer block) in fp32 and under bf16 autocast, interleaved, within about 10 s;
+// per machine, build and model: the experiment's training step at its batch, or the largest smaller one that fits the
+// budget (or, for a model whose step would not, a DiT-style transformer block) in fp32 and under bf16 autocast,
+// interleaved, within about 10 s;
 // bf16 is chosen only where it is clearly faster (time < 0.9x fp32's). The verdict is cached, keyed by CPU, flags,
 // LibTorch, BLAS core, thread count and workload, so every later run — and every rank of a data-parallel run — takes
 // the same precision; the first process to measure holds a lock while the others wait.
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <utility>
@@ -27,7 +29,9 @@ struct CpuPrecision {
 /// bench step): a small model can lose in bf16 where a larger one wins (docs/BENCHMARKS.md). `name` keys the cache.
 struct PrecisionProbe {
   std::string name;
-  std::function<std::function<void()>(Precision)> build;
+  int64_t batch = 1;  ///< the batch one step of the run sees: the largest timed (smaller ones when it is slow)
+  /// One step in precision p at `batch` images (1 for the first look at the model's size, then 8, then larger).
+  std::function<std::function<void()>(Precision, int64_t batch)> build;
 };
 
 /// Memoised per process and probe. Without a probe the workload is a DiT-S/2-sized transformer block. The global CPU

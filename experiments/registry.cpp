@@ -61,9 +61,9 @@ TaskFactory task_factory(const ExperimentConfig& cfg) {
 }
 
 namespace {
-// The probe's batch: small enough that a step of a small model takes a fraction of a second on 2 cores, so that
-// `precision: auto` decides within its ~10 s budget (core/cpu_precision.h).
-constexpr int64_t kPrecisionProbeMaxBatch = 8;
+// The largest batch `precision: auto` times (core/cpu_precision.h times the largest one up to the run's whose steps
+// fit its ~10 s budget): a bound on the probe's memory for a small model with a large batch.
+constexpr int64_t kPrecisionProbeMaxBatch = 256;
 
 // `precision: auto` on a CPU decided by this experiment's own training step (core/cpu_precision.h): its model as the
 // run builds it, at the batch one backward pass sees, with its optimizer, EMA and checkpointing, on random data.
@@ -81,11 +81,12 @@ std::shared_ptr<const PrecisionProbe> training_probe(const ExperimentConfig& cfg
                 std::to_string(batch) + ", path " + config::to_string(cfg.model.attention_path) + ", optim " +
                 config::to_string(cfg.optim.impl) + ", ema " + std::to_string(cfg.train.ema_decay > 0) +
                 ", checkpoint " + config::to_string(cfg.train.grad_checkpoint);
-  probe->build = [&f, cfg, batch](Precision p) {
+  probe->batch = batch;
+  probe->build = [&f, cfg](Precision p, int64_t b) {
     BenchRequest r;
     r.name = cfg.model.name;
     r.ctx.precision = p;  // the CPU
-    r.batch = batch;
+    r.batch = b;
     r.optim = cfg.optim.impl;
     r.ema_decay = cfg.train.ema_decay;
     r.experiment = &cfg;

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
 #include <tuple>
@@ -271,31 +272,51 @@ TEST(BlasCore, SelfCheckPassesOnTheBlasInUse) {
 }
 
 // `precision: auto` decides within its budget whatever the model (core/cpu_precision.h): a probe whose steps are quick
-// is timed in a warm-up and three interleaved rounds; one whose warm-up steps alone take longer than a small model's
-// ever do is timed once and the fixed transformer block decides instead. Counted calls, not wall times.
+// is timed at the run's batch in a warm-up and fifteen interleaved rounds; one whose steps at the run's batch would be
+// too slow at a smaller batch; one whose warm-up steps alone take longer than a small model's ever do is timed once
+// and the fixed transformer block decides instead; one whose first step of a single image is already that slow is not
+// run at a larger batch at all. Counted calls by batch, not wall times.
 TEST(CpuPrecision, TheProbeIsTimedWithinTheBudgetOrTheBlockDecides) {
-  const auto counting_probe = [](int& calls, std::chrono::milliseconds step) {
+  using std::chrono::milliseconds;
+  struct Calls {
+    std::map<int64_t, int> fp32, bf16;  // by batch
+  };
+  // A probe of the run's batch 64 whose step sleeps `one_image` at batch 1, `per_image` per image above it.
+  const auto counting_probe = [](Calls& calls, milliseconds one_image, double per_image) {
     PrecisionProbe p;
     p.name = "test probe";
-    p.build = [&calls, step](Precision) {
-      return std::function<void()>([&calls, step] {
-        ++calls;
-        std::this_thread::sleep_for(step);
+    p.batch = 64;
+    p.build = [&calls, one_image, per_image](Precision precision, int64_t batch) {
+      return std::function<void()>([&calls, one_image, per_image, precision, batch] {
+        ++(precision == Precision::fp32 ? calls.fp32 : calls.bf16)[batch];
+        std::this_thread::sleep_for(batch == 1 ? one_image : milliseconds(std::lround(per_image * batch)));
       });
     };
     return p;
   };
-  int quick = 0, slow = 0;
-  const PrecisionProbe fast = counting_probe(quick, std::chrono::milliseconds(10));
+  Calls quick, mid, slow, slow_one;
+  const PrecisionProbe fast = counting_probe(quick, milliseconds(2), 0.1);
   const auto [f32, b16] = measure_cpu_precision(&fast);
-  EXPECT_EQ(quick, 2 * 4);  // fp32 and bf16: one warm-up step and three rounds each
-  EXPECT_GE(f32, 10.0);
-  EXPECT_GE(b16, 10.0);
-  const PrecisionProbe large = counting_probe(slow, std::chrono::milliseconds(1600));
+  const std::map<int64_t, int> first_look_then_64 = {{1, 1}, {8, 1}, {64, 16}};
+  EXPECT_EQ(quick.fp32, first_look_then_64);  // one warm-up step and fifteen rounds at the run's batch
+  EXPECT_EQ(quick.bf16, (std::map<int64_t, int>{{64, 16}}));
+  EXPECT_GE(f32, 6.0);
+  EXPECT_GE(b16, 6.0);
+  // 400 ms at 8 images: the warm-ups at 16 should take 1.6 s, at 32 3.2 s, so 16 is timed, in three rounds.
+  const PrecisionProbe middle = counting_probe(mid, milliseconds(2), 50);
+  measure_cpu_precision(&middle);
+  EXPECT_EQ(mid.fp32, (std::map<int64_t, int>{{1, 1}, {8, 1}, {16, 4}}));
+  EXPECT_EQ(mid.bf16, (std::map<int64_t, int>{{16, 4}}));
+  const PrecisionProbe large = counting_probe(slow, milliseconds(2), 200);  // 1.6 s at 8
   const auto [block_f32, block_b16] = measure_cpu_precision(&large);
-  EXPECT_EQ(slow, 2);  // its warm-up (3.2 s) says too large: the block's steps were timed instead
+  EXPECT_EQ(slow.fp32, (std::map<int64_t, int>{{1, 1}, {8, 1}}));  // too large: the block's steps were timed instead
+  EXPECT_EQ(slow.bf16[8], 1);
   EXPECT_GT(block_f32, 0.0);
   EXPECT_GT(block_b16, 0.0);
+  const PrecisionProbe slow_image = counting_probe(slow_one, milliseconds(1600), 0.1);
+  measure_cpu_precision(&slow_image);
+  EXPECT_EQ(slow_one.fp32, (std::map<int64_t, int>{{1, 1}}));  // one image already past half the limit
+  EXPECT_TRUE(slow_one.bf16.empty());
 }
 
 }  // namespace
