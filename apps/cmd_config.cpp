@@ -1,10 +1,13 @@
 // `moh config CONFIG.yaml [--set k=v]...` validates an experiment file and prints the resolved YAML;
-// `moh config --schema [--markdown]` prints every key with type, default and meaning.
+// `moh config --schema [--markdown]` prints every key with type, default and meaning; `moh config CONFIG.yaml
+// --precision` prints the precision its run would train in on this machine (`auto` decided, as moh train decides it).
 #include <iostream>
 
 #include "apps/cli.h"
 #include "apps/commands.h"
+#include "core/blas_core.h"
 #include "experiments/experiment_config.h"
+#include "experiments/registry.h"
 
 namespace moh::apps {
 
@@ -39,6 +42,9 @@ int cmd_config(int argc, char** argv) {
   auto flag = opts.add_options();
   flag("schema", "print every key with type, default and meaning");
   flag("markdown", "with --schema: a Markdown table");
+  flag("precision",
+       "print only the precision the run would train in here and why (auto: measured as moh train measures it, once "
+       "per machine and cached; the first word is fp32 or bf16)");
   flag("h,help", "show this help");
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
@@ -47,6 +53,11 @@ int cmd_config(int argc, char** argv) {
     return 0;
   }
   experiments::ExperimentConfig cfg = config_from_args(args, argv[0]);
+  if (args.count("precision")) {
+    reexec_for_cpu();  // the input is valid and the probe computes: with what the CPU path needs (core/blas_core.h)
+    std::cout << experiments::run_precision(cfg) << std::endl;
+    return 0;
+  }
   std::cout << experiments::to_yaml(cfg);
   return 0;
 }

@@ -86,6 +86,11 @@ std::string killed_hint(int sig) {
 
 }  // namespace
 
+int rank_threads(int nproc) {
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  return static_cast<int>(std::max(1u, cores / static_cast<unsigned>(std::max(1, nproc))));
+}
+
 namespace {
 
 // The ranks of this machine, started as children (see launch_local).
@@ -126,8 +131,7 @@ struct Ranks {
 
 Ranks start_ranks(int n, int port, const std::vector<std::string>& child_args, const std::string& resume_prefix,
                   const NodePlace& place, int restart, int max_restarts) {
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  const std::string threads = std::to_string(std::max(1u, cores / static_cast<unsigned>(n)));
+  const std::string threads = std::to_string(rank_threads(n));
   const pid_t launcher = ::getpid();
   Ranks ranks{{}, n, place};
   for (int r = 0; r < n; ++r) {

@@ -37,6 +37,10 @@ struct LaunchPlan {
 /// code (0, or the first failing rank's).
 int launch_local(const LaunchPlan& plan);
 
+/// The intra-op threads each of `nproc` ranks started here gets unless OMP_NUM_THREADS says otherwise: the cores
+/// shared out (at least 1).
+int rank_threads(int nproc);
+
 /// Whether rank 0 could open its store on `port` on this machine (a port another program listens on is not free).
 bool port_free(int port);
 

@@ -354,9 +354,9 @@ void set_openblas_threads(int threads) {
 }  // namespace
 
 ScopedCpuThreads::ScopedCpuThreads(int threads) : intra_op_(at::get_num_threads()), blas_(openblas_threads()) {
-  if (threads <= intra_op_) return;
+  if (threads == intra_op_) return;
   at::set_num_threads(threads);
-  if (blas_ > 0 && blas_ < threads) set_openblas_threads(threads);
+  if (blas_ > 0 && blas_ != threads) set_openblas_threads(threads);
 }
 
 ScopedCpuThreads::~ScopedCpuThreads() {

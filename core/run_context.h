@@ -102,8 +102,9 @@ std::string libtorch_cuda_build();
 /// Returns the thread count in effect.
 int configure_cpu_threads();
 
-/// Raises this process's CPU threads (LibTorch's intra-op threads and OpenBLAS's pool, when it has one) to `threads`
-/// while it lives, then restores both: the one process of a machine that works for all of them while they wait.
+/// Sets this process's CPU threads (LibTorch's intra-op threads and OpenBLAS's pool, when it has one) to `threads`
+/// while it lives, then restores both: the one process of a machine that works for all of them while they wait, or
+/// one process that measures what each of several ranks would see.
 class ScopedCpuThreads {
  public:
   explicit ScopedCpuThreads(int threads);

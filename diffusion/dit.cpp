@@ -353,6 +353,14 @@ DiTOptions moh_variant(DiTOptions o, int64_t head_dim, LayerRuns heads, LayerRun
   return o;
 }
 
+// The embedded dataset's images: 28×28, one channel, 10 classes.
+DiTOptions pixel(DiTOptions o) {
+  o.input_size = 28;
+  o.in_channels = 1;
+  o.num_classes = 10;
+  return o;
+}
+
 DiTOptions lightning(DiTOptions o) {
   o.input_size = 16;
   o.in_channels = 32;
@@ -401,12 +409,14 @@ const std::vector<std::pair<std::string, DiTOptions>>& dit_variants() {
                  moh_variant(lightning(base(28, 1152, 16, 1)), 72, xl_heads, {{8, 9}, {16, 19}}, {{0, 19}, {3, 9}})});
     // Small pixel-space models for the embedded dataset (Fashion-MNIST 28×28 grey, 10 classes): 7×7 tokens of 4×4
     // pixels, 8 heads of 16 dims; MoH-75 keeps 4 shared + top-2 of 4 routed heads in every layer (6/8 active).
-    DiTOptions px = base(6, 128, 8, 4);
-    px.input_size = 28;
-    px.in_channels = 1;
-    px.num_classes = 10;
+    const DiTOptions px = pixel(base(6, 128, 8, 4));
     t.push_back({"DiT-Pixel/4", px});
     t.push_back({"MoH-DiT-Pixel/4-75", moh_variant(px, 16, {{8, 6}}, {{4, 6}}, {{2, 6}})});
+    // The same at 14×14 tokens of 2×2 pixels and half the width (4 heads of 16 dims; MoH-75: 2 shared + top-1 of 2
+    // routed): about the FLOPs of a /4 linear layer per image, for samples without the /4 model's 4×4 patch seams.
+    const DiTOptions px2 = pixel(base(6, 64, 4, 2));
+    t.push_back({"DiT-Pixel/2", px2});
+    t.push_back({"MoH-DiT-Pixel/2-75", moh_variant(px2, 16, {{4, 6}}, {{2, 6}}, {{1, 6}})});
     return t;
   }();
   return table;

@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
 
 #include "core/amp.h"
 #include "core/cpu_precision.h"
 #include "core/error.h"
+#include "core/launcher.h"
+#include "core/run_context.h"
 #include "datasets/image_decode.h"
 #include "experiments/classifier_family.h"
 #include "experiments/dit_family.h"
@@ -67,11 +70,9 @@ constexpr int64_t kPrecisionProbeMaxBatch = 256;
 
 // `precision: auto` on a CPU decided by this experiment's own training step (core/cpu_precision.h): its model as the
 // run builds it, at the batch one backward pass sees, with its optimizer, EMA and checkpointing, on random data.
-std::shared_ptr<const PrecisionProbe> training_probe(const ExperimentConfig& cfg) {
+std::shared_ptr<const PrecisionProbe> training_probe(const ExperimentConfig& cfg, int64_t world) {
   const ModelFamily& f = experiment_family(cfg);
   if (cfg.train.precision != Precision::automatic || !f.bench_step) return nullptr;
-  const char* w = std::getenv("WORLD_SIZE");
-  const int64_t world = std::max<int64_t>(1, w ? std::atoll(w) : 1);
   // The batch one backward pass sees, at most kPrecisionProbeMaxBatch (the probe runs before the data are read: a
   // batch the data cannot fill is refused only then).
   const int64_t micro = cfg.data.batch_size / world / std::max<int64_t>(1, cfg.train.accum_steps);
@@ -136,9 +137,25 @@ std::shared_ptr<const MemoryProbe> memory_probe(const ExperimentConfig& cfg) {
 LoopResult train_experiment(const ExperimentConfig& cfg, const TrainArgs& args) {
   validate_experiment(cfg);
   TrainArgs a = args;
-  if (!a.precision_probe) a.precision_probe = training_probe(cfg);
+  const char* w = std::getenv("WORLD_SIZE");
+  if (!a.precision_probe) a.precision_probe = training_probe(cfg, std::max<int64_t>(1, w ? std::atoll(w) : 1));
   if (!a.memory_probe) a.memory_probe = memory_probe(cfg);
   return run_training(loop_config(cfg), a, task_factory(cfg));
+}
+
+std::string run_precision(const ExperimentConfig& cfg) {
+  validate_experiment(cfg);
+  // Outside a launch, a config with train.processes > 1 is what `moh train` would start as that many ranks: the
+  // probe then times one rank's batch on one rank's threads, the key the ranks will find in the cache.
+  const char* w = std::getenv("WORLD_SIZE");
+  const bool launches = cfg.train.processes > 1 && !w && !std::getenv("SLURM_NTASKS");
+  const int64_t world = launches ? cfg.train.processes : std::max<int64_t>(1, w ? std::atoll(w) : 1);
+  std::optional<ScopedCpuThreads> rank_share;
+  if (launches && !std::getenv("OMP_NUM_THREADS")) rank_share.emplace(rank_threads(static_cast<int>(world)));
+  const auto probe = training_probe(cfg, world);
+  const RunContext ctx =
+      RunContext::create(cfg.train.device, cfg.train.precision, static_cast<uint64_t>(cfg.train.seed), probe.get());
+  return precision_summary(cfg.train.precision, ctx, probe.get());
 }
 
 std::string attention_path_table() {

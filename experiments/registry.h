@@ -36,6 +36,11 @@ TaskFactory task_factory(const ExperimentConfig& cfg);
 /// The one way into training: validate_experiment, then run_training with the family's task.
 LoopResult train_experiment(const ExperimentConfig& cfg, const TrainArgs& args);
 
+/// The precision the experiment's run would train in here and why, as `moh train` logs it ("bf16 (auto: a bf16 step
+/// takes 0.72x the fp32 one on this CPU and build, ...)"): `auto` decided by the run's own probe and cache
+/// (core/cpu_precision.h), for one of the train.processes ranks `moh train` would start.
+std::string run_precision(const ExperimentConfig& cfg);
+
 /// The markdown table of what `attention_path: auto` runs in each MoH layer of the paper variants (MoH-ViT at 224 px,
 /// MoH-DiT at 256 px and XL at 512 px, the Fashion-MNIST pixel model) on a CPU with LibTorch 2.x, with LibTorch 1.13,
 /// and on a GPU — the same text in every build (`moh info --attention-paths`; README and docs/BENCHMARKS.md carry it,

@@ -196,6 +196,20 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   expect 0 '"steps":2' -- train $NANO "${TINY[@]}" --set model.weights="$tmp/run" --run-dir "$tmp/run_init"
   expect 2 "not a torch.save file" -- train $NANO "${TINY[@]}" --set model.weights=configs/base/imagenet_classification.yaml --run-dir "$tmp/run5"
   expect 2 "nonexistent.pth: no such file" -- train $NANO "${TINY[@]}" --set model.weights=/nonexistent.pth --run-dir "$tmp/run5"
+  # `moh config --precision`: what the run would train in here, `auto` measured once as the run measures it, so that
+  # the run (each of its two 1-thread ranks where data parallel is built) finds that verdict in the cache.
+  expect 0 "^fp32$" -- config $NANO --set train.precision=fp32 --precision
+  expect 2 "optim.lr: must be > 0" -- config $NANO --set optim.lr=-1 --precision
+  ranks=1
+  "$MOH" --version | grep -q '^data parallel: c10d' && ranks=2
+  said=$(MOH_CPU_PRECISION_CACHE="$tmp/pc.json" "$MOH" config $NANO "${TINY[@]}" --set train.processes=$ranks \
+    --precision 2>&1)
+  MOH_CPU_PRECISION_CACHE="$tmp/pc.json" "$MOH" train $NANO "${TINY[@]}" --set train.processes=$ranks \
+    --run-dir "$tmp/run_prec" >/dev/null 2>&1
+  line=$(grep -m1 '^model ' "$tmp/run_prec/log.txt" 2>/dev/null)
+  if [[ "$said" =~ ^(fp32|bf16)\ \(auto:\  ]] && [[ "$line" == *", ${said%% *} (auto: "* ]] &&
+    [[ "$line" != *"measured now"* ]]; then pass=$((pass + 1)); else
+    echo "FAIL: moh config --precision said '$said'; the $ranks-rank run's log: '$line'"; fails=$((fails + 1)); fi
   # One writer per run dir: while a run holds its directory, a second `moh train` there is refused at once.
   "$MOH" train $NANO --set data.limit_train=2048 --set data.batch_size=16 --set train.epochs=1 --set train.processes=1 \
     --run-dir "$tmp/run_busy" >/dev/null 2>&1 &

@@ -44,6 +44,11 @@ const std::map<std::string, int64_t>& expected_counts() {
       // final layer 37,152 = 1,877,408; MoH adds a bias-free router of 4 + 2 + 4 outputs per layer (6 × 1,280).
       {"DiT-Pixel/4", 1877408},
       {"MoH-DiT-Pixel/4-75", 1877408 + 6 * 1280},
+      // The patch-2 pixel variants: D = 64, 4 heads, 196 tokens of 2×2×1: patch 320 + t-embedder 20,608 + labels
+      // 11·64 + pos 196·64 + 6 × 74,688 per block + final layer 8,840 = 491,144; MoH's router has 2 + 2 + 2 outputs
+      // (2 shared and 2 routed heads) in every layer (6 × 384).
+      {"DiT-Pixel/2", 491144},
+      {"MoH-DiT-Pixel/2-75", 491144 + 6 * 384},
       // LightningDiT (16×16×32 VA-VAE latents, RMSNorm, SwiGLU, RoPE, no learned σ): hustvl/LightningDiT's
       // models/lightningdit.py run on 2026-11-26 with its released config (use_swiglu, use_rope, use_rmsnorm).
       {"LightningDiT-B/1", 130556192},
