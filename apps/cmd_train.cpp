@@ -9,6 +9,7 @@
 #include "apps/commands.h"
 #include "core/blas_core.h"
 #include "core/launcher.h"
+#include "core/run_context.h"
 #include "core/train_loop.h"
 #include "experiments/registry.h"
 
@@ -26,7 +27,7 @@ int cmd_train(int argc, char** argv) {
   auto args = parse_or_throw(opts, argc, argv);
   if (print_help_if_asked(opts, args)) return 0;
   experiments::ExperimentConfig cfg = config_from_args(args, argv[0]);
-  if (cfg.train.processes > 1 && !std::getenv("WORLD_SIZE") && !std::getenv("SLURM_NTASKS")) {
+  if (cfg.train.processes > 1 && !launched_world()) {
     // train.processes: run as that many data-parallel processes here, exactly as `moh launch --nproc N -- train ...`.
     // Their devices are checked here, before any process starts (device: cuda with more processes than GPUs).
     const int n = static_cast<int>(cfg.train.processes);

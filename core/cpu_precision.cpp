@@ -120,8 +120,7 @@ CpuPrecision cached_or_measured(const PrecisionProbe* probe, const std::string& 
   if (!path.empty() && (fs::create_directories(fs::path(path).parent_path(), ec), true))
     fd = ::open((path + ".lock").c_str(), O_CREAT | O_RDWR, 0644);
   if (fd >= 0) ::flock(fd, LOCK_EX);  // ranks starting together: one measures, the others wait for its verdict
-  const char* world = std::getenv("WORLD_SIZE");
-  if (fd < 0 && world && std::atoi(world) > 1) {  // ranks measuring apart could disagree: take the safe one
+  if (fd < 0 && launched_world().value_or(1) > 1) {  // ranks measuring apart could disagree: take the safe one
     r.how = "no writable cache for the ranks to agree on a measurement (" + path + ")";
     return r;
   }

@@ -44,11 +44,16 @@ static int env_int(const char* a, const char* b, int fallback) {
   return fallback;
 }
 
+std::optional<int> launched_world() {
+  if (!std::getenv("WORLD_SIZE") && !std::getenv("SLURM_NTASKS")) return std::nullopt;
+  return env_int("WORLD_SIZE", "SLURM_NTASKS", 1);
+}
+
 RunContext RunContext::create(const std::string& device, Precision precision, uint64_t seed,
                               const PrecisionProbe* probe) {
   RunContext ctx;
   ctx.rank = env_int("RANK", "SLURM_PROCID", 0);
-  ctx.world = env_int("WORLD_SIZE", "SLURM_NTASKS", 1);
+  ctx.world = launched_world().value_or(1);
   ctx.local_rank = env_int("LOCAL_RANK", "SLURM_LOCALID", 0);
   ctx.restart = env_int("TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", 0);
   ctx.max_restarts = env_int("TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_MAX_RESTARTS", 0);

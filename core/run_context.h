@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "core/train_config.h"
@@ -32,6 +33,10 @@ struct RunContext {
   static RunContext create(const std::string& device, Precision precision, uint64_t seed,
                            const PrecisionProbe* probe = nullptr);
 };
+
+/// The world size a launcher set for this process (WORLD_SIZE, else SLURM_NTASKS); none outside a launch. A value that
+/// is not an integer is a UserError.
+std::optional<int> launched_world();
 
 /// The run's precision for its start line: "fp32", "bf16 (auto: CUDA)", "fp32 (auto: no native bf16 on this CPU)",
 /// "fp32 (auto: a bf16 step takes 1.18x the fp32 one on this CPU and build, measured ...)".

@@ -1,5 +1,6 @@
 #include "diffusion/dit.h"
 
+#include <torch/nn/functional/fold.h>
 #include <torch/nn/init.h>
 #include <torch/nn/modules/activation.h>
 
@@ -81,6 +82,9 @@ void DiTOptions::validate() const {
         what,
         "input_size " + std::to_string(input_size) + " is not a multiple of patch_size " + std::to_string(patch_size),
         "");
+  if (overlap_output && patch_size % 2 != 0)
+    throw UserError(what, "overlapping output windows need an even patch_size (the window is centred on the patch)",
+                    "set model.overlap_output: false");
   if (hidden_size % 4 != 0) throw UserError(what, "hidden_size must be a multiple of 4 (2-D sin-cos embedding)", "");
   if (depth <= 0 || num_heads <= 0) throw UserError(what, "depth and num_heads must be positive", "");
   if (head_dim == 0 && hidden_size % num_heads != 0)
@@ -198,9 +202,9 @@ DiTOutput DiTBlockImpl::forward_fused(const at::Tensor& x, const std::vector<at:
   return {h, a.aux_loss, a.routed, {}};
 }
 
-FinalLayerImpl::FinalLayerImpl(int64_t d, int64_t patch, int64_t out_channels, NormKind norm) : dim(d) {
+FinalLayerImpl::FinalLayerImpl(int64_t d, int64_t window, int64_t out_channels, NormKind norm) : dim(d) {
   if (norm == NormKind::rmsnorm) norm_final = register_module("norm_final", nn::RMSNorm(d));
-  linear = register_module("linear", nn::Linear(d, patch * patch * out_channels));
+  linear = register_module("linear", nn::Linear(d, window * window * out_channels));
   adaLN_modulation =
       register_module("adaLN_modulation", torch::nn::Sequential(torch::nn::SiLU(), nn::Linear(d, 2 * d)));
 }
@@ -233,7 +237,7 @@ DiTImpl::DiTImpl(const DiTOptions& o) : options(o) {
   pos_embed = register_parameter("pos_embed", at::zeros({1, o.num_patches(), D}), /*requires_grad=*/false);
   blocks = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < o.depth; ++i) blocks->push_back(DiTBlock(o, i));
-  final_layer = register_module("final_layer", FinalLayer(D, o.patch_size, o.out_channels(), o.norm));
+  final_layer = register_module("final_layer", FinalLayer(D, o.output_window(), o.out_channels(), o.norm));
   final_layer->fused = o.fused;
   if (o.pos == PosKind::rope2d)
     feat_rope = register_module("feat_rope", RopeBuffers(o.layer(0).head_dim_resolved(), o.grid_size()));
@@ -275,8 +279,22 @@ void DiTImpl::set_fused_ops(FusedMode mode) {
   final_layer->fused = mode;
 }
 
+at::Tensor overlap_add(const at::Tensor& x, int64_t p, int64_t c, int64_t g) {
+  namespace F = torch::nn::functional;
+  const int64_t N = x.size(0), k = 2 * p;
+  const at::Tensor i = at::arange(k, x.options().dtype(at::kFloat)) + 0.5;
+  const at::Tensor tent = at::minimum(i, k - i) / static_cast<double>(p);  // (k)
+  const at::Tensor w = tent.unsqueeze(1) * tent.unsqueeze(0);              // (k, k)
+  const at::Tensor cols = x.to(at::kFloat).reshape({N, g * g, k, k, c}) * w.view({1, 1, k, k, 1});
+  const auto opts = F::FoldFuncOptions({g * p, g * p}, {k, k}).stride(p).padding(p / 2);
+  const at::Tensor sum = F::fold(cols.permute({0, 4, 2, 3, 1}).reshape({N, c * k * k, g * g}), opts);
+  const at::Tensor cover = F::fold(w.reshape({1, k * k, 1}).expand({1, k * k, g * g}), opts);  // (1, 1, H, W)
+  return (sum / cover).to(x.scalar_type());                                                    // (N, C, H, W)
+}
+
 at::Tensor DiTImpl::unpatchify(const at::Tensor& x) const {
   const int64_t N = x.size(0), p = options.patch_size, c = options.out_channels(), g = options.grid_size();
+  if (options.overlap_output) return overlap_add(x, p, c, g);
   return x.reshape({N, g, g, p, p, c}).permute({0, 5, 1, 3, 2, 4}).reshape({N, c, g * p, g * p});  // nhwpqc->nchpwq
 }
 
@@ -443,9 +461,14 @@ DiTOptions dit_options_for_weights(DiTOptions o, const TensorMap& w) {
     // A table with a null row can only be told apart from one without by the official default (dropout 0.1).
     o.num_classes = o.class_dropout_prob > 0 ? table[0] - 1 : table[0];
   }
-  const auto last = shape("final_layer.linear.weight");  // (p²·C_out, D)
-  if (last.size() == 2 && last[0] == o.patch_size * o.patch_size * o.in_channels) o.learn_sigma = false;
-  if (last.size() == 2 && last[0] == 2 * o.patch_size * o.patch_size * o.in_channels) o.learn_sigma = true;
+  const auto last = shape("final_layer.linear.weight");  // (p²·C_out, D); overlap_output: ((2p)²·C_out, D)
+  for (const bool overlap : {false, true}) {
+    const int64_t window = overlap ? 2 * o.patch_size : o.patch_size, rows = window * window * o.in_channels;
+    if (last.size() == 2 && (last[0] == rows || last[0] == 2 * rows)) {
+      o.learn_sigma = last[0] == 2 * rows;
+      o.overlap_output = overlap;
+    }
+  }
   return o;
 }
 

@@ -52,12 +52,19 @@ struct DiTOptions {
   MlpKind mlp = MlpKind::gelu;          ///< swiglu: mlp.w12 / mlp.w3 with hidden int(2/3 · mlp_ratio · D)
   PosKind pos = PosKind::sincos;        ///< rope2d: sincos + 2-D rotary q/k (feat_rope.freqs_cos / freqs_sin)
   bool qk_norm = false;                 ///< attn.q_norm / attn.k_norm with `norm`'s kind
+  /// Overlapping output patches (model.overlap_output): each token predicts a 2p×2p window centred on its p×p patch
+  /// (final_layer.linear: (2p)²·C_out outputs), and each pixel is the mean of the windows covering it weighted by a
+  /// separable tent, so that neighbouring tokens blend linearly across a patch border instead of meeting at a step
+  /// (the seams of a large-patch pixel model). Needs an even p.
+  bool overlap_output = false;
   // REPA (diffusion/repa.h): one projector per encoder of block repa_depth's tokens, run in training mode only.
   int64_t repa_depth = 0;             ///< 1-based block whose output tokens are projected (REPA's encoder_depth)
   int64_t repa_projector_dim = 2048;  ///< hidden width of the projector MLP
   std::vector<int64_t> repa_z_dims;   ///< each encoder's feature width; empty = no projectors
 
   int64_t out_channels() const { return learn_sigma ? 2 * in_channels : in_channels; }
+  /// Side of the square each token predicts: p, or 2p with overlap_output.
+  int64_t output_window() const { return overlap_output ? 2 * patch_size : patch_size; }
   int64_t grid_size() const { return input_size / patch_size; }
   int64_t num_patches() const { return grid_size() * grid_size(); }
   /// Attention options of layer i (heads, head_dim, MoH split).
@@ -143,9 +150,10 @@ struct DiTBlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(DiTBlock);
 
-/// Final adaLN layer: (N, T, D) → (N, T, p·p·C_out).
+/// Final adaLN layer: (N, T, D) → (N, T, w·w·C_out), w the output window (p, or 2p when overlapping).
 struct FinalLayerImpl : torch::nn::Module {
-  FinalLayerImpl(int64_t dim, int64_t patch, int64_t out_channels, NormKind norm = NormKind::layernorm);
+  /// `window`: the side of the square each token predicts (DiTOptions::output_window).
+  FinalLayerImpl(int64_t dim, int64_t window, int64_t out_channels, NormKind norm = NormKind::layernorm);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& c);
   nn::Linear linear{nullptr};
   nn::RMSNorm norm_final{nullptr};  ///< norm: rmsnorm
@@ -161,7 +169,7 @@ struct DiTImpl : torch::nn::Module {
   /// x (N, C, H, W), t (N) original timesteps, y (N) labels → (N, C_out, H, W) and the mean aux loss over routed
   /// layers (training only).
   DiTOutput forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& y, const at::Tensor& force_drop = {});
-  /// (N, T, p·p·C) → (N, C, H, W)
+  /// (N, T, p·p·C) → (N, C, H, W); with overlap_output (N, T, 2p·2p·C) → (N, C, H, W) by overlap_add.
   at::Tensor unpatchify(const at::Tensor& x) const;
   /// DiT's initialize_weights(): xavier Linear, sin-cos pos_embed, N(0, .02) label/timestep, zero adaLN + final.
   void initialize_weights();
@@ -185,6 +193,12 @@ struct DiTImpl : torch::nn::Module {
 };
 TORCH_MODULE(DiT);
 
+/// Overlap-add of (N, g·g, k·k·C) windows (k = 2p, layout (kh, kw, C) per token as DiT's patches) at stride p onto
+/// an (N, C, g·p, g·p) image: each pixel the mean of the windows covering it, weighted by the tent
+/// w(i) = min(i + ½, k − i − ½) / p in each axis (weights of two neighbouring windows sum to 1; at the image's border
+/// the mean is over the one window there).
+at::Tensor overlap_add(const at::Tensor& x, int64_t patch, int64_t channels, int64_t grid);
+
 /// 2-D sin-cos position embedding (MAE): row k = r·G + c → [sin(c·ω), cos(c·ω), sin(r·ω), cos(r·ω)], float64.
 at::Tensor sincos_pos_embed_2d(int64_t dim, int64_t grid);
 
@@ -193,8 +207,9 @@ const std::vector<std::pair<std::string, DiTOptions>>& dit_variants();
 /// Looks a variant up; an unknown name is a UserError listing the valid ones.
 DiTOptions dit_options(const std::string& name);
 /// `o` with input_size, in_channels, num_classes, class dropout and learn_sigma read off an official state_dict
-/// (pos_embed, x_embedder.proj.weight, y_embedder.embedding_table.weight, final_layer.linear.weight), so that e.g. the
-/// 512 px DiT-XL/2 file loads under the name DiT-XL/2. Tensors it cannot interpret are left to the strict loader.
+/// (pos_embed, x_embedder.proj.weight, y_embedder.embedding_table.weight, final_layer.linear.weight; its rows also
+/// tell overlap_output), so that e.g. the 512 px DiT-XL/2 file loads under the name DiT-XL/2. Tensors it cannot
+/// interpret are left to the strict loader.
 DiTOptions dit_options_for_weights(DiTOptions o, const TensorMap& w);
 
 }  // namespace moh::diffusion

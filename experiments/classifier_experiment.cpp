@@ -20,6 +20,9 @@ vision::TransNeXtOptions classifier_options_for(const ModelConfig& model) {
       model.qk_norm)
     throw UserError("config: model.norm / mlp / pos / qk_norm", "LightningDiT's block options are for DiT models",
                     "remove them for " + model.name);
+  if (model.overlap_output)
+    throw UserError("config: model.overlap_output", "overlapping output windows are for DiT models",
+                    "remove it for " + model.name);
   o.attention_path = model.attention_path;
   o.router = model.router;
   o.fused = model.fused;

@@ -46,6 +46,7 @@ diffusion::DiTOptions dit_options_for(const ModelConfig& model, int64_t latent_f
   if (model.mlp != MlpKind::automatic) o.mlp = model.mlp;
   if (model.pos != PosKind::automatic) o.pos = model.pos;
   o.qk_norm = o.qk_norm || model.qk_norm;
+  o.overlap_output = o.overlap_output || model.overlap_output;
   return o;
 }
 

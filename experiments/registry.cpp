@@ -137,8 +137,7 @@ std::shared_ptr<const MemoryProbe> memory_probe(const ExperimentConfig& cfg) {
 LoopResult train_experiment(const ExperimentConfig& cfg, const TrainArgs& args) {
   validate_experiment(cfg);
   TrainArgs a = args;
-  const char* w = std::getenv("WORLD_SIZE");
-  if (!a.precision_probe) a.precision_probe = training_probe(cfg, std::max<int64_t>(1, w ? std::atoll(w) : 1));
+  if (!a.precision_probe) a.precision_probe = training_probe(cfg, std::max(1, launched_world().value_or(1)));
   if (!a.memory_probe) a.memory_probe = memory_probe(cfg);
   return run_training(loop_config(cfg), a, task_factory(cfg));
 }
@@ -147,9 +146,9 @@ std::string run_precision(const ExperimentConfig& cfg) {
   validate_experiment(cfg);
   // Outside a launch, a config with train.processes > 1 is what `moh train` would start as that many ranks: the
   // probe then times one rank's batch on one rank's threads, the key the ranks will find in the cache.
-  const char* w = std::getenv("WORLD_SIZE");
-  const bool launches = cfg.train.processes > 1 && !w && !std::getenv("SLURM_NTASKS");
-  const int64_t world = launches ? cfg.train.processes : std::max<int64_t>(1, w ? std::atoll(w) : 1);
+  const std::optional<int> launched = launched_world();
+  const bool launches = cfg.train.processes > 1 && !launched;
+  const int64_t world = launches ? cfg.train.processes : std::max(1, launched.value_or(1));
   std::optional<ScopedCpuThreads> rank_share;
   if (launches && !std::getenv("OMP_NUM_THREADS")) rank_share.emplace(rank_threads(static_cast<int>(world)));
   const auto probe = training_probe(cfg, world);

@@ -104,6 +104,7 @@ class DiTTask : public TrainTask {
   std::string describe() const override {
     std::ostringstream s;
     s << cfg_.model.name << ": " << options_.active_ratio() * 100 << " % active heads";
+    if (options_.overlap_output) s << ", overlapping output windows";
     if (repa_.enabled())
       s << "; REPA: block " << cfg_.repa.depth << " aligned to " << encoder_.description << " (sha256 "
         << encoder_.weights_sha256.substr(0, 12) << "), weight " << cfg_.repa.weight;

@@ -199,6 +199,7 @@ bad "mse+cosine compares velocities over channels; MoH-DiT-Pixel/4-75 has 1" -- 
   --set diffusion.objective=flow --set sampling.sampler=heun --set sampling.steps=6 --set diffusion.loss=mse+cosine \
   --run-dir "$O/r"
 bad "LightningDiT's block options are for DiT models" -- train $NANO --set model.mlp=swiglu --run-dir "$O/r"
+bad "overlapping output windows are for DiT models" -- train $NANO --set model.overlap_output=true --run-dir "$O/r"
 bad "sampling.atol: must be > 0" -- sample --checkpoint "$F/flow" --sampler dopri5 --set sampling.atol=0 --out "$O/s"
 # LightningDiT's timestep shift: fixed-grid flow samplers only; VA-VAE's weights and channel statistics
 bad "sampling.timestep_shift: warps the grid of the flow euler and heun samplers only" -- sample --checkpoint \

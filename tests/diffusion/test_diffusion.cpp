@@ -1,7 +1,9 @@
 // DiT / MoH-DiT registry (exact parameter counts, tiny forward/backward, zero output at init, official key names)
 // and the diffusion schedule/respacing against float64 values of guided-diffusion's linear schedule and respace.py.
+#include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <limits>
 #include <set>
 
 #include "core/checkpoint.h"
@@ -170,6 +172,75 @@ TEST(DiTRegistry, LightningDiTKeysAreTheOfficialOnes) {
   const auto dit = DiT(dit_options("DiT-S/2"))->named_parameters();
   EXPECT_FALSE(dit.contains("blocks.0.norm1.weight") || dit.contains("final_layer.norm_final.weight"));
   EXPECT_EQ(DiT(dit_options("DiT-S/2"))->named_buffers().size(), 0u);
+}
+
+// overlap_add against its definition written out pixel by pixel: the tent-weighted mean of the 2p×2p windows (centred
+// on each token's patch) that cover the pixel; a constant in every window comes back unchanged.
+TEST(DiTLayers, OverlapAddIsTheTentWeightedMeanOfTheCoveringWindows) {
+  for (const int64_t p : {2, 4}) {
+    const int64_t g = 3, c = 2, k = 2 * p, side = g * p;
+    torch::manual_seed(0);
+    const torch::Tensor x = torch::randn({1, g * g, k * k * c});
+    const torch::Tensor out = overlap_add(x, p, c, g);
+    ASSERT_EQ(out.sizes(), (std::vector<int64_t>{1, c, side, side}));
+    auto tent = [&](int64_t i) { return std::min(i + 0.5, k - i - 0.5) / static_cast<double>(p); };
+    const auto v = x.accessor<float, 3>();
+    double worst = 0;
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t py = 0; py < side; ++py)
+        for (int64_t px = 0; px < side; ++px) {
+          double num = 0, den = 0;
+          for (int64_t r = 0; r < g; ++r)
+            for (int64_t q = 0; q < g; ++q) {
+              const int64_t i = py - (r * p - p / 2),
+                            j = px - (q * p - p / 2);  // position inside token (r, q)'s window
+              if (i < 0 || i >= k || j < 0 || j >= k) continue;
+              const double w = tent(i) * tent(j);
+              num += w * v[0][r * g + q][(i * k + j) * c + ch];  // layout (kh, kw, C)
+              den += w;
+            }
+          worst = std::max(worst, std::abs(out[0][ch][py][px].item<double>() - num / den));
+        }
+    // At most 4 windows per pixel: a few fp32 roundings of values below max|x|.
+    EXPECT_LE(worst, 16 * std::numeric_limits<float>::epsilon() * x.abs().max().item<double>()) << "p " << p;
+    const torch::Tensor flat = overlap_add(torch::full({1, g * g, k * k * c}, 0.75f), p, c, g);
+    EXPECT_LE((flat - 0.75).abs().max().item<double>(), 4 * std::numeric_limits<float>::epsilon()) << "p " << p;
+  }
+}
+
+// model.overlap_output: final_layer.linear predicts (2p)²·C_out per token, the output is 0 at init (adaLN-Zero) and
+// has the image's shape, the gradient reaches the layer, weights of that shape read back as overlapping (learned σ
+// or not), and an odd patch is refused.
+TEST(DiTLayers, OverlapOutputModel) {
+  DiTOptions o = dit_options("DiT-Pixel/4");
+  o.input_size = 8;
+  o.depth = 1;
+  DiTOptions plain_o = o;
+  o.overlap_output = true;
+  torch::manual_seed(0);
+  DiT m(o), plain(plain_o);
+  EXPECT_EQ(count_params(m), count_params(plain) + 3 * 16 * 2 * (o.hidden_size + 1));  // C_out = 2 (learned σ)
+  auto params = m->named_parameters();
+  ASSERT_EQ(params["final_layer.linear.weight"].size(0), 8 * 8 * 2);
+  const torch::Tensor x = torch::randn({2, 1, 8, 8});
+  const torch::Tensor out = m->forward(x, torch::tensor({10, 900}), torch::tensor({1, 7})).out;
+  ASSERT_EQ(out.sizes(), (std::vector<int64_t>{2, 2, 8, 8}));
+  EXPECT_EQ(out.abs().max().item<double>(), 0.0);
+  (out - x.repeat({1, 2, 1, 1})).pow(2).mean().backward();
+  EXPECT_GT(params["final_layer.linear.weight"].grad().abs().max().item<double>(), 0.0);
+  TensorMap w;
+  for (const auto& p : params) w[p.key()] = p.value().detach();
+  const DiTOptions read = dit_options_for_weights(dit_options("DiT-Pixel/4"), w);
+  EXPECT_TRUE(read.overlap_output && read.learn_sigma);
+  w["final_layer.linear.weight"] = w["final_layer.linear.weight"].slice(0, 0, 64);  // one channel: no σ
+  const DiTOptions read1 = dit_options_for_weights(dit_options("DiT-Pixel/4"), w);
+  EXPECT_TRUE(read1.overlap_output && !read1.learn_sigma);
+  w["final_layer.linear.weight"] = w["final_layer.linear.weight"].slice(0, 0, 32);  // DiT's own (p²·2): no overlap
+  const DiTOptions read2 = dit_options_for_weights(dit_options("DiT-Pixel/4"), w);
+  EXPECT_TRUE(!read2.overlap_output && read2.learn_sigma);
+  DiTOptions odd = dit_options("DiT-S/2");
+  odd.patch_size = 1, odd.overlap_output = true;
+  EXPECT_THROW(odd.validate(), UserError);
 }
 
 TEST(DiTLayers, PosEmbedAndTimestepEmbeddingFormulas) {

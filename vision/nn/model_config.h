@@ -69,6 +69,7 @@ struct ModelConfig {
   MlpKind mlp = MlpKind::automatic;         ///< DiT blocks (LightningDiT: swiglu)
   PosKind pos = PosKind::automatic;         ///< DiT (LightningDiT: rope2d)
   bool qk_norm = false;                     ///< DiT: normalise queries and keys per head (RMSNorm or LayerNorm)
+  bool overlap_output = false;              ///< DiT: overlapping output windows (no patch seams)
   FusedMode fused = FusedMode::automatic;   ///< fused block operations (on / off / auto)
 
   template <class V>
@@ -100,6 +101,9 @@ struct ModelConfig {
             "DiT positions: sincos (DiT) or rope2d (sincos + 2-D rotary queries/keys, LightningDiT); auto = the "
             "variant's");
     v.field("qk_norm", qk_norm, "DiT: normalise queries and keys per head with model.norm (LightningDiT's qk_norm)");
+    v.field("overlap_output", overlap_output,
+            "DiT: each token predicts a window twice its patch's side, tent-weighted and overlap-added, so that "
+            "neighbouring patches blend instead of meeting at a seam (pixel-space models with large patches)");
     v.field(
         "fused", fused,
         "fused block operations (LayerNorm + modulate, gate + residual, bias + GELU, the MoH router, head gates): "

@@ -4,6 +4,13 @@
 
 namespace moh::nn {
 
+at::Tensor gelu(const at::Tensor& z, bool tanh, bool upcast) {
+  const char* approximate = tanh ? "tanh" : "none";
+  if (kUpcastBf16Gelu && upcast && z.device().is_cpu() && z.scalar_type() == at::kBFloat16)
+    return at::gelu(z.to(at::kFloat), approximate).to(at::kBFloat16);
+  return at::gelu(z, approximate);
+}
+
 MlpImpl::MlpImpl(int64_t dim, int64_t hidden, bool tanh) : tanh_gelu(tanh) {
   fc1 = register_module("fc1", Linear(dim, hidden));
   fc2 = register_module("fc2", Linear(hidden, dim));
@@ -12,7 +19,7 @@ MlpImpl::MlpImpl(int64_t dim, int64_t hidden, bool tanh) : tanh_gelu(tanh) {
 at::Tensor MlpImpl::forward(const at::Tensor& x) {
   if (tanh_gelu && use_fused_ops(fused, x.device()))
     return fc2->forward(fused_bias_gelu(at::linear(x, working_weight(fc1->weight)), working_weight(fc1->bias)));
-  return fc2->forward(at::gelu(fc1->forward(x), tanh_gelu ? "tanh" : "none"));
+  return fc2->forward(gelu(fc1->forward(x), tanh_gelu));
 }
 
 PatchEmbedImpl::PatchEmbedImpl(int64_t in_channels, int64_t dim, int64_t patch) {

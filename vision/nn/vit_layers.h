@@ -3,11 +3,20 @@
 // in both official state_dicts.
 #include <torch/nn/module.h>
 #include <torch/nn/modules/conv.h>
+#include <torch/version.h>
 
 #include "vision/nn/linear.h"
 #include "vision/nn/model_config.h"
 
 namespace moh::nn {
+
+/// Whether gelu() computes a CPU's bf16 GELU in fp32: LibTorch 1.13 has no vectorised bf16 GELU on CPUs (it converts
+/// element by element, and its backward rounds inside); 2.x has one, faster than the round trip through fp32.
+constexpr bool kUpcastBf16Gelu = TORCH_VERSION_MAJOR < 2;
+
+/// GELU (tanh approximation or exact) of z; where kUpcastBf16Gelu, a bf16 tensor on a CPU is computed in fp32 and
+/// rounded back once when `upcast`. `upcast` false is the plain at::gelu, the reference.
+at::Tensor gelu(const at::Tensor& z, bool tanh, bool upcast = true);
 
 /// timm Mlp: fc1 → GELU → fc2; `tanh_gelu` picks GELU's tanh approximation (DiT's approx_gelu) over the exact one
 /// (DINOv2).
