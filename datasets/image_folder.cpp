@@ -1,5 +1,6 @@
 #include "datasets/image_folder.h"
 
+#include <ATen/Parallel.h>
 #include <algorithm>
 #include <cmath>
 #include <filesystem>

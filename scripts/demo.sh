@@ -24,8 +24,9 @@ fi
 if [ "${DEMO_SKIP_SETUP:-0}" = 1 ]; then est_setup=0; elif [ -x "$MOH" ]; then est_setup=20; else est_setup=350; fi
 est_eval=$((VAL == 0 ? 30 : 5))
 est_cls=$((15 + CLS_STEPS * 3 / 4 + est_eval))
-# The DiT's: the Intel's fp32 steps in one 2-thread process, scaled by what two 1-thread processes gained on an AMD EPYC.
-est_dit=$((10 + DIT_STEPS * 2 / 5))
+# The DiT's: the Intel's fp32 steps of the /4 model in one 2-thread process, scaled by what two 1-thread processes
+# gained on an AMD EPYC, times 1.9 for the /2 model's step (measured against /4's on that AMD EPYC).
+est_dit=$((10 + DIT_STEPS * 3 / 4))
 est_rest=$((10 + PER_CLASS * 2 + (VAL == 0 ? 15 : 0)))
 echo "== demo: about $(((est_setup + est_cls + est_dit + est_rest + 30) / 60)) min in all (setup + build ${est_setup} s," \
   "classifier ${est_cls} s, diffusion ${est_dit} s, samples + FID ${est_rest} s; as on a 2-core Intel Xeon)"
@@ -62,12 +63,12 @@ lap "classifier evaluation + head load" $est_eval
 # The precision `auto` picks for the DiT here, for the stage's first line (measured once, as moh train measures it, and
 # cached for it).
 DIT_PRECISION=$($MOH config configs/fashion_mnist/moh_sit_pixel_demo.yaml --precision)
-echo "== 2/3 diffusion: MoH-DiT-Pixel/4-75 trained by flow matching on Fashion-MNIST ($DIT_STEPS steps in" \
+echo "== 2/3 diffusion: MoH-DiT-Pixel/2-75 trained by flow matching on Fashion-MNIST ($DIT_STEPS steps in" \
   "${DIT_PRECISION%% *}), then CFG samples"
 # SiT's recipe (linear path, velocity; configs/fashion_mnist/moh_sit_pixel.yaml): in the recipe study (docs/results/recipes/README.md)
 # comparison it reached a far lower FID than DiT's DDPM recipe in this budget (flow + REPA lower still, but REPA needs
-# a second trained classifier as its encoder). moh_sit_pixel_demo.yaml: 750 steps on a cosine at a high lr, in two 1-thread
-# processes (docs/results/demo/README.md).
+# a second trained classifier as its encoder). moh_sit_pixel_demo.yaml: the 2×2-pixel-patch model (the 4×4 one left
+# visible patch seams), 750 steps on a cosine at a high lr, in two 1-thread processes (docs/results/demo/README.md).
 $MOH train configs/fashion_mnist/moh_sit_pixel_demo.yaml --run-dir "$OUT/dit" --set data.limit_train=$((DIT_STEPS * 64))
 lap "diffusion training" $est_dit
 # Heun, CFG 4 only in the cleaner half of the noise range (6 steps: 17 network evaluations per image).
