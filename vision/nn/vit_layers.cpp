@@ -1,13 +1,14 @@
 #include "vision/nn/vit_layers.h"
 
 #include "vision/nn/fused_ops.h"
+#include "vision/nn/gelu_cpu.h"
 
 namespace moh::nn {
 
 at::Tensor gelu(const at::Tensor& z, bool tanh, bool upcast) {
   const char* approximate = tanh ? "tanh" : "none";
   if (kUpcastBf16Gelu && upcast && z.device().is_cpu() && z.scalar_type() == at::kBFloat16)
-    return at::gelu(z.to(at::kFloat), approximate).to(at::kBFloat16);
+    return tanh ? gelu_tanh_bf16_cpu(z) : at::gelu(z.to(at::kFloat), approximate).to(at::kBFloat16);
   return at::gelu(z, approximate);
 }
 

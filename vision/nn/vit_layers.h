@@ -15,7 +15,8 @@ namespace moh::nn {
 constexpr bool kUpcastBf16Gelu = TORCH_VERSION_MAJOR < 2;
 
 /// GELU (tanh approximation or exact) of z; where kUpcastBf16Gelu, a bf16 tensor on a CPU is computed in fp32 and
-/// rounded back once when `upcast`. `upcast` false is the plain at::gelu, the reference.
+/// rounded back once when `upcast` (the tanh approximation by gelu_tanh_bf16_cpu's one-pass loop). `upcast` false is
+/// the plain at::gelu, the reference.
 at::Tensor gelu(const at::Tensor& z, bool tanh, bool upcast = true);
 
 /// timm Mlp: fc1 → GELU → fc2; `tanh_gelu` picks GELU's tanh approximation (DiT's approx_gelu) over the exact one

@@ -6,6 +6,7 @@
 
 #include "tests/test_util.h"
 #include "vision/nn/fused_ops.h"
+#include "vision/nn/gelu_cpu.h"
 #include "vision/nn/moh_attention.h"
 #include "vision/nn/vit_layers.h"
 
@@ -159,6 +160,43 @@ TEST(FusedOps, UpcastGeluIsTheExactGeluRoundedOnce) {
     const torch::Tensor zf = z.detach().to(torch::kFloat);
     EXPECT_TRUE(gelu(zf, tanh).equal(at::gelu(zf, tanh ? "tanh" : "none")));
   }
+}
+
+// The bf16 tanh-GELU loop on every bf16 value in [-16, 16] against fp64: the output and the input gradient (upstream
+// gradient 1) each the fp32 value rounded once, so within half a bf16 ulp (2^-8 relative) plus the fp32 arithmetic's
+// few ulps; absolute floors for the tail below u ≈ -9.7, where e^{-2v} is clamped (exact values under 1e-37), and for
+// the gradient's zero crossing near u = -0.75, where its two fp32 terms cancel (at::gelu's tanh form is far less
+// exact in the negative tail, where 1 + tanh cancels).
+TEST(FusedOps, TanhGeluBf16KernelIsTheExactValueRoundedOnce) {
+  std::vector<uint16_t> bits;
+  for (uint32_t b = 0; b <= 0x4180u; ++b) {  // +0 .. 16 and -0 .. -16
+    bits.push_back(static_cast<uint16_t>(b));
+    bits.push_back(static_cast<uint16_t>(b | 0x8000u));
+  }
+  const int64_t n = static_cast<int64_t>(bits.size());
+  const torch::Tensor z = torch::from_blob(bits.data(), {n}, torch::kInt16).clone().view(torch::kBFloat16);
+  const torch::Tensor z64 = z.to(torch::kDouble).requires_grad_(true);
+  // 0.5 u (1 + tanh v) as u σ(2v): even fp64's 1 + tanh cancels below u ≈ -6
+  const torch::Tensor exact = z64 * torch::sigmoid(2 * 0.7978845608028654 * (z64 + 0.044715 * z64.pow(3)));
+  const torch::Tensor dexact = torch::autograd::grad({exact.sum()}, {z64})[0];
+  const torch::Tensor zg = z.clone().requires_grad_(true);
+  const torch::Tensor y = gelu_tanh_bf16_cpu(zg);
+  ASSERT_EQ(y.scalar_type(), torch::kBFloat16);
+  const torch::Tensor dz = torch::autograd::grad({y}, {zg}, {torch::ones_like(y)})[0];
+  ASSERT_EQ(dz.scalar_type(), torch::kBFloat16);
+  const double rel = 1.0 / 256 + 1e-5;
+  const torch::Tensor y_over = (y.to(torch::kDouble) - exact.detach()).abs() - (rel * exact.detach().abs() + 1e-36);
+  EXPECT_LE(y_over.max().item<double>(), 0.0) << "output, worst at z = " << z[y_over.argmax()].item<float>();
+  const torch::Tensor d_over = (dz.to(torch::kDouble) - dexact).abs() - (rel * dexact.abs() + 1e-6);
+  EXPECT_LE(d_over.max().item<double>(), 0.0) << "gradient, worst at z = " << z[d_over.argmax()].item<float>();
+  // Non-contiguous input, an upstream gradient that is not 1: the same as the contiguous loop's values.
+  const torch::Tensor m = z.narrow(0, 0, 2 * 4096).view({64, 128}).t().requires_grad_(true);
+  const torch::Tensor ym = gelu_tanh_bf16_cpu(m);
+  EXPECT_TRUE(ym.equal(gelu_tanh_bf16_cpu(m.detach().contiguous())));
+  const torch::Tensor up = torch::full({128, 64}, 0.5, torch::kBFloat16);
+  const torch::Tensor dm = torch::autograd::grad({ym}, {m}, {up})[0];
+  const torch::Tensor dm1 = torch::autograd::grad({gelu_tanh_bf16_cpu(m)}, {m}, {torch::ones_like(up)})[0];
+  EXPECT_TRUE(dm.equal(dm1 * 0.5));  // halving is exact in bf16, and commutes with the one rounding
 }
 
 TEST(FusedOps, GateHeadsEqualsTheOfficialGating) {
