@@ -5,6 +5,8 @@
 
 #include <cstring>
 
+#include "vision/nn/fused_math.h"
+
 namespace moh::nn {
 
 namespace gelu_kernels {
@@ -47,20 +49,20 @@ inline float exp_clamped(float x) {
   return p * from_bits(static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23);
 }
 
-constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / π)
-constexpr float kKappa = 0.044715f;
+using fused::kGeluBeta;
+using fused::kGeluKappa;
 
 // 0.5 u (1 + tanh(v)) = u σ(2v) with v = β (u + κ u³): written with σ, so that no 1 + tanh cancels for negative u.
 inline float gelu(float u) {
-  const float v = kBeta * (u + kKappa * u * u * u);
+  const float v = kGeluBeta * (u + kGeluKappa * u * u * u);
   return u / (1.f + exp_clamped(-2.f * v));
 }
 // d/du u σ(2v) = σ + 2 u σ (1 − σ) v', with 1 − σ = σ e^{−2v}.
 inline float gelu_grad(float u) {
   const float u2 = u * u;
-  const float e = exp_clamped(-2.f * kBeta * (u + kKappa * u2 * u));
+  const float e = exp_clamped(-2.f * kGeluBeta * (u + kGeluKappa * u2 * u));
   const float s = 1.f / (1.f + e);
-  return s + 2.f * u * s * (s * e) * kBeta * (1.f + 3.f * kKappa * u2);
+  return s + 2.f * u * s * (s * e) * kGeluBeta * (1.f + 3.f * kGeluKappa * u2);
 }
 
 }  // namespace
