@@ -12,12 +12,14 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <vector>
 
 #include "core/error.h"
 #include "core/run_context.h"
+#include "core/tensor_count.h"
 
 #ifdef MOH_TORCH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -140,12 +142,20 @@ namespace {
 constexpr double kMiB = 1024.0 * 1024.0;
 // At most b1·2^5: a cheap step's check stays short however large the run's batch.
 constexpr size_t kMaxProbePoints = 6;
+constexpr int64_t kReach = int64_t{1} << (kMaxProbePoints - 1);
 
 // One measured step: its peak memory (bytes) and its seconds, the step built first (model, optimizer, inputs).
 struct ProbePoint {
   int64_t batch = 0;
   double peak = 0, seconds = 0;
+  double tensors = -1;  // the peak of the step's own CPU tensors (core/tensor_count.h); -1: not counted
 };
+
+// A step's peak memory and, where counted, the peak of its own tensors.
+struct Peaks {
+  double memory = 0, tensors = -1;
+};
+using ReadPeaks = std::function<Peaks(const std::function<void()>& run)>;
 
 // On a CPU, the seconds this process's threads have computed, divided by its intra-op threads: a step's time as on a
 // machine with nothing else running, so that the check measures the same batches whatever else loads the machine.
@@ -159,23 +169,29 @@ double step_clock(const c10::Device& device) {
 }
 
 ProbePoint probe_point(const std::function<std::function<void()>(int64_t)>& build, int64_t batch,
-                       const c10::Device& device, double step_seconds) {
+                       const c10::Device& device, double step_seconds, const ReadPeaks& read) {
   const std::function<void()> step = build(batch);
   double start = step_clock(device);
-  ProbePoint first{batch, peak_memory_during(step, device), step_clock(device) - start};
+  Peaks peaks = read(step);
+  const ProbePoint first{batch, peaks.memory, step_clock(device) - start, peaks.tensors};
   if (first.seconds > step_seconds / 2) return first;
   // A short step is measured again: the first allocates what every later step finds in place (the optimizer's
   // state, the thread pools' and the BLAS's buffers), which at a few samples outweighs the activations; a run's peak
   // is its activations on top of all that.
   start = step_clock(device);
-  const double peak = peak_memory_during(step, device);
-  return {batch, peak, step_clock(device) - start};
+  peaks = read(step);
+  return {batch, peaks.memory, step_clock(device) - start, peaks.tensors};
 }
 
-// The line through two points.
+// The line through two points, its slope the growth of the step's own tensors where they were counted: over a few
+// samples the resident set rises only by what the heap's free space could not absorb (MoH-ViT-Nano at 224 px: 186 MiB
+// per image between 1 and 2 images, where its tensors grew by 389 and the run's peak by 420 per image between 8 and
+// 16, docs/BENCHMARKS.md).
 MemoryNeed line_through(const ProbePoint& small, const ProbePoint& large) {
   if (large.batch <= small.batch) return {large.peak, 0};
-  const double slope = std::max(0.0, (large.peak - small.peak) / static_cast<double>(large.batch - small.batch));
+  const bool counted = small.tensors >= 0 && large.tensors >= 0;
+  const double rise = counted ? large.tensors - small.tensors : large.peak - small.peak;
+  const double slope = std::max(0.0, rise / static_cast<double>(large.batch - small.batch));
   return {large.peak - slope * static_cast<double>(large.batch), slope};
 }
 
@@ -187,26 +203,39 @@ bool memory_check_verbose() {
 }  // namespace
 
 MemoryNeed measure_memory_need(const std::function<std::function<void()>(int64_t)>& build, int64_t b1, int64_t b2,
-                               const c10::Device& device, double step_seconds) {
+                               const c10::Device& device, double step_seconds, const PeakOf& peak) {
+  const ReadPeaks read = [&](const std::function<void()>& run) {
+    if (peak) return Peaks{peak(run), -1};
+    if (!device.is_cpu()) return Peaks{peak_memory_during(run, device), -1};
+    std::optional<double> tensors;
+    const double memory = peak_memory_during([&] { tensors = cpu_tensor_peak_during(run); }, device);
+    return Peaks{memory, tensors.value_or(-1)};
+  };
   // The batch doubles from b1 while the next step should stay within step_seconds (twice the last one's time), up to
   // b2, and the two largest batches give the line: at a few samples a step's peak is its optimizer phase (gradients,
   // the AdamW state, the EMA), which does not grow with the batch, and what the heap already holds absorbs small
   // activations, so a line through small batches is too flat (docs/BENCHMARKS.md).
-  std::vector<ProbePoint> points{probe_point(build, b1, device, step_seconds)};
+  std::vector<ProbePoint> points{probe_point(build, b1, device, step_seconds, read)};
   if (b1 > 1 && b2 > b1 && 2 * points[0].seconds > step_seconds) {
     // A step already too slow to double (a large image, a large model): the second point is half its batch, so that
     // the refusal of a run far too large comes in 1.5 such steps rather than 3. At such sizes the activations
     // outweigh the optimizer phase even at one or two samples.
-    points.insert(points.begin(), probe_point(build, b1 / 2, device, step_seconds));
+    const ProbePoint half = probe_point(build, b1 / 2, device, step_seconds, read);
+    // The process's first step also pays one-time set-up (LibTorch 2.x: 2.2 s at batch 2 for a 60-ms step): when
+    // half the batch is fast, b1 is measured again and, fast too, doubled as any short step.
+    if (4 * half.seconds <= step_seconds) points[0] = probe_point(build, b1, device, step_seconds, read);
+    if (2 * points[0].seconds > step_seconds) points.insert(points.begin(), half);
   }
   while (points.back().batch < b2 && points.size() < kMaxProbePoints &&
          (points.size() < 2 || 2 * points.back().seconds <= step_seconds))
-    points.push_back(probe_point(build, std::min(2 * points.back().batch, b2), device, step_seconds));
+    points.push_back(probe_point(build, std::min(2 * points.back().batch, b2), device, step_seconds, read));
   if (memory_check_verbose()) {
     std::string line = "memory check:";
     for (const ProbePoint& p : points)
       line += " batch " + std::to_string(p.batch) + " " + std::to_string(static_cast<int64_t>(p.peak / kMiB)) +
-              " MiB (" + std::to_string(static_cast<int64_t>(p.seconds * 1000)) + " ms)";
+              " MiB (" +
+              (p.tensors >= 0 ? "tensors " + std::to_string(static_cast<int64_t>(p.tensors / kMiB)) + " MiB, " : "") +
+              std::to_string(static_cast<int64_t>(p.seconds * 1000)) + " ms)";
     std::cerr << line << "\n";
   }
   if (points.size() == 1) return {points[0].peak, 0};
@@ -231,7 +260,8 @@ double check_memory_fits(const MemoryNeed& need, const MemoryPlan& plan, const M
   throw UserError("memory", why.str(), hint.str() + "; MOH_MEMORY_CHECK=0 skips this check");
 }
 
-// The evaluation forward's smallest batch (MemoryProbe::probe_batch says why it matters).
+// The evaluation forward's smallest batch (MemoryProbe::probe_batch says why it matters), raised so that the doubling
+// reaches the run's evaluation batch itself while its forward stays short, rather than extending a smaller one's line.
 constexpr int64_t kEvalProbeBatch = 4;
 // How long the check's largest step may take: a run's start waits for about twice this per measured step kind.
 constexpr double kProbeStepSeconds = 1.0;
@@ -297,12 +327,17 @@ class LiveSetHeap {
 };
 
 // The needs a check measures: its step's, and its evaluation forward's when it has one (eval_batch 0: none, or not
-// measured because the step alone does not fit).
+// measured because the step alone does not fit); the evaluation's as the bytes of its own tensors when eval_counted
+// (on a CPU), else as the device's peak.
 struct MeasuredNeeds {
   MemoryNeed train, eval;
-  std::vector<double> numbers() const { return {train.fixed, train.per_sample, eval.fixed, eval.per_sample}; }
-  static MeasuredNeeds from(const std::vector<double>& v) { return {{v[0], v[1]}, {v[2], v[3]}}; }
+  bool eval_counted = false;
+  std::vector<double> numbers() const {
+    return {train.fixed, train.per_sample, eval.fixed, eval.per_sample, eval_counted ? 1.0 : 0.0};
+  }
+  static MeasuredNeeds from(const std::vector<double>& v) { return {{v[0], v[1]}, {v[2], v[3]}, v[4] != 0}; }
 };
+constexpr size_t kMeasuredNumbers = 5;
 
 // The step's need with what the run holds beside it (MemoryProbe::held, held_after).
 MemoryNeed with_held(MemoryNeed need, const MemoryProbe& probe) {
@@ -311,18 +346,28 @@ MemoryNeed with_held(MemoryNeed need, const MemoryProbe& probe) {
   return need;
 }
 
+// The peak of a step's own CPU tensors (core/tensor_count.h), or nullptr where they cannot be counted.
+PeakOf counted_tensors(const c10::Device& device) {
+  if (!device.is_cpu() || !cpu_tensor_peak_during([] {})) return nullptr;
+  return [](const std::function<void()>& run) { return cpu_tensor_peak_during(run).value_or(0.0); };
+}
+
 MeasuredNeeds measure_needs(const MemoryProbe& probe, const RunContext& ctx, const MemoryPlan& plan,
                             const MemoryAvailable& available) {
   const LiveSetHeap live(probe.live_set && ctx.device.is_cpu());
-  auto need_at = [&](const auto& build, int64_t batch, int64_t b1) {
+  auto need_at = [&](const auto& build, int64_t batch, int64_t b1, const PeakOf& peak) {
     return measure_memory_need([&](int64_t b) { return build(ctx, b); }, std::min<int64_t>(b1, batch), batch,
-                               ctx.device, kProbeStepSeconds);
+                               ctx.device, kProbeStepSeconds, peak);
   };
   MeasuredNeeds n;
-  n.train = need_at(probe.build, plan.batch, probe.probe_batch);
+  n.train = need_at(probe.build, plan.batch, probe.probe_batch, nullptr);
   const bool step_fits = with_held(n.train, probe).at(plan.batch) <= available.bytes;  // else refused without it
-  if (step_fits && probe.build_eval && probe.eval_batch > 0)
-    n.eval = need_at(probe.build_eval, probe.eval_batch, kEvalProbeBatch);
+  if (step_fits && probe.build_eval && probe.eval_batch > 0) {
+    const PeakOf counted = counted_tensors(ctx.device);
+    n.eval = need_at(probe.build_eval, probe.eval_batch,
+                     std::max(kEvalProbeBatch, (probe.eval_batch + kReach - 1) / kReach), counted);
+    n.eval_counted = counted != nullptr;
+  }
   return n;
 }
 
@@ -336,10 +381,17 @@ MemoryVerdict verdict_of(const MeasuredNeeds& needs, const MemoryProbe& probe, c
     MemoryPlan ep = plan;
     ep.what = "evaluating " + plan.what.substr(plan.what.find(' ') + 1);
     ep.batch = probe.eval_batch, ep.per_batch = 1, ep.setting = probe.eval_setting;
-    // A run evaluates while its training state (weights, gradients, optimizer and EMA state) stays allocated:
-    // the evaluation's activations come on top of the training step's fixed part.
+    // A run evaluates while its training state (weights, gradients, optimizer and EMA state) stays allocated: the
+    // evaluation's activations come on top of the training step's fixed part. On a CPU they come on top of the whole
+    // step: the heap keeps the pages of the step's freed activations, and the evaluation's tensors (another batch,
+    // other shapes) mostly do not fit in their holes, so its forward raises the resident set above the step's peak
+    // (docs/BENCHMARKS.md); its tensors are counted there, not read from a resident set that the heap's free space
+    // blurs. A GPU's caching allocator hands its cached blocks back before it fails.
     MemoryNeed eval_need = needs.eval;
-    eval_need.fixed = std::max(eval_need.fixed, train_need.fixed);
+    if (needs.eval_counted)
+      eval_need.fixed = static_cast<double>(train_need.at(plan.batch)) + std::max(0.0, eval_need.fixed);
+    else
+      eval_need.fixed = std::max(eval_need.fixed, train_need.fixed);
     eval = check_memory_fits(eval_need, ep, available);
   }
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -373,7 +425,7 @@ MemoryVerdict preflight_memory(const MemoryProbe& probe, const RunContext& ctx, 
                                                          static_cast<int>(std::thread::hardware_concurrency())));
           return measure_needs(probe, ctx, plan, available).numbers();
         },
-        4, ctx, sum_over_ranks, this_machine_key()));
+        kMeasuredNumbers, ctx, sum_over_ranks, this_machine_key()));
   } else {
     needs = measure_needs(probe, ctx, plan, available);
   }

@@ -1,14 +1,17 @@
 // The memory check's measurement (core/memory_preflight.h) with a step whose need is known: it touches `batch`
 // blocks of kBlock bytes, so the measured line must have that slope, and the batches it measures follow the rule
 // (doubling while a step is short, half the first batch when the first step is already slow).
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/core/CPUAllocator.h>
 
 #include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
+#include <ctime>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -17,6 +20,7 @@
 #include "core/error.h"
 #include "core/memory_preflight.h"
 #include "core/run_context.h"
+#include "core/tensor_count.h"
 #include "tests/test_util.h"
 
 namespace moh {
@@ -26,17 +30,19 @@ constexpr double kMiB = 1024.0 * 1024.0;
 constexpr size_t kBlock = 48 << 20;
 volatile char g_sink = 0;  // read from every block: the writes cannot be left out
 
-// build(batch) for measure_memory_need: a step that holds batch × kBlock bytes, every page written, then frees them;
-// `built` records the batches in the order they were built.
-std::function<std::function<void()>(int64_t)> touching(std::vector<int64_t>& built) {
-  return [&built](int64_t batch) {
+// build(batch) for measure_memory_need: a step whose tensors hold batch × kBlock bytes, every page written when
+// `touch` (else allocated only: counted, but not resident), then frees them; `built` records the batches in the order
+// they were built.
+std::function<std::function<void()>(int64_t)> touching(std::vector<int64_t>& built, bool touch = true) {
+  return [&built, touch](int64_t batch) {
     built.push_back(batch);
-    return [batch] {
-      std::vector<std::unique_ptr<char[]>> blocks;
+    return [batch, touch] {
+      std::vector<at::Tensor> blocks;
       for (int64_t i = 0; i < batch; ++i) {
-        blocks.emplace_back(new char[kBlock]);
-        std::memset(blocks.back().get(), static_cast<int>(i + 1), kBlock);
-        g_sink = static_cast<char>(g_sink + blocks.back()[kBlock / 2]);
+        blocks.push_back(at::empty({static_cast<int64_t>(kBlock)}, at::kByte));
+        if (!touch) continue;
+        std::memset(blocks.back().data_ptr(), static_cast<int>(i + 1), kBlock);
+        g_sink = static_cast<char>(g_sink + static_cast<const char*>(blocks.back().data_ptr())[kBlock / 2]);
       }
     };
   };
@@ -61,6 +67,38 @@ TEST(MemoryCheck, ASlowFirstStepIsPairedWithHalfItsBatch) {
   const MemoryNeed need = measure_memory_need(touching(built), 4, 64, c10::Device(c10::kCPU), /*step_seconds=*/0);
   EXPECT_EQ(built, (std::vector<int64_t>{4, 2}));
   expect_slope_of_one_block(need);
+}
+
+// A first step slowed by one-time set-up (its CPU time per intra-op thread, as the check counts it, above the limit)
+// is measured again once half its batch proves fast, and then doubled as a short step.
+TEST(MemoryCheck, AFirstStepSlowedBySetUpIsMeasuredAgainAndDoubled) {
+  std::vector<int64_t> built;
+  const auto touch = touching(built);
+  bool first = true;
+  auto build = [&](int64_t batch) {
+    std::function<void()> step = touch(batch);
+    return std::function<void()>([step, &first] {
+      if (std::exchange(first, false)) {
+        const std::clock_t start = std::clock();
+        const double per_thread = static_cast<double>(CLOCKS_PER_SEC) * std::max(1, at::get_num_threads());
+        while (static_cast<double>(std::clock() - start) / per_thread < 0.8) g_sink = static_cast<char>(g_sink + 1);
+      }
+      step();
+    });
+  };
+  const MemoryNeed need = measure_memory_need(build, 2, 8, c10::Device(c10::kCPU), /*step_seconds=*/1.2);
+  EXPECT_EQ(built, (std::vector<int64_t>{2, 1, 2, 4, 8}));
+  expect_slope_of_one_block(need);
+}
+
+// The line's slope is the growth of the step's own tensors, not of the resident set, which rises only by what the
+// heap could not absorb: here the tensors are never written, so the resident set hardly moves.
+TEST(MemoryCheck, TheSlopeIsTheGrowthOfTheStepsTensors) {
+  std::vector<int64_t> built;
+  const MemoryNeed need =
+      measure_memory_need(touching(built, /*touch=*/false), 4, 64, c10::Device(c10::kCPU), /*step_seconds=*/0);
+  EXPECT_EQ(built, (std::vector<int64_t>{4, 2}));
+  EXPECT_EQ(need.per_sample, static_cast<double>(kBlock));
 }
 
 TEST(MemoryCheck, NoLargerBatchThanTheRunsIsMeasured) {
@@ -98,6 +136,55 @@ TEST(MemoryCheck, TheRefusalNamesTheEstimateAndTheLargestSettingThatFits) {
   EXPECT_NE(msg.find("needs about 66.0 GiB on this machine (2 processes × 33.0 GiB)"), std::string::npos) << msg;
   EXPECT_NE(msg.find("20.0 GiB available"), std::string::npos) << msg;
   EXPECT_NE(msg.find("lower data.batch_size to at most 36"), std::string::npos) << msg;  // 18 per process × 2
+}
+
+// A step whose tensors hold `mib_per_sample` MiB per sample, every page written.
+std::function<std::function<void()>(const RunContext&, int64_t)> holding(int64_t mib_per_sample) {
+  return [mib_per_sample](const RunContext&, int64_t batch) {
+    return std::function<void()>([batch, mib_per_sample] {
+      const at::Tensor held = at::ones({batch, mib_per_sample << 20}, at::kByte);
+      g_sink = static_cast<char>(g_sink + held[batch / 2][0].item<uint8_t>());
+    });
+  };
+}
+
+// On a CPU the evaluation forward's tensors come on top of the training step's whole peak (the heap keeps the step's
+// freed pages), not only on top of its fixed part: with them, the estimate grows by the evaluation's tensors (2 MiB ×
+// 64 images, counted) over the training step's own estimate, where the fixed part alone (0.5 GiB of training
+// activations) would hide them.
+TEST(MemoryCheck, OnACpuTheEvaluationComesOnTopOfTheTrainingStepsPeak) {
+  RunContext ctx;
+  MemoryProbe probe;
+  probe.what = "training X";
+  probe.build = holding(64);
+  MemoryPlan plan;
+  plan.batch = 8, plan.setting = "data.batch_size";
+  const double train = preflight_memory(probe, ctx, plan).estimate;
+  probe.build_eval = holding(2);
+  probe.eval_batch = 64, probe.eval_setting = "data.eval_batch_size";
+  const double with_eval = preflight_memory(probe, ctx, plan).estimate;
+  // The resident set moves by a few MiB between measurements (the allocator's and the test's own memory).
+  EXPECT_NEAR((with_eval - train) / kMiB, 128.0, 24.0);
+}
+
+// The counted peak is of the tensors allocated while the work runs (not those alive before), LibTorch's CPU
+// allocator is its own again after, and a tensor kept beyond the count is freed through it safely later.
+TEST(TensorCount, ThePeakIsOfTheTensorsAllocatedWhileTheWorkRuns) {
+  const at::Tensor before = at::zeros({1 << 20}, at::kByte);
+  c10::Allocator* const allocator = c10::GetCPUAllocator();
+  at::Tensor kept;
+  const std::optional<double> peak = cpu_tensor_peak_during([&kept] {
+    {
+      const at::Tensor a = at::empty({3 << 20}, at::kByte), b = at::empty({2 << 20}, at::kByte);  // 5 MiB at once
+    }
+    kept = at::empty({2 << 20}, at::kByte);
+    const at::Tensor c = at::empty({1 << 20}, at::kByte);  // 3 MiB at once
+  });
+  ASSERT_TRUE(peak.has_value());
+  EXPECT_EQ(*peak, 5.0 * (1 << 20));
+  EXPECT_EQ(c10::GetCPUAllocator(), allocator);
+  kept = at::Tensor();
+  EXPECT_EQ(cpu_tensor_peak_during([] {}).value_or(-1), 0.0);
 }
 
 // An all-reduce over `world` ranks in threads of this process: each call returns the sum of every rank's vector.
@@ -178,8 +265,8 @@ TEST(MemoryCheck, TheMeasuringProcessUsesTheMachinesThreadsAndEveryRankIsRefused
     probe.build = [&, r](const RunContext&, int64_t batch) {
       inside[static_cast<size_t>(r)] = at::get_num_threads();
       return std::function<void()>([batch] {  // 4 MiB per sample: a few small steps before the line is drawn
-        const std::vector<char> held(static_cast<size_t>(batch) << 22, 1);
-        g_sink = static_cast<char>(g_sink + held[held.size() / 2]);
+        const at::Tensor held = at::ones({batch << 22}, at::kByte);
+        g_sink = static_cast<char>(g_sink + static_cast<const char*>(held.data_ptr())[held.numel() / 2]);
       });
     };
     MemoryPlan plan;
