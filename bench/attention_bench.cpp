@@ -212,7 +212,9 @@ int attention_bench_main(int argc, char** argv) {
   flag("batch", "batch at seq <= 256 (divided by 4 per 4x longer sequence, at least 1)",
        cxxopts::value<int64_t>()->default_value("8"));
   flag("threads", "intra-op threads (0 = LibTorch default)", cxxopts::value<int>()->default_value("0"));
-  flag("fused", "attend with scaled_dot_product_attention (LibTorch >= 2.1) instead of matmul-softmax-matmul");
+  flag("fused",
+       "the fused attention core instead of matmul-softmax-matmul: scaled_dot_product_attention (LibTorch "
+       "2.1+), the one-pass CPU kernel on 1.13 (vision/nn/attention_cpu.h)");
   flag("device", "cpu or cuda[:N]", cxxopts::value<std::string>()->default_value("cpu"));
   flag("dtype", "fp32, bf16 or fp16 (CUDA): the layers' weights and inputs",
        cxxopts::value<std::string>()->default_value("fp32"));
@@ -251,9 +253,6 @@ int attention_bench_main(int argc, char** argv) {
   o.fused = args.count("fused") > 0;
   o.device = args["device"].as<std::string>(), o.dtype = args["dtype"].as<std::string>();
   (void)bench_dtype(o.dtype, bench_device(o.device));  // a bad --device / --dtype before any work
-  if (o.fused && !nn::kFusedAttentionAvailable)
-    throw UserError("--fused", "this LibTorch has no scaled_dot_product_attention with a scale (needs 2.1 or newer)",
-                    "MOH_LIBTORCH=pip scripts/setup.sh builds against LibTorch 2.14");
   auto rows = run_attention_bench(o, true);
   if (args.count("json")) {
     nlohmann::json out = nlohmann::json::array();

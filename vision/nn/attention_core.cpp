@@ -8,6 +8,7 @@
 #include <numeric>
 #include <vector>
 
+#include "vision/nn/attention_cpu.h"
 #include "vision/nn/fused_ops.h"
 
 namespace moh::nn {
@@ -64,7 +65,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     return at::scaled_dot_product_attention(q, k, v, mask, 0.0, false, scale);
   }
 #else
-  (void)fused;
+  if (fused && !bias.defined() && attention_cpu_pays(q, k, v)) return attention_cpu(q, k, v, scale);
 #endif
   const int64_t nq = q.size(-2), nk = k.size(-2);
   const int64_t lead = q.numel() / std::max<int64_t>(1, q.size(-1) * nq);  // batch·heads

@@ -37,8 +37,9 @@ enum class PathTarget { cpu_libtorch1, cpu_libtorch2, cuda };
 AttentionPath auto_attention_path(double active, int64_t tokens, PathTarget target);
 
 /// softmax(q kᵀ · scale + bias) v over the last two dims: q (..., Nq, d), k/v (..., Nk, d), bias broadcastable to
-/// (..., Nq, Nk). With `fused` and LibTorch ≥ 2.1 this calls scaled_dot_product_attention (flash/mem-efficient on
-/// CUDA); otherwise the plain matmul-softmax-matmul path.
+/// (..., Nq, Nk). With `fused`: LibTorch ≥ 2.1 calls scaled_dot_product_attention (flash/mem-efficient on CUDA),
+/// older builds on a CPU run attention_cpu (attention_cpu.h) where it pays (attention_cpu_pays; no bias); otherwise,
+/// and without `fused`, the plain matmul-softmax-matmul path (the reference).
 at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                   const at::Tensor& bias = {}, bool fused = false);
 

@@ -26,10 +26,10 @@ struct MoHAttentionOptions {
   AttentionMode mode = AttentionMode::mha;
   int64_t shared_heads = 0;  ///< h_s: heads [0, h_s) always on (moh)
   int64_t topk = 0;          ///< K: routed heads chosen per token from the pool of h − h_s (moh); experts (moa)
-  AttentionPath path = AttentionPath::dense;    ///< dense, sparse or automatic (per call: choose_attention_path)
-  RouterKind router = RouterKind::learned;      ///< learned (wg, wg_0, wg_1) or query_norm (no parameters; moh only)
-  bool fused = kFusedAttentionAvailable;        ///< scaled_dot_product_attention (LibTorch ≥ 2.1); false = plain path
-  bool qk_norm = false;                         ///< normalise queries and keys per head over d (LightningDiT)
+  AttentionPath path = AttentionPath::dense;  ///< dense, sparse or automatic (per call: choose_attention_path)
+  RouterKind router = RouterKind::learned;    ///< learned (wg, wg_0, wg_1) or query_norm (no parameters; moh only)
+  bool fused = true;     ///< the fused attention core (attend: SDPA on LibTorch ≥ 2.1, else on a CPU attention_cpu.h)
+  bool qk_norm = false;  ///< normalise queries and keys per head over d (LightningDiT)
   NormKind qk_norm_kind = NormKind::layernorm;  ///< with qk_norm: LayerNorm (affine, eps 1e-5) or RMSNorm (eps 1e-6)
   int64_t rope_grid = 0;                        ///< > 0: 2-D rotary q/k over a rope_grid² token grid (d % 4 == 0)
   FusedMode fused_ops = FusedMode::off;  ///< the fused router and head gates (vision/nn/fused_ops.h; model.fused)

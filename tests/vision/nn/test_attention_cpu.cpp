@@ -1,0 +1,153 @@
+// The one-pass CPU attention core (vision/nn/attention_cpu.h) against softmax(q kᵀ · scale) v computed in fp64 by
+// LibTorch's own ops: outputs and the gradients of q, k and v, in fp32 and bf16, at the shapes the models run
+// (the pixel DiTs' 16-wide heads over 196 tokens, the DiT-S's 64) and at edges (one key, peaked scores, strided
+// operands). Bounds from the dtypes' rounding: fp32 within (d + Nk) accumulations of its unit roundoff of the largest
+// value; bf16 within half a bf16 step of each value (rounded once from fp32) plus that.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <limits>
+#include <vector>
+
+#include "vision/nn/attention_core.h"
+#include "vision/nn/attention_cpu.h"
+
+namespace moh::nn {
+namespace {
+
+struct Shape {
+  std::vector<int64_t> lead;
+  int64_t n, nk, d;
+};
+
+std::vector<int64_t> dims(const Shape& s, int64_t rows) {
+  std::vector<int64_t> out = s.lead;
+  out.push_back(rows);
+  out.push_back(s.d);
+  return out;
+}
+
+// Output and gradients of q, k, v for the upstream gradient g.
+std::vector<torch::Tensor> run(const std::function<torch::Tensor(torch::Tensor, torch::Tensor, torch::Tensor)>& f,
+                               torch::Tensor q, torch::Tensor k, torch::Tensor v, const torch::Tensor& g) {
+  q.requires_grad_(true), k.requires_grad_(true), v.requires_grad_(true);
+  torch::Tensor o = f(q, k, v);
+  auto grads = torch::autograd::grad({o}, {q, k, v}, {g.to(o.scalar_type())});
+  return {o.detach(), grads[0], grads[1], grads[2]};
+}
+
+std::vector<torch::Tensor> reference(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                     const torch::Tensor& g, double scale) {
+  auto plain = [&](torch::Tensor a, torch::Tensor b, torch::Tensor c) {
+    return torch::matmul(torch::softmax(torch::matmul(a, b.transpose(-2, -1)) * scale, -1), c);
+  };
+  return run(plain, q.to(torch::kDouble).detach(), k.to(torch::kDouble).detach(), v.to(torch::kDouble).detach(),
+             g.to(torch::kDouble));
+}
+
+std::vector<torch::Tensor> fused(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                 const torch::Tensor& g, double scale) {
+  auto f = [&](torch::Tensor a, torch::Tensor b, torch::Tensor c) { return attention_cpu(a, b, c, scale); };
+  return run(f, q.detach().clone(), k.detach().clone(), v.detach().clone(), g);
+}
+
+// Every element within `relative` of its reference value plus `absolute` (× the largest reference value).
+void expect_close(const std::vector<torch::Tensor>& got, const std::vector<torch::Tensor>& ref, double relative,
+                  double absolute, const std::string& what) {
+  const char* names[] = {"out", "dq", "dk", "dv"};
+  for (size_t i = 0; i < got.size(); ++i) {
+    const torch::Tensor r = ref[i], err = (got[i].to(torch::kDouble) - r).abs();
+    const torch::Tensor bound = r.abs() * relative + absolute * r.abs().max();
+    EXPECT_TRUE(torch::isfinite(got[i]).all().item<bool>()) << what << " " << names[i];
+    EXPECT_TRUE((err <= bound).all().item<bool>())
+        << what << " " << names[i] << ": largest excess " << (err - bound).max().item<double>() << " (largest error "
+        << err.max().item<double>() << ", largest value " << r.abs().max().item<double>() << ")";
+  }
+}
+
+const std::vector<Shape> kShapes = {{{2, 3}, 17, 19, 8}, {{1, 4}, 196, 196, 16}, {{2}, 5, 40, 24},
+                                    {{3}, 1, 1, 16},     {{1, 2}, 33, 7, 64},    {{}, 9, 16, 17}};
+
+TEST(AttentionCpu, Fp32IsTheFp64ValueWithinFp32Rounding) {
+  torch::manual_seed(21);
+  for (const Shape& s : kShapes) {
+    const torch::Tensor q = torch::randn(dims(s, s.n)) * 2, k = torch::randn(dims(s, s.nk)),
+                        v = torch::randn(dims(s, s.nk)), g = torch::randn(dims(s, s.n));
+    const double scale = 1.0 / std::sqrt(static_cast<double>(s.d));
+    const double eps = std::numeric_limits<float>::epsilon();
+    expect_close(fused(q, k, v, g, scale), reference(q, k, v, g, scale), 0.0, 4.0 * (s.d + s.nk) * eps,
+                 "fp32 n=" + std::to_string(s.n) + " nk=" + std::to_string(s.nk) + " d=" + std::to_string(s.d));
+  }
+}
+
+TEST(AttentionCpu, Bf16IsTheFp32ValueRoundedOnce) {
+  torch::manual_seed(22);
+  for (const Shape& s : kShapes) {
+    const torch::Tensor q = (torch::randn(dims(s, s.n)) * 2).to(torch::kBFloat16),
+                        k = torch::randn(dims(s, s.nk)).to(torch::kBFloat16),
+                        v = torch::randn(dims(s, s.nk)).to(torch::kBFloat16),
+                        g = torch::randn(dims(s, s.n)).to(torch::kBFloat16);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(s.d));
+    const std::vector<torch::Tensor> got = fused(q, k, v, g, scale);
+    for (const torch::Tensor& t : got) EXPECT_EQ(t.scalar_type(), torch::kBFloat16);
+    const double eps = std::numeric_limits<float>::epsilon();
+    expect_close(got, reference(q, k, v, g, scale), std::ldexp(1.0, -8), 4.0 * (s.d + s.nk) * eps,
+                 "bf16 n=" + std::to_string(s.n) + " d=" + std::to_string(s.d));
+  }
+}
+
+// Scores in the hundreds (nearly one-hot rows): the row maximum keeps the exponentials finite.
+TEST(AttentionCpu, PeakedScoresStayFinite) {
+  torch::manual_seed(23);
+  const Shape s{{2, 2}, 30, 50, 16};
+  const torch::Tensor q = torch::randn(dims(s, s.n)) * 40, k = torch::randn(dims(s, s.nk)) * 3,
+                      v = torch::randn(dims(s, s.nk)), g = torch::randn(dims(s, s.n));
+  const double eps = std::numeric_limits<float>::epsilon();
+  // A score of ~600 carries ~600 eps of rounding into its exponent: the bound grows with the scores' size.
+  const double largest = (torch::matmul(q, k.transpose(-2, -1)) * 0.25).abs().max().item<double>();
+  expect_close(fused(q, k, v, g, 0.25), reference(q, k, v, g, 0.25), 4.0 * largest * eps,
+               4.0 * (s.d + s.nk) * eps * largest, "peaked");
+}
+
+// The models pass q, k and v as strided views of one qkv product ((3, B, h, N, d) from (B, N, 3, h, d)): the same
+// values as contiguous copies, bit for bit.
+TEST(AttentionCpu, StridedViewsGiveTheContiguousResult) {
+  torch::manual_seed(24);
+  const int64_t B = 2, N = 12, h = 3, d = 16;
+  const torch::Tensor qkv = torch::randn({B, N, 3, h, d}).permute({2, 0, 3, 1, 4});  // (3, B, h, N, d)
+  const torch::Tensor g = torch::randn({B, h, N, d});
+  const auto strided = fused(qkv[0], qkv[1], qkv[2], g, 0.25);
+  const auto contiguous = fused(qkv[0].contiguous(), qkv[1].contiguous(), qkv[2].contiguous(), g, 0.25);
+  for (size_t i = 0; i < strided.size(); ++i) EXPECT_TRUE(torch::equal(strided[i], contiguous[i])) << i;
+}
+
+TEST(AttentionCpu, TakesOnlyWhatItComputes) {
+  const torch::Tensor q = torch::randn({2, 4, 8}), k = torch::randn({2, 6, 8});
+  EXPECT_TRUE(attention_cpu_applies(q, k, k));
+  EXPECT_FALSE(attention_cpu_applies(q, torch::randn({1, 6, 8}), torch::randn({1, 6, 8})));  // broadcast lead
+  EXPECT_FALSE(attention_cpu_applies(q, k, torch::randn({2, 6, 4})));                        // v narrower
+  EXPECT_FALSE(attention_cpu_applies(q.to(torch::kDouble), k, k));                           // fp64
+  EXPECT_FALSE(attention_cpu_applies(torch::randn({1, 2, kMaxHeadDim + 1}), torch::randn({1, 3, kMaxHeadDim + 1}),
+                                     torch::randn({1, 3, kMaxHeadDim + 1})));
+  EXPECT_FALSE(attention_cpu_applies(torch::randn({2, 0, 8}), k, k));  // no queries: the plain path
+}
+
+// attend() with `fused` takes the kernel only where it was measured to pay (fp32, heads <= 16 dims, >= 128 keys):
+// the same values as the plain path there, within fp32 rounding.
+TEST(AttentionCpu, AttendTakesItWhereItPays) {
+  torch::manual_seed(25);
+  const torch::Tensor q = torch::randn({2, 2, 40, 16}), k = torch::randn({2, 2, 196, 16}),
+                      v = torch::randn({2, 2, 196, 16});
+  EXPECT_TRUE(attention_cpu_pays(q, k, v));
+  EXPECT_FALSE(attention_cpu_pays(q, k.narrow(2, 0, 49), v.narrow(2, 0, 49)));  // 49 keys
+  EXPECT_FALSE(attention_cpu_pays(q.to(torch::kBFloat16), k.to(torch::kBFloat16), v.to(torch::kBFloat16)));
+  EXPECT_FALSE(attention_cpu_pays(torch::randn({1, 8, 64}), torch::randn({1, 196, 64}), torch::randn({1, 196, 64})));
+  const torch::Tensor g = torch::randn({2, 2, 40, 16});
+  auto via_attend = [](torch::Tensor a, torch::Tensor b, torch::Tensor c) { return attend(a, b, c, 0.25, {}, true); };
+  const double eps = std::numeric_limits<float>::epsilon();
+  expect_close(run(via_attend, q.clone(), k.clone(), v.clone(), g), reference(q, k, v, g, 0.25), 0.0,
+               4.0 * (16 + 196) * eps, "attend");
+}
+
+}  // namespace
+}  // namespace moh::nn

@@ -1,0 +1,400 @@
+#include "vision/nn/attention_cpu.h"
+
+#include <ATen/Parallel.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <type_traits>
+#include <vector>
+
+#include "vision/nn/cpu_simd.h"
+
+// The vector values below live only inside the always-inlined helpers of one clone: no call passes them, so the
+// ABI note GCC gives for vector arguments without AVX does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+namespace moh::nn {
+
+namespace attention_kernels {
+namespace {
+
+// W floats as one value of GCC's vector extension: one AVX-512 register at W = 16 in that clone, two AVX2 ones in the
+// next, four SSE ones in the baseline. The loops below keep their running sums in such values: written as arrays
+// of W floats the compiler kept W scalar registers, and summed into the output row every step went through a store
+// and a load.
+template <int64_t W>
+struct Lanes {
+  typedef float type __attribute__((vector_size(W * sizeof(float))));
+};
+constexpr int64_t kWide = 16, kNarrow = 8, kQuarter = 4;
+using Vec = Lanes<kWide>::type;
+
+template <int64_t W>
+MOH_INLINE_INTO_CLONES typename Lanes<W>::type load(const float* p) {
+  typename Lanes<W>::type v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+template <int64_t W>
+MOH_INLINE_INTO_CLONES void store(float* p, typename Lanes<W>::type v) {
+  std::memcpy(p, &v, sizeof v);
+}
+MOH_INLINE_INTO_CLONES float lane_sum(Vec v) {
+  float s = 0.f;
+  for (int64_t l = 0; l < kWide; ++l) s += v[l];
+  return s;
+}
+
+// The largest of x[0, n), n >= 1 (NaNs skipped here; they reach the result through the exponentials).
+MOH_INLINE_INTO_CLONES float max_of(const float* x, int64_t n) {
+  float m = x[0];
+  int64_t j = 0;
+  if (n >= kWide) {
+    Vec acc = load<kWide>(x);
+    for (j = kWide; j + kWide <= n; j += kWide) {
+      const Vec v = load<kWide>(x + j);
+      acc = v > acc ? v : acc;
+    }
+    for (int64_t l = 0; l < kWide; ++l) m = acc[l] > m ? acc[l] : m;
+  }
+  for (; j < n; ++j) m = x[j] > m ? x[j] : m;
+  return m;
+}
+
+// Σ a[j] · b[j] over [0, n); b = nullptr: Σ a[j].
+MOH_INLINE_INTO_CLONES float dot(const float* a, const float* b, int64_t n) {
+  Vec acc = {};
+  int64_t j = 0;
+  for (; j + kWide <= n; j += kWide) acc += b ? load<kWide>(a + j) * load<kWide>(b + j) : load<kWide>(a + j);
+  float s = lane_sum(acc);
+  for (; j < n; ++j) s += b ? a[j] * b[j] : a[j];
+  return s;
+}
+
+// R query rows at a time: each load of kᵀ, v or a gradient row serves R rows (R running sums in flight), where one
+// row at a time left the loops waiting on loads and on each FMA's predecessor.
+constexpr int64_t kRows = 4;
+
+// out[r][0, W) = scale[r] · Σ_i a[r·inner + i] · b[i·cols, +W) for r < R.
+template <int64_t R, int64_t W>
+MOH_INLINE_INTO_CLONES void product_block(const float* a, const float* b, float* out, int64_t inner, int64_t cols,
+                                          const float* scale) {
+  typename Lanes<W>::type acc[R] = {};
+  for (int64_t i = 0; i < inner; ++i) {
+    const typename Lanes<W>::type bv = load<W>(b + i * cols);
+    for (int64_t r = 0; r < R; ++r) acc[r] += a[r * inner + i] * bv;
+  }
+  for (int64_t r = 0; r < R; ++r) store<W>(out + r * cols, acc[r] * scale[r]);
+}
+
+// out (R, cols) = diag(scale) · a (R, inner) · b (inner, cols): R query rows' scores against kᵀ (inner = d), or R
+// rows of probabilities times v (inner = nk).
+template <int64_t R>
+MOH_INLINE_INTO_CLONES void rows_product(const float* a, const float* b, float* out, int64_t inner, int64_t cols,
+                                         const float* scale) {
+  int64_t j = 0;
+  for (; j + kWide <= cols; j += kWide) product_block<R, kWide>(a, b + j, out + j, inner, cols, scale);
+  for (; j + kNarrow <= cols; j += kNarrow) product_block<R, kNarrow>(a, b + j, out + j, inner, cols, scale);
+  for (; j + kQuarter <= cols; j += kQuarter) product_block<R, kQuarter>(a, b + j, out + j, inner, cols, scale);
+  for (; j < cols; ++j)
+    for (int64_t r = 0; r < R; ++r) {
+      float acc = 0.f;
+      for (int64_t i = 0; i < inner; ++i) acc += a[r * inner + i] * b[i * cols + j];
+      out[r * cols + j] = acc * scale[r];
+    }
+}
+
+// row[0, W) += Σ_r a[r] · w[r·nk, +W).
+template <int64_t R, int64_t W>
+MOH_INLINE_INTO_CLONES void add_block(const float* a, const float* w, float* row, int64_t nk) {
+  typename Lanes<W>::type tv = load<W>(row);
+  for (int64_t r = 0; r < R; ++r) tv += a[r] * load<W>(w + r * nk);
+  store<W>(row, tv);
+}
+
+// t (d, nk) += scale · x (R, d)ᵀ · w (R, nk): each element of t read and written once per R rows.
+template <int64_t R>
+MOH_INLINE_INTO_CLONES void rows_add_outer(const float* x, const float* w, float* t, int64_t nk, int64_t d,
+                                           float scale) {
+  for (int64_t c = 0; c < d; ++c) {
+    float a[R];
+    for (int64_t r = 0; r < R; ++r) a[r] = x[r * d + c] * scale;
+    float* row = t + c * nk;
+    int64_t j = 0;
+    for (; j + kWide <= nk; j += kWide) add_block<R, kWide>(a, w + j, row + j, nk);
+    for (; j + kQuarter <= nk; j += kQuarter) add_block<R, kQuarter>(a, w + j, row + j, nk);
+    for (; j < nk; ++j)
+      for (int64_t r = 0; r < R; ++r) row[j] += a[r] * w[r * nk + j];
+  }
+}
+
+// Rows [i, i + R) of the forward: p (R, nk) scratch.
+template <int64_t R>
+MOH_INLINE_INTO_CLONES void forward_rows(const float* q, const float* kt, const float* v, float* o, float* lse,
+                                         int64_t nk, int64_t d, float scale, float* p) {
+  float scales[R], inv[R];
+  std::fill(scales, scales + R, scale);
+  rows_product<R>(q, kt, p, d, nk, scales);
+  for (int64_t r = 0; r < R; ++r) {
+    float* pr = p + r * nk;
+    const float m = max_of(pr, nk);
+    for (int64_t j = 0; j < nk; ++j) pr[j] = simd::exp_clamped(pr[j] - m);
+    const float l = dot(pr, nullptr, nk);
+    inv[r] = 1.f / l;
+    lse[r] = m + std::log(l);
+  }
+  rows_product<R>(p, v, o, nk, d, inv);
+}
+
+// Rows [i, i + R) of the backward (see backward below): p and ds (R, nk) scratch each.
+template <int64_t R>
+MOH_INLINE_INTO_CLONES void backward_rows(const float* q, const float* k, const float* kt, const float* vt,
+                                          const float* dout, const float* lse, float* dq, float* dkt, float* dvt,
+                                          int64_t nk, int64_t d, float scale, float* p, float* ds) {
+  float scales[R], ones[R];
+  std::fill(scales, scales + R, scale);
+  std::fill(ones, ones + R, 1.f);
+  rows_product<R>(q, kt, p, d, nk, scales);
+  rows_product<R>(dout, vt, ds, d, nk, ones);
+  for (int64_t r = 0; r < R; ++r) {
+    float *pr = p + r * nk, *dr = ds + r * nk;
+    for (int64_t j = 0; j < nk; ++j) pr[j] = simd::exp_clamped(pr[j] - lse[r]);
+    const float pd = dot(pr, dr, nk);
+    for (int64_t j = 0; j < nk; ++j) dr[j] = pr[j] * (dr[j] - pd);
+  }
+  rows_product<R>(ds, k, dq, nk, d, scales);
+  rows_add_outer<R>(q, ds, dkt, nk, d, scale);
+  rows_add_outer<R>(dout, p, dvt, nk, d, 1.f);
+}
+
+// A stored element as fp32 and back: fp32 as is, bf16 (its raw bits) widened exactly and rounded to nearest even.
+MOH_INLINE_INTO_CLONES float widen(float x) {
+  return x;
+}
+MOH_INLINE_INTO_CLONES float widen(uint16_t x) {
+  return simd::bf16_to_float(x);
+}
+template <class T>
+MOH_INLINE_INTO_CLONES T narrow(float x) {
+  if constexpr (std::is_same_v<T, float>)
+    return x;
+  else
+    return simd::float_to_bf16(x);
+}
+template <class T>
+MOH_INLINE_INTO_CLONES void widen_all(const T* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = widen(x[i]);
+}
+template <class T>
+MOH_INLINE_INTO_CLONES void narrow_all(const float* x, T* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = narrow<T>(x[i]);
+}
+// a (rows, cols) → t (cols, rows), both row-major, converted on the way.
+template <class A, class B>
+MOH_INLINE_INTO_CLONES void transpose(const A* a, B* t, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) t[c * rows + r] = narrow<B>(widen(a[r * cols + c]));
+}
+
+template <class T>
+MOH_INLINE_INTO_CLONES void forward_group(const T* q, const T* k, const T* v, T* o, float* lse, int64_t n, int64_t nk,
+                                          int64_t d, float scale, float* scratch) {
+  float *kt = scratch, *vf = kt + d * nk;                                // kᵀ (d, nk), v (nk, d)
+  float *p = vf + nk * d, *qr = p + kRows * nk, *orow = qr + kRows * d;  // (R, nk): scores, then e^(s − max)
+  transpose(k, kt, nk, d);
+  widen_all(v, vf, nk * d);
+  for (int64_t i = 0; i < n;) {
+    const int64_t rows = i + kRows <= n ? kRows : 1;
+    widen_all(q + i * d, qr, rows * d);
+    if (rows == kRows)
+      forward_rows<kRows>(qr, kt, vf, orow, lse + i, nk, d, scale, p);
+    else
+      forward_rows<1>(qr, kt, vf, orow, lse + i, nk, d, scale, p);
+    narrow_all(orow, o + i * d, rows * d);
+    i += rows;
+  }
+}
+
+// With p = e^(s − lse) a row's probabilities and dp = dout_i · vᵀ: ds = p ⊙ (dp − Σ_j p dp) (softmax's backward,
+// the sum standing for dout_i · o_i), dq_i = scale · ds · k, dk += scale · ds ⊗ q_i, dv += p ⊗ dout_i.
+template <class T>
+MOH_INLINE_INTO_CLONES void backward_group(const T* q, const T* k, const T* v, const T* dout, const float* lse, T* dq,
+                                           T* dk, T* dv, int64_t n, int64_t nk, int64_t d, float scale,
+                                           float* scratch) {
+  float *kt = scratch, *vt = kt + d * nk, *kf = vt + d * nk, *dkt = kf + d * nk, *dvt = dkt + d * nk;
+  float *p = dvt + d * nk, *ds = p + kRows * nk;                             // (R, nk) each
+  float *qr = ds + kRows * nk, *gr = qr + kRows * d, *dqr = gr + kRows * d;  // (R, d) each
+  transpose(k, kt, nk, d);
+  transpose(v, vt, nk, d);
+  widen_all(k, kf, nk * d);
+  std::fill(dkt, dkt + 2 * d * nk, 0.f);
+  for (int64_t i = 0; i < n;) {
+    const int64_t rows = i + kRows <= n ? kRows : 1;
+    widen_all(q + i * d, qr, rows * d);
+    widen_all(dout + i * d, gr, rows * d);
+    if (rows == kRows)
+      backward_rows<kRows>(qr, kf, kt, vt, gr, lse + i, dqr, dkt, dvt, nk, d, scale, p, ds);
+    else
+      backward_rows<1>(qr, kf, kt, vt, gr, lse + i, dqr, dkt, dvt, nk, d, scale, p, ds);
+    narrow_all(dqr, dq + i * d, rows * d);
+    i += rows;
+  }
+  transpose(dkt, dk, d, nk);
+  transpose(dvt, dv, d, nk);
+}
+
+}  // namespace
+
+int64_t forward_scratch(int64_t nk, int64_t d) {
+  return 2 * d * nk + kRows * nk + 2 * kRows * d;
+}
+int64_t backward_scratch(int64_t nk, int64_t d) {
+  return 5 * d * nk + 2 * kRows * nk + 3 * kRows * d;
+}
+
+MOH_CPU_CLONES void forward(const float* q, const float* k, const float* v, float* o, float* lse, int64_t n, int64_t nk,
+                            int64_t d, float scale, float* scratch) {
+  forward_group(q, k, v, o, lse, n, nk, d, scale, scratch);
+}
+MOH_CPU_CLONES void forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* o, float* lse, int64_t n,
+                            int64_t nk, int64_t d, float scale, float* scratch) {
+  forward_group(q, k, v, o, lse, n, nk, d, scale, scratch);
+}
+
+MOH_CPU_CLONES void backward(const float* q, const float* k, const float* v, const float* dout, const float* lse,
+                             float* dq, float* dk, float* dv, int64_t n, int64_t nk, int64_t d, float scale,
+                             float* scratch) {
+  backward_group(q, k, v, dout, lse, dq, dk, dv, n, nk, d, scale, scratch);
+}
+MOH_CPU_CLONES void backward(const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* dout,
+                             const float* lse, uint16_t* dq, uint16_t* dk, uint16_t* dv, int64_t n, int64_t nk,
+                             int64_t d, float scale, float* scratch) {
+  backward_group(q, k, v, dout, lse, dq, dk, dv, n, nk, d, scale, scratch);
+}
+
+}  // namespace attention_kernels
+
+namespace {
+
+// The operands' storage: bf16 when all three are, else fp32.
+at::ScalarType storage_type(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const bool bf16 =
+      q.scalar_type() == at::kBFloat16 && k.scalar_type() == at::kBFloat16 && v.scalar_type() == at::kBFloat16;
+  return bf16 ? at::kBFloat16 : at::kFloat;
+}
+
+// x (..., rows, d) as (G, rows, d) in `type`, contiguous (x itself when it already is).
+at::Tensor as_groups(const at::Tensor& x, at::ScalarType type) {
+  const bool ready = x.scalar_type() == type && x.is_contiguous();
+  const at::Tensor f = ready ? x : at::empty(x.sizes(), x.options().dtype(type)).copy_(x);  // one copy
+  return f.view({-1, x.size(-2), x.size(-1)});
+}
+
+// body(g, scratch) for every group g in [0, groups), in parallel, each thread with its own scratch of `floats`.
+void for_groups(int64_t groups, int64_t floats, const std::function<void(int64_t, float*)>& body) {
+  at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch(static_cast<size_t>(floats));
+    for (int64_t g = begin; g < end; ++g) body(g, scratch.data());
+  });
+}
+
+// fp32 tensors as float*, bf16 ones as their raw bits.
+template <class T>
+const T* elements(const at::Tensor& t) {
+  return static_cast<const T*>(t.data_ptr());
+}
+template <class T>
+T* elements_mut(at::Tensor& t) {
+  return static_cast<T*>(t.data_ptr());
+}
+
+template <class T>
+void forward_groups(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o, at::Tensor& lse,
+                    float scale) {
+  const int64_t G = q.size(0), n = q.size(1), nk = k.size(1), d = q.size(2);
+  const T *qp = elements<T>(q), *kp = elements<T>(k), *vp = elements<T>(v);
+  T* op = elements_mut<T>(o);
+  float* lp = lse.data_ptr<float>();
+  for_groups(G, attention_kernels::forward_scratch(nk, d), [&](int64_t g, float* scratch) {
+    attention_kernels::forward(qp + g * n * d, kp + g * nk * d, vp + g * nk * d, op + g * n * d, lp + g * n, n, nk, d,
+                               scale, scratch);
+  });
+}
+
+template <class T>
+void backward_groups(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout,
+                     const at::Tensor& lse, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, float scale) {
+  const int64_t G = q.size(0), n = q.size(1), nk = k.size(1), d = q.size(2);
+  const T *qp = elements<T>(q), *kp = elements<T>(k), *vp = elements<T>(v), *gp = elements<T>(dout);
+  T *dqp = elements_mut<T>(dq), *dkp = elements_mut<T>(dk), *dvp = elements_mut<T>(dv);
+  const float* lp = lse.data_ptr<float>();
+  for_groups(G, attention_kernels::backward_scratch(nk, d), [&](int64_t g, float* scratch) {
+    const int64_t qo = g * n * d, ko = g * nk * d;
+    attention_kernels::backward(qp + qo, kp + ko, vp + ko, gp + qo, lp + g * n, dqp + qo, dkp + ko, dvp + ko, n, nk, d,
+                                scale, scratch);
+  });
+}
+
+struct AttentionCpu : torch::autograd::Function<AttentionCpu> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, double scale) {
+    const at::ScalarType type = storage_type(q, k, v);
+    const at::Tensor qg = as_groups(q, type), kg = as_groups(k, type), vg = as_groups(v, type);  // (G, n|nk, d)
+    at::Tensor o = at::empty_like(qg), lse = at::empty({qg.size(0), qg.size(1)}, qg.options().dtype(at::kFloat));
+    if (type == at::kBFloat16)
+      forward_groups<uint16_t>(qg, kg, vg, o, lse, static_cast<float>(scale));
+    else
+      forward_groups<float>(qg, kg, vg, o, lse, static_cast<float>(scale));
+    ctx->save_for_backward({q, k, v, lse});
+    ctx->saved_data["scale"] = scale;
+    return o.view(q.sizes());
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &lse = saved[3];
+    const at::ScalarType type = storage_type(q, k, v);
+    const at::Tensor qg = as_groups(q, type), kg = as_groups(k, type), vg = as_groups(v, type);
+    const at::Tensor gg = as_groups(grads[0], type);
+    at::Tensor dq = at::empty_like(qg), dk = at::empty_like(kg), dv = at::empty_like(vg);
+    const auto scale = static_cast<float>(ctx->saved_data["scale"].toDouble());
+    if (type == at::kBFloat16)
+      backward_groups<uint16_t>(qg, kg, vg, gg, lse, dq, dk, dv, scale);
+    else
+      backward_groups<float>(qg, kg, vg, gg, lse, dq, dk, dv, scale);
+    return {dq.view(q.sizes()).to(q.scalar_type()), dk.view(k.sizes()).to(k.scalar_type()),
+            dv.view(v.sizes()).to(v.scalar_type()), at::Tensor()};
+  }
+};
+
+bool cpu_float(const at::Tensor& t) {
+  return t.defined() && t.device().is_cpu() && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16);
+}
+
+}  // namespace
+
+bool attention_cpu_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  if (!cpu_float(q) || !cpu_float(k) || !cpu_float(v) || q.dim() < 2 || q.dim() != k.dim() || k.dim() != v.dim())
+    return false;
+  for (int64_t i = 0; i + 2 < q.dim(); ++i)
+    if (q.size(i) != k.size(i) || k.size(i) != v.size(i)) return false;
+  const int64_t d = q.size(-1);
+  return k.size(-1) == d && v.size(-1) == d && v.size(-2) == k.size(-2) && d <= kMaxHeadDim && q.numel() > 0 &&
+         k.numel() > 0;
+}
+
+bool attention_cpu_pays(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const bool fp32 = q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat;
+  return attention_cpu_applies(q, k, v) && fp32 && q.size(-1) <= 16 && k.size(-2) >= 128;
+}
+
+at::Tensor attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
+  TORCH_CHECK(attention_cpu_applies(q, k, v), "attention_cpu: CPU fp32/bf16 q (..., Nq, d), k and v (..., Nk, d)");
+  return AttentionCpu::apply(q, k, v, scale);
+}
+
+}  // namespace moh::nn

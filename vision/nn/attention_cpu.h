@@ -1,0 +1,50 @@
+// The attention core softmax(q kᵀ · scale) v on a CPU in one pass per query row, forward and backward, for LibTorch
+// builds without a fused CPU attention (1.13): the plain path writes the (B, h, N, N) scores and probabilities to
+// memory and reads them back in backward, and at the small head widths of the pixel DiTs its batched products run
+// far below the machine's rate. Here each query row's scores stay in a buffer of N floats, the probabilities are
+// recomputed in backward from the saved log-sum-exp (as flash attention does), and all arithmetic is fp32 whatever
+// the storage type: bf16 outputs and gradients are the fp32 values rounded once. attend_plain (attention_core.cpp)
+// is the reference; tests/vision/nn/test_attention_cpu.cpp compares the two against fp64.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace moh::nn {
+
+/// softmax(q kᵀ · scale) v for CPU tensors q (..., Nq, d), k (..., Nk, d), v (..., Nk, d) with equal leading sizes,
+/// fp32 or bf16 (the result in their common type; fp32 when they differ); differentiable in q, k and v.
+at::Tensor attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale);
+
+/// Widest head attention_cpu takes (its loops keep a row of d floats per operand; the models use 16 to 128).
+constexpr int64_t kMaxHeadDim = 256;
+
+/// Where attend() runs attention_cpu (LibTorch 1.13, `fused`): where it applies and was measured faster than the
+/// plain path in a training step: fp32 operands, heads of at most 16 dims, at least 128 keys (the pixel DiT /2's
+/// 196 tokens of 16 dims: 0.77x the step). In bf16 (OpenBLAS's bf16 products) and at 49 tokens or 64-dim heads it was
+/// level or slower (docs/BENCHMARKS.md, "Attention core on a CPU").
+bool attention_cpu_pays(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+
+/// Whether attention_cpu takes these operands (CPU, fp32 / bf16, equal leading sizes, v as wide as k, d <=
+/// kMaxHeadDim).
+bool attention_cpu_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+
+namespace attention_kernels {
+/// Floats of scratch each call below needs.
+int64_t forward_scratch(int64_t nk, int64_t d);
+int64_t backward_scratch(int64_t nk, int64_t d);
+/// One (batch, head) group, row-major, fp32 or bf16 (its raw bits; the arithmetic in fp32 either way): q (n, d), k
+/// and v (nk, d) → o (n, d) and the rows' log-sum-exp (n, fp32).
+void forward(const float* q, const float* k, const float* v, float* o, float* lse, int64_t n, int64_t nk, int64_t d,
+             float scale, float* scratch);
+void forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* o, float* lse, int64_t n, int64_t nk,
+             int64_t d, float scale, float* scratch);
+/// Its gradients from dout (n, d) and the forward's lse: dq (n, d), dk and dv (nk, d), all overwritten.
+void backward(const float* q, const float* k, const float* v, const float* dout, const float* lse, float* dq, float* dk,
+              float* dv, int64_t n, int64_t nk, int64_t d, float scale, float* scratch);
+void backward(const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* dout, const float* lse,
+              uint16_t* dq, uint16_t* dk, uint16_t* dv, int64_t n, int64_t nk, int64_t d, float scale, float* scratch);
+}  // namespace attention_kernels
+
+}  // namespace moh::nn
