@@ -83,7 +83,9 @@ fid_cases() {
 estimate_ratio() {  # name, processes, then moh train arguments
   local name=$1 processes=$2 dir="$tmp/est_$1"
   shift 2
-  if ! "$MOH" train "$@" --set train.processes="$processes" --set train.max_steps=3 --run-dir "$dir" >"$dir.log" 2>&1; then
+  # verbose: the check's measured batches, printed with a failure.
+  if ! MOH_MEMORY_CHECK=verbose "$MOH" train "$@" --set train.processes="$processes" --set train.max_steps=3 \
+    --run-dir "$dir" >"$dir.log" 2>&1; then
     bad "$name: $(tail -2 "$dir.log")"
     return
   fi
@@ -92,7 +94,7 @@ estimate_ratio() {  # name, processes, then moh train arguments
   if [ -n "$line" ] && echo "$line" | awk '{ r = $8 / $3; printf "%.2f", r > "/dev/stderr"; exit !(r >= 0.67 && r <= 1.5) }' \
     2>"$dir.ratio"; then
     ok "$name: estimate / peak $(cat "$dir.ratio"): $line"
-  else bad "$name: estimate / peak $(cat "$dir.ratio" 2>/dev/null) (want 0.67 to 1.5): $line $(tail -2 "$dir.log")"; fi
+  else bad "$name: estimate / peak $(cat "$dir.ratio" 2>/dev/null) (want 0.67 to 1.5): $line $(grep '^memory check:' "$dir.log")"; fi
 }
 ratio_cases() {
   estimate_ratio dit_pixel_64 1 $DIT
