@@ -144,11 +144,17 @@ constexpr double kMiB = 1024.0 * 1024.0;
 constexpr size_t kMaxProbePoints = 6;
 constexpr int64_t kReach = int64_t{1} << (kMaxProbePoints - 1);
 
+// How a step is measured: at its first call only (a step too slow to run twice), or at its second. Every batch of one
+// check is measured the same way: the first call allocates state that later calls find in place (an optimizer's
+// moments), and a line through one batch measured at its first call and another at its second would rise by it.
+enum class Calls { decide, first, second };
+
 // One measured step: its peak memory (bytes) and its seconds, the step built first (model, optimizer, inputs).
 struct ProbePoint {
   int64_t batch = 0;
   double peak = 0, seconds = 0;
   double tensors = -1;  // the peak of the step's own CPU tensors (core/tensor_count.h); -1: not counted
+  Calls calls{};        // the call measured
 };
 
 // A step's peak memory and, where counted, the peak of its own tensors.
@@ -169,18 +175,18 @@ double step_clock(const c10::Device& device) {
 }
 
 ProbePoint probe_point(const std::function<std::function<void()>(int64_t)>& build, int64_t batch,
-                       const c10::Device& device, double step_seconds, const ReadPeaks& read) {
+                       const c10::Device& device, double step_seconds, const ReadPeaks& read, Calls calls) {
   const std::function<void()> step = build(batch);
   double start = step_clock(device);
   Peaks peaks = read(step);
-  const ProbePoint first{batch, peaks.memory, step_clock(device) - start, peaks.tensors};
-  if (first.seconds > step_seconds / 2) return first;
+  const ProbePoint first{batch, peaks.memory, step_clock(device) - start, peaks.tensors, Calls::first};
+  if (calls == Calls::first || (calls == Calls::decide && first.seconds > step_seconds / 2)) return first;
   // A short step is measured again: the first allocates what every later step finds in place (the optimizer's
   // state, the thread pools' and the BLAS's buffers), which at a few samples outweighs the activations; a run's peak
   // is its activations on top of all that.
   start = step_clock(device);
   peaks = read(step);
-  return {batch, peaks.memory, step_clock(device) - start, peaks.tensors};
+  return {batch, peaks.memory, step_clock(device) - start, peaks.tensors, Calls::second};
 }
 
 // The line through two points, its slope the growth of the step's own tensors where they were counted: over a few
@@ -215,27 +221,32 @@ MemoryNeed measure_memory_need(const std::function<std::function<void()>(int64_t
   // b2, and the two largest batches give the line: at a few samples a step's peak is its optimizer phase (gradients,
   // the AdamW state, the EMA), which does not grow with the batch, and what the heap already holds absorbs small
   // activations, so a line through small batches is too flat (docs/BENCHMARKS.md).
-  std::vector<ProbePoint> points{probe_point(build, b1, device, step_seconds, read)};
+  auto at = [&](int64_t batch, Calls calls) { return probe_point(build, batch, device, step_seconds, read, calls); };
+  std::vector<ProbePoint> points{at(b1, Calls::decide)};
   if (b1 > 1 && b2 > b1 && 2 * points[0].seconds > step_seconds) {
     // A step already too slow to double (a large image, a large model): the second point is half its batch, so that
     // the refusal of a run far too large comes in 1.5 such steps rather than 3. At such sizes the activations
     // outweigh the optimizer phase even at one or two samples.
-    const ProbePoint half = probe_point(build, b1 / 2, device, step_seconds, read);
+    ProbePoint half = at(b1 / 2, points[0].calls);
     // The process's first step also pays one-time set-up (LibTorch 2.x: 2.2 s at batch 2 for a 60-ms step): when
     // half the batch is fast, b1 is measured again and, fast too, doubled as any short step.
-    if (4 * half.seconds <= step_seconds) points[0] = probe_point(build, b1, device, step_seconds, read);
-    if (2 * points[0].seconds > step_seconds) points.insert(points.begin(), half);
+    if (4 * half.seconds <= step_seconds) points[0] = at(b1, Calls::decide);
+    if (2 * points[0].seconds > step_seconds) {
+      if (half.calls != points[0].calls) half = at(b1 / 2, points[0].calls);
+      points.insert(points.begin(), half);
+    }
   }
   while (points.back().batch < b2 && points.size() < kMaxProbePoints &&
          (points.size() < 2 || 2 * points.back().seconds <= step_seconds))
-    points.push_back(probe_point(build, std::min(2 * points.back().batch, b2), device, step_seconds, read));
+    points.push_back(at(std::min(2 * points.back().batch, b2), points[0].calls));
   if (memory_check_verbose()) {
     std::string line = "memory check:";
     for (const ProbePoint& p : points)
       line += " batch " + std::to_string(p.batch) + " " + std::to_string(static_cast<int64_t>(p.peak / kMiB)) +
               " MiB (" +
               (p.tensors >= 0 ? "tensors " + std::to_string(static_cast<int64_t>(p.tensors / kMiB)) + " MiB, " : "") +
-              std::to_string(static_cast<int64_t>(p.seconds * 1000)) + " ms)";
+              std::to_string(static_cast<int64_t>(p.seconds * 1000)) + " ms, call " +
+              (p.calls == Calls::first ? "1" : "2") + ")";
     std::cerr << line << "\n";
   }
   if (points.size() == 1) return {points[0].peak, 0};

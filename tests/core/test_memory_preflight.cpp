@@ -91,6 +91,38 @@ TEST(MemoryCheck, AFirstStepSlowedBySetUpIsMeasuredAgainAndDoubled) {
   expect_slope_of_one_block(need);
 }
 
+// Burns `seconds` of CPU time per intra-op thread (the check's clock): a step slowed by a loaded machine.
+void burn_cpu(double seconds) {
+  const std::clock_t start = std::clock();
+  const double per_thread = static_cast<double>(CLOCKS_PER_SEC) * std::max(1, at::get_num_threads());
+  while (static_cast<double>(std::clock() - start) / per_thread < seconds) g_sink = static_cast<char>(g_sink + 1);
+}
+
+// Every batch is measured the same way, whatever its step's time: a step's first call allocates state that later
+// calls find in place (an optimizer's moments: here 6 blocks, kept by the built step), so a line through a step
+// measured at its second call and one measured at its first would rise by that state too. Here the first call at
+// batch 8 is slowed (as another test's load once slowed a CI run's largest probe step), which used to end the
+// measurement at that first call: a slope of 2.5 blocks per sample (a run that fits, refused: 2 × 16.4 GiB estimated
+// for a 16-px latent DiT beside ctest's other tests).
+TEST(MemoryCheck, EveryBatchIsMeasuredAtTheSameCallOfItsStep) {
+  std::vector<int64_t> built;
+  const auto touch = touching(built);
+  auto build = [&](int64_t batch) {
+    auto state = std::make_shared<at::Tensor>();
+    std::function<void()> step = touch(batch);
+    return std::function<void()>([step, state, batch] {
+      if (!state->defined()) {
+        *state = at::ones({6 * static_cast<int64_t>(kBlock)}, at::kByte);
+        if (batch == 8) burn_cpu(0.8);
+      }
+      step();
+    });
+  };
+  const MemoryNeed need = measure_memory_need(build, 2, 8, c10::Device(c10::kCPU), /*step_seconds=*/1.2);
+  EXPECT_EQ(built, (std::vector<int64_t>{2, 4, 8}));
+  expect_slope_of_one_block(need);
+}
+
 // The line's slope is the growth of the step's own tensors, not of the resident set, which rises only by what the
 // heap could not absorb: here the tensors are never written, so the resident set hardly moves.
 TEST(MemoryCheck, TheSlopeIsTheGrowthOfTheStepsTensors) {
