@@ -206,6 +206,47 @@ bool memory_check_verbose() {
   return v && std::string(v) == "verbose";
 }
 
+// Whether a line through two steps measured at their first calls shows the activations: a first call's peak is the
+// larger of its activations and its optimizer phase, which allocates the optimizer's state (2 × the parameters for
+// AdamW); while that phase dominates, the peaks hardly rise with the batch whatever the activations do (MoH-ViT-Nano
+// at 28 px: 30 MiB of tensors at one image and at two, where its second calls rise by 2.3 MiB per image). The
+// activations show when the rise is at least a quarter of the larger peak (MoH-ViT-Nano at 224 px: 466 → 855 MiB).
+bool activations_show(const ProbePoint& small, const ProbePoint& large) {
+  const bool counted = small.tensors >= 0 && large.tensors >= 0;
+  const double lo = counted ? small.tensors : small.peak, hi = counted ? large.tensors : large.peak;
+  return 4 * (hi - lo) >= hi;
+}
+
+using ProbeAt = std::function<ProbePoint(int64_t batch, Calls calls)>;
+
+// The first points: b1, or, when its step is already too slow to double (a large image, a large model), half its
+// batch and b1, so that the refusal of a run far too large comes in 1.5 such steps rather than 3. At such sizes the
+// activations outweigh the optimizer phase even at one or two samples; where they do not (a small model's step slowed
+// by the process's set-up or by a loaded machine), both are measured again at their second calls.
+std::vector<ProbePoint> first_points(const ProbeAt& at, int64_t b1, int64_t b2, double step_seconds) {
+  std::vector<ProbePoint> points{at(b1, Calls::decide)};
+  if (b1 <= 1 || b2 <= b1 || 2 * points[0].seconds <= step_seconds) return points;
+  ProbePoint half = at(b1 / 2, points[0].calls);
+  // The process's first step also pays one-time set-up (LibTorch 2.x: 2.2 s at batch 2 for a 60-ms step): when
+  // half the batch is fast, b1 is measured again and, fast too, doubled as any short step.
+  if (4 * half.seconds <= step_seconds) points[0] = at(b1, Calls::decide);
+  if (2 * points[0].seconds <= step_seconds) return points;
+  if (half.calls != points[0].calls) half = at(b1 / 2, points[0].calls);
+  if (points[0].calls == Calls::first && !activations_show(half, points[0]))
+    return {at(b1 / 2, Calls::second), at(b1, Calls::second)};
+  return {half, points[0]};
+}
+
+void print_points(const std::vector<ProbePoint>& points) {
+  std::string line = "memory check:";
+  for (const ProbePoint& p : points)
+    line += " batch " + std::to_string(p.batch) + " " + std::to_string(static_cast<int64_t>(p.peak / kMiB)) + " MiB (" +
+            (p.tensors >= 0 ? "tensors " + std::to_string(static_cast<int64_t>(p.tensors / kMiB)) + " MiB, " : "") +
+            std::to_string(static_cast<int64_t>(p.seconds * 1000)) + " ms, call " +
+            (p.calls == Calls::first ? "1" : "2") + ")";
+  std::cerr << line << "\n";
+}
+
 }  // namespace
 
 MemoryNeed measure_memory_need(const std::function<std::function<void()>(int64_t)>& build, int64_t b1, int64_t b2,
@@ -221,34 +262,14 @@ MemoryNeed measure_memory_need(const std::function<std::function<void()>(int64_t
   // b2, and the two largest batches give the line: at a few samples a step's peak is its optimizer phase (gradients,
   // the AdamW state, the EMA), which does not grow with the batch, and what the heap already holds absorbs small
   // activations, so a line through small batches is too flat (docs/BENCHMARKS.md).
-  auto at = [&](int64_t batch, Calls calls) { return probe_point(build, batch, device, step_seconds, read, calls); };
-  std::vector<ProbePoint> points{at(b1, Calls::decide)};
-  if (b1 > 1 && b2 > b1 && 2 * points[0].seconds > step_seconds) {
-    // A step already too slow to double (a large image, a large model): the second point is half its batch, so that
-    // the refusal of a run far too large comes in 1.5 such steps rather than 3. At such sizes the activations
-    // outweigh the optimizer phase even at one or two samples.
-    ProbePoint half = at(b1 / 2, points[0].calls);
-    // The process's first step also pays one-time set-up (LibTorch 2.x: 2.2 s at batch 2 for a 60-ms step): when
-    // half the batch is fast, b1 is measured again and, fast too, doubled as any short step.
-    if (4 * half.seconds <= step_seconds) points[0] = at(b1, Calls::decide);
-    if (2 * points[0].seconds > step_seconds) {
-      if (half.calls != points[0].calls) half = at(b1 / 2, points[0].calls);
-      points.insert(points.begin(), half);
-    }
-  }
+  const ProbeAt at = [&](int64_t batch, Calls calls) {
+    return probe_point(build, batch, device, step_seconds, read, calls);
+  };
+  std::vector<ProbePoint> points = first_points(at, b1, b2, step_seconds);
   while (points.back().batch < b2 && points.size() < kMaxProbePoints &&
          (points.size() < 2 || 2 * points.back().seconds <= step_seconds))
     points.push_back(at(std::min(2 * points.back().batch, b2), points[0].calls));
-  if (memory_check_verbose()) {
-    std::string line = "memory check:";
-    for (const ProbePoint& p : points)
-      line += " batch " + std::to_string(p.batch) + " " + std::to_string(static_cast<int64_t>(p.peak / kMiB)) +
-              " MiB (" +
-              (p.tensors >= 0 ? "tensors " + std::to_string(static_cast<int64_t>(p.tensors / kMiB)) + " MiB, " : "") +
-              std::to_string(static_cast<int64_t>(p.seconds * 1000)) + " ms, call " +
-              (p.calls == Calls::first ? "1" : "2") + ")";
-    std::cerr << line << "\n";
-  }
+  if (memory_check_verbose()) print_points(points);
   if (points.size() == 1) return {points[0].peak, 0};
   return line_through(points[points.size() - 2], points.back());
 }
