@@ -69,6 +69,13 @@ TEST(MemoryCheck, ASlowFirstStepIsPairedWithHalfItsBatch) {
   expect_slope_of_one_block(need);
 }
 
+// Burns `seconds` of CPU time per intra-op thread (the check's clock): a step slowed by a loaded machine.
+void burn_cpu(double seconds) {
+  const std::clock_t start = std::clock();
+  const double per_thread = static_cast<double>(CLOCKS_PER_SEC) * std::max(1, at::get_num_threads());
+  while (static_cast<double>(std::clock() - start) / per_thread < seconds) g_sink = static_cast<char>(g_sink + 1);
+}
+
 // A first step slowed by one-time set-up (its CPU time per intra-op thread, as the check counts it, above the limit)
 // is measured again once half its batch proves fast, and then doubled as a short step.
 TEST(MemoryCheck, AFirstStepSlowedBySetUpIsMeasuredAgainAndDoubled) {
@@ -78,24 +85,13 @@ TEST(MemoryCheck, AFirstStepSlowedBySetUpIsMeasuredAgainAndDoubled) {
   auto build = [&](int64_t batch) {
     std::function<void()> step = touch(batch);
     return std::function<void()>([step, &first] {
-      if (std::exchange(first, false)) {
-        const std::clock_t start = std::clock();
-        const double per_thread = static_cast<double>(CLOCKS_PER_SEC) * std::max(1, at::get_num_threads());
-        while (static_cast<double>(std::clock() - start) / per_thread < 0.8) g_sink = static_cast<char>(g_sink + 1);
-      }
+      if (std::exchange(first, false)) burn_cpu(0.8);
       step();
     });
   };
   const MemoryNeed need = measure_memory_need(build, 2, 8, c10::Device(c10::kCPU), /*step_seconds=*/1.2);
   EXPECT_EQ(built, (std::vector<int64_t>{2, 1, 2, 4, 8}));
   expect_slope_of_one_block(need);
-}
-
-// Burns `seconds` of CPU time per intra-op thread (the check's clock): a step slowed by a loaded machine.
-void burn_cpu(double seconds) {
-  const std::clock_t start = std::clock();
-  const double per_thread = static_cast<double>(CLOCKS_PER_SEC) * std::max(1, at::get_num_threads());
-  while (static_cast<double>(std::clock() - start) / per_thread < seconds) g_sink = static_cast<char>(g_sink + 1);
 }
 
 // build(batch) for a step of `touching` whose first call also allocates `blocks` blocks of state that later calls
