@@ -47,8 +47,7 @@ int cmd_extract_latents(int argc, char** argv) {
   o.keep_images = args.count("keep-images") > 0;
   o.channel_stats = spec.channel_stats;
   RunContext ctx = RunContext::create(args["device"].as<std::string>(), Precision::fp32, 0);
-  diffusion::AutoencoderKL vae = diffusion::make_vae(cfg.diffusion.vae);
-  diffusion::load_vae_weights(vae, cfg.diffusion.vae_weights, spec.weights_hint);
+  diffusion::AutoencoderKL vae = diffusion::load_vae(cfg.diffusion.vae, cfg.diffusion.vae_weights, spec.weights_hint);
   const datasets::LatentMeta meta = experiments::extract_latents(cfg, vae, cfg.diffusion.vae_weights, o, ctx);
   std::cout << "wrote " << o.out << ": " << meta.count << " images in " << meta.num_shards() << " shards, latents "
             << meta.channels << "x" << meta.size << "x" << meta.size << (meta.images ? ", with the images" : "")

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <utility>
 
 #include "core/checkpoint.h"
 #include "core/error.h"
@@ -285,27 +286,73 @@ TensorMap diffusers_vae_tensors(const TensorMap& tensors, int64_t levels) {
   return ldm ? ldm_vae_tensors(tensors, levels) : normalize_vae_keys(tensors);
 }
 
-void load_vae_weights(AutoencoderKL& vae, const std::string& path, const std::string& source) {
-  if (!std::filesystem::is_regular_file(path)) throw UserError("vae weights " + path, "no such file", source);
-  const bool safetensors = path.size() > 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0;
-  TensorMap tensors;
-  if (safetensors) {
-    const SafetensorsReader reader(path);
-    const bool ldm = std::any_of(reader.entries().begin(), reader.entries().end(),
-                                 [](const auto& e) { return e.name.rfind("encoder.down.", 0) == 0; });
-    if (!ldm) return load_module_file(*vae, path, false, normalize_vae_key);  // one tensor in memory at a time
-    tensors = load_safetensors(path).tensors;
-  } else {
-    const TorchFile file = load_torch_file(path);
-    const bool nested = file.root->kind == PyValue::Kind::dict && file.root->get("state_dict");
-    tensors = torch_state_dict(file, nested ? "state_dict" : "", path);
+SdVaeOptions vae_options_from_shapes(const std::map<std::string, std::vector<int64_t>>& shapes, SdVaeOptions base,
+                                     const std::string& origin) {
+  std::vector<int64_t> widths;
+  for (size_t i = 0;; ++i) {
+    const auto it = shapes.find("encoder.down_blocks." + std::to_string(i) + ".resnets.0.conv1.weight");
+    if (it == shapes.end() || it->second.empty()) break;
+    widths.push_back(it->second[0]);  // (out, in, 3, 3)
   }
-  const auto levels = static_cast<int64_t>(vae->options.block_out_channels.size());
-  load_module_tensors(*vae, diffusers_vae_tensors(tensors, levels), path);
+  if (widths.empty()) return base;
+  const std::string what = "vae weights " + origin;
+  if (widths.size() != base.block_out_channels.size())
+    throw UserError(what,
+                    "has " + std::to_string(widths.size()) + " encoder levels, this latent kind's autoencoder " +
+                        std::to_string(base.block_out_channels.size()),
+                    "set diffusion.vae to the kind these weights are");
+  for (const int64_t w : widths)
+    if (w <= 0 || w % kSdVaeGroups != 0)
+      throw UserError(what, "has a level of width " + std::to_string(w),
+                      "the widths must be multiples of the " + std::to_string(kSdVaeGroups) + " GroupNorm groups");
+  base.block_out_channels = widths;
+  return base;
 }
 
-void load_sd_vae(AutoencoderKL& vae, const std::string& path) {
-  load_vae_weights(vae, path, vae_spec(VaeKind::sd).weights_hint);
+SdVaeOptions vae_options_from_tensors(const TensorMap& named, SdVaeOptions base, const std::string& origin) {
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& [name, t] : named) shapes[name] = t.sizes().vec();
+  return vae_options_from_shapes(shapes, std::move(base), origin);
+}
+
+namespace {
+
+// A diffusers-named .safetensors file, read one tensor at a time; nullptr for LDM names (renamed in memory instead).
+AutoencoderKL load_diffusers_safetensors(const VaeSpec& spec, const std::string& path) {
+  const SafetensorsReader reader(path);
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& e : reader.entries()) {
+    if (e.name.rfind("encoder.down.", 0) == 0) return AutoencoderKL(nullptr);
+    shapes[normalize_vae_key(e.name)] = e.shape;
+  }
+  AutoencoderKL vae(vae_options_from_shapes(shapes, spec.options, path));
+  load_module_file(*vae, path, false, normalize_vae_key);
+  return vae;
+}
+
+}  // namespace
+
+AutoencoderKL load_vae(VaeKind kind, const std::string& path, const std::string& source) {
+  const VaeSpec& spec = vae_spec(kind);
+  if (!std::filesystem::is_regular_file(path)) throw UserError("vae weights " + path, "no such file", source);
+  const bool safetensors = path.size() > 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0;
+  AutoencoderKL vae = safetensors ? load_diffusers_safetensors(spec, path) : AutoencoderKL(nullptr);
+  if (!vae) {
+    TensorMap tensors;
+    if (safetensors) {
+      tensors = load_safetensors(path).tensors;
+    } else {
+      const TorchFile file = load_torch_file(path);
+      const bool nested = file.root->kind == PyValue::Kind::dict && file.root->get("state_dict");
+      tensors = torch_state_dict(file, nested ? "state_dict" : "", path);
+    }
+    const auto levels = static_cast<int64_t>(spec.options.block_out_channels.size());
+    const TensorMap named = diffusers_vae_tensors(tensors, levels);
+    vae = AutoencoderKL(vae_options_from_tensors(named, spec.options, path));
+    load_module_tensors(*vae, named, path);
+  }
+  vae->latents = {spec.scale, {}, {}};
+  return vae;
 }
 
 SdVaeOptions va_vae_f16d32_options() {

@@ -12,7 +12,9 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 
+#include <map>
 #include <string>
+#include <vector>
 
 #include "core/safetensors.h"
 #include "datasets/latents.h"
@@ -160,12 +162,21 @@ TensorMap ldm_vae_tensors(const TensorMap& tensors, int64_t levels);
 /// A VAE state_dict in diffusers names, whichever naming it came in (LDM, legacy or current diffusers).
 TensorMap diffusers_vae_tensors(const TensorMap& tensors, int64_t levels);
 
-/// Loads AutoencoderKL weights: diffusers files (.safetensors or torch.save .bin/.pt, either attention naming) or LDM
-/// / CompVis ones (VA-VAE's .pt: a state_dict, or a checkpoint holding one under "state_dict"). A missing file is a
-/// UserError saying where the weights come from (`source`); missing/unexpected tensors are named.
-void load_vae_weights(AutoencoderKL& vae, const std::string& path, const std::string& source);
-/// load_vae_weights for the SD VAE.
-void load_sd_vae(AutoencoderKL& vae, const std::string& path);
+/// The shape of an autoencoder whose diffusers-named tensors have these shapes: `base` (the kind's) with the file's
+/// level widths (block_out_channels[i]: the output width of encoder.down_blocks.i's first ResNet), so that a VAE
+/// trained at other widths loads. The kind fixes the rest: another number of levels (the latent's downsampling), or
+/// a width that is not a multiple of the 32 GroupNorm groups, is a UserError naming `origin`. No encoder levels at
+/// all: `base` (the load then names what is missing).
+SdVaeOptions vae_options_from_shapes(const std::map<std::string, std::vector<int64_t>>& shapes, SdVaeOptions base,
+                                     const std::string& origin);
+/// The same from diffusers-named tensors (diffusers_vae_tensors).
+SdVaeOptions vae_options_from_tensors(const TensorMap& named, SdVaeOptions base, const std::string& origin);
+
+/// The autoencoder of `kind` (its latent scale set) built at the widths of its weights file and loaded from it:
+/// diffusers files (.safetensors or torch.save .bin/.pt, either attention naming) or LDM / CompVis ones (VA-VAE's .pt:
+/// a state_dict, or a checkpoint holding one under "state_dict"). A missing file is a UserError saying where the
+/// weights come from (`source`); missing/unexpected tensors are named.
+AutoencoderKL load_vae(VaeKind kind, const std::string& path, const std::string& source);
 
 /// One latent space of the toolkit (diffusion.vae): the autoencoder's shape, how its latents are scaled and where
 /// its weights come from.

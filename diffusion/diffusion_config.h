@@ -91,7 +91,8 @@ struct DiffusionConfig {
             "f16d32 latents (LightningDiT; standardised per channel with the extracted latents' statistics)");
     v.field("vae_weights", vae_weights,
             "the VAE's weights: vae: sd sd-vae-ft-ema/diffusion_pytorch_model.safetensors (or .bin); vae: vavae "
-            "VA-VAE's vavae-imagenet256-f16d32-dinov2.pt (LDM names)");
+            "VA-VAE's vavae-imagenet256-f16d32-dinov2.pt (LDM names); an AutoencoderKL of the kind's layout at "
+            "other widths loads too (read from the file)");
     flow.visit(v);
   }
   /// Rules of diffusion: alone (its objective's against the model: the objective record).

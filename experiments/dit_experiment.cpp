@@ -288,9 +288,9 @@ diffusion::AutoencoderKL load_sampling_vae(const ExperimentConfig& cfg, const Ru
   const diffusion::VaeSpec& spec = diffusion::vae_spec(cfg.diffusion.vae);
   if (cfg.diffusion.vae_weights.empty())
     throw UserError("config: diffusion.vae_weights", "is empty, but latent samples must be decoded", spec.weights_hint);
-  diffusion::AutoencoderKL vae = diffusion::make_vae(cfg.diffusion.vae);
-  vae->latents = trained_latent_norm(cfg);  // before the weights: a missing statistic is refused without that work
-  diffusion::load_vae_weights(vae, cfg.diffusion.vae_weights, spec.weights_hint);
+  const datasets::LatentNorm norm = trained_latent_norm(cfg);  // first: a missing statistic is refused without work
+  diffusion::AutoencoderKL vae = diffusion::load_vae(cfg.diffusion.vae, cfg.diffusion.vae_weights, spec.weights_hint);
+  vae->latents = norm;
   vae->eval();
   vae->to(ctx.device);
   return vae;

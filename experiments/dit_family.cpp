@@ -133,10 +133,11 @@ std::string vae_inputs(VaeKind kind) {
 TensorMap vae_forward(VaeKind kind, const ForwardRequest& r) {
   const std::string needs = vae_inputs(kind);
   check_forward_inputs(r, {"x"}, {"latent_mean", "latent_logvar", "recon"}, needs);
-  diffusion::AutoencoderKL vae = diffusion::make_vae(kind);
-  const auto levels = static_cast<int64_t>(vae->options.block_out_channels.size());
-  load_module_tensors(*vae, diffusion::diffusers_vae_tensors(r.weights, levels), r.weights_origin,
-                      r.model.weights_allow_missing);
+  const diffusion::SdVaeOptions& kind_options = diffusion::vae_spec(kind).options;
+  const TensorMap named =
+      diffusion::diffusers_vae_tensors(r.weights, static_cast<int64_t>(kind_options.block_out_channels.size()));
+  diffusion::AutoencoderKL vae(diffusion::vae_options_from_tensors(named, kind_options, r.weights_origin));
+  load_module_tensors(*vae, named, r.weights_origin, r.model.weights_allow_missing);
   vae->eval();
   const at::Tensor x = forward_input(r, "x", at::kFloat, 4, needs);
   const int64_t f = vae->options.factor();

@@ -6,7 +6,8 @@
 #                transnext_torch.py re-run now) vs that torch's outputs, fp32, max rel ≤ 1e-5; the query_norm router
 #                vs a plain PyTorch version of the MoH-LLaMA3 rule (tests/fixtures/gen/query_norm_ref.py);
 #                our torch.save reader on this torch's zip and legacy files, bit-exact
-#   vae          diffusers.AutoencoderKL (sd-vae-ft-ema and VA-VAE f16d32 configs, random weights) vs `moh forward
+#   vae          diffusers.AutoencoderKL (sd-vae-ft-ema and VA-VAE f16d32 configs, and both at other widths; random
+#                weights) vs `moh forward
 #                --model sd-vae / vavae-f16d32` (VA-VAE also from its LDM-named torch.save checkpoint, the naming
 #                checked by diffusers' LDM converter): posterior mean, log-variance and decoded image, max rel ≤ 1e-5
 #   safetensors  files written by the safetensors package (every dtype this LibTorch has, special values, empty and 0-d
@@ -92,12 +93,16 @@ forward)
   done
   ;;
 vae)
-  # The SD-VAE from diffusers-named safetensors; VA-VAE from the same and from its LDM-named torch.save checkpoint.
+  # The SD-VAE from diffusers-named safetensors; VA-VAE from the same and from its LDM-named torch.save checkpoint;
+  # both layouts at other widths (read from the file).
   run "$PY" tests/diffusion/ref_sd_vae.py "$tmp/vae"
   run "$PY" tests/diffusion/ref_sd_vae.py "$tmp/vavae" --vavae
+  run "$PY" tests/diffusion/ref_sd_vae.py "$tmp/sdsmall" --widths 32,64,64,96
+  run "$PY" tests/diffusion/ref_sd_vae.py "$tmp/vasmall" --vavae --widths 32,32,64,64,96
   ref_torch=$("$PY" -c "import torch; print(torch.__version__.split('+')[0])")
   our_torch=$("$MOH" --version | grep -o 'LibTorch [0-9.]*' | cut -d' ' -f2)
-  for c in "sd-vae vae vae.safetensors" "vavae-f16d32 vavae vae.safetensors" "vavae-f16d32 vavae vae_ldm.pt"; do
+  for c in "sd-vae vae vae.safetensors" "vavae-f16d32 vavae vae.safetensors" "vavae-f16d32 vavae vae_ldm.pt" \
+    "sd-vae sdsmall vae.safetensors" "vavae-f16d32 vasmall vae_ldm.pt"; do
     read -r model dir weights <<<"$c"
     key=()
     [[ $weights == *.pt ]] && key=(--weights-key state_dict)

@@ -9,11 +9,13 @@ weights are also written that way, as a torch.save checkpoint {"state_dict": ...
 them, and the renaming is checked by diffusers' own LDM converter (convert_ldm_vae_checkpoint), which must give the
 diffusers state_dict back exactly.
 
-    python tests/diffusion/ref_sd_vae.py OUT_DIR [--vavae]
+    python tests/diffusion/ref_sd_vae.py OUT_DIR [--vavae] [--widths 32,64,64,64]
       -> OUT_DIR/vae.safetensors (weights), OUT_DIR/io.safetensors (x, latent_mean, latent_logvar, recon),
          OUT_DIR/fp32_noise_floor.json (max rel error of diffusers' own fp32 outputs against fp64);
          with --vavae also OUT_DIR/vae_ldm.pt (the LDM-named checkpoint)
 
+`--widths` gives the levels other widths (block_out_channels; the toolkit reads them from the file): a small VAE of
+the same layout for tests that need the pipeline's shape, not the SD VAE's cost (scripts/scale_check.sh).
 `recon` is the decode of the posterior mean, as `moh forward` computes it. Run by tests/pyref_test.sh (ctest pyref_vae).
 """
 import json
@@ -90,17 +92,21 @@ def write_ldm_checkpoint(vae, config, path):
     torch.save({"state_dict": ldm, "global_step": 5}, path)
 
 
-def main(out, vavae=False):
+def main(out, vavae=False, widths=None):
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(0)  # threads: OMP_NUM_THREADS, as `moh forward` (tests/pyref_test.sh sets 1)
-    config = VA_VAE_F16D32 if vavae else SD_VAE_FT_EMA
+    config = dict(VA_VAE_F16D32 if vavae else SD_VAE_FT_EMA)
+    if widths:
+        assert len(widths) == len(config["block_out_channels"]), "one width per level"
+        config["block_out_channels"] = tuple(widths)
     vae = AutoencoderKL(**config).eval()
     with torch.no_grad():
         for m in vae.modules():
             if isinstance(m, torch.nn.GroupNorm):
                 m.weight.normal_(1.0, 0.2)
                 m.bias.normal_(0.0, 0.2)
-    assert sum(p.numel() for p in vae.parameters()) == (69_836_067 if vavae else 83_653_863)
+    if not widths:
+        assert sum(p.numel() for p in vae.parameters()) == (69_836_067 if vavae else 83_653_863)
     save_file({k: v.contiguous() for k, v in vae.state_dict().items()}, os.path.join(out, "vae.safetensors"))
     if vavae:
         write_ldm_checkpoint(vae, config, os.path.join(out, "vae_ldm.pt"))
@@ -126,4 +132,6 @@ def main(out, vavae=False):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], "--vavae" in sys.argv[2:])
+    args = sys.argv[2:]
+    main(sys.argv[1], "--vavae" in args,
+         [int(w) for w in args[args.index("--widths") + 1].split(",")] if "--widths" in args else None)

@@ -429,18 +429,50 @@ TEST(SdVae, SmallRoundTripShapesAndBothNamingSchemes) {
   ASSERT_TRUE(legacy.count("encoder.mid_block.attentions.0.query.weight"));
   save_safetensors(d.file("legacy.safetensors"), legacy);
   save_safetensors(d.file("current.safetensors"), module_tensors(*vae));
+  // The file's widths (not the SD VAE's 128/256/512/512) are read from it, whichever naming it uses.
   for (const char* f : {"legacy.safetensors", "current.safetensors"}) {
     torch::manual_seed(1);
-    AutoencoderKL other(o);
+    AutoencoderKL other = load_vae(VaeKind::sd, d.file(f), "hint");
     other->eval();
-    load_sd_vae(other, d.file(f));
+    EXPECT_EQ(other->options.block_out_channels, o.block_out_channels) << f;
+    EXPECT_EQ(other->latents.scale, kSdVaeLatentScale);
     EXPECT_TRUE(other->decode(p.mean).equal(vae->decode(p.mean))) << f;
   }
   legacy.erase("decoder.conv_out.bias");
   save_safetensors(d.file("missing.safetensors"), legacy);
-  AutoencoderKL third(o);
-  EXPECT_THROW(load_sd_vae(third, d.file("missing.safetensors")), UserError);
-  EXPECT_THROW(load_sd_vae(third, d.file("absent.safetensors")), UserError);
+  EXPECT_THROW(load_vae(VaeKind::sd, d.file("missing.safetensors"), "hint"), UserError);
+  EXPECT_THROW(load_vae(VaeKind::sd, d.file("absent.safetensors"), "hint"), UserError);
+}
+
+// A file's widths are taken only where the latent kind allows them: its number of levels (the latent's
+// downsampling) must be the kind's, and every width a multiple of the 32 GroupNorm groups; the errors name the file.
+TEST(SdVae, WidthsComeFromTheFileWithinTheKindsShape) {
+  const SdVaeOptions sd;
+  auto shapes = [](std::vector<int64_t> widths) {
+    std::map<std::string, std::vector<int64_t>> s;
+    for (size_t i = 0; i < widths.size(); ++i)
+      s["encoder.down_blocks." + std::to_string(i) + ".resnets.0.conv1.weight"] = {widths[i], i ? widths[i - 1] : 32, 3,
+                                                                                   3};
+    return s;
+  };
+  EXPECT_EQ(vae_options_from_shapes(shapes({32, 64, 64, 96}), sd, "f").block_out_channels,
+            (std::vector<int64_t>{32, 64, 64, 96}));
+  EXPECT_EQ(vae_options_from_shapes({}, sd, "f").block_out_channels, sd.block_out_channels);
+  for (const auto& [widths, why] : std::vector<std::pair<std::vector<int64_t>, std::string>>{
+           {{32, 64, 64}, "has 3 encoder levels"}, {{32, 48, 64, 64}, "width 48"}}) {
+    try {
+      vae_options_from_shapes(shapes(widths), sd, "small.safetensors");
+      ADD_FAILURE() << why;
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("small.safetensors"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  }
+  // VA-VAE's five levels with attention at the lowest are kept; only the widths change.
+  const SdVaeOptions va = vae_options_from_shapes(shapes({32, 32, 64, 64, 64}), va_vae_f16d32_options(), "f");
+  EXPECT_TRUE(va.lowest_level_attention);
+  EXPECT_EQ(va.latent_channels, 32);
+  EXPECT_EQ(va.factor(), 16);
 }
 
 }  // namespace
