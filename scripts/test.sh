@@ -9,6 +9,8 @@
 #   MOH_TEST_NOCV      1 (default): the Debian tree also links moh_nocv, the program of a build without OpenCV, which
 #                      ctest's nocv test checks (-DMOH_NOCV_CHECK=ON: its image code compiled without OpenCV, the rest
 #                      shared)
+#   MOH_PYREF_CACHE    the directory where the first build's pyref tests leave the Python references for the second
+#                      (default: a temporary one, ~2 GB, removed at the end; tests/pyref_test.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 which=${MOH_TEST_LIBTORCH:-both}
@@ -21,6 +23,14 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 # The venv first, so that both builds register the Python reference tests.
 if [ "$which" != debian ]; then MOH_LIBTORCH=pip MOH_SKIP_BUILD=1 bash scripts/setup.sh; fi
+
+# The Python references that depend on nothing but their seeded arguments are computed once for both builds
+# (tests/pyref_test.sh: the second build reads the first one's).
+if [ "$which" = both ] && [ -z "${MOH_PYREF_CACHE:-}" ]; then
+  MOH_PYREF_CACHE=$(mktemp -d)
+  export MOH_PYREF_CACHE
+  trap 'rm -rf "$MOH_PYREF_CACHE"' EXIT
+fi
 
 run_suite() {  # $1 = debian|pip
   local dir=build t0 t1 nocv=""

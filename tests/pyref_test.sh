@@ -6,7 +6,7 @@
 #                transnext_torch.py re-run now) vs that torch's outputs, fp32, max rel ≤ 1e-5; the query_norm router
 #                vs a plain PyTorch version of the MoH-LLaMA3 rule (tests/fixtures/gen/query_norm_ref.py);
 #                our torch.save reader on this torch's zip and legacy files, bit-exact
-#   vae          diffusers.AutoencoderKL (sd-vae-ft-ema and VA-VAE f16d32 configs, and both at other widths; random
+#   vae          diffusers.AutoencoderKL (sd-vae-ft-ema and VA-VAE f16d32 configs, VA-VAE's also at other widths; random
 #                weights) vs `moh forward
 #                --model sd-vae / vavae-f16d32` (VA-VAE also from its LDM-named torch.save checkpoint, the naming
 #                checked by diffusers' LDM converter): posterior mean, log-variance and decoded image, max rel ≤ 1e-5
@@ -50,6 +50,26 @@ run() {  # run CMD...: echo it, count a failure when it exits non-zero
   "$@" || { echo "FAIL (exit $?): $*"; fails=$((fails + 1)); }
 }
 compare() { run "$PY" scripts/compare_safetensors.py "$1" "$2" --rtol 1e-5; }
+# ref DIR SCRIPT ARGS...: runs the Python reference SCRIPT, which writes DIR from nothing but its seeded arguments.
+# scripts/test.sh tests two builds against one venv and gives both a MOH_PYREF_CACHE directory (removed when it ends):
+# the second build then reads the first one's DIR instead of computing the same references again (hard links: the
+# references are only read, outputs go to new files).
+ref() {
+  local dir=$1 key
+  shift
+  key=$( (printf '%s\n' "$CASE" "${@//"$tmp"/TMP}"; cat "$1") | sha256sum | cut -c1-16)
+  if [ -n "${MOH_PYREF_CACHE:-}" ] && [ -d "$MOH_PYREF_CACHE/$key" ]; then
+    echo "+ ${*/#$ROOT\//} (this test.sh run's result, $MOH_PYREF_CACHE/$key)"
+    cp -al "$MOH_PYREF_CACHE/$key" "$dir" 2>/dev/null || cp -r "$MOH_PYREF_CACHE/$key" "$dir"
+    return
+  fi
+  local before=$fails
+  run "$PY" "$@"
+  if [ -n "${MOH_PYREF_CACHE:-}" ] && [ $fails = "$before" ] && [ -d "$dir" ]; then
+    { cp -al "$dir" "$MOH_PYREF_CACHE/$key.$$" 2>/dev/null || cp -r "$dir" "$MOH_PYREF_CACHE/$key.$$"; } && mv -T "$MOH_PYREF_CACHE/$key.$$" "$MOH_PYREF_CACHE/$key" 2>/dev/null
+    rm -rf "$MOH_PYREF_CACHE/$key.$$"
+  fi
+}
 train_quiet() {  # train_quiet RUN_DIR CONFIG ARGS...: a few fp32 steps, output only on failure
   local dir=$1 config=$2
   shift 2
@@ -59,8 +79,8 @@ train_quiet() {  # train_quiet RUN_DIR CONFIG ARGS...: a few fp32 steps, output 
 
 case "$CASE" in
 forward)
-  run "$PY" tests/fixtures/gen/make_torch.py "$tmp/small"
-  run "$PY" tests/fixtures/gen/make_torch.py "$tmp/large" --large
+  ref "$tmp/small" tests/fixtures/gen/make_torch.py "$tmp/small"
+  ref "$tmp/large" tests/fixtures/gen/make_torch.py "$tmp/large" --large
   run "$MOH" forward --model MoH-DiT-Pixel/4-75 --weights "$tmp/small/moh_dit_pixel_fp16.pt" \
     --input "$tmp/small/moh_dit_pixel_io.safetensors" --output "$tmp/pixel.safetensors"
   compare "$tmp/small/moh_dit_pixel_io.safetensors" "$tmp/pixel.safetensors"
@@ -72,7 +92,7 @@ forward)
   compare "$tmp/large/moh_dit_s2_75_io.safetensors" "$tmp/moh.safetensors"
   # TransNeXt / MoH-ViT against the Python port written from the specs (official keys, native unfold path): the
   # MoH-ViT-Nano-50 (32 px: all-shared, h_s = 1 and two-stage layers) and TransNeXt-Micro (64 px, MHA, patch 4)
-  run "$PY" tests/fixtures/gen/transnext_torch.py "$tmp/vit"
+  ref "$tmp/vit" tests/fixtures/gen/transnext_torch.py "$tmp/vit"
   for pair in MoH-ViT-Nano-50:moh_vit_nano_50 TransNeXt-Micro:transnext_micro; do
     run "$MOH" forward --model "${pair%%:*}" --weights "$tmp/vit/${pair#*:}.safetensors" \
       --input "$tmp/vit/${pair#*:}_io.safetensors" --output "$tmp/vit/${pair#*:}_out.safetensors"
@@ -80,7 +100,7 @@ forward)
   done
   # The parameter-free query-norm router against a plain PyTorch version of the MoH-LLaMA3 rule (a dense DiT-Pixel/4
   # run as MoH-DiT-Pixel/4-75: 4 shared + top-2 of 4 routed heads)
-  run "$PY" tests/fixtures/gen/query_norm_ref.py "$tmp/qn"
+  ref "$tmp/qn" tests/fixtures/gen/query_norm_ref.py "$tmp/qn"
   run "$MOH" forward --model MoH-DiT-Pixel/4-75 --router query_norm --weights "$tmp/qn/dense_dit_pixel.safetensors" \
     --input "$tmp/qn/query_norm_io.safetensors" --output "$tmp/qn/out.safetensors"
   compare "$tmp/qn/query_norm_io.safetensors" "$tmp/qn/out.safetensors"
@@ -94,15 +114,15 @@ forward)
   ;;
 vae)
   # The SD-VAE from diffusers-named safetensors; VA-VAE from the same and from its LDM-named torch.save checkpoint;
-  # both layouts at other widths (read from the file).
-  run "$PY" tests/diffusion/ref_sd_vae.py "$tmp/vae"
-  run "$PY" tests/diffusion/ref_sd_vae.py "$tmp/vavae" --vavae
-  run "$PY" tests/diffusion/ref_sd_vae.py "$tmp/sdsmall" --widths 32,64,64,96
-  run "$PY" tests/diffusion/ref_sd_vae.py "$tmp/vasmall" --vavae --widths 32,32,64,64,96
+  # VA-VAE's layout at other widths, read from the LDM-named file (scripts/scale_check.sh loads an SD layout at other
+  # widths that diffusers wrote).
+  ref "$tmp/vae" tests/diffusion/ref_sd_vae.py "$tmp/vae"
+  ref "$tmp/vavae" tests/diffusion/ref_sd_vae.py "$tmp/vavae" --vavae
+  ref "$tmp/vasmall" tests/diffusion/ref_sd_vae.py "$tmp/vasmall" --vavae --widths 32,32,64,64,96
   ref_torch=$("$PY" -c "import torch; print(torch.__version__.split('+')[0])")
   our_torch=$("$MOH" --version | grep -o 'LibTorch [0-9.]*' | cut -d' ' -f2)
   for c in "sd-vae vae vae.safetensors" "vavae-f16d32 vavae vae.safetensors" "vavae-f16d32 vavae vae_ldm.pt" \
-    "sd-vae sdsmall vae.safetensors" "vavae-f16d32 vasmall vae_ldm.pt"; do
+    "vavae-f16d32 vasmall vae_ldm.pt"; do
     read -r model dir weights <<<"$c"
     key=()
     [[ $weights == *.pt ]] && key=(--weights-key state_dict)
@@ -157,7 +177,7 @@ solvers | flow | repa)
   script=ref_solvers.py filter='SolverReference.*' want=1 var=MOH_SOLVER_REF
   if [ "$CASE" = flow ]; then script=ref_flow.py filter='FlowReference.*' want=3 var=MOH_FLOW_REF; fi
   if [ "$CASE" = repa ]; then script=ref_repa.py filter='RepaReference.*' want=3 var=MOH_REPA_REF; fi
-  run "$PY" tests/diffusion/$script "$tmp/ref"
+  ref "$tmp/ref" tests/diffusion/$script "$tmp/ref"
   echo "+ $var=... moh_tests_models --gtest_filter='$filter'"
   env "$var=$tmp/ref" "$MOH" --gtest_filter="$filter" >"$tmp/gtest.log" 2>&1
   rc=$?
