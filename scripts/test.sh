@@ -9,6 +9,8 @@
 #   MOH_TEST_NOCV      1 (default): the Debian tree also links moh_nocv, the program of a build without OpenCV, which
 #                      ctest's nocv test checks (-DMOH_NOCV_CHECK=ON: its image code compiled without OpenCV, the rest
 #                      shared)
+#   MOH_TEST_GTEST_SHARDS  4 (default): the short GoogleTests of each test binary run in this many processes, not one
+#                      process per test (tests/CMakeLists.txt MOH_GTEST_SHARDS; 0: one ctest per test)
 #   MOH_PYREF_CACHE    the directory where the first build's pyref tests leave the Python references for the second
 #                      (default: a temporary one, ~2 GB, removed at the end; tests/pyref_test.sh)
 set -euo pipefail
@@ -37,7 +39,8 @@ run_suite() {  # $1 = debian|pip
   if [ "$1" = pip ]; then dir=build-torch2; fi
   if [ "$1" = debian ]; then nocv=-DMOH_NOCV_CHECK=$([ "${MOH_TEST_NOCV:-1}" = 1 ] && echo ON || echo OFF); fi
   t0=$(date +%s)
-  MOH_CMAKE_ARGS="${MOH_CMAKE_ARGS:-} $nocv" MOH_LIBTORCH=$1 bash scripts/setup.sh
+  MOH_CMAKE_ARGS="${MOH_CMAKE_ARGS:-} $nocv -DMOH_GTEST_SHARDS=${MOH_TEST_GTEST_SHARDS:-4}" MOH_LIBTORCH=$1 \
+    bash scripts/setup.sh
   t1=$(date +%s)
   # Testing both builds, each long script test runs in one of them (label once_debian / once_pip, tests/CMakeLists.txt).
   local skip=()
