@@ -26,8 +26,9 @@ est_eval=$((VAL == 0 ? 30 : 5))
 est_cls=$((15 + CLS_STEPS * 3 / 4 + est_eval))
 # The DiT's: the Intel's fp32 steps of the /4 model in one 2-thread process, scaled by what two 1-thread processes
 # gained on an AMD EPYC, times 1.9 for the /2 model's step (measured against /4's on that AMD EPYC), times 0.78 for
-# the fp32 attention kernel (its /2 step on that AMD EPYC, docs/BENCHMARKS.md "Attention core on a CPU").
-est_dit=$((10 + DIT_STEPS * 58 / 100))
+# the fp32 attention kernel (its /2 step on that AMD EPYC, docs/BENCHMARKS.md "Attention core on a CPU"), times 0.91
+# for the fp32 GELU loop (the same, "GELU on LibTorch 1.13").
+est_dit=$((10 + DIT_STEPS * 53 / 100))
 est_rest=$((10 + PER_CLASS * 2 + (VAL == 0 ? 15 : 0)))
 echo "== demo: about $(((est_setup + est_cls + est_dit + est_rest + 30) / 60)) min in all (setup + build ${est_setup} s," \
   "classifier ${est_cls} s, diffusion ${est_dit} s, samples + FID ${est_rest} s; as on a 2-core Intel Xeon)"

@@ -3,6 +3,8 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <type_traits>
+
 #include "vision/nn/cpu_simd.h"
 #include "vision/nn/fused_math.h"
 
@@ -41,47 +43,70 @@ MOH_CPU_CLONES void backward(const uint16_t* dy, const uint16_t* z, uint16_t* dz
   for (int64_t i = 0; i < n; ++i) dz[i] = float_to_bf16(bf16_to_float(dy[i]) * gelu_grad(bf16_to_float(z[i])));
 }
 
+MOH_CPU_CLONES void forward(const float* z, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = gelu(z[i]);
+}
+
+MOH_CPU_CLONES void backward(const float* dy, const float* z, float* dz, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dz[i] = dy[i] * gelu_grad(z[i]);
+}
+
 }  // namespace gelu_kernels
 
 namespace {
 
 constexpr int64_t kGrain = 1 << 14;  // elements per parallel chunk
 
-const uint16_t* bits_of(const at::Tensor& t) {
-  return static_cast<const uint16_t*>(t.data_ptr());
-}
-uint16_t* bits_of_mut(at::Tensor& t) {
-  return static_cast<uint16_t*>(t.data_ptr());
+// The loop for z's type (bf16 as its raw bits) over contiguous tensors of equal size, in parallel chunks.
+template <typename Loop>
+void run_typed(const at::Tensor& z, Loop loop) {
+  if (z.scalar_type() == at::kBFloat16)
+    loop(static_cast<uint16_t*>(nullptr));
+  else
+    loop(static_cast<float*>(nullptr));
 }
 
-struct GeluTanhBf16 : torch::autograd::Function<GeluTanhBf16> {
+template <typename T>
+T* ptr(const at::Tensor& t) {
+  return static_cast<T*>(t.data_ptr());
+}
+
+struct GeluTanhCpu : torch::autograd::Function<GeluTanhCpu> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& z_in) {
     const at::Tensor z = z_in.contiguous();
     at::Tensor y = at::empty_like(z);
-    const uint16_t* zp = bits_of(z);
-    uint16_t* yp = bits_of_mut(y);
-    at::parallel_for(0, z.numel(), kGrain, [&](int64_t b, int64_t e) { gelu_kernels::forward(zp + b, yp + b, e - b); });
+    run_typed(z, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      const T* zp = ptr<T>(z);
+      T* yp = ptr<T>(y);
+      at::parallel_for(0, z.numel(), kGrain,
+                       [&](int64_t b, int64_t e) { gelu_kernels::forward(zp + b, yp + b, e - b); });
+    });
     ctx->save_for_backward({z});
     return y;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const at::Tensor z = ctx->get_saved_variables()[0];
-    const at::Tensor dy = grads[0].to(at::kBFloat16).contiguous();
+    const at::Tensor dy = grads[0].to(z.scalar_type()).contiguous();
     at::Tensor dz = at::empty_like(z);
-    const uint16_t *dyp = bits_of(dy), *zp = bits_of(z);
-    uint16_t* dzp = bits_of_mut(dz);
-    at::parallel_for(0, z.numel(), kGrain,
-                     [&](int64_t b, int64_t e) { gelu_kernels::backward(dyp + b, zp + b, dzp + b, e - b); });
+    run_typed(z, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      const T *dyp = ptr<T>(dy), *zp = ptr<T>(z);
+      T* dzp = ptr<T>(dz);
+      at::parallel_for(0, z.numel(), kGrain,
+                       [&](int64_t b, int64_t e) { gelu_kernels::backward(dyp + b, zp + b, dzp + b, e - b); });
+    });
     return {dz};
   }
 };
 
 }  // namespace
 
-at::Tensor gelu_tanh_bf16_cpu(const at::Tensor& z) {
-  TORCH_CHECK(z.device().is_cpu() && z.scalar_type() == at::kBFloat16, "gelu_tanh_bf16_cpu: a bf16 CPU tensor");
-  return GeluTanhBf16::apply(z);
+at::Tensor gelu_tanh_cpu(const at::Tensor& z) {
+  TORCH_CHECK(z.device().is_cpu() && (z.scalar_type() == at::kBFloat16 || z.scalar_type() == at::kFloat),
+              "gelu_tanh_cpu: a bf16 or fp32 CPU tensor");
+  return GeluTanhCpu::apply(z);
 }
 
 }  // namespace moh::nn

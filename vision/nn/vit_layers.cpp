@@ -5,10 +5,12 @@
 
 namespace moh::nn {
 
-at::Tensor gelu(const at::Tensor& z, bool tanh, bool upcast) {
+at::Tensor gelu(const at::Tensor& z, bool tanh, bool own) {
   const char* approximate = tanh ? "tanh" : "none";
-  if (kUpcastBf16Gelu && upcast && z.device().is_cpu() && z.scalar_type() == at::kBFloat16)
-    return tanh ? gelu_tanh_bf16_cpu(z) : at::gelu(z.to(at::kFloat), approximate).to(at::kBFloat16);
+  if (!kOwnCpuGelu || !own || !z.device().is_cpu()) return at::gelu(z, approximate);
+  const bool bf16 = z.scalar_type() == at::kBFloat16;
+  if (tanh && (bf16 || z.scalar_type() == at::kFloat)) return gelu_tanh_cpu(z);
+  if (bf16) return at::gelu(z.to(at::kFloat), approximate).to(at::kBFloat16);
   return at::gelu(z, approximate);
 }
 

@@ -10,14 +10,15 @@
 
 namespace moh::nn {
 
-/// Whether gelu() computes a CPU's bf16 GELU in fp32: LibTorch 1.13 has no vectorised bf16 GELU on CPUs (it converts
-/// element by element, and its backward rounds inside); 2.x has one, faster than the round trip through fp32.
-constexpr bool kUpcastBf16Gelu = TORCH_VERSION_MAJOR < 2;
+/// Whether gelu() computes a CPU's GELU itself: LibTorch 1.13 has no vectorised bf16 GELU on CPUs (it converts
+/// element by element, and its backward rounds inside), and its fp32 tanh-GELU calls a scalar tanh; 2.x's own kernels
+/// are vectorised, and faster than a bf16 round trip through fp32.
+constexpr bool kOwnCpuGelu = TORCH_VERSION_MAJOR < 2;
 
-/// GELU (tanh approximation or exact) of z; where kUpcastBf16Gelu, a bf16 tensor on a CPU is computed in fp32 and
-/// rounded back once when `upcast` (the tanh approximation by gelu_tanh_bf16_cpu's one-pass loop). `upcast` false is
-/// the plain at::gelu, the reference.
-at::Tensor gelu(const at::Tensor& z, bool tanh, bool upcast = true);
+/// GELU (tanh approximation or exact) of z. Where kOwnCpuGelu and `own` on a CPU: the tanh approximation of a bf16 or
+/// fp32 tensor by gelu_tanh_cpu's one-pass loop (bf16 rounded once from fp32), the exact GELU of a bf16 tensor in fp32
+/// rounded back once. `own` false is the plain at::gelu, the reference.
+at::Tensor gelu(const at::Tensor& z, bool tanh, bool own = true);
 
 /// timm Mlp: fc1 → GELU → fc2; `tanh_gelu` picks GELU's tanh approximation (DiT's approx_gelu) over the exact one
 /// (DINOv2).

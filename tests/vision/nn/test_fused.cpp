@@ -2,9 +2,11 @@
 // backward, in fp32 and in the mixed types of bf16 autocast, on the test device (MOH_TEST_DEVICE: the CPU loops here,
 // the CUDA kernels on a GPU). Shapes are odd on purpose: token counts that are no multiple of the reduction tiles,
 // widths that are no multiple of a warp.
+#include <cmath>
 #include <vector>
 
 #include "tests/test_util.h"
+#include "vision/nn/cpu_simd.h"
 #include "vision/nn/fused_ops.h"
 #include "vision/nn/gelu_cpu.h"
 #include "vision/nn/moh_attention.h"
@@ -150,15 +152,17 @@ TEST(FusedOps, UpcastGeluIsTheExactGeluRoundedOnce) {
     const torch::Tensor z = (torch::randn({3, 37, 129}, opts()) * 3).to(torch::kBFloat16).requires_grad_(true);
     const torch::Tensor z64 = z.detach().to(torch::kDouble).requires_grad_(true);
     const torch::Tensor exact = at::gelu(z64, tanh ? "tanh" : "none");
-    const torch::Tensor fast = gelu(z, tanh), plain = gelu(z, tanh, /*upcast=*/false);
+    const torch::Tensor fast = gelu(z, tanh), plain = gelu(z, tanh, /*own=*/false);
     EXPECT_EQ(fast.scalar_type(), torch::kBFloat16);
     EXPECT_LE(rel_err(fast.to(torch::kDouble), exact.detach()), kBf16Tol / 2) << "output, tanh " << tanh;
     EXPECT_LE(rel_err(plain.to(torch::kDouble), exact.detach()), kBf16Tol / 2) << "plain output, tanh " << tanh;
     const torch::Tensor g = grads_of(fast, {z}, 11)[0], g64 = grads_of(exact, {z64}, 11)[0];
     EXPECT_EQ(g.scalar_type(), torch::kBFloat16);
     EXPECT_LE(rel_err(g.to(torch::kDouble), g64), kBf16Tol) << "dz, tanh " << tanh;  // the upstream grad rounded too
-    const torch::Tensor zf = z.detach().to(torch::kFloat);
-    EXPECT_TRUE(gelu(zf, tanh).equal(at::gelu(zf, tanh ? "tanh" : "none")));
+    const torch::Tensor zf = z.detach().to(torch::kFloat);  // fp32: at::gelu unless the tanh loop (own test below)
+    if (!(tanh && kOwnCpuGelu && zf.is_cpu())) {
+      EXPECT_TRUE(gelu(zf, tanh).equal(at::gelu(zf, tanh ? "tanh" : "none")));
+    }
   }
 }
 
@@ -180,7 +184,7 @@ TEST(FusedOps, TanhGeluBf16KernelIsTheExactValueRoundedOnce) {
   const torch::Tensor exact = z64 * torch::sigmoid(2 * 0.7978845608028654 * (z64 + 0.044715 * z64.pow(3)));
   const torch::Tensor dexact = torch::autograd::grad({exact.sum()}, {z64})[0];
   const torch::Tensor zg = z.clone().requires_grad_(true);
-  const torch::Tensor y = gelu_tanh_bf16_cpu(zg);
+  const torch::Tensor y = gelu_tanh_cpu(zg);
   ASSERT_EQ(y.scalar_type(), torch::kBFloat16);
   const torch::Tensor dz = torch::autograd::grad({y}, {zg}, {torch::ones_like(y)})[0];
   ASSERT_EQ(dz.scalar_type(), torch::kBFloat16);
@@ -191,12 +195,51 @@ TEST(FusedOps, TanhGeluBf16KernelIsTheExactValueRoundedOnce) {
   EXPECT_LE(d_over.max().item<double>(), 0.0) << "gradient, worst at z = " << z[d_over.argmax()].item<float>();
   // Non-contiguous input, an upstream gradient that is not 1: the same as the contiguous loop's values.
   const torch::Tensor m = z.narrow(0, 0, 2 * 4096).view({64, 128}).t().requires_grad_(true);
-  const torch::Tensor ym = gelu_tanh_bf16_cpu(m);
-  EXPECT_TRUE(ym.equal(gelu_tanh_bf16_cpu(m.detach().contiguous())));
+  const torch::Tensor ym = gelu_tanh_cpu(m);
+  EXPECT_TRUE(ym.equal(gelu_tanh_cpu(m.detach().contiguous())));
   const torch::Tensor up = torch::full({128, 64}, 0.5, torch::kBFloat16);
   const torch::Tensor dm = torch::autograd::grad({ym}, {m}, {up})[0];
-  const torch::Tensor dm1 = torch::autograd::grad({gelu_tanh_bf16_cpu(m)}, {m}, {torch::ones_like(up)})[0];
+  const torch::Tensor dm1 = torch::autograd::grad({gelu_tanh_cpu(m)}, {m}, {torch::ones_like(up)})[0];
   EXPECT_TRUE(dm.equal(dm1 * 0.5));  // halving is exact in bf16, and commutes with the one rounding
+}
+
+// The fp32 tanh-GELU loop against fp64 on every 4096th fp32 value in [-16, 16] (each sign) and seeded random ones.
+// Error budget, in units of ε = 2^-24: v = β(u + κu³) takes 5 roundings whose two terms share u's sign (no
+// cancellation), so e = exp(-2v) carries 5 |2v| ε from v plus exp's own 2 ulps; 1 + e and the division add one each:
+// the output within (8 + 6 |2v|) ε relative. The gradient s + 2u s (s e) β (1 + 3κu²) has terms with about three times
+// those errors, bounded against the sum of the terms' magnitudes (they cancel near u = -0.75). Below 1e-30 absolute
+// (e^{-2v} clamped at e^87) the values are taken as equal. A wrong constant or a lost term is off by >= 1e-4.
+TEST(FusedOps, TanhGeluFp32KernelIsWithinItsRoundingBudget) {
+  std::vector<float> values;
+  for (uint32_t b = 0; b <= 0x41800000u; b += 4096u)
+    for (const uint32_t sign : {0u, 0x80000000u}) values.push_back(simd::from_bits(b | sign));
+  torch::manual_seed(12);
+  const torch::Tensor random = torch::randn({100000}) * 4;
+  const torch::Tensor z = torch::cat({torch::tensor(values), random});
+  const torch::Tensor u = z.to(torch::kDouble);
+  const torch::Tensor v2 = 2 * 0.7978845608028654 * (u + 0.044715 * u.pow(3));
+  const torch::Tensor s = torch::sigmoid(v2), e = torch::exp(-v2.clamp_max(700));
+  const torch::Tensor exact = u * s;
+  const torch::Tensor term2 = 2 * u * s * (s * e) * 0.7978845608028654 * (1 + 3 * 0.044715 * u * u);
+  const torch::Tensor dexact = s + term2;
+  const double eps = std::ldexp(1.0, -24);
+  const torch::Tensor zg = z.clone().requires_grad_(true);
+  const torch::Tensor y = gelu_tanh_cpu(zg);
+  ASSERT_EQ(y.scalar_type(), torch::kFloat);
+  const torch::Tensor dz = torch::autograd::grad({y}, {zg}, {torch::ones_like(y)})[0];
+  const torch::Tensor y_tol = eps * (8 + 6 * v2.abs()) * exact.abs() + 1e-30;
+  const torch::Tensor y_over = (y.to(torch::kDouble) - exact).abs() / y_tol;
+  EXPECT_LE(y_over.max().item<double>(), 1.0) << "output, worst at z = " << z[y_over.argmax()].item<float>();
+  const torch::Tensor d_tol = eps * (24 + 18 * v2.abs()) * (s.abs() + term2.abs()) + 1e-30;
+  const torch::Tensor d_over = (dz.to(torch::kDouble) - dexact).abs() / d_tol;
+  EXPECT_LE(d_over.max().item<double>(), 1.0) << "gradient, worst at z = " << z[d_over.argmax()].item<float>();
+  // Non-contiguous input, an upstream gradient that is not 1: the contiguous loop's values, the gradient halved.
+  const torch::Tensor m = random.narrow(0, 0, 64 * 128).view({64, 128}).t().requires_grad_(true);
+  const torch::Tensor ym = gelu_tanh_cpu(m);
+  EXPECT_TRUE(ym.equal(gelu_tanh_cpu(m.detach().contiguous())));
+  const torch::Tensor dm = torch::autograd::grad({ym}, {m}, {torch::full({128, 64}, 0.5)})[0];
+  const torch::Tensor dm1 = torch::autograd::grad({gelu_tanh_cpu(m)}, {m}, {torch::ones({128, 64})})[0];
+  EXPECT_TRUE(dm.equal(dm1 * 0.5));  // halving is exact in fp32
 }
 
 TEST(FusedOps, GateHeadsEqualsTheOfficialGating) {
