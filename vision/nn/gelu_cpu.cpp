@@ -57,7 +57,7 @@ namespace {
 
 constexpr int64_t kGrain = 1 << 14;  // elements per parallel chunk
 
-// The loop for z's type (bf16 as its raw bits) over contiguous tensors of equal size, in parallel chunks.
+// Calls `loop` with a null pointer of z's element type (bf16 as its raw bits), which picks the kernels' overload.
 template <typename Loop>
 void run_typed(const at::Tensor& z, Loop loop) {
   if (z.scalar_type() == at::kBFloat16)

@@ -10,8 +10,9 @@
 namespace moh::nn {
 
 /// gelu_tanh(z) of a bf16 or fp32 CPU tensor, differentiable, in z's type. bf16: the output (and in backward the input
-/// gradient) is the fp32 value rounded once to bf16, as at::gelu(z.float()).bfloat16() gives. fp32: within a few ulps
-/// of the exact value, more exact than at::gelu's 1 + tanh form where that cancels (u below about -3).
+/// gradient) is the fp32 value rounded once to bf16, as at::gelu(z.float()).bfloat16() gives. fp32: relative error
+/// within (8 + 6 |2v|) 2^-24 (v the tanh's argument), far more exact than at::gelu's 1 + tanh form where that cancels
+/// (1e-5 relative at u = -3, 0.3 at u = -5).
 at::Tensor gelu_tanh_cpu(const at::Tensor& z);
 
 namespace gelu_kernels {
