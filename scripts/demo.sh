@@ -22,14 +22,15 @@ fi
 # The whole demo's ETA, first: each stage's seconds on the slower of this project's 2-core machines (Intel Xeon, fp32),
 # from the logged runs in docs/results/demo. After each stage the rest is rescaled by how fast the stages so far ran.
 if [ "${DEMO_SKIP_SETUP:-0}" = 1 ]; then est_setup=0; elif [ -x "$MOH" ]; then est_setup=20; else est_setup=350; fi
-est_eval=$((VAL == 0 ? 30 : 5))
+# Stage 1's evaluation includes the FID reference statistics computed beside it.
+est_eval=$((VAL == 0 ? 38 : 6))
 est_cls=$((15 + CLS_STEPS * 3 / 4 + est_eval))
 # The DiT's: the Intel's fp32 steps of the /4 model in one 2-thread process, scaled by what two 1-thread processes
 # gained on an AMD EPYC, times 1.9 for the /2 model's step (measured against /4's on that AMD EPYC), times 0.78 for
 # the fp32 attention kernel (its /2 step on that AMD EPYC, docs/BENCHMARKS.md "Attention core on a CPU"), times 0.91
 # for the fp32 GELU loop (the same, "GELU on LibTorch 1.13").
 est_dit=$((10 + DIT_STEPS * 53 / 100))
-est_rest=$((10 + PER_CLASS * 2 + (VAL == 0 ? 15 : 0)))
+est_rest=$((12 + PER_CLASS * 4 / 10))
 echo "== demo: about $(((est_setup + est_cls + est_dit + est_rest + 30) / 60)) min in all (setup + build ${est_setup} s," \
   "classifier ${est_cls} s, diffusion ${est_dit} s, samples + FID ${est_rest} s; as on a 2-core Intel Xeon)"
 if [ "${DEMO_SKIP_SETUP:-0}" != 1 ]; then MOH_BUILD_TARGETS=${MOH_BUILD_TARGETS:-moh} bash scripts/setup.sh; fi
@@ -58,9 +59,19 @@ $MOH train configs/fashion_mnist/moh_vit_nano.yaml --run-dir "$OUT/classifier" -
   --set data.limit_train=$((CLS_STEPS * 128)) --set schedule.warmup_epochs=0.1 --set data.limit_val=1000 \
   --set train.log_every_steps=20
 lap "classifier training" $((est_cls - est_eval))
-$MOH eval configs/fashion_mnist/moh_vit_nano.yaml --checkpoint "$OUT/classifier" --set data.limit_val=$VAL \
-  --out "$OUT/classifier/eval"
-lap "classifier evaluation + head load" $est_eval
+# The FID reference statistics (stage 3) need only this classifier: computed beside its evaluation, each in one
+# 1-thread process (this small model's forward gains nothing from a second intra-op thread: both in 29 s where one
+# after the other took 45 s on an AMD EPYC, docs/results/demo/README.md); the statistics' own lines go to a log.
+OMP_NUM_THREADS=1 $MOH ref-stats --images $REF --features "classifier:$OUT/classifier" \
+  --out "$OUT/fm_test_stats.npz" > "$OUT/ref_stats.log" 2>&1 &
+ref_pid=$!
+trap 'kill "$ref_pid" 2> /dev/null || true' EXIT
+OMP_NUM_THREADS=1 $MOH eval configs/fashion_mnist/moh_vit_nano.yaml --checkpoint "$OUT/classifier" \
+  --set data.limit_val=$VAL --out "$OUT/classifier/eval"
+if ! wait "$ref_pid"; then cat "$OUT/ref_stats.log" >&2; exit 1; fi
+trap - EXIT
+grep -v '^features' "$OUT/ref_stats.log" || true
+lap "classifier evaluation + head load + FID reference statistics" $est_eval
 
 # The precision `auto` picks for the DiT here, for the stage's first line (measured once, as moh train measures it, and
 # cached for it).
@@ -78,11 +89,10 @@ $MOH sample --checkpoint "$OUT/dit" --sampler heun --steps $STEPS --cfg-scale 4 
   --set sampling.per_class=$PER_CLASS --out "$OUT/samples"
 lap "sampling" 8
 
-echo "== 3/3 FID report (classifier features; reference = Fashion-MNIST test set)"
-$MOH ref-stats --images $REF --features "classifier:$OUT/classifier" --out "$OUT/fm_test_stats.npz"
+echo "== 3/3 FID report (classifier features; reference = Fashion-MNIST test set, its statistics from stage 1)"
 $MOH fid --samples "$OUT/samples/samples.npz" --ref "$OUT/fm_test_stats.npz" --features "classifier:$OUT/classifier" \
   --out "$OUT/fid"
-lap "reference statistics + FID report" $((est_rest - 8))
+lap "FID report" $((est_rest - 8))
 
 echo
 echo "demo finished in $(( $(date +%s) - start )) s. Artefacts:"

@@ -14,8 +14,8 @@ grep -q "FID report:" "$out/log" || { echo "FAIL: demo did not print the artefac
 # The whole demo's ETA is the first line, and every stage's seconds follow (the README's times come from them).
 head -n1 "$out/log" | grep -Eq '^== demo: about [0-9]+ min in all \(setup \+ build 0 s, classifier [0-9]+ s' ||
   { echo "FAIL: first line is not the ETA: $(head -n1 "$out/log")"; exit 1; }
-for stage in "setup + build" "classifier training" "classifier evaluation + head load" "diffusion training" "sampling" \
-  "reference statistics + FID report"; do
+for stage in "setup + build" "classifier training" "classifier evaluation + head load + FID reference statistics" \
+  "diffusion training" "sampling" "FID report"; do
   grep -Eq "^== ${stage//+/\\+}: [0-9]+ s" "$out/log" || { echo "FAIL: no seconds for $stage"; exit 1; }
 done
 # Every metric in the FID report is a finite number (JSON has no NaN/Infinity literals; nlohmann writes null for them).
