@@ -25,11 +25,10 @@ if [ "${DEMO_SKIP_SETUP:-0}" = 1 ]; then est_setup=0; elif [ -x "$MOH" ]; then e
 # Stage 1's evaluation includes the FID reference statistics computed beside it.
 est_eval=$((VAL == 0 ? 38 : 6))
 est_cls=$((15 + CLS_STEPS * 3 / 4 + est_eval))
-# The DiT's: the Intel's fp32 steps of the /4 model in one 2-thread process, scaled by what two 1-thread processes
-# gained on an AMD EPYC, times 1.9 for the /2 model's step (measured against /4's on that AMD EPYC), times 0.78 for
-# the fp32 attention kernel (its /2 step on that AMD EPYC, docs/BENCHMARKS.md "Attention core on a CPU"), times 0.91
-# for the fp32 GELU loop (the same, "GELU on LibTorch 1.13").
-est_dit=$((10 + DIT_STEPS * 53 / 100))
+# The DiT's: its 750 fp32 steps took 349-368 s on a 2 vCPU AMD EPYC (2026-12-04, as `auto` trains it where the CPU has
+# no native bf16), whose fp32 training steps took 0.86 of the Intel Xeon's (the /4 model's demo stage, 271 s against
+# 316 s).
+est_dit=$((10 + DIT_STEPS * 56 / 100))
 est_rest=$((12 + PER_CLASS * 4 / 10))
 echo "== demo: about $(((est_setup + est_cls + est_dit + est_rest + 30) / 60)) min in all (setup + build ${est_setup} s," \
   "classifier ${est_cls} s, diffusion ${est_dit} s, samples + FID ${est_rest} s; as on a 2-core Intel Xeon)"
