@@ -219,8 +219,18 @@ MOH_INLINE_INTO_CLONES void forward_group(const T* q, const T* k, const T* v, T*
   }
 }
 
+template <class T>
+MOH_INLINE_INTO_CLONES bool all_zero(const T* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (widen(x[i]) != 0.f) return false;
+  return true;
+}
+
 // With p = e^(s − lse) a row's probabilities and dp = dout_i · vᵀ: ds = p ⊙ (dp − Σ_j p dp) (softmax's backward,
-// the sum standing for dout_i · o_i), dq_i = scale · ds · k, dk += scale · ds ⊗ q_i, dv += p ⊗ dout_i.
+// the sum standing for dout_i · o_i), dq_i = scale · ds · k, dk += scale · ds ⊗ q_i, dv += p ⊗ dout_i. A query row
+// whose dout is zero has ds = 0 and adds nothing: such rows (MoH's unselected (token, head) pairs, gated by 0) are
+// skipped and their dq rows set to zero; the other rows keep their order, so every sum is the one computed without
+// the skip (bit for bit, up to the sign of an exact zero).
 template <class T>
 MOH_INLINE_INTO_CLONES void backward_group(const T* q, const T* k, const T* v, const T* dout, const float* lse, T* dq,
                                            T* dk, T* dv, int64_t n, int64_t nk, int64_t d, float scale,
@@ -232,16 +242,28 @@ MOH_INLINE_INTO_CLONES void backward_group(const T* q, const T* k, const T* v, c
   transpose(v, vt, nk, d);
   widen_all(k, kf, nk * d);
   std::fill(dkt, dkt + 2 * d * nk, 0.f);
-  for (int64_t i = 0; i < n;) {
-    const int64_t rows = i + kRows <= n ? kRows : 1;
-    widen_all(q + i * d, qr, rows * d);
-    widen_all(dout + i * d, gr, rows * d);
-    if (rows == kRows)
-      backward_rows<kRows>(qr, kf, kt, vt, gr, lse + i, dqr, dkt, dvt, nk, d, scale, p, ds);
+  int64_t rows[kRows];  // the query rows gathered into qr and gr
+  float lr[kRows];      // and their log-sum-exps
+  int64_t m = 0;
+  for (int64_t i = 0; i <= n; ++i) {
+    if (i < n && all_zero(dout + i * d, d)) {
+      std::fill(dq + i * d, dq + (i + 1) * d, narrow<T>(0.f));
+      continue;
+    }
+    if (i < n) {
+      widen_all(q + i * d, qr + m * d, d);
+      widen_all(dout + i * d, gr + m * d, d);
+      rows[m] = i, lr[m] = lse[i];
+      if (++m < kRows) continue;
+    }
+    // A full block, or at the end what is left of one (row by row, as a row count short of kRows always was).
+    if (m == kRows)
+      backward_rows<kRows>(qr, kf, kt, vt, gr, lr, dqr, dkt, dvt, nk, d, scale, p, ds);
     else
-      backward_rows<1>(qr, kf, kt, vt, gr, lse + i, dqr, dkt, dvt, nk, d, scale, p, ds);
-    narrow_all(dqr, dq + i * d, rows * d);
-    i += rows;
+      for (int64_t r = 0; r < m; ++r)
+        backward_rows<1>(qr + r * d, kf, kt, vt, gr + r * d, lr + r, dqr + r * d, dkt, dvt, nk, d, scale, p, ds);
+    for (int64_t r = 0; r < m; ++r) narrow_all(dqr + r * d, dq + rows[r] * d, d);
+    m = 0;
   }
   transpose(dkt, dk, d, nk);
   transpose(dvt, dv, d, nk);

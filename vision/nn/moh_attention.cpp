@@ -108,6 +108,15 @@ HeadRouting HeadRouter::route_plain(const at::Tensor& x, bool training) const {
 }
 
 namespace {
+// y (B, N, parts·heads·d) as `parts` views (B, heads, N, d). Through unbind, whose backward stacks the parts' gradients
+// into y's own layout in one copy: indexing a (parts, B, heads, N, d) permutation instead zero-fills a gradient of y's
+// full size for every part, adds them up and copies the sum back into y's layout.
+std::vector<at::Tensor> split_heads(const at::Tensor& y, int64_t parts, int64_t heads, int64_t d) {
+  std::vector<at::Tensor> out = y.view({y.size(0), y.size(1), parts, heads, d}).unbind(2);  // (B, N, heads, d) each
+  for (auto& t : out) t = t.transpose(1, 2);
+  return out;
+}
+
 // The router's logits from one product over its layers' stacked rows: columns [wg (E) | wg_1 (h_s > 1) | wg_0 (h_s >
 // 0)].
 at::Tensor stacked_logits(const HeadRouter& r, const at::Tensor& x) {
@@ -283,7 +292,7 @@ AttentionOutput MoHAttentionImpl::forward_with_path(const at::Tensor& x, Attenti
 at::Tensor MoHAttentionImpl::mix_fused_qkv(const at::Tensor& x, const RopeTables& rope, HeadRouting& routing) {
   // One qkv product for Q, K and V of every head (as the official module), then every head attends.
   const int64_t B = x.size(0), N = x.size(1), h = options.num_heads, d = options.head_dim_resolved();
-  auto qkvx = qkv->forward(x).view({B, N, 3, h, d}).permute({2, 0, 3, 1, 4});  // (3, B, h, N, d)
+  const std::vector<at::Tensor> qkvx = split_heads(qkv->forward(x), 3, h, d);  // (B, h, N, d) each
   if (router.by_query_norm)
     routing = router.route_by_queries(
         qkvx[0].narrow(1, router.shared, h - router.shared).permute({0, 2, 1, 3}).reshape({B * N, -1, d}));
@@ -302,7 +311,7 @@ at::Tensor MoHAttentionImpl::mix_split_qkv(const at::Tensor& x, const RopeTables
   at::Tensor k, v;    // (B, h_kv, N, d)
   at::Tensor wq, bq;  // query projection (inner, C) / (inner)
   if (options.mode == AttentionMode::moa) {
-    at::Tensor kvx = kv->forward(x).view({B, N, 2, 1, d}).permute({2, 0, 3, 1, 4});  // (2, B, 1, N, d)
+    const std::vector<at::Tensor> kvx = split_heads(kv->forward(x), 2, 1, d);  // (B, 1, N, d) each
     k = kvx[0];
     v = kvx[1];
     wq = q->weight;
@@ -310,10 +319,9 @@ at::Tensor MoHAttentionImpl::mix_split_qkv(const at::Tensor& x, const RopeTables
   } else {
     const at::Tensor& w = qkv->weight;  // rows [0, inner) = Q, [inner, 2·inner) = K, [2·inner, 3·inner) = V
     at::Tensor b = options.qkv_bias ? qkv->bias : at::Tensor();
-    at::Tensor kvx = at::linear(x, w.narrow(0, inner, 2 * inner), b.defined() ? b.narrow(0, inner, 2 * inner) : b)
-                         .view({B, N, 2, h, d})
-                         .permute({2, 0, 3, 1, 4});  // (2, B, h, N, d)
-    k = kvx[0];
+    const std::vector<at::Tensor> kvx = split_heads(
+        at::linear(x, w.narrow(0, inner, 2 * inner), b.defined() ? b.narrow(0, inner, 2 * inner) : b), 2, h, d);
+    k = kvx[0];  // (B, h, N, d)
     v = kvx[1];
     wq = w.narrow(0, 0, inner);
     bq = b.defined() ? b.narrow(0, 0, inner) : b;

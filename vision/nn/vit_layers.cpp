@@ -30,7 +30,9 @@ PatchEmbedImpl::PatchEmbedImpl(int64_t in_channels, int64_t dim, int64_t patch) 
 }
 
 at::Tensor PatchEmbedImpl::forward(const at::Tensor& x) {
-  return proj->forward(x).flatten(2).transpose(1, 2);  // (N, T, D)
+  // Contiguous: the transposed view's layout would otherwise pass through every residual sum of the model after it,
+  // and each LayerNorm (forward and backward) would copy its input into rows first.
+  return proj->forward(x).flatten(2).transpose(1, 2).contiguous();  // (N, T, D)
 }
 
 }  // namespace moh::nn

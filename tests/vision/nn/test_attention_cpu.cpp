@@ -109,16 +109,45 @@ TEST(AttentionCpu, PeakedScoresStayFinite) {
                4.0 * (s.d + s.nk) * eps * largest, "peaked");
 }
 
-// The models pass q, k and v as strided views of one qkv product ((3, B, h, N, d) from (B, N, 3, h, d)): the same
+// The models pass q, k and v as strided views of one qkv product ((B, h, N, d) each from (B, N, 3, h, d)): the same
 // values as contiguous copies, bit for bit.
 TEST(AttentionCpu, StridedViewsGiveTheContiguousResult) {
   torch::manual_seed(24);
   const int64_t B = 2, N = 12, h = 3, d = 16;
-  const torch::Tensor qkv = torch::randn({B, N, 3, h, d}).permute({2, 0, 3, 1, 4});  // (3, B, h, N, d)
+  const std::vector<torch::Tensor> qkv = torch::randn({B, N, 3, h, d}).unbind(2);  // (B, N, h, d) each
+  const torch::Tensor q = qkv[0].transpose(1, 2), k = qkv[1].transpose(1, 2), v = qkv[2].transpose(1, 2);
   const torch::Tensor g = torch::randn({B, h, N, d});
-  const auto strided = fused(qkv[0], qkv[1], qkv[2], g, 0.25);
-  const auto contiguous = fused(qkv[0].contiguous(), qkv[1].contiguous(), qkv[2].contiguous(), g, 0.25);
+  const auto strided = fused(q, k, v, g, 0.25);
+  const auto contiguous = fused(q.contiguous(), k.contiguous(), v.contiguous(), g, 0.25);
   for (size_t i = 0; i < strided.size(); ++i) EXPECT_TRUE(torch::equal(strided[i], contiguous[i])) << i;
+}
+
+// Query rows whose output gradient is zero (MoH's gated-off heads) are skipped in the backward: their dq rows are
+// zero, and every other value is the one the kernel gives for the remaining query rows alone, bit for bit (the same
+// rows in the same order), within fp32 rounding of the fp64 reference. In fp32 and bf16, with a row count that
+// leaves the skip's gathered blocks part-filled.
+TEST(AttentionCpu, RowsWithoutGradientAreSkippedExactly) {
+  torch::manual_seed(25);
+  const Shape s{{2, 3}, 45, 50, 16};
+  for (const auto type : {torch::kFloat, torch::kBFloat16}) {
+    const torch::Tensor q = (torch::randn(dims(s, s.n)) * 2).to(type), k = torch::randn(dims(s, s.nk)).to(type),
+                        v = torch::randn(dims(s, s.nk)).to(type);
+    const torch::Tensor keep = torch::rand({s.n}) < 0.6;  // the same query rows in every group, as the slice below
+    const torch::Tensor g = (torch::randn(dims(s, s.n)) * keep.view({-1, 1})).to(type);
+    const std::vector<torch::Tensor> got = fused(q, k, v, g, 0.25);
+    const torch::Tensor kept = keep.nonzero().view({-1});
+    ASSERT_GT(kept.numel(), 5);
+    ASSERT_LT(kept.numel(), s.n - 5);
+    const std::vector<torch::Tensor> alone = fused(q.index_select(2, kept), k, v, g.index_select(2, kept), 0.25);
+    EXPECT_TRUE(torch::equal(got[0].index_select(2, kept), alone[0]));
+    EXPECT_TRUE(torch::equal(got[1].index_select(2, kept), alone[1]));
+    EXPECT_TRUE(torch::equal(got[2], alone[2]));
+    EXPECT_TRUE(torch::equal(got[3], alone[3]));
+    EXPECT_TRUE((got[1].index_select(2, (~keep).nonzero().view({-1})) == 0).all().item<bool>());
+    const double eps = std::numeric_limits<float>::epsilon();
+    if (type == torch::kFloat)
+      expect_close(got, reference(q, k, v, g, 0.25), 0.0, 4.0 * (s.d + s.nk) * eps, "fp32 with skipped rows");
+  }
 }
 
 TEST(AttentionCpu, TakesOnlyWhatItComputes) {
