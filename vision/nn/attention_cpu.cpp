@@ -193,28 +193,43 @@ template <class T>
 MOH_INLINE_INTO_CLONES void narrow_all(const float* x, T* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = narrow<T>(x[i]);
 }
-// a (rows, cols) → t (cols, rows), both row-major, converted on the way.
-template <class A, class B>
-MOH_INLINE_INTO_CLONES void transpose(const A* a, B* t, int64_t rows, int64_t cols) {
+// x (rows, d) at row stride ld → y (rows, d) contiguous, and back.
+template <class T>
+MOH_INLINE_INTO_CLONES void widen_rows(const T* x, int64_t ld, float* y, int64_t rows, int64_t d) {
+  for (int64_t r = 0; r < rows; ++r) widen_all(x + r * ld, y + r * d, d);
+}
+template <class T>
+MOH_INLINE_INTO_CLONES void narrow_rows(const float* x, T* y, int64_t ld, int64_t rows, int64_t d) {
+  for (int64_t r = 0; r < rows; ++r) narrow_all(x + r * d, y + r * ld, d);
+}
+// a (rows, cols) at row stride ld → t (cols, rows) in fp32, and t (rows, cols) in fp32 → a (cols, rows) at row stride ld.
+template <class T>
+MOH_INLINE_INTO_CLONES void transpose_in(const T* a, int64_t ld, float* t, int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) t[c * rows + r] = narrow<B>(widen(a[r * cols + c]));
+    for (int64_t c = 0; c < cols; ++c) t[c * rows + r] = widen(a[r * ld + c]);
+}
+// (Row by row of `a`: written column by column, rows of `a` far apart would each be a cache line touched d times.)
+template <class T>
+MOH_INLINE_INTO_CLONES void transpose_out(const float* t, T* a, int64_t ld, int64_t rows, int64_t cols) {
+  for (int64_t c = 0; c < cols; ++c)
+    for (int64_t r = 0; r < rows; ++r) a[c * ld + r] = narrow<T>(t[r * cols + c]);
 }
 
 template <class T>
 MOH_INLINE_INTO_CLONES void forward_group(const T* q, const T* k, const T* v, T* o, float* lse, int64_t n, int64_t nk,
-                                          int64_t d, float scale, float* scratch) {
+                                          int64_t d, float scale, const Strides& s, float* scratch) {
   float *kt = scratch, *vf = kt + d * nk;                                // kᵀ (d, nk), v (nk, d)
   float *p = vf + nk * d, *qr = p + kRows * nk, *orow = qr + kRows * d;  // (R, nk): scores, then e^(s − max)
-  transpose(k, kt, nk, d);
-  widen_all(v, vf, nk * d);
+  transpose_in(k, s.k, kt, nk, d);
+  widen_rows(v, s.v, vf, nk, d);
   for (int64_t i = 0; i < n;) {
     const int64_t rows = i + kRows <= n ? kRows : 1;
-    widen_all(q + i * d, qr, rows * d);
+    widen_rows(q + i * s.q, s.q, qr, rows, d);
     if (rows == kRows)
       forward_rows<kRows>(qr, kt, vf, orow, lse + i, nk, d, scale, p);
     else
       forward_rows<1>(qr, kt, vf, orow, lse + i, nk, d, scale, p);
-    narrow_all(orow, o + i * d, rows * d);
+    narrow_rows(orow, o + i * s.o, s.o, rows, d);
     i += rows;
   }
 }
@@ -234,25 +249,25 @@ MOH_INLINE_INTO_CLONES bool all_zero(const T* x, int64_t n) {
 template <class T>
 MOH_INLINE_INTO_CLONES void backward_group(const T* q, const T* k, const T* v, const T* dout, const float* lse, T* dq,
                                            T* dk, T* dv, int64_t n, int64_t nk, int64_t d, float scale,
-                                           float* scratch) {
+                                           const Strides& s, float* scratch) {
   float *kt = scratch, *vt = kt + d * nk, *kf = vt + d * nk, *dkt = kf + d * nk, *dvt = dkt + d * nk;
   float *p = dvt + d * nk, *ds = p + kRows * nk;                             // (R, nk) each
   float *qr = ds + kRows * nk, *gr = qr + kRows * d, *dqr = gr + kRows * d;  // (R, d) each
-  transpose(k, kt, nk, d);
-  transpose(v, vt, nk, d);
-  widen_all(k, kf, nk * d);
+  transpose_in(k, s.k, kt, nk, d);
+  transpose_in(v, s.v, vt, nk, d);
+  widen_rows(k, s.k, kf, nk, d);
   std::fill(dkt, dkt + 2 * d * nk, 0.f);
   int64_t rows[kRows];  // the query rows gathered into qr and gr
   float lr[kRows];      // and their log-sum-exps
   int64_t m = 0;
   for (int64_t i = 0; i <= n; ++i) {
-    if (i < n && all_zero(dout + i * d, d)) {
-      std::fill(dq + i * d, dq + (i + 1) * d, narrow<T>(0.f));
+    if (i < n && all_zero(dout + i * s.o, d)) {
+      std::fill(dq + i * s.dq, dq + i * s.dq + d, narrow<T>(0.f));
       continue;
     }
     if (i < n) {
-      widen_all(q + i * d, qr + m * d, d);
-      widen_all(dout + i * d, gr + m * d, d);
+      widen_all(q + i * s.q, qr + m * d, d);
+      widen_all(dout + i * s.o, gr + m * d, d);
       rows[m] = i, lr[m] = lse[i];
       if (++m < kRows) continue;
     }
@@ -262,11 +277,11 @@ MOH_INLINE_INTO_CLONES void backward_group(const T* q, const T* k, const T* v, c
     else
       for (int64_t r = 0; r < m; ++r)
         backward_rows<1>(qr + r * d, kf, kt, vt, gr + r * d, lr + r, dqr + r * d, dkt, dvt, nk, d, scale, p, ds);
-    for (int64_t r = 0; r < m; ++r) narrow_all(dqr + r * d, dq + rows[r] * d, d);
+    for (int64_t r = 0; r < m; ++r) narrow_all(dqr + r * d, dq + rows[r] * s.dq, d);
     m = 0;
   }
-  transpose(dkt, dk, d, nk);
-  transpose(dvt, dv, d, nk);
+  transpose_out(dkt, dk, s.dk, d, nk);
+  transpose_out(dvt, dv, s.dv, d, nk);
 }
 
 }  // namespace
@@ -279,23 +294,23 @@ int64_t backward_scratch(int64_t nk, int64_t d) {
 }
 
 MOH_CPU_CLONES void forward(const float* q, const float* k, const float* v, float* o, float* lse, int64_t n, int64_t nk,
-                            int64_t d, float scale, float* scratch) {
-  forward_group(q, k, v, o, lse, n, nk, d, scale, scratch);
+                            int64_t d, float scale, const Strides& s, float* scratch) {
+  forward_group(q, k, v, o, lse, n, nk, d, scale, s, scratch);
 }
 MOH_CPU_CLONES void forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* o, float* lse, int64_t n,
-                            int64_t nk, int64_t d, float scale, float* scratch) {
-  forward_group(q, k, v, o, lse, n, nk, d, scale, scratch);
+                            int64_t nk, int64_t d, float scale, const Strides& s, float* scratch) {
+  forward_group(q, k, v, o, lse, n, nk, d, scale, s, scratch);
 }
 
 MOH_CPU_CLONES void backward(const float* q, const float* k, const float* v, const float* dout, const float* lse,
                              float* dq, float* dk, float* dv, int64_t n, int64_t nk, int64_t d, float scale,
-                             float* scratch) {
-  backward_group(q, k, v, dout, lse, dq, dk, dv, n, nk, d, scale, scratch);
+                             const Strides& s, float* scratch) {
+  backward_group(q, k, v, dout, lse, dq, dk, dv, n, nk, d, scale, s, scratch);
 }
 MOH_CPU_CLONES void backward(const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* dout,
                              const float* lse, uint16_t* dq, uint16_t* dk, uint16_t* dv, int64_t n, int64_t nk,
-                             int64_t d, float scale, float* scratch) {
-  backward_group(q, k, v, dout, lse, dq, dk, dv, n, nk, d, scale, scratch);
+                             int64_t d, float scale, const Strides& s, float* scratch) {
+  backward_group(q, k, v, dout, lse, dq, dk, dv, n, nk, d, scale, s, scratch);
 }
 
 }  // namespace attention_kernels
@@ -309,11 +324,43 @@ at::ScalarType storage_type(const at::Tensor& q, const at::Tensor& k, const at::
   return bf16 ? at::kBFloat16 : at::kFloat;
 }
 
-// x (..., rows, d) as (G, rows, d) in `type`, contiguous (x itself when it already is).
-at::Tensor as_groups(const at::Tensor& x, at::ScalarType type) {
-  const bool ready = x.scalar_type() == type && x.is_contiguous();
-  const at::Tensor f = ready ? x : at::empty(x.sizes(), x.options().dtype(type)).copy_(x);  // one copy
-  return f.view({-1, x.size(-2), x.size(-1)});
+// An operand as the kernels read or write it: rows of d contiguous elements in `type`, each group (the leading dims
+// flattened) at its own offset. Strided views (q, k, v of one qkv product; a transposed output) are read in place;
+// anything else is copied first.
+struct Operand {
+  at::Tensor t;
+  std::vector<int64_t> offset;  // elements from t's data to each group's first row
+  int64_t ld = 0;               // elements between rows
+};
+
+Operand operand(const at::Tensor& x, at::ScalarType type) {
+  Operand o;
+  o.t = x.scalar_type() == type && x.stride(-1) == 1 ? x : at::empty(x.sizes(), x.options().dtype(type)).copy_(x);
+  const int64_t lead = o.t.dim() - 2;
+  int64_t groups = 1;
+  for (int64_t i = 0; i < lead; ++i) groups *= o.t.size(i);
+  o.offset.resize(static_cast<size_t>(groups));
+  for (int64_t g = 0; g < groups; ++g) {
+    int64_t rest = g, off = 0;
+    for (int64_t i = lead - 1; i >= 0; --i) off += (rest % o.t.size(i)) * o.t.stride(i), rest /= o.t.size(i);
+    o.offset[static_cast<size_t>(g)] = off;
+  }
+  o.ld = o.t.stride(-2);
+  return o;
+}
+
+// A fresh dense tensor of x's shape in `type` whose dims lie in memory in the order of x's strides (the last one
+// last): an output or gradient in the layout of its operand. For q (B, h, N, d) viewed from a (B, N, h·d) product
+// that is (B, N, h, d) memory, which the output projection then reads as (B, N, h·d) without a copy.
+at::Tensor dense_like(const at::Tensor& x, at::ScalarType type) {
+  const int64_t D = x.dim();
+  std::vector<int64_t> order(static_cast<size_t>(D));
+  for (int64_t i = 0; i < D; ++i) order[static_cast<size_t>(i)] = i;
+  std::stable_sort(order.begin(), order.end() - 1, [&](int64_t a, int64_t b) { return x.stride(a) > x.stride(b); });
+  std::vector<int64_t> sizes, back(static_cast<size_t>(D));
+  for (int64_t i = 0; i < D; ++i) sizes.push_back(x.size(order[static_cast<size_t>(i)]));
+  for (int64_t i = 0; i < D; ++i) back[static_cast<size_t>(order[static_cast<size_t>(i)])] = i;
+  return at::empty(sizes, x.options().dtype(type)).permute(back);
 }
 
 // body(g, scratch) for every group g in [0, groups), in parallel, each thread with its own scratch of `floats`.
@@ -324,40 +371,34 @@ void for_groups(int64_t groups, int64_t floats, const std::function<void(int64_t
   });
 }
 
-// fp32 tensors as float*, bf16 ones as their raw bits.
+// fp32 tensors as float*, bf16 ones as their raw bits; group g's first row.
 template <class T>
-const T* elements(const at::Tensor& t) {
-  return static_cast<const T*>(t.data_ptr());
-}
-template <class T>
-T* elements_mut(at::Tensor& t) {
-  return static_cast<T*>(t.data_ptr());
+T* rows_of(const Operand& x, int64_t g) {
+  return static_cast<T*>(x.t.data_ptr()) + x.offset[static_cast<size_t>(g)];
 }
 
 template <class T>
-void forward_groups(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o, at::Tensor& lse,
+void forward_groups(const Operand& q, const Operand& k, const Operand& v, const Operand& o, at::Tensor& lse,
                     float scale) {
-  const int64_t G = q.size(0), n = q.size(1), nk = k.size(1), d = q.size(2);
-  const T *qp = elements<T>(q), *kp = elements<T>(k), *vp = elements<T>(v);
-  T* op = elements_mut<T>(o);
+  const int64_t G = static_cast<int64_t>(q.offset.size()), n = q.t.size(-2), nk = k.t.size(-2), d = q.t.size(-1);
+  const attention_kernels::Strides s{q.ld, k.ld, v.ld, o.ld, 0, 0, 0};
   float* lp = lse.data_ptr<float>();
   for_groups(G, attention_kernels::forward_scratch(nk, d), [&](int64_t g, float* scratch) {
-    attention_kernels::forward(qp + g * n * d, kp + g * nk * d, vp + g * nk * d, op + g * n * d, lp + g * n, n, nk, d,
-                               scale, scratch);
+    attention_kernels::forward(rows_of<const T>(q, g), rows_of<const T>(k, g), rows_of<const T>(v, g),
+                               rows_of<T>(o, g), lp + g * n, n, nk, d, scale, s, scratch);
   });
 }
 
 template <class T>
-void backward_groups(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout,
-                     const at::Tensor& lse, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, float scale) {
-  const int64_t G = q.size(0), n = q.size(1), nk = k.size(1), d = q.size(2);
-  const T *qp = elements<T>(q), *kp = elements<T>(k), *vp = elements<T>(v), *gp = elements<T>(dout);
-  T *dqp = elements_mut<T>(dq), *dkp = elements_mut<T>(dk), *dvp = elements_mut<T>(dv);
+void backward_groups(const Operand& q, const Operand& k, const Operand& v, const Operand& dout, const at::Tensor& lse,
+                     const Operand& dq, const Operand& dk, const Operand& dv, float scale) {
+  const int64_t G = static_cast<int64_t>(q.offset.size()), n = q.t.size(-2), nk = k.t.size(-2), d = q.t.size(-1);
+  const attention_kernels::Strides s{q.ld, k.ld, v.ld, dout.ld, dq.ld, dk.ld, dv.ld};
   const float* lp = lse.data_ptr<float>();
   for_groups(G, attention_kernels::backward_scratch(nk, d), [&](int64_t g, float* scratch) {
-    const int64_t qo = g * n * d, ko = g * nk * d;
-    attention_kernels::backward(qp + qo, kp + ko, vp + ko, gp + qo, lp + g * n, dqp + qo, dkp + ko, dvp + ko, n, nk, d,
-                                scale, scratch);
+    attention_kernels::backward(rows_of<const T>(q, g), rows_of<const T>(k, g), rows_of<const T>(v, g),
+                                rows_of<const T>(dout, g), lp + g * n, rows_of<T>(dq, g), rows_of<T>(dk, g),
+                                rows_of<T>(dv, g), n, nk, d, scale, s, scratch);
   });
 }
 
@@ -365,15 +406,16 @@ struct AttentionCpu : torch::autograd::Function<AttentionCpu> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& v, double scale) {
     const at::ScalarType type = storage_type(q, k, v);
-    const at::Tensor qg = as_groups(q, type), kg = as_groups(k, type), vg = as_groups(v, type);  // (G, n|nk, d)
-    at::Tensor o = at::empty_like(qg), lse = at::empty({qg.size(0), qg.size(1)}, qg.options().dtype(at::kFloat));
+    const Operand qg = operand(q, type), kg = operand(k, type), vg = operand(v, type);
+    const Operand o = operand(dense_like(q, type), type);
+    at::Tensor lse = at::empty({static_cast<int64_t>(qg.offset.size()), q.size(-2)}, q.options().dtype(at::kFloat));
     if (type == at::kBFloat16)
       forward_groups<uint16_t>(qg, kg, vg, o, lse, static_cast<float>(scale));
     else
       forward_groups<float>(qg, kg, vg, o, lse, static_cast<float>(scale));
     ctx->save_for_backward({q, k, v, lse});
     ctx->saved_data["scale"] = scale;
-    return o.view(q.sizes());
+    return o.t;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -381,16 +423,15 @@ struct AttentionCpu : torch::autograd::Function<AttentionCpu> {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &lse = saved[3];
     const at::ScalarType type = storage_type(q, k, v);
-    const at::Tensor qg = as_groups(q, type), kg = as_groups(k, type), vg = as_groups(v, type);
-    const at::Tensor gg = as_groups(grads[0], type);
-    at::Tensor dq = at::empty_like(qg), dk = at::empty_like(kg), dv = at::empty_like(vg);
+    const Operand qg = operand(q, type), kg = operand(k, type), vg = operand(v, type), gg = operand(grads[0], type);
+    const Operand dq = operand(dense_like(q, type), type), dk = operand(dense_like(k, type), type),
+                  dv = operand(dense_like(v, type), type);
     const auto scale = static_cast<float>(ctx->saved_data["scale"].toDouble());
     if (type == at::kBFloat16)
       backward_groups<uint16_t>(qg, kg, vg, gg, lse, dq, dk, dv, scale);
     else
       backward_groups<float>(qg, kg, vg, gg, lse, dq, dk, dv, scale);
-    return {dq.view(q.sizes()).to(q.scalar_type()), dk.view(k.sizes()).to(k.scalar_type()),
-            dv.view(v.sizes()).to(v.scalar_type()), at::Tensor()};
+    return {dq.t.to(q.scalar_type()), dk.t.to(k.scalar_type()), dv.t.to(v.scalar_type()), at::Tensor()};
   }
 };
 

@@ -34,17 +34,23 @@ namespace attention_kernels {
 /// Floats of scratch each call below needs.
 int64_t forward_scratch(int64_t nk, int64_t d);
 int64_t backward_scratch(int64_t nk, int64_t d);
-/// One (batch, head) group, row-major, fp32 or bf16 (its raw bits; the arithmetic in fp32 either way): q (n, d), k
-/// and v (nk, d) → o (n, d) and the rows' log-sum-exp (n, fp32).
+/// Elements between consecutive rows of each operand of a group (d for a contiguous (rows, d) block); o stands for
+/// the forward's output and the backward's dout.
+struct Strides {
+  int64_t q, k, v, o, dq, dk, dv;
+};
+/// One (batch, head) group, rows of d contiguous elements, fp32 or bf16 (its raw bits; the arithmetic in fp32 either
+/// way): q (n, d), k and v (nk, d) → o (n, d) and the rows' log-sum-exp (n, fp32, contiguous).
 void forward(const float* q, const float* k, const float* v, float* o, float* lse, int64_t n, int64_t nk, int64_t d,
-             float scale, float* scratch);
+             float scale, const Strides& s, float* scratch);
 void forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* o, float* lse, int64_t n, int64_t nk,
-             int64_t d, float scale, float* scratch);
+             int64_t d, float scale, const Strides& s, float* scratch);
 /// Its gradients from dout (n, d) and the forward's lse: dq (n, d), dk and dv (nk, d), all overwritten.
 void backward(const float* q, const float* k, const float* v, const float* dout, const float* lse, float* dq, float* dk,
-              float* dv, int64_t n, int64_t nk, int64_t d, float scale, float* scratch);
+              float* dv, int64_t n, int64_t nk, int64_t d, float scale, const Strides& s, float* scratch);
 void backward(const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* dout, const float* lse,
-              uint16_t* dq, uint16_t* dk, uint16_t* dv, int64_t n, int64_t nk, int64_t d, float scale, float* scratch);
+              uint16_t* dq, uint16_t* dk, uint16_t* dv, int64_t n, int64_t nk, int64_t d, float scale,
+              const Strides& s, float* scratch);
 }  // namespace attention_kernels
 
 }  // namespace moh::nn

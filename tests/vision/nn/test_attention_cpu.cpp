@@ -109,17 +109,30 @@ TEST(AttentionCpu, PeakedScoresStayFinite) {
                4.0 * (s.d + s.nk) * eps * largest, "peaked");
 }
 
-// The models pass q, k and v as strided views of one qkv product ((B, h, N, d) each from (B, N, 3, h, d)): the same
-// values as contiguous copies, bit for bit.
-TEST(AttentionCpu, StridedViewsGiveTheContiguousResult) {
+// The models pass q, k and v as strided views of one qkv product ((B, h, N, d) each from (B, N, 3, h, d)), read in
+// place: the output and the product's gradient are those of contiguous copies, bit for bit; the output and the
+// gradients come in the operands' layout ((B, N, h, d) memory: the projection reads the output as (B, N, h·d)
+// without a copy). Also with keys and values shared by the heads (MoA: expanded, stride 0).
+TEST(AttentionCpu, StridedViewsAreReadInPlaceWithTheContiguousResult) {
   torch::manual_seed(24);
   const int64_t B = 2, N = 12, h = 3, d = 16;
-  const std::vector<torch::Tensor> qkv = torch::randn({B, N, 3, h, d}).unbind(2);  // (B, N, h, d) each
-  const torch::Tensor q = qkv[0].transpose(1, 2), k = qkv[1].transpose(1, 2), v = qkv[2].transpose(1, 2);
-  const torch::Tensor g = torch::randn({B, h, N, d});
-  const auto strided = fused(q, k, v, g, 0.25);
-  const auto contiguous = fused(q.contiguous(), k.contiguous(), v.contiguous(), g, 0.25);
-  for (size_t i = 0; i < strided.size(); ++i) EXPECT_TRUE(torch::equal(strided[i], contiguous[i])) << i;
+  const torch::Tensor base = torch::randn({B, N, 3 * h * d}), g = torch::randn({B, h, N, d});
+  for (const bool shared_kv : {false, true}) {
+    std::vector<torch::Tensor> outs;
+    for (const bool copies : {false, true}) {
+      const torch::Tensor x = base.clone().requires_grad_(true);
+      std::vector<torch::Tensor> qkv = x.view({B, N, 3, h, d}).unbind(2);  // (B, N, h, d) each
+      for (auto& t : qkv) t = t.transpose(1, 2);
+      for (int i = 1; i < 3 && shared_kv; ++i) qkv[i] = qkv[i].narrow(1, 0, 1).expand({B, h, N, d});
+      for (auto& t : qkv) t = copies ? t.contiguous() : t;
+      const torch::Tensor o = attention_cpu(qkv[0], qkv[1], qkv[2], 0.25);
+      EXPECT_TRUE(copies || o.transpose(1, 2).is_contiguous()) << "output layout, shared_kv " << shared_kv;
+      outs.push_back(o.detach());
+      outs.push_back(torch::autograd::grad({o}, {x}, {g})[0]);
+    }
+    EXPECT_TRUE(torch::equal(outs[0], outs[2])) << "output, shared_kv " << shared_kv;
+    EXPECT_TRUE(torch::equal(outs[1], outs[3])) << "gradient, shared_kv " << shared_kv;
+  }
 }
 
 // Query rows whose output gradient is zero (MoH's gated-off heads) are skipped in the backward: their dq rows are
