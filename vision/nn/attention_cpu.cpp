@@ -202,7 +202,7 @@ template <class T>
 MOH_INLINE_INTO_CLONES void narrow_rows(const float* x, T* y, int64_t ld, int64_t rows, int64_t d) {
   for (int64_t r = 0; r < rows; ++r) narrow_all(x + r * d, y + r * ld, d);
 }
-// a (rows, cols) at row stride ld → t (cols, rows) in fp32, and t (rows, cols) in fp32 → a (cols, rows) at row stride ld.
+// a (rows, cols) at row stride ld → t (cols, rows) in fp32; t (rows, cols) in fp32 → a (cols, rows) at row stride ld.
 template <class T>
 MOH_INLINE_INTO_CLONES void transpose_in(const T* a, int64_t ld, float* t, int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r)
@@ -384,8 +384,8 @@ void forward_groups(const Operand& q, const Operand& k, const Operand& v, const 
   const attention_kernels::Strides s{q.ld, k.ld, v.ld, o.ld, 0, 0, 0};
   float* lp = lse.data_ptr<float>();
   for_groups(G, attention_kernels::forward_scratch(nk, d), [&](int64_t g, float* scratch) {
-    attention_kernels::forward(rows_of<const T>(q, g), rows_of<const T>(k, g), rows_of<const T>(v, g),
-                               rows_of<T>(o, g), lp + g * n, n, nk, d, scale, s, scratch);
+    attention_kernels::forward(rows_of<const T>(q, g), rows_of<const T>(k, g), rows_of<const T>(v, g), rows_of<T>(o, g),
+                               lp + g * n, n, nk, d, scale, s, scratch);
   });
 }
 

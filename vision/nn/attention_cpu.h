@@ -49,8 +49,8 @@ void forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* 
 void backward(const float* q, const float* k, const float* v, const float* dout, const float* lse, float* dq, float* dk,
               float* dv, int64_t n, int64_t nk, int64_t d, float scale, const Strides& s, float* scratch);
 void backward(const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* dout, const float* lse,
-              uint16_t* dq, uint16_t* dk, uint16_t* dv, int64_t n, int64_t nk, int64_t d, float scale,
-              const Strides& s, float* scratch);
+              uint16_t* dq, uint16_t* dk, uint16_t* dv, int64_t n, int64_t nk, int64_t d, float scale, const Strides& s,
+              float* scratch);
 }  // namespace attention_kernels
 
 }  // namespace moh::nn
