@@ -27,8 +27,8 @@ est_eval=$((VAL == 0 ? 38 : 6))
 est_cls=$((15 + CLS_STEPS * 3 / 4 + est_eval))
 # The DiT's: its 750 fp32 steps took 349-368 s on a 2 vCPU AMD EPYC (2026-12-04, as `auto` trains it where the CPU has
 # no native bf16), whose fp32 training steps took 0.86 of the Intel Xeon's (the /4 model's demo stage, 271 s against
-# 316 s).
-est_dit=$((10 + DIT_STEPS * 56 / 100))
+# 316 s); the attention kernel's row skip and in-place operands since took 0.93-0.99 of that time (interleaved).
+est_dit=$((10 + DIT_STEPS * 53 / 100))
 est_rest=$((12 + PER_CLASS * 4 / 10))
 echo "== demo: about $(((est_setup + est_cls + est_dit + est_rest + 30) / 60)) min in all (setup + build ${est_setup} s," \
   "classifier ${est_cls} s, diffusion ${est_dit} s, samples + FID ${est_rest} s; as on a 2-core Intel Xeon)"
