@@ -3,8 +3,10 @@
 // memory and reads them back in backward, and at the small head widths of the pixel DiTs its batched products run
 // far below the machine's rate. Here each query row's scores stay in a buffer of N floats, the probabilities are
 // recomputed in backward from the saved log-sum-exp (as flash attention does), and all arithmetic is fp32 whatever
-// the storage type: bf16 outputs and gradients are the fp32 values rounded once. attend_plain (attention_core.cpp)
-// is the reference; tests/vision/nn/test_attention_cpu.cpp compares the two against fp64.
+// the storage type: bf16 outputs and gradients are the fp32 values rounded once. Strided operands (q, k, v as views
+// of one qkv product) are read in place, and the output and gradients come in their operands' layout. Backward skips
+// query rows whose output gradient is zero (MoH's gated-off heads): they add nothing. attend_plain
+// (attention_core.cpp) is the reference; tests/vision/nn/test_attention_cpu.cpp compares the two against fp64.
 #pragma once
 
 #include <ATen/ATen.h>
