@@ -6,9 +6,11 @@
 #include <c10/util/Half.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "vision/nn/fused_kernels.h"
+#include "vision/nn/gelu_cpu.h"
 
 namespace moh::nn::fused {
 
@@ -177,18 +179,38 @@ void gate_residual_backward(const void* dout, DType tx, Rows gate, const void* b
   });
 }
 
+namespace {
+
+// The bias rounded to z's type (as autocast casts the Linear's bias), in fp32: F values.
+template <class Tz>
+std::vector<float> rounded_bias(const void* bias, DType tbias, int64_t F) {
+  std::vector<float> b(static_cast<size_t>(F));
+  with_type(tbias, [&](auto bt) {
+    for (int64_t f = 0; f < F; ++f) b[f] = rnd<Tz>(ld<decltype(bt)>(bias, f));
+  });
+  return b;
+}
+
+// The element type of gelu_kernels' rows standing for Tz: fp32 as itself, bf16 as its bits, none for fp16 (void).
+template <class Tz>
+using GeluRow = std::conditional_t<std::is_same_v<Tz, float>, float,
+                                   std::conditional_t<std::is_same_v<Tz, c10::BFloat16>, uint16_t, void>>;
+
+}  // namespace
+
 void bias_gelu_forward(const void* z, DType tz, const void* bias, DType tbias, void* out, int64_t T, int64_t F) {
   with_type(tz, [&](auto zt) {
-    with_type(tbias, [&](auto bt) {
-      using Tz = decltype(zt);
-      using Tbias = decltype(bt);
-      at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
-        for (int64_t t = begin; t < end; ++t)
-          for (int64_t f = 0; f < F; ++f) {
-            const float u = biased<Tz>(ld<Tz>(z, t * F + f), rnd<Tz>(ld<Tbias>(bias, f)));
-            st<Tz>(out, t * F + f, gelu_tanh(u));
-          }
-      });
+    using Tz = decltype(zt);
+    using R = GeluRow<Tz>;
+    const std::vector<float> b = rounded_bias<Tz>(bias, tbias, F);
+    at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        if constexpr (!std::is_void_v<R>) {
+          gelu_kernels::bias_forward(static_cast<const R*>(z) + t * F, b.data(), static_cast<R*>(out) + t * F, F);
+        } else {
+          for (int64_t f = 0; f < F; ++f) st<Tz>(out, t * F + f, gelu_tanh(biased<Tz>(ld<Tz>(z, t * F + f), b[f])));
+        }
+      }
     });
   });
 }
@@ -196,20 +218,25 @@ void bias_gelu_forward(const void* z, DType tz, const void* bias, DType tbias, v
 void bias_gelu_backward(const void* dy, const void* z, DType tz, const void* bias, DType tbias, void* dz,
                         float* dbias_part, int64_t T, int64_t F) {
   with_type(tz, [&](auto zt) {
-    with_type(tbias, [&](auto bt) {
-      using Tz = decltype(zt);
-      using Tbias = decltype(bt);
-      for_tiles(1, T, [&](int64_t, int64_t t0, int64_t t1, int64_t tile) {
-        float* db = dbias_part + tile * F;
-        std::fill(db, db + F, 0.f);
-        for (int64_t t = t0; t < t1; ++t)
+    using Tz = decltype(zt);
+    using R = GeluRow<Tz>;
+    const std::vector<float> b = rounded_bias<Tz>(bias, tbias, F);
+    for_tiles(1, T, [&](int64_t, int64_t t0, int64_t t1, int64_t tile) {
+      float* db = dbias_part + tile * F;
+      std::fill(db, db + F, 0.f);
+      for (int64_t t = t0; t < t1; ++t) {
+        if constexpr (!std::is_void_v<R>) {
+          const int64_t o = t * F;
+          gelu_kernels::bias_backward(static_cast<const R*>(dy) + o, static_cast<const R*>(z) + o, b.data(),
+                                      static_cast<R*>(dz) + o, db, F);
+        } else {
           for (int64_t f = 0; f < F; ++f) {
-            const float u = biased<Tz>(ld<Tz>(z, t * F + f), rnd<Tz>(ld<Tbias>(bias, f)));
-            const float g = rnd<Tz>(ld<Tz>(dy, t * F + f) * gelu_tanh_grad(u));
+            const float g = rnd<Tz>(ld<Tz>(dy, t * F + f) * gelu_tanh_grad(biased<Tz>(ld<Tz>(z, t * F + f), b[f])));
             st<Tz>(dz, t * F + f, g);
             db[f] += g;
           }
-      });
+        }
+      }
     });
   });
 }

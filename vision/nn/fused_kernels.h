@@ -1,7 +1,8 @@
 #pragma once
 // The loops of the fused block operations (vision/nn/fused_ops.h) on raw memory, as the CPU runs them
 // (fused_cpu.cpp); the CUDA kernels (cuda/fused_block.h) take the same arguments plus a stream. No LibTorch types,
-// so the CUDA side compiles with nvcc alone. Every loop computes with the functions of fused_math.h.
+// so the CUDA side compiles with nvcc alone. Every loop computes with the functions of fused_math.h, but the CPU's
+// bias + GELU, which runs gelu_cpu.h's vectorised rows (GELU in its σ form: the same function, more exact for u < 0).
 //
 // Layouts: x-like tensors (B, N, D) and (T, F) are contiguous rows; a `Rows` operand is (B, D) with a row stride
 // (a chunk of adaLN_modulation's (B, 6D) output) and unit column stride. Reductions over tokens (the gradients of

@@ -21,12 +21,12 @@ using fused::kGeluBeta;
 using fused::kGeluKappa;
 
 // 0.5 u (1 + tanh(v)) = u σ(2v) with v = β (u + κ u³): written with σ, so that no 1 + tanh cancels for negative u.
-inline float gelu(float u) {
+MOH_INLINE_INTO_CLONES float gelu(float u) {
   const float v = kGeluBeta * (u + kGeluKappa * u * u * u);
   return u / (1.f + exp_clamped(-2.f * v));
 }
 // d/du u σ(2v) = σ + 2 u σ (1 − σ) v', with 1 − σ = σ e^{−2v}.
-inline float gelu_grad(float u) {
+MOH_INLINE_INTO_CLONES float gelu_grad(float u) {
   const float u2 = u * u;
   const float e = exp_clamped(-2.f * kGeluBeta * (u + kGeluKappa * u2 * u));
   const float s = 1.f / (1.f + e);
@@ -49,6 +49,39 @@ MOH_CPU_CLONES void forward(const float* z, float* y, int64_t n) {
 
 MOH_CPU_CLONES void backward(const float* dy, const float* z, float* dz, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dz[i] = dy[i] * gelu_grad(z[i]);
+}
+
+namespace {
+// The biased input in bf16: the official Linear's output, z + b rounded once.
+MOH_INLINE_INTO_CLONES float biased_bf16(uint16_t z, float b) {
+  return bf16_to_float(float_to_bf16(bf16_to_float(z) + b));
+}
+}  // namespace
+
+MOH_CPU_CLONES void bias_forward(const uint16_t* z, const float* bias, uint16_t* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = float_to_bf16(gelu(biased_bf16(z[i], bias[i])));
+}
+
+MOH_CPU_CLONES void bias_backward(const uint16_t* dy, const uint16_t* z, const float* bias, uint16_t* dz, float* dbias,
+                                  int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t g = float_to_bf16(bf16_to_float(dy[i]) * gelu_grad(biased_bf16(z[i], bias[i])));
+    dz[i] = g;
+    dbias[i] += bf16_to_float(g);
+  }
+}
+
+MOH_CPU_CLONES void bias_forward(const float* z, const float* bias, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = gelu(z[i] + bias[i]);
+}
+
+MOH_CPU_CLONES void bias_backward(const float* dy, const float* z, const float* bias, float* dz, float* dbias,
+                                  int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = dy[i] * gelu_grad(z[i] + bias[i]);
+    dz[i] = g;
+    dbias[i] += g;
+  }
 }
 
 }  // namespace gelu_kernels

@@ -22,6 +22,12 @@ void forward(const uint16_t* z, uint16_t* y, int64_t n);
 void backward(const uint16_t* dy, const uint16_t* z, uint16_t* dz, int64_t n);
 void forward(const float* z, float* y, int64_t n);
 void backward(const float* dy, const float* z, float* dz, int64_t n);
+// With a bias (n values, already in z's type, as fp32) added to z first, in z's type (the official Linear's output):
+// GELU(tanh) of it, and in the backward dz = dy · GELU'(z + bias) in z's type, whose values are added to dbias.
+void bias_forward(const uint16_t* z, const float* bias, uint16_t* y, int64_t n);
+void bias_backward(const uint16_t* dy, const uint16_t* z, const float* bias, uint16_t* dz, float* dbias, int64_t n);
+void bias_forward(const float* z, const float* bias, float* y, int64_t n);
+void bias_backward(const float* dy, const float* z, const float* bias, float* dz, float* dbias, int64_t n);
 }  // namespace gelu_kernels
 
 }  // namespace moh::nn
