@@ -452,8 +452,11 @@ bool attention_cpu_applies(const at::Tensor& q, const at::Tensor& k, const at::T
 }
 
 bool attention_cpu_pays(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  const bool fp32 = q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat;
-  return attention_cpu_applies(q, k, v) && fp32 && q.size(-1) <= 16 && k.size(-2) >= 128;
+  const auto all = [&](at::ScalarType t) {
+    return q.scalar_type() == t && k.scalar_type() == t && v.scalar_type() == t;
+  };
+  const bool fp32 = all(at::kFloat), bf16 = all(at::kBFloat16);
+  return attention_cpu_applies(q, k, v) && (fp32 || bf16) && q.size(-1) <= 16 && k.size(-2) >= 128;
 }
 
 at::Tensor attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {

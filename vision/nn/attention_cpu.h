@@ -23,9 +23,9 @@ at::Tensor attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Ten
 constexpr int64_t kMaxHeadDim = 256;
 
 /// Where attend() runs attention_cpu (LibTorch 1.13, `fused`): where it applies and was measured faster than the
-/// plain path in a training step: fp32 operands, heads of at most 16 dims, at least 128 keys (the pixel DiT /2's
-/// 196 tokens of 16 dims: 0.77x the step). In bf16 (OpenBLAS's bf16 products) and at 49 tokens or 64-dim heads it was
-/// level or slower (docs/BENCHMARKS.md, "Attention core on a CPU").
+/// plain path in a training step: fp32 or bf16 operands (all three of one type), heads of at most 16 dims, at least
+/// 128 keys (the pixel DiT /2's 196 tokens of 16 dims). At 49 tokens or 64-dim heads it was level or slower
+/// (docs/BENCHMARKS.md, "Attention core on a CPU").
 bool attention_cpu_pays(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 
 /// Whether attention_cpu takes these operands (CPU, fp32 / bf16, equal leading sizes, v as wide as k, d <=

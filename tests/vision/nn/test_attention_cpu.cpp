@@ -174,15 +174,16 @@ TEST(AttentionCpu, TakesOnlyWhatItComputes) {
   EXPECT_FALSE(attention_cpu_applies(torch::randn({2, 0, 8}), k, k));  // no queries: the plain path
 }
 
-// attend() with `fused` takes the kernel only where it was measured to pay (fp32, heads <= 16 dims, >= 128 keys):
-// the same values as the plain path there, within fp32 rounding.
+// attend() with `fused` takes the kernel only where it was measured to pay (fp32 or bf16, heads <= 16 dims, >= 128
+// keys): the same values as the plain path there, within fp32 rounding.
 TEST(AttentionCpu, AttendTakesItWhereItPays) {
   torch::manual_seed(25);
   const torch::Tensor q = torch::randn({2, 2, 40, 16}), k = torch::randn({2, 2, 196, 16}),
                       v = torch::randn({2, 2, 196, 16});
   EXPECT_TRUE(attention_cpu_pays(q, k, v));
   EXPECT_FALSE(attention_cpu_pays(q, k.narrow(2, 0, 49), v.narrow(2, 0, 49)));  // 49 keys
-  EXPECT_FALSE(attention_cpu_pays(q.to(torch::kBFloat16), k.to(torch::kBFloat16), v.to(torch::kBFloat16)));
+  EXPECT_TRUE(attention_cpu_pays(q.to(torch::kBFloat16), k.to(torch::kBFloat16), v.to(torch::kBFloat16)));
+  EXPECT_FALSE(attention_cpu_pays(q.to(torch::kBFloat16), k, v));  // mixed types: the plain path's promotion
   EXPECT_FALSE(attention_cpu_pays(torch::randn({1, 8, 64}), torch::randn({1, 196, 64}), torch::randn({1, 196, 64})));
   const torch::Tensor g = torch::randn({2, 2, 40, 16});
   auto via_attend = [](torch::Tensor a, torch::Tensor b, torch::Tensor c) { return attend(a, b, c, 0.25, {}, true); };
