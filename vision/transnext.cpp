@@ -302,8 +302,8 @@ nn::AttentionOutput TransNeXtAttentionImpl::run(const at::Tensor& x, const at::T
 at::Tensor TransNeXtAttentionImpl::full_attention(const at::Tensor& x, const at::Tensor& tau,
                                                   const at::Tensor& len_scale, const at::Tensor& table,
                                                   const at::Tensor& index) {
-  const int64_t B = x.size(0), N = x.size(1), h = options.num_heads, d = x.size(2) / h;
-  auto parts = qkv->forward(x).reshape({B, N, 3, h, d}).permute({2, 0, 3, 1, 4});  // (3, B, h, N, d)
+  const int64_t N = x.size(1), h = options.num_heads, d = x.size(2) / h;
+  const std::vector<at::Tensor> parts = nn::split_heads(qkv->forward(x), 3, h, d);  // (B, h, N, d) each
   const at::Tensor qs = (l2n(parts[0]) + query_embedding) * tau * len_scale;       // length-scaled cosine query
   const at::Tensor bias = cpb_bias(cpb_fc1, cpb_fc2, table, index, N, N);          // (h, N, N)
   return at::matmul(at::softmax(at::matmul(qs, l2n(parts[1]).transpose(-2, -1)) + bias, -1), parts[2]);
@@ -385,7 +385,7 @@ at::Tensor TransNeXtAttentionImpl::aggregated_attention(const at::Tensor& x, con
                                     .masked_fill(padding_mask.to(x.device()),
                                                  -std::numeric_limits<double>::infinity());  // bias, then mask
   // Pooled branch: 1×1 conv -> GELU -> adaptive avg pool -> LN; keys/values from the same kv projection.
-  const at::Tensor kvp = pooled_kv(x);                                                     // (2, B, h, P, d)
+  const std::vector<at::Tensor> kvp = pooled_kv(x);                                        // (B, h, P, d) each
   const at::Tensor pool_bias = cpb_bias(cpb_fc1, cpb_fc2, table, index, N, P);             // (h, N, P)
   const at::Tensor attn_pool = at::matmul(qs, l2n(kvp[0]).transpose(-2, -1)) + pool_bias;  // (B, h, N, P)
   const at::Tensor attn = at::softmax(at::cat({attn_local, attn_pool}, -1), -1);           // one softmax
@@ -401,13 +401,13 @@ at::Tensor average_pool(const at::Tensor& x, int64_t ph, int64_t pw, bool determ
   return at::adaptive_avg_pool2d(x, {ph, pw});
 }
 
-at::Tensor TransNeXtAttentionImpl::pooled_kv(const at::Tensor& x) {
+std::vector<at::Tensor> TransNeXtAttentionImpl::pooled_kv(const at::Tensor& x) {
   const int64_t B = x.size(0), C = x.size(2), h = options.num_heads, d = C / h, P = pool_h * pool_w;
   at::Tensor xs = x.permute({0, 2, 1}).reshape({B, C, H, W});
   xs = average_pool(at::gelu(sr->forward(xs)), pool_h, pool_w, at::globalContext().deterministicAlgorithms())
            .reshape({B, C, P})
            .permute({0, 2, 1});
-  return kv->forward(ln(norm, xs)).reshape({B, P, 2, h, d}).permute({2, 0, 3, 1, 4});  // (2, B, h, P, d)
+  return nn::split_heads(kv->forward(ln(norm, xs)), 2, h, d);  // (B, h, P, d) each
 }
 
 // Sparse path: only the (token, head) pairs with a non-zero gate (every shared head, the K routed ones) attend.
@@ -434,7 +434,7 @@ at::Tensor TransNeXtAttentionImpl::mix_sparse(const at::Tensor& x, const at::Ten
     at::Tensor k_loc = l2n(kvl.narrow(-1, 0, C).reshape({B, N, h, d}));  // (B, N, h, d)
     at::Tensor v_loc = kvl.narrow(-1, C, C).reshape({B, N, h, d});
     local = at::constant_pad_nd(at::cat({k_loc, v_loc}, -1).reshape({T * h, 2 * d}), {0, 0, 0, 1});
-    const at::Tensor kvp = pooled_kv(x);  // (2, B, h, P, d)
+    const std::vector<at::Tensor> kvp = pooled_kv(x);  // (B, h, P, d) each
     keys = l2n(kvp[0]).reshape({B * h, P, d});
     values = kvp[1].reshape({B * h, P, d});
     bias_rows = cpb_bias(cpb_fc1, cpb_fc2, table, index, N, P).reshape({h * N, P});

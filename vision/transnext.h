@@ -113,7 +113,7 @@ struct TransNeXtAttentionImpl : torch::nn::Module, nn::HeadControl {
                             const at::Tensor& cpb_table, const at::Tensor& cpb_index);
   at::Tensor aggregated_attention(const at::Tensor& x, const at::Tensor& tau, const at::Tensor& len_scale,
                                   const at::Tensor& cpb_table, const at::Tensor& cpb_index, bool reference);
-  at::Tensor pooled_kv(const at::Tensor& x);  // (2, B, h, P, d) pooled keys (not normalised) and values
+  std::vector<at::Tensor> pooled_kv(const at::Tensor& x);  // (B, h, P, d) pooled keys (not normalised), values
   /// The sparse path: (B, N, C) gated head outputs, computed for the selected (token, head) pairs only.
   at::Tensor mix_sparse(const at::Tensor& x, const at::Tensor& tau, const at::Tensor& len_scale,
                         const at::Tensor& cpb_table, const at::Tensor& cpb_index, const nn::HeadRouting& routing);

@@ -107,16 +107,13 @@ HeadRouting HeadRouter::route_plain(const at::Tensor& x, bool training) const {
   return r;
 }
 
-namespace {
-// y (B, N, parts·heads·d) as `parts` views (B, heads, N, d). Through unbind, whose backward stacks the parts' gradients
-// into y's own layout in one copy: indexing a (parts, B, heads, N, d) permutation instead zero-fills a gradient of y's
-// full size for every part, adds them up and copies the sum back into y's layout.
 std::vector<at::Tensor> split_heads(const at::Tensor& y, int64_t parts, int64_t heads, int64_t d) {
   std::vector<at::Tensor> out = y.view({y.size(0), y.size(1), parts, heads, d}).unbind(2);  // (B, N, heads, d) each
   for (auto& t : out) t = t.transpose(1, 2);
   return out;
 }
 
+namespace {
 // The router's logits from one product over its layers' stacked rows: columns [wg (E) | wg_1 (h_s > 1) | wg_0 (h_s >
 // 0)].
 at::Tensor stacked_logits(const HeadRouter& r, const at::Tensor& x) {

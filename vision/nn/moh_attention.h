@@ -101,6 +101,11 @@ struct HeadRouter {
 at::Tensor routed_queries(const at::Tensor& x, const at::Tensor& wq, const at::Tensor& bq, int64_t shared,
                           int64_t heads);
 
+/// y (B, N, parts·heads·d), a projection's output, as `parts` views (B, heads, N, d) (q, k, v or k, v). Through
+/// unbind, whose backward stacks the parts' gradients into y's own layout in one copy: indexing a (parts, B, heads, N,
+/// d) permutation instead zero-fills a gradient of y's full size for every part, adds them up and copies the sum back.
+std::vector<at::Tensor> split_heads(const at::Tensor& y, int64_t parts, int64_t heads, int64_t d);
+
 /// Output of an attention layer.
 struct AttentionOutput {
   at::Tensor out;       ///< (B, N, C)
