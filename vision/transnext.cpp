@@ -304,8 +304,8 @@ at::Tensor TransNeXtAttentionImpl::full_attention(const at::Tensor& x, const at:
                                                   const at::Tensor& index) {
   const int64_t N = x.size(1), h = options.num_heads, d = x.size(2) / h;
   const std::vector<at::Tensor> parts = nn::split_heads(qkv->forward(x), 3, h, d);  // (B, h, N, d) each
-  const at::Tensor qs = (l2n(parts[0]) + query_embedding) * tau * len_scale;       // length-scaled cosine query
-  const at::Tensor bias = cpb_bias(cpb_fc1, cpb_fc2, table, index, N, N);          // (h, N, N)
+  const at::Tensor qs = (l2n(parts[0]) + query_embedding) * tau * len_scale;        // length-scaled cosine query
+  const at::Tensor bias = cpb_bias(cpb_fc1, cpb_fc2, table, index, N, N);           // (h, N, N)
   return at::matmul(at::softmax(at::matmul(qs, l2n(parts[1]).transpose(-2, -1)) + bias, -1), parts[2]);
 }
 
