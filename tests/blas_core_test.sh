@@ -8,6 +8,10 @@
 set -uo pipefail
 MOH=$1
 fails=0
+# Each case below sets the variables it is about: a core chosen in the machine's own environment (one machine kind
+# here sets OPENBLAS_CORETYPE=Haswell for every process) would otherwise win every case as the user's choice.
+unset OPENBLAS_CORETYPE MOH_BLAS_CORE_FROM MOH_BLAS_CORE_TRIED MOH_BLAS_CORE_FAILED MOH_BLAS_CORE_CHECKED \
+  MOH_BLAS_CORE_WARNED MOH_BLAS_ASSUME_CORE MOH_BLAS_SELFCHECK_INJECT
 check() {  # check NAME CONDITION...
   local name=$1
   shift
