@@ -17,6 +17,7 @@
 #include "core/blas_core.h"
 #include "core/distributed.h"
 #include "core/error.h"
+#include "core/memory_preflight.h"
 #include "core/progress.h"
 #include "core/run_context.h"
 #include "datasets/image_decode.h"
@@ -230,6 +231,7 @@ int main(int argc, char** argv) {
     moh::prepare_cpu_setup(argv);  // Debian's LibTorch + OpenBLAS: before any OpenMP region or product runs
     if (!moh::apps::defers_cpu_setup(argc, argv)) moh::reexec_for_cpu();
     moh::configure_cpu_threads();
+    moh::keep_freed_heap();
     const int code = moh::apps::run(argc, argv);
     if (speaks) moh::print_notes();  // input notes a command did not print itself (its input was accepted)
     return code;

@@ -3,11 +3,13 @@
 
 #include "bench/attention_bench.h"
 #include "core/error.h"
+#include "core/memory_preflight.h"
 #include "core/run_context.h"
 
 int main(int argc, char** argv) {
   try {
     moh::configure_cpu_threads();
+    moh::keep_freed_heap();  // as in moh
     return moh::bench::attention_bench_main(argc, argv);
   } catch (const moh::UserError& e) {
     std::cerr << e.what() << std::endl;

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -102,6 +103,15 @@ bool malloc_tuned_by_user() {
   for (const char* v : {"GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"})
     if (std::getenv(v)) return true;
   return false;
+}
+
+void keep_freed_heap() {
+#ifdef __GLIBC__
+  if (malloc_tuned_by_user()) return;
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest (HEAP_MAX / 2); setting it ends glibc's own adjustment
+  mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
+  mallopt(M_TOP_PAD, 64 << 20);  // a heap grows 64 MiB at a time (pages count only once touched)
+#endif
 }
 
 double peak_memory_so_far(const c10::Device& device) {
@@ -334,9 +344,8 @@ namespace {
 // peak resident set is its live memory. Under glibc's default, allocations below a threshold that rises to 32 MiB come
 // from the heap, whose free space absorbed part of a small batch's activations: the feature forward's growth per
 // image at 256-512 images was below its growth at thousands, and a batch 100 times larger was estimated at half its
-// need (docs/BENCHMARKS.md, "Memory check before training"). Setting the threshold ends glibc's adjustment of it, so
-// the guard leaves it where that adjustment ends in any run with large tensors (32 MiB, the heap trimmed above 64 MiB
-// free). A user's own malloc settings (environment) are left alone.
+// need (docs/BENCHMARKS.md, "Memory check before training"). Afterwards malloc is as every command runs it
+// (keep_freed_heap). A user's own malloc settings (environment) are left alone.
 class LiveSetHeap {
  public:
   explicit LiveSetHeap(bool on) : on_(on && !malloc_tuned_by_user()) {
@@ -345,11 +354,7 @@ class LiveSetHeap {
 #endif
   }
   ~LiveSetHeap() {
-#ifdef __GLIBC__
-    if (!on_) return;
-    mallopt(M_MMAP_THRESHOLD, 32 << 20);
-    mallopt(M_TRIM_THRESHOLD, 64 << 20);
-#endif
+    if (on_) keep_freed_heap();
   }
   LiveSetHeap(const LiveSetHeap&) = delete;
   LiveSetHeap& operator=(const LiveSetHeap&) = delete;

@@ -41,8 +41,15 @@ double peak_memory_during(const std::function<void()>& run, const c10::Device& d
 double peak_memory_so_far(const c10::Device& device);
 
 /// Whether the user tunes glibc's malloc through the environment (GLIBC_TUNABLES, MALLOC_*_): then the toolkit's own
-/// mallopt settings (the memory check's measurement, the image loader's kept memory) leave malloc alone.
+/// mallopt settings (the memory check's measurement, keep_freed_heap) leave malloc alone.
 bool malloc_tuned_by_user();
+
+/// glibc's malloc as every moh command computes with it: allocations below 32 MiB from the heap, and freed heap memory
+/// kept there (up to 2 GiB at a heap's top) for the next step, batch or image. Under glibc's defaults each training
+/// step's activations went back to the system when freed and came back as fresh pages (page faults and zeroing). A
+/// process then stays at its peak resident set, the figure the memory check budgets. Idempotent; nothing where the
+/// user tunes malloc (malloc_tuned_by_user) or the C library is not glibc.
+void keep_freed_heap();
 
 /// Measures the need: `build(batch)` returns one step of the real model at that batch (built afresh, its first call
 /// allocating the optimizer's state); every batch's step is measured at its second call when the first batch's first

@@ -31,27 +31,6 @@ std::vector<int64_t> repeated_order(int64_t n, int64_t repeats, uint64_t seed, i
   return mine;
 }
 
-namespace {
-
-// glibc returns freed memory above 128 KB (or at the top of a thread's heap) to the system, so every decoded image,
-// intermediate and batch would come back as fresh pages: page faults and zeroing cost the 1-core train pipeline
-// ~6 % and eval ~14 % (docs/BENCHMARKS.md). Keep allocations below 32 MB in the heap and the freed memory there
-// (up to 256 MB spare, heaps grown 64 MB at a time). Once per process, and only where the user has not tuned
-// malloc through the environment.
-void keep_freed_memory() {
-#ifdef __GLIBC__
-  static std::once_flag once;
-  std::call_once(once, [] {
-    if (malloc_tuned_by_user()) return;
-    mallopt(M_MMAP_THRESHOLD, 32 << 20);
-    mallopt(M_TRIM_THRESHOLD, 256 << 20);
-    mallopt(M_TOP_PAD, 64 << 20);
-  });
-#endif
-}
-
-}  // namespace
-
 StreamLoader::StreamLoader(const ImageFolderIndex& index, SampleTransformOptions transform, StreamOptions options)
     : index_(index), tf_(std::move(transform)), o_(options) {
   const auto n = static_cast<int64_t>(index.files.size());  // a limit is applied to the index (limit_image_folder)
@@ -60,7 +39,7 @@ StreamLoader::StreamLoader(const ImageFolderIndex& index, SampleTransformOptions
   num_batches_ = o_.drop_last ? m / o_.batch_size : (m + o_.batch_size - 1) / o_.batch_size;
   bad_budget_ = static_cast<int64_t>(o_.max_bad_fraction * static_cast<double>(m));
   next_ = std::min(o_.start_batch, num_batches_);
-  keep_freed_memory();
+  keep_freed_heap();  // as in any moh command; here for library users (tests, benches) too
   const int workers = std::max(1, o_.workers);
   for (int w = 0; w < workers; ++w) threads_.emplace_back([this, w] { work(w); });
 }

@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/CPUAllocator.h>
+#include <malloc.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <condition_variable>
@@ -171,6 +173,51 @@ TEST(MemoryCheck, MallocTunedByUserFollowsTheEnvironment) {
   }
   EXPECT_FALSE(malloc_tuned_by_user());
   for (const auto& [n, v] : saved) setenv(n.c_str(), v.c_str(), 1);
+}
+
+// Page faults of this thread while it fills a freshly allocated 8 MiB block: the second of two allocations in a row,
+// the first freed, so the count says whether its pages came back from the allocator or fresh from the system.
+long faults_of_second_block() {
+  constexpr size_t kBytes = size_t{8} << 20;
+  auto fill = [](size_t bytes) {
+    auto* p = static_cast<char*>(std::malloc(bytes));
+    std::memset(p, 1, bytes);
+    asm volatile("" : : "r"(p) : "memory");  // the writes stay
+    std::free(p);
+  };
+  fill(kBytes);
+  rusage before{}, after{};
+  getrusage(RUSAGE_THREAD, &before);
+  fill(kBytes);
+  getrusage(RUSAGE_THREAD, &after);
+  return after.ru_minflt - before.ru_minflt;
+}
+
+// Every command computes with freed memory kept (a training step's activations are not faulted in afresh each step);
+// under glibc's initial settings the same block comes back as fresh pages. Exit code 0 when so (both counts on
+// stderr).
+int kept_block_comes_back_without_faults() {
+  mallopt(M_MMAP_THRESHOLD, 128 << 10);  // glibc's initial thresholds
+  mallopt(M_TRIM_THRESHOLD, 128 << 10);
+  malloc_trim(0);
+  const long fresh = faults_of_second_block();
+  keep_freed_heap();
+  const long kept = faults_of_second_block();
+  std::fprintf(stderr, "page faults: fresh %ld, kept %ld\n", fresh, kept);
+  // At least one fault per page (per huge page where the kernel backs the block with them) when fresh.
+  return fresh >= 1 && kept * 8 <= fresh ? 0 : 1;
+}
+
+// In a fresh copy of this test binary (gtest's "threadsafe" death-test style re-executes it): free memory that
+// another test left in the heap would serve both blocks without a fault.
+TEST(MemoryCheckDeathTest, KeepFreedHeapHandsFreedMemoryBackWithoutPageFaults) {
+#ifndef __GLIBC__
+  GTEST_SKIP() << "glibc's malloc only";
+#else
+  if (malloc_tuned_by_user()) GTEST_SKIP() << "malloc tuned through the environment: keep_freed_heap leaves it alone";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(std::exit(kept_block_comes_back_without_faults()), ::testing::ExitedWithCode(0), "page faults");
+#endif
 }
 
 TEST(MemoryCheck, TheRefusalNamesTheEstimateAndTheLargestSettingThatFits) {
