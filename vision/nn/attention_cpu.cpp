@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -76,8 +77,9 @@ MOH_INLINE_INTO_CLONES float dot(const float* a, const float* b, int64_t n) {
 }
 
 // R query rows at a time: each load of kᵀ, v or a gradient row serves R rows (R running sums in flight), where one
-// row at a time left the loops waiting on loads and on each FMA's predecessor.
-constexpr int64_t kRows = 4;
+// row at a time left the loops waiting on loads and on each FMA's predecessor. kRows with 16 vector registers (four
+// rows of two 8-lane halves fill AVX2's), kWideRows with AVX-512's 32 (block_rows()); the scratch holds kWideRows.
+constexpr int64_t kRows = 4, kWideRows = 8;
 
 // out[r][0, W) = scale[r] · Σ_i a[r·inner + i] · b[i·cols, +W) for r < R.
 template <int64_t R, int64_t W>
@@ -215,17 +217,20 @@ MOH_INLINE_INTO_CLONES void transpose_out(const float* t, T* a, int64_t ld, int6
     for (int64_t r = 0; r < rows; ++r) a[c * ld + r] = narrow<T>(t[r * cols + c]);
 }
 
-template <class T>
+// R query rows at a time; what is left past the last block of R in blocks of kRows, then row by row.
+template <int64_t R, class T>
 MOH_INLINE_INTO_CLONES void forward_group(const T* q, const T* k, const T* v, T* o, float* lse, int64_t n, int64_t nk,
                                           int64_t d, float scale, const Strides& s, float* scratch) {
-  float *kt = scratch, *vf = kt + d * nk;                                // kᵀ (d, nk), v (nk, d)
-  float *p = vf + nk * d, *qr = p + kRows * nk, *orow = qr + kRows * d;  // (R, nk): scores, then e^(s − max)
+  float *kt = scratch, *vf = kt + d * nk;                        // kᵀ (d, nk), v (nk, d)
+  float *p = vf + nk * d, *qr = p + R * nk, *orow = qr + R * d;  // (R, nk): scores, then e^(s − max)
   transpose_in(k, s.k, kt, nk, d);
   widen_rows(v, s.v, vf, nk, d);
   for (int64_t i = 0; i < n;) {
-    const int64_t rows = i + kRows <= n ? kRows : 1;
+    const int64_t rows = i + R <= n ? R : i + kRows <= n ? kRows : 1;
     widen_rows(q + i * s.q, s.q, qr, rows, d);
-    if (rows == kRows)
+    if (rows == R)
+      forward_rows<R>(qr, kt, vf, orow, lse + i, nk, d, scale, p);
+    else if (rows == kRows)
       forward_rows<kRows>(qr, kt, vf, orow, lse + i, nk, d, scale, p);
     else
       forward_rows<1>(qr, kt, vf, orow, lse + i, nk, d, scale, p);
@@ -245,20 +250,21 @@ MOH_INLINE_INTO_CLONES bool all_zero(const T* x, int64_t n) {
 // the sum standing for dout_i · o_i), dq_i = scale · ds · k, dk += scale · ds ⊗ q_i, dv += p ⊗ dout_i. A query row
 // whose dout is zero has ds = 0 and adds nothing: such rows (MoH's unselected (token, head) pairs, gated by 0) are
 // skipped and their dq rows set to zero; the other rows keep their order, so every sum is the one computed without
-// the skip (bit for bit, up to the sign of an exact zero).
-template <class T>
+// the skip (bit for bit, up to the sign of an exact zero), and the same for any R (dk and dv take the rows one after
+// the other whatever the block).
+template <int64_t R, class T>
 MOH_INLINE_INTO_CLONES void backward_group(const T* q, const T* k, const T* v, const T* dout, const float* lse, T* dq,
                                            T* dk, T* dv, int64_t n, int64_t nk, int64_t d, float scale,
                                            const Strides& s, float* scratch) {
   float *kt = scratch, *vt = kt + d * nk, *kf = vt + d * nk, *dkt = kf + d * nk, *dvt = dkt + d * nk;
-  float *p = dvt + d * nk, *ds = p + kRows * nk;                             // (R, nk) each
-  float *qr = ds + kRows * nk, *gr = qr + kRows * d, *dqr = gr + kRows * d;  // (R, d) each
+  float *p = dvt + d * nk, *ds = p + R * nk;                     // (R, nk) each
+  float *qr = ds + R * nk, *gr = qr + R * d, *dqr = gr + R * d;  // (R, d) each
   transpose_in(k, s.k, kt, nk, d);
   transpose_in(v, s.v, vt, nk, d);
   widen_rows(k, s.k, kf, nk, d);
   std::fill(dkt, dkt + 2 * d * nk, 0.f);
-  int64_t rows[kRows];  // the query rows gathered into qr and gr
-  float lr[kRows];      // and their log-sum-exps
+  int64_t rows[R];  // the query rows gathered into qr and gr
+  float lr[R];      // and their log-sum-exps
   int64_t m = 0;
   for (int64_t i = 0; i <= n; ++i) {
     if (i < n && all_zero(dout + i * s.o, d)) {
@@ -269,14 +275,16 @@ MOH_INLINE_INTO_CLONES void backward_group(const T* q, const T* k, const T* v, c
       widen_all(q + i * s.q, qr + m * d, d);
       widen_all(dout + i * s.o, gr + m * d, d);
       rows[m] = i, lr[m] = lse[i];
-      if (++m < kRows) continue;
+      if (++m < R) continue;
     }
-    // A full block, or at the end what is left of one (row by row, as a row count short of kRows always was).
-    if (m == kRows)
-      backward_rows<kRows>(qr, kf, kt, vt, gr, lr, dqr, dkt, dvt, nk, d, scale, p, ds);
-    else
-      for (int64_t r = 0; r < m; ++r)
-        backward_rows<1>(qr + r * d, kf, kt, vt, gr + r * d, lr + r, dqr + r * d, dkt, dvt, nk, d, scale, p, ds);
+    // A full block, or at the end what is left of one: a block of kRows when that many are left, then row by row.
+    int64_t done = 0;
+    if (m == R)
+      backward_rows<R>(qr, kf, kt, vt, gr, lr, dqr, dkt, dvt, nk, d, scale, p, ds), done = R;
+    else if (m >= kRows)
+      backward_rows<kRows>(qr, kf, kt, vt, gr, lr, dqr, dkt, dvt, nk, d, scale, p, ds), done = kRows;
+    for (int64_t r = done; r < m; ++r)
+      backward_rows<1>(qr + r * d, kf, kt, vt, gr + r * d, lr + r, dqr + r * d, dkt, dvt, nk, d, scale, p, ds);
     for (int64_t r = 0; r < m; ++r) narrow_all(dqr + r * d, dq + rows[r] * s.dq, d);
     m = 0;
   }
@@ -286,31 +294,62 @@ MOH_INLINE_INTO_CLONES void backward_group(const T* q, const T* k, const T* v, c
 
 }  // namespace
 
+namespace {
+std::atomic<int> g_block_rows{0};  // 0: by the CPU
+}  // namespace
+
+int block_rows() {
+  if (const int set = g_block_rows.load(std::memory_order_relaxed)) return set;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const bool wide = __builtin_cpu_supports("avx512f");
+  return wide ? static_cast<int>(kWideRows) : static_cast<int>(kRows);
+#else
+  return static_cast<int>(kRows);
+#endif
+}
+
+void set_block_rows(int rows) {
+  TORCH_CHECK(rows == 0 || rows == kRows || rows == kWideRows, "attention_kernels::set_block_rows: 0, 4 or 8");
+  g_block_rows.store(rows, std::memory_order_relaxed);
+}
+
 int64_t forward_scratch(int64_t nk, int64_t d) {
-  return 2 * d * nk + kRows * nk + 2 * kRows * d;
+  return 2 * d * nk + kWideRows * nk + 2 * kWideRows * d;
 }
 int64_t backward_scratch(int64_t nk, int64_t d) {
-  return 5 * d * nk + 2 * kRows * nk + 3 * kRows * d;
+  return 5 * d * nk + 2 * kWideRows * nk + 3 * kWideRows * d;
 }
 
 MOH_CPU_CLONES void forward(const float* q, const float* k, const float* v, float* o, float* lse, int64_t n, int64_t nk,
                             int64_t d, float scale, const Strides& s, float* scratch) {
-  forward_group(q, k, v, o, lse, n, nk, d, scale, s, scratch);
+  if (block_rows() == kWideRows)
+    forward_group<kWideRows>(q, k, v, o, lse, n, nk, d, scale, s, scratch);
+  else
+    forward_group<kRows>(q, k, v, o, lse, n, nk, d, scale, s, scratch);
 }
 MOH_CPU_CLONES void forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* o, float* lse, int64_t n,
                             int64_t nk, int64_t d, float scale, const Strides& s, float* scratch) {
-  forward_group(q, k, v, o, lse, n, nk, d, scale, s, scratch);
+  if (block_rows() == kWideRows)
+    forward_group<kWideRows>(q, k, v, o, lse, n, nk, d, scale, s, scratch);
+  else
+    forward_group<kRows>(q, k, v, o, lse, n, nk, d, scale, s, scratch);
 }
 
 MOH_CPU_CLONES void backward(const float* q, const float* k, const float* v, const float* dout, const float* lse,
                              float* dq, float* dk, float* dv, int64_t n, int64_t nk, int64_t d, float scale,
                              const Strides& s, float* scratch) {
-  backward_group(q, k, v, dout, lse, dq, dk, dv, n, nk, d, scale, s, scratch);
+  if (block_rows() == kWideRows)
+    backward_group<kWideRows>(q, k, v, dout, lse, dq, dk, dv, n, nk, d, scale, s, scratch);
+  else
+    backward_group<kRows>(q, k, v, dout, lse, dq, dk, dv, n, nk, d, scale, s, scratch);
 }
 MOH_CPU_CLONES void backward(const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* dout,
                              const float* lse, uint16_t* dq, uint16_t* dk, uint16_t* dv, int64_t n, int64_t nk,
                              int64_t d, float scale, const Strides& s, float* scratch) {
-  backward_group(q, k, v, dout, lse, dq, dk, dv, n, nk, d, scale, s, scratch);
+  if (block_rows() == kWideRows)
+    backward_group<kWideRows>(q, k, v, dout, lse, dq, dk, dv, n, nk, d, scale, s, scratch);
+  else
+    backward_group<kRows>(q, k, v, dout, lse, dq, dk, dv, n, nk, d, scale, s, scratch);
 }
 
 }  // namespace attention_kernels

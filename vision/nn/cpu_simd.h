@@ -6,23 +6,37 @@
 #include <cstdint>
 #include <cstring>
 
+// AVX-512 (with BW/VL: bf16 bits are 16-bit lanes) and AVX2 copies beside the baseline one, picked at load time;
+// GCC vectorises these loops' selects and conversions for neither SSE2 baseline.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+#define MOH_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define MOH_CPU_CLONES
+#endif
+// For the helpers such a loop calls: a helper left out of line is compiled for the baseline only.
+#if defined(__GNUC__)
+#define MOH_INLINE_INTO_CLONES inline __attribute__((always_inline))
+#else
+#define MOH_INLINE_INTO_CLONES inline
+#endif
+
 namespace moh::nn::simd {
 
-inline float from_bits(uint32_t b) {
+MOH_INLINE_INTO_CLONES float from_bits(uint32_t b) {
   float f;
   std::memcpy(&f, &b, sizeof f);
   return f;
 }
-inline uint32_t to_bits(float f) {
+MOH_INLINE_INTO_CLONES uint32_t to_bits(float f) {
   uint32_t b;
   std::memcpy(&b, &f, sizeof b);
   return b;
 }
-inline float bf16_to_float(uint16_t h) {
+MOH_INLINE_INTO_CLONES float bf16_to_float(uint16_t h) {
   return from_bits(static_cast<uint32_t>(h) << 16);
 }
 /// Round to nearest even, NaN kept a (quiet) NaN: c10::BFloat16's rounding.
-inline uint16_t float_to_bf16(float f) {
+MOH_INLINE_INTO_CLONES uint16_t float_to_bf16(float f) {
   const uint32_t b = to_bits(f);
   const uint32_t rounded = (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;
   return f != f ? uint16_t{0x7FC0} : static_cast<uint16_t>(rounded);
@@ -31,7 +45,7 @@ inline uint16_t float_to_bf16(float f) {
 /// e^x for x in [-87, 88] (clamped outside), within 2 ulps: x = n ln2 + r with |r| <= ln2 / 2 (Cody-Waite, two-part
 /// ln2), e^r by its degree-7 Taylor-like minimax polynomial (Cephes expf's coefficients), 2^n built in the exponent.
 /// NaN stays NaN.
-inline float exp_clamped(float x) {
+MOH_INLINE_INTO_CLONES float exp_clamped(float x) {
   x = x < -87.f ? -87.f : (x > 88.f ? 88.f : x);
   const float n = (x * 1.44269504088896341f + 12582912.f) - 12582912.f;  // round to nearest: 1.5 * 2^23 trick
   const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
@@ -46,17 +60,3 @@ inline float exp_clamped(float x) {
 }
 
 }  // namespace moh::nn::simd
-
-// AVX-512 (with BW/VL: bf16 bits are 16-bit lanes) and AVX2 copies beside the baseline one, picked at load time;
-// GCC vectorises these loops' selects and conversions for neither SSE2 baseline.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
-#define MOH_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define MOH_CPU_CLONES
-#endif
-// For the helpers such a loop calls: a helper left out of line is compiled for the baseline only.
-#if defined(__GNUC__)
-#define MOH_INLINE_INTO_CLONES inline __attribute__((always_inline))
-#else
-#define MOH_INLINE_INTO_CLONES inline
-#endif

@@ -163,6 +163,30 @@ TEST(AttentionCpu, RowsWithoutGradientAreSkippedExactly) {
   }
 }
 
+// The loops' blocks of 4 or of 8 query rows (8 where the CPU has AVX-512; either forced here, on any CPU) give the
+// same outputs and gradients bit for bit, at row counts that leave each kind of remainder (none, a block of 4, 4 and
+// single rows, single rows) and with rows whose gradient is zero skipped.
+TEST(AttentionCpu, BlocksOfFourAndEightRowsAgreeBitForBit) {
+  struct Restore {
+    ~Restore() { attention_kernels::set_block_rows(0); }
+  } restore;
+  torch::manual_seed(27);
+  for (const auto type : {torch::kFloat, torch::kBFloat16})
+    for (const int64_t n : {64, 196, 199, 203}) {
+      const Shape s{{2, 2}, n, 196, 16};
+      const torch::Tensor q = (torch::randn(dims(s, s.n)) * 2).to(type), k = torch::randn(dims(s, s.nk)).to(type),
+                          v = torch::randn(dims(s, s.nk)).to(type);
+      const torch::Tensor keep = torch::rand({s.n}) < 0.7;
+      const torch::Tensor g = (torch::randn(dims(s, s.n)) * keep.view({-1, 1})).to(type);
+      attention_kernels::set_block_rows(4);
+      const std::vector<torch::Tensor> four = fused(q, k, v, g, 0.25);
+      attention_kernels::set_block_rows(8);
+      const std::vector<torch::Tensor> eight = fused(q, k, v, g, 0.25);
+      for (size_t i = 0; i < four.size(); ++i)
+        EXPECT_TRUE(torch::equal(four[i], eight[i])) << "n=" << n << " " << type << " output/gradient " << i;
+    }
+}
+
 TEST(AttentionCpu, TakesOnlyWhatItComputes) {
   const torch::Tensor q = torch::randn({2, 4, 8}), k = torch::randn({2, 6, 8});
   EXPECT_TRUE(attention_cpu_applies(q, k, k));
