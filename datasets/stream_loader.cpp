@@ -3,9 +3,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <iostream>
-#ifdef __GLIBC__
-#include <malloc.h>
-#endif
 
 #include "core/error.h"
 #include "core/memory_preflight.h"
