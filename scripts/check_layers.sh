@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The layering of the source tree (../shared/CONVENTIONS.md, each folder's CMakeLists comment): every
 # `#include "FOLDER/..."` of a folder's sources must name the folder itself or one it may depend on:
-#   core <- datasets <- vision/nn <- vision <- {diffusion, eval} <- experiments <- bench <- apps
-# (diffusion and eval are peers: neither includes the other). One line per offending include; exit 1 if any.
+#   core <- datasets <- vision/nn <- vision <- {diffusion, eval} <- experiments <- {bench <- apps, python}
+# (diffusion and eval are peers: neither includes the other; python/csrc, the PyTorch ops, sits on experiments). One line per offending include; exit 1 if any.
 # Run by ctest (test `layers`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,9 +16,10 @@ declare -A allowed=(
   [experiments]="core datasets vision/nn vision diffusion eval experiments"
   [bench]="core datasets vision/nn vision diffusion eval experiments bench"
   [apps]="core datasets vision/nn vision diffusion eval experiments bench apps"
+  [python]="core datasets vision/nn vision diffusion eval experiments python"
 )
 bad=0
-for folder in core datasets vision/nn vision diffusion eval experiments bench apps; do
+for folder in core datasets vision/nn vision diffusion eval experiments bench apps python; do
   while IFS= read -r line; do
     file=${line%%:*}
     inc=$(sed -E 's/.*#include "([^"]+)".*/\1/' <<<"$line")
@@ -32,5 +33,5 @@ for folder in core datasets vision/nn vision diffusion eval experiments bench ap
   done < <(if [ "$folder" = vision ]; then find vision -path vision/nn -prune -o \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' \) -print;
            else find "$folder" \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' \); fi | xargs grep -Hn '^#include "' || true)
 done
-[ $bad = 0 ] && echo "layers: every include follows core <- datasets <- vision/nn <- vision <- {diffusion, eval} <- experiments <- bench <- apps"
+[ $bad = 0 ] && echo "layers: every include follows core <- datasets <- vision/nn <- vision <- {diffusion, eval} <- experiments <- {bench <- apps, python}"
 exit $bad

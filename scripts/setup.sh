@@ -55,7 +55,8 @@ if [ "$MODE" = pip ]; then
   bash scripts/setup_venv.sh
   BUILD_DIR=build-torch2
   torch_cmake=$(.venv/bin/python -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
-  cmake_args+=(-DTorch_DIR="$torch_cmake/Torch" -DMOH_WITH_NCCL=ON)
+  # MOH_TORCH_OPS: python/'s torch.ops.moh library, built and tested against the venv's torch (the moh_torch package).
+  cmake_args+=(-DTorch_DIR="$torch_cmake/Torch" -DMOH_WITH_NCCL=ON -DMOH_TORCH_OPS=ON)
 else
   BUILD_DIR=build
 fi

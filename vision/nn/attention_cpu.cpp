@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -444,33 +445,18 @@ void backward_groups(const Operand& q, const Operand& k, const Operand& v, const
 struct AttentionCpu : torch::autograd::Function<AttentionCpu> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& v, double scale) {
-    const at::ScalarType type = storage_type(q, k, v);
-    const Operand qg = operand(q, type), kg = operand(k, type), vg = operand(v, type);
-    const Operand o = operand(dense_like(q, type), type);
-    at::Tensor lse = at::empty({static_cast<int64_t>(qg.offset.size()), q.size(-2)}, q.options().dtype(at::kFloat));
-    if (type == at::kBFloat16)
-      forward_groups<uint16_t>(qg, kg, vg, o, lse, static_cast<float>(scale));
-    else
-      forward_groups<float>(qg, kg, vg, o, lse, static_cast<float>(scale));
-    ctx->save_for_backward({q, k, v, lse});
+    AttentionCpuResult r = attention_cpu_forward(q, k, v, scale);
+    ctx->save_for_backward({q, k, v, r.lse});
     ctx->saved_data["scale"] = scale;
-    return o.t;
+    return r.out;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &lse = saved[3];
-    const at::ScalarType type = storage_type(q, k, v);
-    const Operand qg = operand(q, type), kg = operand(k, type), vg = operand(v, type), gg = operand(grads[0], type);
-    const Operand dq = operand(dense_like(q, type), type), dk = operand(dense_like(k, type), type),
-                  dv = operand(dense_like(v, type), type);
-    const auto scale = static_cast<float>(ctx->saved_data["scale"].toDouble());
-    if (type == at::kBFloat16)
-      backward_groups<uint16_t>(qg, kg, vg, gg, lse, dq, dk, dv, scale);
-    else
-      backward_groups<float>(qg, kg, vg, gg, lse, dq, dk, dv, scale);
-    return {dq.t.to(q.scalar_type()), dk.t.to(k.scalar_type()), dv.t.to(v.scalar_type()), at::Tensor()};
+    const auto g =
+        attention_cpu_backward(grads[0], saved[0], saved[1], saved[2], saved[3], ctx->saved_data["scale"].toDouble());
+    return {g[0], g[1], g[2], at::Tensor()};
   }
 };
 
@@ -479,6 +465,34 @@ bool cpu_float(const at::Tensor& t) {
 }
 
 }  // namespace
+
+AttentionCpuResult attention_cpu_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
+  TORCH_CHECK(attention_cpu_applies(q, k, v), "attention_cpu: CPU fp32/bf16 q (..., Nq, d), k and v (..., Nk, d)");
+  const at::ScalarType type = storage_type(q, k, v);
+  const Operand qg = operand(q, type), kg = operand(k, type), vg = operand(v, type);
+  const Operand o = operand(dense_like(q, type), type);
+  at::Tensor lse = at::empty({static_cast<int64_t>(qg.offset.size()), q.size(-2)}, q.options().dtype(at::kFloat));
+  if (type == at::kBFloat16)
+    forward_groups<uint16_t>(qg, kg, vg, o, lse, static_cast<float>(scale));
+  else
+    forward_groups<float>(qg, kg, vg, o, lse, static_cast<float>(scale));
+  std::vector<int64_t> lse_shape(q.sizes().begin(), q.sizes().end() - 1);
+  return {o.t, lse.view(lse_shape)};
+}
+
+std::array<at::Tensor, 3> attention_cpu_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                                 const at::Tensor& v, const at::Tensor& lse, double scale) {
+  const at::ScalarType type = storage_type(q, k, v);
+  const Operand qg = operand(q, type), kg = operand(k, type), vg = operand(v, type), gg = operand(dout, type);
+  const Operand dq = operand(dense_like(q, type), type), dk = operand(dense_like(k, type), type),
+                dv = operand(dense_like(v, type), type);
+  const at::Tensor lse_rows = lse.contiguous();
+  if (type == at::kBFloat16)
+    backward_groups<uint16_t>(qg, kg, vg, gg, lse_rows, dq, dk, dv, static_cast<float>(scale));
+  else
+    backward_groups<float>(qg, kg, vg, gg, lse_rows, dq, dk, dv, static_cast<float>(scale));
+  return {dq.t.to(q.scalar_type()), dk.t.to(k.scalar_type()), dv.t.to(v.scalar_type())};
+}
 
 bool attention_cpu_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   if (!cpu_float(q) || !cpu_float(k) || !cpu_float(v) || q.dim() < 2 || q.dim() != k.dim() || k.dim() != v.dim())

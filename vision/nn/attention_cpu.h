@@ -11,6 +11,7 @@
 
 #include <ATen/ATen.h>
 
+#include <array>
 #include <cstdint>
 
 namespace moh::nn {
@@ -18,6 +19,18 @@ namespace moh::nn {
 /// softmax(q kᵀ · scale) v for CPU tensors q (..., Nq, d), k (..., Nk, d), v (..., Nk, d) with equal leading sizes,
 /// fp32 or bf16 (the result in their common type; fp32 when they differ); differentiable in q, k and v.
 at::Tensor attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale);
+
+/// What attention_cpu_forward returns: the output (in q's layout, see attention_cpu) and each query row's
+/// log-sum-exp of its scaled scores, (..., Nq) fp32, which the backward recomputes the probabilities from.
+struct AttentionCpuResult {
+  at::Tensor out, lse;
+};
+/// attention_cpu's two passes as plain functions (no autograd): what its autograd operation calls, and what the
+/// explicit-gradient head mixing (head_mix.h) and the PyTorch ops (python/) call.
+AttentionCpuResult attention_cpu_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale);
+/// Gradients of q, k and v (in their types and layouts) from dout (..., Nq, d) and the forward's lse.
+std::array<at::Tensor, 3> attention_cpu_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                                 const at::Tensor& v, const at::Tensor& lse, double scale);
 
 /// Widest head attention_cpu takes (its loops keep a row of d floats per operand; the models use 16 to 128).
 constexpr int64_t kMaxHeadDim = 256;

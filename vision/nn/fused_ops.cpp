@@ -76,76 +76,9 @@ void check_launch(cudaError_t err, const char* what) {
 #define MOH_FUSED_RUN(t, fn, ...) fused::cpu::fn(__VA_ARGS__)
 #endif
 
-struct LnModulate : torch::autograd::Function<LnModulate> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& shift,
-                            const at::Tensor& scale, double eps, int64_t out_dtype) {
-    const at::Tensor x = x_in.contiguous();
-    const int64_t B = x.size(0), N = x.size(1), D = x.size(2);
-    at::Tensor out = at::empty(x.sizes(), x.options().dtype(static_cast<at::ScalarType>(out_dtype)));
-    at::Tensor mean = at::empty({B * N}, x.options().dtype(at::kFloat)), rstd = at::empty_like(mean);
-    MOH_FUSED_RUN(x, ln_modulate_forward, x.data_ptr(), dtype_of(x), rows_of(shift), rows_of(scale), out.data_ptr(),
-                  dtype_of(out), mean.data_ptr<float>(), rstd.data_ptr<float>(), B, N, D, static_cast<float>(eps));
-    ctx->save_for_backward({x, shift, scale, mean, rstd});
-    return out;
-  }
-  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
-    const auto s = ctx->get_saved_variables();
-    const at::Tensor &x = s[0], &shift = s[1], &scale = s[2];
-    const at::Tensor dy = grads[0].contiguous();
-    const int64_t B = x.size(0), N = x.size(1), D = x.size(2);
-    at::Tensor dx = at::empty_like(x), dsh = partials(B, N, D, x), dsc = partials(B, N, D, x);
-    MOH_FUSED_RUN(x, ln_modulate_backward, dy.data_ptr(), dtype_of(dy), x.data_ptr(), dtype_of(x), rows_of(scale),
-                  s[3].data_ptr<float>(), s[4].data_ptr<float>(), dx.data_ptr(), dsh.data_ptr<float>(),
-                  dsc.data_ptr<float>(), B, N, D);
-    // Σ over tiles in tile order, then the type of shift / scale (the official sums are tensors of that type).
-    return {dx, dsh.sum(1).to(shift.scalar_type()), dsc.sum(1).to(scale.scalar_type()), at::Tensor(), at::Tensor()};
-  }
-};
-
-struct GateResidual : torch::autograd::Function<GateResidual> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& gate,
-                            const at::Tensor& branch_in) {
-    const at::Tensor x = x_in.contiguous(), branch = branch_in.contiguous();
-    at::Tensor out = at::empty_like(x);
-    MOH_FUSED_RUN(x, gate_residual_forward, x.data_ptr(), dtype_of(x), rows_of(gate), branch.data_ptr(),
-                  dtype_of(branch), out.data_ptr(), x.size(0), x.size(1), x.size(2));
-    ctx->save_for_backward({gate, branch});
-    return out;
-  }
-  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
-    const auto s = ctx->get_saved_variables();
-    const at::Tensor &gate = s[0], &branch = s[1];
-    const at::Tensor dout = grads[0].contiguous();
-    const int64_t B = branch.size(0), N = branch.size(1), D = branch.size(2);
-    at::Tensor dbranch = at::empty_like(branch), dg = partials(B, N, D, branch);
-    MOH_FUSED_RUN(dout, gate_residual_backward, dout.data_ptr(), dtype_of(dout), rows_of(gate), branch.data_ptr(),
-                  dtype_of(branch), dbranch.data_ptr(), dg.data_ptr<float>(), B, N, D);
-    return {dout, dg.sum(1).to(gate.scalar_type()), dbranch};
-  }
-};
-
-struct BiasGelu : torch::autograd::Function<BiasGelu> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& z_in, const at::Tensor& bias) {
-    const at::Tensor z = z_in.contiguous();
-    const int64_t F = z.size(-1), T = z.numel() / F;
-    at::Tensor out = at::empty_like(z);
-    MOH_FUSED_RUN(z, bias_gelu_forward, z.data_ptr(), dtype_of(z), bias.data_ptr(), dtype_of(bias), out.data_ptr(), T,
-                  F);
-    ctx->save_for_backward({z, bias});
-    return out;
-  }
-  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
-    const auto s = ctx->get_saved_variables();
-    const at::Tensor &z = s[0], &bias = s[1];
-    const at::Tensor dy = grads[0].to(z.scalar_type()).contiguous();
-    const int64_t F = z.size(-1), T = z.numel() / F;
-    at::Tensor dz = at::empty_like(z), db = partials(1, T, F, z);
-    MOH_FUSED_RUN(z, bias_gelu_backward, dy.data_ptr(), z.data_ptr(), dtype_of(z), bias.data_ptr(), dtype_of(bias),
-                  dz.data_ptr(), db.data_ptr<float>(), T, F);
-    // The official bias gradient is a sum in the product's type (the Linear's bias cast by autocast), then the bias's.
-    return {dz, db.sum(1).reshape({F}).to(z.scalar_type()).to(bias.scalar_type())};
-  }
-};
+fused::HeadStrides head_strides(const at::Tensor& o) {
+  return {o.stride(0), o.stride(1), o.stride(2)};
+}
 
 fused::RouterShape shape_from(const std::vector<int64_t>& v) {
   fused::RouterShape s;
@@ -154,74 +87,201 @@ fused::RouterShape shape_from(const std::vector<int64_t>& v) {
   return s;
 }
 
-struct Route : torch::autograd::Function<Route> {
-  // logits (T, L) → {gates (T, h) fp32, routed (T, K), picks (E), aux_loss (0-dim)}
-  static tensor_list forward(AutogradContext* ctx, const at::Tensor& logits_in, std::vector<int64_t> shape) {
-    const at::Tensor logits = logits_in.contiguous();
-    const fused::RouterShape s = shape_from(shape);
-    const int64_t T = logits.size(0), E = s.experts;
-    const auto f32 = logits.options().dtype(at::kFloat);
-    at::Tensor gates = at::empty({T, s.heads()}, f32), routed = at::empty({T, s.topk}, f32.dtype(at::kLong));
-    at::Tensor p_part = at::empty({fused::tiles(T), E}, f32), picks_part = at::empty_like(p_part, at::kLong);
-    MOH_FUSED_RUN(logits, route_forward, logits.data_ptr(), dtype_of(logits), T, s, gates.data_ptr<float>(),
-                  routed.data_ptr<int64_t>(), p_part.data_ptr<float>(), picks_part.data_ptr<int64_t>());
-    const at::Tensor picks = picks_part.sum(0);  // (E) int64: exact
-    const double t = static_cast<double>(T), e = static_cast<double>(E);
-    // E·Σ_i P_i f_i with P_i = mean_t p_ti and f_i = picks_i / T, as route_compact.
-    const at::Tensor aux = ((p_part.sum(0) / t) * picks.to(at::kFloat)).sum() * (e / t);
-    ctx->mark_non_differentiable({routed, picks});
-    ctx->save_for_backward({logits, routed, picks});
-    ctx->saved_data["shape"] = shape;
-    return {gates, routed, picks, aux};
+}  // namespace
+
+namespace fused {
+
+LnModulateForward ln_modulate_forward(const at::Tensor& x_in, const at::Tensor& shift, const at::Tensor& scale,
+                                      double eps, at::ScalarType out_dtype) {
+  const at::Tensor x = x_in.contiguous();
+  const int64_t B = x.size(0), N = x.size(1), D = x.size(2);
+  at::Tensor out = at::empty(x.sizes(), x.options().dtype(out_dtype));
+  at::Tensor mean = at::empty({B * N}, x.options().dtype(at::kFloat)), rstd = at::empty_like(mean);
+  const at::Tensor sh = unit_columns(shift), sc = unit_columns(scale);
+  MOH_FUSED_RUN(x, ln_modulate_forward, x.data_ptr(), dtype_of(x), rows_of(sh), rows_of(sc), out.data_ptr(),
+                dtype_of(out), mean.data_ptr<float>(), rstd.data_ptr<float>(), B, N, D, static_cast<float>(eps));
+  return {out, mean, rstd};
+}
+
+std::array<at::Tensor, 3> ln_modulate_backward(const at::Tensor& dy_in, const at::Tensor& x_in, const at::Tensor& shift,
+                                               const at::Tensor& scale, const at::Tensor& mean,
+                                               const at::Tensor& rstd) {
+  const at::Tensor x = x_in.contiguous(), dy = dy_in.contiguous(), sc = unit_columns(scale);
+  const int64_t B = x.size(0), N = x.size(1), D = x.size(2);
+  at::Tensor dx = at::empty_like(x), dsh = partials(B, N, D, x), dsc = partials(B, N, D, x);
+  MOH_FUSED_RUN(x, ln_modulate_backward, dy.data_ptr(), dtype_of(dy), x.data_ptr(), dtype_of(x), rows_of(sc),
+                mean.data_ptr<float>(), rstd.data_ptr<float>(), dx.data_ptr(), dsh.data_ptr<float>(),
+                dsc.data_ptr<float>(), B, N, D);
+  // Σ over tiles in tile order, then the type of shift / scale (the official sums are tensors of that type).
+  return {dx, dsh.sum(1).to(shift.scalar_type()), dsc.sum(1).to(scale.scalar_type())};
+}
+
+at::Tensor gate_residual_forward(const at::Tensor& x_in, const at::Tensor& gate, const at::Tensor& branch_in) {
+  const at::Tensor x = x_in.contiguous(), branch = branch_in.contiguous(), g = unit_columns(gate);
+  at::Tensor out = at::empty_like(x);
+  MOH_FUSED_RUN(x, gate_residual_forward, x.data_ptr(), dtype_of(x), rows_of(g), branch.data_ptr(), dtype_of(branch),
+                out.data_ptr(), x.size(0), x.size(1), x.size(2));
+  return out;
+}
+
+std::array<at::Tensor, 2> gate_residual_backward(const at::Tensor& dout_in, const at::Tensor& gate,
+                                                 const at::Tensor& branch_in) {
+  const at::Tensor dout = dout_in.contiguous(), branch = branch_in.contiguous(), g = unit_columns(gate);
+  const int64_t B = branch.size(0), N = branch.size(1), D = branch.size(2);
+  at::Tensor dbranch = at::empty_like(branch), dg = partials(B, N, D, branch);
+  MOH_FUSED_RUN(dout, gate_residual_backward, dout.data_ptr(), dtype_of(dout), rows_of(g), branch.data_ptr(),
+                dtype_of(branch), dbranch.data_ptr(), dg.data_ptr<float>(), B, N, D);
+  return {dg.sum(1).to(gate.scalar_type()), dbranch};
+}
+
+at::Tensor bias_gelu_forward(const at::Tensor& z_in, const at::Tensor& bias_in) {
+  const at::Tensor z = z_in.contiguous(), bias = bias_in.contiguous();
+  const int64_t F = z.size(-1), T = z.numel() / F;
+  at::Tensor out = at::empty_like(z);
+  MOH_FUSED_RUN(z, bias_gelu_forward, z.data_ptr(), dtype_of(z), bias.data_ptr(), dtype_of(bias), out.data_ptr(), T, F);
+  return out;
+}
+
+std::array<at::Tensor, 2> bias_gelu_backward(const at::Tensor& dy_in, const at::Tensor& z_in,
+                                             const at::Tensor& bias_in) {
+  const at::Tensor z = z_in.contiguous(), bias = bias_in.contiguous();
+  const at::Tensor dy = dy_in.to(z.scalar_type()).contiguous();
+  const int64_t F = z.size(-1), T = z.numel() / F;
+  at::Tensor dz = at::empty_like(z), db = partials(1, T, F, z);
+  MOH_FUSED_RUN(z, bias_gelu_backward, dy.data_ptr(), z.data_ptr(), dtype_of(z), bias.data_ptr(), dtype_of(bias),
+                dz.data_ptr(), db.data_ptr<float>(), T, F);
+  // The official bias gradient is a sum in the product's type (the Linear's bias cast by autocast), then the bias's.
+  return {dz, db.sum(1).reshape({F}).to(z.scalar_type()).to(bias.scalar_type())};
+}
+
+FusedRouting route_forward(const at::Tensor& logits_in, const RouterShape& s) {
+  const at::Tensor logits = logits_in.contiguous();
+  const int64_t T = logits.size(0), E = s.experts;
+  const auto f32 = logits.options().dtype(at::kFloat);
+  at::Tensor gates = at::empty({T, s.heads()}, f32), routed = at::empty({T, s.topk}, f32.dtype(at::kLong));
+  at::Tensor p_part = at::empty({tiles(T), E}, f32), picks_part = at::empty_like(p_part, at::kLong);
+  MOH_FUSED_RUN(logits, route_forward, logits.data_ptr(), dtype_of(logits), T, s, gates.data_ptr<float>(),
+                routed.data_ptr<int64_t>(), p_part.data_ptr<float>(), picks_part.data_ptr<int64_t>());
+  const at::Tensor picks = picks_part.sum(0);  // (E) int64: exact
+  const double t = static_cast<double>(T), e = static_cast<double>(E);
+  // E·Σ_i P_i f_i with P_i = mean_t p_ti and f_i = picks_i / T, as route_compact.
+  const at::Tensor aux = ((p_part.sum(0) / t) * picks.to(at::kFloat)).sum() * (e / t);
+  return {gates, routed, picks, aux};
+}
+
+at::Tensor route_backward(const at::Tensor& logits_in, const at::Tensor& routed_in, const at::Tensor& picks,
+                          const at::Tensor& dgates_in, const at::Tensor& daux, const RouterShape& s) {
+  const at::Tensor logits = logits_in.contiguous(), routed = routed_in.contiguous();
+  const int64_t T = logits.size(0);
+  at::Tensor dgates = dgates_in.defined() ? dgates_in.to(at::kFloat).contiguous()
+                                          : at::zeros({T, s.heads()}, logits.options().dtype(at::kFloat));
+  at::Tensor coef;  // ∂L/∂aux · E / T² · picks (E)
+  if (daux.defined())
+    coef =
+        (picks.to(at::kFloat) *
+         (daux.to(at::kFloat) * (static_cast<double>(s.experts) / (static_cast<double>(T) * static_cast<double>(T)))))
+            .contiguous();
+  at::Tensor dlogits = at::empty_like(logits);
+  MOH_FUSED_RUN(logits, route_backward, logits.data_ptr(), dtype_of(logits), T, s, routed.data_ptr<int64_t>(),
+                dgates.data_ptr<float>(), coef.defined() ? coef.data_ptr<float>() : nullptr, dlogits.data_ptr());
+  return dlogits;
+}
+
+at::Tensor gate_heads_forward(const at::Tensor& o_in, const at::Tensor& gates_in, at::ScalarType out_dtype) {
+  const at::Tensor o = unit_columns(o_in), gates = gates_in.contiguous();
+  const int64_t B = o.size(0), h = o.size(1), N = o.size(2), d = o.size(3);
+  at::Tensor out = at::empty({B, N, h * d}, o.options().dtype(out_dtype));
+  MOH_FUSED_RUN(o, gate_heads_forward, o.data_ptr(), dtype_of(o), head_strides(o), gates.data_ptr<float>(),
+                out.data_ptr(), dtype_of(out), B, h, N, d);
+  return out;
+}
+
+std::array<at::Tensor, 2> gate_heads_backward(const at::Tensor& dout_in, const at::Tensor& o_in,
+                                              const at::Tensor& gates_in) {
+  const at::Tensor o = unit_columns(o_in), gates = gates_in.contiguous(), dout = dout_in.contiguous();
+  const int64_t B = o.size(0), h = o.size(1), N = o.size(2), d = o.size(3);
+  at::Tensor d_o = at::empty({B, N, h, d}, o.options()), dgates = at::empty_like(gates);
+  MOH_FUSED_RUN(o, gate_heads_backward, dout.data_ptr(), dtype_of(dout), o.data_ptr(), dtype_of(o), head_strides(o),
+                gates.data_ptr<float>(), d_o.data_ptr(), dgates.data_ptr<float>(), B, h, N, d);
+  return {d_o.permute({0, 2, 1, 3}), dgates};  // (B, h, N, d) over the (B, N, h, d) memory
+}
+
+}  // namespace fused
+
+namespace {
+
+struct LnModulate : torch::autograd::Function<LnModulate> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale,
+                            double eps, int64_t out_dtype) {
+    auto r = fused::ln_modulate_forward(x, shift, scale, eps, static_cast<at::ScalarType>(out_dtype));
+    ctx->save_for_backward({x.contiguous(), shift, scale, r.mean, r.rstd});
+    return r.out;
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
-    const auto sv = ctx->get_saved_variables();
-    const at::Tensor &logits = sv[0], &routed = sv[1], &picks = sv[2];
-    const fused::RouterShape s = shape_from(ctx->saved_data["shape"].toIntVector());
-    const int64_t T = logits.size(0);
-    at::Tensor dgates = grads[0].defined() ? grads[0].to(at::kFloat).contiguous()
-                                           : at::zeros({T, s.heads()}, logits.options().dtype(at::kFloat));
-    at::Tensor coef;  // ∂L/∂aux · E / T² · picks (E)
-    if (grads[3].defined())
-      coef = (picks.to(at::kFloat) * (grads[3].to(at::kFloat) * (static_cast<double>(s.experts) /
-                                                                 (static_cast<double>(T) * static_cast<double>(T)))))
-                 .contiguous();
-    at::Tensor dlogits = at::empty_like(logits);
-    MOH_FUSED_RUN(logits, route_backward, logits.data_ptr(), dtype_of(logits), T, s, routed.data_ptr<int64_t>(),
-                  dgates.data_ptr<float>(), coef.defined() ? coef.data_ptr<float>() : nullptr, dlogits.data_ptr());
-    return {dlogits, at::Tensor()};
+    const auto s = ctx->get_saved_variables();
+    auto g = fused::ln_modulate_backward(grads[0], s[0], s[1], s[2], s[3], s[4]);
+    return {g[0], g[1], g[2], at::Tensor(), at::Tensor()};
   }
 };
 
-fused::HeadStrides head_strides(const at::Tensor& o) {
-  return {o.stride(0), o.stride(1), o.stride(2)};
-}
+struct GateResidual : torch::autograd::Function<GateResidual> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& gate,
+                            const at::Tensor& branch) {
+    ctx->save_for_backward({gate, branch.contiguous()});
+    return fused::gate_residual_forward(x, gate, branch);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const auto s = ctx->get_saved_variables();
+    const at::Tensor dout = grads[0].contiguous();
+    auto g = fused::gate_residual_backward(dout, s[0], s[1]);
+    return {dout, g[0], g[1]};
+  }
+};
+
+struct BiasGelu : torch::autograd::Function<BiasGelu> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& z, const at::Tensor& bias) {
+    ctx->save_for_backward({z.contiguous(), bias});
+    return fused::bias_gelu_forward(z, bias);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const auto s = ctx->get_saved_variables();
+    auto g = fused::bias_gelu_backward(grads[0], s[0], s[1]);
+    return {g[0], g[1]};
+  }
+};
+
+struct Route : torch::autograd::Function<Route> {
+  // logits (T, L) → {gates (T, h) fp32, routed (T, K), picks (E), aux_loss (0-dim)}
+  static tensor_list forward(AutogradContext* ctx, const at::Tensor& logits, std::vector<int64_t> shape) {
+    const FusedRouting r = fused::route_forward(logits, shape_from(shape));
+    ctx->mark_non_differentiable({r.routed, r.picks});
+    ctx->save_for_backward({logits.contiguous(), r.routed, r.picks});
+    ctx->saved_data["shape"] = shape;
+    return {r.gates, r.routed, r.picks, r.aux_loss};
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const auto sv = ctx->get_saved_variables();
+    const fused::RouterShape s = shape_from(ctx->saved_data["shape"].toIntVector());
+    return {fused::route_backward(sv[0], sv[1], sv[2], grads[0], grads[3], s), at::Tensor()};
+  }
+};
 
 struct GateHeads : torch::autograd::Function<GateHeads> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& o_in, const at::Tensor& gates, int64_t out_dtype) {
     const at::Tensor o = unit_columns(o_in);
-    const int64_t B = o.size(0), h = o.size(1), N = o.size(2), d = o.size(3);
-    at::Tensor out = at::empty({B, N, h * d}, o.options().dtype(static_cast<at::ScalarType>(out_dtype)));
-    MOH_FUSED_RUN(o, gate_heads_forward, o.data_ptr(), dtype_of(o), head_strides(o), gates.data_ptr<float>(),
-                  out.data_ptr(), dtype_of(out), B, h, N, d);
     ctx->save_for_backward({o, gates});
-    return out;
+    return fused::gate_heads_forward(o, gates, static_cast<at::ScalarType>(out_dtype));
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     const auto s = ctx->get_saved_variables();
-    const at::Tensor &o = s[0], &gates = s[1];
-    const at::Tensor dout = grads[0].contiguous();
-    const int64_t B = o.size(0), h = o.size(1), N = o.size(2), d = o.size(3);
-    at::Tensor d_o = at::empty({B, N, h, d}, o.options()), dgates = at::empty_like(gates);
-    MOH_FUSED_RUN(o, gate_heads_backward, dout.data_ptr(), dtype_of(dout), o.data_ptr(), dtype_of(o), head_strides(o),
-                  gates.data_ptr<float>(), d_o.data_ptr(), dgates.data_ptr<float>(), B, h, N, d);
-    return {d_o.permute({0, 2, 1, 3}), dgates, at::Tensor()};  // (B, h, N, d) over the (B, N, h, d) memory
+    auto g = fused::gate_heads_backward(grads[0], s[0], s[1]);
+    return {g[0], g[1], at::Tensor()};
   }
 };
 
-#undef MOH_FUSED_RUN
-
 }  // namespace
+
+#undef MOH_FUSED_RUN
 
 bool fused_kernels_available(const c10::Device& device) {
   if (device.is_cpu()) return true;

@@ -15,6 +15,8 @@
 // the only consumer would cast it there.
 #include <ATen/ATen.h>
 
+#include <array>
+
 #include "vision/nn/fused_math.h"
 #include "vision/nn/model_config.h"
 
@@ -68,5 +70,38 @@ at::Tensor plain_gate_heads(const at::Tensor& o, const at::Tensor& gates);
 /// The type an op's result is stored in when its one consumer is a product under autocast on `t`'s device (the
 /// autocast type), else `t`'s own.
 at::ScalarType consumer_dtype(const at::Tensor& t);
+
+namespace fused {
+
+// The operations' two passes as plain functions (no autograd), on tensors the fused loops take (the callers check:
+// fused_* above falls back to the plain sequence otherwise). What the autograd operations above run, and what the
+// PyTorch ops of python/ (torch.ops.moh) register with their own autograd: one arithmetic for both.
+
+/// ln_modulate's forward: the result in out_dtype and each row's mean and 1/std, (B·N) fp32, for the backward.
+struct LnModulateForward {
+  at::Tensor out, mean, rstd;
+};
+LnModulateForward ln_modulate_forward(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale, double eps,
+                                      at::ScalarType out_dtype);
+/// {dx, dshift, dscale} from dy (B, N, D).
+std::array<at::Tensor, 3> ln_modulate_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& shift,
+                                               const at::Tensor& scale, const at::Tensor& mean, const at::Tensor& rstd);
+at::Tensor gate_residual_forward(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& branch);
+/// {dgate, dbranch} from dout (B, N, D); x's gradient is dout itself.
+std::array<at::Tensor, 2> gate_residual_backward(const at::Tensor& dout, const at::Tensor& gate,
+                                                 const at::Tensor& branch);
+at::Tensor bias_gelu_forward(const at::Tensor& z, const at::Tensor& bias);
+/// {dz, dbias} from dy (..., F).
+std::array<at::Tensor, 2> bias_gelu_backward(const at::Tensor& dy, const at::Tensor& z, const at::Tensor& bias);
+/// The router's forward with every field: gates (T, h) fp32, routed (T, K) int64, picks (E) int64, aux_loss (0-dim).
+FusedRouting route_forward(const at::Tensor& logits, const RouterShape& shape);
+/// The logits' gradient from the gates' (T, h) and the load-balance loss's (0-dim); either may be undefined (zero).
+at::Tensor route_backward(const at::Tensor& logits, const at::Tensor& routed, const at::Tensor& picks,
+                          const at::Tensor& dgates, const at::Tensor& daux, const RouterShape& shape);
+at::Tensor gate_heads_forward(const at::Tensor& o, const at::Tensor& gates, at::ScalarType out_dtype);
+/// {do (B, h, N, d) over (B, N, h, d) memory, dgates (B·N, h) fp32} from dout (B, N, h·d).
+std::array<at::Tensor, 2> gate_heads_backward(const at::Tensor& dout, const at::Tensor& o, const at::Tensor& gates);
+
+}  // namespace fused
 
 }  // namespace moh::nn
