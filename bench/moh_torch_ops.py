@@ -5,6 +5,7 @@ reported, with each round's ratio).
 
     .venv/bin/python bench/moh_torch_ops.py [--rounds 3] [--iters 20] [--threads 2] [--out FILE.jsonl]
         [--official PATH]   # a checkout of SkyworkAI/MoH: its MoH-DiT MoHAttention as the official module
+        [--device cuda] [--dtype bf16]   # on a GPU (the GPU call, scripts/gpu_fused_loan.sh part ops)
 
 Shapes: MoH-DiT-S/2-75's layers (384 wide, 6 heads of 64, 256 tokens; 2 shared + top-1 of 4 = 50 % active, and
 3 shared + top-2 of 3 = 83 %), batch 8; MoH-ViT-S-75's stage 4 (576 wide, 24 heads of 24, 49 tokens, 4 shared + top-12
@@ -79,19 +80,31 @@ def official_dit_attention(official_path, *args):
     return MoHAttention(dim, heads, qkv_bias=True, shared_head=shared, routed_head=routed, head_dim=head_dim)
 
 
+DEVICE, DTYPE = "cpu", torch.float32
+
+
 def step_fn(module, x):
     def step():
         module.zero_grad(set_to_none=True)
         x.grad = None
-        module(x).square().mean().backward()
+        with torch.autocast(DEVICE, dtype=DTYPE, enabled=DTYPE != torch.float32):
+            loss = module(x).float().square().mean()
+        loss.backward()
     return step
+
+
+def sync():
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
 
 
 def time_once(step, iters):
     step()  # warm (and, for a compiled module, the first call compiles)
+    sync()
     t0 = time.perf_counter()
     for _ in range(iters):
         step()
+    sync()
     return (time.perf_counter() - t0) / iters
 
 
@@ -116,24 +129,27 @@ def attention_cases(official_path):
                                    ("MoH-DiT-S/2-75 layer, 83 % active", (3, 2))):
         torch.manual_seed(0)
         official = official_dit_attention(official_path, 384, 6, shared, routed, 64).train()
+        official.to(DEVICE)
         ours = mnn.from_module(official).train()
-        cases.append((name, official, ours, torch.randn(8, 256, 384, requires_grad=True)))
+        cases.append((name, official, ours, torch.randn(8, 256, 384, device=DEVICE, requires_grad=True)))
     torch.manual_seed(1)
-    stage4 = transnext_torch.Attention(576, (7, 7), 24, shared=4, topk=12).train()
-    cases.append(("MoH-ViT-S-75 stage 4 (full attention)", WithGrid(stage4, 7, 7),
-                  WithGrid(mnn.from_module(stage4).train(), 7, 7), torch.randn(8, 49, 576, requires_grad=True)))
-    stage3 = transnext_torch.AggregatedAttention(288, (14, 14), 12, 2, shared=3, topk=6).train()
-    cases.append(("MoH-ViT-S-75 stage 3 (aggregated: router, gates)", WithGrid(stage3, 14, 7),
-                  WithGrid(mnn.from_module(stage3).train(), 14, 7), torch.randn(8, 196, 288, requires_grad=True)))
+    stage4 = transnext_torch.Attention(576, (7, 7), 24, shared=4, topk=12).train().to(DEVICE)
+    cases.append(("MoH-ViT-S-75 stage 4 (full attention)", WithGrid(stage4, 7, 7).to(DEVICE),
+                  WithGrid(mnn.from_module(stage4).train(), 7, 7).to(DEVICE),
+                  torch.randn(8, 49, 576, device=DEVICE, requires_grad=True)))
+    stage3 = transnext_torch.AggregatedAttention(288, (14, 14), 12, 2, shared=3, topk=6).train().to(DEVICE)
+    cases.append(("MoH-ViT-S-75 stage 3 (aggregated: router, gates)", WithGrid(stage3, 14, 7).to(DEVICE),
+                  WithGrid(mnn.from_module(stage3).train(), 14, 7).to(DEVICE),
+                  torch.randn(8, 196, 288, device=DEVICE, requires_grad=True)))
     return cases
 
 
 def block_cases():
     """(name, plain composition, fused op) for the DiT-block ops at DiT-S/2 shapes (batch 8, 256 tokens, 384)."""
-    x = torch.randn(8, 256, 384, requires_grad=True)
-    mod = torch.randn(8, 6 * 384, requires_grad=True)
-    z = torch.randn(8, 256, 1536, requires_grad=True)
-    b = torch.randn(1536, requires_grad=True)
+    x = torch.randn(8, 256, 384, device=DEVICE, dtype=DTYPE, requires_grad=True)
+    mod = torch.randn(8, 6 * 384, device=DEVICE, dtype=DTYPE, requires_grad=True)
+    z = torch.randn(8, 256, 1536, device=DEVICE, dtype=DTYPE, requires_grad=True)
+    b = torch.randn(1536, device=DEVICE, dtype=DTYPE, requires_grad=True)
     shift, scale, gate = mod[:, :384], mod[:, 384:768], mod[:, 768:1152]
     return [
         ("ln_modulate", lambda: F.layer_norm(x, (384,), eps=1e-6) * (1 + scale[:, None]) + shift[:, None],
@@ -148,7 +164,7 @@ def fn_step(fn, inputs):
     def step():
         for t in inputs:
             t.grad = None
-        fn().square().mean().backward()
+        fn().float().square().mean().backward()
     return step
 
 
@@ -159,11 +175,17 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="")
     ap.add_argument("--official", default=None)
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
     a = ap.parse_args()
+    global DEVICE, DTYPE
+    DEVICE, DTYPE = a.device, {"fp32": torch.float32, "bf16": torch.bfloat16}[a.dtype]
     torch.set_num_threads(a.threads)
     cpu = platform.processor() or platform.machine()
     with open("/proc/cpuinfo") as f:
         cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    if DEVICE == "cuda":
+        cpu = torch.cuda.get_device_name()
     rows = []
     candidates = []
     for name, official, ours, x in attention_cases(a.official):
@@ -180,8 +202,9 @@ def main():
             times[(name, cand)].append(time_once(step, a.iters) * 1e3)
             print(f"round {r + 1} {name} | {cand}: {times[(name, cand)][-1]:.2f} ms", file=sys.stderr)
     for (name, cand), ms in times.items():
-        rows.append({"case": name, "candidate": cand, "ms": ms, "median_ms": statistics.median(ms), "cpu": cpu,
-                     "threads": a.threads, "torch": torch.__version__, "iters": a.iters,
+        rows.append({"case": name, "candidate": cand, "ms": ms, "median_ms": statistics.median(ms), "host": cpu,
+                     "device": DEVICE, "dtype": a.dtype, "threads": a.threads, "torch": torch.__version__,
+                     "iters": a.iters,
                      "official": a.official or "op sequence (bench/moh_torch_ops.py)"})
         print(f"{name:38s} {cand:34s} median {statistics.median(ms):8.2f} ms  rounds {[round(m, 2) for m in ms]}")
     if a.out:

@@ -92,7 +92,7 @@ stage_build() {
   nccl_inc=$("$PY" -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "include"))' 2>/dev/null)
   export CPATH=${nccl_inc}${CPATH:+:$CPATH}
   run_logged build configure cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTorch_DIR="$torch_cmake/Torch" \
-    -DCMAKE_PREFIX_PATH="$PREFIX/usr" -DMOH_WITH_OPENCV=OFF -DMOH_WITH_NCCL=ON || return
+    -DCMAKE_PREFIX_PATH="$PREFIX/usr" -DMOH_WITH_OPENCV=OFF -DMOH_WITH_NCCL=ON -DMOH_TORCH_OPS=ON || return
   local targets=()
   for t in ${MOH_GPU_TARGETS:-}; do targets+=(--target "$t"); done
   run_logged build compile cmake --build "$BUILD" -j"$JOBS" "${targets[@]}" -- -k 0 || return  # every error at once

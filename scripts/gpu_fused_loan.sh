@@ -2,7 +2,11 @@
 # The fused block's GPU call (docs/GPU.md, "The fused block"): one device call under a deadline, in order of value —
 #   build     moh and the test binaries against the machine's LibTorch (scripts/gpu_check.sh env + build stages)
 #   parity    the CUDA parity tests of every fused piece, forward and backward, fp32 and bf16 (FusedOps.*,
-#             FusedBlock.*, WorkingCopies.*) and the router / device tests they lean on (MoHRouting.*, OnDevice.*)
+#             FusedBlock.*, WorkingCopies.*, HeadMix.*) and the router / device tests they lean on (MoHRouting.*,
+#             OnDevice.*)
+#   ops       torch.ops.moh on the device: moh_torch installed from the build (into WORK, not the machine's Python),
+#             its opcheck / parity tests with their CUDA cases (python/tests/test_ops.py), then the ops against the
+#             official module's math, eager and compiled, bf16 (bench/moh_torch_ops.py, one round)
 #   profile   DiT-XL/2 and MoH-DiT-XL/2-90, bf16, batch 32, EMA 0.9999: one step profiled by op class, fused off then on
 #   moh       DiT-XL/2, MoH-DiT-XL/2-90 and -75 with the fused block, three interleaved rounds (MoH / DiT ratios)
 #   sweep     DiT-XL/2 with the fused block at batch 64, 128, 256: the best batch and its MFU
@@ -21,7 +25,9 @@ cd "$(dirname "$0")/.." || exit 2
 [ $# -ge 1 ] || { echo "usage: $0 OUT [SECONDS]" >&2; exit 2; }
 OUT=$(realpath -m "$1") LIMIT=${2:-540}
 DEVICE=${DEVICE:-cuda} BUILD=$(realpath -m "${BUILD:-build-gpu}") KIT=${KIT:-.gpu_kit} PY=${PY:-python3}
-PARTS=${PARTS:-build parity profile moh sweep official vit}
+# A path stays valid where a part changes directory (absolute, its symlinks kept: a venv's python is one).
+[[ "$PY" == */* ]] && PY=$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")
+PARTS=${PARTS:-build parity ops profile moh sweep official vit}
 case "$DEVICE" in cuda | cpu) ;; *) echo "error: DEVICE=$DEVICE: use cuda or cpu" >&2; exit 2 ;; esac
 WORK=$OUT/work
 mkdir -p "$OUT" "$WORK"
@@ -74,7 +80,7 @@ part_build() {
 }
 part_parity() {
   MOH_TEST_DEVICE=$DEVICE OMP_NUM_THREADS=${OMP_NUM_THREADS:-4} timeout "$(left)" "$BUILD/tests/moh_tests_models" \
-    --gtest_filter='FusedOps.*:FusedBlock.*:WorkingCopies.*:MoHRouting.*:OnDevice.*' \
+    --gtest_filter='FusedOps.*:FusedBlock.*:WorkingCopies.*:HeadMix.*:MoHRouting.*:OnDevice.*' \
     --gtest_output="json:$WORK/parity.json" >"$WORK/parity.log" 2>&1
   "$PY" -c '
 import json, sys
@@ -82,6 +88,31 @@ r = json.load(open(sys.argv[1]))
 failed = [t["classname"] + "." + t["name"] for s in r["testsuites"] for t in s["testsuite"] if t.get("failures")]
 print(json.dumps({"part": "parity", "label": "tests", "what": "parity", "tests": r["tests"], "failures": r["failures"],
                   "failed": failed, "device": sys.argv[2]}))' "$WORK/parity.json" "$DEVICE" >>"$ROWS"
+}
+part_ops() {
+  local pkg=$WORK/moh_torch_pkg
+  MOH_BUILD_DIR=$BUILD timeout "$(left)" "$PY" -m pip install --quiet --no-build-isolation --no-deps --no-index \
+    --disable-pip-version-check --target "$pkg" ./python >"$WORK/ops_install.log" 2>&1 || return 1
+  (cd python/tests && PYTHONPATH=$pkg timeout "$(left)" "$PY" -m unittest -v test_ops) >"$WORK/ops_tests.log" 2>&1
+  local rc=$?
+  "$PY" -c '
+import json, re, sys
+text = open(sys.argv[1]).read()
+ran = re.search(r"Ran (\d+) test", text)
+print(json.dumps({"part": "ops", "label": "tests", "what": "ops_tests", "device": sys.argv[2], "exit": int(sys.argv[3]),
+                  "ran": int(ran.group(1)) if ran else 0, "failed": re.findall(r"^(?:FAIL|ERROR): (.*)$", text, re.M)}))' \
+    "$WORK/ops_tests.log" "$DEVICE" "$rc" >>"$ROWS"
+  local dtype=bf16
+  [ "$DEVICE" = cpu ] && dtype=fp32
+  PYTHONPATH=$pkg timeout "$(left)" "$PY" bench/moh_torch_ops.py --device "$DEVICE" --dtype "$dtype" --rounds 1 \
+    --iters 5 --out "$WORK/ops_bench.jsonl" >"$WORK/ops_bench.log" 2>&1
+  [ -f "$WORK/ops_bench.jsonl" ] && "$PY" -c '
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    r.update(part="ops", label=r["case"] + " | " + r["candidate"], what="ops_bench")
+    print(json.dumps(r))' "$WORK/ops_bench.jsonl" >>"$ROWS"
+  return $rc
 }
 part_profile() {
   local m f
@@ -137,6 +168,7 @@ trap 'kill $COPIER 2>/dev/null' EXIT
 log "device $DEVICE, build $BUILD, deadline $LIMIT s; parts: $PARTS"
 part build 200 || { log "no build: stopping"; collect; exit 1; }
 part parity 60
+part ops 90
 part profile 60
 part moh 60
 part sweep 45

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The fused block's GPU call in one page: reads the rows scripts/gpu_fused_loan.sh wrote (fused.jsonl) and prints
 Markdown — the parity tests, the step's device time by op class with the fused block off and on, MoH against DiT,
-the best batch, ours against the official-structure step, the classifier — and the targets, met or not, each with
+the best batch, ours against the official-structure step, the classifier, torch.ops.moh — and the targets, met or not, each with
 the rows it comes from. Standard library only (the GPU machine's python3 is enough).
   usage: scripts/gpu_fused_summary.py fused.jsonl > summary.md"""
 import json
@@ -70,18 +70,36 @@ def official_ratios(rows):
     return [ours[k] / theirs[k] for k in sorted(ours) if k in theirs]
 
 
+def ops_lines(rows):
+    """torch.ops.moh on the device: the package's tests, and each case's median ms per candidate."""
+    tests = [r for r in rows if r.get("what") == "ops_tests"]
+    bench = [r for r in rows if r.get("what") == "ops_bench"]
+    if not tests and not bench:
+        return []
+    out = ["## torch.ops.moh (moh_torch) on the device", ""]
+    for t in tests:
+        out += [f"python/tests/test_ops.py on {t['device']}: {t['ran']} tests, exit {t['exit']}"
+                + (", failed: " + ", ".join(t["failed"]) if t["failed"] else "") + ".", ""]
+    if bench:
+        out += ["| case | candidate | median ms |", "|---|---|---|"]
+        out += [f"| {r['case']} | {r['candidate']} | {fmt(r['median_ms'], 4)} |" for r in bench] + [""]
+    return out
+
+
 def main():
     rows = rows_of(sys.argv[1])
     out = ["# The fused block on the GPU", ""]
-    dev = next((r.get("machine", {}).get("gpu") or r.get("device") for r in rows if r.get("device")), "?")
+    dev = next((m.get("gpu") if isinstance(m := r.get("machine"), dict) else None) or r.get("device")
+               for r in rows if r.get("device")) if any(r.get("device") for r in rows) else "?"
     lib = next((r.get("libtorch") for r in rows if r.get("libtorch")), "?")
-    commit = next((r.get("machine", {}).get("commit") for r in rows if r.get("machine")), "?")
+    commit = next((r["machine"].get("commit") for r in rows if isinstance(r.get("machine"), dict)), "?")
     out += [f"Device {dev}, LibTorch {lib}, commit {commit}; rows: fused.jsonl (scripts/gpu_fused_loan.sh).", ""]
     par = part(rows, "parity")
     if par:
         p = par[-1]
         out += [f"Parity tests on {p['device']}: {p['tests']} run, {p['failures']} failed"
                 + (": " + ", ".join(p["failed"]) if p["failed"] else "") + ".", ""]
+    out += ops_lines(part(rows, "ops"))
     prof, ratios = profile_table(part(rows, "profile"))
     out += ["## Device time by op class (one profiled step)", ""] + prof + [""]
     moh_rows, moh = moh_ratios(part(rows, "moh"))
