@@ -99,7 +99,8 @@ def sync():
 
 
 def time_once(step, iters):
-    step()  # warm (and, for a compiled module, the first call compiles)
+    for _ in range(3):  # warm: a compiled module compiles on its first call and may once more on the next (guards)
+        step()
     sync()
     t0 = time.perf_counter()
     for _ in range(iters):
