@@ -107,6 +107,7 @@ struct TrainConfig {
       1;  ///< data-parallel processes `moh train` starts itself when not launched by torchrun/moh launch
   double moh_loss_coeff = 0.01;  ///< beta of the MoH load-balance loss (paper Eq. 8)
   int64_t seed = 0;
+  bool paired = false;  ///< common random numbers across model variants (initial weights by name, noise after build)
   Precision precision = Precision::fp32;
   std::string device = "auto";
   double ema_decay = 0.0;   ///< 0 = no EMA
@@ -133,6 +134,10 @@ struct TrainConfig {
             "unless already launched; on CPUs small models train faster as N 1-thread processes");
     v.field("moh_loss_coeff", moh_loss_coeff, "beta: weight of the MoH load-balance loss (mean over routed layers)");
     v.field("seed", seed, "global random seed");
+    v.field("paired", paired,
+            "common random numbers across model variants of one seed: every module's initial weights drawn from a "
+            "generator seeded by (seed, its name), so parameters two variants share start equal, and the training "
+            "noise reseeded once the model is built (data order depends on the seed alone either way)");
     v.field("precision", precision,
             "forward precision: fp32, tf32 (fp32 with TF32 matrix products on CUDA, as the official DiT's train.py; "
             "fp32 on a CPU), bf16 (autocast on CPU or CUDA), fp16 (CUDA, loss scaling) or auto (bf16 on CUDA; on a "

@@ -321,6 +321,9 @@ void TrainLoop::build_model_and_optimizer() {
   }
   if (!cfg_.train.phema.sigma_rels.empty())
     net_.phema = std::make_unique<phema::RunProfiles>(cfg_.train.phema, *net_.model);
+  // train.paired: the training noise from here on depends on the seed alone, not on how many numbers building this
+  // variant drew (a resumed run then restores its generators from the checkpoint, as any run does).
+  if (cfg_.train.paired) torch::manual_seed(cfg_.train.seed);
 }
 
 // Initial weights or the checkpoint's state, rank 0's weights on every rank, and the random state.

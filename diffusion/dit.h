@@ -47,6 +47,9 @@ struct DiTOptions {
   RouterKind router = RouterKind::learned;  ///< MoH layers' router (learned or query_norm)
   bool grad_checkpoint = false;             ///< training: recompute each block's activations in the backward pass
   FusedMode fused = FusedMode::automatic;   ///< fused block operations (model.fused; vision/nn/fused_ops.h)
+  /// >= 0: each module's initial weights drawn from a generator seeded by (init_seed, its name), so that variants of
+  /// one seed start equal where they share a module (train.paired); < 0: one stream in module order (DiT's).
+  int64_t init_seed = -1;
   // LightningDiT's block options (off = DiT's block and names).
   NormKind norm = NormKind::layernorm;  ///< rmsnorm: norm1/norm2/norm_final RMSNorm with a scale
   MlpKind mlp = MlpKind::gelu;          ///< swiglu: mlp.w12 / mlp.w3 with hidden int(2/3 · mlp_ratio · D)

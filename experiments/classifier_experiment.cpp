@@ -57,6 +57,7 @@ vision::TransNeXtOptions classifier_options_for(const ModelConfig& model) {
 vision::TransNeXtOptions classifier_options_for(const ExperimentConfig& cfg) {
   vision::TransNeXtOptions o = classifier_options_for(cfg.model);
   o.grad_checkpoint = cfg.train.grad_checkpoint == GradCheckpoint::blocks;
+  if (cfg.train.paired) o.init_seed = cfg.train.seed;
   o.validate();
   return o;
 }

@@ -55,6 +55,7 @@ diffusion::DiTOptions dit_options_for(const ExperimentConfig& cfg) {
       cfg.diffusion.vae == VaeKind::none ? 0 : diffusion::vae_spec(cfg.diffusion.vae).options.factor();
   diffusion::DiTOptions o = dit_options_for(cfg.model, factor);
   o.grad_checkpoint = cfg.train.grad_checkpoint == GradCheckpoint::blocks;
+  if (cfg.train.paired) o.init_seed = cfg.train.seed;
   o.validate();
   return o;
 }

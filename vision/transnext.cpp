@@ -568,7 +568,10 @@ TransNeXtImpl::TransNeXtImpl(const TransNeXtOptions& o) : options(o) {
 
 void TransNeXtImpl::initialize_weights() {
   torch::NoGradGuard ng;
-  for (auto& m : modules(/*include_self=*/false)) {
+  const int64_t by_name = options.init_seed;  // >= 0: each module from its own seeded stream (train.paired)
+  for (const auto& item : named_modules("", /*include_self=*/false)) {
+    const auto& m = item.value();
+    seed_for_module(by_name, item.key());
     if (auto* lin = m->as<nn::Linear>()) {
       trunc_normal_(lin->weight, kTruncStd);
       if (lin->bias.defined()) lin->bias.zero_();
@@ -583,6 +586,20 @@ void TransNeXtImpl::initialize_weights() {
       ln->weight.fill_(1.0);
       ln->bias.zero_();
     }
+  }
+  if (by_name < 0) return;  // the attention's own parameters were drawn in construction order, as TransNeXt does
+  for (const auto& p : named_parameters()) {  // drawn again by name: the stream of construction order is not shared
+    const std::string& name = p.key();
+    const auto ends = [&](const std::string& s) {
+      return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+    };
+    const double std = ends("query_embedding")           ? kTruncStd
+                       : ends("learnable_tokens")        ? kTruncStd
+                       : ends("relative_pos_bias_local") ? kLocalBiasStd
+                                                         : 0.0;
+    if (std == 0.0) continue;
+    seed_for_module(by_name, name);
+    trunc_normal_(p.value(), std);
   }
 }
 

@@ -46,6 +46,9 @@ struct TransNeXtOptions {
   RouterKind router = RouterKind::learned;  ///< MoH layers' router (learned or query_norm)
   FusedMode fused = FusedMode::automatic;   ///< MoH layers' fused router and head gates (model.fused)
   bool grad_checkpoint = false;             ///< training: recompute each block's activations in the backward pass
+  /// >= 0: each module's (and parameter's) initial weights drawn from a generator seeded by (init_seed, its name), so
+  /// that variants of one seed start equal where they share it (train.paired); < 0: one stream in module order.
+  int64_t init_seed = -1;
 
   /// Feature-map side of stage i at the input size (and at the pretraining size).
   int64_t stage_size(int64_t i) const;

@@ -52,6 +52,7 @@ const std::map<std::string, int64_t>& expected_counts() {
       // (2 shared and 2 routed heads) in every layer (6 × 384).
       {"DiT-Pixel/2", 491144},
       {"MoH-DiT-Pixel/2-75", 491144 + 6 * 384},
+      {"MoH-DiT-Pixel/2-90", 491144 + 3 * 384 + 3 * 256},  // wg, wg_0, wg_1 (64 → 2 each); then wg_1 (64 → 4)
       // LightningDiT (16×16×32 VA-VAE latents, RMSNorm, SwiGLU, RoPE, no learned σ): hustvl/LightningDiT's
       // models/lightningdit.py run on 2026-11-26 with its released config (use_swiglu, use_rope, use_rmsnorm).
       {"LightningDiT-B/1", 130556192},
@@ -150,9 +151,9 @@ TEST(DiTRegistry, EveryVariantCountsForwardBackward) {
           << name << " " << p.key();
     }
   }
-  // S, B, L, XL × {DiT, MoH-90, MoH-75}; LightningDiT B and XL, MoH-LightningDiT-XL; DiT-Pixel and MoH-DiT-Pixel at
-  // patch 4 (D = 128) and patch 2 (D = 64).
-  EXPECT_EQ(first.size(), 19u);
+  // S, B, L, XL × {DiT, MoH-90, MoH-75}; LightningDiT B and XL, MoH-LightningDiT-XL; DiT-Pixel and MoH-DiT-Pixel-75 at
+  // patch 4 (D = 128), and at patch 2 (D = 64) also MoH-DiT-Pixel/2-90.
+  EXPECT_EQ(first.size(), 20u);
 }
 
 TEST(DiTRegistry, OfficialKeyNamesAndErrors) {

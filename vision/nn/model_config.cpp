@@ -1,5 +1,7 @@
 #include "vision/nn/model_config.h"
 
+#include <ATen/ATen.h>
+
 #include "core/error.h"
 
 namespace moh {
@@ -94,6 +96,19 @@ void ModelConfig::validate(const config::RuleError& bad) const {
   if (img_size > kMaxImageSize)
     bad("model.img_size", "must be <= " + std::to_string(kMaxImageSize) + " px, got " + std::to_string(img_size), "");
   if (drop_path >= 1) bad("model.drop_path", "must be < 1", "e.g. 0.1");
+}
+
+uint64_t module_seed(int64_t seed, const std::string& name) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (const unsigned char c : name) h = (h ^ c) * 1099511628211ull;
+  uint64_t z = h + 0x9e3779b97f4a7c15ull * (static_cast<uint64_t>(seed) + 1);  // SplitMix64's finaliser
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return (z ^ (z >> 31)) >> 1;  // 63 bits: a non-negative seed
+}
+
+void seed_for_module(int64_t seed, const std::string& name) {
+  if (seed >= 0) at::manual_seed(module_seed(seed, name));
 }
 
 }  // namespace moh

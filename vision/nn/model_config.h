@@ -132,4 +132,10 @@ struct HeadSplit {
 std::vector<HeadSplit> moh_split(const ModelConfig& model, const std::vector<int64_t>& heads, bool one_for_all,
                                  const std::string& unit);
 
+/// The seed of module (or parameter) `name`'s initial weights when a model draws them by name (train.paired): seed and
+/// name mixed (FNV-1a of the name, SplitMix64's finaliser), the same whatever other modules the model has.
+uint64_t module_seed(int64_t seed, const std::string& name);
+/// Seeds the global generator for `name` when seed >= 0; does nothing for seed < 0 (one stream in module order).
+void seed_for_module(int64_t seed, const std::string& name);
+
 }  // namespace moh
