@@ -40,6 +40,29 @@ def verdict(mean, half, goal):
     return "undecided"
 
 
+def compare(diffs, margin, higher_is_better=True):
+    """The verdict on paired differences d = variant - reference (one per seed) against an equivalence margin:
+      equal      the 90 % t-interval lies within (-margin, +margin): both one-sided tests reject at 5 % (TOST);
+      better     the 95 % t-interval lies entirely on the better side of 0, and not within the margin;
+      worse      the same on the worse side;
+      undecided  otherwise (the interval straddles 0 and a margin edge, or there is one pair).
+    Returns (verdict, why) with why naming the interval that decided."""
+    if len(diffs) < 2:
+        return "undecided", "one pair"
+    m, h90 = interval(diffs, 0.90)
+    _, h95 = interval(diffs, 0.95)
+    lo90, hi90, lo95, hi95 = m - h90, m + h90, m - h95, m + h95
+    if -margin < lo90 and hi90 < margin:
+        return "equal", f"90 % interval [{lo90:+.2f}, {hi90:+.2f}] within ±{margin:g}"
+    up = "better" if higher_is_better else "worse"
+    down = "worse" if higher_is_better else "better"
+    if lo95 > 0:
+        return up, f"95 % interval [{lo95:+.2f}, {hi95:+.2f}] above 0"
+    if hi95 < 0:
+        return down, f"95 % interval [{lo95:+.2f}, {hi95:+.2f}] below 0"
+    return "undecided", f"90 % interval [{lo90:+.2f}, {hi90:+.2f}] not within ±{margin:g}, 95 % [{lo95:+.2f}, {hi95:+.2f}] holds 0"
+
+
 def fmt(mean, half, unit=""):
     """'+1.2 % [-0.3, +2.7]' (no interval with one value)"""
     if half is None:

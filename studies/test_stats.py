@@ -38,6 +38,18 @@ class Stats(unittest.TestCase):
         self.assertEqual(stats.verdict(4.0, None, 5.0), "undecided (one seed)")
         self.assertEqual(stats.fmt(1.25, 0.5, " %"), "+1.2 % [+0.8, +1.8]")
 
+    def test_compare_by_hand(self):
+        # d = [0.1, 0.2, 0.3]: mean 0.2, sd 0.1, n 3; 90 %: t(2) 2.919986, half 0.1686; 95 %: 4.302653, half 0.2484.
+        v, why = stats.compare([0.1, 0.2, 0.3], 0.5)
+        self.assertEqual(v, "equal")  # [0.031, 0.369] within ±0.5
+        self.assertIn("[+0.03, +0.37]", why)
+        self.assertEqual(stats.compare([0.1, 0.2, 0.3], 0.3)[0], "undecided")  # 0.369 > 0.3; 95 % [-0.05, 0.45]
+        self.assertEqual(stats.compare([1.0, 1.1, 1.2], 0.5)[0], "better")  # 95 % [0.75, 1.35] above 0
+        self.assertEqual(stats.compare([1.0, 1.1, 1.2], 0.5, higher_is_better=False)[0], "worse")
+        self.assertEqual(stats.compare([-1.0, -1.1, -1.2], 0.5)[0], "worse")
+        self.assertEqual(stats.compare([-1.0, 1.0, 0.0], 0.5)[0], "undecided")
+        self.assertEqual(stats.compare([0.2], 0.5), ("undecided", "one pair"))
+
 
 if __name__ == "__main__":
     unittest.main()
