@@ -17,7 +17,9 @@ int cmd_bench(int argc, char** argv) {
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     std::cout
         << "usage: moh bench attention|vit-attention|eval|train|sample|data [--json] ...   (moh bench <what> --help)\n";
-    return argc < 2 ? kExitUserError : kExitOk;
+    if (argc < 2)
+      throw UserError("moh bench", "no benchmark given", "attention, vit-attention, eval, train, sample or data");
+    return kExitOk;
   }
   std::string what = argv[1];
   std::string prog = std::string(argv[0]) + " " + what;

@@ -114,6 +114,10 @@ int cmd_convert(int argc, char** argv) {
   const std::string in = args["in"].as<std::string>(), out = args["out"].as<std::string>(),
                     key = args["key"].as<std::string>();
   if (args.count("to-moh")) return convert_to_moh(args, in, out, key);
+  for (const char* moh_only : {"set", "shared-heads", "calib-batches", "mask-steps", "mask-lr", "device"})
+    if (args.count(moh_only))
+      throw UserError("--" + std::string(moh_only), "belongs to the dense-to-MoH conversion",
+                      "add --to-moh TARGET.yaml, or leave it out");
   if (out.size() < 12 || out.compare(out.size() - 12, 12, ".safetensors") != 0)
     throw UserError("--out " + out, "must end in .safetensors", "e.g. --out model.safetensors");
   if (std::filesystem::exists(out) && std::filesystem::exists(in) && std::filesystem::equivalent(in, out))

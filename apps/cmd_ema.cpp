@@ -20,6 +20,7 @@
 #include "core/phema_run.h"
 #include "eval/ema_sweep.h"
 #include "eval/report.h"
+#include "experiments/feature_nets.h"
 #include "experiments/registry.h"
 
 namespace moh::apps {
@@ -126,6 +127,9 @@ void check_segments(const Segments& seg) {
                       "moh ref-stats writes reference statistics");
     if (!std::filesystem::exists(feature_file))
       throw UserError("moh ema sweep -- fid --features " + features, "names no file or run", "");
+    // The feature network itself (the kind of run it names, its weights) before the first point is reconstructed
+    // and sampled: built once here on the CPU and dropped.
+    (void)experiments::make_feature_net(features, RunContext::create("cpu", Precision::fp32, 0));
   }
 }
 
@@ -227,7 +231,8 @@ int cmd_ema(int argc, char** argv) {
     std::cout << "usage: moh ema list RUN | moh ema reconstruct RUN --sigma-rel S [--step N] --out DIR\n"
                  "       moh ema sweep RUN --sigma-rels a:b:n --out DIR [--baselines] -- eval [FLAGS] | -- fid FLAGS "
                  "[-- sample FLAGS]\n";
-    return argc < 2 ? kExitUserError : kExitOk;
+    if (argc < 2) throw UserError("moh ema", "no subcommand given", "list, reconstruct or sweep; usage above");
+    return kExitOk;
   }
   const std::string what = argv[1], prog = std::string(argv[0]) + " " + what;
   std::vector<char*> args(argv + 1, argv + argc);

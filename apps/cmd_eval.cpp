@@ -34,6 +34,10 @@ experiments::ClassifierEvalRequest eval_request(const cxxopts::ParseResult& args
   r.sets = config_overrides(args);
   if (args.count("batch")) r.sets.push_back("data.eval_batch_size=" + args["batch"].as<std::string>());
   if (args.count("checkpoint")) r.checkpoint = args["checkpoint"].as<std::string>();
+  for (const char* own : {"weights", "weights-key", "allow-missing"})  // a checkpoint brings its own weights
+    if (args.count("checkpoint") && args.count(own))
+      throw UserError("--" + std::string(own), "with --checkpoint, which brings its own weights",
+                      "evaluate either --checkpoint RUN or CONFIG.yaml --weights FILE");
   if (args.count("config")) r.config = args["config"].as<std::string>();
   if (args.count("device")) r.device = args["device"].as<std::string>();
   r.ema = args.count("ema") > 0;

@@ -7,6 +7,7 @@
 
 #include "apps/cli.h"
 #include "apps/commands.h"
+#include "core/environment.h"
 #include "core/run_context.h"
 #include "experiments/registry.h"
 
@@ -19,6 +20,7 @@ int cmd_info(int argc, char** argv) {
   flag("model", "variant name, e.g. MoH-ViT-B-75 or MoH-DiT-XL/2-90", cxxopts::value<std::string>());
   flag("json", "machine-readable output");
   flag("attention-paths", "the table of what attention_path: auto runs in each MoH layer of the paper variants");
+  flag("environment", "the environment variables moh reads and the values each takes (docs/ENVIRONMENT.md)");
   flag("h,help", "show this help");
   auto args = parse_or_throw(opts, argc, argv);
   if (args.count("help")) {
@@ -28,6 +30,10 @@ int cmd_info(int argc, char** argv) {
   const bool json = args.count("json") > 0;
   if (args.count("attention-paths")) {
     std::cout << experiments::attention_path_table();
+    return 0;
+  }
+  if (args.count("environment")) {
+    std::cout << environment_markdown();
     return 0;
   }
   if (args.count("model")) {

@@ -11,13 +11,16 @@
 #include <filesystem>
 #include <iostream>
 #include <set>
+#include <typeinfo>
 
 #include "apps/cli.h"
 #include "apps/commands.h"
 #include "core/blas_core.h"
 #include "core/distributed.h"
+#include "core/environment.h"
 #include "core/error.h"
 #include "core/memory_preflight.h"
+#include "core/parse.h"
 #include "core/progress.h"
 #include "core/run_context.h"
 #include "datasets/image_decode.h"
@@ -48,6 +51,55 @@ const std::vector<Command>& commands() {
   return all;
 }
 
+namespace {
+
+// Whether the flag's value is held as a T (cxxopts keeps each flag's declared type).
+template <class T>
+bool holds(const cxxopts::OptionValue& value) {
+  try {
+    (void)value.as<T>();
+    return true;
+  } catch (const std::bad_cast&) {
+    return false;
+  }
+}
+
+// The text between the first pair of quotes (‘…’ or '…') of a cxxopts message.
+std::string quoted_in(const std::string& what) {
+  for (const auto& [open, close] : {std::pair<std::string, std::string>{"\xe2\x80\x98", "\xe2\x80\x99"}, {"'", "'"}}) {
+    const size_t b = what.find(open), e = b == std::string::npos ? b : what.find(close, b + open.size());
+    if (e != std::string::npos) return what.substr(b + open.size(), e - b - open.size());
+  }
+  return what;
+}
+
+// The flag whose value cxxopts could not parse ("--batch 12x" or "--batch=12x"), or "".
+std::string flag_of_value(const std::string& what, int argc, char** argv) {
+  const std::string value = quoted_in(what);
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == value && i > 1 && std::strncmp(argv[i - 1], "--", 2) == 0) return argv[i - 1];
+    const size_t eq = a.find('=');
+    if (a.rfind("--", 0) == 0 && eq != std::string::npos && a.substr(eq + 1) == value) return a.substr(0, eq);
+  }
+  return "";
+}
+
+// cxxopts reads a floating-point flag with a stream: "0.07abc" passes as 0.07 and "1e-3x" as 0.001. Every numeric
+// flag's text must be one whole number (core/parse.h), as every other number a user types.
+void check_number_flags(const cxxopts::ParseResult& result) {
+  for (const auto& kv : result.arguments()) {
+    const cxxopts::OptionValue& value = result[kv.key()];
+    const bool real = holds<double>(value) || holds<float>(value);
+    const bool whole = holds<int64_t>(value) || holds<int>(value);
+    if ((real && !parse_double(kv.value())) || (whole && !parse_int(kv.value())))
+      throw UserError("--" + kv.key(), "\"" + kv.value() + "\" is not " + (real ? "a number" : "an integer"),
+                      real ? "e.g. 0.05 or 1e-3" : "e.g. 8");
+  }
+}
+
+}  // namespace
+
 cxxopts::ParseResult parse_or_throw(cxxopts::Options& options, int argc, char** argv) {
   cxxopts::ParseResult result;
   try {
@@ -69,6 +121,11 @@ cxxopts::ParseResult parse_or_throw(cxxopts::Options& options, int argc, char** 
     const std::string near = name.empty() ? "" : nearest_name(name, flags);
     throw UserError(options.program(), "unknown flag --" + name,
                     near.empty() ? "see `" + options.program() + " --help`" : "did you mean --" + near + "?");
+  } catch (const cxxopts::exceptions::incorrect_argument_type& e) {
+    const std::string flag = flag_of_value(e.what(), argc, argv);
+    throw UserError(flag.empty() ? options.program() : flag,
+                    "\"" + quoted_in(e.what()) + "\" is not the number it takes",
+                    "see `" + options.program() + " --help`");
   } catch (const cxxopts::exceptions::exception& e) {
     throw UserError(options.program(), e.what(), "see `" + options.program() + " --help`");
   }
@@ -76,6 +133,7 @@ cxxopts::ParseResult parse_or_throw(cxxopts::Options& options, int argc, char** 
   if (!result.unmatched().empty())
     throw UserError(options.program(), "unexpected argument '" + result.unmatched().front() + "'",
                     "overrides are --set key=value; see `" + options.program() + " --help`");
+  check_number_flags(result);
   return result;
 }
 
@@ -181,7 +239,8 @@ static int run(int argc, char** argv) {
   if (argc > 0 && argv[0] && *argv[0]) g_invoked_as = argv[0];
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
     print_usage();
-    return argc < 2 ? kExitUserError : kExitOk;
+    if (argc < 2) throw UserError("moh", "no command given", "the commands are listed above");
+    return kExitOk;
   }
   if (!std::strcmp(argv[1], "--version")) {
     print_version();
@@ -220,26 +279,40 @@ bool defers_cpu_setup(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   moh::prefer_system_libstdcxx();  // before any std::filesystem call (core/run_context.h says why)
-  // Data-parallel ranks other than each machine's first stay quiet about input errors (every rank hits the same one;
-  // the first rank of each machine says it on that machine's console) and prefix runtime errors with their rank.
+  // The environment first (core/environment.h): its rank variables decide who speaks below, so a bad one is said by
+  // whichever process meets it.
+  try {
+    moh::check_environment();
+  } catch (const moh::UserError& e) {
+    std::cerr << e.what() << std::endl;
+    return moh::kExitUserError;
+  }
+  // Once the ranks have met, an input error is every rank's: the first rank of each machine says it on that
+  // machine's console and the others stay quiet. A rank that fails before (its own error) says it with its rank, as
+  // runtime errors are.
   const char* rank_env = std::getenv("RANK");
   const char* local_env = std::getenv("LOCAL_RANK");
   const std::string rank = rank_env && std::strcmp(rank_env, "0") != 0 ? rank_env : "";
-  const bool speaks = rank.empty() || (local_env && std::strcmp(local_env, "0") == 0);
+  const auto speaks = [&] {
+    return rank.empty() || (local_env && std::strcmp(local_env, "0") == 0) || !moh::dist::met_other_ranks();
+  };
   const std::string prefix = rank.empty() ? "error: " : "error: rank " + rank + ": ";
+  const auto ranked = [&](const std::string& line) {  // "error: X" → "error: rank N: X"
+    return line.rfind("error: ", 0) == 0 ? prefix + line.substr(7) : line;
+  };
   try {
     moh::prepare_cpu_setup(argv);  // Debian's LibTorch + OpenBLAS: before any OpenMP region or product runs
     if (!moh::apps::defers_cpu_setup(argc, argv)) moh::reexec_for_cpu();
     moh::configure_cpu_threads();
     moh::keep_freed_heap();
     const int code = moh::apps::run(argc, argv);
-    if (speaks) moh::print_notes();  // input notes a command did not print itself (its input was accepted)
+    if (speaks()) moh::print_notes();  // input notes a command did not print itself (its input was accepted)
     return code;
   } catch (const moh::UserError& e) {
-    if (speaks) std::cerr << e.what() << std::endl;
+    if (speaks()) std::cerr << ranked(e.what()) << std::endl;
     return moh::kExitUserError;
   } catch (const moh::RunStopped& e) {
-    if (speaks) std::cerr << "error: " << e.what() << std::endl;
+    if (speaks()) std::cerr << prefix << e.what() << std::endl;
     return moh::kExitRuntime;
   } catch (const std::filesystem::filesystem_error& e) {
     // A path the user gave that cannot be used (not a directory, a link loop, no permission) is an input error; a

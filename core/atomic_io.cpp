@@ -22,7 +22,24 @@ static std::string unique_suffix() {
   return ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
 }
 
+void check_regular_file(const std::string& path, const std::string& what, const std::string& hint) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (fs::is_regular_file(st)) return;
+  std::string why = "not a regular file (a named pipe, a socket or a device)";
+  if (st.type() == fs::file_type::not_found || ec == std::errc::no_such_file_or_directory)
+    why = fs::is_symlink(fs::symlink_status(path, ec)) ? "a broken symbolic link" : "no such file";
+  else if (ec == std::errc::too_many_symbolic_link_levels)
+    why = "a symbolic link loop";
+  else if (ec)
+    why = ec.message();
+  else if (fs::is_directory(st))
+    why = "a directory, not a file";
+  throw UserError(what + " " + path, why, hint);
+}
+
 std::string read_file(const std::string& path, const std::string& what) {
+  check_regular_file(path, what);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw UserError(what + " " + path, std::strerror(errno), "check the path");
   std::ostringstream ss;

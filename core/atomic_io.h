@@ -9,6 +9,11 @@ namespace moh {
 /// Reads a whole file; throws UserError if it cannot be opened.
 std::string read_file(const std::string& path, const std::string& what = "file");
 
+/// UserError(what + " " + path, why, hint) unless `path` is a regular file (symbolic links followed): missing, a
+/// broken link, a directory, or a named pipe, socket or device, which an open for reading could wait on for ever.
+/// Every reader of user files calls it before opening.
+void check_regular_file(const std::string& path, const std::string& what, const std::string& hint = "check the path");
+
 /// Writes `bytes` to `path` atomically, replacing any previous file only once the new one is on disk.
 void write_file_atomic(const std::string& path, const std::string& bytes);
 

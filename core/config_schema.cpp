@@ -35,6 +35,23 @@ std::string shortest_double(double v) {
   return s;
 }
 
+namespace {
+// "8", "0.5", "1e-08": whole numbers without a decimal point.
+std::string number_text(double v) {
+  if (v == std::floor(v) && std::fabs(v) < 1e15) return std::to_string(static_cast<int64_t>(v));
+  return shortest_double(v);
+}
+}  // namespace
+
+std::string range_text(const Range& r) {
+  return "[" + number_text(r.min) + ", " + number_text(r.max) + "]";
+}
+
+void check_range(double v, const Range& r, const std::string& what, const char* help) {
+  if (v >= r.min && v <= r.max) return;
+  throw UserError(what, number_text(v) + " is outside " + range_text(r), help);
+}
+
 void check_number(double v, const std::string& text, const std::string& what) {
   if (std::isnan(v)) throw UserError(what, "must be a number, got \"" + text + "\"", "NaN is not a setting");
   if (std::isinf(v) || std::fabs(v) > static_cast<double>(std::numeric_limits<float>::max()))

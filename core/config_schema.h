@@ -165,6 +165,16 @@ YAML::Node encode(const T& v) {
 /// Whether a field must be given (after `base:` inheritance and `--set`).
 enum class Need { optional, required };
 
+/// The values a numeric key takes (inclusive; for a list, each element): what `moh config --schema` prints after
+/// its type and what the reader enforces, naming the key ("data.batch_size: 0 is outside [1, 1048576]").
+struct Range {
+  double min, max;
+};
+/// "[1, 65536]" (integers without a decimal point).
+std::string range_text(const Range& r);
+/// UserError(what, "V is outside [min, max]", help) unless min <= v <= max.
+void check_range(double v, const Range& r, const std::string& what, const char* help);
+
 /// YAML -> struct. Collects every known dotted key; `finish()` rejects unknown ones with a suggestion.
 class Reader {
  public:
@@ -174,11 +184,24 @@ class Reader {
     std::string path = prefix_ + key;
     known_->push_back(path);
     YAML::Node n = node_.IsMap() ? node_[key] : YAML::Node();
-    if (!n.IsDefined() || (n.IsNull() && !std::is_same_v<T, std::string>)) {
+    if (!n.IsDefined()) {
       if (need == Need::required) throw UserError("config " + origin_, "missing required key '" + path + "'", help);
       return;
     }
+    // A key written without a value ("batch_size:" or --set key=) is a value forgotten, not a default asked for (a
+    // string key reads it as ""): the decode says what it expected.
     value = decode<T>(n, "config " + origin_ + ": " + path);
+  }
+  template <class T>
+  void field(const char* key, T& value, const char* help, Range range, Need need = Need::optional) {
+    field(key, value, help, need);
+    const std::string what = "config " + origin_ + ": " + prefix_ + key;
+    if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
+      check_range(static_cast<double>(value), range, what, help);
+    } else {
+      for (size_t i = 0; i < value.size(); ++i)
+        check_range(static_cast<double>(value[i]), range, what + "[" + std::to_string(i) + "]", help);
+    }
   }
   template <class S>
   void section(const char* key, S& sub, const char* help) {
@@ -210,6 +233,10 @@ class Writer {
   template <class T>
   void field(const char* key, const T& value, const char*, Need = Need::optional) {
     node_[key] = encode(value);
+  }
+  template <class T>
+  void field(const char* key, const T& value, const char* help, Range, Need need = Need::optional) {
+    field(key, value, help, need);
   }
   template <class S>
   void section(const char* key, S& sub, const char*) {
@@ -245,6 +272,10 @@ class JsonWriter {
   template <class T>
   void field(const char* key, const T& value, const char*, Need = Need::optional) {
     (*out_)[key] = to_json_value(value);
+  }
+  template <class T>
+  void field(const char* key, const T& value, const char* help, Range, Need need = Need::optional) {
+    field(key, value, help, need);
   }
   template <class S>
   void section(const char* key, S& sub, const char*) {
@@ -283,6 +314,11 @@ class SchemaLister {
     YAML::Emitter e;
     e << YAML::Flow << encode(value);
     rows_->push_back({prefix_ + key, type_name<T>(), e.c_str(), help, need == Need::required});
+  }
+  template <class T>
+  void field(const char* key, const T& value, const char* help, Range range, Need need = Need::optional) {
+    field(key, value, help, need);
+    rows_->back().type += " in " + range_text(range);
   }
   template <class S>
   void section(const char* key, S& sub, const char* help) {

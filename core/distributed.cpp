@@ -1,10 +1,12 @@
 #include "core/distributed.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <string>
 
 #include "core/checkpoint.h"
+#include "core/environment.h"
 #include "core/error.h"
 #include "core/parse.h"
 #include "core/rendezvous.h"
@@ -376,6 +378,14 @@ Rendezvous rendezvous(const RunContext& ctx, const std::string& host, int port, 
 
 }  // namespace
 
+namespace {
+std::atomic<bool> g_met_other_ranks{false};
+}  // namespace
+
+bool met_other_ranks() {
+  return g_met_other_ranks;
+}
+
 bool available() {
 #ifdef MOH_WITH_C10D
   return true;
@@ -393,19 +403,15 @@ std::shared_ptr<Group> Group::join(const RunContext& ctx, const Agreement& agree
 #else
   const std::string host = env_or("MASTER_ADDR", "127.0.0.1");
   const std::string port_s = env_or("MASTER_PORT", "29500");
-  const int64_t port_n = parse_int(port_s).value_or(-1);
-  if (port_n <= 0 || port_n > 65535) throw UserError("MASTER_PORT=" + port_s, "not a TCP port", "1..65535");
-  const int port = static_cast<int>(port_n);
-  const std::optional<double> timeout_given = parse_double(env_or("MOH_DIST_TIMEOUT", "300"));
-  if (!timeout_given) throw UserError("MOH_DIST_TIMEOUT", "not a number of seconds", "e.g. 300");
-  const double timeout_s = *timeout_given;
-  if (!(timeout_s > 0)) throw UserError("MOH_DIST_TIMEOUT", "must be > 0 seconds", "e.g. 300");
+  const int port = static_cast<int>(env_number("MASTER_PORT").value_or(29500));  // both in core/environment.h's ranges
+  const double timeout_s = env_number("MOH_DIST_TIMEOUT").value_or(300);
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
   Rendezvous rdzv;
   {
     const Watchdog silent_store(timeout_s + 10, "no answer from the rendezvous at " + host + ":" + port_s + " within " +
                                                     std::to_string(static_cast<int>(timeout_s + 10)) +
                                                     " s (does another program hold that port on machine 0?)");
+    g_met_other_ranks = true;
     rdzv = rendezvous(ctx, host, port, agree, timeout_s);
   }
   rdzv.store->setTimeout(timeout);

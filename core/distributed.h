@@ -22,6 +22,10 @@ namespace moh::dist {
 /// Whether this build can join a process group.
 bool available();
 
+/// Whether this process has begun to meet the other ranks (the rendezvous of Group::join). From then on an input
+/// error is every rank's and the first rank of each machine says it; before, it is this rank's own and it says it.
+bool met_other_ranks();
+
 /// The process group of a run (or a single-process stand-in).
 /// Every collective hands the backend tensors on the backend's device(): the host for Gloo, the rank's GPU for NCCL
 /// (which refuses host tensors). Callers pass tensors from anywhere; the group copies them over and back, and tensors

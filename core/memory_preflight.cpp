@@ -1,4 +1,5 @@
 #include "core/memory_preflight.h"
+#include "core/environment.h"
 
 #include <ATen/Parallel.h>
 #include <malloc.h>
@@ -212,8 +213,7 @@ MemoryNeed line_through(const ProbePoint& small, const ProbePoint& large) {
 }
 
 bool memory_check_verbose() {
-  const char* v = std::getenv("MOH_MEMORY_CHECK");
-  return v && std::string(v) == "verbose";
+  return env_word("MOH_MEMORY_CHECK").value_or("1") == "verbose";
 }
 
 // Whether a line through two steps measured at their first calls shows the activations: a first call's peak is the
@@ -309,8 +309,7 @@ constexpr int64_t kEvalProbeBatch = 4;
 constexpr double kProbeStepSeconds = 1.0;
 
 bool memory_check_skipped() {
-  const char* skip = std::getenv("MOH_MEMORY_CHECK");
-  return skip && std::string(skip) == "0";
+  return env_word("MOH_MEMORY_CHECK").value_or("1") == "0";
 }
 
 std::vector<double> once_per_machine(const std::function<std::vector<double>()>& measure, size_t width,

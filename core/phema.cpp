@@ -27,10 +27,15 @@ double max_sigma_rel() {
   return m;
 }
 
+double min_sigma_rel() {
+  return kMinSigmaRel;
+}
+
 double gamma_of(double sigma_rel, const std::string& what) {
-  if (!(sigma_rel > 0) || !(sigma_rel <= max_sigma_rel())) {
+  if (!(sigma_rel >= min_sigma_rel()) || !(sigma_rel <= max_sigma_rel())) {
     std::ostringstream why;
-    why << sigma_rel << " is outside (0, " << max_sigma_rel() << "], the range of power-function EMA profiles";
+    why << sigma_rel << " is outside [" << min_sigma_rel() << ", " << max_sigma_rel()
+        << "], the power-function EMA profiles whose arithmetic stays finite";
     throw UserError(what, why.str(), "EDM2 tracks 0.05 and 0.10 and reconstructs within about 0.01-0.25");
   }
   // f(γ) = γ³ + 7γ² + (16 − s)γ + (12 − s), s = σ⁻²: convex for γ > −7/3, so Newton from a point right of the

@@ -21,18 +21,22 @@
 namespace moh::phema {
 
 /// Refuses a train.phema section that cannot run (`what`: "config FILE: train.phema"): each σ_rel in
-/// (0, max_sigma_rel()], none twice, snapshot_every ≥ 1 when profiles are tracked.
+/// [min_sigma_rel(), max_sigma_rel()], none twice, snapshot_every ≥ 1 when profiles are tracked.
 void check_config(const PhemaConfig& c, const std::string& what);
 
 /// σ_rel of the exponent γ (γ > −1).
 double sigma_rel_of(double gamma);
 
 /// The exponent γ of σ_rel: the largest real root of γ³ + 7γ² + (16 − σ⁻²)γ + (12 − σ⁻²) = 0 (σ_rel² above, solved
-/// for γ). Defined for 0 < σ_rel ≤ max_sigma_rel(); a value outside is a UserError naming `what`.
+/// for γ). Taken for min_sigma_rel() ≤ σ_rel ≤ max_sigma_rel(); a value outside is a UserError naming `what`.
 double gamma_of(double sigma_rel, const std::string& what = "sigma_rel");
 
 /// The largest σ_rel a power-function profile has (at γ = (√5 − 3)/2).
 double max_sigma_rel();
+/// The smallest σ_rel taken: γ ≈ 1/σ_rel reaches 1000 there; far below it (1e-154 and less) σ⁻² overflows and the
+/// reconstruction's weights come out NaN.
+constexpr double kMinSigmaRel = 1e-3;
+double min_sigma_rel();
 
 /// β_t of the tracking update after the t-th step (t ≥ 1).
 double beta(double gamma, int64_t t);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <sstream>
 
 #include "core/atomic_io.h"
 #include "core/checkpoint.h"
@@ -104,6 +105,14 @@ Reconstruction reconstruct(const std::string& run_dir, double sigma_rel, int64_t
 void write_reconstruction(const Reconstruction& r, const std::string& run_dir, const std::string& out_dir) {
   if (fs::exists(out_dir) && !fs::is_empty(out_dir))
     throw UserError("--out " + out_dir, "exists and is not empty", "choose a new directory");
+  // Never a non-finite weights file (σ_rel's range keeps the arithmetic finite; the snapshots themselves may not be).
+  for (const auto& [name, t] : r.tensors)
+    if (t.is_floating_point() && !t.isfinite().all().item<bool>()) {
+      std::ostringstream why;
+      why << "post-hoc EMA of sigma_rel " << r.sigma_rel << " at step " << r.step << ": tensor " << name
+          << " is not finite (the snapshots combined hold NaN or inf); nothing written to " << out_dir;
+      throw RunStopped(why.str());
+    }
   check_output_dir(out_dir, "--out " + out_dir);
   const std::string yaml = read_file(run_dir + "/config.resolved.yaml", "run config");
   TrainerState state;

@@ -237,6 +237,7 @@ SafetensorsFile parse_safetensors(const uint8_t* data, size_t size, const std::s
 }
 
 SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
+  check_regular_file(path, "safetensors");  // before the open, which would wait for ever on a named pipe
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0) throw UserError("safetensors " + path, std::strerror(errno), "check the path");
   struct stat st {};

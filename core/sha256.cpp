@@ -10,6 +10,7 @@
 #include <fstream>
 #include <vector>
 
+#include "core/atomic_io.h"
 #include "core/error.h"
 
 namespace moh {
@@ -189,6 +190,7 @@ std::string sha256_hex(const std::string& bytes) {
 }
 
 std::string sha256_file(const std::string& path) {
+  check_regular_file(path, "file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw UserError(path, "cannot be opened for hashing", "check the path and permissions");
   Sha256 s;

@@ -49,11 +49,11 @@ struct OptimConfig {
 
   template <class V>
   void visit(V& v) {
-    v.field("lr", lr, "peak learning rate (absolute, no batch scaling)");
-    v.field("weight_decay", weight_decay, "AdamW decoupled weight decay");
-    v.field("betas", betas, "AdamW (beta1, beta2)");
-    v.field("eps", eps, "AdamW epsilon");
-    v.field("clip_grad", clip_grad, "clip the global gradient norm to this value; 0 = off");
+    v.field("lr", lr, "peak learning rate (absolute, no batch scaling)", config::Range{0, 10});
+    v.field("weight_decay", weight_decay, "AdamW decoupled weight decay", config::Range{0, 100});
+    v.field("betas", betas, "AdamW (beta1, beta2)", config::Range{0, 1});
+    v.field("eps", eps, "AdamW epsilon", config::Range{0, 1});
+    v.field("clip_grad", clip_grad, "clip the global gradient norm to this value; 0 = off", config::Range{0, 1e6});
     v.field("impl", impl,
             "how AdamW, clipping and EMA run over the parameters: for_loop (per tensor, the reference), foreach "
             "(multi-tensor kernels), fused (one pass per parameter; LibTorch >= 2.0 CUDA, >= 2.4 CPU) or auto "
@@ -75,9 +75,9 @@ struct ScheduleConfig {
   void visit(V& v) {
     v.field("kind", kind, "cosine (with linear warm-up) or constant");
     v.field("unit", unit, "advance the schedule per epoch (official recipe) or per step");
-    v.field("warmup_epochs", warmup_epochs, "linear warm-up length in epochs");
-    v.field("warmup_lr", warmup_lr, "learning rate at the start of warm-up");
-    v.field("min_lr", min_lr, "final learning rate of the cosine");
+    v.field("warmup_epochs", warmup_epochs, "linear warm-up length in epochs", config::Range{0, 1e6});
+    v.field("warmup_lr", warmup_lr, "learning rate at the start of warm-up", config::Range{0, 10});
+    v.field("min_lr", min_lr, "final learning rate of the cosine", config::Range{0, 10});
   }
   /// Rules of schedule: alone (min_lr against optim.lr: ExperimentConfig).
   void validate(const config::RuleError& bad) const;
@@ -92,10 +92,12 @@ struct PhemaConfig {
   template <class V>
   void visit(V& v) {
     v.field("sigma_rels", sigma_rels,
-            "relative std of each tracked power-function EMA profile (EDM2: [0.05, 0.10]); empty = off");
+            "relative std of each tracked power-function EMA profile (EDM2: [0.05, 0.10]); empty = off",
+            config::Range{0, 1});  // the profiles' own range (phema::check_config) is narrower
     v.field("snapshot_every", snapshot_every,
             "write every tracked profile to RUN/phema/STEP/ every N optimizer steps (EDM2: 8 Mimg / batch); "
-            "moh ema reconstruct combines them into an EMA of any sigma_rel");
+            "moh ema reconstruct combines them into an EMA of any sigma_rel",
+            config::Range{0, 1e12});
   }
 };
 
@@ -127,13 +129,15 @@ struct TrainConfig {
 
   template <class V>
   void visit(V& v) {
-    v.field("epochs", epochs, "number of training epochs");
-    v.field("accum_steps", accum_steps, "gradient accumulation steps per optimizer step");
+    v.field("epochs", epochs, "number of training epochs", config::Range{1, 1e6});
+    v.field("accum_steps", accum_steps, "gradient accumulation steps per optimizer step", config::Range{1, 65536});
     v.field("processes", processes,
             "data-parallel processes moh train starts on this machine (as moh launch --nproc N) "
-            "unless already launched; on CPUs small models train faster as N 1-thread processes");
-    v.field("moh_loss_coeff", moh_loss_coeff, "beta: weight of the MoH load-balance loss (mean over routed layers)");
-    v.field("seed", seed, "global random seed");
+            "unless already launched; on CPUs small models train faster as N 1-thread processes",
+            config::Range{1, 512});
+    v.field("moh_loss_coeff", moh_loss_coeff, "beta: weight of the MoH load-balance loss (mean over routed layers)",
+            config::Range{0, 1e6});
+    v.field("seed", seed, "global random seed", config::Range{0, 4294967295});
     v.field("paired", paired,
             "common random numbers across model variants of one seed: every module's initial weights drawn from a "
             "generator seeded by (seed, its name), so parameters two variants share start equal, and the training "
@@ -143,28 +147,34 @@ struct TrainConfig {
             "fp32 on a CPU), bf16 (autocast on CPU or CUDA), fp16 (CUDA, loss scaling) or auto (bf16 on CUDA; on a "
             "CPU bf16 where measured faster than fp32 on this CPU and build, else fp32)");
     v.field("device", device, "auto, cpu, cuda or cuda:N");
-    v.field("ema_decay", ema_decay, "EMA decay of the weights; 0 = no EMA");
+    v.field("ema_decay", ema_decay, "EMA decay of the weights; 0 = no EMA", config::Range{0, 1});
     v.field("ema_warmup", ema_warmup,
             "EMA decay min(ema_decay, (1+step)/(10+step)) for short runs; off = constant (DiT)");
-    v.field("ckpt_every_epochs", ckpt_every_epochs, "write a checkpoint every N epochs");
+    v.field("ckpt_every_epochs", ckpt_every_epochs, "write a checkpoint every N epochs", config::Range{1, 1e6});
     v.field("ckpt_every_steps", ckpt_every_steps,
             "also write a checkpoint every N optimizer steps inside epochs (DiT's --ckpt-every; a resume continues "
-            "inside the epoch); 0 = at epoch ends only");
-    v.field("log_every_steps", log_every_steps, "write a metrics line every N optimizer steps");
-    v.field("label_smoothing", label_smoothing, "label smoothing of the classification loss");
-    v.field("eval_every_epochs", eval_every_epochs, "evaluate every N epochs (and after the last)");
-    v.field("max_steps", max_steps, "stop after N optimizer steps (0 = run all epochs; for smoke tests)");
+            "inside the epoch); 0 = at epoch ends only",
+            config::Range{0, 1e12});
+    v.field("log_every_steps", log_every_steps, "write a metrics line every N optimizer steps", config::Range{1, 1e12});
+    v.field("label_smoothing", label_smoothing, "label smoothing of the classification loss", config::Range{0, 1});
+    v.field("eval_every_epochs", eval_every_epochs, "evaluate every N epochs (and after the last)",
+            config::Range{1, 1e6});
+    v.field("max_steps", max_steps, "stop after N optimizer steps (0 = run all epochs; for smoke tests)",
+            config::Range{0, 1e12});
     v.field("deterministic", deterministic,
             "deterministic kernels only (torch.use_deterministic_algorithms; CUBLAS_WORKSPACE_CONFIG=:4096:8): "
             "on a GPU, reruns and resumed runs equal uninterrupted ones bit for bit, at some speed; CPU runs are "
             "deterministic without it");
     v.field("max_nonfinite_steps", max_nonfinite_steps,
             "steps with a non-finite loss or gradient (skipped, as an fp16 overflow) in a row that end the run with "
-            "exit 1, naming the last finite checkpoint; 0 = keep skipping");
+            "exit 1, naming the last finite checkpoint; 0 = keep skipping",
+            config::Range{0, 1e9});
     v.field("keep_last", keep_last,
-            "keep only the newest N checkpoints (besides the best one and the milestones); 0 = keep every one");
+            "keep only the newest N checkpoints (besides the best one and the milestones); 0 = keep every one",
+            config::Range{0, 1e9});
     v.field("keep_every_steps", keep_every_steps,
-            "keep the checkpoints whose step is a multiple of N forever (milestones); 0 = none");
+            "keep the checkpoints whose step is a multiple of N forever (milestones); 0 = none",
+            config::Range{0, 1e12});
     v.field("grad_checkpoint", grad_checkpoint,
             "activation checkpointing: none, or blocks (each block's activations recomputed in the backward pass: "
             "less memory, larger batches, about 1/3 more compute; gradients unchanged)");

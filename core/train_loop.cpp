@@ -1,4 +1,5 @@
 #include "core/train_loop.h"
+#include "core/json_read.h"
 
 #include <torch/optim/adamw.h>
 #include <torch/utils.h>
@@ -134,9 +135,24 @@ namespace {
 
 // The parts of a training run, each a handful of fields that change together; TrainLoop holds one of each.
 
+// The streak a stopped run's diverged.json records ("" without the file); a damaged one is refused before the resume
+// writes anything.
+std::string read_diverged_mark(const std::string& run_dir) {
+  const std::string mark = run_dir + "/diverged.json";
+  if (!fs::exists(mark)) return "";
+  const std::string hint = "it marks a run stopped diverged; remove it to resume";
+  const nlohmann::json j = parse_json(read_file(mark, "diverged mark"), mark, hint);
+  return read_json_fields(mark, "the mark of a diverged run", hint, [&] {
+    if (!j.is_object()) throw UserError(mark, "is not the mark of a diverged run (not an object)", hint);
+    const std::string streak = j.value("streak", std::string("?"));
+    return streak.empty() ? std::string("?") : streak;
+  });
+}
+
 // Where the run lives: its directory, the checkpoint it resumes (if any) and what changed since, the writer's lock.
 struct RunPlace {
   std::string run_dir, config_changes;
+  std::string diverged_streak;  // a resumed run's diverged.json ("" when it has none): read before anything is written
   std::optional<Checkpoint> resume;
   std::unique_ptr<RunDirLock> lock;
 };
@@ -269,9 +285,11 @@ TrainLoop::TrainLoop(const LoopConfig& cfg, const TrainArgs& args, const TaskFac
                     "use a multiple of world size × train.accum_steps");
   // Resume decision before anything touches the run directory (every rank decides alike, then rank 0 writes).
   place_.resume = resolve_resume(place_.run_dir, args.resume);
-  if (place_.resume)
+  if (place_.resume) {
     place_.config_changes = check_resume_config(cfg, place_.resume->config_yaml, place_.resume->dir,
                                                 args.allow_config_change, place_.resume->state);
+    place_.diverged_streak = read_diverged_mark(place_.run_dir);
+  }
   // One writer per run directory: an existing one is locked at once (a second process is refused before it loads
   // any data); a new one only once every input has been checked (start_writing), so a refused run creates nothing.
   if (ctx_.is_main() && fs::exists(place_.run_dir)) place_.lock = std::make_unique<RunDirLock>(place_.run_dir);
@@ -379,11 +397,10 @@ void TrainLoop::start_writing() {
     if (place_.resume)
       std::cerr << "resuming " << place_.resume->dir << " at epoch " << state_.epoch << ", step " << state_.step
                 << "\n";
-    if (const std::string mark = place_.run_dir + "/diverged.json"; place_.resume && fs::exists(mark)) {
-      std::cerr << "note: the run stopped diverged ("
-                << nlohmann::json::parse(read_file(mark)).value("streak", std::string("?"))
+    if (!place_.diverged_streak.empty()) {
+      std::cerr << "note: the run stopped diverged (" << place_.diverged_streak
                 << "): resuming from its last finite checkpoint, " << place_.resume->dir << "\n";
-      fs::remove(mark);
+      fs::remove(place_.run_dir + "/diverged.json");
     }
     if (!place_.config_changes.empty()) std::cerr << place_.config_changes << "\n";
     if (ctx_.restart > 0) {  // logged where the curves are, so a plot of the run shows where it was restarted

@@ -43,13 +43,17 @@ struct DataConfig {
             "classification input: memory (decode the split once; small sets, data.shift/hflip "
             "augmentation) or stream (image_folder decoded per batch with the augment: section)");
     v.field("root", root, "dataset directory; empty = the reader's default");
-    v.field("batch_size", batch_size, "global batch size per optimizer step");
-    v.field("num_workers", num_workers, "decoding/augmentation threads");
-    v.field("max_bad_fraction", max_bad_fraction, "fraction of unreadable images tolerated before it is an error");
-    v.field("limit_train", limit_train, "use a seeded random subset of N training images (0 = all)");
-    v.field("limit_val", limit_val, "use a seeded random subset of N validation images (0 = all)");
-    v.field("eval_batch_size", eval_batch_size, "batch size for evaluation");
-    v.field("shift", shift, "training augmentation for small images: random translation of up to ±N pixels");
+    v.field("batch_size", batch_size, "global batch size per optimizer step", config::Range{1, 1e6});
+    v.field("num_workers", num_workers, "decoding/augmentation threads", config::Range{0, 256});
+    v.field("max_bad_fraction", max_bad_fraction, "fraction of unreadable images tolerated before it is an error",
+            config::Range{0, 1});
+    v.field("limit_train", limit_train, "use a seeded random subset of N training images (0 = all)",
+            config::Range{0, 1e12});
+    v.field("limit_val", limit_val, "use a seeded random subset of N validation images (0 = all)",
+            config::Range{0, 1e12});
+    v.field("eval_batch_size", eval_batch_size, "batch size for evaluation", config::Range{1, 1e6});
+    v.field("shift", shift, "training augmentation for small images: random translation of up to ±N pixels",
+            config::Range{0, 4096});
     v.field("hflip", hflip, "training augmentation for small images: random horizontal flip (p = 0.5)");
   }
   /// Rules of data: alone.
@@ -75,18 +79,20 @@ struct AugmentConfig {
   void visit(V& v) {
     v.field("random_resized_crop", random_resized_crop,
             "stream: RandomResizedCrop to the model size (bicubic); off = resize");
-    v.field("scale", scale, "stream: RandomResizedCrop area range [min, max]");
-    v.field("ratio", ratio, "stream: RandomResizedCrop aspect-ratio range [min, max]");
-    v.field("hflip", hflip, "stream: horizontal-flip probability");
+    v.field("scale", scale, "stream: RandomResizedCrop area range [min, max]", config::Range{0, 1});
+    v.field("ratio", ratio, "stream: RandomResizedCrop aspect-ratio range [min, max]", config::Range{0, 1000});
+    v.field("hflip", hflip, "stream: horizontal-flip probability", config::Range{0, 1});
     v.field("rand_augment", rand_augment, "stream: timm RandAugment spec (rand-m9-mstd0.5-inc1); empty = off");
-    v.field("erase_prob", erase_prob, "random erasing probability (mode pixel, one box)");
-    v.field("mixup", mixup, "Mixup alpha (0 = off)");
-    v.field("cutmix", cutmix, "CutMix alpha (0 = off)");
-    v.field("mixup_prob", mixup_prob, "probability of mixing a batch");
-    v.field("mixup_switch_prob", mixup_switch_prob, "probability of CutMix instead of Mixup when both are on");
-    v.field("repeated", repeated, "stream: repeated augmentation count (DeiT RASampler); 1 = off");
+    v.field("erase_prob", erase_prob, "random erasing probability (mode pixel, one box)", config::Range{0, 1});
+    v.field("mixup", mixup, "Mixup alpha (0 = off)", config::Range{0, 1000});
+    v.field("cutmix", cutmix, "CutMix alpha (0 = off)", config::Range{0, 1000});
+    v.field("mixup_prob", mixup_prob, "probability of mixing a batch", config::Range{0, 1});
+    v.field("mixup_switch_prob", mixup_switch_prob, "probability of CutMix instead of Mixup when both are on",
+            config::Range{0, 1});
+    v.field("repeated", repeated, "stream: repeated augmentation count (DeiT RASampler); 1 = off",
+            config::Range{1, 1000});
     v.field("eval_crop_pct", eval_crop_pct,
-            "stream: evaluation resizes the short side to size / crop_pct, then centre-crops");
+            "stream: evaluation resizes the short side to size / crop_pct, then centre-crops", config::Range{0, 1});
   }
   /// Rules of augment: alone.
   void validate(const config::RuleError& bad) const;

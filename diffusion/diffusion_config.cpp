@@ -77,7 +77,8 @@ void DiffusionConfig::validate(const config::RuleError& bad) const {
 void RepaConfig::validate(const config::RuleError& bad) const {
   if (!(weight >= 0) || !std::isfinite(weight)) bad("train.repa.weight", "must be >= 0", "REPA: 0.5");
   if (depth < 1) bad("train.repa.depth", "must be >= 1", "REPA: 8 of SiT-XL's 28 blocks");
-  if (projector_dim < 1) bad("train.repa.projector_dim", "must be >= 1", "REPA: 2048");
+  if (projector_dim < 1 || projector_dim > kMaxProjectorDim)
+    bad("train.repa.projector_dim", "must be in 1.." + std::to_string(kMaxProjectorDim), "REPA: 2048");
   if (stage < 0 || stage > 4) bad("train.repa.stage", "must be in 0..4 (0 = the last stage)", "");
 }
 

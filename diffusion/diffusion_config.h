@@ -65,7 +65,8 @@ struct FlowConfig {
     v.field("prediction", prediction, "objective: flow network output: velocity (SiT's default), noise or score");
     v.field("t_sampling", t_sampling,
             "objective: flow training times: uniform, or lognormal = sigmoid(N(m, s^2)) (LightningDiT)");
-    v.field("t_lognormal", t_lognormal, "[m, s] of t_sampling: lognormal (LightningDiT: [0, 1])");
+    v.field("t_lognormal", t_lognormal, "[m, s] of t_sampling: lognormal (LightningDiT: [0, 1])",
+            config::Range{-100, 100});
     v.field("loss", loss,
             "objective: flow loss: mse, or mse+cosine (adds LightningDiT's 1 - cos(v, u) over channels; velocity)");
   }
@@ -85,7 +86,8 @@ struct DiffusionConfig {
     v.field("objective", objective,
             "ddpm (DiT: eps prediction on a chain of T steps, learned sigma) or flow (SiT: flow matching on the "
             "interpolant of diffusion.path)");
-    v.field("steps", steps, "ddpm: diffusion steps T of the training chain (linear beta schedule scaled by 1000/T)");
+    v.field("steps", steps, "ddpm: diffusion steps T of the training chain (linear beta schedule scaled by 1000/T)",
+            config::Range{2, 1e6});
     v.field("vae", vae,
             "latent space: none = pixel-space diffusion, sd = SD kl-f8 latents (scale 0.18215), vavae = VA-VAE "
             "f16d32 latents (LightningDiT; standardised per channel with the extracted latents' statistics)");
@@ -99,6 +101,9 @@ struct DiffusionConfig {
   void validate(const config::RuleError& bad) const;
   FlowConfig flow;
 };
+
+/// Widest REPA projector taken (REPA's is 2048): a wider one is a typo, and its weights would not fit a machine.
+constexpr int64_t kMaxProjectorDim = 65536;
 
 /// `train.repa:` — REPA's representation alignment of a DiT experiment (diffusion/repa.h); off while `encoder` is
 /// empty.
@@ -115,12 +120,15 @@ struct RepaConfig {
     v.field("encoder", encoder,
             "frozen encoder of the clean images: a DINOv2 weights file (timm or official .safetensors/.pth; REPA: "
             "DINOv2 ViT-B/14) or a classifier checkpoint / run directory of this toolkit; empty = no REPA");
-    v.field("depth", depth, "block whose output tokens are aligned (1-based; REPA: 8 for SiT-XL/2)");
-    v.field("weight", weight, "lambda of the alignment loss (REPA: 0.5)");
-    v.field("projector_dim", projector_dim, "hidden width of the 3-layer projector MLP (REPA: 2048)");
+    v.field("depth", depth, "block whose output tokens are aligned (1-based; REPA: 8 for SiT-XL/2)",
+            config::Range{1, 10000});
+    v.field("weight", weight, "lambda of the alignment loss (REPA: 0.5)", config::Range{0, 1e6});
+    v.field("projector_dim", projector_dim, "hidden width of the 3-layer projector MLP (REPA: 2048)",
+            config::Range{1, kMaxProjectorDim});
     v.field("stage", stage,
             "classifier encoder: the stage whose tokens are the targets (1..4; 0 = the last), resized to the DiT's "
-            "token grid");
+            "token grid",
+            config::Range{0, 4});
   }
   /// Rules of train.repa: alone.
   void validate(const config::RuleError& bad) const;
@@ -156,32 +164,37 @@ struct SamplingConfig {
             "ddpm/ddim: timestep respacing \"250\", \"ddim50\" or per-section counts \"10,15,20\"; ODE solvers: "
             "solver steps (>= 2; heun evaluates the network 2 x steps - 1 times); sde: steps including the last "
             "(SiT: 250); dopri5: not used (adaptive)");
-    v.field("eta", eta, "DDIM noise (0 = deterministic)");
-    v.field("atol", atol, "dopri5 absolute tolerance (SiT: 1e-6)");
-    v.field("rtol", rtol, "dopri5 relative tolerance (SiT: 1e-3)");
+    v.field("eta", eta, "DDIM noise (0 = deterministic)", config::Range{0, 1000});
+    v.field("atol", atol, "dopri5 absolute tolerance (SiT: 1e-6)", config::Range{0, 1});
+    v.field("rtol", rtol, "dopri5 relative tolerance (SiT: 1e-3)", config::Range{0, 1});
     v.field("timestep_shift", timestep_shift,
             "flow euler/heun: the time grid t -> s t / (1 + (s - 1) t) (LightningDiT's timestep_shift s: 0.3 puts "
-            "more steps near noise; diffusers' flow-match shift 1/s on sigma = 1 - t); 0 = the plain grid");
-    v.field("cfg_scale", cfg_scale, "classifier-free guidance scale; 1 = off");
+            "more steps near noise; diffusers' flow-match shift 1/s on sigma = 1 - t); 0 = the plain grid",
+            config::Range{0, 1000});
+    v.field("cfg_scale", cfg_scale, "classifier-free guidance scale; 1 = off", config::Range{1, 1000});
     v.field("cfg_channels", cfg_channels,
             "guide the first 3 output channels (three, DiT-exact) or all eps channels (all)");
     v.field("cfg_interval", cfg_interval,
             "guidance interval [lo, hi] in noise level t / (T - 1) (1 = pure noise): CFG only inside, one "
-            "conditional forward outside (Kynkaanniemi et al. 2024); [0, 1] = everywhere");
+            "conditional forward outside (Kynkaanniemi et al. 2024); [0, 1] = everywhere",
+            config::Range{0, 1});
     v.field("clip_denoised", clip_denoised,
             "clamp the predicted x0 to [-1, 1] at every step (pixel space; DiT: false)");
-    v.field("per_class", per_class, "images per class written by moh sample");
-    v.field("batch_size", batch_size, "images per sampling batch (before CFG doubling)");
-    v.field("seed", seed, "sampling seed");
+    v.field("per_class", per_class, "images per class written by moh sample", config::Range{1, 1e7});
+    v.field("batch_size", batch_size, "images per sampling batch (before CFG doubling)", config::Range{1, 1e6});
+    v.field("seed", seed, "sampling seed", config::Range{0, 4294967295});
     v.field("topk", topk,
             "MoH head budget at inference: routed heads per token K of every routed layer, 0 … the smallest routed "
-            "pool (no retraining; 0 = the shared heads alone; -1 = as trained)");
+            "pool (no retraining; 0 = the shared heads alone; -1 = as trained)",
+            config::Range{-1, 4096});
     v.field("topk_schedule", topk_schedule,
             "MoH head budget by noise level: B values of K for B equal buckets of t / (T - 1), from clean (first) "
-            "to pure noise (last), e.g. [2, 2, 4, 4]; empty = sampling.topk at every step");
+            "to pure noise (last), e.g. [2, 2, 4, 4]; empty = sampling.topk at every step",
+            config::Range{-1, 4096});
     v.field("guide_topk", guide_topk,
             "guide with fewer heads: K of the unconditional branch of CFG (the two branches then run as two "
-            "forwards); -1 = the same K as the conditional branch");
+            "forwards); -1 = the same K as the conditional branch",
+            config::Range{-1, 4096});
     v.field("cuda_graph", cuda_graph,
             "replay the network evaluations as CUDA graphs (auto: on a GPU where the forward can be captured; "
             "off: eager); the samples are the same either way");

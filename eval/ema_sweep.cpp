@@ -9,6 +9,7 @@
 
 #include "core/atomic_io.h"
 #include "core/error.h"
+#include "core/json_read.h"
 #include "core/parse.h"
 #include "core/phema.h"
 #include "core/phema_run.h"
@@ -73,16 +74,16 @@ std::vector<nlohmann::json> resume_rows(const std::string& out, const nlohmann::
   const std::string file = out + "/sweep.json";
   if (!fs::exists(file))
     throw UserError("--out " + out, "exists, is not empty and holds no sweep.json", "choose a new directory");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(read_file(file, "sweep"));
-  } catch (const nlohmann::json::exception& e) {
-    throw UserError(file, std::string("unreadable: ") + e.what(), "choose a new --out directory");
-  }
-  if (j.value("sweep", nlohmann::json()) != identity)
-    throw UserError("--out " + out, "holds a sweep of another run, step, metric or measure",
-                    "choose a new directory, or repeat that sweep's command to continue it");
-  return j.value("rows", std::vector<nlohmann::json>{});
+  const std::string hint = "choose a new --out directory";
+  const nlohmann::json j = parse_json(read_file(file, "sweep"), file, hint);
+  return read_json_fields(file, "a sweep record", hint, [&] {
+    if (j.value("sweep", nlohmann::json()) != identity)
+      throw UserError("--out " + out, "holds a sweep of another run, step, metric or measure",
+                      "choose a new directory, or repeat that sweep's command to continue it");
+    std::vector<nlohmann::json> rows = j.value("rows", std::vector<nlohmann::json>{});
+    for (const nlohmann::json& row : rows) (void)row.at("id").get<std::string>();  // what resuming reads of each
+    return rows;
+  });
 }
 
 struct Point {

@@ -9,6 +9,7 @@
 
 #include "core/atomic_io.h"
 #include "core/error.h"
+#include "core/json_read.h"
 #include "core/memory_preflight.h"
 #include "core/run_context.h"
 #include "core/sha256.h"
@@ -27,11 +28,17 @@ at::Tensor json_bytes(const nlohmann::json& j) {
 nlohmann::json bytes_json(const at::Tensor& t, const std::string& origin) {
   const at::Tensor c = t.to(at::kByte).contiguous();
   const std::string s(static_cast<const char*>(c.data_ptr()), static_cast<size_t>(c.numel()));
-  try {
-    return nlohmann::json::parse(s);
-  } catch (const std::exception&) {
-    throw UserError(origin, "member meta is not valid JSON", "regenerate it with moh ref-stats");
-  }
+  const std::string hint = "regenerate it with moh ref-stats";
+  const nlohmann::json meta = parse_json(s, origin + ": member meta", hint);
+  if (!meta.is_object())
+    throw UserError(origin + ": member meta", "is not the statistics' record (not an object)", hint);
+  read_json_fields(origin + ": member meta", "the statistics' record", hint, [&] {  // the fields read of it
+    (void)meta.value("count", int64_t{0});
+    (void)meta.value("feature_net", std::string());
+    (void)meta.value("weights_sha256", std::string());
+    return 0;
+  });
+  return meta;
 }
 
 nlohmann::json net_meta(const FeatureNet& net) {

@@ -47,7 +47,7 @@ struct ExperimentConfig {
 
   template <class V>
   void visit(V& v) {
-    v.field("version", version, "config format version (this toolkit reads 1)");
+    v.field("version", version, "config format version (this toolkit reads 1)", config::Range{1, 1000});
     v.field("name", name, "run name; empty = the config file's stem");
     v.section("model", model, "network variant and attention options");
     v.section("data", data, "dataset, batch size and loading");

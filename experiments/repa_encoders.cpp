@@ -6,6 +6,7 @@
 
 #include <filesystem>
 
+#include "core/atomic_io.h"
 #include "core/error.h"
 #include "core/sha256.h"
 #include "datasets/augment.h"
@@ -134,6 +135,8 @@ void check_repa(const ExperimentConfig& cfg, const diffusion::DiTOptions& dit, b
     throw UserError(kEncoderKey, "the latent shards in " + cfg.data.root + " hold no images for the encoder",
                     "extract them with `moh extract-latents CONFIG.yaml --keep-images --out DIR`");
   if (!std::filesystem::exists(r.encoder)) throw UserError(kEncoderKey, "no such file: " + r.encoder, kEncoderHint);
+  if (!std::filesystem::is_directory(r.encoder))
+    check_regular_file(r.encoder, kEncoderKey + std::string(":"), kEncoderHint);
   if (std::filesystem::is_directory(r.encoder)) {
     const LoadedClassifier c = load_classifier_checkpoint(r.encoder);
     check_classifier_grid(c.model->options, classifier_stage(r), dit.grid_size(), "classifier " + c.cfg.model.name);

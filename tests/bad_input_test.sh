@@ -102,16 +102,34 @@ ln -s "$F/loop" "$F/loop"
 mkdir -p "$F/readonly" && chmod 555 "$F/readonly"
 mkdir -p "$F/tbrun" && echo "a file" >"$F/tbrun/tb"
 
+# For the newer features' cases: a directory, a named pipe and a dangling link where files go; a sweep folder with a
+# damaged sweep.json; reference statistics whose meta is a JSON list; a run with a damaged diverged mark.
+mkdir -p "$F/adir" && mkfifo "$F/fifo" && ln -s "$F/nowhere" "$F/dangling"
+mkdir -p "$F/sweep_damaged" && echo '[1, 2' >"$F/sweep_damaged/sweep.json"
+python3 - "$F/ref.npz" "$F/meta_list.npz" <<'PYEOF'
+import struct, sys, zipfile
+src, dst = sys.argv[1], sys.argv[2]
+data = b"[1, 2]"  # meta as .npy: a uint8 vector of JSON bytes (moh ref-stats writes an object)
+header = "{'descr': '|u1', 'fortran_order': False, 'shape': (%d,), }" % len(data)
+header += " " * ((64 - (10 + len(header) + 1) % 64) % 64) + "\n"
+npy = b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode() + data
+with zipfile.ZipFile(src) as a, zipfile.ZipFile(dst, "w") as b:
+    for item in a.infolist():
+        b.writestr(item.filename, npy if item.filename == "meta.npy" else a.read(item.filename))
+PYEOF
+cp -r "$F/run" "$F/run_diverged" && echo 'garbage{' >"$F/run_diverged/diverged.json"
+
 # Every file's path, size, inode and modification and change times: a write, a replacement (rename) or a truncation
 # shows in the change time, which no program can set back; cheaper than hashing the whole tree after every case.
 snapshot() { (cd "$F" && find . -type f -printf '%p %s %i %T@ %C@\n' | LC_ALL=C sort); }
 reference=$(snapshot)
 
 # bad PATTERN -- ARGS...: exit 2, one stderr line "error: ..." containing PATTERN, fixtures unchanged, $O empty.
+BAD_ENV=()  # environment variables of the next case (bad_env)
 bad() {
   local pattern=$1
   shift 2
-  timeout 300 "$MOH" "$@" >"$tmp/o" 2>"$tmp/e"
+  timeout 300 env "${BAD_ENV[@]}" "$MOH" "$@" >"$tmp/o" 2>"$tmp/e"
   local rc=$? why=""
   [ "$rc" = 2 ] || why="exit $rc"
   [ "$(grep -c '' "$tmp/e")" = 1 ] && head -1 "$tmp/e" | grep -q '^error: ' || why="$why; stderr is not one error line"
@@ -131,7 +149,7 @@ for kv in optim.lr=.inf optim.lr=1e39 schedule.min_lr=.nan train.moh_loss_coeff=
           'optim.betas=[.nan,0.999]' 'augment.scale=[0.08,.inf]'; do
   bad "${kv%%=*}" -- train $NANO "${TINY[@]}" --set "$kv" --run-dir "$O/r"
 done
-bad "model.img_size: must be <= 8192" -- train $NANO "${TINY[@]}" --set model.img_size=100000 --run-dir "$O/r"
+bad "model.img_size: 100000 is outside [0, 8192]" -- train $NANO "${TINY[@]}" --set model.img_size=100000 --run-dir "$O/r"
 bad "needs at least" -- train configs/imagenet/moh_vit_s_75.yaml --set model.img_size=8192 --run-dir "$O/r"
 # A model the embedded data cannot feed: refused when the config is checked, not at the first step (a LibTorch error)
 # or after `precision: auto` has timed the model (minutes on a machine without the cached verdict).
@@ -143,11 +161,11 @@ MOH_CPU_PRECISION_CACHE=$tmp/fresh_precision_cache.json \
 if [ $((SECONDS - t0)) -gt 30 ]; then
   echo "FAIL: the two shape refusals took $((SECONDS - t0)) s (checked before any work: seconds)"; fails=$((fails + 1))
 fi
-bad "data.num_workers: must be <= 256" -- train $NANO "${TINY[@]}" --set data.num_workers=100000 --run-dir "$O/r"
+bad "data.num_workers: 100000 is outside [0, 256]" -- train $NANO "${TINY[@]}" --set data.num_workers=100000 --run-dir "$O/r"
 bad "the training data has labels up to 9" -- train $NANO "${TINY[@]}" --set model.num_classes=3 --run-dir "$O/r"
 bad "larger than the training set (128 examples)" -- train $NANO "${TINY[@]}" --set data.batch_size=4096 --run-dir "$O/r"
 bad "optim.betas: expected two numbers" -- train $NANO "${TINY[@]}" --set 'optim.betas=[0.9]' --run-dir "$O/r"
-bad "train.epochs: must be > 0" -- config $NANO --set train.epochs=0
+bad "train.epochs: 0 is outside [1, 1000000]" -- config $NANO --set train.epochs=0
 bad "data.batch_size: expected an integer" -- config $NANO --set data.batch_size=lots
 bad "unsupported version 2" -- config $NANO --set version=2
 bad "key 'model' appears twice" -- train "$F/dup.yaml" --run-dir "$O/r"
@@ -204,7 +222,7 @@ bad "sampling.atol: must be > 0" -- sample --checkpoint "$F/flow" --sampler dopr
 # LightningDiT's timestep shift: fixed-grid flow samplers only; VA-VAE's weights and channel statistics
 bad "sampling.timestep_shift: warps the grid of the flow euler and heun samplers only" -- sample --checkpoint \
   "$F/flow" --sampler sde --steps 10 --set sampling.timestep_shift=0.3 --out "$O/s"
-bad "sampling.timestep_shift: must be >= 0" -- sample --checkpoint "$F/flow" --set sampling.timestep_shift=-1 \
+bad "sampling.timestep_shift: -1 is outside [0, 1000]" -- sample --checkpoint "$F/flow" --set sampling.timestep_shift=-1 \
   --out "$O/s"
 bad "sampling.timestep_shift: warps the grid" -- sample --checkpoint "$F/dit" --set sampling.timestep_shift=0.3 \
   --out "$O/s"
@@ -221,7 +239,7 @@ bad "stage-4 token grid 2×2 cannot map to the DiT's 7×7 grid" -- train $DIT --
   --set train.repa.depth=2 --run-dir "$O/r"
 bad "train.repa.depth: 7 is not a block of MoH-DiT-Pixel/4-75 (1..6)" -- train $DIT --set train.repa.encoder="$F/run" \
   --set train.repa.stage=2 --set train.repa.depth=7 --run-dir "$O/r"
-bad "train.repa.weight: must be >= 0" -- train $DIT --set train.repa.weight=-1 --run-dir "$O/r"
+bad "train.repa.weight: -1 is outside [0, 1000000]" -- train $DIT --set train.repa.weight=-1 --run-dir "$O/r"
 bad "REPA aligns a diffusion model's tokens" -- train $NANO --set train.repa.encoder="$F/run" --run-dir "$O/r"
 # FD-DINOv2 and KID: a missing DINOv2 file, a metric the network cannot give, an unknown metric
 bad "--features dinov2:$F/dinov2.pth: no such weights file" -- fid --samples fashion_mnist:train:16 \
@@ -233,7 +251,7 @@ bad "unknown metric 'kd' (did you mean 'kid'?)" -- fid --samples fashion_mnist:t
 
 # 2. Validation before the run dir is touched; output paths checked before any work.
 bad "already holds a run" -- train $NANO "${TINY[@]}" --run-dir "$F/run"
-bad "optim.lr: must be > 0" -- train $NANO "${TINY[@]}" --set optim.lr=-1 --run-dir "$F/run" --resume auto
+bad "optim.lr: -1 is outside [0, 10]" -- train $NANO "${TINY[@]}" --set optim.lr=-1 --run-dir "$F/run" --resume auto
 bad "model.attention differs from the checkpoint's" -- train configs/fashion_mnist/mha_vit_nano.yaml "${TINY[@]}" --run-dir "$F/run" --resume auto
 bad "data.batch_size differs from the checkpoint's (32 -> 64)" -- train $NANO "${TINY[@]}" --set data.batch_size=64 --run-dir "$F/run" --resume auto
 bad "not a directory" -- train $NANO "${TINY[@]}" --run-dir "$F/afile/run"
@@ -271,14 +289,14 @@ bad "model.shared_heads / model.topk" -- convert --to-moh $CT --in "$F/run" --ou
 bad "exists and is not empty" -- convert --to-moh $CT --in "$F/run" --out "$F"
 bad "--calib-batches and --mask-steps must be" -- convert --to-moh $CT --in "$F/run" --out "$O/c" --calib-batches 0
 bad "sampling.topk: 5 is outside 0 … 4" -- sample --checkpoint "$F/dit" --topk 5 --out "$O/s"
-bad "sampling.topk: -2 is outside 0 … 4" -- sample --checkpoint "$F/dit" --topk -2 --out "$O/s"
+bad "sampling.topk: -2 is outside [-1, 4096]" -- sample --checkpoint "$F/dit" --topk -2 --out "$O/s"
 bad "--head-load: sampling.topk 0 runs the shared heads alone" -- sample --checkpoint "$F/dit" --topk 0 --head-load --out "$O/s"
 bad "no routed MoH layer whose K could change" -- sample --checkpoint "$F/ddense" --topk 1 --out "$O/s"
 bad 'sampling.sampler: expected one of ddpm|ddim|dpm++2m|euler|heun|dopri5|sde, got "dpm"' -- sample --checkpoint "$F/dit" --sampler dpm --out "$O/s"
 bad "sampling.steps: heun takes 2 … 1000 steps" -- sample --checkpoint "$F/dit" --sampler heun --steps 1 --out "$O/s"
 bad "\"ddim50\" is not a step count for dpm++2m" -- sample --checkpoint "$F/dit" --sampler dpm++2m --steps ddim50 --out "$O/s"
 bad "sampling.cfg_interval: expected [lo, hi] with 0 <= lo <= hi <= 1" -- sample --checkpoint "$F/dit" --cfg-interval 0.8,0.2 --out "$O/s"
-bad "sampling.cfg_interval: expected [lo, hi] with 0 <= lo <= hi <= 1" -- sample --checkpoint "$F/dit" --cfg-interval 0,1.5 --out "$O/s"
+bad "sampling.cfg_interval[1]: 1.5 is outside [0, 1]" -- sample --checkpoint "$F/dit" --cfg-interval 0,1.5 --out "$O/s"
 bad "sampling.topk_schedule[1]: 9 is outside 0 … 4" -- sample --checkpoint "$F/dit" --set 'sampling.topk_schedule=[2,9]' --out "$O/s"
 bad "sampling.guide_topk: sets the unconditional branch of CFG, and guidance is off" -- sample --checkpoint "$F/dit" --guide-topk 1 --cfg-scale 1 --out "$O/s"
 
@@ -340,6 +358,65 @@ bad "--node_rank 2: must be in 0 … 1" -- launch --nnodes 2 --node_rank 2 -- tr
 bad "--nnodes two: must be a number of machines" -- launch --nnodes two -- train $NANO --run-dir "$O/r"
 bad "--max-restarts -1: must be in 0..1000" -- launch --max-restarts -1 -- train $NANO --run-dir "$O/r"
 
+# The newer features' inputs: a sigma_rel whose arithmetic leaves the finite range, numbers with trailing text, a named
+# pipe where a weights file goes (refused before it is opened: an open would wait for a writer), damaged JSON records
+# (a sweep's, a reference's meta, a run's diverged mark), a width that cannot be allocated, a feature network of the
+# wrong kind before any point is measured, and the silent cases (a command without its subcommand).
+bad "--sigma-rel: 1e-200 is outside" -- ema reconstruct "$F/phema" --sigma-rel 1e-200 --out "$O/e"
+bad "--sigma-rel: \"0.07abc\" is not a number" -- ema reconstruct "$F/phema" --sigma-rel 0.07abc --out "$O/e"
+bad "--sigma-rels: 1e-200 is outside" -- ema sweep "$F/phema" --sigma-rels 1e-200,0.05 --out "$O/s" -- fid "${FIDARGS[@]}"
+bad "train.phema.sigma_rels: 1e-200 is outside" -- config $DIT --set 'train.phema.sigma_rels=[1.0e-200]' \
+  --set train.phema.snapshot_every=2
+bad "--tol: \"1e-3x\" is not a number" -- compare "$F/run" "$F/run" --tol 1e-3x
+bad "no subcommand given" -- ema
+bad "no command given" --
+bad "not a regular file (a named pipe" -- train configs/fashion_mnist/moh_sit_pixel.yaml --set train.repa.depth=2 \
+  --set train.repa.encoder="$F/fifo" --run-dir "$O/r"
+bad "train.repa.projector_dim: 1000000000 is outside" -- train configs/fashion_mnist/moh_sit_pixel.yaml \
+  --set train.repa.depth=2 --set train.repa.encoder="$F/run" --set train.repa.projector_dim=1000000000 --run-dir "$O/r"
+bad "sweep.json: is not valid JSON" -- ema sweep "$F/phema" --sigma-rels 0.05 --out "$F/sweep_damaged" -- fid \
+  "${FIDARGS[@]}"
+bad "member meta: is not the statistics' record" -- fid --samples fashion_mnist:test:8 --ref "$F/meta_list.npz" \
+  --features "classifier:$F/run"
+bad "diverged.json: is not valid JSON" -- train $NANO "${TINY[@]}" --run-dir "$F/run_diverged" --resume auto
+bad "holds a MoH-DiT-Pixel/4-75 model, not a classifier" -- ema sweep "$F/phema" --sigma-rels 0.05 --out "$O/s" -- fid \
+  --ref "$F/ref.npz" --features "classifier:$F/dit"
+bad_env() {  # bad_env PATTERN VAR=VALUE... -- ARGS: as bad, with these environment variables set
+  local pattern=$1
+  shift
+  while [ "$1" != "--" ]; do BAD_ENV+=("$1"); shift; done
+  bad "$pattern" "$@"
+  BAD_ENV=()
+}
+bad_env "environment RANK: 5 is not below WORLD_SIZE 1" RANK=5 WORLD_SIZE=1 -- config $NANO
+# A rank that is not its machine's first, failing before it meets the others, still says why (with its rank).
+bad_env "error: rank 1: config" RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 -- config "$F/syntax.yaml"
+
+# ---- the derived corpus (tests/bad_input_corpus.py): every config key, every flag of the main commands, every
+# environment variable, each given what it must refuse. A case passes with exit 2, one error line naming one of its
+# |-separated patterns, nothing created and no fixture changed.
+corpus=0
+while IFS=$'\t' read -r patterns envv rest; do
+  IFS=$'\t' read -r -a args <<<"$rest"
+  corpus=$((corpus + 1))
+  if [ "$envv" = - ]; then timeout 300 "$MOH" "${args[@]}" >"$tmp/o" 2>"$tmp/e"; else
+    timeout 300 env "$envv" "$MOH" "${args[@]}" >"$tmp/o" 2>"$tmp/e"; fi
+  rc=$? why="" found=0
+  [ "$rc" = 2 ] || why="exit $rc"
+  [ "$(grep -c '' "$tmp/e")" = 1 ] && head -1 "$tmp/e" | grep -q '^error: ' || why="$why; stderr is not one error line"
+  IFS='|' read -r -a alts <<<"$patterns"
+  for a in "${alts[@]}"; do grep -qF -- "$a" "$tmp/e" && found=1; done
+  [ $found = 1 ] || why="$why; names none of '$patterns'"
+  [ -z "$(ls -A "$O")" ] || why="$why; created $(ls -A "$O" | head -3 | tr '\n' ' ')"
+  [ "$(snapshot)" = "$reference" ] || why="$why; a pre-existing file changed"
+  if [ -z "$why" ]; then pass=$((pass + 1)); continue; fi
+  echo "FAIL: ${envv/#-/} moh ${args[*]} -> ${why#; }"; sed 's/^/  | /' "$tmp/e" | head -4
+  fails=$((fails + 1))
+  rm -rf "${O:?}"/* && reference=$(snapshot)
+done < <(python3 tests/bad_input_corpus.py "$MOH" "$F" "$O")
+echo "derived corpus: $corpus cases"
+
 echo "$pass passed, $fails failed"
 [ "$pass" -ge 60 ] || { echo "FAIL: the corpus must hold at least 60 cases"; exit 1; }
+[ "$corpus" -ge 250 ] || { echo "FAIL: the derived corpus must hold at least 250 cases"; exit 1; }
 [ "$fails" = 0 ]

@@ -115,7 +115,7 @@ expect 0 "name: MoH-ViT-Nano" -- config configs/fashion_mnist/moh_vit_nano.yaml
 expect 0 "lr: 0.0005" -- config configs/fashion_mnist/moh_vit_nano.yaml --set optim.lr=5e-4
 expect 2 "unknown key 'optim.lrr' (did you mean 'optim.lr'?)" -- config configs/fashion_mnist/moh_vit_nano.yaml --set optim.lrr=1
 expect 2 "error: config configs/imagenet/moh_vit_s_75.yaml: unknown key 'optim.lrr'" -- config configs/imagenet/moh_vit_s_75.yaml --set optim.lrr=1
-expect 2 "optim.lr: must be > 0" -- config configs/imagenet/moh_vit_s_75.yaml --set optim.lr=-1
+expect 2 "optim.lr: -1 is outside [0, 10]" -- config configs/imagenet/moh_vit_s_75.yaml --set optim.lr=-1
 expect 2 "optim.lr: expected a number, got \"fast\"" -- config configs/imagenet/moh_vit_s_75.yaml --set optim.lr=fast
 expect 2 "data.root data/imagenet: has no 'train' folder" -- train configs/imagenet/moh_vit_s_75.yaml --run-dir "$tmp/inet"
 [ ! -e "$tmp/inet" ] && pass=$((pass + 1)) || { echo "FAIL: a refused ImageNet run created its run dir"; fails=$((fails + 1)); }
@@ -199,7 +199,7 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   # `moh config --precision`: what the run would train in here, `auto` measured once as the run measures it, so that
   # the run (each of its two 1-thread ranks where data parallel is built) finds that verdict in the cache.
   expect 0 "^fp32$" -- config $NANO --set train.precision=fp32 --precision
-  expect 2 "optim.lr: must be > 0" -- config $NANO --set optim.lr=-1 --precision
+  expect 2 "optim.lr: -1 is outside [0, 10]" -- config $NANO --set optim.lr=-1 --precision
   ranks=1
   "$MOH" --version | grep -q '^data parallel: c10d' && ranks=2
   said=$(MOH_CPU_PRECISION_CACHE="$tmp/pc.json" "$MOH" config $NANO "${TINY[@]}" --set train.processes=$ranks \
@@ -288,7 +288,7 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   expect 0 '"steps":2' -- train $NANO "${TINY[@]}" --set model.attention_path=sparse --run-dir "$tmp/run_sparse"
   expect 2 "fp16 autocast needs a CUDA device" -- train $NANO "${TINY[@]}" --set train.precision=fp16 --run-dir "$tmp/run5"
   expect 2 "unknown model variant or network" -- train $NANO "${TINY[@]}" --set model.name=MoH-ViT-X --run-dir "$tmp/run"
-  expect 2 "optim.lr: must be > 0" -- train $NANO "${TINY[@]}" --set optim.lr=-1 --run-dir "$tmp/run"
+  expect 2 "optim.lr: -1 is outside [0, 10]" -- train $NANO "${TINY[@]}" --set optim.lr=-1 --run-dir "$tmp/run"
   expect 2 "apt-get install dataset-fashion-mnist" -- train $NANO "${TINY[@]}" --set data.root=/nonexistent --run-dir "$tmp/run2"
   expect 0 "top-1" -- eval $NANO --set data.limit_val=64 --checkpoint "$tmp/run" --out "$tmp/evrep"
   grep -q "| top1 |" "$tmp/evrep/report.md" && pass=$((pass + 1)) || { echo "FAIL: eval report"; fails=$((fails + 1)); }
@@ -350,7 +350,7 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   expect 0 "wrote" -- sample configs/fashion_mnist/moh_dit_pixel.yaml --checkpoint "$tmp/dit" --cfg-scale 3 --steps ddim3 --num-samples 4 --labels 1,7 --seed 5 --out "$tmp/s4"
   cmp -s "$tmp/s3/samples.npz" "$tmp/s4/samples.npz" && cmp -s "$tmp/s3/grid.png" "$tmp/s4/grid.png" && pass=$((pass + 1)) || { echo "FAIL: same seed, different samples"; fails=$((fails + 1)); }
   expect 2 "was trained as MoH-DiT-Pixel/4-75, the config describes DiT-Pixel/4" -- sample configs/fashion_mnist/dit_pixel.yaml --checkpoint "$tmp/dit" --out "$tmp/s2"
-  expect 2 "sampling.cfg_scale: must be >= 1" -- sample --checkpoint "$tmp/dit" --cfg-scale -1 --out "$tmp/s2"
+  expect 2 "sampling.cfg_scale: -1 is outside [1, 1000]" -- sample --checkpoint "$tmp/dit" --cfg-scale -1 --out "$tmp/s2"
   expect 2 "unknown model variant or network (did you mean 'MoH-DiT-Pixel/4-75'?)" -- train $DIT --set model.name=MoH-DiT-Pixel/4-7 --run-dir "$tmp/dit2"
   [ -s "$tmp/s/grid.png" ] && [ -s "$tmp/s/sampling.json" ] && pass=$((pass + 1)) || { echo "FAIL: no grid/sampling.json"; fails=$((fails + 1)); }
   expect 0 "sample accuracy" -- fid --samples "$tmp/s/samples.npz" --ref "$tmp/ref.npz" "${FEAT[@]}" --metrics fid,is --out "$tmp/rep3"

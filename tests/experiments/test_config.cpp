@@ -73,7 +73,9 @@ TEST(Config, NonFiniteNumbersAndDuplicateKeys) {
     const std::string e = user_error_of([&] { experiments::load_experiment(f, {kv}); });
     EXPECT_NE(e.find(std::string(kv).substr(0, std::string(kv).find('='))), std::string::npos) << kv << ": " << e;
   }
-  EXPECT_NO_THROW(experiments::load_experiment(f, {"optim.lr=3e38"}));
+  // Finite but outside the key's range: refused with the range.
+  EXPECT_NE(user_error_of([&] { experiments::load_experiment(f, {"optim.lr=3e38"}); }).find("is outside [0, 10]"),
+            std::string::npos);
   // yaml-cpp keeps the first of two equal keys; a config must not mean something else than it says.
   EXPECT_NE(user_error_of([&] {
               experiments::load_experiment(d.write("b.yaml", "model:\n  name: x\nmodel:\n  name: y\n"));
@@ -202,7 +204,11 @@ TEST(Config, SchemaListsEveryKeyWithDefaults) {
     if (r.key == "optim.lr") {
       found_lr = true;
       EXPECT_EQ(r.default_value, "0.001");
-      EXPECT_EQ(r.type, "number");
+      EXPECT_EQ(r.type, "number in [0, 10]");
+    }
+    // Every number a config holds has a range (the reader enforces it; moh config --schema prints it).
+    if (r.type.find("integer") != std::string::npos || r.type.find("number") != std::string::npos) {
+      EXPECT_NE(r.type.find(" in ["), std::string::npos) << r.key << " (" << r.type << ") has no range";
     }
   }
   EXPECT_TRUE(found_lr);

@@ -96,6 +96,11 @@ void ModelConfig::validate(const config::RuleError& bad) const {
   if (img_size > kMaxImageSize)
     bad("model.img_size", "must be <= " + std::to_string(kMaxImageSize) + " px, got " + std::to_string(img_size), "");
   if (drop_path >= 1) bad("model.drop_path", "must be < 1", "e.g. 0.1");
+  // The weights' companions mean nothing alone: set without model.weights they would be ignored.
+  if (weights.empty() && !weights_key.empty())
+    bad("model.weights_key", "is set but model.weights is not", "give the file too: --weights FILE --weights-key KEY");
+  if (weights.empty() && weights_allow_missing)
+    bad("model.weights_allow_missing", "is set but model.weights is not", "give the file too: --weights FILE");
 }
 
 uint64_t module_seed(int64_t seed, const std::string& name) {

@@ -84,13 +84,17 @@ struct ModelConfig {
             "heads' query norms, selected and shared heads weighted 1; for dense checkpoints turned into MoH)");
     v.field("shared_heads", shared_heads,
             "MoH split on the variant's own heads (a dense model becomes MoH: `moh convert --to-moh`): shared heads "
-            "h_s per stage (classifiers, 4 values) or per layer (DiT: depth values, or one for every layer)");
+            "h_s per stage (classifiers, 4 values) or per layer (DiT: depth values, or one for every layer)",
+            config::Range{0, 4096});
     v.field("topk", topk,
             "with model.shared_heads: routed heads per token K of each stage / layer (same length; 0 = every head "
-            "on, softmax-weighted, needs shared = heads)");
-    v.field("num_classes", num_classes, "classifier outputs / DiT label classes; 0 = variant default");
-    v.field("img_size", img_size, "input resolution in pixels; 0 = variant default");
-    v.field("drop_path", drop_path, "stochastic-depth rate at the last block; negative = variant default");
+            "on, softmax-weighted, needs shared = heads)",
+            config::Range{0, 4096});
+    v.field("num_classes", num_classes, "classifier outputs / DiT label classes; 0 = variant default",
+            config::Range{0, 1e6});
+    v.field("img_size", img_size, "input resolution in pixels; 0 = variant default", config::Range{0, 8192});
+    v.field("drop_path", drop_path, "stochastic-depth rate at the last block; negative = variant default",
+            config::Range{-1, 1});
     v.field("weights", weights, "initialise from this weights file (.safetensors or torch.save .pt/.pth)");
     v.field("weights_key", weights_key, "entry inside a nested checkpoint to load (ema, model, state_dict)");
     v.field("weights_allow_missing", weights_allow_missing,
