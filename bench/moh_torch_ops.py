@@ -6,6 +6,7 @@ reported, with each round's ratio).
     .venv/bin/python bench/moh_torch_ops.py [--rounds 3] [--iters 20] [--threads 2] [--out FILE.jsonl]
         [--official PATH]   # a checkout of SkyworkAI/MoH: its MoH-DiT MoHAttention as the official module
         [--device cuda] [--dtype bf16]   # on a GPU (the GPU call, scripts/gpu_fused_loan.sh part ops)
+        [--profile FILE.txt]   # instead: where the time of moh_torch's sparse MoH-DiT layer goes (torch.profiler)
 
 Shapes: MoH-DiT-S/2-75's layers (384 wide, 6 heads of 64, 256 tokens; 2 shared + top-1 of 4 = 50 % active, and
 3 shared + top-2 of 3 = 83 %), batch 8; MoH-ViT-S-75's stage 4 (576 wide, 24 heads of 24, 49 tokens, 4 shared + top-12
@@ -169,6 +170,22 @@ def fn_step(fn, inputs):
     return step
 
 
+def profile_sparse_layer(path, iters):
+    """torch.profiler's table of moh_torch's eager MoH-DiT-S/2-75 layer at 50 % active (the sparse path), forward and
+    backward, by ATen operator and by share of the CPU time."""
+    name, _, ours, x = attention_cases(None)[0]
+    step = step_fn(ours, x)
+    time_once(step, 2)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(iters):
+            step()
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+    with open(path, "w") as f:
+        f.write(f"# {name}, moh_torch eager, batch 8, {iters} steps, torch {torch.__version__}, "
+                f"{torch.get_num_threads()} threads\n{table}\n")
+    print(table)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
@@ -178,10 +195,13 @@ def main():
     ap.add_argument("--official", default=None)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
+    ap.add_argument("--profile", default="")
     a = ap.parse_args()
     global DEVICE, DTYPE
     DEVICE, DTYPE = a.device, {"fp32": torch.float32, "bf16": torch.bfloat16}[a.dtype]
     torch.set_num_threads(a.threads)
+    if a.profile:
+        return profile_sparse_layer(a.profile, a.iters)
     cpu = platform.processor() or platform.machine()
     with open("/proc/cpuinfo") as f:
         cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)

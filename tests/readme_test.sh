@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs every `build/moh ...` command of README.md's bash blocks, in README order, in a scratch directory, so that a
-# renamed subcommand, flag, config key or file breaks this test. The commands run as written, with only size
+# Runs every `build/moh ...` command of the bash blocks of README.md and docs/COMMANDS.md, in order, in a scratch
+# directory, so that a renamed subcommand, flag, config key or file breaks this test. The commands run as written, with only size
 # reductions appended or substituted (a few steps, a few images):
 #   - on the embedded dataset and on models the commands build themselves, each must succeed (exit 0);
 #   - those needing files this machine cannot have (ImageNet, sd-vae-ft-ema, DiT-XL-2-256x256.pt) must fail as a user
@@ -15,7 +15,8 @@ cd "$WORK"
 ln -s "$REPO/configs" configs
 export OMP_NUM_THREADS=1
 
-# Commands: the lines of ```bash blocks, continuation lines joined, comments dropped, those starting with build/moh.
+# Commands: the lines of ```bash blocks, continuation lines joined, comments dropped, those starting with build/moh;
+# a command both documents show runs once (the second would find its run directory taken).
 mapfile -t CMDS < <(awk '
   /^```bash/ { inb = 1; next }
   /^```/ { inb = 0; next }
@@ -26,8 +27,8 @@ mapfile -t CMDS < <(awk '
     if (line ~ /\\$/) { sub(/\\$/, "", line); acc = acc line; next }
     line = acc line; acc = ""
     gsub(/[ \t]+/, " ", line)
-    if (line ~ /^build\/moh /) print line
-  }' "$REPO/README.md")
+    if (line ~ /^build\/moh / && !seen[line]++) print line
+  }' "$REPO/README.md" "$REPO/docs/COMMANDS.md")
 
 fails=0 ran=0 refused=0
 for cmd in "${CMDS[@]}"; do
@@ -79,6 +80,6 @@ for cmd in "${CMDS[@]}"; do
     fi
   fi
 done
-echo "README commands: ${#CMDS[@]} ($ran run, $refused refused for missing inputs), $fails failed"
-[ ${#CMDS[@]} -ge 20 ] || { echo "FAIL: only ${#CMDS[@]} commands found in README.md"; exit 1; }
+echo "README + COMMANDS commands: ${#CMDS[@]} ($ran run, $refused refused for missing inputs), $fails failed"
+[ ${#CMDS[@]} -ge 20 ] || { echo "FAIL: only ${#CMDS[@]} commands found in README.md and docs/COMMANDS.md"; exit 1; }
 [ $fails -eq 0 ]
