@@ -5,7 +5,8 @@ A table with numbers in its body is preceded (after the previous table or headin
     <!-- raw: docs/results/FILE [docs/results/DIR/*.json ...] [labels=N] -->
 naming the files (globs allowed) its figures were read from. A body number is traced when one of those files holds
 a number that rounds to it at the table's precision, directly or as a percentage of a fraction (0.8529 -> 85.29 %);
-durations ("13 min 40 s", "30.4 min") are compared as seconds. In a column whose header says "×", a ratio in
+durations ("13 min 40 s", "30.4 min") are compared as seconds; a figure that is the ratio of two traced figures of its row
+(a speed-up, the ends of a range of per-round ratios) counts as traced. In a column whose header says "×", a ratio in
 brackets after a figure must equal that figure over the column's baseline (the first "(1.00)"). Header rows, the
 first N (labels=N) columns, `code spans`, link targets and numbers inside words (MoH-ViT-Nano-90, XL/2, bf16, H100,
 2e-3) are not figures; nor is a block between "<!-- moh COMMAND: begin -->" and its end, a command's output that a test
@@ -26,6 +27,7 @@ MARKER = re.compile(r"<!--\s*raw:\s*(.*?)\s*-->")
 GENERATED = re.compile(r"^<!-- (moh [^:]*): begin -->$")
 NUMBER = re.compile(r"(?<![\w/.\-+])[-+−]?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w/])|(?<![\w/.\-+,])[-+−]?\d+(?:\.\d+)?(?![\w/]|\.\d)")
 NOT_FIGURES = [re.compile(r"`[^`]*`"), re.compile(r"\]\([^)]*\)"), re.compile(r"<[^>]*>")]
+THOUSANDS = re.compile(r"(?<![\w.,])\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w,])")
 RAW_NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?(?![\w])")  # not digits of a hash or a name
 
 
@@ -87,8 +89,10 @@ class RawNumbers:
         for path in paths:
             with open(path, "rb") as f:
                 text = f.read().decode("utf-8", "replace")
-            for m in RAW_NUMBER.finditer(text.replace(",", "")):
-                v = abs(float(m.group(0)))
+            # Commas separate JSON values ("[394.97,426.04]") and group thousands ("3,121 MB"): both readings count.
+            found = [m.group(0) for m in RAW_NUMBER.finditer(text)]
+            found += [m.group(0).replace(",", "") for m in THOUSANDS.finditer(text)]
+            for v in (abs(float(x)) for x in found):
                 values.extend((v, v * 100))
         self.values = sorted(values)
 
@@ -155,12 +159,27 @@ def check(doc):
         paths, bad = sources(spec, doc, spec_line)
         errors += bad + ratio_errors(rows, doc, start)
         raw = RawNumbers(paths)
-        for n, (text, value, tolerance) in numbers:
-            if raw.holds(value, tolerance):
+        found = [raw.holds(value, tolerance) for _, (_, value, tolerance) in numbers]
+        for i, (n, (text, value, tolerance)) in enumerate(numbers):
+            row = [fig for j, (m, fig) in enumerate(numbers) if m == n and found[j]]
+            if found[i] or is_quotient(value, tolerance, row):
                 traced += 1
             else:
-                errors.append(f"{doc}:{n}: {text} is in none of {spec}")
+                errors.append(f"{doc}:{n}: {text} is in none of {spec} (nor a ratio of its row's traced figures)")
     return errors, traced
+
+
+def is_quotient(value, tolerance, row):
+    """Whether a figure is a ratio a / b of two traced figures of its row (a speed-up, a per-round ratio, the end of
+    a range of them), within its own rounding and that of a and b."""
+    for _, a, ta in row:
+        for _, b, tb in row:
+            if a is b or b == 0 or a == 0:
+                continue
+            q = a / b
+            if abs(q - value) <= tolerance + q * (ta / a + tb / b) + 1e-12:
+                return True
+    return False
 
 
 def label_columns(spec):

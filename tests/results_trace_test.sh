@@ -69,5 +69,16 @@ prose 1 "cites scripts/no_such_script.sh, which does not exist" "$tmp/docs/p.md"
 printf '%s\n' "Durations such as 8 min 21 s, ratios 1.00×, 2026-11-27, \`scripts/test.sh\`, [this page](p.md)." >"$tmp/docs/p.md"
 printf '%s\n' '```' 'at 14:05 in a fenced log' '```' >>"$tmp/docs/p.md"
 prose 0 " 0 problems" "$tmp/docs/p.md"  # what the rules must let pass
+# The pages of published figures (a README.md outside docs/, BENCHMARKS.md) name the raw file of every figure, and
+# the README names no commit.
+mkdir -p "$tmp/page/results" && echo "real 8m2s" >"$tmp/page/results/demo.log"
+printf '%s\n' "The demo took 8 min 2 s here." >"$tmp/page/README.md"
+prose 1 "names no raw file" "$tmp/page/README.md"
+printf '%s\n' "The demo took 8 min 2 s ([log](results/demo.log))." >"$tmp/page/BENCHMARKS.md"
+prose 0 " 0 problems" "$tmp/page/BENCHMARKS.md"
+printf '%s\n' "Fixed in 4f1ef53, see the log." >"$tmp/page/README.md"
+prose 1 "commit hash 4f1ef53" "$tmp/page/README.md"
+printf '%s\n' "| run | time |" "|---|---|" "| a | 3.5 s |" >"$tmp/page/BENCHMARKS.md"
+prose 1 "a table of 1 figures names no raw file" "$tmp/page/BENCHMARKS.md"
 echo "results_trace: $fails failures"
 [ "$fails" = 0 ]
