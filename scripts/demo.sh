@@ -4,8 +4,8 @@
 #   2. train a pixel-space MoH-DiT from YAML (flow matching) and sample 10 images per class with classifier-free
 #      guidance,
 #   3. compute the FID report of those samples with the trained classifier as the feature network.
-# Full run: about 15 min on a fresh 2-core machine (its first line says how long here). DEMO_QUICK=1: the same with
-# few steps (a few minutes; used by a test).
+# Full run: 8 to 16 min on a fresh 2-core machine (its first line says how long here, its last how long it took).
+# DEMO_QUICK=1: the same with few steps (a few minutes; used by a test). DEMO_ESTIMATE_ONLY=1: print the first line.
 # Environment: DEMO_OUT (default runs/demo), DEMO_SKIP_SETUP=1 + MOH=path/to/moh to use an existing build,
 #   MOH_LIBTORCH=pip to build and run against the pinned pip LibTorch 2.x (build-torch2/) instead of Debian's 1.13.
 set -euo pipefail
@@ -19,19 +19,39 @@ else
   CLS_STEPS=150 VAL=0 DIT_STEPS=750 PER_CLASS=10 STEPS=6 REF=fashion_mnist:test
 fi
 
-# The whole demo's ETA, first: each stage's seconds on the slower of this project's 2-core machines (Intel Xeon, fp32),
-# from the logged runs in docs/results/demo. After each stage the rest is rescaled by how fast the stages so far ran.
-if [ "${DEMO_SKIP_SETUP:-0}" = 1 ]; then est_setup=0; elif [ -x "$MOH" ]; then est_setup=20; else est_setup=350; fi
-# Stage 1's evaluation includes the FID reference statistics computed beside it.
-est_eval=$((VAL == 0 ? 38 : 6))
-est_cls=$((15 + CLS_STEPS * 3 / 4 + est_eval))
-# The DiT's: its 750 fp32 steps took 349-368 s on a 2 vCPU AMD EPYC (2026-12-04, as `auto` trains it where the CPU has
-# no native bf16), whose fp32 training steps took 0.86 of the Intel Xeon's (the /4 model's demo stage, 271 s against
-# 316 s); the attention kernel's row skip and in-place operands since took 0.93-0.99 of that time (interleaved).
-est_dit=$((10 + DIT_STEPS * 53 / 100))
+# The whole demo's ETA, first, from the timed runs of this CPU kind (docs/results/demo/README.md); after each stage
+# the rest is rescaled by how fast the stages so far ran.
+cpu_kind() {  # amd-avx512-bf16 | intel-xeon | other, from the CPU's vendor and flags (DEMO_CPUINFO: a test's file)
+  local info=${DEMO_CPUINFO:-/proc/cpuinfo}
+  if grep -q '^vendor_id.*AuthenticAMD' "$info" && grep -qw avx512_bf16 "$info"; then echo amd-avx512-bf16
+  elif grep -q '^vendor_id.*GenuineIntel' "$info" && grep -qw avx512f "$info"; then echo intel-xeon
+  else echo other; fi
+}
+cpu_name() {  # "AMD EPYC, AVX2 only"
+  local info=${DEMO_CPUINFO:-/proc/cpuinfo} vec="no AVX2"
+  if grep -qw avx512f "$info"; then vec="AVX-512"; elif grep -qw avx2 "$info"; then vec="AVX2 only"; fi
+  echo "$(sed -n 's/^model name[[:space:]]*: //p' "$info" | head -n1), $vec"
+}
+KIND=$(cpu_kind)
+if [ "${DEMO_SKIP_SETUP:-0}" = 1 ]; then est_setup=0; elif [ -x "$MOH" ]; then est_setup=20; fi
+est_eval=$((VAL == 0 ? 38 : 6))  # stage 1's evaluation includes the FID reference statistics computed beside it
+case $KIND in
+  amd-avx512-bf16)  # timed: demo_amd512_bf16kernel_2026-12-04.log (classifier 59 + 21 s, DiT 196 s in bf16)
+    est_setup=${est_setup:-220} est_eval=$((VAL == 0 ? 21 : 4))
+    est_cls=$((5 + CLS_STEPS * 36 / 100 + est_eval)) est_dit=$((10 + DIT_STEPS * 25 / 100))
+    basis="timed on this CPU kind (AMD EPYC with AVX-512 + bf16)" ;;
+  intel-xeon)  # estimated: the DiT in fp32 as `auto` picks there, its 750 fp32 steps 349-368 s on an AMD EPYC whose
+    # fp32 steps took 0.86 of the Intel Xeon's; the attention kernel's later changes 0.93-0.99 of that time
+    est_setup=${est_setup:-350} est_cls=$((15 + CLS_STEPS * 3 / 4 + est_eval)) est_dit=$((10 + DIT_STEPS * 53 / 100))
+    basis="estimated for an Intel Xeon, not yet timed on one" ;;
+  *)
+    est_setup=${est_setup:-350} est_cls=$((15 + CLS_STEPS * 3 / 4 + est_eval)) est_dit=$((10 + DIT_STEPS * 53 / 100))
+    basis="no timed run on this CPU kind ($(cpu_name)): the Intel Xeon's estimate" ;;
+esac
 est_rest=$((12 + PER_CLASS * 4 / 10))
 echo "== demo: about $(((est_setup + est_cls + est_dit + est_rest + 30) / 60)) min in all (setup + build ${est_setup} s," \
-  "classifier ${est_cls} s, diffusion ${est_dit} s, samples + FID ${est_rest} s; as on a 2-core Intel Xeon)"
+  "classifier ${est_cls} s, diffusion ${est_dit} s, samples + FID ${est_rest} s; $basis)"
+[ "${DEMO_ESTIMATE_ONLY:-0}" = 1 ] && exit 0
 if [ "${DEMO_SKIP_SETUP:-0}" != 1 ]; then MOH_BUILD_TARGETS=${MOH_BUILD_TARGETS:-moh} bash scripts/setup.sh; fi
 echo "== setup + build: $(( $(date +%s) - start )) s"
 if [ -e "$OUT" ]; then echo "== removing the previous demo output $OUT"; rm -rf "$OUT"; fi
@@ -94,7 +114,10 @@ $MOH fid --samples "$OUT/samples/samples.npz" --ref "$OUT/fm_test_stats.npz" --f
 lap "FID report" $((est_rest - 8))
 
 echo
-echo "demo finished in $(( $(date +%s) - start )) s. Artefacts:"
+echo "Artefacts:"
 echo "  sample grid:     $OUT/samples/grid.png"
 echo "  head-load plot:  $OUT/classifier/eval/head_load.png"
 echo "  FID report:      $OUT/fid/report.md"
+took=$(( $(date +%s) - start ))
+echo "demo finished in $((took / 60)) min $((took % 60)) s ($took s; the first line estimated" \
+  "$(((est_setup + est_cls + est_dit + est_rest + 30) / 60)) min)"

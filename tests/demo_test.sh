@@ -14,6 +14,19 @@ grep -q "FID report:" "$out/log" || { echo "FAIL: demo did not print the artefac
 # The whole demo's ETA is the first line, and every stage's seconds follow (the README's times come from them).
 head -n1 "$out/log" | grep -Eq '^== demo: about [0-9]+ min in all \(setup \+ build 0 s, classifier [0-9]+ s' ||
   { echo "FAIL: first line is not the ETA: $(head -n1 "$out/log")"; exit 1; }
+tail -n1 "$out/log" | grep -Eq '^demo finished in [0-9]+ min [0-9]+ s \([0-9]+ s; the first line estimated [0-9]+ min\)$' ||
+  { echo "FAIL: last line is not the demo's time: $(tail -n1 "$out/log")"; exit 1; }
+# The estimate follows the CPU kind: timed kinds by their own figures, others say they have none.
+kind() {  # kind VENDOR FLAGS EXPECTED
+  printf 'vendor_id\t: %s\nmodel name\t: Test CPU\nflags\t\t: fpu %s\n' "$1" "$2" >"$out/cpuinfo"
+  line=$(DEMO_CPUINFO="$out/cpuinfo" DEMO_ESTIMATE_ONLY=1 MOH=/nonexistent bash scripts/demo.sh)
+  grep -qF -- "$3" <<<"$line" || { echo "FAIL: $1 [$2]: expected '$3' in: $line"; exit 1; }
+}
+kind AuthenticAMD "avx2 avx512f avx512_bf16" "about 9 min in all (setup + build 220 s"
+kind AuthenticAMD "avx2 avx512f avx512_bf16" "timed on this CPU kind (AMD EPYC with AVX-512 + bf16)"
+kind GenuineIntel "avx2 avx512f amx_tile" "about 16 min in all (setup + build 350 s"
+kind GenuineIntel "avx2 avx512f amx_tile" "estimated for an Intel Xeon, not yet timed on one"
+kind AuthenticAMD "avx avx2" "no timed run on this CPU kind (Test CPU, AVX2 only)"
 for stage in "setup + build" "classifier training" "classifier evaluation + head load + FID reference statistics" \
   "diffusion training" "sampling" "FID report"; do
   grep -Eq "^== ${stage//+/\\+}: [0-9]+ s" "$out/log" || { echo "FAIL: no seconds for $stage"; exit 1; }
