@@ -3,8 +3,10 @@
 // snapshot) as the least-squares combination of the snapshots (EDM2, core/phema.h), written as a run directory that
 // moh sample / moh eval / moh fid read with --checkpoint DIR.
 // `moh ema sweep RUN --sigma-rels a:b:n --out DIR [--baselines] -- eval [FLAGS]` or `... -- fid FLAGS [-- sample
-// FLAGS]`: reconstructs each σ_rel and measures it with the commands named after `--` (top-1 of a classifier run; FID
-// of a DiT run's samples), then writes DIR/sweep.json, sweep.md and the curve (experiments/ema_sweep.h).
+// FLAGS]`: reconstructs each σ_rel and measures it with the commands named after `--` (a classifier run by `moh eval`,
+// a DiT run by its samples' `moh fid`), then writes DIR/sweep.json, sweep.md and the curve of --metric (any metric the
+// measure computes; top1 / fid by default) (eval/ema_sweep.h).
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -19,7 +21,9 @@
 #include "core/error.h"
 #include "core/phema_run.h"
 #include "eval/ema_sweep.h"
+#include "eval/metric_record.h"
 #include "eval/report.h"
+#include "experiments/evaluation_run.h"
 #include "experiments/feature_nets.h"
 #include "experiments/registry.h"
 
@@ -149,15 +153,39 @@ eval::SweepMeasure measurer(const Segments& seg, bool keep_samples) {
 
 std::string eta_text(double seconds);
 
-// The run's family must be the one the measure reads; its baselines: raw weights, and the fixed-decay EMA if it has
-// one.
-void check_family(eval::EmaSweepRequest& r, const std::string& family, bool baselines) {
+// The curve's metric (--metric): a metric with a record that the segments' measure computes.
+std::string sweep_metric(const cxxopts::ParseResult& args, const Segments& seg) {
+  const bool classify = seg.count("eval") > 0;
+  if (!args.count("metric")) return classify ? "top1" : "fid";
+  const std::string key = args["metric"].as<std::string>();
+  const eval::MetricRecord& r = eval::metric_record(key, "--metric");
+  const auto& eval_keys = experiments::classifier_eval_metrics();
+  if (classify) {
+    if (std::find(eval_keys.begin(), eval_keys.end(), key) == eval_keys.end())
+      throw UserError("--metric " + key, "is not in `-- eval`'s report", "one of top1, top5, loss");
+    return key;
+  }
+  if (r.group == eval::MetricGroup::classification)
+    throw UserError("--metric " + key, "is not computed by `-- fid`", "fid, sfid, inception_score, precision, ...");
+  eval::GenerativeEvalOptions fid = fid_request(parse_segment("fid", seg.at("fid")));
+  if (!fid.metrics[r.group])
+    throw UserError("--metric " + key, "is not among the metrics `-- fid --metrics` computes",
+                    std::string("add ") + eval::group_word(r.group) + " to --metrics");
+  return key;
+}
+
+// The run's family must be measured the way the segments measure; its baselines: raw weights, and the fixed-decay
+// EMA if it has one.
+void check_family(eval::EmaSweepRequest& r, const Segments& seg, bool baselines) {
+  using Measure = experiments::ModelFamily::Measure;
   phema::list_snapshots(r.run);  // a run without snapshots: its own error first
   const experiments::ExperimentConfig cfg = experiments::load_experiment(r.run + "/config.resolved.yaml");
-  const std::string id = experiments::experiment_family(cfg).id;
-  if (id != family)
-    throw UserError(r.run, "is a " + id + " run; `-- " + (family == "dit" ? "fid" : "eval") + "` measures a " + family,
-                    family == "dit" ? "measure a classifier with -- eval" : "measure a DiT with -- fid FLAGS");
+  const experiments::ModelFamily& f = experiments::experiment_family(cfg);
+  const Measure asked = seg.count("eval") ? Measure::eval : Measure::sample_fid;
+  if (f.measure != asked)
+    throw UserError(
+        r.run, "is a " + f.id + " run, which `-- " + (asked == Measure::eval ? "eval" : "fid") + "` does not measure",
+        f.measure == Measure::eval ? "measure it with -- eval" : "measure it with -- fid FLAGS");
   if (!baselines) return;
   r.baselines.push_back(eval::SweepWeights::raw);
   if (cfg.train.ema_decay > 0) r.baselines.push_back(eval::SweepWeights::fixed_ema);
@@ -197,6 +225,10 @@ int ema_sweep(int argc, char** argv) {
        cxxopts::value<int64_t>()->default_value("0"));
   flag("baselines", "measure the run's raw weights and its fixed-decay EMA too");
   flag("keep-samples", "keep each point's samples.npz (removed once measured)");
+  flag("metric",
+       "the metric the curve draws and the best point is picked by: any the measure computes (default: "
+       "top1 for -- eval, fid for -- fid)",
+       cxxopts::value<std::string>());
   flag("out", "sweep directory (new, or an earlier start of the same sweep to continue)",
        cxxopts::value<std::string>());
   flag("h,help", "show this help");
@@ -214,9 +246,9 @@ int ema_sweep(int argc, char** argv) {
   r.step = args["step"].as<int64_t>();
   if (r.step < 0) throw UserError("--step", "must be >= 0 (0 = the last snapshot)", "");
   r.sigma_rels = eval::parse_sigma_rels(args["sigma-rels"].as<std::string>(), "--sigma-rels");
-  r.metric = seg.count("eval") ? "top1" : "fid";
+  r.metric = sweep_metric(args, seg);
   r.measure = seg;
-  check_family(r, seg.count("eval") ? "classifier" : "dit", args.count("baselines") > 0);
+  check_family(r, seg, args.count("baselines") > 0);
   const auto res = eval::run_ema_sweep(r, measurer(seg, args.count("keep-samples") > 0), progress_printer(r.metric));
   std::cout << read_file(res.table, "table") << "wrote " << res.json << ", " << res.table
             << (res.chart_svg.empty() ? "" : ", " + res.chart_svg)

@@ -78,7 +78,7 @@ std::vector<nlohmann::json> resume_rows(const std::string& out, const nlohmann::
   const nlohmann::json j = parse_json(read_file(file, "sweep"), file, hint);
   return read_json_fields(file, "a sweep record", hint, [&] {
     if (j.value("sweep", nlohmann::json()) != identity)
-      throw UserError("--out " + out, "holds a sweep of another run, step, metric or measure",
+      throw UserError("--out " + out, "holds a sweep of another run, step or measure",
                       "choose a new directory, or repeat that sweep's command to continue it");
     std::vector<nlohmann::json> rows = j.value("rows", std::vector<nlohmann::json>{});
     for (const nlohmann::json& row : rows) (void)row.at("id").get<std::string>();  // what resuming reads of each
@@ -197,7 +197,9 @@ EmaSweepResult run_ema_sweep(const EmaSweepRequest& r, const SweepMeasure& measu
                              const std::function<void(const nlohmann::json&, size_t, size_t)>& on_row) {
   EmaSweepResult res;
   res.step = resolve_step(r.run, r.step);
-  const nlohmann::json identity{{"run", r.run}, {"step", res.step}, {"metric", r.metric}, {"measure", r.measure}};
+  // Every row holds every metric of its report: the curve's metric is not part of what a restart must match, so a
+  // finished sweep is redrawn by another --metric without measuring again.
+  const nlohmann::json identity{{"run", r.run}, {"step", res.step}, {"measure", r.measure}};
   std::map<std::string, nlohmann::json> done;
   for (auto& row : resume_rows(r.out, identity)) done[row["id"].get<std::string>()] = row;
   const std::vector<Point> points = sweep_points(r);
@@ -210,8 +212,9 @@ EmaSweepResult run_ema_sweep(const EmaSweepRequest& r, const SweepMeasure& measu
     done[p.id] = row;
     std::vector<nlohmann::json> record;  // every row so far, σ_rels an earlier start listed included
     for (const auto& [id, kept] : done) record.push_back(kept);
-    write_file_atomic(r.out + "/sweep.json",
-                      nlohmann::json{{"sweep", identity}, {"rows", ordered(record)}}.dump(1) + "\n");
+    write_file_atomic(
+        r.out + "/sweep.json",
+        nlohmann::json{{"sweep", identity}, {"metric", r.metric}, {"rows", ordered(record)}}.dump(1) + "\n");
     if (on_row)
       on_row(row,
              static_cast<size_t>(

@@ -1,47 +1,43 @@
 #include "eval/metric_record.h"
 
+#include "core/error.h"
+
 namespace moh::eval {
 
 const std::vector<MetricRecord>& metric_records() {
   using G = MetricGroup;
   static const std::vector<MetricRecord> table{
-      {"fid", "FID", 2, true, G::fid, KeyMatch::exact, "FD-DINOv2", true},
-      {"sfid", "sFID", 2, true, G::sfid, KeyMatch::exact, nullptr, true},
-      {"inception_score", "IS", 2, false, G::is, KeyMatch::exact, nullptr, true},
+      {"fid", "FID", 2, true, G::fid, "FD-DINOv2", true},
+      {"sfid", "sFID", 2, true, G::sfid, nullptr, true},
+      {"inception_score", "IS", 2, false, G::is, nullptr, true},
       {"inception_score_std", "IS std", 2, false, G::is},
-      {"precision", "precision", 3, false, G::pr, KeyMatch::exact, nullptr, true},
-      {"recall", "recall", 3, false, G::pr, KeyMatch::exact, nullptr, true},
-      {"kid_mean", "KID", 6, true, G::kid, KeyMatch::exact, nullptr, true},
+      {"precision", "precision", 3, false, G::pr, nullptr, true},
+      {"recall", "recall", 3, false, G::pr, nullptr, true},
+      {"kid_mean", "KID", 6, true, G::kid, nullptr, true},
       {"kid_std", "KID std", 6, false, G::kid},
-      {"top1", "top-1", 2, false, G::classification, KeyMatch::prefix},
-      {"top5", "top-5", 2, false, G::classification, KeyMatch::prefix},
-      {"loss", "loss", 4, true, G::classification, KeyMatch::suffix},
-      {"accuracy", "accuracy", 2, false, G::classification, KeyMatch::suffix, nullptr, false, false},
+      {"top1", "top-1", 2, false, G::classification},
+      {"top5", "top-5", 2, false, G::classification},
+      {"val_loss", "val loss", 4, true, G::classification, nullptr, false, false},
+      {"loss", "loss", 4, true, G::classification},
+      {"sample_accuracy", "sample accuracy", 2, false, G::classification, nullptr, false, false},
   };
   return table;
 }
 
-namespace {
-bool matches(const MetricRecord& r, const std::string& key) {
-  const std::string k = r.key;
-  switch (r.match) {
-    case KeyMatch::exact:
-      return key == k;
-    case KeyMatch::prefix:
-      return key.rfind(k, 0) == 0;
-    case KeyMatch::suffix:
-      return key.size() >= k.size() && key.compare(key.size() - k.size(), k.size(), k) == 0;
-  }
-  return false;
-}
-}  // namespace
-
 const MetricRecord* find_metric(const std::string& key) {
   for (const MetricRecord& r : metric_records())
-    if (r.match == KeyMatch::exact && r.key == key) return &r;
-  for (const MetricRecord& r : metric_records())
-    if (r.match != KeyMatch::exact && matches(r, key)) return &r;
+    if (r.key == key) return &r;
+  static const std::string kEma = "_ema";
+  if (key.size() > kEma.size() && key.compare(key.size() - kEma.size(), kEma.size(), kEma) == 0)
+    return find_metric(key.substr(0, key.size() - kEma.size()));
   return nullptr;
+}
+
+const MetricRecord& metric_record(const std::string& key, const std::string& what) {
+  if (const MetricRecord* r = find_metric(key)) return *r;
+  std::string keys;
+  for (const MetricRecord& r : metric_records()) keys += (keys.empty() ? "" : ", ") + std::string(r.key);
+  throw UserError(what + " " + key, "is not a metric of the reports", "one of " + keys);
 }
 
 const char* group_word(MetricGroup group) {

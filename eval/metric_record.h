@@ -12,18 +12,13 @@ namespace moh::eval {
 /// classification evaluation (top-1, top-5, losses, accuracies).
 enum class MetricGroup { fid, sfid, is, pr, kid, classification };
 
-/// How a record's key names the report keys it covers: the key itself, keys starting with it ("top1_ema"), or keys
-/// ending with it ("val_loss", "sample_accuracy").
-enum class KeyMatch { exact, prefix, suffix };
-
 /// One metric.
 struct MetricRecord {
-  const char* key;       ///< report.json's key
-  const char* label;     ///< how consoles and charts name it ("FID")
-  int digits;            ///< decimals where people quote it (report.md, tables, consoles)
-  bool lower_is_better;  ///< the direction a sweep picks the best point by (a spread has none: false)
-  MetricGroup group;     ///< what computes it
-  KeyMatch match = KeyMatch::exact;
+  const char* key;                     ///< report.json's key
+  const char* label;                   ///< how consoles and charts name it ("FID")
+  int digits;                          ///< decimals where people quote it (report.md, tables, consoles)
+  bool lower_is_better;                ///< the direction a sweep picks the best point by (a spread has none: false)
+  MetricGroup group;                   ///< what computes it
   const char* dinov2_label = nullptr;  ///< its label on DINOv2 features ("FD-DINOv2"), where it differs
   bool on_console = false;             ///< one of `moh fid`'s console line
   bool in_reading_order = true;        ///< report.md lists it in the records' order (before other keys)
@@ -31,8 +26,11 @@ struct MetricRecord {
 
 /// Every metric, in the reports' reading order (FID, sFID, IS, precision, recall, KID, then classification).
 const std::vector<MetricRecord>& metric_records();
-/// The record covering report key `key` (an exact key first, then a prefix or suffix record), or nullptr.
+/// The record of report key `key`, or nullptr: its own record, or for "KEY_ema" (the same metric of a run's EMA
+/// weights, as `moh train` reports it) KEY's. Keys of other numbers (lr, step, seconds) have none.
 const MetricRecord* find_metric(const std::string& key);
+/// The record of a metric a user named (`what`: the flag), or a UserError listing the metrics there are.
+const MetricRecord& metric_record(const std::string& key, const std::string& what);
 /// The word of `moh fid --metrics` for a generative group ("fid", "sfid", "is", "pr", "kid").
 const char* group_word(MetricGroup group);
 /// The label of `key` for charts and consoles (on DINOv2 features when `dinov2`); the key itself without a record.

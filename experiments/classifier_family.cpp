@@ -96,6 +96,7 @@ std::string attention_path_rows() {
 ModelFamily classifier_family() {
   ModelFamily f;
   f.id = "classifier";
+  f.measure = ModelFamily::Measure::eval;
   f.fixed_on_resume = {"model.name", "model.attention", "model.num_classes", "model.img_size"};
   f.title = "TransNeXt / MoH-ViT (classification)";
   f.names = [] { return names_of(vision::classifier_variants()); };

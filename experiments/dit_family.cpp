@@ -152,6 +152,7 @@ TensorMap vae_forward(VaeKind kind, const ForwardRequest& r) {
 ModelFamily dit_family() {
   ModelFamily f;
   f.id = "dit";
+  f.measure = ModelFamily::Measure::sample_fid;
   f.fixed_on_resume = {"model.name", "model.attention", "model.num_classes", "model.img_size", "diffusion.vae"};
   f.guarded_on_resume = {"diffusion.steps"};
   f.title = "DiT / MoH-DiT (diffusion)";

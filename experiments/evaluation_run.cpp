@@ -79,7 +79,8 @@ ClassifierEvalResult evaluate_classifier_checkpoint(const ClassifierEvalRequest&
   out.source = m.source, out.weights = m.weights, out.step = m.step, out.main = group->is_main();
   if (!out.main) return out;  // rank 0 reports
   const EvalResult& e = out.result;
-  out.report = {{"metrics", {{"top1", e.top1}, {"top5", e.top5}, {"loss", e.loss}}},
+  const std::vector<std::string>& keys = classifier_eval_metrics();
+  out.report = {{"metrics", {{keys[0], e.top1}, {keys[1], e.top5}, {keys[2], e.loss}}},
                 {"checkpoint", m.source},
                 {"weights", m.weights},
                 {"model", m.name},
@@ -100,6 +101,11 @@ nlohmann::json evaluate_sample_set(const eval::GenerativeEvalOptions& o, const s
   nlohmann::json report = eval::evaluate_generative(o, *net);
   if (!out.empty()) eval::write_report(out, report, "Generative evaluation: " + o.samples);
   return report;
+}
+
+const std::vector<std::string>& classifier_eval_metrics() {
+  static const std::vector<std::string> keys{"top1", "top5", "loss"};
+  return keys;
 }
 
 eval::SweepMeasure checkpoint_measurer(const CheckpointMeasure& m) {

@@ -35,6 +35,9 @@ struct ClassifierEvalResult {
   bool main = true;                            ///< rank 0 (the one that wrote and reports)
 };
 
+/// The metrics of its report ("metrics": top-1, top-5, the loss), the keys of their records (eval/metric_record.h).
+const std::vector<std::string>& classifier_eval_metrics();
+
 /// Checks the request (the output directory first), loads the weights, evaluates every rank's share of the split and
 /// returns the report (rank 0 writes it).
 ClassifierEvalResult evaluate_classifier_checkpoint(const ClassifierEvalRequest& request);

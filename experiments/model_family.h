@@ -174,6 +174,9 @@ struct ModelFamily {
   std::function<double(const ExperimentConfig&)> active_ratio;  ///< of the experiment's model, layer-weighted
   std::function<BenchStep(const BenchRequest&)> bench_step;
   std::function<std::string()> attention_path_rows;  ///< rows of the `attention_path: auto` table
+  /// How a checkpoint of this family is measured: `moh eval` (a classifier: it also evaluates its validation split
+  /// during training, at data.eval_batch_size) or `moh sample` + `moh fid` (a generator); `moh ema sweep`'s segments.
+  enum class Measure { none, eval, sample_fid } measure = Measure::none;
 
   bool trainable() const { return static_cast<bool>(task); }
 };

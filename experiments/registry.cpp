@@ -118,7 +118,7 @@ std::shared_ptr<const MemoryProbe> memory_probe(const ExperimentConfig& cfg) {
   probe->what = "training " + cfg.model.name + " at " + std::to_string(cfg.model.img_size) + " px";
   probe->other = "model.img_size, or set train.grad_checkpoint: blocks";
   probe->build = [step](const RunContext& ctx, int64_t batch) { return step(ctx, batch, true).step; };
-  if (f.id == "classifier") {  // evaluates its validation split during training, at its own batch
+  if (f.measure == ModelFamily::Measure::eval) {  // evaluates its validation split during training, at its own batch
     probe->eval_batch = cfg.data.eval_batch_size;
     probe->eval_setting = "data.eval_batch_size";
     probe->build_eval = [step](const RunContext& ctx, int64_t batch) {

@@ -83,7 +83,7 @@ SamplingModel config_model(const SamplingRequest& r) {
   SamplingModel m;
   m.cfg = load_experiment(r.config, r.sets);
   validate_experiment(m.cfg, ExperimentUse::sample);
-  if (find_model_family(m.cfg.model.name).id != dit_family().id)
+  if (find_model_family(m.cfg.model.name).measure != ModelFamily::Measure::sample_fid)
     throw UserError("config: model.name", m.cfg.model.name + " is not a DiT variant", "moh info --list");
   torch::manual_seed(m.cfg.train.seed);
   m.model = DiT(dit_options_for(m.cfg));

@@ -332,7 +332,11 @@ bad "is before the run's first snapshot (step 2)" -- ema reconstruct "$F/phema" 
 bad "exists and is not empty" -- ema reconstruct "$F/phema" --sigma-rel 0.07 --out "$F/run"
 bad "unknown subcommand 'recon'" -- ema recon "$F/phema" --sigma-rel 0.07 --out "$O/e"
 FIDARGS=(--ref "$F/ref.npz" --features "classifier:$F/run")
-bad 'is a dit run; `-- eval` measures a classifier' -- ema sweep "$F/phema" --out "$O/s" -- eval
+bad 'is a dit run, which `-- eval` does not measure' -- ema sweep "$F/phema" --out "$O/s" -- eval
+bad '--metric fdi: is not a metric of the reports (one of fid, sfid' -- ema sweep "$F/phema" --metric fdi --out "$O/s" -- fid "${FIDARGS[@]}"
+bad '--metric top1: is not computed by `-- fid`' -- ema sweep "$F/phema" --metric top1 --out "$O/s" -- fid "${FIDARGS[@]}"
+bad "--metric fid: is not in \`-- eval\`'s report" -- ema sweep "$F/phema" --metric fid --out "$O/s" -- eval
+bad '--metric sfid: is not among the metrics `-- fid --metrics` computes (add sfid' -- ema sweep "$F/phema" --metric sfid --out "$O/s" -- fid "${FIDARGS[@]}" --metrics fid
 bad "has no post-hoc EMA snapshots" -- ema sweep "$F/run" --out "$O/s" -- eval
 bad 'needs `-- eval [FLAGS]`' -- ema sweep "$F/phema" --out "$O/s"
 bad 'needs `-- eval [FLAGS]`' -- ema sweep "$F/phema" --out "$O/s" -- sample --steps 4

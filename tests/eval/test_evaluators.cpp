@@ -320,8 +320,8 @@ TEST(Generative, MetricListParsing) {
   EXPECT_TRUE(all.fid && all.sfid && all.is && all.pr && all.kid);
 }
 
-// One record per metric (eval/metric_record.h): every report key has its digits, direction and label there, and the
-// keys a prefix or suffix record covers are those the reports write.
+// One record per metric (eval/metric_record.h): every report key has its digits, direction and label there; a key
+// finds its record exactly or as "KEY_ema", never by a prefix or suffix it happens to share.
 TEST(MetricRecords, EveryMetricIsOneRecordReadByTheReportsAndTheSweep) {
   for (const MetricRecord& r : metric_records()) {
     SCOPED_TRACE(r.key);
@@ -337,9 +337,17 @@ TEST(MetricRecords, EveryMetricIsOneRecordReadByTheReportsAndTheSweep) {
     const MetricRecord* r = find_metric(key);
     return r ? r->digits : -1;
   };
-  EXPECT_EQ(digits_of("top1_ema"), 2);         // prefix
-  EXPECT_EQ(digits_of("val_loss"), 4);         // suffix
-  EXPECT_EQ(digits_of("sample_accuracy"), 2);  // suffix
+  EXPECT_EQ(digits_of("top1_ema"), 2);  // the EMA weights' top-1 is top-1's record
+  EXPECT_EQ(find_metric("val_loss_ema"), find_metric("val_loss"));
+  EXPECT_EQ(digits_of("val_loss"), 4);
+  EXPECT_EQ(digits_of("sample_accuracy"), 2);
+  EXPECT_EQ(find_metric("my_loss"), nullptr);  // shares a suffix with "loss", is not it
+  EXPECT_EQ(find_metric("top1x"), nullptr);
+  EXPECT_EQ(find_metric("_ema"), nullptr);
+  EXPECT_EQ(&metric_record("fid", "--metric"), find_metric("fid"));
+  const std::string listed = test::user_error_of([] { metric_record("fdi", "--metric"); });
+  EXPECT_NE(listed.find("--metric"), std::string::npos) << listed;
+  EXPECT_NE(listed.find("fid"), std::string::npos) << listed;
   EXPECT_EQ(digits_of("inception_score_std"), 2);
   EXPECT_EQ(digits_of("lr"), -1);  // no record: the shortest exact form
   EXPECT_EQ(format_metric("lr", 0.0005), "0.0005");
