@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <set>
 #include <typeinfo>
@@ -309,7 +310,13 @@ int main(int argc, char** argv) {
     if (speaks()) moh::print_notes();  // input notes a command did not print itself (its input was accepted)
     return code;
   } catch (const moh::UserError& e) {
-    if (speaks()) std::cerr << ranked(e.what()) << std::endl;
+    // A rank `moh launch` started (other than its first) that fails before the ranks met leaves its line to the
+    // launcher, which prints it unless rank 0 says the same input error itself (core/launcher.cpp).
+    const char* error_file = std::getenv("MOH_RANK_ERROR_FILE");
+    if (speaks() && error_file && *error_file && !moh::dist::met_other_ranks())
+      std::ofstream(error_file) << ranked(e.what()) << "\n";
+    else if (speaks())
+      std::cerr << ranked(e.what()) << std::endl;
     return moh::kExitUserError;
   } catch (const moh::RunStopped& e) {
     if (speaks()) std::cerr << prefix << e.what() << std::endl;

@@ -128,6 +128,7 @@ const std::vector<EnvSwitch>& env_switches() {
            "prints its measurements"),
       text("MOH_CPU_PRECISION_CACHE", "the file that keeps precision: auto's verdict per CPU and build"),
       text("MOH_RESUME_PREFIX", "the command a stopped run's resume hint starts with (default: this program)"),
+      text("MOH_RANK_ERROR_FILE", "where a rank of `moh launch` leaves an input error met before the ranks met", true),
       text("MOH_BLAS_ASSUME_CORE", "an OpenBLAS core name to assume for this CPU when OpenBLAS detects an older one"),
       text("MOH_BLAS_CORE_FROM", "the OpenBLAS core detected before moh chose another", true),
       text("MOH_BLAS_CORE_TRIED", "the OpenBLAS core moh chose", true),

@@ -13,6 +13,8 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <stdexcept>
 #include <string>
@@ -98,7 +100,14 @@ struct Ranks {
   std::vector<pid_t> pids;
   int n = 0;
   NodePlace place;
+  std::string error_dir;  ///< where local ranks other than 0 leave an input error met before the ranks met
 };
+
+// The file local rank r (> 0) leaves its early input error in: every rank reads the same input, so such an error is
+// usually everyone's and rank 0 says it once; the launcher prints this file's line only when rank 0 does not.
+std::string rank_error_file(const Ranks& ranks, int r) {
+  return ranks.error_dir + "/rank_" + std::to_string(r) + ".err";
+}
 
 // Sets the torchrun variables of local rank r and becomes the command (in the child after fork).
 [[noreturn]] void exec_rank(int r, const Ranks& ranks, int port, std::vector<std::string> child_args,
@@ -111,6 +120,10 @@ struct Ranks {
     ::setenv("MOH_RESUME_PREFIX", resume_prefix.c_str(), 1);
   ::setenv("RANK", std::to_string(place.node_rank * ranks.n + r).c_str(), 1);
   ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+  if (r > 0 && !ranks.error_dir.empty())
+    ::setenv("MOH_RANK_ERROR_FILE", rank_error_file(ranks, r).c_str(), 1);
+  else
+    ::unsetenv("MOH_RANK_ERROR_FILE");
   ::setenv("WORLD_SIZE", std::to_string(place.nnodes * ranks.n).c_str(), 1);
   ::setenv("LOCAL_WORLD_SIZE", std::to_string(ranks.n).c_str(), 1);
   ::setenv("GROUP_RANK", std::to_string(place.node_rank).c_str(), 1);
@@ -133,7 +146,9 @@ Ranks start_ranks(int n, int port, const std::vector<std::string>& child_args, c
                   const NodePlace& place, int restart, int max_restarts) {
   const std::string threads = std::to_string(rank_threads(n));
   const pid_t launcher = ::getpid();
-  Ranks ranks{{}, n, place};
+  Ranks ranks{{}, n, place, {}};
+  std::string dir = (std::filesystem::temp_directory_path() / "moh_launch_XXXXXX").string();
+  if (n > 1 && ::mkdtemp(dir.data())) ranks.error_dir = dir;  // without it every rank says its own errors
   for (int r = 0; r < n; ++r) {
     const pid_t pid = ::fork();
     if (pid < 0) throw std::runtime_error("fork failed: " + std::string(std::strerror(errno)));
@@ -170,13 +185,20 @@ void report_pause(int rank, pid_t pid, int status) {
             << "kill -CONT " << pid << " resumes it)\n";
 }
 
+// Prints the input error local rank r left in its file (rank 0 said none).
+void say_rank_error(const Ranks& ranks, int r) {
+  std::ifstream in(rank_error_file(ranks, r));
+  std::string line;
+  if (std::getline(in, line) && !line.empty()) std::cerr << line << "\n";
+}
+
 // Waits; the first failure stops the rest: SIGTERM, then SIGKILL 10 s later. An input error (exit 2) of a rank other
 // than 0 first gives rank 0 up to 30 s to fail alike and print the one error line (the other ranks stay quiet).
 Outcome wait_ranks(Ranks& ranks) {
   using Clock = std::chrono::steady_clock;
   Outcome out;
-  int alive = ranks.n, forwarded = 0;
-  bool stopping = false, termed = false;
+  int alive = ranks.n, forwarded = 0, quiet_error_rank = -1;
+  bool stopping = false, termed = false, rank0_said = false;
   auto term_at = Clock::time_point::max(), kill_at = Clock::time_point::max();
   auto signal_all = [&](int sig) {
     for (pid_t p : ranks.pids)
@@ -218,15 +240,19 @@ Outcome wait_ranks(Ranks& ranks) {
       out.how = WIFSIGNALED(status) ? "signal " + std::to_string(WTERMSIG(status)) : "exit " + std::to_string(code);
       stopping = true;
       const bool wait_for_rank0 = code == kExitUserError && rank != 0 && ranks.pids[0] > 0;
+      if (code == kExitUserError && rank != 0) quiet_error_rank = rank;
       term_at = Clock::now() + std::chrono::seconds(wait_for_rank0 ? 30 : 0);
       kill_at = term_at + std::chrono::seconds(10);
     } else if (stopping && rank == 0 && code == kExitUserError) {
       out.code = code;  // rank 0 said what was wrong; stop the rest now
+      rank0_said = true;
       term_at = std::min(term_at, Clock::now());
       kill_at = std::min(kill_at, term_at + std::chrono::seconds(10));
     }
   }
   out.on_request = out.on_request || forwarded > 0;
+  if (quiet_error_rank > 0 && !rank0_said) say_rank_error(ranks, quiet_error_rank);
+  if (!ranks.error_dir.empty()) std::filesystem::remove_all(ranks.error_dir);
   return out;
 }
 

@@ -58,12 +58,12 @@ provenance_ok='j["provenance"]["device"] == "cpu" and j["provenance"]["commit"] 
 # must be byte-identical.
 kill_resume() {
   local name=$1 config=$2 files=$3
-  local -x MOH_MEMORY_CHECK=on
+  local -x MOH_MEMORY_CHECK=1
   shift 4
   "$MOH" train "$config" "$@" --run-dir "$tmp/${name}_full" >/dev/null 2>&1
   "$MOH" train "$config" "$@" --run-dir "$tmp/${name}_kill" >/dev/null 2>&1 &
   local victim=$!
-  for _ in $(seq 1 12000); do [ -e "$tmp/${name}_kill/checkpoints/latest" ] && break; sleep 0.05; done
+  for _ in $(seq 1 12000); do [ -e "$tmp/${name}_kill/checkpoints/latest" ] && break; kill -0 $victim 2>/dev/null || break; sleep 0.05; done
   kill -9 $victim 2>/dev/null; wait $victim 2>/dev/null
   expect 0 '"steps":24' -- train "$config" "$@" --run-dir "$tmp/${name}_kill" --resume auto
   local same=1 f
@@ -81,11 +81,13 @@ kill_resume() {
 # uninterrupted run NAME_full (written by kill_resume NAME before).
 sigint_resume() {
   local name=$1 config=$2 files=$3
-  local -x MOH_MEMORY_CHECK=on
+  local -x MOH_MEMORY_CHECK=1
   shift 4
   "$MOH" train "$config" "$@" --run-dir "$tmp/${name}_int" >"$tmp/int_out" 2>"$tmp/int_err" &
   local victim=$!
-  for _ in $(seq 1 12000); do [ "$(cat "$tmp/${name}_int/metrics.jsonl" 2>/dev/null | wc -l)" -ge 2 ] && break; sleep 0.02; done
+  for _ in $(seq 1 12000); do
+    [ "$(cat "$tmp/${name}_int/metrics.jsonl" 2>/dev/null | wc -l)" -ge 2 ] && break; kill -0 $victim 2>/dev/null || break; sleep 0.02
+  done
   kill -INT $victim
   wait $victim
   local rc=$? cmd
@@ -115,14 +117,14 @@ expect 0 "name: MoH-ViT-Nano" -- config configs/fashion_mnist/moh_vit_nano.yaml
 expect 0 "lr: 0.0005" -- config configs/fashion_mnist/moh_vit_nano.yaml --set optim.lr=5e-4
 expect 2 "unknown key 'optim.lrr' (did you mean 'optim.lr'?)" -- config configs/fashion_mnist/moh_vit_nano.yaml --set optim.lrr=1
 expect 2 "error: config configs/imagenet/moh_vit_s_75.yaml: unknown key 'optim.lrr'" -- config configs/imagenet/moh_vit_s_75.yaml --set optim.lrr=1
-expect 2 "optim.lr: -1 is outside [0, 10]" -- config configs/imagenet/moh_vit_s_75.yaml --set optim.lr=-1
+expect 2 "optim.lr: -1 is outside \\[0, 10\\]" -- config configs/imagenet/moh_vit_s_75.yaml --set optim.lr=-1
 expect 2 "optim.lr: expected a number, got \"fast\"" -- config configs/imagenet/moh_vit_s_75.yaml --set optim.lr=fast
 expect 2 "data.root data/imagenet: has no 'train' folder" -- train configs/imagenet/moh_vit_s_75.yaml --run-dir "$tmp/inet"
 [ ! -e "$tmp/inet" ] && pass=$((pass + 1)) || { echo "FAIL: a refused ImageNet run created its run dir"; fails=$((fails + 1)); }
 expect 2 "file not found" -- config configs/does_not_exist.yaml
 expect 2 "missing CONFIG.yaml" -- config
 expect 2 "error: moh config" -- config --no-such-flag
-expect 0 "optim.lr (number) = 0.001" -- config --schema
+expect 0 "optim.lr (number in \\[0, 10\\]) = 0.001" -- config --schema
 expect 0 '"params": 675666464' -- info --model MoH-DiT-XL/2-90 --json
 expect 0 '"params": 32963360' -- info --model DiT-S/2 --json
 expect 0 "MoH-DiT-S/2-75" -- info --list
@@ -199,7 +201,7 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   # `moh config --precision`: what the run would train in here, `auto` measured once as the run measures it, so that
   # the run (each of its two 1-thread ranks where data parallel is built) finds that verdict in the cache.
   expect 0 "^fp32$" -- config $NANO --set train.precision=fp32 --precision
-  expect 2 "optim.lr: -1 is outside [0, 10]" -- config $NANO --set optim.lr=-1 --precision
+  expect 2 "optim.lr: -1 is outside \\[0, 10\\]" -- config $NANO --set optim.lr=-1 --precision
   ranks=1
   "$MOH" --version | grep -q '^data parallel: c10d' && ranks=2
   said=$(MOH_CPU_PRECISION_CACHE="$tmp/pc.json" "$MOH" config $NANO "${TINY[@]}" --set train.processes=$ranks \
@@ -267,10 +269,10 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   expect 0 "top-1" -- eval --ckpt "$tmp/run" --set data.limit_val=64 --batch 32
   expect 2 "has no EMA weights" -- eval $NANO --set data.limit_val=64 --checkpoint "$tmp/run" --ema
   expect 0 '"steps":2' -- train $NANO "${TINY[@]}" --set train.precision=bf16 --run-dir "$tmp/run_bf16"
-  # A diverging run (optim.lr 1e6) stops itself: exit 1, one error line naming the non-finite batches, nothing
+  # A diverging run (optim.lr 10 with weight decay 100: each step multiplies the weights by 1 - 1000) stops itself: exit 1, one error line naming the non-finite batches, nothing
   # non-finite written.
   expect 1 'error: training diverged: non-finite loss or gradients in batches' -- train $NANO --set data.limit_train=512 \
-    --set data.batch_size=32 --set train.epochs=2 --set train.processes=1 --set optim.lr=1e6 --set train.precision=fp32 \
+    --set data.batch_size=32 --set train.epochs=2 --set train.processes=1 --set optim.lr=10 --set optim.weight_decay=100 --set train.precision=fp32 \
     --run-dir "$tmp/run_diverged"
   [ "$(grep -c '^error:' "$tmp/err")" = 1 ] && [ ! -e "$tmp/run_diverged/checkpoints/latest" ] &&
     pass=$((pass + 1)) || { echo "FAIL: the diverged run: $(cat "$tmp/err")"; fails=$((fails + 1)); }
@@ -288,7 +290,7 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   expect 0 '"steps":2' -- train $NANO "${TINY[@]}" --set model.attention_path=sparse --run-dir "$tmp/run_sparse"
   expect 2 "fp16 autocast needs a CUDA device" -- train $NANO "${TINY[@]}" --set train.precision=fp16 --run-dir "$tmp/run5"
   expect 2 "unknown model variant or network" -- train $NANO "${TINY[@]}" --set model.name=MoH-ViT-X --run-dir "$tmp/run"
-  expect 2 "optim.lr: -1 is outside [0, 10]" -- train $NANO "${TINY[@]}" --set optim.lr=-1 --run-dir "$tmp/run"
+  expect 2 "optim.lr: -1 is outside \\[0, 10\\]" -- train $NANO "${TINY[@]}" --set optim.lr=-1 --run-dir "$tmp/run"
   expect 2 "apt-get install dataset-fashion-mnist" -- train $NANO "${TINY[@]}" --set data.root=/nonexistent --run-dir "$tmp/run2"
   expect 0 "top-1" -- eval $NANO --set data.limit_val=64 --checkpoint "$tmp/run" --out "$tmp/evrep"
   grep -q "| top1 |" "$tmp/evrep/report.md" && pass=$((pass + 1)) || { echo "FAIL: eval report"; fails=$((fails + 1)); }
@@ -350,7 +352,7 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   expect 0 "wrote" -- sample configs/fashion_mnist/moh_dit_pixel.yaml --checkpoint "$tmp/dit" --cfg-scale 3 --steps ddim3 --num-samples 4 --labels 1,7 --seed 5 --out "$tmp/s4"
   cmp -s "$tmp/s3/samples.npz" "$tmp/s4/samples.npz" && cmp -s "$tmp/s3/grid.png" "$tmp/s4/grid.png" && pass=$((pass + 1)) || { echo "FAIL: same seed, different samples"; fails=$((fails + 1)); }
   expect 2 "was trained as MoH-DiT-Pixel/4-75, the config describes DiT-Pixel/4" -- sample configs/fashion_mnist/dit_pixel.yaml --checkpoint "$tmp/dit" --out "$tmp/s2"
-  expect 2 "sampling.cfg_scale: -1 is outside [1, 1000]" -- sample --checkpoint "$tmp/dit" --cfg-scale -1 --out "$tmp/s2"
+  expect 2 "sampling.cfg_scale: -1 is outside \\[1, 1000\\]" -- sample --checkpoint "$tmp/dit" --cfg-scale -1 --out "$tmp/s2"
   expect 2 "unknown model variant or network (did you mean 'MoH-DiT-Pixel/4-75'?)" -- train $DIT --set model.name=MoH-DiT-Pixel/4-7 --run-dir "$tmp/dit2"
   [ -s "$tmp/s/grid.png" ] && [ -s "$tmp/s/sampling.json" ] && pass=$((pass + 1)) || { echo "FAIL: no grid/sampling.json"; fails=$((fails + 1)); }
   expect 0 "sample accuracy" -- fid --samples "$tmp/s/samples.npz" --ref "$tmp/ref.npz" "${FEAT[@]}" --metrics fid,is --out "$tmp/rep3"
@@ -391,7 +393,10 @@ if [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   [ "$(row sigma_0.04)" != "$(row sigma_0.15)" ] && pass=$((pass + 1)) || { echo "FAIL: ema sweep points all equal"; fails=$((fails + 1)); }
   expect 0 "(4 points resumed)" -- ema sweep "$tmp/ph" --sigma-rels 0.04,0.15 --baselines --out "$tmp/phs" -- eval
   ! grep -q '^\[' "$tmp/out" && pass=$((pass + 1)) || { echo "FAIL: a resumed ema sweep measured again"; fails=$((fails + 1)); }
-  expect 2 "holds a sweep of another run, step, metric or measure" -- ema sweep "$tmp/ph" --sigma-rels 0.04 --out "$tmp/phs" -- eval --batch 8
+  expect 2 "holds a sweep of another run, step or measure" -- ema sweep "$tmp/ph" --sigma-rels 0.04 --out "$tmp/phs" -- eval --batch 8
+  # The metric a sweep picks its best point by is read from the measured rows: choosing another resumes, not remeasures.
+  expect 0 "Best post-hoc EMA by loss" -- ema sweep "$tmp/ph" --sigma-rels 0.04,0.15 --baselines --out "$tmp/phs" --metric loss -- eval
+  grep -q "(4 points resumed)" "$tmp/out" && pass=$((pass + 1)) || { echo "FAIL: ema sweep --metric loss measured again"; fails=$((fails + 1)); }
 fi
 
 # Every shipped experiment file (bases excepted) validates.
@@ -400,8 +405,8 @@ for f in configs/*/*.yaml; do
   if "$MOH" config "$f" >/dev/null 2>"$tmp/cfgerr"; then pass=$((pass + 1)); else echo "FAIL: $f: $(cat "$tmp/cfgerr")"; fails=$((fails + 1)); fi
 done
 
-# The attention-path tables of README.md and docs/BENCHMARKS.md are `moh info --attention-paths`.
-for f in README.md docs/BENCHMARKS.md; do
+# The attention-path table of README.md is `moh info --attention-paths`.
+for f in README.md; do
   if diff <(sed -n '/^<!-- moh info --attention-paths: begin -->$/,/^<!-- moh info --attention-paths: end -->$/p' "$f" | sed '1d;$d') \
           <("$MOH" info --attention-paths) >/dev/null; then pass=$((pass + 1)); else
     echo "FAIL: the attention-path table of $f differs from moh info --attention-paths (run scripts/gen_attention_paths_md.sh)"

@@ -122,10 +122,10 @@ else bad "no line from the waiting rank: $(grep -v '^step\|%' "$tmp/st.log" | ta
 [ "$rc" = 1 ] && [ "$took" -le 90 ] && grep -q "lost rank 1 (host" "$tmp/st.log" &&
   ok "the run ends with exit 1 ${took}s after the stop, naming rank 1" || bad "after a stopped rank: exit $rc after ${took}s: $(tail -3 "$tmp/st.log")"
 
-# A diverging run on 2 ranks (optim.lr 1e6): both ranks see the same averaged gradients, so both skip the same
+# A diverging run on 2 ranks (optim.lr 10, weight decay 100): both ranks see the same averaged gradients, so both skip the same
 # steps and stop together at train.max_nonfinite_steps — exit 1 and one error line for the machine, not one per rank.
-V=(--set train.device=cpu --set data.limit_train=512 --set data.batch_size=32 --set train.epochs=2 --set optim.lr=1e6
-   --set train.precision=fp32 --set train.max_nonfinite_steps=3)
+V=(--set train.device=cpu --set data.limit_train=512 --set data.batch_size=32 --set train.epochs=2 --set optim.lr=10
+   --set optim.weight_decay=100 --set train.precision=fp32 --set train.max_nonfinite_steps=3)
 code=$(run "$tmp/v.log" -- launch --nproc 2 -- train $NANO "${V[@]}" --run-dir "$tmp/v")
 [ "$code" = 1 ] && ok "2-rank diverging run exits 1" || bad "2-rank diverging run: exit $code: $(tail -3 "$tmp/v.log")"
 [ "$(grep -c '^error:' "$tmp/v.log")" = 1 ] && grep -q '^error: training diverged: non-finite loss or gradients' "$tmp/v.log" &&
