@@ -5,7 +5,7 @@ reported, with each round's ratio).
 
     .venv/bin/python bench/moh_torch_ops.py [--rounds 3] [--iters 20] [--threads 2] [--out FILE.jsonl]
         [--official PATH]   # a checkout of SkyworkAI/MoH: its MoH-DiT MoHAttention as the official module
-        [--device cuda] [--dtype bf16]   # on a GPU (the GPU call, scripts/gpu_fused_loan.sh part ops)
+        [--device cuda] [--dtype bf16]   # on a GPU (the GPU call, scripts/gpu_call.sh step ops)
         [--profile FILE.txt]   # instead: where the time of moh_torch's sparse MoH-DiT layer goes (torch.profiler)
 
 Shapes: MoH-DiT-S/2-75's layers (384 wide, 6 heads of 64, 256 tokens; 2 shared + top-1 of 4 = 50 % active, and

@@ -114,7 +114,7 @@ forward)
   ;;
 vae)
   # The SD-VAE from diffusers-named safetensors; VA-VAE from the same and from its LDM-named torch.save checkpoint;
-  # VA-VAE's layout at other widths, read from the LDM-named file (scripts/scale_check.sh loads an SD layout at other
+  # VA-VAE's layout at other widths, read from the LDM-named file (tests/scale_check.sh loads an SD layout at other
   # widths that diffusers wrote).
   ref "$tmp/vae" tests/diffusion/ref_sd_vae.py "$tmp/vae"
   ref "$tmp/vavae" tests/diffusion/ref_sd_vae.py "$tmp/vavae" --vavae

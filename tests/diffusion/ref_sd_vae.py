@@ -15,7 +15,7 @@ diffusers state_dict back exactly.
          with --vavae also OUT_DIR/vae_ldm.pt (the LDM-named checkpoint)
 
 `--widths` gives the levels other widths (block_out_channels; the toolkit reads them from the file): a small VAE of
-the same layout for tests that need the pipeline's shape, not the SD VAE's cost (scripts/scale_check.sh).
+the same layout for tests that need the pipeline's shape, not the SD VAE's cost (tests/scale_check.sh).
 `recon` is the decode of the posterior mean, as `moh forward` computes it. Run by tests/pyref_test.sh (ctest pyref_vae).
 """
 import json

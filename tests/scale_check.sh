@@ -9,7 +9,7 @@
 #   - per-rank sample parts merged exactly: 2 processes, one of them killed half-way and the run resumed from its parts,
 #     write the samples.npz one process writes, byte for byte;
 #   - bounded memory: peak RSS of each sampling process and of the extraction stays under MAX_RSS_MB.
-# usage: scripts/scale_check.sh path/to/moh path/to/python (with diffusers; the project venv)    [ctest: scale_check]
+# usage: tests/scale_check.sh path/to/moh path/to/python (with diffusers; the project venv)    [ctest: scale_check]
 set -u
 MOH=$(readlink -f "$1") PY=$2
 cd "$(dirname "$0")/.." || exit 1

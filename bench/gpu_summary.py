@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""The fused block's GPU call in one page: reads the rows scripts/gpu_fused_loan.sh wrote (fused.jsonl) and prints
-Markdown — the parity tests, the step's device time by op class with the fused block off and on, MoH against DiT,
-the best batch, ours against the official-structure step, the classifier, torch.ops.moh — and the targets, met or not, each with
-the rows it comes from. Standard library only (the GPU machine's python3 is enough).
-  usage: scripts/gpu_fused_summary.py fused.jsonl > summary.md"""
+"""The GPU call in one page: reads the rows scripts/gpu_call.sh wrote (rows.jsonl) and prints Markdown — the parity
+tests, torch.ops.moh, the command line end to end, the step's device time by op class with the fused block off and
+on, MoH against DiT, the best batch, ours against the official-structure step, the classifier, then every other
+step's rows — and the targets, met or not, each with the rows it comes from. Standard library only (the GPU
+machine's python3 is enough).
+  usage: bench/gpu_summary.py rows.jsonl > summary.md"""
 import json
 import statistics
 import sys
@@ -86,14 +87,31 @@ def ops_lines(rows):
     return out
 
 
+def other_lines(rows):
+    """The steps without a section of their own: one table row per measurement, its label and headline numbers."""
+    keys = ["ok", "tests", "failed", "model", "batch", "precision", "img_per_s", "mfu", "step_ms", "ms_per_image"]
+    out = []
+    for name in ("build", "cli", "router", "sample", "precision", "attention", "tests"):
+        rs = part(rows, name)
+        if not rs:
+            continue
+        out += [f"## {name}", "", "| label | " + " | ".join(keys) + " | other keys |", "|---|" + "---|" * (len(keys) + 1)]
+        for r in rs:
+            rest = sorted(k for k in r if k not in keys and k not in ("part", "label"))
+            out.append(f"| {r['label']} | " + " | ".join(fmt(r.get(k)) if k in r else "" for k in keys) + " | "
+                       + ", ".join(rest[:8]) + " |")
+        out.append("")
+    return out
+
+
 def main():
     rows = rows_of(sys.argv[1])
-    out = ["# The fused block on the GPU", ""]
+    out = ["# The GPU call", ""]
     dev = next((m.get("gpu") if isinstance(m := r.get("machine"), dict) else None) or r.get("device")
                for r in rows if r.get("device")) if any(r.get("device") for r in rows) else "?"
     lib = next((r.get("libtorch") for r in rows if r.get("libtorch")), "?")
     commit = next((r["machine"].get("commit") for r in rows if isinstance(r.get("machine"), dict)), "?")
-    out += [f"Device {dev}, LibTorch {lib}, commit {commit}; rows: fused.jsonl (scripts/gpu_fused_loan.sh).", ""]
+    out += [f"Device {dev}, LibTorch {lib}, commit {commit}; rows: rows.jsonl (scripts/gpu_call.sh).", ""]
     par = part(rows, "parity")
     if par:
         p = par[-1]
@@ -124,6 +142,7 @@ def main():
         out += ["", f"Classifier ({vit[0]['model']}, batch {vit[0]['batch']}): fused on / off images/s = "
                 f"{statistics.mean(vit_on) / statistics.mean(vit_off):.3f} (rounds: "
                 + ", ".join(fmt(v, 4) for v in vit_off) + " off; " + ", ".join(fmt(v, 4) for v in vit_on) + " on)."]
+    out += [""] + other_lines(rows)
     print("\n".join(out))
 
 

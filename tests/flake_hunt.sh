@@ -4,7 +4,7 @@
 # --gtest_random_seed=SEED). Tests are timed by one plain pass first; those taking at least SLOW_SECONDS repeat
 # SLOW_REPEAT times, the others REPEAT times. Prints one line per binary and a table of every test that failed, with
 # its count and the seeds of the failing repetitions; exit 1 when anything failed.
-#   usage: scripts/flake_hunt.sh [BUILD_DIR...]            (default: build build-torch2, those that exist)
+#   usage: tests/flake_hunt.sh [BUILD_DIR...]            (default: build build-torch2, those that exist)
 #   env:   REPEAT (20), SLOW_REPEAT (5), SLOW_SECONDS (2), FILTER (a --gtest_filter for all runs, default *),
 #          OUT (flake_hunt/: every run's log and JSON)
 set -uo pipefail

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Turns `moh bench attention --json` rows into the Markdown tables of docs/BENCHMARKS.md (stdlib only).
-usage: scripts/bench_attention_md.py docs/results/bench_attention_cpu.json"""
+usage: bench/bench_attention_md.py docs/results/bench_attention_cpu.json"""
 import json
 import sys
 
