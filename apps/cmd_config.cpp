@@ -5,7 +5,7 @@
 
 #include "apps/cli.h"
 #include "apps/commands.h"
-#include "core/blas_core.h"
+#include "core/platform/blas_core.h"
 #include "experiments/experiment_config.h"
 #include "experiments/registry.h"
 
@@ -54,7 +54,8 @@ int cmd_config(int argc, char** argv) {
   }
   experiments::ExperimentConfig cfg = config_from_args(args, argv[0]);
   if (args.count("precision")) {
-    reexec_for_cpu();  // the input is valid and the probe computes: with what the CPU path needs (core/blas_core.h)
+    reexec_for_cpu();  // the input is valid and the probe computes: with what the CPU path needs
+                       // (core/platform/blas_core.h)
     std::cout << experiments::run_precision(cfg) << std::endl;
     return 0;
   }

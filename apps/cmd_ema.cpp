@@ -1,11 +1,11 @@
 // `moh ema list RUN`: the post-hoc EMA snapshots of a run trained with train.phema.
 // `moh ema reconstruct RUN --sigma-rel S [--step N] --out DIR`: the EMA of σ_rel S at step N (default: the last
-// snapshot) as the least-squares combination of the snapshots (EDM2, core/phema.h), written as a run directory that
-// moh sample / moh eval / moh fid read with --checkpoint DIR.
-// `moh ema sweep RUN --sigma-rels a:b:n --out DIR [--baselines] -- eval [FLAGS]` or `... -- fid FLAGS [-- sample
-// FLAGS]`: reconstructs each σ_rel and measures it with the commands named after `--` (a classifier run by `moh eval`,
-// a DiT run by its samples' `moh fid`), then writes DIR/sweep.json, sweep.md and the curve of --metric (any metric the
-// measure computes; top1 / fid by default) (eval/ema_sweep.h).
+// snapshot) as the least-squares combination of the snapshots (EDM2, core/train/phema.h), written as a run directory
+// that moh sample / moh eval / moh fid read with --checkpoint DIR. `moh ema sweep RUN --sigma-rels a:b:n --out DIR
+// [--baselines] -- eval [FLAGS]` or `... -- fid FLAGS [-- sample FLAGS]`: reconstructs each σ_rel and measures it with
+// the commands named after `--` (a classifier run by `moh eval`, a DiT run by its samples' `moh fid`), then writes
+// DIR/sweep.json, sweep.md and the curve of --metric (any metric the measure computes; top1 / fid by default)
+// (eval/ema_sweep.h).
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -17,9 +17,9 @@
 
 #include "apps/cli.h"
 #include "apps/commands.h"
-#include "core/atomic_io.h"
 #include "core/error.h"
-#include "core/phema_run.h"
+#include "core/io/atomic_io.h"
+#include "core/train/phema_run.h"
 #include "eval/ema_sweep.h"
 #include "eval/metric_record.h"
 #include "eval/report.h"
@@ -168,7 +168,7 @@ std::string sweep_metric(const cxxopts::ParseResult& args, const Segments& seg) 
   if (r.group == eval::MetricGroup::classification)
     throw UserError("--metric " + key, "is not computed by `-- fid`", "fid, sfid, inception_score, precision, ...");
   eval::GenerativeEvalOptions fid = fid_request(parse_segment("fid", seg.at("fid")));
-  if (!fid.metrics[r.group])
+  if (!fid.metrics.has(r.group))
     throw UserError("--metric " + key, "is not among the metrics `-- fid --metrics` computes",
                     std::string("add ") + eval::group_word(r.group) + " to --metrics");
   return key;

@@ -4,8 +4,8 @@
 
 #include "apps/cli.h"
 #include "apps/commands.h"
-#include "core/atomic_io.h"
 #include "core/error.h"
+#include "core/io/atomic_io.h"
 #include "datasets/image_folder.h"
 #include "datasets/image_source.h"
 

@@ -6,9 +6,9 @@
 
 #include "apps/cli.h"
 #include "apps/commands.h"
-#include "core/atomic_io.h"
 #include "core/error.h"
-#include "core/run_context.h"
+#include "core/io/atomic_io.h"
+#include "core/platform/run_context.h"
 #include "experiments/latent_extract.h"
 
 namespace moh::apps {

@@ -5,9 +5,9 @@
 
 #include "apps/cli.h"
 #include "apps/commands.h"
-#include "core/atomic_io.h"
 #include "core/config_schema.h"
 #include "core/error.h"
+#include "core/io/atomic_io.h"
 #include "eval/generative.h"
 #include "eval/metric_record.h"
 #include "eval/report.h"

@@ -12,10 +12,10 @@
 
 #include "apps/cli.h"
 #include "apps/commands.h"
-#include "core/atomic_io.h"
-#include "core/checkpoint.h"
 #include "core/error.h"
-#include "core/safetensors.h"
+#include "core/io/atomic_io.h"
+#include "core/io/safetensors.h"
+#include "core/train/checkpoint.h"
 #include "experiments/registry.h"
 
 namespace moh::apps {

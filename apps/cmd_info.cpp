@@ -8,7 +8,7 @@
 #include "apps/cli.h"
 #include "apps/commands.h"
 #include "core/environment.h"
-#include "core/run_context.h"
+#include "core/platform/run_context.h"
 #include "experiments/registry.h"
 
 namespace moh::apps {

@@ -9,8 +9,8 @@
 
 #include "apps/cli.h"
 #include "apps/commands.h"
+#include "core/dist/launcher.h"
 #include "core/error.h"
-#include "core/launcher.h"
 #include "core/parse.h"
 
 namespace moh::apps {

@@ -20,9 +20,9 @@
 
 #include "apps/cli.h"
 #include "apps/commands.h"
-#include "core/atomic_io.h"
 #include "core/error.h"
-#include "core/progress.h"
+#include "core/io/atomic_io.h"
+#include "core/io/progress.h"
 #include "eval/line_chart.h"
 #include "eval/report.h"
 #include "experiments/registry.h"

@@ -7,10 +7,10 @@
 
 #include "apps/cli.h"
 #include "apps/commands.h"
-#include "core/blas_core.h"
-#include "core/launcher.h"
-#include "core/run_context.h"
-#include "core/train_loop.h"
+#include "core/dist/launcher.h"
+#include "core/platform/blas_core.h"
+#include "core/platform/run_context.h"
+#include "core/train/train_loop.h"
 #include "experiments/registry.h"
 
 namespace moh::apps {
@@ -39,7 +39,8 @@ int cmd_train(int argc, char** argv) {
     for (int i = 1; i < argc; ++i) plan.args.emplace_back(argv[i]);
     return launch_local(plan);
   }
-  reexec_for_cpu();  // the input is valid and the run computes: with what the CPU path needs (core/blas_core.h)
+  reexec_for_cpu();  // the input is valid and the run computes: with what the CPU path needs
+                     // (core/platform/blas_core.h)
   const TrainArgs ta{args["run-dir"].as<std::string>(), args["resume"].as<std::string>(),
                      args.count("allow-config-change") > 0};
   const LoopResult r = experiments::train_experiment(cfg, ta);

@@ -16,14 +16,14 @@
 
 #include "apps/cli.h"
 #include "apps/commands.h"
-#include "core/blas_core.h"
-#include "core/distributed.h"
+#include "core/dist/distributed.h"
 #include "core/environment.h"
 #include "core/error.h"
-#include "core/memory_preflight.h"
+#include "core/io/progress.h"
 #include "core/parse.h"
-#include "core/progress.h"
-#include "core/run_context.h"
+#include "core/platform/blas_core.h"
+#include "core/platform/memory_preflight.h"
+#include "core/platform/run_context.h"
 #include "datasets/image_decode.h"
 
 namespace moh::apps {
@@ -279,7 +279,7 @@ bool defers_cpu_setup(int argc, char** argv) {
 }  // namespace moh::apps
 
 int main(int argc, char** argv) {
-  moh::prefer_system_libstdcxx();  // before any std::filesystem call (core/run_context.h says why)
+  moh::prefer_system_libstdcxx();  // before any std::filesystem call (core/platform/run_context.h says why)
   // The environment first (core/environment.h): its rank variables decide who speaks below, so a bad one is said by
   // whichever process meets it.
   try {
@@ -311,7 +311,7 @@ int main(int argc, char** argv) {
     return code;
   } catch (const moh::UserError& e) {
     // A rank `moh launch` started (other than its first) that fails before the ranks met leaves its line to the
-    // launcher, which prints it unless rank 0 says the same input error itself (core/launcher.cpp).
+    // launcher, which prints it unless rank 0 says the same input error itself (core/dist/launcher.cpp).
     const char* error_file = std::getenv("MOH_RANK_ERROR_FILE");
     if (speaks() && error_file && *error_file && !moh::dist::met_other_ranks())
       std::ofstream(error_file) << ranked(e.what()) << "\n";

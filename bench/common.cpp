@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "core/error.h"
-#include "core/run_context.h"
+#include "core/platform/run_context.h"
 
 namespace moh::bench {
 

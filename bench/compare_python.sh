@@ -32,7 +32,7 @@ row() {
     margs=(bench sample --chain ddim50 --cfg-scale 4 --steps 1 --warmup 0 --img-size 32)
     pargs=(--chain ddim50 --steps 1 --warmup 0)
   fi
-  # Both sides on the same OpenBLAS kernel: the one moh runs on (it replaces a generic fallback, core/blas_core.h;
+  # Both sides on the same OpenBLAS kernel: the one moh runs on (it replaces a generic fallback, core/platform/blas_core.h;
   # Python's torch would keep the fallback).
   local core
   core=$("$moh" --version | awk -F': ' '/^OpenBLAS core/ {print $2}' | cut -d' ' -f1)

@@ -21,8 +21,8 @@
 
 #include <unistd.h>
 
-#include "core/atomic_io.h"
-#include "core/run_context.h"
+#include "core/io/atomic_io.h"
+#include "core/platform/run_context.h"
 #include "datasets/image_folder.h"
 #include "datasets/stream_loader.h"
 

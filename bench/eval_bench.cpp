@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "core/run_context.h"
+#include "core/platform/run_context.h"
 #include "eval/frechet.h"
 #include "eval/inception.h"
 #include "eval/metrics.h"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Freed heap memory kept (keep_freed_heap, core/memory_preflight.h) against glibc's own malloc settings, one binary:
+# Freed heap memory kept (keep_freed_heap, core/platform/memory_preflight.h) against glibc's own malloc settings, one binary:
 # with GLIBC_TUNABLES set (here to glibc.malloc.perturb=0, which changes nothing) moh leaves malloc as glibc sets it.
 # Interleaved rounds, each setting in turn: the demo DiT's fp32 training step (`moh bench train`, one thread), 100 fp32
 # steps of the demo's DiT training (2 processes; wall seconds and minor page faults of the whole run) and, given a

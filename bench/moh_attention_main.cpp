@@ -3,8 +3,8 @@
 
 #include "bench/attention_bench.h"
 #include "core/error.h"
-#include "core/memory_preflight.h"
-#include "core/run_context.h"
+#include "core/platform/memory_preflight.h"
+#include "core/platform/run_context.h"
 
 int main(int argc, char** argv) {
   try {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Whether `precision: auto` picks the faster precision on this machine (core/cpu_precision.h): per build, the
+# Whether `precision: auto` picks the faster precision on this machine (core/platform/cpu_precision.h): per build, the
 # calibration's block times (bf16 / fp32) against real training steps in fp32 and bf16 autocast, interleaved rounds,
 # and whether the choice matches the faster one. JSON rows to $OUT, a Markdown table to stdout.
 #   usage: bash bench/precision_auto.sh [MOH_BINARY ...]    (default: build/moh build-torch2/moh, those that exist)

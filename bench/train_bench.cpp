@@ -14,11 +14,11 @@
 #include <sstream>
 
 #include "bench/op_profile.h"
-#include "core/amp.h"
 #include "core/error.h"
-#include "core/optimizer.h"
 #include "core/parse.h"
-#include "core/run_context.h"
+#include "core/platform/amp.h"
+#include "core/platform/run_context.h"
+#include "core/train/optimizer.h"
 #include "diffusion/objective.h"
 #include "diffusion/sampler.h"
 #include "experiments/dit_experiment.h"

@@ -1,5 +1,5 @@
 #pragma once
-// The batch interface between data loaders (datasets/) and the training loop (core/train_loop.h).
+// The batch interface between data loaders (datasets/) and the training loop (core/train/train_loop.h).
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>

@@ -1,6 +1,6 @@
 #pragma once
 // The training sections of an experiment file (`optim:`, `schedule:`, `train:`) and their choices: what the one
-// training loop (core/train_loop.h) reads. The whole file is experiments/experiment_config.h; each section is
+// training loop (core/train/train_loop.h) reads. The whole file is experiments/experiment_config.h; each section is
 // declared by the library that owns its words, all registered with the schema through the same visit().
 #include <cstdint>
 #include <string>
@@ -12,13 +12,13 @@ namespace moh {
 
 /// Numeric precision of forward + loss (master weights, optimizer and EMA stay fp32). `automatic` ("auto") is
 /// resolved by RunContext::create: bf16 on CUDA; on a CPU bf16 where this build's bf16 autocast is measured clearly
-/// faster than fp32 on this CPU (core/cpu_precision.h, cached per machine), else fp32. `tf32` is fp32 with CUDA's
-/// matrix products and convolutions allowed to round their inputs to TF32 (the official DiT's train.py and sample.py
-/// setting; core/amp.h Tf32Scope); a CPU computes it as fp32.
+/// faster than fp32 on this CPU (core/platform/cpu_precision.h, cached per machine), else fp32. `tf32` is fp32 with
+/// CUDA's matrix products and convolutions allowed to round their inputs to TF32 (the official DiT's train.py and
+/// sample.py setting; core/platform/amp.h Tf32Scope); a CPU computes it as fp32.
 enum class Precision { fp32, bf16, fp16, automatic, tf32 };
 const config::EnumTable<Precision>& enum_table(Precision);
 
-/// How AdamW's step, the gradient clipping and the EMA update run over the parameters (core/optimizer.h):
+/// How AdamW's step, the gradient clipping and the EMA update run over the parameters (core/train/optimizer.h):
 /// `for_loop` one kernel per op per tensor (LibTorch's torch::optim::AdamW, the reference), `foreach` multi-tensor
 /// kernels, `fused` one pass per parameter (_fused_adamw_), `automatic` ("auto") fused on CUDA where the build has it,
 /// else foreach.
@@ -84,7 +84,7 @@ struct ScheduleConfig {
 };
 
 /// `train.phema:` — post-hoc EMA (EDM2): power-function EMA profiles tracked during training and written as
-/// snapshots, from which `moh ema reconstruct` makes an EMA of any length after training (core/phema.h).
+/// snapshots, from which `moh ema reconstruct` makes an EMA of any length after training (core/train/phema.h).
 struct PhemaConfig {
   std::vector<double> sigma_rels;  ///< σ_rel of each tracked profile; empty = off
   int64_t snapshot_every = 0;      ///< optimizer steps between snapshots in RUN/phema/

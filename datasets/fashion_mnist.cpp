@@ -5,8 +5,8 @@
 #include <cstring>
 #include <filesystem>
 
-#include "core/atomic_io.h"
 #include "core/error.h"
+#include "core/io/atomic_io.h"
 
 namespace moh::datasets {
 

@@ -8,8 +8,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "core/atomic_io.h"
 #include "core/error.h"
+#include "core/io/atomic_io.h"
 
 #ifdef MOH_WITH_OPENCV
 #include <jpeglib.h>

@@ -6,10 +6,10 @@
 #include <filesystem>
 #include <iostream>
 
-#include "core/atomic_io.h"
 #include "core/error.h"
-#include "core/progress.h"
-#include "core/run_context.h"
+#include "core/io/atomic_io.h"
+#include "core/io/progress.h"
+#include "core/platform/run_context.h"
 #include "datasets/image_decode.h"
 #include "datasets/loader.h"
 #include "datasets/resample.h"

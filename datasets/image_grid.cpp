@@ -1,6 +1,6 @@
 #include "datasets/image_grid.h"
 
-#include "core/atomic_io.h"
+#include "core/io/atomic_io.h"
 
 #include <algorithm>
 

@@ -6,9 +6,9 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 
-#include "core/atomic_io.h"
 #include "core/error.h"
-#include "core/safetensors.h"
+#include "core/io/atomic_io.h"
+#include "core/io/safetensors.h"
 #include "datasets/loader.h"
 
 namespace moh::datasets {

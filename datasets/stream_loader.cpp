@@ -5,7 +5,7 @@
 #include <iostream>
 
 #include "core/error.h"
-#include "core/memory_preflight.h"
+#include "core/platform/memory_preflight.h"
 #include "datasets/image_decode.h"
 #include "datasets/loader.h"
 

@@ -8,9 +8,9 @@
 #include <map>
 #include <utility>
 
-#include "core/checkpoint.h"
 #include "core/error.h"
-#include "core/torch_file.h"
+#include "core/io/torch_file.h"
+#include "core/train/checkpoint.h"
 #include "vision/nn/attention_core.h"
 
 namespace moh::diffusion {

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "core/safetensors.h"
+#include "core/io/safetensors.h"
 #include "datasets/latents.h"
 #include "diffusion/diffusion_config.h"
 #include "vision/nn/linear.h"

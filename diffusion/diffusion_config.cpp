@@ -21,15 +21,6 @@ const config::EnumTable<SamplerKind>& enum_table(SamplerKind) {
   return t;
 }
 
-const config::EnumTable<Objective>& enum_table(Objective) {
-  static const config::EnumTable<Objective> t = [] {  // the objective records name their kinds
-    config::EnumTable<Objective> names;
-    for (const auto& r : diffusion::objectives()) names.emplace_back(r.kind, r.name);
-    return names;
-  }();
-  return t;
-}
-
 const config::EnumTable<FlowPath>& enum_table(FlowPath) {
   static const config::EnumTable<FlowPath> t{{FlowPath::linear, "linear"}, {FlowPath::gvp, "gvp"}};
   return t;
@@ -83,10 +74,10 @@ void RepaConfig::validate(const config::RuleError& bad) const {
 }
 
 void SamplingConfig::validate(const config::RuleError& bad) const {
-  if (!(atol > 0) || !(rtol > 0))
-    bad(atol > 0 ? "sampling.rtol" : "sampling.atol", "must be > 0", "SiT: atol 1e-6, rtol 1e-3");
+  if (!(solver.atol > 0) || !(solver.rtol > 0))
+    bad(solver.atol > 0 ? "sampling.rtol" : "sampling.atol", "must be > 0", "SiT: atol 1e-6, rtol 1e-3");
   if (steps.empty()) bad("sampling.steps", "must not be empty", "e.g. \"250\" or \"ddim50\"");
-  if (!(eta >= 0)) bad("sampling.eta", "must be >= 0", "0 = deterministic DDIM");
+  if (!(solver.eta >= 0)) bad("sampling.eta", "must be >= 0", "0 = deterministic DDIM");
   if (!(cfg_scale >= 1)) bad("sampling.cfg_scale", "must be >= 1 (1 = no guidance)", "DiT's FID setting is 1.5");
   if (cfg_interval.size() != 2 || !(cfg_interval[0] >= 0 && cfg_interval[0] <= cfg_interval[1] && cfg_interval[1] <= 1))
     bad("sampling.cfg_interval", "expected [lo, hi] with 0 <= lo <= hi <= 1 (noise level, 1 = pure noise)",

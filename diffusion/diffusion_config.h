@@ -31,8 +31,9 @@ const config::EnumTable<CfgChannels>& enum_table(CfgChannels);
 enum class CudaGraphMode { automatic, off };
 const config::EnumTable<CudaGraphMode>& enum_table(CudaGraphMode);
 
-/// What the network is trained for: DDPM's ε prediction on a discrete chain (DiT) or flow matching (SiT).
-enum class Objective { ddpm, flow };
+/// What the network is trained for: DDPM's ε prediction on a discrete chain (DiT) or flow matching (SiT). Its values
+/// are defined beside their records in diffusion/objective.h; a value-initialised Objective is the first (ddpm).
+enum class Objective : int;
 const config::EnumTable<Objective>& enum_table(Objective);
 
 /// The interpolant of flow matching: linear (α = t, σ = 1 − t) or GVP (α = sin(πt/2), σ = cos(πt/2)).
@@ -76,8 +77,8 @@ struct FlowConfig {
 
 /// `diffusion:` — the Gaussian diffusion process of a DiT experiment (DiT: linear β, T = 1000, learned σ, hybrid loss).
 struct DiffusionConfig {
-  Objective objective = Objective::ddpm;
-  int64_t steps = 1000;  ///< T of the training chain
+  Objective objective{};  ///< ddpm
+  int64_t steps = 1000;   ///< T of the training chain
   VaeKind vae = VaeKind::none;
   std::string vae_weights;  ///< AutoencoderKL file (diffusers or LDM names)
 
@@ -134,14 +135,20 @@ struct RepaConfig {
   void validate(const config::RuleError& bad) const;
 };
 
+/// A sampler's own settings: read from `sampling:` and handed as they are to the sampler (SampleOptions) and the flow
+/// chains (FlowChainArgs), so a new setting is one field here and its schema line in SamplingConfig::visit.
+struct SolverSettings {
+  double eta = 0.0;                 ///< DDIM noise
+  double atol = 1e-6, rtol = 1e-3;  ///< dopri5's tolerances (SiT's sample.py defaults)
+  double timestep_shift = 0.0;      ///< flow euler / heun: warp of the time grid (LightningDiT; 0 = off)
+};
+
 /// `sampling:` — how `moh sample` (and the end-of-training samples) run the reverse process.
 struct SamplingConfig {
   SamplerKind sampler = SamplerKind::ddpm;
   std::string steps = "250";  ///< respacing spec: "250", "ddim50", "10,15,20"; ODE solvers: a step count
-  double eta = 0.0;
-  double atol = 1e-6, rtol = 1e-3;  ///< dopri5's tolerances (SiT's sample.py defaults)
-  double timestep_shift = 0.0;      ///< flow euler / heun: warp of the time grid (LightningDiT; 0 = off)
-  double cfg_scale = 1.5;           ///< 1 = no guidance (no batch doubling)
+  SolverSettings solver;      ///< eta, atol, rtol, timestep_shift
+  double cfg_scale = 1.5;     ///< 1 = no guidance (no batch doubling)
   CfgChannels cfg_channels = CfgChannels::three;
   std::vector<double> cfg_interval{0.0, 1.0};  ///< guide where lo ≤ t / (T − 1) ≤ hi (1 = pure noise)
   bool clip_denoised = false;  ///< clamp predicted x0 to [−1, 1] each step (pixel models; DiT's latents: never)
@@ -164,10 +171,10 @@ struct SamplingConfig {
             "ddpm/ddim: timestep respacing \"250\", \"ddim50\" or per-section counts \"10,15,20\"; ODE solvers: "
             "solver steps (>= 2; heun evaluates the network 2 x steps - 1 times); sde: steps including the last "
             "(SiT: 250); dopri5: not used (adaptive)");
-    v.field("eta", eta, "DDIM noise (0 = deterministic)", config::Range{0, 1000});
-    v.field("atol", atol, "dopri5 absolute tolerance (SiT: 1e-6)", config::Range{0, 1});
-    v.field("rtol", rtol, "dopri5 relative tolerance (SiT: 1e-3)", config::Range{0, 1});
-    v.field("timestep_shift", timestep_shift,
+    v.field("eta", solver.eta, "DDIM noise (0 = deterministic)", config::Range{0, 1000});
+    v.field("atol", solver.atol, "dopri5 absolute tolerance (SiT: 1e-6)", config::Range{0, 1});
+    v.field("rtol", solver.rtol, "dopri5 relative tolerance (SiT: 1e-3)", config::Range{0, 1});
+    v.field("timestep_shift", solver.timestep_shift,
             "flow euler/heun: the time grid t -> s t / (1 + (s - 1) t) (LightningDiT's timestep_shift s: 0.3 puts "
             "more steps near noise; diffusers' flow-match shift 1/s on sigma = 1 - t); 0 = the plain grid",
             config::Range{0, 1000});

@@ -1,13 +1,13 @@
 #pragma once
 // The DiT / MoH-DiT training step: DiT's train.py recipe (uniform t ~ U{0..T−1}, the hybrid loss MSE + VLB) or SiT's
 // flow matching (t on the interpolant, the velocity / noise / score loss of diffusion/flow_matching.h), plus
-// β·MoH load-balance loss. The loop (AdamW, EMA, checkpoints, resume, ranks, metrics) is core/train_loop.h; the task
-// that joins them with the experiment's data is experiments/train_tasks.h.
+// β·MoH load-balance loss. The loop (AdamW, EMA, checkpoints, resume, ranks, metrics) is core/train/train_loop.h; the
+// task that joins them with the experiment's data is experiments/train_tasks.h.
 #include <functional>
 #include <string>
 
-#include "core/amp.h"
-#include "core/train_loop.h"
+#include "core/platform/amp.h"
+#include "core/train/train_loop.h"
 #include "diffusion/dit.h"
 #include "diffusion/flow_matching.h"
 #include "diffusion/gaussian_diffusion.h"
@@ -35,10 +35,10 @@ TimeDraw flow_time_draw(const FlowProcess& flow);
 
 /// The forward/backward half of a DiT training step on clean data (B, C, H, W) with labels y: the draws above,
 /// q_sample, forward under autocast, hybrid loss in fp32 + β·aux, scaled backward. The optimizer half is
-/// finish_optimizer_step (core/amp.h). Data parallel (world > 1): data holds the rank's samples r, r + world, ... of
-/// the global batch, so the step equals a single process's. With `repa` enabled, λ·REPA's projection loss of the
-/// model's projected block tokens against the encoder's targets of the data is added (REPA train.py). Returns loss,
-/// mse, vb, aux (and repa) (0-dim, on the device).
+/// finish_optimizer_step (core/train/optimizer.h). Data parallel (world > 1): data holds the rank's samples r, r +
+/// world, ... of the global batch, so the step equals a single process's. With `repa` enabled, λ·REPA's projection loss
+/// of the model's projected block tokens against the encoder's targets of the data is added (REPA train.py). Returns
+/// loss, mse, vb, aux (and repa) (0-dim, on the device).
 LossTensors diffusion_backward(DiT& model, const GaussianDiffusion& diffusion, const at::Tensor& data,
                                const at::Tensor& y, double beta, const RunContext& ctx, const GradScaler& scaler,
                                int rank = 0, int world = 1, const RepaTerm& repa = {});

@@ -6,9 +6,9 @@
 
 #include <cmath>
 
-#include "core/activation_checkpoint.h"
 #include "core/error.h"
 #include "core/registry.h"
+#include "core/train/activation_checkpoint.h"
 #include "diffusion/repa.h"
 #include "vision/nn/fused_ops.h"
 

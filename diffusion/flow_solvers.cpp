@@ -47,7 +47,7 @@ std::vector<double> shifted_flow_grid(double t0, double t1, int64_t n, double sh
 at::Tensor flow_euler_chain(const FlowChainArgs& a) {
   check_args(a, 1);
   const auto [t0, t1] = a.process->sample_interval(false);
-  const std::vector<double> g = shifted_flow_grid(t0, t1, a.steps + 1, a.timestep_shift);
+  const std::vector<double> g = shifted_flow_grid(t0, t1, a.steps + 1, a.solver.timestep_shift);
   at::Tensor x = a.noise;
   for (size_t i = 0; i + 1 < g.size(); ++i) {
     x = x + (g[i + 1] - g[i]) * velocity_at(a, x, g[i]);
@@ -59,7 +59,7 @@ at::Tensor flow_euler_chain(const FlowChainArgs& a) {
 at::Tensor flow_heun_chain(const FlowChainArgs& a) {
   check_args(a, 1);
   const auto [t0, t1] = a.process->sample_interval(false);
-  const std::vector<double> g = shifted_flow_grid(t0, t1, a.steps + 1, a.timestep_shift);
+  const std::vector<double> g = shifted_flow_grid(t0, t1, a.steps + 1, a.solver.timestep_shift);
   at::Tensor x = a.noise;
   for (size_t i = 0; i + 1 < g.size(); ++i) {
     const double dt = g[i + 1] - g[i];
@@ -135,7 +135,7 @@ at::Tensor weighted(const std::vector<at::Tensor>& k, const double* w, size_t n)
 
 // Hairer, Nørsett & Wanner, Sec. II.4 (torchdiffeq _select_initial_step, order 4).
 double initial_step(const FlowChainArgs& a, const at::Tensor& y0, const at::Tensor& f0, double t0) {
-  const at::Tensor scale = a.atol + y0.abs() * a.rtol;
+  const at::Tensor scale = a.solver.atol + y0.abs() * a.solver.rtol;
   const double d0 = rms(y0 / scale), d1 = rms(f0 / scale);
   const double h0 = (d0 < 1e-5 || d1 < 1e-5) ? 1e-6 : 0.01 * d0 / d1;
   const at::Tensor f1 = velocity_at(a, y0 + h0 * f0, t0 + h0);
@@ -173,7 +173,7 @@ at::Tensor dopri5_chain(const FlowChainArgs& a) {
       k[i + 1] = velocity_at(a, yi, kStageT[i] == 1.0 ? t + dt : t + kStageT[i] * dt);
     }
     const at::Tensor err = dt * weighted(k, kErrW.data(), 7);
-    const double ratio = rms(err / (a.atol + a.rtol * at::max(y.abs(), yi.abs())));
+    const double ratio = rms(err / (a.solver.atol + a.solver.rtol * at::max(y.abs(), yi.abs())));
     if (ratio <= 1) {  // accepted
       y_prev = y, t_prev = t, dt_done = dt, k_done = k;
       y = yi, f = k[6], t = t + dt;

@@ -14,6 +14,7 @@
 
 #include <functional>
 
+#include "diffusion/diffusion_config.h"
 #include "diffusion/flow_matching.h"
 #include "diffusion/ode_solvers.h"
 
@@ -24,10 +25,9 @@ struct FlowChainArgs {
   const FlowProcess* process = nullptr;
   /// The network's prediction (velocity, noise or score, as the process says) at x (N, ...) and time t.
   std::function<at::Tensor(const at::Tensor& x, double t)> predict;
-  at::Tensor noise;                 ///< x at t0 (N, ...)
-  int64_t steps = 0;                ///< euler / heun: steps; sde: grid points including the last step's (SiT num_steps)
-  double atol = 1e-6, rtol = 1e-3;  ///< dopri5
-  double timestep_shift = 0.0;      ///< euler / heun: LightningDiT's grid warp (0 = off)
+  at::Tensor noise;       ///< x at t0 (N, ...)
+  int64_t steps = 0;      ///< euler / heun: steps; sde: grid points including the last step's (SiT num_steps)
+  SolverSettings solver;  ///< dopri5's atol / rtol; euler / heun: LightningDiT's grid warp (0 = off)
   /// sde: the step's Wiener draw, standard normal shaped like x (the sampler owns the RNG order, e.g. CFG's doubled
   /// batch).
   std::function<at::Tensor(const at::Tensor& x)> draw;

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "core/distributed.h"
+#include "core/dist/distributed.h"
 #include "diffusion/dit.h"
 
 namespace moh::diffusion {

@@ -5,6 +5,19 @@
 
 #include "core/error.h"
 
+namespace moh {
+
+const config::EnumTable<Objective>& enum_table(Objective) {
+  static const config::EnumTable<Objective> t = [] {  // the objective records name their kinds
+    config::EnumTable<Objective> names;
+    for (const auto& r : diffusion::objectives()) names.emplace_back(r.kind, r.name);
+    return names;
+  }();
+  return t;
+}
+
+}  // namespace moh
+
 namespace moh::diffusion {
 
 TrainingProcess::TrainingProcess(const DiffusionConfig& c) : chain(GaussianDiffusion::base(c.steps)), flow(c.flow) {}

@@ -10,6 +10,13 @@
 #include "diffusion/diffusion_trainer.h"
 #include "diffusion/sampler.h"
 
+namespace moh {
+
+/// The training objectives, in the order of objectives(); the first is what a value-initialised Objective means.
+enum class Objective : int { ddpm, flow };
+
+}  // namespace moh
+
 namespace moh::diffusion {
 
 /// The processes a training step draws from: DDPM's chain of diffusion.steps and the flow path of diffusion.path /

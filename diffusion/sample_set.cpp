@@ -6,8 +6,8 @@
 #include <filesystem>
 #include <stdexcept>
 
-#include "core/amp.h"
-#include "core/atomic_io.h"
+#include "core/io/atomic_io.h"
+#include "core/platform/amp.h"
 #include "datasets/loader.h"
 #include "datasets/npz.h"
 

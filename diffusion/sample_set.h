@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "core/distributed.h"
-#include "core/run_context.h"
+#include "core/dist/distributed.h"
+#include "core/platform/run_context.h"
 #include "diffusion/autoencoder_kl.h"
 #include "diffusion/sampler.h"
 

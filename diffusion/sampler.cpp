@@ -64,38 +64,75 @@ at::Tensor ddim_update(const GaussianDiffusion& chain, const GaussianDiffusion::
 
 }  // namespace
 
+namespace {
+
+// One record: its identity, then what differs from SamplerRecord's defaults, field by field.
+SamplerRecord record(SamplerKind kind, const char* name, const char* summary, SamplerGrid grid,
+                     const std::function<void(SamplerRecord&)>& set) {
+  SamplerRecord r{kind, name, summary, grid};
+  set(r);
+  return r;
+}
+
+}  // namespace
+
 const std::vector<SamplerRecord>& samplers() {
-  static const std::vector<SamplerRecord> table = [] {
-    std::vector<SamplerRecord> t(7);
-    t[0] = {SamplerKind::ddpm, "ddpm", "DDPM ancestral sampling over a respaced chain (DiT's sample.py)",
-            SamplerGrid::respaced};
-    t[0].stochastic = true, t[0].update = ddpm_update;
-    t[1] = {SamplerKind::ddim, "ddim", "DDIM (η configurable; 0 = deterministic) over a respaced chain",
-            SamplerGrid::respaced};
-    t[1].stochastic = true, t[1].update = ddim_update;  // with η > 0; the noise is drawn either way (DiT's RNG order)
-    t[2] = {SamplerKind::dpmpp_2m, "dpm++2m", "DPM-Solver++(2M), diffusers' DPMSolverMultistepScheduler",
-            SamplerGrid::solver};
-    t[2].make_grid = dpm_grid, t[2].chain = dpmpp_2m_chain;
-    t[3] = {SamplerKind::euler, "euler",
-            "Euler on the probability-flow ODE, diffusers' EulerDiscreteScheduler; on flow models on the velocity "
-            "(FlowMatchEulerDiscreteScheduler)",
-            SamplerGrid::solver};
-    t[3].make_grid = karras_grid, t[3].chain = euler_chain, t[3].flow_chain = flow_euler_chain;
-    t[3].timestep_shift = true;
-    t[4] = {SamplerKind::heun, "heun",
-            "Heun (Karras et al. 2022, Algorithm 1), diffusers' HeunDiscreteScheduler; on flow models "
-            "FlowMatchHeunDiscreteScheduler",
-            SamplerGrid::solver};
-    t[4].evals_per_step = 2, t[4].last_step_single = true, t[4].make_grid = karras_grid, t[4].chain = heun_chain;
-    t[4].flow_chain = flow_heun_chain, t[4].timestep_shift = true;
-    t[5] = {SamplerKind::dopri5, "dopri5", "adaptive Dormand-Prince 5(4) on a flow model's ODE (torchdiffeq, SiT)",
-            SamplerGrid::solver};
-    t[5].runs_ddpm = false, t[5].flow_chain = dopri5_chain, t[5].adaptive = true;
-    t[6] = {SamplerKind::sde, "sde", "Euler-Maruyama on a flow model's SDE with SiT's diffusion and last step",
-            SamplerGrid::solver};
-    t[6].runs_ddpm = false, t[6].flow_chain = sde_chain, t[6].stochastic = true;
-    return t;
-  }();
+  static const std::vector<SamplerRecord> table{
+      record(SamplerKind::ddpm, "ddpm", "DDPM ancestral sampling over a respaced chain (DiT's sample.py)",
+             SamplerGrid::respaced,
+             [](SamplerRecord& r) {
+               r.stochastic = true;
+               r.update = ddpm_update;
+             }),
+      record(SamplerKind::ddim, "ddim", "DDIM (η configurable; 0 = deterministic) over a respaced chain",
+             SamplerGrid::respaced,
+             [](SamplerRecord& r) {
+               r.stochastic = true;  // with η > 0; the noise is drawn either way (DiT's RNG order)
+               r.update = ddim_update;
+             }),
+      record(SamplerKind::dpmpp_2m, "dpm++2m", "DPM-Solver++(2M), diffusers' DPMSolverMultistepScheduler",
+             SamplerGrid::solver,
+             [](SamplerRecord& r) {
+               r.make_grid = dpm_grid;
+               r.chain = dpmpp_2m_chain;
+             }),
+      record(SamplerKind::euler, "euler",
+             "Euler on the probability-flow ODE, diffusers' EulerDiscreteScheduler; on flow models on the velocity "
+             "(FlowMatchEulerDiscreteScheduler)",
+             SamplerGrid::solver,
+             [](SamplerRecord& r) {
+               r.make_grid = karras_grid;
+               r.chain = euler_chain;
+               r.flow_chain = flow_euler_chain;
+               r.timestep_shift = true;
+             }),
+      record(SamplerKind::heun, "heun",
+             "Heun (Karras et al. 2022, Algorithm 1), diffusers' HeunDiscreteScheduler; on flow models "
+             "FlowMatchHeunDiscreteScheduler",
+             SamplerGrid::solver,
+             [](SamplerRecord& r) {
+               r.evals_per_step = 2;
+               r.last_step_single = true;
+               r.make_grid = karras_grid;
+               r.chain = heun_chain;
+               r.flow_chain = flow_heun_chain;
+               r.timestep_shift = true;
+             }),
+      record(SamplerKind::dopri5, "dopri5", "adaptive Dormand-Prince 5(4) on a flow model's ODE (torchdiffeq, SiT)",
+             SamplerGrid::solver,
+             [](SamplerRecord& r) {
+               r.runs_ddpm = false;
+               r.flow_chain = dopri5_chain;
+               r.adaptive = true;
+             }),
+      record(SamplerKind::sde, "sde", "Euler-Maruyama on a flow model's SDE with SiT's diffusion and last step",
+             SamplerGrid::solver,
+             [](SamplerRecord& r) {
+               r.runs_ddpm = false;
+               r.flow_chain = sde_chain;
+               r.stochastic = true;
+             }),
+  };
   return table;
 }
 
@@ -227,7 +264,7 @@ at::Tensor ancestral_loop(GraphedForward& net, const GaussianDiffusion& chain, a
     nfe += guided_at(o, t_model) ? 2 : 1;
     const auto p = chain.p_mean_variance(out, x, t, o.clip_denoised);
     const at::Tensor z = at::randn_like(x);  // drawn every step, also at t = 0 (DiT's RNG order)
-    x = update(chain, p, x, t, z, o.eta, i == 0);
+    x = update(chain, p, x, t, z, o.solver.eta, i == 0);
     if (on_step) on_step();
   }
   return cfg ? x.narrow(0, 0, x.size(0) / 2) : x;
@@ -256,8 +293,7 @@ FlowChainArgs flow_args(const SampleOptions& o, const std::function<void()>& on_
   FlowChainArgs a;
   a.process = &o.flow;
   a.steps = o.ode_steps;
-  a.atol = o.atol, a.rtol = o.rtol;
-  a.timestep_shift = o.timestep_shift;
+  a.solver = o.solver;
   if (on_step) a.on_step = [on_step](int64_t, const at::Tensor&) { on_step(); };
   return a;
 }

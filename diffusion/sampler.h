@@ -22,12 +22,11 @@ namespace moh::diffusion {
 /// How to run the reverse process.
 struct SampleOptions {
   SamplerKind sampler = SamplerKind::ddpm;
-  Objective objective = Objective::ddpm;  ///< what the model predicts: DDPM's ε chain or a flow (then `flow`)
-  FlowProcess flow;                       ///< objective: flow
-  double atol = 1e-6, rtol = 1e-3;        ///< dopri5's tolerances
-  double timestep_shift = 0.0;            ///< flow euler / heun: grid warp (LightningDiT; 0 = off)
-  double eta = 0.0;                       ///< DDIM noise
-  double cfg_scale = 1.0;                 ///< 1 = plain forward, no doubling (sample_ddp's behaviour)
+  Objective
+      objective{};   ///< ddpm (the default) or flow: what the model predicts: DDPM's ε chain or a flow (then `flow`)
+  FlowProcess flow;  ///< objective: flow
+  SolverSettings solver;   ///< η (DDIM), dopri5's tolerances, the flow grid's warp
+  double cfg_scale = 1.0;  ///< 1 = plain forward, no doubling (sample_ddp's behaviour)
   CfgChannels cfg_channels = CfgChannels::three;
   bool clip_denoised = false;                    ///< DiT never clips
   std::array<double, 2> cfg_interval{0.0, 1.0};  ///< guide where lo ≤ t / (T − 1) ≤ hi

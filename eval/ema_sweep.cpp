@@ -7,14 +7,14 @@
 #include <map>
 #include <sstream>
 
-#include "core/atomic_io.h"
 #include "core/error.h"
+#include "core/io/atomic_io.h"
+#include "core/io/progress.h"
 #include "core/json_read.h"
 #include "core/parse.h"
-#include "core/phema.h"
-#include "core/phema_run.h"
-#include "core/progress.h"
-#include "core/run_context.h"
+#include "core/platform/run_context.h"
+#include "core/train/phema.h"
+#include "core/train/phema_run.h"
 #include "eval/line_chart.h"
 #include "eval/metric_record.h"
 #include "eval/report.h"

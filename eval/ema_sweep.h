@@ -1,8 +1,8 @@
 #pragma once
-// `moh ema sweep`: EMAs of a range of σ_rel reconstructed from one run's post-hoc EMA snapshots (core/phema_run.h),
-// each measured by the caller (the FID of its samples, or its top-1), optionally beside the run's own raw and
-// fixed-decay EMA weights. Rows, a table and the curve go into one directory, rewritten after every point, so that a
-// second start with the same run and measure goes on where the first stopped.
+// `moh ema sweep`: EMAs of a range of σ_rel reconstructed from one run's post-hoc EMA snapshots
+// (core/train/phema_run.h), each measured by the caller (the FID of its samples, or its top-1), optionally beside the
+// run's own raw and fixed-decay EMA weights. Rows, a table and the curve go into one directory, rewritten after every
+// point, so that a second start with the same run and measure goes on where the first stopped.
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>

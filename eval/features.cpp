@@ -6,11 +6,11 @@
 #include <future>
 #include <numeric>
 
-#include "core/amp.h"
-#include "core/checkpoint.h"
 #include "core/error.h"
-#include "core/progress.h"
-#include "core/sha256.h"
+#include "core/io/progress.h"
+#include "core/io/sha256.h"
+#include "core/platform/amp.h"
+#include "core/train/checkpoint.h"
 #include "datasets/augment.h"
 #include "datasets/loader.h"
 #include "vision/dinov2.h"

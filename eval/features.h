@@ -12,7 +12,7 @@
 #include <memory>
 #include <string>
 
-#include "core/run_context.h"
+#include "core/platform/run_context.h"
 #include "datasets/image_source.h"
 #include "datasets/loader.h"
 #include "eval/inception.h"

@@ -7,12 +7,12 @@
 #include <iostream>
 #include <sstream>
 
-#include "core/atomic_io.h"
 #include "core/error.h"
+#include "core/io/atomic_io.h"
+#include "core/io/sha256.h"
 #include "core/json_read.h"
-#include "core/memory_preflight.h"
-#include "core/run_context.h"
-#include "core/sha256.h"
+#include "core/platform/memory_preflight.h"
+#include "core/platform/run_context.h"
 #include "datasets/npz.h"
 #include "eval/metrics.h"
 
@@ -55,21 +55,54 @@ void check_square(const at::Tensor& sigma, const at::Tensor& mu, const std::stri
 
 }  // namespace
 
-bool& MetricSet::operator[](MetricGroup g) {
-  switch (g) {
-    case MetricGroup::fid:
-      return fid;
-    case MetricGroup::sfid:
-      return sfid;
-    case MetricGroup::is:
-      return is;
-    case MetricGroup::pr:
-      return pr;
-    case MetricGroup::kid:
-    case MetricGroup::classification:
-      break;
-  }
-  return kid;
+namespace {
+
+// The computations, each writing the keys of its records.
+void compute_fid(const MetricInputs& in, nlohmann::json& out) {
+  out["fid"] = frechet_distance(compute_stats(in.samples.pool), in.reference.pool);
+}
+void compute_sfid(const MetricInputs& in, nlohmann::json& out) {
+  out["sfid"] = frechet_distance(compute_stats(in.samples.spatial), in.reference.spatial);
+}
+void compute_is(const MetricInputs& in, nlohmann::json& out) {
+  const ISResult r = inception_score(in.samples.logits, in.is_mode);
+  out["inception_score"] = r.mean;
+  if (in.is_mode == ISMode::fidelity) out["inception_score_std"] = r.std;
+}
+void compute_pr(const MetricInputs& in, nlohmann::json& out) {
+  const PRResult r = precision_recall(in.reference.pr_features, in.samples.pool);
+  out["precision"] = r.precision;
+  out["recall"] = r.recall;
+}
+void compute_kid(const MetricInputs& in, nlohmann::json& out) {  // torch-fidelity's protocol on the P/R rows
+  const KIDResult r = kernel_inception_distance(in.samples.pool, in.reference.pr_features);
+  out["kid_mean"] = r.mean;
+  out["kid_std"] = r.std;
+  out["kid_subsets"] = r.subsets;
+  out["kid_subset_size"] = r.subset_size;
+}
+
+}  // namespace
+
+const std::vector<MetricComputation>& metric_computations() {
+  using F = SampleFeature;
+  using R = ReferenceStat;
+  const std::string k = std::to_string(kPRNeighbourhood);
+  static const std::vector<MetricComputation> table{
+      {MetricGroup::fid, {F::pool, R::pool_stats, 2, "FID needs at least 2 images", true}, compute_fid},
+      {MetricGroup::sfid, {F::spatial, R::spatial_stats, 2, "sFID needs at least 2 images", true}, compute_sfid},
+      {MetricGroup::is, {F::logits, R::none, 1, "IS needs at least 1 image", false}, compute_is},
+      {MetricGroup::pr,
+       {F::pool, R::pr_rows, kPRNeighbourhood + 1, "precision/recall need more than k = " + k + " images per set",
+        false, true},
+       compute_pr},
+      {MetricGroup::kid, {F::pool, R::pr_rows, 2, "KID needs at least 2 images per set", false}, compute_kid},
+  };
+  return table;
+}
+
+MetricSet::MetricSet() {
+  for (const MetricComputation& c : metric_computations()) on.insert(c.group);
 }
 
 MetricSet parse_metric_set(const std::string& list) {
@@ -81,12 +114,13 @@ MetricSet parse_metric_set(const std::string& list) {
   std::vector<std::string> names;
   for (const auto& w : words) names.push_back(w.first);
   names.emplace_back("all");
-  MetricSet m{false, false, false, false, false};
+  MetricSet m;
+  m.on.clear();
   std::stringstream ss(list);
   for (std::string item; std::getline(ss, item, ',');) {
     const auto it = std::find_if(words.begin(), words.end(), [&](const auto& w) { return w.first == item; });
     if (it != words.end()) {
-      m[it->second] = true;
+      m.on.insert(it->second);
     } else if (item == "all") {
       m = MetricSet{};
     } else {
@@ -97,8 +131,7 @@ MetricSet parse_metric_set(const std::string& list) {
                       near.empty() ? "choose from " + all : "did you mean '" + near + "'?");
     }
   }
-  if (!(m.fid || m.sfid || m.is || m.pr || m.kid))
-    throw UserError("--metrics", "no metric selected", "e.g. fid,sfid,is,pr,kid");
+  if (m.on.empty()) throw UserError("--metrics", "no metric selected", "e.g. fid,sfid,is,pr,kid");
   return m;
 }
 
@@ -161,6 +194,29 @@ std::optional<ReferenceStats> load_reference_stats(const std::string& path) {
 
 namespace {
 
+/// The computations asked for, in their order.
+std::vector<const MetricComputation*> asked(const MetricSet& m) {
+  std::vector<const MetricComputation*> out;
+  for (const MetricComputation& c : metric_computations())
+    if (m.has(c.group)) out.push_back(&c);
+  return out;
+}
+
+/// Whether stored statistics hold what a computation reads of the reference.
+bool stored_has(const ReferenceStats& st, ReferenceStat need) {
+  switch (need) {
+    case ReferenceStat::pool_stats:
+      return st.pool.mu.defined();
+    case ReferenceStat::spatial_stats:
+      return st.spatial.mu.defined();
+    case ReferenceStat::pr_rows:
+      return st.pr_features.defined();
+    case ReferenceStat::none:
+      break;
+  }
+  return true;
+}
+
 /// The reference side of an evaluation: stored statistics (ADM batches, moh ref-stats) and/or images to run through
 /// the net for what the statistics lack.
 struct ReferenceInputs {
@@ -187,14 +243,17 @@ ReferenceInputs open_reference(const GenerativeEvalOptions& o, const FeatureNet&
                           net.weights_sha256().substr(0, 12) + ")",
                       "recompute them with moh ref-stats using the same --features");
   }
-  const bool need_images = !r.stored || (o.metrics.sfid && !r.stored->spatial.mu.defined()) ||
-                           ((o.metrics.pr || o.metrics.kid) && !r.stored->pr_features.defined());
-  if (!need_images) return r;
+  std::string lacking, given;  // the asked groups the stored statistics cannot serve, and those they can
+  for (const MetricComputation* c : asked(o.metrics))
+    (r.stored && stored_has(*r.stored, c->needs.reference) ? given : lacking) +=
+        std::string(lacking.empty() && given.empty() ? "" : ",") + group_word(c->group);
+  if (r.stored && lacking.empty()) return r;
   try {
     r.images = datasets::open_image_source(o.reference);
   } catch (const UserError&) {
     if (!r.stored) throw;
-    throw UserError("--ref " + o.reference, "has statistics but no images for sfid/pr/kid", "use --metrics fid,is");
+    throw UserError("--ref " + o.reference, "has statistics but no images for " + lacking,
+                    given.empty() ? "give the reference images" : "use --metrics " + given);
   }
   return r;
 }
@@ -204,16 +263,14 @@ void check_counts(const GenerativeEvalOptions& o, int64_t n_samples, const Refer
   const int64_t n_pr_ref = r.stored && r.stored->pr_features.defined() ? r.stored->pr_features.size(0)
                            : r.images                                  ? std::min(r.images->size(), kPRReferenceRows)
                                                                        : 0;
-  if ((o.metrics.fid || o.metrics.sfid) && n_samples < 2)
-    throw UserError("--samples " + o.samples, "FID needs at least 2 images, got " + std::to_string(n_samples), "");
-  if (o.metrics.pr && (n_samples <= kPRNeighbourhood || n_pr_ref <= kPRNeighbourhood))
-    throw UserError(n_samples <= kPRNeighbourhood ? "--samples " + o.samples : "--ref " + o.reference,
-                    "precision/recall need more than k = " + std::to_string(kPRNeighbourhood) +
-                        " images per set, got " + std::to_string(std::min(n_samples, n_pr_ref)),
-                    "use more images or --metrics fid,sfid,is");
-  if (o.metrics.kid && (n_samples < 2 || n_pr_ref < 2))
-    throw UserError(n_samples < 2 ? "--samples " + o.samples : "--ref " + o.reference,
-                    "KID needs at least 2 images per set", "use more images or leave kid out of --metrics");
+  for (const MetricComputation* c : asked(o.metrics)) {
+    const MetricNeeds& n = c->needs;
+    const bool samples_short = n_samples < n.min_images;
+    if (!samples_short && (n.reference != ReferenceStat::pr_rows || n_pr_ref >= n.min_images)) continue;
+    throw UserError(samples_short ? "--samples " + o.samples : "--ref " + o.reference,
+                    n.too_few + ", got " + std::to_string(samples_short ? n_samples : n_pr_ref),
+                    std::string("use more images or leave ") + group_word(c->group) + " out of --metrics");
+  }
 }
 
 /// Labels and statistic widths against the net's output widths (one probe image through the net, no progress);
@@ -232,17 +289,20 @@ InceptionFeatures check_widths(const GenerativeEvalOptions& o, FeatureNet& net, 
   }
   if (!r.stored) return probe;
   // A statistic's width: mu (D), mu_s (Ds), pr_features (rows, D).
-  const auto width = [&](const at::Tensor& stat, const at::Tensor& features, const char* key, bool asked) {
+  const auto width = [&](const at::Tensor& stat, const at::Tensor& features, const char* key) {
     const int64_t dims = stat.defined() ? stat.size(stat.dim() - 1) : 0;
-    if (asked && stat.defined() && dims != features.size(1))
+    if (stat.defined() && dims != features.size(1))
       throw UserError("--ref " + o.reference,
                       std::string(key) + " has " + std::to_string(dims) + " dims, the feature network gives " +
                           std::to_string(features.size(1)),
                       "statistics of another feature network");
   };
-  width(r.stored->pool.mu, probe.pool, "mu", o.metrics.fid);
-  width(r.stored->spatial.mu, probe.spatial, "mu_s", o.metrics.sfid);
-  width(r.stored->pr_features, probe.pool, "pr_features", o.metrics.pr || o.metrics.kid);
+  for (const MetricComputation* c : asked(o.metrics)) {
+    const ReferenceStat need = c->needs.reference;
+    if (need == ReferenceStat::pool_stats) width(r.stored->pool.mu, probe.pool, "mu");
+    if (need == ReferenceStat::spatial_stats) width(r.stored->spatial.mu, probe.spatial, "mu_s");
+    if (need == ReferenceStat::pr_rows) width(r.stored->pr_features, probe.pool, "pr_features");
+  }
   return probe;
 }
 
@@ -269,14 +329,16 @@ void hold_features(MemoryProbe& probe, const GenerativeEvalOptions& o, const Inc
     if (t->defined()) width += t->size(1), widest = std::max(widest, t->size(1));
   const double s = 4.0 * static_cast<double>(n_samples * width), r = 4.0 * static_cast<double>(n_reference * width);
   double metrics = 16.0 * static_cast<double>((n_samples + n_reference) * widest);
-  if (o.metrics.pr) metrics = std::max(metrics, pr_pass_bytes(std::max(n_samples, n_reference), f.pool.size(1)));
+  const auto asked_list = asked(o.metrics);
+  if (std::any_of(asked_list.begin(), asked_list.end(), [](const MetricComputation* c) { return c->needs.distances; }))
+    metrics = std::max(metrics, pr_pass_bytes(std::max(n_samples, n_reference), f.pool.size(1)));
   probe.held = s + r;
   probe.after = "the metrics";
   probe.held_after = std::max({2 * s, s + 2 * r, s + r + metrics});
 }
 
-/// The memory check of an evaluation (core/memory_preflight.h), before the first feature is extracted: the feature
-/// network's forward at a batch of blank images of the samples' size, with the next batch read beside it (as
+/// The memory check of an evaluation (core/platform/memory_preflight.h), before the first feature is extracted: the
+/// feature network's forward at a batch of blank images of the samples' size, with the next batch read beside it (as
 /// extract_features runs), plus the features it holds.
 std::string check_generative_memory(const GenerativeEvalOptions& o, FeatureNet& net, const InceptionFeatures& probe_f,
                                     int64_t n_samples, const ReferenceInputs& refs) {
@@ -325,25 +387,8 @@ ReferenceStats complete_reference(const ReferenceInputs& r, const FeatureSet& rf
 
 nlohmann::json compute_metrics(const GenerativeEvalOptions& o, const FeatureSet& s, const ReferenceStats& ref) {
   nlohmann::json metrics = nlohmann::json::object();
-  if (o.metrics.fid) metrics["fid"] = frechet_distance(compute_stats(s.pool), ref.pool);
-  if (o.metrics.sfid) metrics["sfid"] = frechet_distance(compute_stats(s.spatial), ref.spatial);
-  if (o.metrics.is) {
-    const ISResult r = inception_score(s.logits, o.is_mode);
-    metrics["inception_score"] = r.mean;
-    if (o.is_mode == ISMode::fidelity) metrics["inception_score_std"] = r.std;
-  }
-  if (o.metrics.pr) {
-    const PRResult r = precision_recall(ref.pr_features, s.pool);
-    metrics["precision"] = r.precision;
-    metrics["recall"] = r.recall;
-  }
-  if (o.metrics.kid) {  // torch-fidelity's protocol on the reference's precision/recall rows
-    const KIDResult r = kernel_inception_distance(s.pool, ref.pr_features);
-    metrics["kid_mean"] = r.mean;
-    metrics["kid_std"] = r.std;
-    metrics["kid_subsets"] = r.subsets;
-    metrics["kid_subset_size"] = r.subset_size;
-  }
+  const MetricInputs in{s, ref, o.is_mode};
+  for (const MetricComputation* c : asked(o.metrics)) c->compute(in, metrics);
   return metrics;
 }
 
@@ -405,17 +450,19 @@ nlohmann::json describe_run(const GenerativeEvalOptions& o, const FeatureNet& ne
 
 namespace {
 
-// The metrics `net` can give: sFID needs spatial features and IS logits; asked for by name, a missing one is a
+// The metrics `net` can give (their needs: sFID spatial features, IS logits); asked for by name, a missing one is a
 // UserError, left out otherwise (the default "all").
 GenerativeEvalOptions for_net(GenerativeEvalOptions o, const FeatureNet& net) {
-  const auto drop = [&](bool& asked, bool available, const char* metric) {
-    if (asked && !available && o.metrics_explicit)
-      throw UserError("--metrics " + std::string(metric), net.name() + " features have no " + metric + " input",
+  for (const MetricComputation* c : asked(o.metrics)) {
+    const SampleFeature f = c->needs.features;
+    if ((f != SampleFeature::spatial || net.has_spatial()) && (f != SampleFeature::logits || net.has_logits()))
+      continue;
+    const std::string word = group_word(c->group);
+    if (o.metrics_explicit)
+      throw UserError("--metrics " + word, net.name() + " features have no " + word + " input",
                       "fid, pr and kid apply to every feature network");
-    asked = asked && available;
-  };
-  drop(o.metrics.sfid, net.has_spatial(), "sfid");
-  drop(o.metrics.is, net.has_logits(), "is");
+    o.metrics.on.erase(c->group);
+  }
   return o;
 }
 
@@ -442,7 +489,10 @@ nlohmann::json evaluate_generative(const GenerativeEvalOptions& options, Feature
   }
   const ReferenceStats ref = complete_reference(refs, rf, net);
   nlohmann::json report = describe_run(o, net, s, ref, refs.stored.has_value());
-  if ((o.metrics.fid || o.metrics.sfid) && s.pool.size(0) < s.pool.size(1)) {
+  const auto asked_list = asked(o.metrics);
+  const bool covariance =
+      std::any_of(asked_list.begin(), asked_list.end(), [](const MetricComputation* c) { return c->needs.covariance; });
+  if (covariance && s.pool.size(0) < s.pool.size(1)) {
     const std::string w = "FID from " + std::to_string(s.pool.size(0)) + " samples with " +
                           std::to_string(s.pool.size(1)) +
                           "-dim features: the sample covariance is singular and the value is biased high; compare "

@@ -6,10 +6,11 @@
 #include <nlohmann/json.hpp>
 
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
-#include "core/run_context.h"
+#include "core/platform/run_context.h"
 #include "eval/features.h"
 #include "eval/frechet.h"
 #include "eval/metric_record.h"
@@ -17,17 +18,31 @@
 
 namespace moh::eval {
 
-/// Which numbers to compute.
+/// Rows of the reference set used for precision/recall (ADM's reference batches hold 10,000 images).
+constexpr int64_t kPRReferenceRows = 10000;
+
+/// Which generative groups to compute (metric_record.h): all of them unless a list says otherwise.
 struct MetricSet {
-  bool fid = true, sfid = true, is = true, pr = true, kid = true;
-  /// The flag of a generative group (metric_record.h).
-  bool& operator[](MetricGroup group);
+  std::set<MetricGroup> on;
+  MetricSet();  ///< every generative group
+  bool has(MetricGroup group) const { return on.count(group) > 0; }
 };
 /// Parses "fid,sfid,is,pr,kid" (any subset; "all"); unknown names are UserErrors.
 MetricSet parse_metric_set(const std::string& list);
 
-/// Rows of the reference set used for precision/recall (ADM's reference batches hold 10,000 images).
-constexpr int64_t kPRReferenceRows = 10000;
+/// What a group's computation reads: which features of the samples, which statistic of the reference (stored in an
+/// .npz or computed from its images), how many images each set needs at least, and whether it takes a covariance of
+/// the samples' features (biased high with fewer samples than dimensions: the report warns) or pairwise distances.
+enum class SampleFeature { pool, spatial, logits };
+enum class ReferenceStat { none, pool_stats, spatial_stats, pr_rows };
+struct MetricNeeds {
+  SampleFeature features = SampleFeature::pool;
+  ReferenceStat reference = ReferenceStat::none;
+  int64_t min_images = 1;  ///< per set: the samples, and the reference's rows where reference is pr_rows
+  std::string too_few;     ///< the refusal's words before ", got N" ("FID needs at least 2 images")
+  bool covariance = false;
+  bool distances = false;  ///< blocks of pairwise distances between the sets (the memory check sizes the pass)
+};
 
 /// Everything `moh fid` needs.
 struct GenerativeEvalOptions {
@@ -46,6 +61,24 @@ struct ReferenceStats {
   int64_t count = 0;
   nlohmann::json meta;  ///< feature net name / sha256 / preprocessing (empty for foreign files)
 };
+
+/// What a computation is handed: the samples' features, the reference statistics, the IS protocol.
+struct MetricInputs {
+  const FeatureSet& samples;
+  const ReferenceStats& reference;
+  ISMode is_mode;
+};
+
+/// One generative group of the metric records: its needs and its computation, which writes the report keys of its
+/// records (each key has a MetricRecord). A new metric is its record, its line in its group's computation (or a new
+/// group: its MetricGroup value, its computation here and its word in group_word) and its test.
+struct MetricComputation {
+  MetricGroup group;
+  MetricNeeds needs;
+  void (*compute)(const MetricInputs& in, nlohmann::json& out);
+};
+/// Every generative group's computation, in the records' order.
+const std::vector<MetricComputation>& metric_computations();
 
 /// Reference statistics from a set of features.
 ReferenceStats reference_stats_from(const FeatureSet& features, const FeatureNet& net);

@@ -4,10 +4,10 @@
 
 #include <filesystem>
 
-#include "core/checkpoint.h"
 #include "core/error.h"
-#include "core/safetensors.h"
-#include "core/torch_file.h"
+#include "core/io/safetensors.h"
+#include "core/io/torch_file.h"
+#include "core/train/checkpoint.h"
 
 namespace moh::eval {
 

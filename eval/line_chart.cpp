@@ -8,8 +8,8 @@
 #include <memory>
 #include <sstream>
 
-#include "core/atomic_io.h"
 #include "core/error.h"
+#include "core/io/atomic_io.h"
 
 #ifdef MOH_WITH_OPENCV
 #include <opencv2/imgcodecs.hpp>

@@ -7,8 +7,8 @@
 #include <sstream>
 #include <vector>
 
-#include "core/atomic_io.h"
 #include "core/config_schema.h"
+#include "core/io/atomic_io.h"
 #include "eval/metric_record.h"
 
 namespace moh::eval {

@@ -3,11 +3,11 @@
 #include <cmath>
 #include <iostream>
 
-#include "core/amp.h"
-#include "core/checkpoint.h"
 #include "core/error.h"
-#include "core/progress.h"
-#include "core/retention.h"
+#include "core/io/progress.h"
+#include "core/platform/amp.h"
+#include "core/train/checkpoint.h"
+#include "core/train/retention.h"
 #include "datasets/stream_loader.h"
 #include "experiments/experiment_data.h"
 #include "experiments/model_family.h"

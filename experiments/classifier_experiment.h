@@ -5,8 +5,8 @@
 #include <memory>
 #include <string>
 
-#include "core/distributed.h"
-#include "core/run_context.h"
+#include "core/dist/distributed.h"
+#include "core/platform/run_context.h"
 #include "datasets/augment.h"
 #include "datasets/image_folder.h"
 #include "datasets/loader.h"

@@ -2,9 +2,9 @@
 
 #include <torch/optim/adamw.h>
 
-#include "core/amp.h"
-#include "core/checkpoint.h"
-#include "core/working_copies.h"
+#include "core/platform/amp.h"
+#include "core/train/checkpoint.h"
+#include "core/train/working_copies.h"
 #include "experiments/classifier_experiment.h"
 #include "experiments/train_tasks.h"
 #include "vision/classifier_trainer.h"

@@ -9,10 +9,10 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 
-#include "core/amp.h"
-#include "core/atomic_io.h"
-#include "core/checkpoint.h"
 #include "core/error.h"
+#include "core/io/atomic_io.h"
+#include "core/platform/amp.h"
+#include "core/train/checkpoint.h"
 #include "experiments/registry.h"
 #include "vision/nn/head_surgery.h"
 

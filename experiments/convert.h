@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "core/run_context.h"
-#include "core/safetensors.h"
+#include "core/io/safetensors.h"
+#include "core/platform/run_context.h"
 #include "experiments/experiment_config.h"
 
 namespace moh::experiments {

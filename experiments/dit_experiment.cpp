@@ -1,10 +1,10 @@
 #include "experiments/dit_experiment.h"
 
-#include "core/checkpoint.h"
 #include "core/error.h"
 #include "core/parse.h"
-#include "core/retention.h"
-#include "core/run_context.h"
+#include "core/platform/run_context.h"
+#include "core/train/checkpoint.h"
+#include "core/train/retention.h"
 #include "diffusion/diffusion_schedule.h"
 #include "diffusion/objective.h"
 #include "experiments/experiment_data.h"
@@ -137,7 +137,7 @@ diffusion::SampleOptions sample_options_for(const ExperimentConfig& cfg) {
   const SamplingConfig& sc = cfg.sampling;
   diffusion::SampleOptions so;
   so.sampler = sc.sampler;
-  so.eta = sc.eta;
+  so.solver = sc.solver;
   so.cfg_scale = sc.cfg_scale;
   so.cfg_channels = sc.cfg_channels;
   so.clip_denoised = sc.clip_denoised;
@@ -145,8 +145,6 @@ diffusion::SampleOptions sample_options_for(const ExperimentConfig& cfg) {
   so.train_steps = cfg.diffusion.steps;
   so.objective = cfg.diffusion.objective;
   so.flow = diffusion::FlowProcess(cfg.diffusion.flow);
-  so.atol = sc.atol, so.rtol = sc.rtol;
-  so.timestep_shift = sc.timestep_shift;
   so.topk = sc.topk;
   so.topk_schedule = sc.topk_schedule;
   so.guide_topk = sc.guide_topk;
@@ -161,11 +159,13 @@ diffusion::SampleOptions sample_options_for(const ExperimentConfig& cfg) {
         "config: sampling.sampler",
         name + " does not run on a " + objective.model_word + " model (diffusion.objective: " + objective.name + ")",
         "use " + diffusion::samplers_for(cfg.diffusion.objective));
-  if (sc.timestep_shift < 0 ||
-      (sc.timestep_shift > 0 && (!objective.warps_flow_grid || !diffusion::sampler_record(sc.sampler).timestep_shift)))
-    throw UserError("config: sampling.timestep_shift",
-                    sc.timestep_shift < 0 ? "must be >= 0" : "warps the grid of the flow euler and heun samplers only",
-                    "set it to 0, or sample a flow model with euler or heun");
+  if (sc.solver.timestep_shift < 0 ||
+      (sc.solver.timestep_shift > 0 &&
+       (!objective.warps_flow_grid || !diffusion::sampler_record(sc.sampler).timestep_shift)))
+    throw UserError(
+        "config: sampling.timestep_shift",
+        sc.solver.timestep_shift < 0 ? "must be >= 0" : "warps the grid of the flow euler and heun samplers only",
+        "set it to 0, or sample a flow model with euler or heun");
   if (!diffusion::is_ode_sampler(sc.sampler)) {
     diffusion::space_timesteps(cfg.diffusion.steps, sc.steps);  // a UserError if the spec cannot respace T
     return so;

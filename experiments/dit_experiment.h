@@ -5,7 +5,7 @@
 #include <string>
 
 #include "core/batch_stream.h"
-#include "core/run_context.h"
+#include "core/platform/run_context.h"
 #include "datasets/latents.h"
 #include "datasets/loader.h"
 #include "diffusion/autoencoder_kl.h"

@@ -4,10 +4,10 @@
 
 #include <cstdio>
 
-#include "core/amp.h"
-#include "core/checkpoint.h"
 #include "core/error.h"
-#include "core/working_copies.h"
+#include "core/platform/amp.h"
+#include "core/train/checkpoint.h"
+#include "core/train/working_copies.h"
 #include "diffusion/autoencoder_kl.h"
 #include "diffusion/diffusion_trainer.h"
 #include "diffusion/dit.h"

@@ -3,10 +3,10 @@
 #include <filesystem>
 #include <iostream>
 
-#include "core/atomic_io.h"
-#include "core/checkpoint.h"
 #include "core/error.h"
-#include "core/sha256.h"
+#include "core/io/atomic_io.h"
+#include "core/io/sha256.h"
+#include "core/train/checkpoint.h"
 #include "datasets/fashion_mnist.h"
 #include "eval/report.h"
 #include "experiments/feature_nets.h"
@@ -25,22 +25,12 @@ ExperimentConfig eval_config(const ClassifierEvalRequest& r, const std::optional
 }
 
 // The classifier evaluated: the checkpoint's, or the config's model with its weights file (official or converted).
-struct EvaluatedModel {
-  vision::TransNeXt model{nullptr};
-  std::string source, weights = "model", name, weights_file;
-  int64_t step = -1;
-};
-EvaluatedModel evaluated_model(const ExperimentConfig& cfg, std::optional<LoadedClassifier>& loaded) {
-  EvaluatedModel m;
-  m.name = cfg.model.name, m.weights_file = cfg.model.weights;
-  if (loaded) {
-    m.model = loaded->model, m.source = loaded->dir, m.weights = loaded->weights;
-    m.weights_file = loaded->weights_file, m.step = loaded->step, m.name = loaded->cfg.model.name;
-    return m;
-  }
+LoadedClassifier evaluated_model(const ExperimentConfig& cfg, const std::optional<LoadedClassifier>& loaded) {
+  if (loaded) return *loaded;
+  LoadedClassifier m;
+  m.cfg = cfg, m.weights_file = cfg.model.weights;
   m.model = vision::TransNeXt(classifier_options_for(cfg));
   load_initial_weights(*m.model, cfg.model.weights, cfg.model.weights_key, cfg.model.weights_allow_missing);
-  m.source = cfg.model.weights;
   m.weights = cfg.model.weights_key.empty() ? "file" : cfg.model.weights_key;
   return m;
 }
@@ -66,30 +56,30 @@ ClassifierEvalResult evaluate_classifier_checkpoint(const ClassifierEvalRequest&
     throw UserError(r.program, "missing --checkpoint PATH",
                     "a checkpoint or run directory, or --weights FILE (e.g. an official .pth)");
   const RunContext ctx = RunContext::create(r.device.empty() ? cfg.train.device : r.device, Precision::fp32, 0);
-  EvaluatedModel m = evaluated_model(cfg, loaded);
+  LoadedClassifier m = evaluated_model(cfg, loaded);
   const vision::TransNeXtOptions mo = m.model->options;
   m.model->to(ctx.device);
   vision::HeadLoadStats head_load(mo, mo.num_classes);
   const ClassifierSplit val(cfg, mo, /*train=*/false);
   // `moh launch -- eval ...`: each rank evaluates its share of the same model and split
   const auto group = dist::Group::join(ctx, {{"config (sha256 of the resolved YAML)", sha256_hex(to_yaml(cfg))},
-                                             {"weights", m.source + " " + m.weights}});
+                                             {"weights", m.source() + " " + m.weights}});
   ClassifierEvalResult out;
   out.result = evaluate_sharded(m.model, val, cfg.data.eval_batch_size, ctx, *group, &head_load);
-  out.source = m.source, out.weights = m.weights, out.step = m.step, out.main = group->is_main();
+  out.source = m.source(), out.weights = m.weights, out.step = m.step, out.main = group->is_main();
   if (!out.main) return out;  // rank 0 reports
   const EvalResult& e = out.result;
   const std::vector<std::string>& keys = classifier_eval_metrics();
   out.report = {{"metrics", {{keys[0], e.top1}, {keys[1], e.top5}, {keys[2], e.loss}}},
-                {"checkpoint", m.source},
+                {"checkpoint", m.source()},
                 {"weights", m.weights},
-                {"model", m.name},
+                {"model", m.cfg.model.name},
                 {"count", e.count},
                 {"weights_sha256", sha256_file(m.weights_file)},
                 {"provenance", provenance(ctx.device)}};
   if (m.step >= 0) out.report["step"] = m.step;
   if (r.out.empty()) return out;
-  eval::write_report(r.out, out.report, "Classifier evaluation: " + m.name);
+  eval::write_report(r.out, out.report, "Classifier evaluation: " + m.cfg.model.name);
   if (mo.routed_layers() > 0) out.head_load_png = write_head_load(r.out, head_load, cfg);
   return out;
 }

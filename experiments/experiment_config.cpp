@@ -4,7 +4,7 @@
 #include <filesystem>
 
 #include "core/error.h"
-#include "core/phema.h"
+#include "core/train/phema.h"
 
 namespace moh::experiments {
 

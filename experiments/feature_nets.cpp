@@ -1,6 +1,6 @@
 #include "experiments/feature_nets.h"
 
-#include "core/sha256.h"
+#include "core/io/sha256.h"
 #include "experiments/classifier_experiment.h"
 
 namespace moh::experiments {

@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "core/run_context.h"
+#include "core/platform/run_context.h"
 #include "eval/features.h"
 
 namespace moh::experiments {

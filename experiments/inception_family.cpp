@@ -1,7 +1,7 @@
 #include "experiments/inception_family.h"
 
-#include "core/checkpoint.h"
 #include "core/error.h"
+#include "core/train/checkpoint.h"
 #include "eval/inception.h"
 
 namespace moh::experiments {

@@ -6,9 +6,9 @@
 #include <iostream>
 
 #include "core/error.h"
-#include "core/progress.h"
-#include "core/safetensors.h"
-#include "core/sha256.h"
+#include "core/io/progress.h"
+#include "core/io/safetensors.h"
+#include "core/io/sha256.h"
 #include "datasets/fashion_mnist.h"
 #include "datasets/image_folder.h"
 #include "datasets/loader.h"

@@ -4,7 +4,7 @@
 // center crop to model.img_size, [−1, 1]); the posterior moments of each image and of its mirror are stored.
 #include <string>
 
-#include "core/run_context.h"
+#include "core/platform/run_context.h"
 #include "datasets/latents.h"
 #include "diffusion/autoencoder_kl.h"
 #include "experiments/experiment_config.h"

@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "core/error.h"
-#include "core/optimizer.h"
-#include "core/retention.h"
+#include "core/train/optimizer.h"
+#include "core/train/retention.h"
 #include "vision/nn/fused_ops.h"
 
 namespace moh::experiments {

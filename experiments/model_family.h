@@ -11,13 +11,13 @@
 #include <string>
 #include <vector>
 
-#include "core/amp.h"
-#include "core/checkpoint.h"
-#include "core/ema.h"
-#include "core/run_context.h"
-#include "core/safetensors.h"
-#include "core/train_loop.h"
-#include "core/working_copies.h"
+#include "core/io/safetensors.h"
+#include "core/platform/amp.h"
+#include "core/platform/run_context.h"
+#include "core/train/checkpoint.h"
+#include "core/train/ema.h"
+#include "core/train/train_loop.h"
+#include "core/train/working_copies.h"
 #include "experiments/experiment_config.h"
 
 namespace moh::experiments {
@@ -55,20 +55,24 @@ struct FamilyCheckpoint {
 };
 /// Opens the checkpoint (or run directory) `path` for a family's loader: a UserError unless the experiment's model
 /// is one of `names`, the variants of `family` ("DiT", "classifier"; `hint` says what to pass instead). The
-/// checkpoint is held against pruning (core/retention.h) from then on.
+/// checkpoint is held against pruning (core/train/retention.h) from then on.
 FamilyCheckpoint open_family_checkpoint(const std::string& path, const std::vector<std::string>& names,
                                         const std::string& family, const std::string& hint);
 
-/// A model loaded from one of this toolkit's checkpoints, whatever its family (LoadedClassifier, LoadedDiT).
+/// A model and where its weights came from, whatever its family (LoadedClassifier, LoadedDiT): one of this toolkit's
+/// checkpoints, or a config's model with its weights file (or none). Sampling, evaluation and the EMA sweep hold
+/// their models as this.
 template <class Model>
 struct LoadedModel {
-  Model model{nullptr};       ///< in eval mode, on the CPU
-  ExperimentConfig cfg;       ///< the experiment it was trained with
-  std::string dir;            ///< the checkpoint directory
-  std::string weights;        ///< "ema" or "model": which weights were loaded
-  std::string weights_file;   ///< the .safetensors file they came from
-  int64_t step = 0;           ///< optimizer steps of the checkpoint
-  nlohmann::json written_by;  ///< the provenance of the process that saved it (null for older checkpoints)
+  Model model{nullptr};               ///< in eval mode, on the CPU
+  ExperimentConfig cfg;               ///< the experiment it was trained with (or the config that built it)
+  std::string dir;                    ///< the checkpoint directory; "" for a model built from a config
+  std::string weights = "untrained";  ///< "ema" or "model" (a checkpoint's); a weights file's key, or "untrained"
+  std::string weights_file;           ///< the file the weights came from ("" untrained)
+  int64_t step = -1;                  ///< optimizer steps of the checkpoint (−1: not from a checkpoint)
+  nlohmann::json written_by;          ///< the provenance of the process that saved it (null for older checkpoints)
+  /// Where the weights came from, as reports name it: the checkpoint directory, else the weights file.
+  std::string source() const { return dir.empty() ? weights_file : dir; }
 };
 
 /// Loads an opened checkpoint's weights into `model` (built for its experiment): the EMA weights when `ema` and the
@@ -123,9 +127,9 @@ struct BenchRequest {
   const ExperimentConfig* experiment = nullptr;
 };
 
-/// The optimizer half of a benchmarked training step, as a run takes it (core/amp.h finish_optimizer_step): AdamW
-/// and gradient clipping in the request's optim.impl (resolved for its device), then the EMA update when the request
-/// keeps one.
+/// The optimizer half of a benchmarked training step, as a run takes it (core/train/optimizer.h finish_optimizer_step):
+/// AdamW and gradient clipping in the request's optim.impl (resolved for its device), then the EMA update when the
+/// request keeps one.
 class BenchOptimizer {
  public:
   /// `copy` builds a second model of the same variant on the request's device (the EMA's).

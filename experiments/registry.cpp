@@ -4,11 +4,11 @@
 #include <cstdlib>
 #include <optional>
 
-#include "core/amp.h"
-#include "core/cpu_precision.h"
+#include "core/dist/launcher.h"
 #include "core/error.h"
-#include "core/launcher.h"
-#include "core/run_context.h"
+#include "core/platform/amp.h"
+#include "core/platform/cpu_precision.h"
+#include "core/platform/run_context.h"
 #include "datasets/image_decode.h"
 #include "experiments/classifier_family.h"
 #include "experiments/dit_family.h"
@@ -64,12 +64,12 @@ TaskFactory task_factory(const ExperimentConfig& cfg) {
 }
 
 namespace {
-// The largest batch `precision: auto` times (core/cpu_precision.h times the largest one up to the run's whose steps
-// fit its ~10 s budget): a bound on the probe's memory for a small model with a large batch.
+// The largest batch `precision: auto` times (core/platform/cpu_precision.h times the largest one up to the run's whose
+// steps fit its ~10 s budget): a bound on the probe's memory for a small model with a large batch.
 constexpr int64_t kPrecisionProbeMaxBatch = 256;
 
-// `precision: auto` on a CPU decided by this experiment's own training step (core/cpu_precision.h): its model as the
-// run builds it, at the batch one backward pass sees, with its optimizer, EMA and checkpointing, on random data.
+// `precision: auto` on a CPU decided by this experiment's own training step (core/platform/cpu_precision.h): its model
+// as the run builds it, at the batch one backward pass sees, with its optimizer, EMA and checkpointing, on random data.
 std::shared_ptr<const PrecisionProbe> training_probe(const ExperimentConfig& cfg, int64_t world) {
   const ModelFamily& f = experiment_family(cfg);
   if (cfg.train.precision != Precision::automatic || !f.bench_step) return nullptr;
@@ -96,8 +96,8 @@ std::shared_ptr<const PrecisionProbe> training_probe(const ExperimentConfig& cfg
   return probe;
 }
 
-// The memory check of a training run (core/memory_preflight.h): the experiment's own step (model, optimizer, EMA,
-// checkpointing as the run builds them) on random data, at the precision and on the device the run resolved.
+// The memory check of a training run (core/platform/memory_preflight.h): the experiment's own step (model, optimizer,
+// EMA, checkpointing as the run builds them) on random data, at the precision and on the device the run resolved.
 std::shared_ptr<const MemoryProbe> memory_probe(const ExperimentConfig& cfg) {
   const ModelFamily& f = experiment_family(cfg);
   if (!f.bench_step) return nullptr;

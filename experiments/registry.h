@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "core/train_loop.h"
+#include "core/train/train_loop.h"
 #include "experiments/experiment_config.h"
 #include "experiments/model_family.h"
 
@@ -38,7 +38,7 @@ LoopResult train_experiment(const ExperimentConfig& cfg, const TrainArgs& args);
 
 /// The precision the experiment's run would train in here and why, as `moh train` logs it ("bf16 (auto: a bf16 step
 /// takes 0.72x the fp32 one on this CPU and build, ...)"): `auto` decided by the run's own probe and cache
-/// (core/cpu_precision.h), for one of the train.processes ranks `moh train` would start.
+/// (core/platform/cpu_precision.h), for one of the train.processes ranks `moh train` would start.
 std::string run_precision(const ExperimentConfig& cfg);
 
 /// The markdown table of what `attention_path: auto` runs in each MoH layer of the paper variants (MoH-ViT at 224 px,

@@ -6,9 +6,9 @@
 
 #include <filesystem>
 
-#include "core/atomic_io.h"
 #include "core/error.h"
-#include "core/sha256.h"
+#include "core/io/atomic_io.h"
+#include "core/io/sha256.h"
 #include "datasets/augment.h"
 #include "experiments/classifier_experiment.h"
 #include "vision/dinov2.h"

@@ -7,7 +7,7 @@
 //     finer, each token repeated when the DiT's grid is a multiple of it; other grids cannot map: a UserError).
 #include <string>
 
-#include "core/run_context.h"
+#include "core/platform/run_context.h"
 #include "diffusion/dit.h"
 #include "diffusion/repa.h"
 #include "experiments/experiment_config.h"

@@ -9,17 +9,17 @@
 #include <optional>
 #include <sstream>
 
-#include "core/amp.h"
-#include "core/atomic_io.h"
-#include "core/checkpoint.h"
-#include "core/distributed.h"
+#include "core/dist/distributed.h"
 #include "core/error.h"
-#include "core/memory_preflight.h"
+#include "core/io/atomic_io.h"
+#include "core/io/progress.h"
+#include "core/io/sha256.h"
+#include "core/io/tensorboard.h"
 #include "core/parse.h"
-#include "core/progress.h"
-#include "core/run_context.h"
-#include "core/sha256.h"
-#include "core/tensorboard.h"
+#include "core/platform/amp.h"
+#include "core/platform/memory_preflight.h"
+#include "core/platform/run_context.h"
+#include "core/train/checkpoint.h"
 #include "datasets/fashion_mnist.h"
 #include "datasets/image_grid.h"
 #include "diffusion/head_load.h"
@@ -41,22 +41,9 @@ namespace {
 // The grid shows at most kGridCols images of a row and kGridRows rows (a 50k-sample run stays a small PNG).
 constexpr int64_t kGridCols = 16, kGridRows = 32;
 
-// The model to sample and the experiment it belongs to.
-struct SamplingModel {
-  DiT model{nullptr};
-  ExperimentConfig cfg;
-  std::string weights = "untrained";  // "ema", "model", a weights file, or untrained
-  int64_t step = -1;
-  std::string checkpoint_dir;  // RUN/checkpoints/STEP of a checkpoint, else ""
-  std::string weights_file;    // the file the weights were read from, else "" (untrained)
-  nlohmann::json written_by;   // the checkpoint's provenance: where it was trained
-};
-
 // A checkpoint's EMA (or --raw trained) weights, read alone; only sampling.* may change.
-SamplingModel checkpoint_model(const SamplingRequest& r) {
-  LoadedDiT loaded = load_dit_checkpoint(r.checkpoint, !r.raw);
-  SamplingModel m{loaded.model, loaded.cfg,          loaded.weights,   loaded.step,
-                  loaded.dir,   loaded.weights_file, loaded.written_by};
+LoadedDiT checkpoint_model(const SamplingRequest& r) {
+  LoadedDiT m = load_dit_checkpoint(r.checkpoint, !r.raw);
   for (const auto& s : r.sets)
     if (s.rfind("sampling.", 0) != 0)
       throw UserError("--set " + s, "only sampling.* can be changed when sampling a checkpoint",
@@ -76,11 +63,11 @@ SamplingModel checkpoint_model(const SamplingRequest& r) {
 }
 
 // CONFIG.yaml's model: untrained, or initialised from model.weights (e.g. the official DiT-XL-2-256x256.pt).
-SamplingModel config_model(const SamplingRequest& r) {
+LoadedDiT config_model(const SamplingRequest& r) {
   if (r.config.empty())
     throw UserError("moh sample", "--untrained / --weights need CONFIG.yaml",
                     "moh sample CONFIG.yaml --weights DiT-XL-2-256x256.pt");
-  SamplingModel m;
+  LoadedDiT m;
   m.cfg = load_experiment(r.config, r.sets);
   validate_experiment(m.cfg, ExperimentUse::sample);
   if (find_model_family(m.cfg.model.name).measure != ModelFamily::Measure::sample_fid)
@@ -111,7 +98,7 @@ std::vector<int64_t> parse_label_list(const std::string& mode, int64_t num_class
 }
 
 // Everything that decides the images: parts on disk from another plan must not be mixed in.
-nlohmann::json sampling_plan(const SamplingModel& m, const SamplingRequest& r, const at::Tensor& labels) {
+nlohmann::json sampling_plan(const LoadedDiT& m, const SamplingRequest& r, const at::Tensor& labels) {
   const SamplingConfig& sc = m.cfg.sampling;
   const at::Tensor l = labels.contiguous();
   std::string label_bytes(static_cast<const char*>(l.data_ptr()), l.nbytes());
@@ -213,9 +200,9 @@ SamplingChain sampling_chain_of(const ExperimentConfig& cfg) {
   return {sampling_chain(cfg.sampling.sampler, cfg.diffusion.steps, cfg.sampling.steps), sample_options_for(cfg)};
 }
 
-int64_t sample_missing_parts(SamplingModel& m, const SamplingChain& sc_chain, AutoencoderKL& vae,
-                             const at::Tensor& labels, const RunContext& ctx, dist::Group& group,
-                             const std::string& parts, SamplingSummary& out) {
+int64_t sample_missing_parts(LoadedDiT& m, const SamplingChain& sc_chain, AutoencoderKL& vae, const at::Tensor& labels,
+                             const RunContext& ctx, dist::Group& group, const std::string& parts,
+                             SamplingSummary& out) {
   const SamplingConfig& sc = m.cfg.sampling;
   m.model->to(ctx.device);
   const GaussianDiffusion& chain = sc_chain.chain;
@@ -238,11 +225,11 @@ int64_t sample_missing_parts(SamplingModel& m, const SamplingChain& sc_chain, Au
   return batches - static_cast<int64_t>(missing.size());
 }
 
-// The memory check of a sampling run (core/memory_preflight.h), before any image is sampled: one network evaluation
-// of the real model at a batch (twice the rows under classifier-free guidance, as the sampler runs it) and the
-// decoding of its latents, without gradients, at the run's precision and on its device. Zeros as inputs: the check
+// The memory check of a sampling run (core/platform/memory_preflight.h), before any image is sampled: one network
+// evaluation of the real model at a batch (twice the rows under classifier-free guidance, as the sampler runs it) and
+// the decoding of its latents, without gradients, at the run's precision and on its device. Zeros as inputs: the check
 // draws no random number, so the samples do not depend on it.
-std::string check_sampling_memory(SamplingModel& m, AutoencoderKL& vae, int64_t n, const RunContext& ctx) {
+std::string check_sampling_memory(LoadedDiT& m, AutoencoderKL& vae, int64_t n, const RunContext& ctx) {
   const DiTOptions mo = m.model->options;
   const bool guided = m.cfg.sampling.cfg_scale > 1;
   MemoryProbe probe;
@@ -271,9 +258,9 @@ std::string check_sampling_memory(SamplingModel& m, AutoencoderKL& vae, int64_t 
 
 // A checkpoint of a run that logs to TensorBoard (log.tensorboard): the grid goes into the run's tb/ as an image at
 // the checkpoint's step, tagged by sampler, steps and guidance, so the run's samples line up with its curves.
-void grid_to_tensorboard(const SamplingModel& m, const std::string& png_path) {
-  if (!m.cfg.log.tensorboard || m.checkpoint_dir.empty() || m.step < 0) return;
-  const fs::path ckpt = fs::absolute(m.checkpoint_dir);
+void grid_to_tensorboard(const LoadedDiT& m, const std::string& png_path) {
+  if (!m.cfg.log.tensorboard || m.dir.empty() || m.step < 0) return;
+  const fs::path ckpt = fs::absolute(m.dir);
   if (ckpt.parent_path().filename() != "checkpoints") return;
   const SamplingConfig& sc = m.cfg.sampling;
   std::ostringstream tag;  // one tag per setting: e.g. samples/dpm++2m 12, cfg 4
@@ -288,7 +275,7 @@ void grid_to_tensorboard(const SamplingModel& m, const std::string& png_path) {
 }
 
 // Rank 0: samples.npz streamed from the parts (the grid's tiles picked on the way), grid.png, sampling.json.
-void write_sampling_outputs(const SamplingModel& m, const SamplingChain& sc_chain, const SamplingRequest& r,
+void write_sampling_outputs(const LoadedDiT& m, const SamplingChain& sc_chain, const SamplingRequest& r,
                             const at::Tensor& labels, nlohmann::json info, SamplingSummary& out) {
   const SamplingConfig& sc = m.cfg.sampling;
   const DiTOptions& mo = m.model->options;
@@ -319,7 +306,7 @@ void write_sampling_outputs(const SamplingModel& m, const SamplingChain& sc_chai
 }
 
 // Rank 0: DIR/head_load.json and its heat maps (by timestep; by class for few classes).
-void write_routing(const DiTHeadLoadStats& routing, const SamplingRequest& r, const SamplingModel& m,
+void write_routing(const DiTHeadLoadStats& routing, const SamplingRequest& r, const LoadedDiT& m,
                    SamplingSummary& out) {
   nlohmann::json j = routing.to_json();
   j["model"] = m.cfg.model.name;
@@ -340,7 +327,7 @@ SamplingSummary run_sampling(const SamplingRequest& r) {
   check_output_dir(r.out, "--out " + r.out);  // before the model is even loaded
   if (r.checkpoint.empty() && !r.untrained && !r.weights)
     throw UserError("moh sample", "missing --checkpoint", "pass a DiT run, or CONFIG.yaml --untrained for a baseline");
-  SamplingModel m = r.checkpoint.empty() ? config_model(r) : checkpoint_model(r);
+  LoadedDiT m = r.checkpoint.empty() ? config_model(r) : checkpoint_model(r);
   if (!r.class_names_file.empty()) class_names_for(r, m.cfg, 0);  // a missing file is refused before any work
   const DiTOptions& mo = m.model->options;
   if (r.head_load && mo.routed_layers() == 0)

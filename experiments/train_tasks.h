@@ -1,14 +1,14 @@
 #pragma once
-// What the one training loop (core/train_loop.h) is handed for an experiment: its LoopConfig (the loop's sections of
-// the file, the file itself) and the family's TrainTask — the classification task (TransNeXt / MoH-ViT recipe: AdamW
+// What the one training loop (core/train/train_loop.h) is handed for an experiment: its LoopConfig (the loop's sections
+// of the file, the file itself) and the family's TrainTask — the classification task (TransNeXt / MoH-ViT recipe: AdamW
 // without decay on norms, biases and the official keywords; cross-entropy with label smoothing or Mixup/CutMix soft
 // targets + β·load-balance loss; top-1/top-5 of the model and its EMA) and the DiT task (DiT train.py: uniform t, the
 // hybrid loss + β·load-balance loss, the draws made for the global batch on every rank). The steps themselves are
 // vision/classifier_trainer.h and diffusion/diffusion_trainer.h.
 #include <memory>
 
-#include "core/run_context.h"
-#include "core/train_loop.h"
+#include "core/platform/run_context.h"
+#include "core/train/train_loop.h"
 #include "experiments/classifier_experiment.h"
 #include "experiments/dit_experiment.h"
 #include "experiments/experiment_config.h"

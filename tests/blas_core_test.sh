@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The OpenBLAS core moh runs on (core/blas_core.h), end to end through `moh --version`: where OpenBLAS falls back to a
+# The OpenBLAS core moh runs on (core/platform/blas_core.h), end to end through `moh --version`: where OpenBLAS falls back to a
 # generic kernel (simulated: MOH_BLAS_ASSUME_CORE=Prescott, what Debian's OpenBLAS picks on a Sapphire Rapids Xeon),
 # moh runs with the best core the CPU's flags allow after its self-check; a core that fails the self-check (wrong
 # products, or an illegal instruction: MOH_BLAS_SELFCHECK_INJECT) is not used and one warning line says so; a user's

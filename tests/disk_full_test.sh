@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A disk that fills up during a run (core/retention.h): on a 100 MiB tmpfs, MoH-ViT-Nano's 24 MB checkpoints leave room
+# A disk that fills up during a run (core/train/retention.h): on a 100 MiB tmpfs, MoH-ViT-Nano's 24 MB checkpoints leave room
 # for one (a save needs its size plus a 64 MiB margin). The run writes its first checkpoint, then stops before the
 # second with exit 1 and exactly one `error:` line, and the first checkpoint is intact and usable. Needs root (mount);
 # says so and passes elsewhere.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The memory check before training, sampling and FID (core/memory_preflight.h): a run that cannot fit is refused with one
+# The memory check before training, sampling and FID (core/platform/memory_preflight.h): a run that cannot fit is refused with one
 # line (the estimate, what is available, the largest batch that fits), exit 2, nothing written. (Runs that fit are
 # checked by every other training and sampling test, which all pass through the check.)
 # usage: memory_check_test.sh path/to/moh repo_root [train|fid]   (train: training, sampling and the estimates' ratios;

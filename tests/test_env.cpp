@@ -1,7 +1,7 @@
-// Linked into both test binaries: the std::filesystem guard of core/run_context.h (prefer_system_libstdcxx) runs
-// during static initialisation, before any test touches a temporary directory.
-#include "core/blas_core.h"
-#include "core/run_context.h"
+// Linked into both test binaries: the std::filesystem guard of core/platform/run_context.h (prefer_system_libstdcxx)
+// runs during static initialisation, before any test touches a temporary directory.
+#include "core/platform/blas_core.h"
+#include "core/platform/run_context.h"
 
 namespace {
 const bool kSystemLibstdcxx = (moh::prefer_system_libstdcxx(), true);

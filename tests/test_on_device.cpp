@@ -4,9 +4,9 @@
 // against fp64, which is what they check on a GPU too.
 #include <ATen/Context.h>
 
-#include "core/amp.h"
-#include "core/ema.h"
-#include "core/run_context.h"
+#include "core/platform/amp.h"
+#include "core/platform/run_context.h"
+#include "core/train/ema.h"
 #include "diffusion/dit.h"
 #include "diffusion/gaussian_diffusion.h"
 #include "diffusion/sampler.h"

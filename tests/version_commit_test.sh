@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `moh --version` names the commit the binary was built from (core/commit_stamp.cmake): the source tree's HEAD,
+# `moh --version` names the commit the binary was built from (core/platform/commit_stamp.cmake): the source tree's HEAD,
 # with "-dirty" exactly when tracked files differ from it, and outside a git checkout MOH_COMMIT or "unknown". Results rows and logs
 # take their commit from here, so a stale or wrong stamp would mislabel every measurement.
 # usage: version_commit_test.sh path/to/moh source_root

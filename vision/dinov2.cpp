@@ -6,9 +6,9 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "core/checkpoint.h"
 #include "core/error.h"
-#include "core/torch_file.h"
+#include "core/io/torch_file.h"
+#include "core/train/checkpoint.h"
 #include "datasets/augment.h"
 
 namespace moh::vision {

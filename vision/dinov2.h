@@ -11,7 +11,7 @@
 
 #include <string>
 
-#include "core/safetensors.h"
+#include "core/io/safetensors.h"
 #include "vision/nn/linear.h"
 #include "vision/nn/moh_attention.h"
 #include "vision/nn/vit_layers.h"

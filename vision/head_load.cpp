@@ -5,8 +5,8 @@
 #include <cstdio>
 #include <sstream>
 
-#include "core/atomic_io.h"
 #include "core/error.h"
+#include "core/io/atomic_io.h"
 
 #ifdef MOH_WITH_OPENCV
 #include <opencv2/imgcodecs.hpp>

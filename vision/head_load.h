@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "core/distributed.h"
+#include "core/dist/distributed.h"
 #include "vision/transnext.h"
 
 namespace moh::vision {

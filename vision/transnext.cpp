@@ -12,9 +12,9 @@
 #include <map>
 #include <mutex>
 
-#include "core/activation_checkpoint.h"
 #include "core/error.h"
 #include "core/registry.h"
+#include "core/train/activation_checkpoint.h"
 #include "vision/nn/fused_ops.h"
 #include "vision/sliding_window_op.h"
 

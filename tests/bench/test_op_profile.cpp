@@ -4,10 +4,10 @@
 
 #include "bench/common.h"
 #include "bench/op_profile.h"
-#include "core/blas_core.h"
-#include "core/ema.h"
-#include "core/optimizer.h"
-#include "core/run_context.h"
+#include "core/platform/blas_core.h"
+#include "core/platform/run_context.h"
+#include "core/train/ema.h"
+#include "core/train/optimizer.h"
 #include "tests/diffusion/tiny_dit.h"
 #include "tests/test_util.h"
 

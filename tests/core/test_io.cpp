@@ -7,10 +7,10 @@
 #include <limits>
 #include <random>
 
-#include "core/atomic_io.h"
 #include "core/error.h"
+#include "core/io/atomic_io.h"
+#include "core/io/safetensors.h"
 #include "core/parse.h"
-#include "core/safetensors.h"
 #include "datasets/fashion_mnist.h"
 #include "tests/test_util.h"
 

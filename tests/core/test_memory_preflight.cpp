@@ -1,4 +1,4 @@
-// The memory check's measurement (core/memory_preflight.h) with a step whose need is known: it touches `batch`
+// The memory check's measurement (core/platform/memory_preflight.h) with a step whose need is known: it touches `batch`
 // blocks of kBlock bytes, so the measured line must have that slope, and the batches it measures follow the rule
 // (doubling while a step is short, half the first batch when the first step is already slow).
 #include <ATen/ATen.h>
@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "core/memory_preflight.h"
-#include "core/run_context.h"
+#include "core/platform/memory_preflight.h"
+#include "core/platform/run_context.h"
 #include "core/tensor_count.h"
 #include "tests/test_util.h"
 

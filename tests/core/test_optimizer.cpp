@@ -1,5 +1,5 @@
-// AdamW, gradient clipping and the EMA over many tensors (core/optimizer.h, core/ema.h): the multi-tensor (foreach)
-// and fused implementations against LibTorch's own per-tensor torch::optim::AdamW and clip_grad_norm_ (the
+// AdamW, gradient clipping and the EMA over many tensors (core/train/optimizer.h, core/train/ema.h): the multi-tensor
+// (foreach) and fused implementations against LibTorch's own per-tensor torch::optim::AdamW and clip_grad_norm_ (the
 // reference), on the device of MOH_TEST_DEVICE. On the CPU foreach runs the reference's ops tensor by tensor, so the
 // results are bit for bit the same; on CUDA the multi-tensor kernels may round differently (within fp32 rounding).
 #include <torch/nn/modules/container/sequential.h>
@@ -7,10 +7,10 @@
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
 
-#include "core/checkpoint.h"
-#include "core/ema.h"
 #include "core/error.h"
-#include "core/optimizer.h"
+#include "core/train/checkpoint.h"
+#include "core/train/ema.h"
+#include "core/train/optimizer.h"
 #include "tests/test_util.h"
 
 namespace moh {

@@ -1,4 +1,4 @@
-// Post-hoc EMA (core/phema.h) against the EDM2 paper's definitions computed another way: γ from σ_rel against the
+// Post-hoc EMA (core/train/phema.h) against the EDM2 paper's definitions computed another way: γ from σ_rel against the
 // paper's σ_rel formula and its quoted values, the tracking recursion against the profile's weights written out,
 // the closed-form profile products against numerical integration of the profiles, the least-squares coefficients
 // against LAPACK's least squares (torch.linalg.lstsq) on the same products, and reconstruction of an EMA that was
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "core/phema.h"
+#include "core/train/phema.h"
 
 namespace moh {
 namespace {

@@ -7,9 +7,9 @@
 #include <random>
 #include <thread>
 
-#include "core/distributed.h"
+#include "core/dist/distributed.h"
+#include "core/dist/rendezvous.h"
 #include "core/error.h"
-#include "core/rendezvous.h"
 
 namespace moh::dist {
 namespace {

@@ -8,14 +8,14 @@
 #include <thread>
 #include <tuple>
 
-#include "core/amp.h"
-#include "core/atomic_io.h"
-#include "core/blas_core.h"
-#include "core/cpu_precision.h"
-#include "core/ema.h"
 #include "core/error.h"
-#include "core/progress.h"
-#include "core/run_context.h"
+#include "core/io/atomic_io.h"
+#include "core/io/progress.h"
+#include "core/platform/amp.h"
+#include "core/platform/blas_core.h"
+#include "core/platform/cpu_precision.h"
+#include "core/platform/run_context.h"
+#include "core/train/ema.h"
 #include "tests/test_util.h"
 
 namespace moh {
@@ -271,11 +271,11 @@ TEST(BlasCore, SelfCheckPassesOnTheBlasInUse) {
   EXPECT_EQ(check_blas_products(), "");
 }
 
-// `precision: auto` decides within its budget whatever the model (core/cpu_precision.h): a probe whose steps are quick
-// is timed at the run's batch in a warm-up and fifteen interleaved rounds; one whose steps at the run's batch would be
-// too slow at a smaller batch; one whose warm-up steps alone take longer than a small model's ever do is timed once
-// and the fixed transformer block decides instead; one whose first step of a single image is already that slow is not
-// run at a larger batch at all. Counted calls by batch, not wall times.
+// `precision: auto` decides within its budget whatever the model (core/platform/cpu_precision.h): a probe whose steps
+// are quick is timed at the run's batch in a warm-up and fifteen interleaved rounds; one whose steps at the run's batch
+// would be too slow at a smaller batch; one whose warm-up steps alone take longer than a small model's ever do is timed
+// once and the fixed transformer block decides instead; one whose first step of a single image is already that slow is
+// not run at a larger batch at all. Counted calls by batch, not wall times.
 TEST(CpuPrecision, TheProbeIsTimedWithinTheBudgetOrTheBlockDecides) {
   using std::chrono::milliseconds;
   struct Calls {

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "core/atomic_io.h"
-#include "core/tensorboard.h"
+#include "core/io/atomic_io.h"
+#include "core/io/tensorboard.h"
 #include "tests/test_util.h"
 
 namespace moh {

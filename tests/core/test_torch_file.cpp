@@ -2,10 +2,10 @@
 // tests/fixtures/gen/make_torch.py with Debian's python3-torch 1.13.1), plus a fuzzer over damaged copies.
 #include <random>
 
-#include "core/atomic_io.h"
 #include "core/error.h"
-#include "core/safetensors.h"
-#include "core/torch_file.h"
+#include "core/io/atomic_io.h"
+#include "core/io/safetensors.h"
+#include "core/io/torch_file.h"
 #include "tests/test_util.h"
 
 namespace moh {

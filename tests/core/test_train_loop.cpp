@@ -1,5 +1,5 @@
-// The one training loop (core/train_loop.h) with a toy task that knows nothing of either model family: exact resume,
-// the EMA only when asked for, the best-checkpoint pointer, the metric lines and the schedule.
+// The one training loop (core/train/train_loop.h) with a toy task that knows nothing of either model family: exact
+// resume, the EMA only when asked for, the best-checkpoint pointer, the metric lines and the schedule.
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adamw.h>
 
@@ -11,14 +11,14 @@
 #include <random>
 #include <set>
 
-#include "core/atomic_io.h"
-#include "core/checkpoint.h"
 #include "core/error.h"
 #include "core/interrupt.h"
-#include "core/optimizer.h"
-#include "core/retention.h"
-#include "core/safetensors.h"
-#include "core/train_loop.h"
+#include "core/io/atomic_io.h"
+#include "core/io/safetensors.h"
+#include "core/train/checkpoint.h"
+#include "core/train/optimizer.h"
+#include "core/train/retention.h"
+#include "core/train/train_loop.h"
 #include "tests/test_util.h"
 
 namespace moh {

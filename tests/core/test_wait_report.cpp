@@ -1,4 +1,4 @@
-// What a rank prints while a collective waits (core/wait_report.h), against a store kept in memory: it names the
+// What a rank prints while a collective waits (core/dist/wait_report.h), against a store kept in memory: it names the
 // ranks that have not reached the collective, repeats, says so when the store does not answer, and is silent once
 // the collective ends. The times are shortened; every check waits for an event, none for a fixed time.
 #include <gtest/gtest.h>
@@ -9,7 +9,7 @@
 #include <mutex>
 #include <thread>
 
-#include "core/wait_report.h"
+#include "core/dist/wait_report.h"
 
 namespace moh::dist {
 namespace {

@@ -4,9 +4,9 @@
 #include <cmath>
 #include <set>
 
-#include "core/checkpoint.h"
 #include "core/error.h"
-#include "core/safetensors.h"
+#include "core/io/safetensors.h"
+#include "core/train/checkpoint.h"
 #include "datasets/latents.h"
 #include "datasets/loader.h"
 #include "tests/test_util.h"

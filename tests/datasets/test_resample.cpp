@@ -3,7 +3,7 @@
 // tests/fixtures/gen/make_pillow.py), and the evaluation transform against torchvision's Resize + CenterCrop.
 #include <random>
 
-#include "core/safetensors.h"
+#include "core/io/safetensors.h"
 #include "datasets/affine.h"
 #include "datasets/augment.h"
 #include "datasets/image_folder.h"

@@ -7,8 +7,8 @@
 #include <tuple>
 #include <utility>
 
-#include "core/checkpoint.h"
 #include "core/error.h"
+#include "core/train/checkpoint.h"
 #include "diffusion/diffusion_schedule.h"
 #include "diffusion/diffusion_trainer.h"
 #include "diffusion/dit.h"

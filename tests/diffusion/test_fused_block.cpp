@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "core/amp.h"
-#include "core/optimizer.h"
-#include "core/working_copies.h"
+#include "core/platform/amp.h"
+#include "core/train/optimizer.h"
+#include "core/train/working_copies.h"
 #include "datasets/fashion_mnist.h"
 #include "diffusion/diffusion_trainer.h"
 #include "experiments/experiment_config.h"

@@ -1,10 +1,10 @@
 // Official-format weights in and out: a MoH-DiT state_dict written by PyTorch's torch.save (fp16, zip) loads into
 // our model by its official names and reproduces PyTorch's forward pass (reference implementation and outputs in
 // tests/fixtures/gen/make_torch.py); names round-trip through safetensors unchanged.
-#include "core/checkpoint.h"
 #include "core/error.h"
-#include "core/safetensors.h"
-#include "core/torch_file.h"
+#include "core/io/safetensors.h"
+#include "core/io/torch_file.h"
+#include "core/train/checkpoint.h"
 #include "diffusion/dit.h"
 #include "tests/test_util.h"
 

@@ -1,10 +1,10 @@
 // Latent pre-extraction (moh extract-latents) and DiT training from the shards.
 #include <numeric>
 
-#include "core/checkpoint.h"
 #include "core/error.h"
-#include "core/run_context.h"
-#include "core/safetensors.h"
+#include "core/io/safetensors.h"
+#include "core/platform/run_context.h"
+#include "core/train/checkpoint.h"
 #include "datasets/fashion_mnist.h"
 #include "datasets/latents.h"
 #include "experiments/experiment_config.h"

@@ -7,8 +7,8 @@
 #include <cstdlib>
 #include <iostream>
 
-#include "core/checkpoint.h"
-#include "core/safetensors.h"
+#include "core/io/safetensors.h"
+#include "core/train/checkpoint.h"
 #include "diffusion/diffusion_trainer.h"
 #include "diffusion/repa.h"
 #include "eval/features.h"

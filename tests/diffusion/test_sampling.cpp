@@ -7,10 +7,10 @@
 #include <limits>
 #include <map>
 
-#include "core/amp.h"
-#include "core/atomic_io.h"
-#include "core/checkpoint.h"
 #include "core/error.h"
+#include "core/io/atomic_io.h"
+#include "core/platform/amp.h"
+#include "core/train/checkpoint.h"
 #include "datasets/fashion_mnist.h"
 #include "datasets/npz.h"
 #include "diffusion/autoencoder_kl.h"

@@ -5,8 +5,8 @@
 #include <cstdlib>
 #include <iostream>
 
-#include "core/checkpoint.h"
-#include "core/safetensors.h"
+#include "core/io/safetensors.h"
+#include "core/train/checkpoint.h"
 #include "diffusion/ode_solvers.h"
 #include "diffusion/sampler.h"
 #include "tests/diffusion/tiny_dit.h"

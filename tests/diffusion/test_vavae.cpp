@@ -3,10 +3,10 @@
 // pyref_vae test (tests/diffusion/ref_sd_vae.py --vavae).
 #include <filesystem>
 
-#include "core/checkpoint.h"
 #include "core/error.h"
-#include "core/run_context.h"
-#include "core/safetensors.h"
+#include "core/io/safetensors.h"
+#include "core/platform/run_context.h"
+#include "core/train/checkpoint.h"
 #include "datasets/fashion_mnist.h"
 #include "datasets/latents.h"
 #include "diffusion/autoencoder_kl.h"

@@ -5,11 +5,11 @@
 
 #include <filesystem>
 
-#include "core/atomic_io.h"
 #include "core/error.h"
-#include "core/phema.h"
-#include "core/phema_run.h"
-#include "core/safetensors.h"
+#include "core/io/atomic_io.h"
+#include "core/io/safetensors.h"
+#include "core/train/phema.h"
+#include "core/train/phema_run.h"
 #include "eval/ema_sweep.h"
 #include "tests/test_util.h"
 

@@ -2,11 +2,12 @@
 // Reference values: closed forms and numpy 1.24 for the permutation and the npz fixtures
 // (tests/fixtures/gen/make_npz.py), hand computation for the resize.
 #include <algorithm>
+#include <cmath>
 #include <random>
 #include <vector>
 
 #include "core/error.h"
-#include "core/sha256.h"
+#include "core/io/sha256.h"
 #include "datasets/image_source.h"
 #include "datasets/npz.h"
 #include "eval/generative.h"
@@ -311,13 +312,43 @@ TEST(Generative, MetricsRoundingToZeroHaveNoSign) {
 
 TEST(Generative, MetricListParsing) {
   MetricSet m = parse_metric_set("fid,pr");
-  EXPECT_TRUE(m.fid && m.pr && !m.sfid && !m.is);
+  EXPECT_EQ(m.on, (std::set<MetricGroup>{MetricGroup::fid, MetricGroup::pr}));
   EXPECT_THROW(parse_metric_set("fid,sfdi"), UserError);
   // The words are the records' generative groups, each once, in their order, then "all".
   EXPECT_NE(test::user_error_of([] { parse_metric_set("nope"); }).find("choose from fid,sfid,is,pr,kid,all"),
             std::string::npos);
   const MetricSet all = parse_metric_set("all");
-  EXPECT_TRUE(all.fid && all.sfid && all.is && all.pr && all.kid);
+  EXPECT_EQ(all.on, MetricSet().on);
+  EXPECT_EQ(all.on.size(), 5u);
+}
+
+// Every generative record's key is written by its group's computation (the hook beside its needs), and each group
+// has one computation: a record without one, or a computation that forgets a key, fails here.
+TEST(MetricRecords, EachGenerativeRecordIsWrittenByItsGroupsComputation) {
+  at::manual_seed(11);
+  FeatureSet s;
+  s.pool = at::randn({64, 8}, at::kDouble), s.spatial = at::randn({64, 6}, at::kDouble);
+  s.logits = at::randn({64, 10}, at::kDouble);
+  const at::Tensor ref_pool = at::randn({64, 8}, at::kDouble) + 0.5;
+  ReferenceStats ref;
+  ref.pool = compute_stats(ref_pool), ref.spatial = compute_stats(at::randn({64, 6}, at::kDouble));
+  ref.pr_features = ref_pool.to(at::kFloat);
+  s.pool = s.pool.to(at::kFloat);
+  for (const MetricRecord& r : metric_records()) {
+    if (r.group == MetricGroup::classification) continue;
+    SCOPED_TRACE(r.key);
+    const auto& comps = metric_computations();
+    ASSERT_EQ(std::count_if(comps.begin(), comps.end(), [&](const MetricComputation& c) { return c.group == r.group; }),
+              1);
+    const MetricComputation& c =
+        *std::find_if(comps.begin(), comps.end(), [&](const MetricComputation& m) { return m.group == r.group; });
+    EXPECT_GE(c.needs.min_images, 1);
+    EXPECT_FALSE(c.needs.too_few.empty());
+    nlohmann::json out = nlohmann::json::object();
+    c.compute(MetricInputs{s, ref, ISMode::fidelity}, out);  // fidelity: the IS std is written too
+    ASSERT_TRUE(out.contains(r.key));
+    EXPECT_TRUE(std::isfinite(out[r.key].get<double>()));
+  }
 }
 
 // One record per metric (eval/metric_record.h): every report key has its digits, direction and label there; a key
@@ -330,7 +361,7 @@ TEST(MetricRecords, EveryMetricIsOneRecordReadByTheReportsAndTheSweep) {
     EXPECT_GE(r.digits, 0);
     if (r.group != MetricGroup::classification) {
       MetricSet only = parse_metric_set(group_word(r.group));  // the --metrics word that computes it
-      EXPECT_TRUE(only[r.group]);
+      EXPECT_EQ(only.on, std::set<MetricGroup>{r.group});
     }
   }
   const auto digits_of = [](const std::string& key) {

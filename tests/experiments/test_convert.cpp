@@ -3,8 +3,8 @@
 // picks the heads that contribute most, and the refusals.
 #include <gtest/gtest.h>
 
-#include "core/checkpoint.h"
 #include "core/error.h"
+#include "core/train/checkpoint.h"
 #include "diffusion/dit.h"
 #include "experiments/classifier_experiment.h"
 #include "experiments/convert.h"

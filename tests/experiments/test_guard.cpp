@@ -3,8 +3,8 @@
 // same run stopped before that batch (the batch's update, and nothing else, is missing).
 #include <limits>
 
-#include "core/atomic_io.h"
-#include "core/checkpoint.h"
+#include "core/io/atomic_io.h"
+#include "core/train/checkpoint.h"
 #include "experiments/registry.h"
 #include "experiments/train_tasks.h"
 #include "tests/test_util.h"

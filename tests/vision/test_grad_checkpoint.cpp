@@ -1,9 +1,9 @@
-// Activation checkpointing (core/activation_checkpoint.h, train.grad_checkpoint: blocks): the gradients of a
+// Activation checkpointing (core/train/activation_checkpoint.h, train.grad_checkpoint: blocks): the gradients of a
 // checkpointed MoH-DiT and MoH-ViT equal a plain run's bit for bit in fp32 on the CPU (and under bf16 autocast),
 // random draws inside blocks (drop path) are replayed, the random stream after the step is the plain run's, and the
 // head load is counted once per step, not once more in the recomputation.
-#include "core/activation_checkpoint.h"
-#include "core/amp.h"
+#include "core/platform/amp.h"
+#include "core/train/activation_checkpoint.h"
 #include "tests/diffusion/tiny_dit.h"
 #include "tests/test_util.h"
 #include "vision/nn/head_surgery.h"

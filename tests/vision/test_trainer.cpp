@@ -1,9 +1,9 @@
 // Classification trainer: exact resume, refusal to overwrite a run, schedule shape, loader determinism.
 #include <nlohmann/json.hpp>
 
-#include "core/atomic_io.h"
-#include "core/checkpoint.h"
 #include "core/error.h"
+#include "core/io/atomic_io.h"
+#include "core/train/checkpoint.h"
 #include "datasets/loader.h"
 #include "experiments/classifier_experiment.h"
 #include "experiments/registry.h"

@@ -4,8 +4,8 @@
 
 #include <initializer_list>
 
-#include "core/amp.h"
 #include "core/error.h"
+#include "core/platform/amp.h"
 #include "vision/nn/fused_kernels.h"
 
 #ifdef MOH_CUDA_KERNELS

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "core/safetensors.h"
+#include "core/io/safetensors.h"
 #include "vision/nn/model_config.h"
 
 namespace moh::nn {

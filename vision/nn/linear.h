@@ -3,7 +3,7 @@
 #include <ATen/ATen.h>
 #include <torch/nn/modules/linear.h>
 
-#include "core/working_copies.h"
+#include "core/train/working_copies.h"
 
 namespace moh::nn {
 
@@ -14,7 +14,7 @@ namespace moh::nn {
 /// (measured against diffusers on LibTorch 2.14; tests/pyref_test.sh vae).
 struct LinearImpl : torch::nn::LinearImpl {
   using torch::nn::LinearImpl::LinearImpl;
-  /// (*, in_features) → (*, out_features); under autocast with working copies (core/working_copies.h) the product
+  /// (*, in_features) → (*, out_features); under autocast with working copies (core/train/working_copies.h) the product
   /// reads them instead of casting its weights.
   at::Tensor forward(const at::Tensor& input) {
     return at::linear(input, working_weight(weight), working_weight(bias));

@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "core/activation_checkpoint.h"
+#include "core/train/activation_checkpoint.h"
 #include "vision/nn/attention_core.h"
 #include "vision/nn/fused_ops.h"
 

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "core/amp.h"
 #include "core/error.h"
+#include "core/platform/amp.h"
 #include "tests/test_util.h"
 #include "vision/nn/attention_core.h"
 #include "vision/nn/moh_attention.h"
