@@ -12,7 +12,7 @@
 #      with torch), PARTS (every step of the table, in its order)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
-STEPS=(  # name    needs (s)  what
+TABLE=(  # step    needs (s)  what
   "build   200  moh and the test binaries against the machine's LibTorch: the kit unpacked into KIT/prefix, OpenCV off"
   "parity   60  the CUDA parity tests of every fused piece, the router and the device tests (gtest, fp32 and bf16)"
   "ops      90  torch.ops.moh: moh_torch installed into WORK, its opcheck/parity tests, the ops against the official math"
@@ -51,7 +51,7 @@ make_kit() {  # Debian packages the bare machine lacks; LibTorch, CUDA, the comp
 if [ "${1:-}" = --kit ]; then make_kit "${2:-}"; exit 0; fi
 [ $# -ge 1 ] || { echo "usage: $0 OUT [SECONDS] | $0 --kit [DIR]" >&2; exit 2; }
 OUT=$(realpath -m "$1") LIMIT=${2:-540} BUILD=$(realpath -m "${BUILD:-build-gpu}")
-PARTS=${PARTS:-$(printf '%s\n' "${STEPS[@]}" | awk '{printf "%s ", $1}')}
+PARTS=${PARTS:-$(printf '%s\n' "${TABLE[@]}" | awk '{printf "%s ", $1}')}
 case "$DEVICE" in cuda | cpu) ;; *) echo "error: DEVICE=$DEVICE: use cuda or cpu" >&2; exit 2 ;; esac
 WORK=$OUT/work ROWS=$OUT/rows.jsonl
 mkdir -p "$OUT" "$WORK" && : >"$ROWS"
@@ -74,10 +74,12 @@ print(json.dumps(r))' "$@" >>"$ROWS"
 # The models and sizes of a GPU call, or small stand-ins when rehearsing on a CPU (same commands, same steps).
 if [ "$DEVICE" = cuda ]; then
   DIT=DiT-XL/2 MOH90=MoH-DiT-XL/2-90 MOH75=MoH-DiT-XL/2-75 VIT=MoH-ViT-S-75 VITB=MoH-ViT-B-50 PREC=(fp32 tf32 bf16)
+  CLI_PREC=bf16
   BATCH=32 SWEEP=64,128,256 VIT_BATCH=64 SBATCH=64 CHAIN=250 SIZE=() STEPS=(--steps 10 --warmup 3) PEAK=(--peak-tflops 989)
   GRAPHS=(off auto) ATT=(--seqs 256,1024 --dims 1152:16 --batch 32)
 else
   DIT=DiT-S/2 MOH90=MoH-DiT-S/2-90 MOH75=MoH-DiT-S/2-75 VIT=MoH-ViT-Nano-75 VITB=MoH-ViT-Nano-75 PREC=(fp32 bf16)
+  CLI_PREC=fp32  # bf16 without native support is several times slower: the rehearsal checks the commands
   BATCH=2 SWEEP=2,4 VIT_BATCH=4 SBATCH=2 CHAIN=4 SIZE=(--img-size 8) STEPS=(--steps 1 --warmup 0) PEAK=()
   GRAPHS=(off) ATT=(--seqs 16 --dims 64:4 --batch 2)
 fi
@@ -158,7 +160,7 @@ print(json.dumps({"ran": int(ran.group(1)) if ran else 0, "failed": re.findall(r
 step_cli() {
   local d=$WORK/cli c=() m=$BUILD/moh rc=0
   rm -rf "$d" && mkdir -p "$d" && cd "$d" || return 1
-  c=(--set train.device="$DEVICE" --set train.precision=bf16 --set data.batch_size=128 --set data.limit_train=4096
+  c=(--set train.device="$DEVICE" --set train.precision="$CLI_PREC" --set data.batch_size=128 --set data.limit_train=4096
      --set train.epochs=2 --set train.ema_decay=0.99 --set train.log_every_steps=8 --set train.seed=5)
   run() { local n=$1; shift; timeout "$(left)" "$m" "$@" >"$n.log" 2>&1; local r=$?; row cli "$n" "" ok="$([ $r = 0 ] && echo 1 || echo 0)"; [ $r = 0 ] || rc=1; }
   run train_cls train "$OLDPWD/configs/fashion_mnist/moh_vit_nano.yaml" "${c[@]}" --set data.limit_val=1024 --run-dir cls
@@ -261,7 +263,7 @@ print(json.dumps({"tests": len(c), "failed": [x.get("name") for x in c if st(x) 
 COPIER=$!
 trap 'kill $COPIER 2>/dev/null' EXIT
 log "device $DEVICE, build $BUILD, deadline $LIMIT s; steps: $PARTS"
-for s in "${STEPS[@]}"; do
+for s in "${TABLE[@]}"; do
   read -r name needs _ <<<"$s"
   case " $PARTS " in *" $name "*) ;; *) continue ;; esac
   if [ "$(left)" -lt "$needs" ]; then log "$name skipped: $(left) s left, needs $needs"; continue; fi
