@@ -15,9 +15,11 @@
 # Afterwards studies/moh_vs_mha/table.py OUT rebuilds the tables and verdicts from the rows.
 #
 # usage: nohup studies/moh_vs_mha/run.sh [OUT] &      (OUT defaults to docs/results/moh_vs_mha)
+#   speed the classifier variants' training steps/s, interleaved rounds on an otherwise idle machine (PARTS=speed).
 # env:   PARTS ("cls dit") CLS_SEEDS (1..10) DIT_SEEDS (1..12) SETS2 (4) SAMPLES (1000) MOH (build/moh)
 #        RUNS (runs/moh_vs_mha) CLS_VARIANTS DIT_VARIANTS (the lists above) NICE (10: below interactive work)
 #        CLS_STEPS (150) DIT_STEPS (750): the protocol's; fewer only for a smoke run into another OUT
+#        ROUNDS (3) SPEED_STEPS (60): the speed part's
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 MOH=${MOH:-build/moh}
@@ -29,12 +31,13 @@ DIT_SEEDS=${DIT_SEEDS:-"1 2 3 4 5 6 7 8 9 10 11 12"}
 SETS2=${SETS2:-4} SAMPLES=${SAMPLES:-1000} NICE=${NICE:-10}
 CLS_VARIANTS=${CLS_VARIANTS:-"ViT-Nano MoH-ViT-Nano-90 MoH-ViT-Nano-75 MoH-ViT-Nano-50 MoA-ViT-Nano"}
 DIT_VARIANTS=${DIT_VARIANTS:-"DiT-Pixel/2 MoH-DiT-Pixel/2-90 MoH-DiT-Pixel/2-75"}
-CLS_STEPS=${CLS_STEPS:-150} DIT_STEPS=${DIT_STEPS:-750}
+CLS_STEPS=${CLS_STEPS:-150} DIT_STEPS=${DIT_STEPS:-750} ROUNDS=${ROUNDS:-3} SPEED_STEPS=${SPEED_STEPS:-60}
 [ -x "$MOH" ] || { echo "error: $MOH not found (run scripts/setup.sh first)" >&2; exit 2; }
 [[ "$SAMPLES" =~ ^[1-9][0-9]*$ && $((SAMPLES % 10)) = 0 ]] ||
   { echo "error: SAMPLES=$SAMPLES: a positive multiple of 10 (classes balanced)" >&2; exit 2; }
 [[ "$SETS2" =~ ^[0-9]+$ ]] || { echo "error: SETS2=$SETS2: a count of seeds" >&2; exit 2; }
-for p in $PARTS; do case $p in cls | dit) ;; *) echo "error: PARTS: unknown part $p (cls, dit)" >&2; exit 2 ;; esac; done
+for p in $PARTS; do case $p in cls | dit | speed) ;; *) echo "error: PARTS: unknown part $p (cls, dit, speed)" >&2; exit 2 ;; esac; done
+[[ "$SPEED_STEPS" =~ ^[1-9][0-9]*$ && $SPEED_STEPS -ge 6 ]] || { echo "error: SPEED_STEPS=$SPEED_STEPS: 6 or more" >&2; exit 2; }
 mkdir -p "$OUT" "$RUNS"
 ROWS=$OUT/rows.jsonl
 touch "$ROWS"
@@ -146,6 +149,35 @@ dit_part() {
       fi
       sample_set "$id/set1" "$dir" $((1000 + s)) "$v" "$s" "$secs"
       if [ $n -le "$SETS2" ]; then sample_set "$id/set2" "$dir" $((2000 + s)) "$v" "$s" "$secs"; fi
+    done
+  done
+}
+
+# The classifier's speed on an otherwise idle machine (its accuracy rows were timed beside other work): ROUNDS rounds,
+# each training every variant for SPEED_STEPS steps in turn (the order rotated by one each round, so that a drift of
+# the machine's speed falls on every variant alike); steps/s from the logged throughput after the first log point, so
+# the process start and the first steps' warm-up are not counted. Rows "speed/cls/VARIANT/rR".
+speed_part() {
+  local r v i n id dir order
+  read -ra order <<<"$CLS_VARIANTS"
+  n=${#order[@]}
+  for ((r = 1; r <= ROUNDS; r++)); do
+    for ((i = 0; i < n; i++)); do
+      v=${order[$(((i + r - 1) % n))]}
+      id="speed/cls/$v/r$r"
+      have "$id" && continue
+      dir=$RUNS/speed_${v}_r$r
+      rm -rf "$dir" && echo "== $id"
+      run train configs/fashion_mnist/moh_vit_nano.yaml --set model.name="$v" --set train.seed="$r" \
+        --set train.paired=true --set train.epochs=1 --set data.limit_train=$((SPEED_STEPS * 128)) \
+        --set schedule.warmup_epochs=0.1 --set data.limit_val=100 --set train.precision=fp32 \
+        --set train.log_every_steps=$((SPEED_STEPS / 3)) --run-dir "$dir" >"$dir.log" 2>&1 ||
+        { echo "error: training $dir failed (log: $dir.log)" >&2; return 1; }
+      row "$id" cls_speed "variant=\"$v\"" "seed=$r" "steps=$SPEED_STEPS" \
+        "train_steps_per_s=$(python3 -c 'import json, sys
+m = [json.loads(l) for l in open(sys.argv[1]) if "img_per_s" in l]
+print(sum(x["img_per_s"] for x in m[1:]) / len(m[1:]) / 128)' "$dir/metrics.jsonl")"
+      rm -rf "$dir"
     done
   done
 }

@@ -3,7 +3,8 @@ with its 95 % t-interval, and per MoH variant the paired differences from MHA (s
 against the margins fixed before the runs (docs/results/moh_vs_mha/README.md):
   classifier  top-1 on the whole test set, margin ±0.5 points;
   DiT         FID (relative to DiT-Pixel/2's of the same seed), margin ±5 %; class accuracy, margin ±2 points.
-Speed: each variant's training steps/s and sampling images/s over MHA's of the same seed (ratios, paired). The DiT's
+Speed: each variant's training steps/s and sampling images/s over MHA's of the same seed (ratios, paired); for the
+classifier also from the speed rounds (run.sh PARTS=speed, an otherwise idle machine), paired by round. The DiT's
 spread over training seeds and over sample sets of one run are given apart.
 
     python3 studies/moh_vs_mha/table.py OUT      writes OUT/tables.md from OUT/rows.jsonl
@@ -59,6 +60,26 @@ def classifier_table(rows):
         verdict, why = stats.compare(d, TOP1_MARGIN)
         out.append(f"| {v} | {len(seeds)} | {ci(top1)} | {ci(d)} | **{verdict}** | {why} | "
                    f"{ci(ratios(rows, v, CLS_REF, 'train_steps_per_s'), 3)} |")
+    return out
+
+
+def speed_table(rows):
+    """The classifier's training steps/s from the speed rounds (an otherwise idle machine), paired by round."""
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    out = ["## Classifier speed: training steps/s, interleaved rounds on an otherwise idle machine", "",
+           "| variant | rounds | steps/s (mean ± 95 % CI) | over MHA's, paired | 95 % interval holds 1 |",
+           "|---|---|---|---|---|"]
+    for v in variants:
+        sps = list(by_seed(rows, v, "train_steps_per_s").values())
+        if v == CLS_REF:
+            out.append(f"| {v} (MHA) | {len(sps)} | {ci(sps, 3)} | 1 | – |")
+            continue
+        r = ratios(rows, v, CLS_REF, "train_steps_per_s")
+        holds = "–"
+        if len(r) > 1:
+            m, h = stats.interval(r)
+            holds = "yes" if m - h <= 1 <= m + h else ("no: faster" if m - h > 1 else "no: slower")
+        out.append(f"| {v} | {len(r)} | {ci(sps, 3)} | {ci(r, 3)} | {holds} |")
     return out
 
 
@@ -119,6 +140,9 @@ def main():
     dit = [r for r in rows if r["kind"] == "dit"]
     if cls:
         text += classifier_table(cls) + [""]
+    speed = [r for r in rows if r["kind"] == "cls_speed"]
+    if speed:
+        text += speed_table(speed) + [""]
     if dit:
         text += dit_table(dit) + [""]
     if rows:
