@@ -19,7 +19,9 @@
 # env:   PARTS ("cls dit") CLS_SEEDS (1..10) DIT_SEEDS (1..12) SETS2 (4) SAMPLES (1000) MOH (build/moh)
 #        RUNS (runs/moh_vs_mha) CLS_VARIANTS DIT_VARIANTS (the lists above) NICE (10: below interactive work)
 #        CLS_STEPS (150) DIT_STEPS (750): the protocol's; fewer only for a smoke run into another OUT
-#        ROUNDS (3) SPEED_STEPS (60): the speed part's
+#        ROUNDS (3) SPEED_STEPS (60): the speed part's; SAMPLE_PROCS (2): sampling processes of 1 thread each
+#        (moh launch; this small model's forward gains nothing from a second intra-op thread, and the samples equal
+#        one process's up to float rounding: 12 of 235,200 pixel values differed by 1 level for 100 samples)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 MOH=${MOH:-build/moh}
@@ -28,16 +30,18 @@ RUNS=${RUNS:-runs/moh_vs_mha}
 PARTS=${PARTS:-"cls dit"}
 CLS_SEEDS=${CLS_SEEDS:-"1 2 3 4 5 6 7 8 9 10"}
 DIT_SEEDS=${DIT_SEEDS:-"1 2 3 4 5 6 7 8 9 10 11 12"}
-SETS2=${SETS2:-4} SAMPLES=${SAMPLES:-1000} NICE=${NICE:-10}
+SETS2=${SETS2:-4} SAMPLES=${SAMPLES:-1000} NICE=${NICE:-10} SAMPLE_PROCS=${SAMPLE_PROCS:-2}
 CLS_VARIANTS=${CLS_VARIANTS:-"ViT-Nano MoH-ViT-Nano-90 MoH-ViT-Nano-75 MoH-ViT-Nano-50 MoA-ViT-Nano"}
 DIT_VARIANTS=${DIT_VARIANTS:-"DiT-Pixel/2 MoH-DiT-Pixel/2-90 MoH-DiT-Pixel/2-75"}
 CLS_STEPS=${CLS_STEPS:-150} DIT_STEPS=${DIT_STEPS:-750} ROUNDS=${ROUNDS:-3} SPEED_STEPS=${SPEED_STEPS:-60}
 [ -x "$MOH" ] || { echo "error: $MOH not found (run scripts/setup.sh first)" >&2; exit 2; }
 [[ "$SAMPLES" =~ ^[1-9][0-9]*$ && $((SAMPLES % 10)) = 0 ]] ||
   { echo "error: SAMPLES=$SAMPLES: a positive multiple of 10 (classes balanced)" >&2; exit 2; }
+[[ "$SAMPLE_PROCS" =~ ^[1-9]$ ]] || { echo "error: SAMPLE_PROCS=$SAMPLE_PROCS: 1 to 9 processes" >&2; exit 2; }
 [[ "$SETS2" =~ ^[0-9]+$ ]] || { echo "error: SETS2=$SETS2: a count of seeds" >&2; exit 2; }
 for p in $PARTS; do case $p in cls | dit | speed) ;; *) echo "error: PARTS: unknown part $p (cls, dit, speed)" >&2; exit 2 ;; esac; done
-[[ "$SPEED_STEPS" =~ ^[1-9][0-9]*$ && $SPEED_STEPS -ge 6 ]] || { echo "error: SPEED_STEPS=$SPEED_STEPS: 6 or more" >&2; exit 2; }
+[[ "$SPEED_STEPS" =~ ^[1-9][0-9]*$ && $SPEED_STEPS -ge 6 ]] ||
+  { echo "error: SPEED_STEPS=$SPEED_STEPS: 6 or more" >&2; exit 2; }
 mkdir -p "$OUT" "$RUNS"
 ROWS=$OUT/rows.jsonl
 touch "$ROWS"
@@ -118,14 +122,15 @@ sample_set() {
   have "$id" && return 0
   rm -rf "$dir.samples_$sseed"
   t0=$(date +%s)
-  run sample --checkpoint "$dir" --sampler heun --steps 6 --cfg-scale 4 --cfg-interval 0,0.5 --seed "$sseed" \
-    --set sampling.per_class=$((SAMPLES / 10)) --out "$dir.samples_$sseed" >"$dir.sample_$sseed.log" 2>&1
+  run launch --nproc "$SAMPLE_PROCS" -- sample --checkpoint "$dir" --sampler heun --steps 6 --cfg-scale 4 \
+    --cfg-interval 0,0.5 --seed "$sseed" --set sampling.per_class=$((SAMPLES / 10)) --out "$dir.samples_$sseed" \
+    >"$dir.sample_$sseed.log" 2>&1
   secs=$(($(date +%s) - t0))
   run fid --samples "$dir.samples_$sseed/samples.npz" --ref "$RUNS/fm_test_stats.npz" --features "classifier:$FEAT" \
     --metrics fid --json >"$dir.fid_$sseed.json" 2>"$dir.fid_$sseed.log"
   row "$id" dit "variant=\"$4\"" "seed=$5" "sample_seed=$sseed" "steps=$DIT_STEPS" "train_seconds=$6" \
     "train_steps_per_s=$(rate $DIT_STEPS "$6")" "sample_seconds=$secs" \
-    "sample_images_per_s=$(rate "$SAMPLES" "$secs")" "n=$SAMPLES" \
+    "sample_images_per_s=$(rate "$SAMPLES" "$secs")" "sample_processes=$SAMPLE_PROCS" "n=$SAMPLES" \
     "fid=$(jget "$dir.fid_$sseed.json" 'd["metrics"]["fid"]')" \
     "class_accuracy=$(jget "$dir.fid_$sseed.json" 'd["sample_accuracy"]["top1"]')" "feature_sha256=\"$FEAT_SHA\""
   rm -rf "$dir.samples_$sseed"  # the row holds what was measured; 1,000 samples are 2.4 MB
