@@ -21,10 +21,12 @@ fi
 
 # The whole demo's ETA, first, from the timed runs of this CPU kind (docs/results/demo/README.md); after each stage
 # the rest is rescaled by how fast the stages so far ran.
-cpu_kind() {  # amd-avx512-bf16 | intel-xeon | other, from the CPU's vendor and flags (DEMO_CPUINFO: a test's file)
+cpu_kind() {  # amd-avx512-bf16 | amd-avx2 | intel-amx | other, from the CPU's vendor and flags (DEMO_CPUINFO: a test's)
   local info=${DEMO_CPUINFO:-/proc/cpuinfo}
   if grep -q '^vendor_id.*AuthenticAMD' "$info" && grep -qw avx512_bf16 "$info"; then echo amd-avx512-bf16
-  elif grep -q '^vendor_id.*GenuineIntel' "$info" && grep -qw avx512f "$info"; then echo intel-xeon
+  elif grep -q '^vendor_id.*AuthenticAMD' "$info" && grep -qw avx2 "$info" && ! grep -qw avx512f "$info"; then
+    echo amd-avx2
+  elif grep -q '^vendor_id.*GenuineIntel' "$info" && grep -qw amx_bf16 "$info"; then echo intel-amx
   else echo other; fi
 }
 cpu_name() {  # "AMD EPYC, AVX2 only"
@@ -40,13 +42,17 @@ case $KIND in
     est_setup=${est_setup:-220} est_eval=$((VAL == 0 ? 21 : 4))
     est_cls=$((5 + CLS_STEPS * 36 / 100 + est_eval)) est_dit=$((10 + DIT_STEPS * 25 / 100))
     basis="timed on this CPU kind (AMD EPYC with AVX-512 + bf16)" ;;
-  intel-xeon)  # estimated: the DiT in fp32 as `auto` picks there, its 750 fp32 steps 349-368 s on an AMD EPYC whose
-    # fp32 steps took 0.86 of the Intel Xeon's; the attention kernel's later changes 0.93-0.99 of that time
-    est_setup=${est_setup:-350} est_cls=$((15 + CLS_STEPS * 3 / 4 + est_eval)) est_dit=$((10 + DIT_STEPS * 53 / 100))
-    basis="estimated for an Intel Xeon, not yet timed on one" ;;
+  intel-amx)  # timed: demo_xeon_2026-12-05.log (classifier 83 + 51 s, DiT 216 s; `auto` took bf16 for both)
+    est_setup=${est_setup:-300} est_eval=$((VAL == 0 ? 51 : 8))
+    est_cls=$((5 + CLS_STEPS * 52 / 100 + est_eval)) est_dit=$((10 + DIT_STEPS * 28 / 100))
+    basis="timed on this CPU kind (Intel Xeon with AVX-512 + AMX)" ;;
+  amd-avx2)  # no demo run: fp32 (no bf16 here), the MoH-vs-MHA study's runs of the same recipes on an AMD EPYC
+    # family 25 (docs/results/moh_vs_mha/rows.jsonl: the DiT's 750 fp32 steps 1,017-1,047 s, the classifier's 150 83 s)
+    est_setup=${est_setup:-370} est_cls=$((5 + CLS_STEPS * 55 / 100 + est_eval)) est_dit=$((10 + DIT_STEPS * 137 / 100))
+    basis="estimated for an AMD EPYC with AVX2 from the study runs of these recipes, no demo run on one" ;;
   *)
     est_setup=${est_setup:-350} est_cls=$((15 + CLS_STEPS * 3 / 4 + est_eval)) est_dit=$((10 + DIT_STEPS * 53 / 100))
-    basis="no timed run on this CPU kind ($(cpu_name)): the Intel Xeon's estimate" ;;
+    basis="no timed run on this CPU kind ($(cpu_name)): an estimate for fp32 steps" ;;
 esac
 est_rest=$((12 + PER_CLASS * 4 / 10))
 echo "== demo: about $(((est_setup + est_cls + est_dit + est_rest + 30) / 60)) min in all (setup + build ${est_setup} s," \
