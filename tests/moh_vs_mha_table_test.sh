@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # studies/moh_vs_mha/table.py on rows whose answers are known: the classifier's paired top-1 verdicts against the
 # ±0.5-point margin (equal, worse, undecided with one pair), the speed rounds' ratios paired by round (a faster
-# variant named), the DiT's paired relative FID against ±5 % (equal, worse) and its two spreads (over training seeds,
-# over the two sample sets of one run); and the study page's tables.md equal to what table.py writes from its rows.
+# variant named), the DiT's paired relative FID against ±5 % (equal, worse), apart by machine and feature network
+# when the rows hold two, and its two spreads (over training seeds, over the two sample sets of one run); and the study
+# page's tables.md equal to what table.py writes from its rows.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-$(command -v .venv/bin/python || command -v python3)}
@@ -34,6 +35,15 @@ grep -q "| MoH-C | 4 | .* | \*\*equal\*\* |" <<<"$out" || fail "FID within 1 % i
 grep -q "| MoH-D | 4 | .* | \*\*worse\*\* |" <<<"$out" || fail "FID 60 % higher is worse: $out"
 grep -q "| DiT-Pixel/2 | 1.29 | 0.35 | 4 |" <<<"$out" || fail "spreads: seeds sd 1.29, sample sets 0.5/sqrt(2): $out"
 [ "$(wc -l <"$T/tables.md")" -gt 10 ] || fail "tables.md not written"
+! grep -q "DiT by machine" <<<"$out" || fail "one machine and feature network: no table by them: $out"
+# Seeds measured on two machines with two feature networks: the comparison apart for each (pooled it mixes them).
+other() { sed 's/"cpu": "m"/"cpu": "m2"/; s/ffff/eeee/'; }
+mkdir "$T/two" && { for s in 1 2 3; do dit DiT-Pixel/2 $s 1 "1$s.0" 70; dit MoH-C $s 1 "1$s.1" 70; done
+  for s in 4 5 6; do dit DiT-Pixel/2 $s 1 "1$s.0" 70 | other; dit MoH-C $s 1 "2$s.0" 70 | other; done
+} >"$T/two/rows.jsonl"
+two=$("$PY" studies/moh_vs_mha/table.py "$T/two")
+grep -q "| m | ffff | 1, 2, 3 | .* | MoH-C | .* | equal |" <<<"$two" || fail "seeds 1-3 within 1 % are equal: $two"
+grep -q "| m2 | eeee | 4, 5, 6 | .* | MoH-C | .* | worse |" <<<"$two" || fail "seeds 4-6 at +60 % are worse: $two"
 # The page's tables are the script's output from the page's rows (no number typed by hand).
 D=docs/results/moh_vs_mha
 mkdir "$T/page" && cp "$D/rows.jsonl" "$T/page/"

@@ -122,6 +122,29 @@ def dit_table(rows):
     return out
 
 
+def dit_by_instrument(rows):
+    """The DiT comparison apart for each machine kind and feature network (a group of seeds measured with one of each),
+    where the rows hold more than one: the pooled verdict above mixes them."""
+    first = [r for r in rows if r["id"].endswith("/set1")]
+    groups = list(dict.fromkeys((r["cpu"], r["feature_sha256"]) for r in first))
+    if len(groups) < 2:
+        return []
+    variants = list(dict.fromkeys(r["variant"] for r in first if r["variant"] != DIT_REF))
+    out = ["## DiT by machine and feature network", "",
+           "| machine | feature network | seeds | dense FID | variant | FID vs dense, paired (%) | verdict (±5 %) | "
+           "training steps/s over dense's |", "|---|---|---|---|---|---|---|---|"]
+    for cpu, feat in groups:
+        group = [r for r in first if (r["cpu"], r["feature_sha256"]) == (cpu, feat)]
+        seeds = ", ".join(map(str, sorted({r["seed"] for r in group})))
+        dense = list(by_seed(group, DIT_REF, "fid").values())
+        for v in variants:
+            d, _ = paired(group, v, DIT_REF, "fid", relative=True)
+            verdict, _ = stats.compare(d, FID_MARGIN_PCT, higher_is_better=False)
+            out.append(f"| {cpu} | {feat} | {seeds} | {ci(dense)} | {v} | {ci(d, 1)} | {verdict} | "
+                       f"{ci(ratios(group, v, DIT_REF, 'train_steps_per_s'), 3)} |")
+    return out
+
+
 def provenance(rows):
     keys = ("commit", "libtorch", "cpu")
     seen = sorted({tuple(r.get(k, "?") for k in keys) for r in rows})
@@ -145,6 +168,9 @@ def main():
         text += speed_table(speed) + [""]
     if dit:
         text += dit_table(dit) + [""]
+        by_instrument = dit_by_instrument(dit)
+        if by_instrument:
+            text += by_instrument + [""]
     if rows:
         text += provenance(rows)
     with open(os.path.join(out_dir, "tables.md"), "w") as f:
