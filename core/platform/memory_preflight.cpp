@@ -229,6 +229,16 @@ bool activations_show(const ProbePoint& small, const ProbePoint& large) {
 
 using ProbeAt = std::function<ProbePoint(int64_t batch, Calls calls)>;
 
+// A step whose own tensors (at its second call) stay within this is doubled whatever its time: its time is then the
+// machine's load rather than its work (the demo classifier's 50-ms step at one sample took 1.1 s beside ctest's other
+// tests, its two threads waiting on each other's cores), and a line through one and two samples multiplies the scatter
+// of their peaks (8 and 14-18 MiB there) by the run's batch: estimated at 1.54 times its peak.
+constexpr double kCheapStepTensors = 64 * kMiB;
+
+bool cheap_to_double(const ProbePoint& p) {
+  return p.calls == Calls::second && p.tensors >= 0 && p.tensors <= kCheapStepTensors;
+}
+
 // The first points: b1, or, when its step is already too slow to double (a large image, a large model), half its
 // batch and b1, so that the refusal of a run far too large comes in 1.5 such steps rather than 3. At such sizes the
 // activations outweigh the optimizer phase even at one or two samples; where they do not (a small model's step slowed
@@ -268,16 +278,16 @@ MemoryNeed measure_memory_need(const std::function<std::function<void()>(int64_t
     const double memory = peak_memory_during([&] { tensors = cpu_tensor_peak_during(run); }, device);
     return Peaks{memory, tensors.value_or(-1)};
   };
-  // The batch doubles from b1 while the next step should stay within step_seconds (twice the last one's time), up to
-  // b2, and the two largest batches give the line: at a few samples a step's peak is its optimizer phase (gradients,
-  // the AdamW state, the EMA), which does not grow with the batch, and what the heap already holds absorbs small
-  // activations, so a line through small batches is too flat (docs/BENCHMARKS.md).
+  // The batch doubles from b1 while the next step should stay within step_seconds (twice the last one's time) or the
+  // step is cheap (cheap_to_double), up to b2, and the two largest batches give the line: at a few samples a step's
+  // peak is its optimizer phase (gradients, the AdamW state, the EMA), which does not grow with the batch, and what the
+  // heap already holds absorbs small activations, so a line through small batches is too flat (docs/BENCHMARKS.md).
   const ProbeAt at = [&](int64_t batch, Calls calls) {
     return probe_point(build, batch, device, step_seconds, read, calls);
   };
   std::vector<ProbePoint> points = first_points(at, b1, b2, step_seconds);
   while (points.back().batch < b2 && points.size() < kMaxProbePoints &&
-         (points.size() < 2 || 2 * points.back().seconds <= step_seconds))
+         (points.size() < 2 || 2 * points.back().seconds <= step_seconds || cheap_to_double(points.back())))
     points.push_back(at(std::min(2 * points.back().batch, b2), points[0].calls));
   if (memory_check_verbose()) print_points(points);
   if (points.size() == 1) return {points[0].peak, 0};

@@ -55,13 +55,15 @@ void keep_freed_heap();
 /// allocating the optimizer's state); every batch's step is measured at its second call when the first batch's first
 /// call is short, else at its first (never a line through one batch's first call and another's second: it would rise
 /// by the optimizer's state). Batches b1, 2·b1, 4·b1, … (at most 32·b1) while the next step should take at most
-/// `step_seconds` (twice the last one's computing time per thread, so that a loaded machine measures the same batches),
-/// up to b2 (the run's batch); when the step at b1 is already too slow to double, b1/2 and b1 instead (b1 measured
-/// again, and doubled, when b1/2 is fast: the first step paid the process's set-up; both measured again at their second
-/// calls when their first calls' peaks hardly differ: the optimizer phase, not the activations, set them). The need is
-/// the line through the two largest (with b2 ≤ b1, the one measurement: no extrapolation): through the larger one's
-/// peak, its slope on a CPU the growth of the step's own tensors (core/tensor_count.h). MOH_MEMORY_CHECK=verbose prints
-/// every point. `peak` reads a step's peak instead of peak_memory_during (then the slope is the peaks' too).
+/// `step_seconds` (twice the last one's computing time per thread, so that a loaded machine measures the same batches)
+/// or, measured at its second call, its own tensors stay within 64 MiB (a loaded machine's time then says nothing of
+/// its work), up to b2 (the run's batch); when the step at b1 is already too slow to double, b1/2 and b1 instead (b1
+/// measured again, and doubled, when b1/2 is fast: the first step paid the process's set-up; both measured again at
+/// their second calls when their first calls' peaks hardly differ: the optimizer phase, not the activations, set them).
+/// The need is the line through the two largest (with b2 ≤ b1, the one measurement: no extrapolation): through the
+/// larger one's peak, its slope on a CPU the growth of the step's own tensors (core/tensor_count.h).
+/// MOH_MEMORY_CHECK=verbose prints every point. `peak` reads a step's peak instead of peak_memory_during (then the
+/// slope is the peaks' too).
 using PeakOf = std::function<double(const std::function<void()>& run)>;
 MemoryNeed measure_memory_need(const std::function<std::function<void()>(int64_t)>& build, int64_t b1, int64_t b2,
                                const c10::Device& device, double step_seconds = 1.0, const PeakOf& peak = nullptr);
