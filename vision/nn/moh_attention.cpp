@@ -16,6 +16,17 @@ namespace {
 // Floor of the top-K renormalisation denominator (official code clamps the sum; it never binds since the K
 // largest of E probabilities sum to at least K/E).
 constexpr double kRenormEps = 1e-12;
+
+// Softmax over the last dim of the router's few logits (E, h_s or 2). On a CPU, for fp32 / fp64 rows of at most 8,
+// exp(x - max) / sum: ATen's last-dim kernel sets up a vectorised pass per row, which at two or three logits costs
+// more than the row itself (docs/BENCHMARKS.md, "MoH router on a CPU"). Elsewhere (a GPU, bf16 logits, whose softmax
+// autocast runs in fp32) at::softmax itself.
+at::Tensor router_softmax(const at::Tensor& x) {
+  const bool few = x.is_cpu() && x.size(-1) <= 8 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble);
+  if (!few) return at::softmax(x, -1);
+  const at::Tensor e = (x - std::get<0>(x.max(-1, true))).exp();
+  return e / e.sum(-1, true);
+}
 }  // namespace
 
 int64_t MoHAttentionOptions::active_heads() const {
@@ -128,15 +139,15 @@ HeadRouting HeadRouter::route_compact(const at::Tensor& x, bool training) const 
   HeadRouting r;
   const int64_t T = x.size(0), E = heads - shared;
   const int64_t n_alpha = shared > 0 ? 2 : 0, n_shared = shared > 1 ? shared : 0;
-  const at::Tensor logits = stacked_logits(*this, x);            // one product for the three layers
-  const at::Tensor p = at::softmax(logits.narrow(1, 0, E), -1);  // (T, E)
-  auto [kept, routed] = p.topk(topk, -1);                        // (T, K) each
+  const at::Tensor logits = stacked_logits(*this, x);           // one product for the three layers
+  const at::Tensor p = router_softmax(logits.narrow(1, 0, E));  // (T, E)
+  auto [kept, routed] = p.topk(topk, -1);                       // (T, K) each
   r.routed = routed;
   // The kept weights renormalised (their sum is at least K/E: the plain path's clamp never binds) times K, and α2.
   at::Tensor alpha;  // (T, 2) = softmax(wg_0 x) × 2
   at::Tensor coef = (scale_by_k ? static_cast<double>(topk) : 1.0) / kept.sum(-1, true);  // (T, 1)
   if (n_alpha > 0) {
-    alpha = at::softmax(logits.narrow(1, E + n_shared, 2), -1) * 2.0;
+    alpha = router_softmax(logits.narrow(1, E + n_shared, 2)) * 2.0;
     coef = coef * alpha.narrow(1, 1, 1);
   }
   const at::Tensor routed_g = at::zeros({T, E}, p.options()).scatter(1, routed, kept * coef);  // (T, E)
@@ -151,7 +162,7 @@ HeadRouting HeadRouter::route_compact(const at::Tensor& x, bool training) const 
   }
   const at::Tensor a1 = alpha.narrow(1, 0, 1);  // (T, 1)
   const at::Tensor shared_g =
-      n_shared > 0 ? at::softmax(logits.narrow(1, E, n_shared), -1) * (a1 * static_cast<double>(shared)) : a1;
+      n_shared > 0 ? router_softmax(logits.narrow(1, E, n_shared)) * (a1 * static_cast<double>(shared)) : a1;
   r.gates = at::cat({shared_g, routed_g}, -1);  // [shared | routed]: router index j is head h_s + j
   return r;
 }
