@@ -1,5 +1,5 @@
-// `moh bench <what>`: the benchmarks of bench/ from the main binary (attention, vit-attention, eval, train, sample,
-// data).
+// `moh bench <what>`: the benchmarks of bench/ from the main binary (attention, vit-attention, kernels, eval, train,
+// sample, data).
 #include <cstring>
 #include <iostream>
 
@@ -7,6 +7,7 @@
 #include "bench/attention_bench.h"
 #include "bench/data_bench.h"
 #include "bench/eval_bench.h"
+#include "bench/kernel_bench.h"
 #include "bench/train_bench.h"
 #include "bench/vit_attention_bench.h"
 #include "core/error.h"
@@ -15,10 +16,11 @@ namespace moh::apps {
 
 int cmd_bench(int argc, char** argv) {
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
-    std::cout
-        << "usage: moh bench attention|vit-attention|eval|train|sample|data [--json] ...   (moh bench <what> --help)\n";
+    std::cout << "usage: moh bench attention|vit-attention|kernels|eval|train|sample|data [--json] ...   (moh bench "
+                 "<what> --help)\n";
     if (argc < 2)
-      throw UserError("moh bench", "no benchmark given", "attention, vit-attention, eval, train, sample or data");
+      throw UserError("moh bench", "no benchmark given",
+                      "attention, vit-attention, kernels, eval, train, sample or data");
     return kExitOk;
   }
   std::string what = argv[1];
@@ -30,9 +32,10 @@ int cmd_bench(int argc, char** argv) {
   if (what == "train") return bench::train_bench_main(static_cast<int>(args.size()), args.data());
   if (what == "sample") return bench::sample_bench_main(static_cast<int>(args.size()), args.data());
   if (what == "vit-attention") return bench::vit_attention_bench_main(static_cast<int>(args.size()), args.data());
+  if (what == "kernels") return bench::kernel_bench_main(static_cast<int>(args.size()), args.data());
   if (what == "data") return bench::data_bench_main(static_cast<int>(args.size()), args.data());
   throw UserError("moh bench", "unknown benchmark '" + what + "'",
-                  "available: attention, vit-attention, eval, train, sample, data");
+                  "available: attention, vit-attention, kernels, eval, train, sample, data");
 }
 
 }  // namespace moh::apps

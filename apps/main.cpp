@@ -25,6 +25,7 @@
 #include "core/platform/memory_preflight.h"
 #include "core/platform/run_context.h"
 #include "datasets/image_decode.h"
+#include "vision/nn/cpu_simd.h"
 
 namespace moh::apps {
 
@@ -231,6 +232,8 @@ static void print_version() {
             << ")\n"
             << "BLAS: " << blas.name << (blas.path.empty() ? "" : " (" + blas.path + ")") << "\n"
             << blas_core_line() << "CPU threads: " << threads_line() << "\n"
+            << "CPU kernels: " << nn::simd::isa_name(nn::simd::isa())
+            << " (the toolkit's own loops: attention core, GELU)\n"
             << "data parallel: " << (dist::available() ? "c10d (Gloo)" : "off (no c10d/Gloo headers at build time)")
             << "\n"
             << images;

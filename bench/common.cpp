@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/platform/run_context.h"
+#include "vision/nn/cpu_simd.h"
 
 namespace moh::bench {
 
@@ -26,9 +27,13 @@ bool parse_bench_flags(cxxopts::Options& options, int argc, char** argv, cxxopts
 // The host's side of provenance(): the BLAS with its kernel ("OpenBLAS (Cooperlake)"), so CPU rows say what ran them.
 nlohmann::json machine_record() {
   const nlohmann::json p = provenance(c10::Device(c10::kCPU));
-  return {{"cpu", p["device_name"]}, {"cores", std::max(1u, std::thread::hardware_concurrency())},
-          {"threads", p["threads"]}, {"libtorch", p["libtorch"]},
-          {"commit", p["commit"]},   {"blas", p["blas"]}};
+  return {{"cpu", p["device_name"]},
+          {"cores", std::max(1u, std::thread::hardware_concurrency())},
+          {"threads", p["threads"]},
+          {"libtorch", p["libtorch"]},
+          {"commit", p["commit"]},
+          {"blas", p["blas"]},
+          {"cpu_kernels", nn::simd::isa_name(nn::simd::isa())}};
 }
 
 c10::Device bench_device(const std::string& name) {

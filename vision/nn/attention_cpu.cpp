@@ -14,9 +14,7 @@
 
 #include "vision/nn/cpu_simd.h"
 
-// The vector values below live only inside the always-inlined helpers of one clone: no call passes or returns them,
-// so GCC's warning about the ABI of vector values without AVX does not apply. (Its separate note for a 64-byte
-// vector parameter ignores this pragma: the helpers take such values by reference.)
+// The vector values below live only inside the always-inlined helpers of one instruction set's function (cpu_simd.h).
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace moh::nn {
@@ -24,154 +22,152 @@ namespace moh::nn {
 namespace attention_kernels {
 namespace {
 
-// W floats as one value of GCC's vector extension: one AVX-512 register at W = 16 in that clone, two AVX2 ones in the
-// next, four SSE ones in the baseline. The loops below keep their running sums in such values: written as arrays
-// of W floats the compiler kept W scalar registers, and summed into the output row every step went through a store
-// and a load.
-template <int64_t W>
-struct Lanes {
-  typedef float type __attribute__((vector_size(W * sizeof(float))));
-};
-constexpr int64_t kWide = 16, kNarrow = 8, kQuarter = 4;
-using Vec = Lanes<kWide>::type;
+using simd::exp_clamped;
+using simd::load;
+using simd::store;
+using simd::Vec;
 
-template <int64_t W>
-MOH_INLINE_INTO_CLONES typename Lanes<W>::type load(const float* p) {
-  typename Lanes<W>::type v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-template <int64_t W>
-MOH_INLINE_INTO_CLONES void store(float* p, const typename Lanes<W>::type& v) {
-  std::memcpy(p, &v, sizeof v);
-}
-MOH_INLINE_INTO_CLONES float lane_sum(const Vec& v) {
-  float s = 0.f;
-  for (int64_t l = 0; l < kWide; ++l) s += v[l];
-  return s;
-}
-
-// The largest of x[0, n), n >= 1 (NaNs skipped here; they reach the result through the exponentials).
-MOH_INLINE_INTO_CLONES float max_of(const float* x, int64_t n) {
-  float m = x[0];
-  int64_t j = 0;
-  if (n >= kWide) {
-    Vec acc = load<kWide>(x);
-    for (j = kWide; j + kWide <= n; j += kWide) {
-      const Vec v = load<kWide>(x + j);
-      acc = v > acc ? v : acc;
-    }
-    for (int64_t l = 0; l < kWide; ++l) m = acc[l] > m ? acc[l] : m;
-  }
-  for (; j < n; ++j) m = x[j] > m ? x[j] : m;
-  return m;
-}
-
-// Σ a[j] · b[j] over [0, n); b = nullptr: Σ a[j].
-MOH_INLINE_INTO_CLONES float dot(const float* a, const float* b, int64_t n) {
-  Vec acc = {};
-  int64_t j = 0;
-  for (; j + kWide <= n; j += kWide) acc += b ? load<kWide>(a + j) * load<kWide>(b + j) : load<kWide>(a + j);
-  float s = lane_sum(acc);
-  for (; j < n; ++j) s += b ? a[j] * b[j] : a[j];
-  return s;
+// Columns of every product block: kCols / W vectors of W lanes per row (two AVX2 registers, one AVX-512 one). The
+// column dims of the products (keys: nk; head width: d) are padded with zeros to a multiple of it in the scratch,
+// so that every block is whole.
+constexpr int64_t kCols = 16;
+int64_t padded(int64_t n) {
+  return (n + kCols - 1) / kCols * kCols;
 }
 
 // R query rows at a time: each load of kᵀ, v or a gradient row serves R rows (R running sums in flight), where one
-// row at a time left the loops waiting on loads and on each FMA's predecessor. kRows with 16 vector registers (four
-// rows of two 8-lane halves fill AVX2's), kWideRows with AVX-512's 32 (block_rows()); the scratch holds kWideRows.
-constexpr int64_t kRows = 4, kWideRows = 8;
+// row at a time left the loops waiting on loads and on each FMA's predecessor (block_rows()): kMidRows with AVX2's 16
+// registers (six rows of two 8-lane sums: twelve chains keep both FMA units busy through each FMA's latency, where
+// four rows' eight were short of it), kWideRows with AVX-512's 32, kRows for the baseline and for what is left past
+// the last block. The scratch holds kWideRows.
+constexpr int64_t kRows = 4, kMidRows = 6, kWideRows = 8;
 
-// out[r][0, W) = scale[r] · Σ_i a[r·inner + i] · b[i·cols, +W) for r < R.
-template <int64_t R, int64_t W>
-MOH_INLINE_INTO_CLONES void product_block(const float* a, const float* b, float* out, int64_t inner, int64_t cols,
-                                          const float* scale) {
-  typename Lanes<W>::type acc[R] = {};
+// out[r][0, kCols) = scale[r] · Σ_i a[r·lda + i] · b[i·ldb, +kCols) for r < R.
+template <int W, int64_t R>
+MOH_INLINE_INTO_CLONES void product_block(const float* a, int64_t lda, const float* b, int64_t ldb, float* out,
+                                          int64_t ldo, int64_t inner, const float* scale) {
+  constexpr int64_t C = kCols / W;
+  Vec<W> acc[R][C] = {};
   for (int64_t i = 0; i < inner; ++i) {
-    const typename Lanes<W>::type bv = load<W>(b + i * cols);
-    for (int64_t r = 0; r < R; ++r) acc[r] += a[r * inner + i] * bv;
-  }
-  for (int64_t r = 0; r < R; ++r) store<W>(out + r * cols, acc[r] * scale[r]);
-}
-
-// out (R, cols) = diag(scale) · a (R, inner) · b (inner, cols): R query rows' scores against kᵀ (inner = d), or R
-// rows of probabilities times v (inner = nk).
-template <int64_t R>
-MOH_INLINE_INTO_CLONES void rows_product(const float* a, const float* b, float* out, int64_t inner, int64_t cols,
-                                         const float* scale) {
-  int64_t j = 0;
-  for (; j + kWide <= cols; j += kWide) product_block<R, kWide>(a, b + j, out + j, inner, cols, scale);
-  for (; j + kNarrow <= cols; j += kNarrow) product_block<R, kNarrow>(a, b + j, out + j, inner, cols, scale);
-  for (; j + kQuarter <= cols; j += kQuarter) product_block<R, kQuarter>(a, b + j, out + j, inner, cols, scale);
-  for (; j < cols; ++j)
+    Vec<W> bv[C];
+    for (int64_t c = 0; c < C; ++c) bv[c] = load<W>(b + i * ldb + c * W);
     for (int64_t r = 0; r < R; ++r) {
-      float acc = 0.f;
-      for (int64_t i = 0; i < inner; ++i) acc += a[r * inner + i] * b[i * cols + j];
-      out[r * cols + j] = acc * scale[r];
+      const float ar = a[r * lda + i];
+      for (int64_t c = 0; c < C; ++c) acc[r][c] += ar * bv[c];
     }
-}
-
-// row[0, W) += Σ_r a[r] · w[r·nk, +W).
-template <int64_t R, int64_t W>
-MOH_INLINE_INTO_CLONES void add_block(const float* a, const float* w, float* row, int64_t nk) {
-  typename Lanes<W>::type tv = load<W>(row);
-  for (int64_t r = 0; r < R; ++r) tv += a[r] * load<W>(w + r * nk);
-  store<W>(row, tv);
-}
-
-// t (d, nk) += scale · x (R, d)ᵀ · w (R, nk): each element of t read and written once per R rows.
-template <int64_t R>
-MOH_INLINE_INTO_CLONES void rows_add_outer(const float* x, const float* w, float* t, int64_t nk, int64_t d,
-                                           float scale) {
-  for (int64_t c = 0; c < d; ++c) {
-    float a[R];
-    for (int64_t r = 0; r < R; ++r) a[r] = x[r * d + c] * scale;
-    float* row = t + c * nk;
-    int64_t j = 0;
-    for (; j + kWide <= nk; j += kWide) add_block<R, kWide>(a, w + j, row + j, nk);
-    for (; j + kQuarter <= nk; j += kQuarter) add_block<R, kQuarter>(a, w + j, row + j, nk);
-    for (; j < nk; ++j)
-      for (int64_t r = 0; r < R; ++r) row[j] += a[r] * w[r * nk + j];
   }
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < C; ++c) store<W>(out + r * ldo + c * W, acc[r][c] * scale[r]);
 }
 
-// Rows [i, i + R) of the forward: p (R, nk) scratch.
-template <int64_t R>
+// out (R, cols) = diag(scale) · a (R, inner) · b (inner, cols), cols a multiple of kCols, rows of a `lda` apart and of
+// b and out `cols` apart: R query rows' scores against kᵀ (inner = d), or R rows of probabilities times v (inner = nk).
+template <int W, int64_t R>
+MOH_INLINE_INTO_CLONES void rows_product(const float* a, int64_t lda, const float* b, float* out, int64_t inner,
+                                         int64_t cols, const float* scale) {
+  for (int64_t j = 0; j < cols; j += kCols) product_block<W, R>(a, lda, b + j, cols, out + j, cols, inner, scale);
+}
+
+// out[r][0, kCols) += Σ_i a[i·lda + r] · (bscale · b[i·ldb, +kCols)) for r < R: R keys' gradient rows taken over
+// the query rows i of a tile (a: the tile's probabilities or score gradients, one row per query, key j at column j).
+// The running sums start from out, so that each element is one chain of FMAs over the query rows in order, whatever
+// the tiles and blocks.
+template <int W, int64_t R>
+MOH_INLINE_INTO_CLONES void add_product_block(const float* a, int64_t lda, const float* b, int64_t ldb, float bscale,
+                                              float* out, int64_t ldo, int64_t inner) {
+  constexpr int64_t C = kCols / W;
+  Vec<W> acc[R][C];
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < C; ++c) acc[r][c] = load<W>(out + r * ldo + c * W);
+  for (int64_t i = 0; i < inner; ++i) {
+    Vec<W> bv[C];
+    for (int64_t c = 0; c < C; ++c) bv[c] = load<W>(b + i * ldb + c * W) * bscale;
+    for (int64_t r = 0; r < R; ++r) {
+      const float ar = a[i * lda + r];
+      for (int64_t c = 0; c < C; ++c) acc[r][c] += ar * bv[c];
+    }
+  }
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < C; ++c) store<W>(out + r * ldo + c * W, acc[r][c]);
+}
+
+// out (nk, dp) += aᵀ · (bscale · b) for the m query rows of a tile: a (m, nkp), b (m, dp). Key rows in blocks of
+// the instruction set's rows (as block_rows()), then one by one.
+template <int W>
+MOH_INLINE_INTO_CLONES void tile_add_outer(const float* a, int64_t nkp, const float* b, int64_t dp, float bscale,
+                                           float* out, int64_t nk, int64_t m) {
+  constexpr int64_t R = W == 16 ? kWideRows : W == 8 ? kMidRows : kRows;
+  int64_t j = 0;
+  for (; j + R <= nk; j += R)
+    for (int64_t c = 0; c < dp; c += kCols)
+      add_product_block<W, R>(a + j, nkp, b + c, dp, bscale, out + j * dp + c, dp, m);
+  for (; j < nk; ++j)
+    for (int64_t c = 0; c < dp; c += kCols)
+      add_product_block<W, 1>(a + j, nkp, b + c, dp, bscale, out + j * dp + c, dp, m);
+}
+
+// The largest of x[0, n) (the padding [n, nkp) set to -∞ first).
+template <int W>
+MOH_INLINE_INTO_CLONES float row_max(float* x, int64_t n, int64_t nkp) {
+  for (int64_t j = n; j < nkp; ++j) x[j] = -INFINITY;
+  Vec<W> acc = load<W>(x);
+  for (int64_t j = W; j < nkp; j += W) acc = simd::max<W>(acc, load<W>(x + j));
+  return simd::lane_max<W>(acc);
+}
+
+// x[j] = e^(x[j] − shift) for j < n, 0 over the padding [n, nkp).
+template <int W>
+MOH_INLINE_INTO_CLONES void exp_shifted(float* x, float shift, int64_t n, int64_t nkp) {
+  for (int64_t j = 0; j < nkp; j += W) store<W>(x + j, exp_clamped<W>(load<W>(x + j) - shift));
+  for (int64_t j = n; j < nkp; ++j) x[j] = 0.f;
+}
+
+// Σ a[j] · b[j] over [0, nkp); b = nullptr: Σ a[j].
+template <int W>
+MOH_INLINE_INTO_CLONES float dot(const float* a, const float* b, int64_t nkp) {
+  Vec<W> acc = {};
+  for (int64_t j = 0; j < nkp; j += W) acc += b ? load<W>(a + j) * load<W>(b + j) : load<W>(a + j);
+  return simd::lane_sum<W>(acc);
+}
+
+// Rows [i, i + R) of the forward: q (R, d), kᵀ (d, nkp), v (nk, dp) → o (R, dp), lse (R); p (R, nkp) scratch.
+template <int W, int64_t R>
 MOH_INLINE_INTO_CLONES void forward_rows(const float* q, const float* kt, const float* v, float* o, float* lse,
                                          int64_t nk, int64_t d, float scale, float* p) {
+  const int64_t nkp = padded(nk), dp = padded(d);
   float scales[R], inv[R];
   std::fill(scales, scales + R, scale);
-  rows_product<R>(q, kt, p, d, nk, scales);
+  rows_product<W, R>(q, d, kt, p, d, nkp, scales);
   for (int64_t r = 0; r < R; ++r) {
-    float* pr = p + r * nk;
-    const float m = max_of(pr, nk);
-    for (int64_t j = 0; j < nk; ++j) pr[j] = simd::exp_clamped(pr[j] - m);
-    const float l = dot(pr, nullptr, nk);
+    float* pr = p + r * nkp;
+    const float m = row_max<W>(pr, nk, nkp);
+    exp_shifted<W>(pr, m, nk, nkp);
+    const float l = dot<W>(pr, nullptr, nkp);
     inv[r] = 1.f / l;
     lse[r] = m + std::log(l);
   }
-  rows_product<R>(p, v, o, nk, d, inv);
+  rows_product<W, R>(p, nkp, v, o, nk, dp, inv);
 }
 
-// Rows [i, i + R) of the backward (see backward below): p and ds (R, nk) scratch each.
-template <int64_t R>
-MOH_INLINE_INTO_CLONES void backward_rows(const float* q, const float* k, const float* kt, const float* vt,
-                                          const float* dout, const float* lse, float* dq, float* dkt, float* dvt,
-                                          int64_t nk, int64_t d, float scale, float* p, float* ds) {
+// R query rows of a backward tile (see backward_group below): q and dout (R, dp) → their probabilities p and score
+// gradients ds (R, nkp), and dq (R, dp).
+template <int W, int64_t R>
+MOH_INLINE_INTO_CLONES void backward_rows(const float* q, const float* dout, const float* lse, const float* kt,
+                                          const float* vt, const float* k, float* p, float* ds, float* dq, int64_t nk,
+                                          int64_t d, float scale) {
+  const int64_t nkp = padded(nk), dp = padded(d);
   float scales[R], ones[R];
   std::fill(scales, scales + R, scale);
   std::fill(ones, ones + R, 1.f);
-  rows_product<R>(q, kt, p, d, nk, scales);
-  rows_product<R>(dout, vt, ds, d, nk, ones);
+  rows_product<W, R>(q, dp, kt, p, d, nkp, scales);
+  rows_product<W, R>(dout, dp, vt, ds, d, nkp, ones);
   for (int64_t r = 0; r < R; ++r) {
-    float *pr = p + r * nk, *dr = ds + r * nk;
-    for (int64_t j = 0; j < nk; ++j) pr[j] = simd::exp_clamped(pr[j] - lse[r]);
-    const float pd = dot(pr, dr, nk);
-    for (int64_t j = 0; j < nk; ++j) dr[j] = pr[j] * (dr[j] - pd);
+    float *pr = p + r * nkp, *dr = ds + r * nkp;
+    exp_shifted<W>(pr, lse[r], nk, nkp);
+    const float pd = dot<W>(pr, dr, nkp);
+    for (int64_t j = 0; j < nkp; j += W) store<W>(dr + j, load<W>(pr + j) * (load<W>(dr + j) - pd));
   }
-  rows_product<R>(ds, k, dq, nk, d, scales);
-  rows_add_outer<R>(q, ds, dkt, nk, d, scale);
-  rows_add_outer<R>(dout, p, dvt, nk, d, 1.f);
+  rows_product<W, R>(ds, nkp, k, dq, nk, dp, scales);
 }
 
 // A stored element as fp32 and back: fp32 as is, bf16 (its raw bits) widened exactly and rounded to nearest even.
@@ -196,46 +192,52 @@ template <class T>
 MOH_INLINE_INTO_CLONES void narrow_all(const float* x, T* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = narrow<T>(x[i]);
 }
-// x (rows, d) at row stride ld → y (rows, d) contiguous, and back.
+// x (rows, d) at row stride ld → y (rows, ldy) in fp32, the columns [d, ldy) zero; and back from (rows, ldx).
 template <class T>
-MOH_INLINE_INTO_CLONES void widen_rows(const T* x, int64_t ld, float* y, int64_t rows, int64_t d) {
-  for (int64_t r = 0; r < rows; ++r) widen_all(x + r * ld, y + r * d, d);
+MOH_INLINE_INTO_CLONES void widen_rows(const T* x, int64_t ld, float* y, int64_t ldy, int64_t rows, int64_t d) {
+  for (int64_t r = 0; r < rows; ++r) {
+    widen_all(x + r * ld, y + r * ldy, d);
+    std::fill(y + r * ldy + d, y + (r + 1) * ldy, 0.f);
+  }
 }
 template <class T>
-MOH_INLINE_INTO_CLONES void narrow_rows(const float* x, T* y, int64_t ld, int64_t rows, int64_t d) {
-  for (int64_t r = 0; r < rows; ++r) narrow_all(x + r * d, y + r * ld, d);
+MOH_INLINE_INTO_CLONES void narrow_rows(const float* x, int64_t ldx, T* y, int64_t ld, int64_t rows, int64_t d) {
+  for (int64_t r = 0; r < rows; ++r) narrow_all(x + r * ldx, y + r * ld, d);
 }
-// a (rows, cols) at row stride ld → t (cols, rows) in fp32; t (rows, cols) in fp32 → a (cols, rows) at row stride ld.
+// a (rows, cols) at row stride ld → t (cols, padded(rows)) in fp32, the columns past `rows` zero. Eight rows of `a` at
+// a time: each row of t gets eight contiguous values per pass, where one row of `a` at a time wrote one value into each
+// of `cols` cache lines.
 template <class T>
 MOH_INLINE_INTO_CLONES void transpose_in(const T* a, int64_t ld, float* t, int64_t rows, int64_t cols) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) t[c * rows + r] = widen(a[r * ld + c]);
-}
-// (Row by row of `a`: written column by column, rows of `a` far apart would each be a cache line touched d times.)
-template <class T>
-MOH_INLINE_INTO_CLONES void transpose_out(const float* t, T* a, int64_t ld, int64_t rows, int64_t cols) {
-  for (int64_t c = 0; c < cols; ++c)
-    for (int64_t r = 0; r < rows; ++r) a[c * ld + r] = narrow<T>(t[r * cols + c]);
+  constexpr int64_t kBlock = 8;
+  const int64_t ldt = padded(rows);
+  for (int64_t c = 0; c < cols; ++c) std::fill(t + c * ldt + rows, t + (c + 1) * ldt, 0.f);
+  for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {
+    const int64_t r1 = r0 + kBlock < rows ? r0 + kBlock : rows;
+    for (int64_t c = 0; c < cols; ++c)
+      for (int64_t r = r0; r < r1; ++r) t[c * ldt + r] = widen(a[r * ld + c]);
+  }
 }
 
 // R query rows at a time; what is left past the last block of R in blocks of kRows, then row by row.
-template <int64_t R, class T>
+template <int W, int64_t R, class T>
 MOH_INLINE_INTO_CLONES void forward_group(const T* q, const T* k, const T* v, T* o, float* lse, int64_t n, int64_t nk,
                                           int64_t d, float scale, const Strides& s, float* scratch) {
-  float *kt = scratch, *vf = kt + d * nk;                        // kᵀ (d, nk), v (nk, d)
-  float *p = vf + nk * d, *qr = p + R * nk, *orow = qr + R * d;  // (R, nk): scores, then e^(s − max)
+  const int64_t nkp = padded(nk), dp = padded(d);
+  float *kt = scratch, *vf = kt + d * nkp;                         // kᵀ (d, nkp), v (nk, dp)
+  float *p = vf + nk * dp, *qr = p + R * nkp, *orow = qr + R * d;  // (R, nkp): scores, then e^(s − max)
   transpose_in(k, s.k, kt, nk, d);
-  widen_rows(v, s.v, vf, nk, d);
+  widen_rows(v, s.v, vf, dp, nk, d);
   for (int64_t i = 0; i < n;) {
     const int64_t rows = i + R <= n ? R : i + kRows <= n ? kRows : 1;
-    widen_rows(q + i * s.q, s.q, qr, rows, d);
+    widen_rows(q + i * s.q, s.q, qr, d, rows, d);
     if (rows == R)
-      forward_rows<R>(qr, kt, vf, orow, lse + i, nk, d, scale, p);
+      forward_rows<W, R>(qr, kt, vf, orow, lse + i, nk, d, scale, p);
     else if (rows == kRows)
-      forward_rows<kRows>(qr, kt, vf, orow, lse + i, nk, d, scale, p);
+      forward_rows<W, kRows>(qr, kt, vf, orow, lse + i, nk, d, scale, p);
     else
-      forward_rows<1>(qr, kt, vf, orow, lse + i, nk, d, scale, p);
-    narrow_rows(orow, o + i * s.o, s.o, rows, d);
+      forward_rows<W, 1>(qr, kt, vf, orow, lse + i, nk, d, scale, p);
+    narrow_rows(orow, dp, o + i * s.o, s.o, rows, d);
     i += rows;
   }
 }
@@ -247,25 +249,58 @@ MOH_INLINE_INTO_CLONES bool all_zero(const T* x, int64_t n) {
   return true;
 }
 
+// Query rows per backward tile: their probabilities and score gradients (2 · tile · nkp floats) stay in the scratch
+// while dk and dv take the whole tile in one pass each (per block of query rows, those two (nk, d) sums went through
+// memory once per block).
+constexpr int64_t kMaxTile = 64, kTileFloats = int64_t{1} << 15;
+int64_t tile_rows(int64_t nkp) {
+  const int64_t t = kTileFloats / (2 * nkp) / kWideRows * kWideRows;
+  return t < kWideRows ? kWideRows : t > kMaxTile ? kMaxTile : t;
+}
+
+// The m gathered rows of a tile: blocks of R, what is left in blocks of kRows, then row by row.
+template <int W, int64_t R>
+MOH_INLINE_INTO_CLONES void backward_tile_rows(const float* qr, const float* gr, const float* lr, const float* kt,
+                                               const float* vt, const float* kf, float* p, float* ds, float* dqr,
+                                               int64_t m, int64_t nk, int64_t d, float scale) {
+  const int64_t nkp = padded(nk), dp = padded(d);
+  for (int64_t r = 0; r < m;) {
+    const int64_t at = r;
+    if (r + R <= m)
+      backward_rows<W, R>(qr + at * dp, gr + at * dp, lr + at, kt, vt, kf, p + at * nkp, ds + at * nkp, dqr + at * dp,
+                          nk, d, scale),
+          r += R;
+    else if (r + kRows <= m)
+      backward_rows<W, kRows>(qr + at * dp, gr + at * dp, lr + at, kt, vt, kf, p + at * nkp, ds + at * nkp,
+                              dqr + at * dp, nk, d, scale),
+          r += kRows;
+    else
+      backward_rows<W, 1>(qr + at * dp, gr + at * dp, lr + at, kt, vt, kf, p + at * nkp, ds + at * nkp, dqr + at * dp,
+                          nk, d, scale),
+          r += 1;
+  }
+}
+
 // With p = e^(s − lse) a row's probabilities and dp = dout_i · vᵀ: ds = p ⊙ (dp − Σ_j p dp) (softmax's backward,
 // the sum standing for dout_i · o_i), dq_i = scale · ds · k, dk += scale · ds ⊗ q_i, dv += p ⊗ dout_i. A query row
 // whose dout is zero has ds = 0 and adds nothing: such rows (MoH's unselected (token, head) pairs, gated by 0) are
 // skipped and their dq rows set to zero; the other rows keep their order, so every sum is the one computed without
-// the skip (bit for bit, up to the sign of an exact zero), and the same for any R (dk and dv take the rows one after
-// the other whatever the block).
-template <int64_t R, class T>
+// the skip (bit for bit, up to the sign of an exact zero), and the same for any R and tile (dk and dv take the rows
+// one after the other).
+template <int W, int64_t R, class T>
 MOH_INLINE_INTO_CLONES void backward_group(const T* q, const T* k, const T* v, const T* dout, const float* lse, T* dq,
                                            T* dk, T* dv, int64_t n, int64_t nk, int64_t d, float scale,
                                            const Strides& s, float* scratch) {
-  float *kt = scratch, *vt = kt + d * nk, *kf = vt + d * nk, *dkt = kf + d * nk, *dvt = dkt + d * nk;
-  float *p = dvt + d * nk, *ds = p + R * nk;                     // (R, nk) each
-  float *qr = ds + R * nk, *gr = qr + R * d, *dqr = gr + R * d;  // (R, d) each
+  const int64_t nkp = padded(nk), dp = padded(d), tile = tile_rows(nkp);
+  float *kt = scratch, *vt = kt + d * nkp, *kf = vt + d * nkp;  // kᵀ, vᵀ (d, nkp); k (nk, dp)
+  float *dkf = kf + nk * dp, *dvf = dkf + nk * dp;              // dk, dv (nk, dp)
+  float *p = dvf + nk * dp, *ds = p + tile * nkp;               // (tile, nkp) each
+  float *qr = ds + tile * nkp, *gr = qr + tile * dp, *dqr = gr + tile * dp, *lr = dqr + tile * dp;  // (tile, dp)
   transpose_in(k, s.k, kt, nk, d);
   transpose_in(v, s.v, vt, nk, d);
-  widen_rows(k, s.k, kf, nk, d);
-  std::fill(dkt, dkt + 2 * d * nk, 0.f);
-  int64_t rows[R];  // the query rows gathered into qr and gr
-  float lr[R];      // and their log-sum-exps
+  widen_rows(k, s.k, kf, dp, nk, d);
+  std::fill(dkf, dkf + 2 * nk * dp, 0.f);
+  int64_t rows[kMaxTile];  // the query rows gathered into qr and gr
   int64_t m = 0;
   for (int64_t i = 0; i <= n; ++i) {
     if (i < n && all_zero(dout + i * s.o, d)) {
@@ -273,85 +308,99 @@ MOH_INLINE_INTO_CLONES void backward_group(const T* q, const T* k, const T* v, c
       continue;
     }
     if (i < n) {
-      widen_all(q + i * s.q, qr + m * d, d);
-      widen_all(dout + i * s.o, gr + m * d, d);
+      widen_rows(q + i * s.q, s.q, qr + m * dp, dp, 1, d);
+      widen_rows(dout + i * s.o, s.o, gr + m * dp, dp, 1, d);
       rows[m] = i, lr[m] = lse[i];
-      if (++m < R) continue;
+      if (++m < tile) continue;
     }
-    // A full block, or at the end what is left of one: a block of kRows when that many are left, then row by row.
-    int64_t done = 0;
-    if (m == R)
-      backward_rows<R>(qr, kf, kt, vt, gr, lr, dqr, dkt, dvt, nk, d, scale, p, ds), done = R;
-    else if (m >= kRows)
-      backward_rows<kRows>(qr, kf, kt, vt, gr, lr, dqr, dkt, dvt, nk, d, scale, p, ds), done = kRows;
-    for (int64_t r = done; r < m; ++r)
-      backward_rows<1>(qr + r * d, kf, kt, vt, gr + r * d, lr + r, dqr + r * d, dkt, dvt, nk, d, scale, p, ds);
-    for (int64_t r = 0; r < m; ++r) narrow_all(dqr + r * d, dq + rows[r] * s.dq, d);
+    if (m == 0) continue;
+    backward_tile_rows<W, R>(qr, gr, lr, kt, vt, kf, p, ds, dqr, m, nk, d, scale);
+    tile_add_outer<W>(p, nkp, gr, dp, 1.f, dvf, nk, m);
+    tile_add_outer<W>(ds, nkp, qr, dp, scale, dkf, nk, m);
+    for (int64_t r = 0; r < m; ++r) narrow_all(dqr + r * dp, dq + rows[r] * s.dq, d);
     m = 0;
   }
-  transpose_out(dkt, dk, s.dk, d, nk);
-  transpose_out(dvt, dv, s.dv, d, nk);
+  narrow_rows(dkf, dp, dk, s.dk, nk, d);
+  narrow_rows(dvf, dp, dv, s.dv, nk, d);
 }
 
-}  // namespace
+template <int W, class T>
+MOH_INLINE_INTO_CLONES void forward_any(const T* q, const T* k, const T* v, T* o, float* lse, int64_t n, int64_t nk,
+                                        int64_t d, float scale, const Strides& s, float* scratch) {
+  switch (block_rows()) {
+    case kWideRows:
+      return forward_group<W, kWideRows>(q, k, v, o, lse, n, nk, d, scale, s, scratch);
+    case kMidRows:
+      return forward_group<W, kMidRows>(q, k, v, o, lse, n, nk, d, scale, s, scratch);
+    default:
+      return forward_group<W, kRows>(q, k, v, o, lse, n, nk, d, scale, s, scratch);
+  }
+}
 
-namespace {
+template <int W, class T>
+MOH_INLINE_INTO_CLONES void backward_any(const T* q, const T* k, const T* v, const T* dout, const float* lse, T* dq,
+                                         T* dk, T* dv, int64_t n, int64_t nk, int64_t d, float scale, const Strides& s,
+                                         float* scratch) {
+  switch (block_rows()) {
+    case kWideRows:
+      return backward_group<W, kWideRows>(q, k, v, dout, lse, dq, dk, dv, n, nk, d, scale, s, scratch);
+    case kMidRows:
+      return backward_group<W, kMidRows>(q, k, v, dout, lse, dq, dk, dv, n, nk, d, scale, s, scratch);
+    default:
+      return backward_group<W, kRows>(q, k, v, dout, lse, dq, dk, dv, n, nk, d, scale, s, scratch);
+  }
+}
+
 std::atomic<int> g_block_rows{0};  // 0: by the CPU
+
 }  // namespace
 
 int block_rows() {
   if (const int set = g_block_rows.load(std::memory_order_relaxed)) return set;
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  static const bool wide = __builtin_cpu_supports("avx512f");
-  return wide ? static_cast<int>(kWideRows) : static_cast<int>(kRows);
-#else
+  switch (simd::isa()) {
+    case simd::Isa::avx512:
+      return static_cast<int>(kWideRows);
+    case simd::Isa::avx2:
+      return static_cast<int>(kMidRows);
+    case simd::Isa::baseline:
+      break;
+  }
   return static_cast<int>(kRows);
-#endif
 }
 
 void set_block_rows(int rows) {
-  TORCH_CHECK(rows == 0 || rows == kRows || rows == kWideRows, "attention_kernels::set_block_rows: 0, 4 or 8");
+  TORCH_CHECK(rows == 0 || rows == kRows || rows == kMidRows || rows == kWideRows,
+              "attention_kernels::set_block_rows: 0, 4, 6 or 8");
   g_block_rows.store(rows, std::memory_order_relaxed);
 }
 
 int64_t forward_scratch(int64_t nk, int64_t d) {
-  return 2 * d * nk + kWideRows * nk + 2 * kWideRows * d;
+  const int64_t nkp = padded(nk), dp = padded(d);
+  return d * nkp + nk * dp + kWideRows * (nkp + d + dp);
 }
 int64_t backward_scratch(int64_t nk, int64_t d) {
-  return 5 * d * nk + 2 * kWideRows * nk + 3 * kWideRows * d;
+  const int64_t nkp = padded(nk), dp = padded(d), tile = tile_rows(nkp);
+  return 2 * d * nkp + 3 * nk * dp + tile * (2 * nkp + 3 * dp + 1);
 }
 
-MOH_CPU_CLONES void forward(const float* q, const float* k, const float* v, float* o, float* lse, int64_t n, int64_t nk,
-                            int64_t d, float scale, const Strides& s, float* scratch) {
-  if (block_rows() == kWideRows)
-    forward_group<kWideRows>(q, k, v, o, lse, n, nk, d, scale, s, scratch);
-  else
-    forward_group<kRows>(q, k, v, o, lse, n, nk, d, scale, s, scratch);
-}
-MOH_CPU_CLONES void forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* o, float* lse, int64_t n,
-                            int64_t nk, int64_t d, float scale, const Strides& s, float* scratch) {
-  if (block_rows() == kWideRows)
-    forward_group<kWideRows>(q, k, v, o, lse, n, nk, d, scale, s, scratch);
-  else
-    forward_group<kRows>(q, k, v, o, lse, n, nk, d, scale, s, scratch);
-}
-
-MOH_CPU_CLONES void backward(const float* q, const float* k, const float* v, const float* dout, const float* lse,
-                             float* dq, float* dk, float* dv, int64_t n, int64_t nk, int64_t d, float scale,
-                             const Strides& s, float* scratch) {
-  if (block_rows() == kWideRows)
-    backward_group<kWideRows>(q, k, v, dout, lse, dq, dk, dv, n, nk, d, scale, s, scratch);
-  else
-    backward_group<kRows>(q, k, v, dout, lse, dq, dk, dv, n, nk, d, scale, s, scratch);
-}
-MOH_CPU_CLONES void backward(const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* dout,
-                             const float* lse, uint16_t* dq, uint16_t* dk, uint16_t* dv, int64_t n, int64_t nk,
-                             int64_t d, float scale, const Strides& s, float* scratch) {
-  if (block_rows() == kWideRows)
-    backward_group<kWideRows>(q, k, v, dout, lse, dq, dk, dv, n, nk, d, scale, s, scratch);
-  else
-    backward_group<kRows>(q, k, v, dout, lse, dq, dk, dv, n, nk, d, scale, s, scratch);
-}
+MOH_SIMD_VARIANTS(forward, forward_any,
+                  (const float* q, const float* k, const float* v, float* o, float* lse, int64_t n, int64_t nk,
+                   int64_t d, float scale, const Strides& s, float* scratch),
+                  (q, k, v, o, lse, n, nk, d, scale, s, scratch))
+MOH_SIMD_VARIANTS(forward, forward_any,
+                  (const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* o, float* lse, int64_t n,
+                   int64_t nk, int64_t d, float scale, const Strides& s, float* scratch),
+                  (q, k, v, o, lse, n, nk, d, scale, s, scratch))
+MOH_SIMD_VARIANTS(backward, backward_any,
+                  (const float* q, const float* k, const float* v, const float* dout, const float* lse, float* dq,
+                   float* dk, float* dv, int64_t n, int64_t nk, int64_t d, float scale, const Strides& s,
+                   float* scratch),
+                  (q, k, v, dout, lse, dq, dk, dv, n, nk, d, scale, s, scratch))
+MOH_SIMD_VARIANTS(backward, backward_any,
+                  (const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* dout, const float* lse,
+                   uint16_t* dq, uint16_t* dk, uint16_t* dv, int64_t n, int64_t nk, int64_t d, float scale,
+                   const Strides& s, float* scratch),
+                  (q, k, v, dout, lse, dq, dk, dv, n, nk, d, scale, s, scratch))
 
 }  // namespace attention_kernels
 

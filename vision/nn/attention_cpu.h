@@ -46,9 +46,10 @@ bool attention_cpu_pays(const at::Tensor& q, const at::Tensor& k, const at::Tens
 bool attention_cpu_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 
 namespace attention_kernels {
-/// Query rows each block of the loops below computes at once: 8 where the CPU has AVX-512 (eight 16-lane running sums
-/// in its 32 vector registers keep both FMA units busy where four waited on each FMA's latency), else 4. Every result
-/// is the same either way, bit for bit. set_block_rows(4 or 8) fixes it (tests compare the two), 0 restores the
+/// Query rows each block of the loops below computes at once, by the instruction set they run in (simd::isa()): 8
+/// with AVX-512 (eight 16-lane running sums in its 32 vector registers), 6 with AVX2 (six rows of two 8-lane sums in
+/// its 16), else 4: enough independent sums to keep both FMA units busy through each FMA's latency. Every result is
+/// the same whatever the block, bit for bit. set_block_rows(4, 6 or 8) fixes it (tests compare them), 0 restores the
 /// CPU's choice.
 int block_rows();
 void set_block_rows(int rows);

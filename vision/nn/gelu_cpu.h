@@ -14,10 +14,14 @@ namespace moh::nn {
 /// within (8 + 6 |2v|) 2^-24 (v the tanh's argument), far more exact than at::gelu's 1 + tanh form where that cancels
 /// (1e-5 relative at u = -3, 0.3 at u = -5).
 at::Tensor gelu_tanh_cpu(const at::Tensor& z);
+/// Its two passes as plain functions (no autograd; what its autograd operation and the kernel benchmark call): y from
+/// z, and dz = dy · GELU'(z) in z's type.
+at::Tensor gelu_tanh_cpu_forward(const at::Tensor& z);
+at::Tensor gelu_tanh_cpu_backward(const at::Tensor& dy, const at::Tensor& z);
 
 namespace gelu_kernels {
-// The loops (bf16 as its raw bits; n elements, contiguous), compiled for AVX-512, AVX2 and the baseline where the
-// compiler can pick at run time.
+// The loops (bf16 as its raw bits; n elements, contiguous), compiled for AVX-512, AVX2 and the baseline and run in
+// the widest the CPU has (cpu_simd.h).
 void forward(const uint16_t* z, uint16_t* y, int64_t n);
 void backward(const uint16_t* dy, const uint16_t* z, uint16_t* dz, int64_t n);
 void forward(const float* z, float* y, int64_t n);

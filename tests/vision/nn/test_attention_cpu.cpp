@@ -9,6 +9,7 @@
 #include <limits>
 #include <vector>
 
+#include "simd_variants.h"
 #include "vision/nn/attention_core.h"
 #include "vision/nn/attention_cpu.h"
 
@@ -75,8 +76,11 @@ TEST(AttentionCpu, Fp32IsTheFp64ValueWithinFp32Rounding) {
                         v = torch::randn(dims(s, s.nk)), g = torch::randn(dims(s, s.n));
     const double scale = 1.0 / std::sqrt(static_cast<double>(s.d));
     const double eps = std::numeric_limits<float>::epsilon();
-    expect_close(fused(q, k, v, g, scale), reference(q, k, v, g, scale), 0.0, 4.0 * (s.d + s.nk) * eps,
-                 "fp32 n=" + std::to_string(s.n) + " nk=" + std::to_string(s.nk) + " d=" + std::to_string(s.d));
+    const std::vector<torch::Tensor> ref = reference(q, k, v, g, scale);
+    for_each_isa([&] {
+      expect_close(fused(q, k, v, g, scale), ref, 0.0, 4.0 * (s.d + s.nk) * eps,
+                   "fp32 n=" + std::to_string(s.n) + " nk=" + std::to_string(s.nk) + " d=" + std::to_string(s.d));
+    });
   }
 }
 
@@ -88,11 +92,14 @@ TEST(AttentionCpu, Bf16IsTheFp32ValueRoundedOnce) {
                         v = torch::randn(dims(s, s.nk)).to(torch::kBFloat16),
                         g = torch::randn(dims(s, s.n)).to(torch::kBFloat16);
     const double scale = 1.0 / std::sqrt(static_cast<double>(s.d));
-    const std::vector<torch::Tensor> got = fused(q, k, v, g, scale);
-    for (const torch::Tensor& t : got) EXPECT_EQ(t.scalar_type(), torch::kBFloat16);
-    const double eps = std::numeric_limits<float>::epsilon();
-    expect_close(got, reference(q, k, v, g, scale), std::ldexp(1.0, -8), 4.0 * (s.d + s.nk) * eps,
-                 "bf16 n=" + std::to_string(s.n) + " d=" + std::to_string(s.d));
+    const std::vector<torch::Tensor> ref = reference(q, k, v, g, scale);
+    for_each_isa([&] {
+      const std::vector<torch::Tensor> got = fused(q, k, v, g, scale);
+      for (const torch::Tensor& t : got) EXPECT_EQ(t.scalar_type(), torch::kBFloat16);
+      const double eps = std::numeric_limits<float>::epsilon();
+      expect_close(got, ref, std::ldexp(1.0, -8), 4.0 * (s.d + s.nk) * eps,
+                   "bf16 n=" + std::to_string(s.n) + " d=" + std::to_string(s.d));
+    });
   }
 }
 
@@ -163,10 +170,11 @@ TEST(AttentionCpu, RowsWithoutGradientAreSkippedExactly) {
   }
 }
 
-// The loops' blocks of 4 or of 8 query rows (8 where the CPU has AVX-512; either forced here, on any CPU) give the
-// same outputs and gradients bit for bit, at row counts that leave each kind of remainder (none, a block of 4, 4 and
-// single rows, single rows) and with rows whose gradient is zero skipped.
-TEST(AttentionCpu, BlocksOfFourAndEightRowsAgreeBitForBit) {
+// The loops' blocks of 4, 6 or 8 query rows (by the instruction set; each forced here, on any CPU) give the same
+// outputs and gradients bit for bit, in each instruction set's variant, at row counts that leave each kind of
+// remainder (none, a block of 4, 4 and single rows, single rows; tiles of the backward part-filled) and with rows
+// whose gradient is zero skipped.
+TEST(AttentionCpu, BlocksOfFourSixAndEightRowsAgreeBitForBit) {
   struct Restore {
     ~Restore() { attention_kernels::set_block_rows(0); }
   } restore;
@@ -178,12 +186,17 @@ TEST(AttentionCpu, BlocksOfFourAndEightRowsAgreeBitForBit) {
                           v = torch::randn(dims(s, s.nk)).to(type);
       const torch::Tensor keep = torch::rand({s.n}) < 0.7;
       const torch::Tensor g = (torch::randn(dims(s, s.n)) * keep.view({-1, 1})).to(type);
-      attention_kernels::set_block_rows(4);
-      const std::vector<torch::Tensor> four = fused(q, k, v, g, 0.25);
-      attention_kernels::set_block_rows(8);
-      const std::vector<torch::Tensor> eight = fused(q, k, v, g, 0.25);
-      for (size_t i = 0; i < four.size(); ++i)
-        EXPECT_TRUE(torch::equal(four[i], eight[i])) << "n=" << n << " " << type << " output/gradient " << i;
+      for_each_isa([&] {
+        attention_kernels::set_block_rows(4);
+        const std::vector<torch::Tensor> four = fused(q, k, v, g, 0.25);
+        for (const int rows : {6, 8}) {
+          attention_kernels::set_block_rows(rows);
+          const std::vector<torch::Tensor> other = fused(q, k, v, g, 0.25);
+          for (size_t i = 0; i < four.size(); ++i)
+            EXPECT_TRUE(torch::equal(four[i], other[i]))
+                << "n=" << n << " " << type << " rows " << rows << " output/gradient " << i;
+        }
+      });
     }
 }
 

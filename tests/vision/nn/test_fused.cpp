@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "simd_variants.h"
 #include "tests/test_util.h"
 #include "vision/nn/cpu_simd.h"
 #include "vision/nn/fused_ops.h"
@@ -183,24 +184,26 @@ TEST(FusedOps, TanhGeluBf16KernelIsTheExactValueRoundedOnce) {
   // 0.5 u (1 + tanh v) as u σ(2v): even fp64's 1 + tanh cancels below u ≈ -6
   const torch::Tensor exact = z64 * torch::sigmoid(2 * 0.7978845608028654 * (z64 + 0.044715 * z64.pow(3)));
   const torch::Tensor dexact = torch::autograd::grad({exact.sum()}, {z64})[0];
-  const torch::Tensor zg = z.clone().requires_grad_(true);
-  const torch::Tensor y = gelu_tanh_cpu(zg);
-  ASSERT_EQ(y.scalar_type(), torch::kBFloat16);
-  const torch::Tensor dz = torch::autograd::grad({y}, {zg}, {torch::ones_like(y)})[0];
-  ASSERT_EQ(dz.scalar_type(), torch::kBFloat16);
-  const double rel = 1.0 / 256 + 1e-5;
-  const torch::Tensor y_over = (y.to(torch::kDouble) - exact.detach()).abs() - (rel * exact.detach().abs() + 1e-36);
-  EXPECT_LE(y_over.max().item<double>(), 0.0) << "output, worst at z = " << z[y_over.argmax()].item<float>();
-  const torch::Tensor d_over = (dz.to(torch::kDouble) - dexact).abs() - (rel * dexact.abs() + 1e-6);
-  EXPECT_LE(d_over.max().item<double>(), 0.0) << "gradient, worst at z = " << z[d_over.argmax()].item<float>();
-  // Non-contiguous input, an upstream gradient that is not 1: the same as the contiguous loop's values.
-  const torch::Tensor m = z.narrow(0, 0, 2 * 4096).view({64, 128}).t().requires_grad_(true);
-  const torch::Tensor ym = gelu_tanh_cpu(m);
-  EXPECT_TRUE(ym.equal(gelu_tanh_cpu(m.detach().contiguous())));
-  const torch::Tensor up = torch::full({128, 64}, 0.5, torch::kBFloat16);
-  const torch::Tensor dm = torch::autograd::grad({ym}, {m}, {up})[0];
-  const torch::Tensor dm1 = torch::autograd::grad({gelu_tanh_cpu(m)}, {m}, {torch::ones_like(up)})[0];
-  EXPECT_TRUE(dm.equal(dm1 * 0.5));  // halving is exact in bf16, and commutes with the one rounding
+  for_each_isa([&] {
+    const torch::Tensor zg = z.clone().requires_grad_(true);
+    const torch::Tensor y = gelu_tanh_cpu(zg);
+    ASSERT_EQ(y.scalar_type(), torch::kBFloat16);
+    const torch::Tensor dz = torch::autograd::grad({y}, {zg}, {torch::ones_like(y)})[0];
+    ASSERT_EQ(dz.scalar_type(), torch::kBFloat16);
+    const double rel = 1.0 / 256 + 1e-5;
+    const torch::Tensor y_over = (y.to(torch::kDouble) - exact.detach()).abs() - (rel * exact.detach().abs() + 1e-36);
+    EXPECT_LE(y_over.max().item<double>(), 0.0) << "output, worst at z = " << z[y_over.argmax()].item<float>();
+    const torch::Tensor d_over = (dz.to(torch::kDouble) - dexact).abs() - (rel * dexact.abs() + 1e-6);
+    EXPECT_LE(d_over.max().item<double>(), 0.0) << "gradient, worst at z = " << z[d_over.argmax()].item<float>();
+    // Non-contiguous input, an upstream gradient that is not 1: the same as the contiguous loop's values.
+    const torch::Tensor m = z.narrow(0, 0, 2 * 4096).view({64, 128}).t().requires_grad_(true);
+    const torch::Tensor ym = gelu_tanh_cpu(m);
+    EXPECT_TRUE(ym.equal(gelu_tanh_cpu(m.detach().contiguous())));
+    const torch::Tensor up = torch::full({128, 64}, 0.5, torch::kBFloat16);
+    const torch::Tensor dm = torch::autograd::grad({ym}, {m}, {up})[0];
+    const torch::Tensor dm1 = torch::autograd::grad({gelu_tanh_cpu(m)}, {m}, {torch::ones_like(up)})[0];
+    EXPECT_TRUE(dm.equal(dm1 * 0.5));  // halving is exact in bf16, and commutes with the one rounding
+  });
 }
 
 // The fp32 tanh-GELU loop against fp64 on every 4096th fp32 value in [-16, 16] (each sign) and seeded random ones.
@@ -223,23 +226,25 @@ TEST(FusedOps, TanhGeluFp32KernelIsWithinItsRoundingBudget) {
   const torch::Tensor term2 = 2 * u * s * (s * e) * 0.7978845608028654 * (1 + 3 * 0.044715 * u * u);
   const torch::Tensor dexact = s + term2;
   const double eps = std::ldexp(1.0, -24);
-  const torch::Tensor zg = z.clone().requires_grad_(true);
-  const torch::Tensor y = gelu_tanh_cpu(zg);
-  ASSERT_EQ(y.scalar_type(), torch::kFloat);
-  const torch::Tensor dz = torch::autograd::grad({y}, {zg}, {torch::ones_like(y)})[0];
-  const torch::Tensor y_tol = eps * (8 + 6 * v2.abs()) * exact.abs() + 1e-30;
-  const torch::Tensor y_over = (y.to(torch::kDouble) - exact).abs() / y_tol;
-  EXPECT_LE(y_over.max().item<double>(), 1.0) << "output, worst at z = " << z[y_over.argmax()].item<float>();
-  const torch::Tensor d_tol = eps * (24 + 18 * v2.abs()) * (s.abs() + term2.abs()) + 1e-30;
-  const torch::Tensor d_over = (dz.to(torch::kDouble) - dexact).abs() / d_tol;
-  EXPECT_LE(d_over.max().item<double>(), 1.0) << "gradient, worst at z = " << z[d_over.argmax()].item<float>();
-  // Non-contiguous input, an upstream gradient that is not 1: the contiguous loop's values, the gradient halved.
-  const torch::Tensor m = random.narrow(0, 0, 64 * 128).view({64, 128}).t().requires_grad_(true);
-  const torch::Tensor ym = gelu_tanh_cpu(m);
-  EXPECT_TRUE(ym.equal(gelu_tanh_cpu(m.detach().contiguous())));
-  const torch::Tensor dm = torch::autograd::grad({ym}, {m}, {torch::full({128, 64}, 0.5)})[0];
-  const torch::Tensor dm1 = torch::autograd::grad({gelu_tanh_cpu(m)}, {m}, {torch::ones({128, 64})})[0];
-  EXPECT_TRUE(dm.equal(dm1 * 0.5));  // halving is exact in fp32
+  for_each_isa([&] {
+    const torch::Tensor zg = z.clone().requires_grad_(true);
+    const torch::Tensor y = gelu_tanh_cpu(zg);
+    ASSERT_EQ(y.scalar_type(), torch::kFloat);
+    const torch::Tensor dz = torch::autograd::grad({y}, {zg}, {torch::ones_like(y)})[0];
+    const torch::Tensor y_tol = eps * (8 + 6 * v2.abs()) * exact.abs() + 1e-30;
+    const torch::Tensor y_over = (y.to(torch::kDouble) - exact).abs() / y_tol;
+    EXPECT_LE(y_over.max().item<double>(), 1.0) << "output, worst at z = " << z[y_over.argmax()].item<float>();
+    const torch::Tensor d_tol = eps * (24 + 18 * v2.abs()) * (s.abs() + term2.abs()) + 1e-30;
+    const torch::Tensor d_over = (dz.to(torch::kDouble) - dexact).abs() / d_tol;
+    EXPECT_LE(d_over.max().item<double>(), 1.0) << "gradient, worst at z = " << z[d_over.argmax()].item<float>();
+    // Non-contiguous input, an upstream gradient that is not 1: the contiguous loop's values, the gradient halved.
+    const torch::Tensor m = random.narrow(0, 0, 64 * 128).view({64, 128}).t().requires_grad_(true);
+    const torch::Tensor ym = gelu_tanh_cpu(m);
+    EXPECT_TRUE(ym.equal(gelu_tanh_cpu(m.detach().contiguous())));
+    const torch::Tensor dm = torch::autograd::grad({ym}, {m}, {torch::full({128, 64}, 0.5)})[0];
+    const torch::Tensor dm1 = torch::autograd::grad({gelu_tanh_cpu(m)}, {m}, {torch::ones({128, 64})})[0];
+    EXPECT_TRUE(dm.equal(dm1 * 0.5));  // halving is exact in fp32
+  });
 }
 
 TEST(FusedOps, GateHeadsEqualsTheOfficialGating) {
