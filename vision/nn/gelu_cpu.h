@@ -1,6 +1,7 @@
 // GELU with the tanh approximation (DiT's approx_gelu) on bf16 and fp32 CPU tensors, in one pass over memory with fp32
 // arithmetic: LibTorch 1.13's own bf16 tanh-GELU has no vectorised CPU kernel, and its fp32 one calls a scalar tanh
-// (docs/BENCHMARKS.md, "GELU on LibTorch 1.13"). nn::gelu() uses it where kOwnCpuGelu says; at::gelu is the reference.
+// (docs/BENCHMARKS.md, "GELU on LibTorch 1.13"). nn::gelu() uses it where own_cpu_tanh_gelu() says; at::gelu is the
+// reference.
 #pragma once
 
 #include <ATen/ATen.h>

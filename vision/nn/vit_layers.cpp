@@ -1,16 +1,21 @@
 #include "vision/nn/vit_layers.h"
 
+#include "vision/nn/cpu_simd.h"
 #include "vision/nn/fused_ops.h"
 #include "vision/nn/gelu_cpu.h"
 
 namespace moh::nn {
 
+bool own_cpu_tanh_gelu() {
+  return TORCH_VERSION_MAJOR < 2 || simd::isa() == simd::Isa::avx2;
+}
+
 at::Tensor gelu(const at::Tensor& z, bool tanh, bool own) {
   const char* approximate = tanh ? "tanh" : "none";
-  if (!kOwnCpuGelu || !own || !z.device().is_cpu()) return at::gelu(z, approximate);
+  if (!own || !z.device().is_cpu()) return at::gelu(z, approximate);
   const bool bf16 = z.scalar_type() == at::kBFloat16;
-  if (tanh && (bf16 || z.scalar_type() == at::kFloat)) return gelu_tanh_cpu(z);
-  if (bf16) return at::gelu(z.to(at::kFloat), approximate).to(at::kBFloat16);
+  if (tanh && (bf16 || z.scalar_type() == at::kFloat) && own_cpu_tanh_gelu()) return gelu_tanh_cpu(z);
+  if (bf16 && kUpcastCpuGelu) return at::gelu(z.to(at::kFloat), approximate).to(at::kBFloat16);
   return at::gelu(z, approximate);
 }
 
