@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -16,6 +17,7 @@
 #include "bench/common.h"
 #include "core/error.h"
 #include "core/parse.h"
+#include "core/platform/run_context.h"
 #include "vision/nn/attention_cpu.h"
 #include "vision/nn/cpu_simd.h"
 #include "vision/nn/gelu_cpu.h"
@@ -135,7 +137,7 @@ void measure(const std::string& op, const KernelShape& s, const std::string& dty
              const KernelBenchOptions& o, bool log, std::vector<KernelBenchRow>& rows) {
   const std::vector<double> ms = time_cases(cases, o.warmup, o.runs);
   for (size_t i = 0; i < cases.size(); ++i) {
-    KernelBenchRow r{op, s.name, dtype, cases[i].impl, ms[i], ms[i] > 0 ? ms[0] / ms[i] : 0.0};
+    KernelBenchRow r{op, s.name, dtype, cases[i].impl, ms[i], ms[i] > 0 ? ms[0] / ms[i] : 0.0, 0.0, ""};
     if (log) {
       std::printf("%-19s %-28s %-5s %-16s %9.3f ms  LibTorch/this %.2f\n", r.op.c_str(), r.shape.c_str(),
                   r.dtype.c_str(), r.impl.c_str(), r.ms, r.ratio);
@@ -143,6 +145,32 @@ void measure(const std::string& op, const KernelShape& s, const std::string& dty
     }
     rows.push_back(r);
   }
+}
+
+// The roofline's ceilings on this machine and LibTorch: the rate of a 2048³ product (what `moh bench train` takes as
+// the peak of MFU) in fp32 and, where the CPU has native bf16 products, bf16 (without, LibTorch's bf16 product is a
+// scalar fallback: minutes for one product), and the bandwidth of a 256 MiB copy (bytes read + written per second).
+void measure_peaks(const KernelBenchOptions& o, bool log, std::vector<KernelBenchRow>& rows) {
+  constexpr int64_t kGemm = 2048, kCopyFloats = int64_t{64} << 20;
+  for (const std::string& dtype : o.dtypes) {
+    if (dtype == "bf16" && !cpu_has_native_bf16()) continue;
+    const at::ScalarType type = dtype == "bf16" ? at::kBFloat16 : at::kFloat;
+    const at::Tensor a = at::randn({kGemm, kGemm}).to(type), b = at::randn({kGemm, kGemm}).to(type);
+    std::vector<Case> gemm{{"LibTorch mm", {}, [a, b] { (void)at::mm(a, b); }}};
+    const double ms = time_cases(gemm, 1, std::max(3, o.runs / 3))[0];
+    rows.push_back({"peak", "2048x2048x2048 product", dtype, "LibTorch mm", ms, 1.0,
+                    2.0 * kGemm * kGemm * kGemm / (ms * 1e6), "GFLOP/s"});
+  }
+  const at::Tensor src = at::randn({kCopyFloats}), dst = at::empty({kCopyFloats});
+  std::vector<Case> copy{{"LibTorch copy_", {}, [src, dst]() mutable { dst.copy_(src); }}};
+  const double ms = time_cases(copy, 1, o.runs)[0];
+  rows.push_back(
+      {"peak", "256 MiB copy", "fp32", "LibTorch copy_", ms, 1.0, 2.0 * 4 * kCopyFloats / (ms * 1e6), "GB/s"});
+  if (log)
+    for (const KernelBenchRow& r : rows)
+      if (r.op == "peak")
+        std::printf("%-19s %-28s %-5s %-16s %9.3f ms  %.1f %s\n", r.op.c_str(), r.shape.c_str(), r.dtype.c_str(),
+                    r.impl.c_str(), r.ms, r.rate, r.unit.c_str());
 }
 
 std::vector<KernelShape> default_shapes() {
@@ -179,9 +207,11 @@ std::vector<std::string> split(const std::string& s) {
 std::vector<KernelBenchRow> run_kernel_bench(const KernelBenchOptions& o, bool log) {
   if (o.threads > 0) at::set_num_threads(o.threads);
   std::vector<KernelBenchRow> rows;
+  if (std::find(o.ops.begin(), o.ops.end(), "peak") != o.ops.end()) measure_peaks(o, log, rows);
   for (const KernelShape& s : o.shapes.empty() ? default_shapes() : o.shapes)
     for (const std::string& dtype : o.dtypes)
       for (const std::string& op : o.ops) {
+        if (op == "peak") continue;
         torch::manual_seed(0);
         const at::ScalarType type = dtype == "bf16" ? at::kBFloat16 : at::kFloat;
         std::vector<Case> fwd, bwd;
@@ -203,8 +233,9 @@ int kernel_bench_main(int argc, char** argv) {
       "shapes", "attention shapes batch:tokens:heads:head_dim (default: 32:196:4:16 and 8:256:6:64)",
       cxxopts::value<std::string>()->default_value(""))("dtypes", "fp32,bf16",
                                                         cxxopts::value<std::string>()->default_value("fp32,bf16"))(
-      "ops", "attention,gelu", cxxopts::value<std::string>()->default_value("attention,gelu"))(
-      "runs", "timed runs (median)", cxxopts::value<int>()->default_value("9"))(
+      "ops", "attention,gelu,peak (peak: a 2048^3 product and a 256 MiB copy, the roofline's ceilings)",
+      cxxopts::value<std::string>()->default_value("attention,gelu"))("runs", "timed runs (median)",
+                                                                      cxxopts::value<int>()->default_value("9"))(
       "warmup", "untimed runs first", cxxopts::value<int>()->default_value("2"))(
       "threads", "intra-op threads (0 = LibTorch default)", cxxopts::value<int>()->default_value("0"));
   cxxopts::ParseResult args;
@@ -216,7 +247,8 @@ int kernel_bench_main(int argc, char** argv) {
     if (d != "fp32" && d != "bf16") throw UserError("--dtypes", "unknown dtype \"" + d + "\"", "fp32 or bf16");
   o.ops = split(args["ops"].as<std::string>());
   for (const std::string& op : o.ops)
-    if (op != "attention" && op != "gelu") throw UserError("--ops", "unknown op \"" + op + "\"", "attention or gelu");
+    if (op != "attention" && op != "gelu" && op != "peak")
+      throw UserError("--ops", "unknown op \"" + op + "\"", "attention, gelu or peak");
   o.runs = args["runs"].as<int>(), o.warmup = args["warmup"].as<int>(), o.threads = args["threads"].as<int>();
   if (o.runs < 1 || o.warmup < 0 || o.threads < 0)
     throw UserError(argv[0], "--runs must be >= 1, --warmup and --threads >= 0", "");
@@ -232,6 +264,8 @@ int kernel_bench_main(int argc, char** argv) {
                    {"impl", r.impl},
                    {"ms", r.ms},
                    {"libtorch_over_this", r.ratio},
+                   {"rate", r.rate},
+                   {"unit", r.unit},
                    {"runs", o.runs},
                    {"machine", machine}});
   std::cout << out.dump(1) << "\n";

@@ -19,16 +19,18 @@ struct KernelShape {
 };
 
 /// One measured row: the op ("attention forward", ...), the shape, dtype, implementation ("moh AVX2", "LibTorch")
-/// and the median time; `ratio` = LibTorch's time / this row's (> 1: faster than LibTorch).
+/// and the median time; `ratio` = LibTorch's time / this row's (> 1: faster than LibTorch). The machine's own rows
+/// (op "peak": a 2048³ product, a 256 MiB copy) give `rate` in `unit` (GFLOP/s, GB/s read + written) instead.
 struct KernelBenchRow {
   std::string op, shape, dtype, impl;
-  double ms = 0, ratio = 1;
+  double ms = 0, ratio = 1, rate = 0;
+  std::string unit;
 };
 
 struct KernelBenchOptions {
   std::vector<KernelShape> shapes;  ///< empty: the demo's DiT (32:196:4:16) and DiT-S/2 at 32×32 (8:256:6:64)
   std::vector<std::string> dtypes{"fp32", "bf16"};
-  std::vector<std::string> ops{"attention", "gelu"};
+  std::vector<std::string> ops{"attention", "gelu"};  ///< and "peak": the roofline's two ceilings
   int warmup = 2, runs = 9;
   int threads = 0;  ///< intra-op threads (0: LibTorch's default)
 };

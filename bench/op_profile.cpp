@@ -38,11 +38,24 @@ double numel(at::IntArrayRef s) {
 // FLOPs of one call, from its inputs; 0 for operators that are not counted.
 double call_flops(const at::RecordFunction& fn) {
   const char* name = fn.name();
-  if (std::strncmp(name, "aten::", 6) != 0) return 0;
-  name += 6;
   const auto in = fn.inputs();
   auto sizes = [&](size_t i) -> at::IntArrayRef { return in[i].toTensor().sizes(); };
   auto is_tensor = [&](size_t i) { return i < in.size() && in[i].isTensor(); };
+  // Attention cores, fused (LibTorch 2.x's kernels, the toolkit's own loops: vision/nn/attention_cpu.h): q (B, H, N,
+  // d), k (B, H, M, d): the model's products, QKᵀ and AV = 4·B·H·N·M·d forward and twice that backward (dQ, dK, dV,
+  // dP), as the plain path's products count; the backward's recomputed QKᵀ is not model work.
+  const bool own_attention = !std::strncmp(name, "moh::attention_cpu_", 19);
+  const bool sdpa = !std::strncmp(name, "aten::_scaled_dot_product_", 26) && std::strstr(name, "math") == nullptr &&
+                    (std::strstr(name, "flash") || std::strstr(name, "efficient") || std::strstr(name, "cudnn"));
+  const bool backward = std::strstr(name, "backward") != nullptr;
+  const size_t key = sdpa && backward ? 2 : 1;  // LibTorch's backward kernels take (grad_out, query, key, ...)
+  if ((own_attention || sdpa) && is_tensor(key)) {
+    const at::IntArrayRef q = sizes(0), k = sizes(key);
+    const double fwd = 4.0 * numel(q) * static_cast<double>(k[k.size() - 2]);
+    return backward ? 2.0 * fwd : fwd;
+  }
+  if (std::strncmp(name, "aten::", 6) != 0) return 0;
+  name += 6;
   if (!std::strcmp(name, "mm") && is_tensor(1)) {  // (m, k) @ (k, n)
     return 2.0 * numel(sizes(0)) * static_cast<double>(sizes(1)[1]);
   }
@@ -67,15 +80,6 @@ double call_flops(const at::RecordFunction& fn) {
     }
     return 2.0 * static_cast<double>(x[0]) * static_cast<double>(w[0]) * out_pixels * static_cast<double>(w[1]) *
            kernel;
-  }
-  // Fused attention kernels (LibTorch 2.x): q (B, H, N, d), k (B, H, M, d): QKᵀ and AV = 4·B·H·N·M·d; the backward
-  // recomputes QKᵀ and runs four more products (2.5x).
-  const bool sdpa = !std::strncmp(name, "_scaled_dot_product_", 20) && std::strstr(name, "math") == nullptr &&
-                    (std::strstr(name, "flash") || std::strstr(name, "efficient") || std::strstr(name, "cudnn"));
-  if (sdpa && is_tensor(1)) {
-    const at::IntArrayRef q = sizes(0), k = sizes(1);
-    const double fwd = 4.0 * numel(q) * static_cast<double>(k[k.size() - 2]);
-    return std::strstr(name, "backward") ? 2.5 * fwd : fwd;
   }
   return 0;
 }
@@ -173,7 +177,7 @@ std::string scope_class(const std::string& name) {
 
 bool attention_op(const std::string& n) {
   return contains(n, "scaled_dot_product") || contains(n, "flash_attention") || contains(n, "efficient_attention") ||
-         contains(n, "cudnn_attention");
+         contains(n, "cudnn_attention") || contains(n, "moh::attention_cpu_");
 }
 
 // The class an operator's own name says ("" when it says nothing: elementwise unless a caller says more).

@@ -11,9 +11,9 @@
 # With --chain ddimN it times DiT's sample.py chain instead (eval mode, no grad): forward_with_cfg (one forward of the
 # doubled batch [cond | null], guidance scale 4 on the first 3 ε channels), guided-diffusion's DDIM (η = 0) over the
 # respaced timesteps, as `moh bench sample --chain ddimN --cfg-scale 4`.
-# usage: .venv/bin/python bench/pytorch_moh_dit_step.py [--model MoH-DiT-S/2-90|DiT-S/2|DiT-XL/2|MoH-DiT-XL/2-90]
-#        [--batch 8] [--steps 3] [--warmup 1] [--threads N] [--precision fp32|bf16] [--loss hybrid|square]
-#        [--chain ddim50] [--device cpu|cuda] [--ema 0.9999]
+# usage: .venv/bin/python bench/pytorch_moh_dit_step.py [--model MoH-DiT-S/2-90|DiT-S/2|DiT-XL/2|MoH-DiT-XL/2-90|
+#        DiT-Pixel/2|MoH-DiT-Pixel/2-75|MoH-DiT-Pixel/2-90] [--batch 8] [--steps 3] [--warmup 1] [--threads N]
+#        [--precision fp32|bf16] [--loss hybrid|square] [--chain ddim50] [--device cpu|cuda] [--ema 0.9999] [--compile]
 #        prints one JSON line {"step_s": ...}
 import argparse, json, math, os, sys, time
 from collections import OrderedDict
@@ -33,6 +33,13 @@ VARIANTS = {  # S/2: 12 layers, 384 wide, 6 heads of 64; MoH-DiT-S/2-90: 3 share
     "DiT-XL/2": dict(dim=1152, depth=28, head_dim=72, heads=[16] * 28, shared=None, topk=None),
     "MoH-DiT-XL/2-90": dict(dim=1152, depth=28, head_dim=72, heads=[8] * 9 + [16] * 10 + [24] * 9,
                             shared=[8] * 9 + [16] * 19, topk=[0] * 19 + [3] * 9),
+    # the pixel models of the embedded dataset (diffusion/dit.cpp): 28×28×1 images, 10 classes, 6 layers 64 wide, 4
+    # heads of 16 in patches of 2; MoH-75: 2 shared + top-1 of 2 everywhere; MoH-90: that in the first 3 layers, then
+    # every head shared
+    "DiT-Pixel/2": dict(dim=64, depth=6, head_dim=16, heads=[4] * 6, shared=None, topk=None, pixel=True),
+    "MoH-DiT-Pixel/2-75": dict(dim=64, depth=6, head_dim=16, heads=[4] * 6, shared=[2] * 6, topk=[1] * 6, pixel=True),
+    "MoH-DiT-Pixel/2-90": dict(dim=64, depth=6, head_dim=16, heads=[4] * 6, shared=[2] * 3 + [4] * 3,
+                               topk=[1] * 3 + [0] * 3, pixel=True),
 }
 
 p = argparse.ArgumentParser()
@@ -51,6 +58,8 @@ p.add_argument("--chain", default="", help="ddimN: time a CFG sampling chain ins
 p.add_argument("--cfg-scale", type=float, default=4.0)
 p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
 p.add_argument("--ema", type=float, default=0.0, help="DiT's update_ema after every step with this decay (0 = none)")
+p.add_argument("--compile", action="store_true",
+               help="model = torch.compile(model) (inductor, its defaults): what a PyTorch user gets for one line")
 a = p.parse_args()
 DEV = torch.device(a.device)
 if a.threads > 0:
@@ -78,7 +87,8 @@ def attention_forward(self, x):  # MoH-DiT MoHAttention.forward: all heads, then
 
 
 v = VARIANTS[a.model]
-model = DiT(32, 2, 4, v["dim"], v["depth"], 1000, v["heads"], v["head_dim"], v["shared"], v["topk"])
+SIZE, CIN, CLASSES = (28, 1, 10) if v.get("pixel") else (32, 4, 1000)
+model = DiT(SIZE, 2, CIN, v["dim"], v["depth"], CLASSES, v["heads"], v["head_dim"], v["shared"], v["topk"])
 for m in model.modules():
     if type(m).__name__ == "Attention":
         m.forward = attention_forward.__get__(m)
@@ -88,11 +98,14 @@ ema = None
 if a.ema > 0:
     import copy
     ema = copy.deepcopy(model).requires_grad_(False)
+trained = model  # the module whose parameters the optimizer and the EMA hold
+if a.compile:
+    model = torch.compile(model)
 
 
 @torch.no_grad()
 def update_ema():  # DiT train.py's update_ema
-    ema_params, model_params = OrderedDict(ema.named_parameters()), OrderedDict(model.named_parameters())
+    ema_params, model_params = OrderedDict(ema.named_parameters()), OrderedDict(trained.named_parameters())
     for name, param in model_params.items():
         ema_params[name].mul_(a.ema).add_(param.data, alpha=1 - a.ema)
 
@@ -145,7 +158,7 @@ def training_loss(x0, y):
     with torch.autocast(DEV.type, dtype=torch.bfloat16, enabled=a.precision == "bf16"):
         out = model(xt, t, y)
     out = out.float()
-    eps, var = out.split(4, dim=1)
+    eps, var = out.split(CIN, dim=1)
     mse = ((noise - eps) ** 2).mean(dim=(1, 2, 3))
     min_log, max_log = at(post_logvar, t, xt), at(torch.log(betas), t, xt)
     frac = (var + 1) / 2
@@ -163,8 +176,8 @@ def training_loss(x0, y):
     return loss
 
 
-x0 = torch.randn(a.batch, 4, 32, 32, device=DEV)
-y = torch.randint(0, 1000, (a.batch,), device=DEV)
+x0 = torch.randn(a.batch, CIN, SIZE, SIZE, device=DEV)
+y = torch.randint(0, CLASSES, (a.batch,), device=DEV)
 
 
 @torch.no_grad()
@@ -219,5 +232,6 @@ for i in range(a.warmup + a.steps):
 times.sort()
 print(json.dumps({"model": a.model, "batch": a.batch, "precision": a.precision, "step_s": times[len(times) // 2],
                   "img_per_s": a.batch / times[len(times) // 2], "device": a.device, "ema": a.ema,
+                  "compiled": a.compile,
                   "torch": torch.__version__, "threads": torch.get_num_threads(), "fused_attention": FUSED,
                   "loss": float(loss.detach())}))

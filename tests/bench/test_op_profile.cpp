@@ -10,6 +10,7 @@
 #include "core/train/optimizer.h"
 #include "tests/diffusion/tiny_dit.h"
 #include "tests/test_util.h"
+#include "vision/nn/attention_cpu.h"
 
 namespace moh::bench {
 namespace {
@@ -94,6 +95,40 @@ TEST(OpProfile, RecordedMoHDiTStepHasEveryClass) {
   for (const auto& [k, v] : p.ms) classes += v;
   for (const auto& r : p.ops) ops += r.self_ms;
   EXPECT_NEAR(classes, ops, 1e-6 * ops);
+}
+
+// The attention core's FLOPs are the model's products whichever path runs it: the plain path's four batched products
+// forward and backward (QKᵀ, AV; dP, dV, dS·K, dSᵀ·Q), the toolkit's CPU loops (vision/nn/attention_cpu.h) and, on
+// LibTorch 2.x, its fused kernel, each 4·B·H·N·M·d forward and twice that backward (a recomputed QKᵀ is not counted).
+TEST(FlopCounter, CountsTheAttentionCoreAlikeOnEveryPath) {
+  const int64_t B = 2, H = 3, N = 20, M = 24, d = 16;
+  const double fwd = 4.0 * B * H * N * M * d;
+  const torch::Tensor q0 = torch::randn({B, H, N, d}), k0 = torch::randn({B, H, M, d}), v0 = torch::randn({B, H, M, d});
+  auto counted = [&](const std::function<torch::Tensor(torch::Tensor, torch::Tensor, torch::Tensor)>& core) {
+    const torch::Tensor q = q0.clone().requires_grad_(true), k = k0.clone().requires_grad_(true),
+                        v = v0.clone().requires_grad_(true);
+    const FlopCounter count;
+    const torch::Tensor o = core(q, k, v);
+    const double forward = count.flops();
+    torch::autograd::grad({o}, {q, k, v}, {torch::ones_like(o)});
+    return std::make_pair(forward, count.flops() - forward);
+  };
+  const auto plain = counted([](torch::Tensor q, torch::Tensor k, torch::Tensor v) {
+    return torch::matmul(torch::softmax(torch::matmul(q, k.transpose(-2, -1)) * 0.25, -1), v);
+  });
+  EXPECT_DOUBLE_EQ(plain.first, fwd);
+  EXPECT_DOUBLE_EQ(plain.second, 2 * fwd);
+  const auto own =
+      counted([](torch::Tensor q, torch::Tensor k, torch::Tensor v) { return nn::attention_cpu(q, k, v, 0.25); });
+  EXPECT_DOUBLE_EQ(own.first, fwd);
+  EXPECT_DOUBLE_EQ(own.second, 2 * fwd);
+#if TORCH_VERSION_MAJOR >= 2
+  const auto fused = counted([](torch::Tensor q, torch::Tensor k, torch::Tensor v) {
+    return at::scaled_dot_product_attention(q, k, v, {}, 0.0, false, 0.25);
+  });
+  EXPECT_DOUBLE_EQ(fused.first, fwd);
+  EXPECT_DOUBLE_EQ(fused.second, 2 * fwd);
+#endif
 }
 
 // Every benchmark row names the BLAS kernel it ran on (an OpenBLAS fallback costs 2-6x: docs/BENCHMARKS.md).

@@ -1,6 +1,7 @@
 #include "vision/nn/attention_cpu.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
@@ -517,6 +518,7 @@ bool cpu_float(const at::Tensor& t) {
 
 AttentionCpuResult attention_cpu_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
   TORCH_CHECK(attention_cpu_applies(q, k, v), "attention_cpu: CPU fp32/bf16 q (..., Nq, d), k and v (..., Nk, d)");
+  RECORD_FUNCTION("moh::attention_cpu_forward", std::vector<c10::IValue>({q, k}));  // profiles: class, FLOPs
   const at::ScalarType type = storage_type(q, k, v);
   const Operand qg = operand(q, type), kg = operand(k, type), vg = operand(v, type);
   const Operand o = operand(dense_like(q, type), type);
@@ -531,6 +533,7 @@ AttentionCpuResult attention_cpu_forward(const at::Tensor& q, const at::Tensor& 
 
 std::array<at::Tensor, 3> attention_cpu_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                                                  const at::Tensor& v, const at::Tensor& lse, double scale) {
+  RECORD_FUNCTION("moh::attention_cpu_backward", std::vector<c10::IValue>({q, k}));
   const at::ScalarType type = storage_type(q, k, v);
   const Operand qg = operand(q, type), kg = operand(k, type), vg = operand(v, type), gg = operand(dout, type);
   const Operand dq = operand(dense_like(q, type), type), dk = operand(dense_like(k, type), type),
