@@ -4,7 +4,8 @@
 #   2. train a pixel-space MoH-DiT from YAML (flow matching) and sample 10 images per class with classifier-free
 #      guidance,
 #   3. compute the FID report of those samples with the trained classifier as the feature network.
-# Full run: 8 to 16 min on a fresh 2-core machine (its first line says how long here, its last how long it took).
+# Full run: 8 to 17 min on a fresh 2-core machine by its CPU kind (its first line says how long here, its last how long
+# it took; docs/results/demo/README.md).
 # DEMO_QUICK=1: the same with few steps (a few minutes; used by a test). DEMO_ESTIMATE_ONLY=1: print the first line.
 # Environment: DEMO_OUT (default runs/demo), DEMO_SKIP_SETUP=1 + MOH=path/to/moh to use an existing build,
 #   MOH_LIBTORCH=pip to build and run against the pinned pip LibTorch 2.x (build-torch2/) instead of Debian's 1.13.
@@ -46,10 +47,11 @@ case $KIND in
     est_setup=${est_setup:-300} est_eval=$((VAL == 0 ? 51 : 8))
     est_cls=$((5 + CLS_STEPS * 52 / 100 + est_eval)) est_dit=$((10 + DIT_STEPS * 28 / 100))
     basis="timed on this CPU kind (Intel Xeon with AVX-512 + AMX)" ;;
-  amd-avx2)  # no demo run: fp32 (no bf16 here), the MoH-vs-MHA study's runs of the same recipes on an AMD EPYC
-    # family 25 (docs/results/moh_vs_mha/rows.jsonl: the DiT's 750 fp32 steps 1,017-1,047 s, the classifier's 150 83 s)
-    est_setup=${est_setup:-370} est_cls=$((5 + CLS_STEPS * 55 / 100 + est_eval)) est_dit=$((10 + DIT_STEPS * 137 / 100))
-    basis="estimated for an AMD EPYC with AVX2 from the study runs of these recipes, no demo run on one" ;;
+  amd-avx2)  # timed: demo_amd_avx2_2026-12-07.log (classifier 122 + 29 s, DiT 458 s in fp32: no bf16 here); setup +
+    # build not timed there (DEMO_SKIP_SETUP=1): the earlier estimate
+    est_setup=${est_setup:-370} est_eval=$((VAL == 0 ? 29 : 5))
+    est_cls=$((5 + CLS_STEPS * 78 / 100 + est_eval)) est_dit=$((10 + DIT_STEPS * 60 / 100))
+    basis="timed on this CPU kind (AMD EPYC with AVX2 only)" ;;
   *)
     est_setup=${est_setup:-350} est_cls=$((15 + CLS_STEPS * 3 / 4 + est_eval)) est_dit=$((10 + DIT_STEPS * 53 / 100))
     basis="no timed run on this CPU kind ($(cpu_name)): an estimate for fp32 steps" ;;

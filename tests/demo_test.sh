@@ -26,8 +26,8 @@ kind AuthenticAMD "avx2 avx512f avx512_bf16" "about 9 min in all (setup + build 
 kind AuthenticAMD "avx2 avx512f avx512_bf16" "timed on this CPU kind (AMD EPYC with AVX-512 + bf16)"
 kind GenuineIntel "avx2 avx512f amx_tile amx_bf16" "about 11 min in all (setup + build 300 s"
 kind GenuineIntel "avx2 avx512f amx_tile amx_bf16" "timed on this CPU kind (Intel Xeon with AVX-512 + AMX)"
-kind AuthenticAMD "avx avx2" "about 26 min in all (setup + build 370 s"
-kind AuthenticAMD "avx avx2" "estimated for an AMD EPYC with AVX2 from the study runs"
+kind AuthenticAMD "avx avx2" "about 17 min in all (setup + build 370 s"
+kind AuthenticAMD "avx avx2" "timed on this CPU kind (AMD EPYC with AVX2 only)"
 kind GenuineIntel "avx avx2 avx512f" "no timed run on this CPU kind (Test CPU, AVX-512): an estimate for fp32 steps"
 kind GenuineIntel "avx avx2 avx512f" "about 16 min in all (setup + build 350 s"
 for stage in "setup + build" "classifier training" "classifier evaluation + head load + FID reference statistics" \
