@@ -57,15 +57,14 @@ AttentionPath choose_attention_path(AttentionPath requested, double active, int6
 }
 
 at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, const at::Tensor& bias,
-                  bool fused) {
+                  bool fused, const at::Tensor& live) {
+  if (fused && !bias.defined() && attention_cpu_pays(q, k, v)) return attention_cpu(q, k, v, scale, live);
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
   if (fused) {  // kFusedAttentionAvailable
     c10::optional<at::Tensor> mask;
     if (bias.defined()) mask = bias.to(q.scalar_type());
     return at::scaled_dot_product_attention(q, k, v, mask, 0.0, false, scale);
   }
-#else
-  if (fused && !bias.defined() && attention_cpu_pays(q, k, v)) return attention_cpu(q, k, v, scale);
 #endif
   const int64_t nq = q.size(-2), nk = k.size(-2);
   const int64_t lead = q.numel() / std::max<int64_t>(1, q.size(-1) * nq);  // batch·heads
@@ -86,7 +85,12 @@ at::Tensor mix_heads_dense(const at::Tensor& q, const at::Tensor& k, const at::T
   const int64_t B = q.size(0), h = q.size(1), N = q.size(2), d = q.size(3);
   at::Tensor kk = k.size(1) == h ? k : k.expand({B, h, k.size(2), d});
   at::Tensor vv = v.size(1) == h ? v : v.expand({B, h, v.size(2), d});
-  const at::Tensor o = attend(q, kk, vv, scale, {}, fused);  // (B, h, N, d)
+  // Where the CPU loop runs, the (token, head) pairs whose gate is 0 are not computed (their output is multiplied by
+  // 0).
+  const at::Tensor live = gates.defined() && fused && attention_cpu_pays(q, kk, vv)
+                              ? (gates.view({B, N, h}) != 0).permute({0, 2, 1})  // (B, h, N)
+                              : at::Tensor();
+  const at::Tensor o = attend(q, kk, vv, scale, {}, fused, live);  // (B, h, N, d)
   if (gates.defined() && fused_gates) return fused_gate_heads(o, gates, consumer_dtype(o));
   if (gates.defined()) return plain_gate_heads(o, gates);  // official: einsum("bne,bned->bned")
   return o.transpose(1, 2).reshape({B, N, h * d});

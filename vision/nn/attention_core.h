@@ -37,11 +37,12 @@ enum class PathTarget { cpu_libtorch1, cpu_libtorch2, cuda };
 AttentionPath auto_attention_path(double active, int64_t tokens, PathTarget target);
 
 /// softmax(q kᵀ · scale + bias) v over the last two dims: q (..., Nq, d), k/v (..., Nk, d), bias broadcastable to
-/// (..., Nq, Nk). With `fused`: LibTorch ≥ 2.1 calls scaled_dot_product_attention (flash/mem-efficient on CUDA),
-/// older builds on a CPU run attention_cpu (attention_cpu.h) where it pays (attention_cpu_pays; no bias); otherwise,
-/// and without `fused`, the plain matmul-softmax-matmul path (the reference).
+/// (..., Nq, Nk). With `fused`: the CPU loop of attention_cpu.h where it pays (attention_cpu_pays; no bias), else
+/// LibTorch ≥ 2.1's scaled_dot_product_attention (flash/mem-efficient on CUDA); otherwise, and without `fused`, the
+/// plain matmul-softmax-matmul path (the reference). `live` (..., Nq) bool: the query rows whose output is used (MoH's
+/// gated pairs); the CPU loop leaves the others zero, the other paths compute them.
 at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                  const at::Tensor& bias = {}, bool fused = false);
+                  const at::Tensor& bias = {}, bool fused = false, const at::Tensor& live = {});
 
 /// Dense head mixing: q (B, h, N, d), k/v (B, h_kv, N, d) with h_kv ∈ {1, h} (1 = keys/values shared by all heads,
 /// MoA), gates (B·N, h) or undefined (plain MHA) → (B, N, h·d). `fused_gates`: the gates applied in the layout pass

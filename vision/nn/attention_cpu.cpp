@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <array>
@@ -220,26 +221,47 @@ MOH_INLINE_INTO_CLONES void transpose_in(const T* a, int64_t ld, float* t, int64
   }
 }
 
-// R query rows at a time; what is left past the last block of R in blocks of kRows, then row by row.
+// The live query rows (all, or those `live` marks) R at a time; what is left past the last block of R in blocks of
+// kRows, then row by row. A row that is not live is not computed: its output is zero and its lse +∞ (MoH's (token,
+// head) pairs whose gate is 0: the gate multiplies the output by 0, and the backward skips the row, its gradient 0).
+// A live row's values do not depend on which rows around it are live (each row's sums are its own).
 template <int W, int64_t R, class T>
 MOH_INLINE_INTO_CLONES void forward_group(const T* q, const T* k, const T* v, T* o, float* lse, int64_t n, int64_t nk,
-                                          int64_t d, float scale, const Strides& s, float* scratch) {
+                                          int64_t d, float scale, const Strides& s, float* scratch,
+                                          const uint8_t* live) {
   const int64_t nkp = padded(nk), dp = padded(d);
   float *kt = scratch, *vf = kt + d * nkp;                         // kᵀ (d, nkp), v (nk, dp)
   float *p = vf + nk * dp, *qr = p + R * nkp, *orow = qr + R * d;  // (R, nkp): scores, then e^(s − max)
+  float* lr = orow + R * dp;                                       // (R): the gathered rows' lse
   transpose_in(k, s.k, kt, nk, d);
   widen_rows(v, s.v, vf, dp, nk, d);
-  for (int64_t i = 0; i < n;) {
-    const int64_t rows = i + R <= n ? R : i + kRows <= n ? kRows : 1;
-    widen_rows(q + i * s.q, s.q, qr, d, rows, d);
-    if (rows == R)
-      forward_rows<W, R>(qr, kt, vf, orow, lse + i, nk, d, scale, p);
-    else if (rows == kRows)
-      forward_rows<W, kRows>(qr, kt, vf, orow, lse + i, nk, d, scale, p);
-    else
-      forward_rows<W, 1>(qr, kt, vf, orow, lse + i, nk, d, scale, p);
-    narrow_rows(orow, dp, o + i * s.o, s.o, rows, d);
-    i += rows;
+  int64_t rows[R];  // the live query rows gathered into qr
+  int64_t m = 0;
+  for (int64_t i = 0; i <= n; ++i) {
+    if (i < n && live && !live[i]) {
+      std::fill(o + i * s.o, o + i * s.o + d, narrow<T>(0.f));
+      lse[i] = INFINITY;
+      continue;
+    }
+    if (i < n) {
+      widen_rows(q + i * s.q, s.q, qr + m * d, d, 1, d);
+      rows[m] = i;
+      if (++m < R) continue;
+    }
+    for (int64_t r = 0; r < m;) {  // a full block, or at the end what is left of one
+      const int64_t at = r;
+      if (m - r == R)
+        forward_rows<W, R>(qr, kt, vf, orow, lr, nk, d, scale, p), r += R;
+      else if (m - r >= kRows)
+        forward_rows<W, kRows>(qr + at * d, kt, vf, orow + at * dp, lr + at, nk, d, scale, p), r += kRows;
+      else
+        forward_rows<W, 1>(qr + at * d, kt, vf, orow + at * dp, lr + at, nk, d, scale, p), r += 1;
+    }
+    for (int64_t r = 0; r < m; ++r) {
+      narrow_rows(orow + r * dp, dp, o + rows[r] * s.o, s.o, 1, d);
+      lse[rows[r]] = lr[r];
+    }
+    m = 0;
   }
 }
 
@@ -327,14 +349,14 @@ MOH_INLINE_INTO_CLONES void backward_group(const T* q, const T* k, const T* v, c
 
 template <int W, class T>
 MOH_INLINE_INTO_CLONES void forward_any(const T* q, const T* k, const T* v, T* o, float* lse, int64_t n, int64_t nk,
-                                        int64_t d, float scale, const Strides& s, float* scratch) {
+                                        int64_t d, float scale, const Strides& s, float* scratch, const uint8_t* live) {
   switch (block_rows()) {
     case kWideRows:
-      return forward_group<W, kWideRows>(q, k, v, o, lse, n, nk, d, scale, s, scratch);
+      return forward_group<W, kWideRows>(q, k, v, o, lse, n, nk, d, scale, s, scratch, live);
     case kMidRows:
-      return forward_group<W, kMidRows>(q, k, v, o, lse, n, nk, d, scale, s, scratch);
+      return forward_group<W, kMidRows>(q, k, v, o, lse, n, nk, d, scale, s, scratch, live);
     default:
-      return forward_group<W, kRows>(q, k, v, o, lse, n, nk, d, scale, s, scratch);
+      return forward_group<W, kRows>(q, k, v, o, lse, n, nk, d, scale, s, scratch, live);
   }
 }
 
@@ -377,7 +399,7 @@ void set_block_rows(int rows) {
 
 int64_t forward_scratch(int64_t nk, int64_t d) {
   const int64_t nkp = padded(nk), dp = padded(d);
-  return d * nkp + nk * dp + kWideRows * (nkp + d + dp);
+  return d * nkp + nk * dp + kWideRows * (nkp + d + dp + 1);
 }
 int64_t backward_scratch(int64_t nk, int64_t d) {
   const int64_t nkp = padded(nk), dp = padded(d), tile = tile_rows(nkp);
@@ -386,12 +408,12 @@ int64_t backward_scratch(int64_t nk, int64_t d) {
 
 MOH_SIMD_VARIANTS(forward, forward_any,
                   (const float* q, const float* k, const float* v, float* o, float* lse, int64_t n, int64_t nk,
-                   int64_t d, float scale, const Strides& s, float* scratch),
-                  (q, k, v, o, lse, n, nk, d, scale, s, scratch))
+                   int64_t d, float scale, const Strides& s, float* scratch, const uint8_t* live),
+                  (q, k, v, o, lse, n, nk, d, scale, s, scratch, live))
 MOH_SIMD_VARIANTS(forward, forward_any,
                   (const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* o, float* lse, int64_t n,
-                   int64_t nk, int64_t d, float scale, const Strides& s, float* scratch),
-                  (q, k, v, o, lse, n, nk, d, scale, s, scratch))
+                   int64_t nk, int64_t d, float scale, const Strides& s, float* scratch, const uint8_t* live),
+                  (q, k, v, o, lse, n, nk, d, scale, s, scratch, live))
 MOH_SIMD_VARIANTS(backward, backward_any,
                   (const float* q, const float* k, const float* v, const float* dout, const float* lse, float* dq,
                    float* dk, float* dv, int64_t n, int64_t nk, int64_t d, float scale, const Strides& s,
@@ -467,15 +489,17 @@ T* rows_of(const Operand& x, int64_t g) {
   return static_cast<T*>(x.t.data_ptr()) + x.offset[static_cast<size_t>(g)];
 }
 
+// `live`: (G, n) uint8 contiguous, or undefined (every row live).
 template <class T>
 void forward_groups(const Operand& q, const Operand& k, const Operand& v, const Operand& o, at::Tensor& lse,
-                    float scale) {
+                    float scale, const at::Tensor& live) {
   const int64_t G = static_cast<int64_t>(q.offset.size()), n = q.t.size(-2), nk = k.t.size(-2), d = q.t.size(-1);
   const attention_kernels::Strides s{q.ld, k.ld, v.ld, o.ld, 0, 0, 0};
   float* lp = lse.data_ptr<float>();
+  const uint8_t* lv = live.defined() ? live.data_ptr<uint8_t>() : nullptr;
   for_groups(G, attention_kernels::forward_scratch(nk, d), [&](int64_t g, float* scratch) {
     attention_kernels::forward(rows_of<const T>(q, g), rows_of<const T>(k, g), rows_of<const T>(v, g), rows_of<T>(o, g),
-                               lp + g * n, n, nk, d, scale, s, scratch);
+                               lp + g * n, n, nk, d, scale, s, scratch, lv ? lv + g * n : nullptr);
   });
 }
 
@@ -493,9 +517,10 @@ void backward_groups(const Operand& q, const Operand& k, const Operand& v, const
 }
 
 struct AttentionCpu : torch::autograd::Function<AttentionCpu> {
+  // `live` optional: an undefined tensor argument is no variable autograd can describe.
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
-                            const at::Tensor& v, double scale) {
-    AttentionCpuResult r = attention_cpu_forward(q, k, v, scale);
+                            const at::Tensor& v, double scale, const c10::optional<at::Tensor>& live) {
+    AttentionCpuResult r = attention_cpu_forward(q, k, v, scale, live.value_or(at::Tensor()));
     ctx->save_for_backward({q, k, v, r.lse});
     ctx->saved_data["scale"] = scale;
     return r.out;
@@ -506,7 +531,7 @@ struct AttentionCpu : torch::autograd::Function<AttentionCpu> {
     const auto saved = ctx->get_saved_variables();
     const auto g =
         attention_cpu_backward(grads[0], saved[0], saved[1], saved[2], saved[3], ctx->saved_data["scale"].toDouble());
-    return {g[0], g[1], g[2], at::Tensor()};
+    return {g[0], g[1], g[2], at::Tensor(), at::Tensor()};
   }
 };
 
@@ -516,17 +541,21 @@ bool cpu_float(const at::Tensor& t) {
 
 }  // namespace
 
-AttentionCpuResult attention_cpu_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
+AttentionCpuResult attention_cpu_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                                         const at::Tensor& live) {
   TORCH_CHECK(attention_cpu_applies(q, k, v), "attention_cpu: CPU fp32/bf16 q (..., Nq, d), k and v (..., Nk, d)");
+  TORCH_CHECK(!live.defined() || live.sizes() == q.sizes().slice(0, q.dim() - 1),
+              "attention_cpu: live rows must be (..., Nq) as q's leading dims and rows");
   RECORD_FUNCTION("moh::attention_cpu_forward", std::vector<c10::IValue>({q, k}));  // profiles: class, FLOPs
   const at::ScalarType type = storage_type(q, k, v);
   const Operand qg = operand(q, type), kg = operand(k, type), vg = operand(v, type);
   const Operand o = operand(dense_like(q, type), type);
   at::Tensor lse = at::empty({static_cast<int64_t>(qg.offset.size()), q.size(-2)}, q.options().dtype(at::kFloat));
+  const at::Tensor rows = live.defined() ? live.to(at::kByte).contiguous() : at::Tensor();
   if (type == at::kBFloat16)
-    forward_groups<uint16_t>(qg, kg, vg, o, lse, static_cast<float>(scale));
+    forward_groups<uint16_t>(qg, kg, vg, o, lse, static_cast<float>(scale), rows);
   else
-    forward_groups<float>(qg, kg, vg, o, lse, static_cast<float>(scale));
+    forward_groups<float>(qg, kg, vg, o, lse, static_cast<float>(scale), rows);
   std::vector<int64_t> lse_shape(q.sizes().begin(), q.sizes().end() - 1);
   return {o.t, lse.view(lse_shape)};
 }
@@ -561,12 +590,14 @@ bool attention_cpu_pays(const at::Tensor& q, const at::Tensor& k, const at::Tens
     return q.scalar_type() == t && k.scalar_type() == t && v.scalar_type() == t;
   };
   const bool fp32 = all(at::kFloat), bf16 = all(at::kBFloat16);
-  return attention_cpu_applies(q, k, v) && (fp32 || bf16) && q.size(-1) <= 16 && k.size(-2) >= 128;
+  const bool shape = attention_cpu_applies(q, k, v) && (fp32 || bf16) && q.size(-1) <= 16 && k.size(-2) >= 128;
+  return shape && (TORCH_VERSION_MAJOR < 2 || simd::isa() == simd::Isa::avx2);
 }
 
-at::Tensor attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
+at::Tensor attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                         const at::Tensor& live) {
   TORCH_CHECK(attention_cpu_applies(q, k, v), "attention_cpu: CPU fp32/bf16 q (..., Nq, d), k and v (..., Nk, d)");
-  return AttentionCpu::apply(q, k, v, scale);
+  return AttentionCpu::apply(q, k, v, scale, live.defined() ? c10::optional<at::Tensor>(live) : c10::nullopt);
 }
 
 }  // namespace moh::nn

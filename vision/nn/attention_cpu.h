@@ -17,8 +17,12 @@
 namespace moh::nn {
 
 /// softmax(q kᵀ · scale) v for CPU tensors q (..., Nq, d), k (..., Nk, d), v (..., Nk, d) with equal leading sizes,
-/// fp32 or bf16 (the result in their common type; fp32 when they differ); differentiable in q, k and v.
-at::Tensor attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale);
+/// fp32 or bf16 (the result in their common type; fp32 when they differ); differentiable in q, k and v. `live`
+/// (..., Nq) bool, or undefined for all: the query rows whose output is used; the others are not computed and come out
+/// zero (MoH's (token, head) pairs whose gate is 0, which multiplies them by 0; their gradient is 0 and the backward
+/// skips them). Live rows are bit for bit what they are without the mask.
+at::Tensor attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                         const at::Tensor& live = {});
 
 /// What attention_cpu_forward returns: the output (in q's layout, see attention_cpu) and each query row's
 /// log-sum-exp of its scaled scores, (..., Nq) fp32, which the backward recomputes the probabilities from.
@@ -27,7 +31,8 @@ struct AttentionCpuResult {
 };
 /// attention_cpu's two passes as plain functions (no autograd): what its autograd operation calls, and what the
 /// explicit-gradient head mixing (head_mix.h) and the PyTorch ops (python/) call.
-AttentionCpuResult attention_cpu_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale);
+AttentionCpuResult attention_cpu_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                                         const at::Tensor& live = {});
 /// Gradients of q, k and v (in their types and layouts) from dout (..., Nq, d) and the forward's lse.
 std::array<at::Tensor, 3> attention_cpu_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                                                  const at::Tensor& v, const at::Tensor& lse, double scale);
@@ -35,10 +40,11 @@ std::array<at::Tensor, 3> attention_cpu_backward(const at::Tensor& dout, const a
 /// Widest head attention_cpu takes (its loops keep a row of d floats per operand; the models use 16 to 128).
 constexpr int64_t kMaxHeadDim = 256;
 
-/// Where attend() runs attention_cpu (LibTorch 1.13, `fused`): where it applies and was measured faster than the
-/// plain path in a training step: fp32 or bf16 operands (all three of one type), heads of at most 16 dims, at least
-/// 128 keys (the pixel DiT /2's 196 tokens of 16 dims). At 49 tokens or 64-dim heads it was level or slower
-/// (docs/BENCHMARKS.md, "Attention core on a CPU").
+/// Where attend() runs attention_cpu (`fused`): where it applies and was measured faster than LibTorch's own path:
+/// fp32 or bf16 operands (all three of one type), heads of at most 16 dims, at least 128 keys (the pixel DiT /2's 196
+/// tokens of 16 dims); on 1.13 (against its plain path) on every instruction set, on 2.x (against its flash attention)
+/// where the loop's AVX2 variant runs (its AVX-512 variant is not yet measured against 2.x). At 49 tokens or 64-dim
+/// heads it was level or slower (docs/BENCHMARKS.md, "Attention core on a CPU").
 bool attention_cpu_pays(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 
 /// Whether attention_cpu takes these operands (CPU, fp32 / bf16, equal leading sizes, v as wide as k, d <=
@@ -62,11 +68,12 @@ struct Strides {
   int64_t q, k, v, o, dq, dk, dv;
 };
 /// One (batch, head) group, rows of d contiguous elements, fp32 or bf16 (its raw bits; the arithmetic in fp32 either
-/// way): q (n, d), k and v (nk, d) → o (n, d) and the rows' log-sum-exp (n, fp32, contiguous).
+/// way): q (n, d), k and v (nk, d) → o (n, d) and the rows' log-sum-exp (n, fp32, contiguous). `live` (n bytes, or
+/// null for all): rows with 0 there are not computed (output 0, lse +∞).
 void forward(const float* q, const float* k, const float* v, float* o, float* lse, int64_t n, int64_t nk, int64_t d,
-             float scale, const Strides& s, float* scratch);
+             float scale, const Strides& s, float* scratch, const uint8_t* live = nullptr);
 void forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* o, float* lse, int64_t n, int64_t nk,
-             int64_t d, float scale, const Strides& s, float* scratch);
+             int64_t d, float scale, const Strides& s, float* scratch, const uint8_t* live = nullptr);
 /// Its gradients from dout (n, d) and the forward's lse: dq (n, d), dk and dv (nk, d), all overwritten.
 void backward(const float* q, const float* k, const float* v, const float* dout, const float* lse, float* dq, float* dk,
               float* dv, int64_t n, int64_t nk, int64_t d, float scale, const Strides& s, float* scratch);

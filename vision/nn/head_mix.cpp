@@ -39,8 +39,8 @@ AttentionCore resolve_core(AttentionCore wanted, const at::Tensor& q, const at::
     case AttentionCore::plain:
       return wanted;
     case AttentionCore::automatic:  // attend()'s choice with fused = true
-      if (fused_ok) return AttentionCore::fused_cpu;
       if (kernel_ok && attention_cpu_pays(q, k, v)) return AttentionCore::kernel_cpu;
+      if (fused_ok) return AttentionCore::fused_cpu;
       return AttentionCore::plain;
   }
   return AttentionCore::plain;

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <torch/version.h>
 #include <limits>
 #include <vector>
 
@@ -200,6 +201,38 @@ TEST(AttentionCpu, BlocksOfFourSixAndEightRowsAgreeBitForBit) {
     }
 }
 
+// Rows marked not live (MoH's pairs whose gate is 0) are not computed: their output is zero and their lse +inf, and
+// every live row's output and lse are the unmasked call's, bit for bit; with the upstream gradient zero on the dead
+// rows (as the gates make it), the gradients of q, k and v are the unmasked call's too. fp32 and bf16, each
+// instruction set, a mask that leaves part-filled blocks.
+TEST(AttentionCpu, DeadRowsAreZeroAndLiveRowsUnchanged) {
+  torch::manual_seed(28);
+  const Shape s{{2, 3}, 45, 50, 16};
+  for (const auto type : {torch::kFloat, torch::kBFloat16}) {
+    const torch::Tensor q = (torch::randn(dims(s, s.n)) * 2).to(type), k = torch::randn(dims(s, s.nk)).to(type),
+                        v = torch::randn(dims(s, s.nk)).to(type);
+    const torch::Tensor live = torch::rand({2, 3, s.n}) < 0.7;
+    const torch::Tensor g = (torch::randn(dims(s, s.n)) * live.unsqueeze(-1)).to(type);
+    for_each_isa([&] {
+      const AttentionCpuResult all = attention_cpu_forward(q, k, v, 0.25),
+                               some = attention_cpu_forward(q, k, v, 0.25, live);
+      const torch::Tensor dead = ~live;
+      EXPECT_TRUE(
+          torch::equal(some.out.masked_fill(dead.unsqueeze(-1), 0), all.out.masked_fill(dead.unsqueeze(-1), 0)));
+      EXPECT_TRUE((some.out.masked_select(dead.unsqueeze(-1)) == 0).all().item<bool>());
+      EXPECT_TRUE(torch::equal(some.lse.masked_select(live), all.lse.masked_select(live)));
+      EXPECT_TRUE(torch::isinf(some.lse.masked_select(dead)).all().item<bool>());
+      auto masked = [&](torch::Tensor a, torch::Tensor b, torch::Tensor c) {
+        return attention_cpu(a, b, c, 0.25, live);
+      };
+      auto unmasked = [&](torch::Tensor a, torch::Tensor b, torch::Tensor c) { return attention_cpu(a, b, c, 0.25); };
+      const std::vector<torch::Tensor> gm = run(masked, q.clone(), k.clone(), v.clone(), g),
+                                       gu = run(unmasked, q.clone(), k.clone(), v.clone(), g);
+      for (size_t i = 1; i < gm.size(); ++i) EXPECT_TRUE(torch::equal(gm[i], gu[i])) << type << " gradient " << i;
+    });
+  }
+}
+
 TEST(AttentionCpu, TakesOnlyWhatItComputes) {
   const torch::Tensor q = torch::randn({2, 4, 8}), k = torch::randn({2, 6, 8});
   EXPECT_TRUE(attention_cpu_applies(q, k, k));
@@ -217,11 +250,14 @@ TEST(AttentionCpu, AttendTakesItWhereItPays) {
   torch::manual_seed(25);
   const torch::Tensor q = torch::randn({2, 2, 40, 16}), k = torch::randn({2, 2, 196, 16}),
                       v = torch::randn({2, 2, 196, 16});
-  EXPECT_TRUE(attention_cpu_pays(q, k, v));
-  EXPECT_FALSE(attention_cpu_pays(q, k.narrow(2, 0, 49), v.narrow(2, 0, 49)));  // 49 keys
-  EXPECT_TRUE(attention_cpu_pays(q.to(torch::kBFloat16), k.to(torch::kBFloat16), v.to(torch::kBFloat16)));
-  EXPECT_FALSE(attention_cpu_pays(q.to(torch::kBFloat16), k, v));  // mixed types: the plain path's promotion
-  EXPECT_FALSE(attention_cpu_pays(torch::randn({1, 8, 64}), torch::randn({1, 196, 64}), torch::randn({1, 196, 64})));
+  for_each_isa([&] {  // 1.13: on every instruction set; 2.x: against its flash attention where AVX2 runs the loop
+    const bool here = TORCH_VERSION_MAJOR < 2 || simd::isa() == simd::Isa::avx2;
+    EXPECT_EQ(attention_cpu_pays(q, k, v), here);
+    EXPECT_EQ(attention_cpu_pays(q.to(torch::kBFloat16), k.to(torch::kBFloat16), v.to(torch::kBFloat16)), here);
+    EXPECT_FALSE(attention_cpu_pays(q, k.narrow(2, 0, 49), v.narrow(2, 0, 49)));  // 49 keys
+    EXPECT_FALSE(attention_cpu_pays(q.to(torch::kBFloat16), k, v));  // mixed types: the plain path's promotion
+    EXPECT_FALSE(attention_cpu_pays(torch::randn({1, 8, 64}), torch::randn({1, 196, 64}), torch::randn({1, 196, 64})));
+  });
   const torch::Tensor g = torch::randn({2, 2, 40, 16});
   auto via_attend = [](torch::Tensor a, torch::Tensor b, torch::Tensor c) { return attend(a, b, c, 0.25, {}, true); };
   const double eps = std::numeric_limits<float>::epsilon();
