@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "vision/nn/fused_kernels.h"
+#include "vision/nn/fused_rows.h"
 #include "vision/nn/gelu_cpu.h"
 
 namespace moh::nn::fused {
@@ -50,6 +51,19 @@ void st(void* p, int64_t i, float v) {
   static_cast<T*>(p)[i] = Storage<T>::store(v);
 }
 
+// The storage the vector row loops (fused_rows.h) take for T: fp32 as itself, bf16 as its bits; none (void) for fp16.
+template <class T>
+using RowBits = std::conditional_t<std::is_same_v<T, float>, float,
+                                   std::conditional_t<std::is_same_v<T, c10::BFloat16>, uint16_t, void>>;
+template <class T>
+RowBits<T>* bits(void* p) {
+  return static_cast<RowBits<T>*>(p);
+}
+template <class T>
+const RowBits<T>* bits(const void* p) {
+  return static_cast<const RowBits<T>*>(p);
+}
+
 // Runs fn(b, n0, n1, tile) for every tile of kTileRows rows of each of B row blocks of N rows, in parallel; tile is
 // the tile's index in (B, tiles(N)) order, where its partial sums go.
 template <class F>
@@ -83,6 +97,11 @@ void ln_modulate_forward(const void* x, DType tx, Rows shift, Rows scale, void* 
           std::vector<float> fac(static_cast<size_t>(D)), sh(static_cast<size_t>(D));
           factors<Tm>(scale, b, D, fac.data());
           for (int64_t c = 0; c < D; ++c) sh[c] = ld<Tm>(shift.p, b * shift.stride + c);
+          if constexpr (std::is_same_v<Tx, float> && !std::is_void_v<RowBits<To>>) {
+            const int64_t r0 = b * N + n0;
+            return rows::ln_modulate_forward(static_cast<const float*>(x) + r0 * D, n1 - n0, D, sh.data(), fac.data(),
+                                             eps, bits<To>(out) + r0 * D, mean + r0, rstd + r0);
+          }
           for (int64_t n = n0; n < n1; ++n) {
             const int64_t r = b * N + n, base = r * D;
             float s = 0.f;
@@ -119,6 +138,12 @@ void ln_modulate_backward(const void* dy, DType tdy, const void* x, DType tx, Ro
           float* dsh = dshift_part + tile * D;
           float* dsc = dscale_part + tile * D;
           std::fill(dsh, dsh + D, 0.f), std::fill(dsc, dsc + D, 0.f);
+          if constexpr (std::is_same_v<Tx, float> && !std::is_void_v<RowBits<Ty>>) {
+            const int64_t r0 = b * N + n0;
+            return rows::ln_modulate_backward(bits<Ty>(dy) + r0 * D, static_cast<const float*>(x) + r0 * D, n1 - n0, D,
+                                              fac.data(), mean + r0, rstd + r0, static_cast<float*>(dx) + r0 * D, dsh,
+                                              dsc);
+          }
           for (int64_t n = n0; n < n1; ++n) {
             const int64_t r = b * N + n, base = r * D;
             const float mu = mean[r], rs = rstd[r];
@@ -146,6 +171,15 @@ void gate_residual_forward(const void* x, DType tx, Rows gate, const void* branc
       using Tx = decltype(xt);
       using Tb = decltype(bt);
       at::parallel_for(0, B * N, 16, [&](int64_t begin, int64_t end) {
+        if constexpr (std::is_same_v<Tx, float> && !std::is_void_v<RowBits<Tb>>) {
+          for (int64_t r = begin; r < end;) {  // the rows of one batch element at a time (one gate row)
+            const int64_t b = r / N, stop = std::min(end, (b + 1) * N);
+            rows::gate_residual_forward(static_cast<const float*>(x) + r * D, bits<Tb>(gate.p) + b * gate.stride,
+                                        bits<Tb>(branch) + r * D, static_cast<float*>(out) + r * D, stop - r, D);
+            r = stop;
+          }
+          return;
+        }
         for (int64_t r = begin; r < end; ++r) {
           const int64_t b = r / N, base = r * D, gb = b * gate.stride;
           for (int64_t c = 0; c < D; ++c)
@@ -166,6 +200,12 @@ void gate_residual_backward(const void* dout, DType tx, Rows gate, const void* b
       for_tiles(B, N, [&](int64_t b, int64_t n0, int64_t n1, int64_t tile) {
         float* dg = dgate_part + tile * D;
         std::fill(dg, dg + D, 0.f);
+        if constexpr (std::is_same_v<Tx, float> && !std::is_void_v<RowBits<Tb>>) {
+          const int64_t r0 = b * N + n0;
+          return rows::gate_residual_backward(static_cast<const float*>(dout) + r0 * D,
+                                              bits<Tb>(gate.p) + b * gate.stride, bits<Tb>(branch) + r0 * D,
+                                              bits<Tb>(dbranch) + r0 * D, dg, n1 - n0, D);
+        }
         for (int64_t n = n0; n < n1; ++n) {
           const int64_t base = (b * N + n) * D;
           for (int64_t c = 0; c < D; ++c) {

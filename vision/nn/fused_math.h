@@ -38,8 +38,16 @@ template <class Tm>
 MOH_HD float modulation_factor(float scale) {
   return rnd<Tm>(1.f + scale);
 }
-/// DiT's modulate on a normalised element, with factor = modulation_factor(scale): x̂ · factor + shift.
-MOH_HD float modulate(float xhat, float shift, float factor) {
+// modulate, modulate_grad and layer_norm_grad also run on CPU vectors (fused_rows.cpp), inlined into one instruction
+// set's function: GCC's note on the ABI of vector returns does not apply to them (cpu_simd.h).
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+/// DiT's modulate on a normalised element, with factor = modulation_factor(scale): x̂ · factor + shift. F: float, or a
+/// CPU vector of floats (fused_rows.cpp) computing it lane by lane.
+template <class F>
+MOH_HD F modulate(F xhat, F shift, F factor) {
   return xhat * factor + shift;
 }
 /// 1 / sqrt(var + eps) of a row (biased variance, as LayerNorm).
@@ -47,17 +55,21 @@ MOH_HD float inv_std(float var, float eps) {
   return 1.f / sqrtf(var + eps);
 }
 /// ∂L/∂x̂ of modulate from ∂L/∂y.
-MOH_HD float modulate_grad(float dy, float factor) {
+template <class F>
+MOH_HD F modulate_grad(F dy, F factor) {
   return dy * factor;
 }
 /// LayerNorm's input gradient from the normalised-value gradient g = ∂L/∂x̂ of one element and the row means
 /// mean(g) and mean(g · x̂): rstd · (g − mean(g) − x̂ · mean(g x̂)).
-MOH_HD float layer_norm_grad(float g, float xhat, float mean_g, float mean_gx, float rstd) {
+template <class F>
+MOH_HD F layer_norm_grad(F g, F xhat, F mean_g, F mean_gx, F rstd) {
   return rstd * (g - mean_g - xhat * mean_gx);
 }
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#pragma GCC diagnostic pop
+#endif
 
-// ---- gate × branch + residual: out = x + gate · branch
-// ---------------------------------------------------------------
+// ---- gate × branch + residual: out = x + gate · branch ------------------------------------------------------------
 
 /// The official `x + gate.unsqueeze(1) * branch`: the product is a Tb tensor (bf16 under autocast), the sum in x's.
 template <class Tb>
