@@ -233,7 +233,8 @@ static void print_version() {
             << "BLAS: " << blas.name << (blas.path.empty() ? "" : " (" + blas.path + ")") << "\n"
             << blas_core_line() << "CPU threads: " << threads_line() << "\n"
             << "CPU kernels: " << nn::simd::isa_name(nn::simd::isa())
-            << " (the toolkit's own loops: attention core, GELU)\n"
+            << " (the toolkit's own loops: attention core, GELU; with model.fused on, LayerNorm-modulate and"
+               " gate-residual)\n"
             << "data parallel: " << (dist::available() ? "c10d (Gloo)" : "off (no c10d/Gloo headers at build time)")
             << "\n"
             << images;
