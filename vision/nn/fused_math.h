@@ -39,7 +39,8 @@ MOH_HD float modulation_factor(float scale) {
   return rnd<Tm>(1.f + scale);
 }
 // modulate, modulate_grad and layer_norm_grad also run on CPU vectors (fused_rows.cpp), inlined into one instruction
-// set's function: GCC's note on the ABI of vector returns does not apply to them (cpu_simd.h).
+// set's function: GCC's note on the ABI of vector returns does not apply to them (cpu_simd.h). Their parameters are
+// references: GCC's note on 64-byte vector parameters ignores the pragma.
 #if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"
@@ -47,7 +48,7 @@ MOH_HD float modulation_factor(float scale) {
 /// DiT's modulate on a normalised element, with factor = modulation_factor(scale): x̂ · factor + shift. F: float, or a
 /// CPU vector of floats (fused_rows.cpp) computing it lane by lane.
 template <class F>
-MOH_HD F modulate(F xhat, F shift, F factor) {
+MOH_HD F modulate(const F& xhat, const F& shift, const F& factor) {
   return xhat * factor + shift;
 }
 /// 1 / sqrt(var + eps) of a row (biased variance, as LayerNorm).
@@ -56,13 +57,13 @@ MOH_HD float inv_std(float var, float eps) {
 }
 /// ∂L/∂x̂ of modulate from ∂L/∂y.
 template <class F>
-MOH_HD F modulate_grad(F dy, F factor) {
+MOH_HD F modulate_grad(const F& dy, const F& factor) {
   return dy * factor;
 }
 /// LayerNorm's input gradient from the normalised-value gradient g = ∂L/∂x̂ of one element and the row means
 /// mean(g) and mean(g · x̂): rstd · (g − mean(g) − x̂ · mean(g x̂)).
 template <class F>
-MOH_HD F layer_norm_grad(F g, F xhat, F mean_g, F mean_gx, F rstd) {
+MOH_HD F layer_norm_grad(const F& g, const F& xhat, const F& mean_g, const F& mean_gx, const F& rstd) {
   return rstd * (g - mean_g - xhat * mean_gx);
 }
 #if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
