@@ -9,10 +9,16 @@ state_dict keys, so that an official model's attention is swapped in place (`fro
     DiTBlock             DiT's adaLN-Zero block on the fused block ops (LayerNorm + modulate, gate + residual,
                          bias + GELU) around a MoHAttention
 
-Routed layers append their load-balance loss to `load_balancing_losses` in training, as the official modules append to
-their class's LOAD_BALANCING_LOSSES (a swapped module appends to the original class's list, so the official training
-loop reads it unchanged), and keep the last step's head-load counts in `head_load`.
+A swapped module holds the official module's own Parameter and buffer objects (no copies): an optimizer, an EMA copy or
+a DDP wrapper built before the swap trains the swapped model, and requires_grad stays as it was. Routed layers append
+their load-balance loss in training to the list the official training loop sums (`load_balancing_losses`): the
+official module class's LOAD_BALANCING_LOSSES, or that of the one class of its Python module that has one (MoH-ViT's
+AggregatedAttention appends to attention.Attention's), or the list given as `losses=`; they keep the last step's
+head-load counts in `head_load`.
 """
+import sys
+import warnings
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -29,11 +35,89 @@ def _check_path(path):
     return path
 
 
+class _Losses:
+    """Where a routed layer appends its load-balance loss: a class's LOAD_BALANCING_LOSSES (looked up at each use, as
+    the official modules do) or a given list. Copies of a model (deepcopy: DiT's EMA) append to the same list, as the
+    official class-level list makes them."""
+
+    def __init__(self, owner=None, items=None):
+        self.owner, self.items = owner, items
+
+    @property
+    def list(self):
+        return self.owner.LOAD_BALANCING_LOSSES if self.owner is not None else self.items
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __reduce__(self):  # pickled by its class, not by the losses of the step it was saved in
+        return (_Losses, (self.owner, None if self.owner is not None else []))
+
+
+def _loss_owner(module):
+    """The class whose LOAD_BALANCING_LOSSES the official training loop sums for `module`: its own class's (MoH-DiT's
+    MoHAttention), else the one class of its Python module that has such a list (MoH-ViT's attention_native imports
+    attention.Attention and appends to its list); None where there is none."""
+    for klass in type(module).__mro__:
+        if isinstance(vars(klass).get("LOAD_BALANCING_LOSSES"), list):
+            return klass
+    home = sys.modules.get(type(module).__module__)
+    owners = {}
+    for value in vars(home).values() if home is not None else ():
+        if isinstance(value, type) and not issubclass(value, _Routed):
+            found = getattr(value, "LOAD_BALANCING_LOSSES", None)
+            if isinstance(found, list):
+                owners.setdefault(id(found), value)
+    if len(owners) > 1:
+        names = sorted(o.__name__ for o in owners.values())
+        raise TypeError(f"moh_torch: {type(module).__name__}'s module {home.__name__} has several "
+                        f"LOAD_BALANCING_LOSSES lists ({', '.join(names)}); pass losses=<the list your training loop sums>")
+    return next(iter(owners.values()), None)
+
+
+def _owner_of(root, name):
+    """The submodule of `root` that holds the tensor `name` ("blocks.0.qkv.weight") and the tensor's own name."""
+    path, _, leaf = name.rpartition(".")
+    return (root.get_submodule(path) if path else root), leaf
+
+
+def _take_tensors(new, old):
+    """`new`'s parameters and buffers become `old`'s own tensor objects, name by name: nothing is copied, so whatever
+    holds old's parameters (an optimizer, an EMA, DDP's reducer, a frozen flag) holds new's. Both must have the same
+    state_dict keys and parameter shapes; a buffer of another shape or dtype than new computes is copied into new's."""
+    want, have = list(old.state_dict()), list(new.state_dict())
+    if sorted(want) != sorted(have):
+        raise TypeError(f"moh_torch: {type(old).__name__} has other parameters than {type(new).__name__}: missing "
+                        f"{sorted(set(have) - set(want))}, unexpected {sorted(set(want) - set(have))}")
+    for name, param in old.named_parameters():
+        owner, leaf = _owner_of(new, name)
+        mine = owner._parameters.get(leaf)
+        if mine is None or mine.shape != param.shape:
+            raise TypeError(f"moh_torch: {type(old).__name__}.{name} has shape {list(param.shape)}, "
+                            f"{type(new).__name__} needs {None if mine is None else list(mine.shape)}")
+        owner._parameters[leaf] = param
+    for name, buf in old.named_buffers():
+        owner, leaf = _owner_of(new, name)
+        mine = owner._buffers.get(leaf) if hasattr(owner, "_buffers") else None
+        if mine is None:
+            continue
+        if mine.shape == buf.shape and mine.dtype == buf.dtype and mine.device == buf.device:
+            owner._buffers[leaf] = buf
+        elif name in want:
+            with torch.no_grad():
+                mine.copy_(buf)
+
+
 class _Routed(nn.Module):
     """The MoH router layers as the official modules create them (wg: routed, wg_0: the two-stage α, wg_1: shared) and
     the attention op call every module here makes."""
 
     LOAD_BALANCING_LOSSES = []
+
+    @property
+    def load_balancing_losses(self):
+        """The list this layer appends its load-balance loss to in training."""
+        return self._losses.list
 
     def _init_routing(self, dim, num_heads, shared_head, routed_head, path):
         if not (0 <= shared_head <= num_heads and 0 <= routed_head <= num_heads - shared_head):
@@ -42,7 +126,7 @@ class _Routed(nn.Module):
                              f"shared_head={shared_head}, routed_head={routed_head}")
         self.shared_head, self.routed_head = shared_head, routed_head
         self.path = _check_path(path)
-        self.load_balancing_losses = type(self).LOAD_BALANCING_LOSSES
+        self._losses = _Losses(owner=type(self))
         self.head_load = None
         if routed_head > 0:
             self.wg = nn.Linear(dim, num_heads - shared_head, bias=False)
@@ -77,25 +161,27 @@ class _Routed(nn.Module):
             if self.training:
                 self.load_balancing_losses.append(aux)
 
-    def _share_parts(self, module, *names):
-        """The official module's own submodules where it has them (its q/k norms, whatever their kind)."""
-        for name in names:
+    def _adopt(self, module, parts=(), losses=None):
+        """Become `module`'s replacement: its submodules `parts` (q/k norms, dropout: whatever their kind), its very
+        parameters and buffers, its training mode, and the loss list its training loop sums (`losses` names one)."""
+        self.to(device=module.proj.weight.device, dtype=module.proj.weight.dtype)  # only what this module computes
+        for name in parts:
             part = getattr(module, name, None)
             if isinstance(part, nn.Module):
                 setattr(self, name, part)
-
-    def _adopt(self, module):
-        """Weights, buffers and the aux-loss list of the official module this one replaces."""
-        self.to(device=module.proj.weight.device, dtype=module.proj.weight.dtype)
-        missing, unexpected = self.load_state_dict(module.state_dict(), strict=False)
-        if missing or unexpected:
-            raise TypeError(f"moh_torch: {type(module).__name__} has other parameters than {type(self).__name__}: "
-                            f"missing {missing}, unexpected {unexpected}")
-        for name, buf in module.named_buffers(recurse=False):
-            if name in self._buffers:
-                self._buffers[name] = buf
-        if isinstance(getattr(type(module), "LOAD_BALANCING_LOSSES", None), list):
-            self.load_balancing_losses = type(module).LOAD_BALANCING_LOSSES
+        _take_tensors(self, module)
+        if losses is not None:
+            if not isinstance(losses, list):
+                raise TypeError(f"moh_torch: losses must be a list, got {type(losses).__name__}")
+            self._losses = _Losses(items=losses)
+        elif self.routed_head > 0:
+            owner = _loss_owner(module)
+            if owner is None:
+                warnings.warn(f"moh_torch: {type(module).__name__} has no LOAD_BALANCING_LOSSES list; the swapped "
+                              f"layer appends to moh_torch.nn.{type(self).__name__}.LOAD_BALANCING_LOSSES (pass "
+                              "losses= to name the list your training loop sums)", stacklevel=4)
+            else:
+                self._losses = _Losses(owner=owner)
         self.train(module.training)
         return self
 
@@ -138,7 +224,7 @@ class MoHAttention(_Routed):
         return self.proj_drop(self.proj(out))
 
     @classmethod
-    def from_module(cls, module, path="auto"):
+    def from_module(cls, module, path="auto", losses=None):
         _no_attention_dropout(module)
         for extra in ("gate", "norm"):
             part = getattr(module, extra, None)
@@ -147,8 +233,7 @@ class MoHAttention(_Routed):
         new = cls(module.qkv.in_features, module.num_heads, qkv_bias=module.qkv.bias is not None,
                   shared_head=getattr(module, "shared_head", 0), routed_head=getattr(module, "routed_head", 0),
                   head_dim=module.head_dim, path=path)
-        new._share_parts(module, "q_norm", "k_norm", "proj_drop")
-        return new._adopt(module)
+        return new._adopt(module, ("q_norm", "k_norm", "proj_drop"), losses)
 
 
 class _CosineHeads(_Routed):
@@ -197,14 +282,13 @@ class TransNeXtAttention(_CosineHeads):
         return self.proj_drop(self.proj(out))
 
     @classmethod
-    def from_module(cls, module, path="auto"):
+    def from_module(cls, module, path="auto", losses=None):
         _no_attention_dropout(module)
         n = int(round(float(torch.exp(module.seq_length_scale.double()))))
         new = cls(module.qkv.in_features, (n, 1), module.num_heads, qkv_bias=module.qkv.bias is not None,
                   shared_head=getattr(module, "shared_head", 0), routed_head=getattr(module, "routed_head", 0),
                   path=path)
-        new._share_parts(module, "proj_drop")
-        return new._adopt(module)
+        return new._adopt(module, ("proj_drop",), losses)
 
 
 class AggregatedAttention(_CosineHeads):
@@ -287,15 +371,14 @@ class AggregatedAttention(_CosineHeads):
         return ops.gate_heads(heads, gates)
 
     @classmethod
-    def from_module(cls, module, path="auto"):
+    def from_module(cls, module, path="auto", losses=None):
         _no_attention_dropout(module)
         H, W = _unfolded_grid(module)
         sr = H // module.pool_H
         new = cls(module.q.in_features, (H, W), module.num_heads, window_size=module.window_size,
                   qkv_bias=module.q.bias is not None, sr_ratio=sr, shared_head=getattr(module, "shared_head", 0),
                   routed_head=getattr(module, "routed_head", 0), path=path)
-        new._share_parts(module, "proj_drop")
-        return new._adopt(module)
+        return new._adopt(module, ("proj_drop",), losses)
 
 
 def _unfolded_grid(module):
@@ -332,31 +415,33 @@ class DiTBlock(nn.Module):
         return ops.gate_residual(x, gate_mlp, self.mlp.fc2(h))
 
     @classmethod
-    def from_module(cls, block, path="auto"):
-        """The block for an official DiTBlock (its attention a timm Attention or a MoHAttention)."""
+    def from_module(cls, block, path="auto", losses=None):
+        """The block for an official DiTBlock (its attention a timm Attention or a MoHAttention), holding its very
+        parameters (as from_module does)."""
         attn = block.attn
         new = cls(block.adaLN_modulation[1].in_features, attn.num_heads, block.mlp.fc1.out_features /
                   block.mlp.fc1.in_features, getattr(attn, "shared_head", 0), getattr(attn, "routed_head", 0),
                   attn.head_dim, path)
-        new.attn = MoHAttention.from_module(attn, path)
         new.to(device=block.mlp.fc1.weight.device, dtype=block.mlp.fc1.weight.dtype)
-        new.load_state_dict(block.state_dict())
+        new.attn = MoHAttention.from_module(attn, path, losses)
+        _take_tensors(new, block)
         new.train(block.training)
         return new
 
 
-def from_module(module, path="auto"):
-    """The moh_torch module for an official attention module, with its weights: MoH-DiT MoHAttention or timm
-    Attention → MoHAttention; MoH-ViT Attention → TransNeXtAttention; MoH-ViT AggregatedAttention →
-    AggregatedAttention. TypeError for anything else."""
+def from_module(module, path="auto", losses=None):
+    """The moh_torch module for an official attention module, holding its parameter and buffer objects: MoH-DiT
+    MoHAttention or timm Attention → MoHAttention; MoH-ViT Attention → TransNeXtAttention; MoH-ViT
+    AggregatedAttention → AggregatedAttention. TypeError for anything else. `losses`: the list the routed layer
+    appends its load-balance loss to (default: the official class-level list, found as the official code uses it)."""
     _check_path(path)
     has = lambda *names: all(hasattr(module, n) for n in names)  # noqa: E731
     if has("qkv", "cpb_fc1", "query_embedding"):
-        return TransNeXtAttention.from_module(module, path)
+        return TransNeXtAttention.from_module(module, path, losses)
     if has("q", "kv", "sr", "learnable_tokens"):
-        return AggregatedAttention.from_module(module, path)
+        return AggregatedAttention.from_module(module, path, losses)
     if has("qkv", "proj", "num_heads", "head_dim"):
-        return MoHAttention.from_module(module, path)
+        return MoHAttention.from_module(module, path, losses)
     raise TypeError(f"moh_torch.nn.from_module: {type(module).__name__} is not an attention module it knows "
                     "(MoH-DiT MoHAttention, timm Attention, MoH-ViT Attention or AggregatedAttention)")
 
@@ -364,13 +449,14 @@ def from_module(module, path="auto"):
 _OURS = (MoHAttention, TransNeXtAttention, AggregatedAttention)
 
 
-def swap_attention(model, path="auto"):
+def swap_attention(model, path="auto", losses=None):
     """Replaces, in place, every attention module of `model` that from_module knows (an attribute named `attn`, as in
-    DiT and TransNeXt blocks); returns how many."""
+    DiT and TransNeXt blocks); returns how many. The model keeps its parameter objects: build the optimizer, EMA and
+    DDP wrapper before or after, either works."""
     swapped = 0
     for parent in list(model.modules()):
         child = getattr(parent, "attn", None)
         if isinstance(child, nn.Module) and not isinstance(child, _OURS):
-            parent.attn = from_module(child, path)
+            parent.attn = from_module(child, path, losses)
             swapped += 1
     return swapped

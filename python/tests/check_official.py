@@ -58,3 +58,24 @@ with torch.no_grad():
         if ".wg" in n: p.copy_(torch.randn(p.shape, generator=g))
 xv = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(5), requires_grad=True)
 compare("MoH-ViT-S-75 (official transnext.py, 64 px)", v, (xv,), xv)
+
+# The training scripts' wiring (MoH-DiT train.py, MoH-ViT engine.py): an optimizer built before the swap holds every
+# trainable parameter of the swapped model, a frozen parameter stays frozen, and a training forward appends to the
+# official lists as many losses as the unswapped model does (the aggregated attention to attention.Attention's).
+import attention as vit_attention
+from models import MoHAttention as DitAttention
+for name, model, args, lst in (("MoH-DiT-S/2-90", dit, (x, torch.tensor([3, 700]), torch.tensor([5, 1000])),
+                                DitAttention.LOAD_BALANCING_LOSSES),
+                               ("MoH-ViT-S-75", v, (xv,), vit_attention.Attention.LOAD_BALANCING_LOSSES)):
+    m = copy.deepcopy(model)
+    frozen_name = next(n for n, _ in m.named_parameters() if n.endswith(("attn.qkv.weight", "attn.q.weight")))
+    m.get_parameter(frozen_name).requires_grad_(False)
+    opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-4)
+    lst.clear(); m(*args); before = len(lst)
+    mnn.swap_attention(m)
+    held = {id(p) for g_ in opt.param_groups for p in g_["params"]}
+    missing = [n for n, p in m.named_parameters() if p.requires_grad and id(p) not in held]
+    lst.clear(); m(*args); after = len(lst)
+    print(f"{name} training wiring: trainable parameters missing from an AdamW built before the swap: {len(missing)}; "
+          f"{frozen_name} requires_grad after the swap: {m.get_parameter(frozen_name).requires_grad}; losses appended "
+          f"to the official list per training forward: unswapped {before}, swapped {after}")
