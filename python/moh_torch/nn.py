@@ -71,7 +71,8 @@ def _loss_owner(module):
     if len(owners) > 1:
         names = sorted(o.__name__ for o in owners.values())
         raise TypeError(f"moh_torch: {type(module).__name__}'s module {home.__name__} has several "
-                        f"LOAD_BALANCING_LOSSES lists ({', '.join(names)}); pass losses=<the list your training loop sums>")
+                        f"LOAD_BALANCING_LOSSES lists ({', '.join(names)}); pass losses=<the list your training "
+                        "loop sums>")
     return next(iter(owners.values()), None)
 
 
