@@ -33,7 +33,8 @@ void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   check_dims(op, "q", q, 4, "(B, h, N, d)");
   TORCH_CHECK_TYPE(q.is_floating_point(), "moh::attention: q must be floating point, got ", q.scalar_type());
   const int64_t B = q.size(0), h = q.size(1), N = q.size(2), d = q.size(3);
-  TORCH_CHECK_VALUE(q.numel() > 0, "moh::attention: q must not be empty, got ", shape_str(q.sizes()));
+  TORCH_CHECK_VALUE(h > 0 && d > 0 && (N > 0 || B == 0), "moh::attention: q must have heads, keys and head width, ",
+                    "got ", shape_str(q.sizes()), " (only the batch may be empty)");
   check_dims(op, "k", k, 4, "(B, h_kv, N, d)");
   TORCH_CHECK_VALUE(k.size(1) == h || k.size(1) == 1, "moh::attention: k must have h = ", h,
                     " heads or 1 (shared by all heads), got ", shape_str(k.sizes()));
@@ -74,6 +75,7 @@ nn::HeadMixInputs head_mix_inputs(const at::Tensor& q, const at::Tensor& k, cons
     TORCH_CHECK_TYPE(in.routed.scalar_type() == at::kLong, "moh::attention: routed must be int64, got ",
                      in.routed.scalar_type());
     check_device(op, "routed", in.routed, q.device());
+    check_index_range(op, "routed", in.routed, h - shared);
     if (in.routed.size(1) == 0) in.routed = at::Tensor();
   }
   if (in.bias.defined()) {
@@ -93,7 +95,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention(const at::Tensor& q, co
                                                          const std::optional<at::Tensor>& routed,
                                                          const std::optional<at::Tensor>& bias, int64_t shared,
                                                          double scale, c10::string_view path) {
-  const nn::HeadMixForward f = nn::head_mix_forward(head_mix_inputs(q, k, v, gates, routed, bias, shared, scale, path));
+  const DeviceOf guard(q.device());
+  const nn::HeadMixInputs in = head_mix_inputs(q, k, v, gates, routed, bias, shared, scale, path);
+  if (q.size(0) == 0) {  // an empty batch: empty results of the shapes and types the kernels return
+    const int64_t h = q.size(1), N = q.size(2), d = q.size(3);
+    const auto lse_type = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    return {q.new_empty({0, N, h * d}), q.new_empty({0, h, N, d}), q.new_empty({0, h, N}, q.options().dtype(lse_type))};
+  }
+  const nn::HeadMixForward f = nn::head_mix_forward(in);
   return {f.out, f.o, f.lse};
 }
 
@@ -106,9 +115,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
     const std::optional<at::Tensor>& gates, const std::optional<at::Tensor>& routed,
     const std::optional<at::Tensor>& bias, const at::Tensor& o, const at::Tensor& lse, int64_t shared, double scale,
     c10::string_view path) {
+  constexpr const char* op = "attention_backward";
+  const DeviceOf guard(q.device());
   const nn::HeadMixInputs in = head_mix_inputs(q, k, v, gates, routed, bias, shared, scale, path);
   const int64_t B = q.size(0), h = q.size(1), N = q.size(2), d = q.size(3);
-  check_sizes("attention_backward", "grad", grad, {B, N, h * d}, "(B, N, h*d)");
+  check_sizes(op, "grad", grad, {B, N, h * d}, "(B, N, h*d)");
+  TORCH_CHECK_TYPE(grad.is_floating_point(), "moh::attention_backward: grad must be floating point, got ",
+                   grad.scalar_type());
+  check_device(op, "grad", grad, q.device());
+  check_sizes(op, "o", o, q.sizes(), "q's shape (B, h, N, d), attention's");
+  check_type(op, "o", o, q.scalar_type());
+  check_device(op, "o", o, q.device());
+  check_sizes(op, "lse", lse, {B, h, N}, "(B, h, N), attention's");
+  check_type(op, "lse", lse, q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
+  check_device(op, "lse", lse, q.device());
+  if (B == 0) {
+    const at::Tensor none = at::empty({0}, q.options());
+    return {at::zeros_like(q), at::zeros_like(k), at::zeros_like(v), in.gates.defined() ? at::zeros_like(in.gates) : none,
+            in.bias.defined() ? at::zeros_like(in.bias) : none};
+  }
   const nn::HeadMixGrads g = nn::head_mix_backward(grad.to(q.scalar_type()), in, {at::Tensor(), o, lse});
   return {g.q.contiguous(), g.k.contiguous(), g.v.contiguous(), or_empty(g.gates, q), or_empty(g.bias, q)};
 }

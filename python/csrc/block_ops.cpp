@@ -21,6 +21,13 @@ void check_rows(const char* op, const char* name, const at::Tensor& t, const at:
   check_device(op, name, t, x.device());
 }
 
+// A backward op's incoming gradient: `like`'s shape and device, a type the fused loops read.
+void check_grad(const char* op, const at::Tensor& grad, const at::Tensor& like, const char* shape) {
+  check_sizes(op, "grad", grad, like.sizes(), shape);
+  check_fused_type(op, "grad", grad);
+  check_device(op, "grad", grad, like.device());
+}
+
 void check_ln_modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale) {
   constexpr const char* op = "ln_modulate";
   check_dims(op, "x", x, 3, "(B, N, D)");
@@ -35,6 +42,7 @@ void check_ln_modulate(const at::Tensor& x, const at::Tensor& shift, const at::T
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> ln_modulate(const at::Tensor& x, const at::Tensor& shift,
                                                            const at::Tensor& scale, double eps) {
+  const DeviceOf guard(x.device());
   check_ln_modulate(x, shift, scale);
   TORCH_CHECK_VALUE(eps > 0, "moh::ln_modulate: eps must be positive, got ", eps);
   auto r = fused::ln_modulate_forward(x, shift, scale, eps, x.scalar_type());
@@ -44,8 +52,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ln_modulate(const at::Tensor& x, 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> ln_modulate_backward(const at::Tensor& grad, const at::Tensor& x,
                                                                     const at::Tensor& shift, const at::Tensor& scale,
                                                                     const at::Tensor& mean, const at::Tensor& rstd) {
+  constexpr const char* op = "ln_modulate_backward";
+  const DeviceOf guard(x.device());
   check_ln_modulate(x, shift, scale);
-  check_sizes("ln_modulate_backward", "grad", grad, x.sizes(), "x's shape");
+  check_grad(op, grad, x, "x's shape (B, N, D)");
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"mean", mean}, {"rstd", rstd}}) {
+    check_sizes(op, name, t, {x.size(0) * x.size(1)}, "(B*N), ln_modulate's");
+    check_type(op, name, t, at::kFloat);
+    check_device(op, name, t, x.device());
+  }
   auto g = fused::ln_modulate_backward(grad.to(x.scalar_type()), x, shift, scale, mean, rstd);
   return {g[0], g[1], g[2]};
 }
@@ -65,21 +80,27 @@ void check_gate_residual(const at::Tensor& x, const at::Tensor& gate, const at::
 }
 
 at::Tensor gate_residual(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& branch) {
+  const DeviceOf guard(x.device());
   check_gate_residual(x, gate, branch);
   return fused::gate_residual_forward(x, gate, branch);
 }
 
 std::tuple<at::Tensor, at::Tensor> gate_residual_backward(const at::Tensor& grad, const at::Tensor& gate,
                                                           const at::Tensor& branch) {
-  check_sizes("gate_residual_backward", "grad", grad, branch.sizes(), "branch's shape");
+  constexpr const char* op = "gate_residual_backward";
+  const DeviceOf guard(branch.device());
+  check_dims(op, "branch", branch, 3, "(B, N, D)");
+  check_fused_type(op, "branch", branch);
+  check_grad(op, grad, branch, "branch's shape (B, N, D)");
+  check_rows(op, "gate", gate, branch);
+  check_type(op, "gate", gate, branch.scalar_type());
   auto g = fused::gate_residual_backward(grad, gate, branch);
   return {g[0], g[1]};
 }
 
 void check_bias_gelu(const at::Tensor& z, const at::Tensor& bias) {
   constexpr const char* op = "bias_gelu";
-  TORCH_CHECK_VALUE(z.dim() >= 1 && z.numel() > 0, "moh::bias_gelu: z must be (..., F) and not empty, got ",
-                    shape_str(z.sizes()));
+  TORCH_CHECK_VALUE(z.dim() >= 1, "moh::bias_gelu: z must be (..., F), got ", shape_str(z.sizes()));
   check_fused_type(op, "z", z);
   check_dims(op, "bias", bias, 1, "(F)");
   check_sizes(op, "bias", bias, {z.size(-1)}, "(F), z's last dim");
@@ -89,14 +110,18 @@ void check_bias_gelu(const at::Tensor& z, const at::Tensor& bias) {
 }
 
 at::Tensor bias_gelu(const at::Tensor& z, const at::Tensor& bias) {
+  const DeviceOf guard(z.device());
   check_bias_gelu(z, bias);
+  if (z.numel() == 0) return at::empty_like(z, at::MemoryFormat::Contiguous);
   return fused::bias_gelu_forward(z, bias);
 }
 
 std::tuple<at::Tensor, at::Tensor> bias_gelu_backward(const at::Tensor& grad, const at::Tensor& z,
                                                       const at::Tensor& bias) {
+  const DeviceOf guard(z.device());
   check_bias_gelu(z, bias);
-  check_sizes("bias_gelu_backward", "grad", grad, z.sizes(), "z's shape");
+  check_grad("bias_gelu_backward", grad, z, "z's shape");
+  if (z.numel() == 0) return {at::empty_like(z, at::MemoryFormat::Contiguous), at::zeros_like(bias)};
   auto g = fused::bias_gelu_backward(grad, z, bias);
   return {g[0], g[1]};
 }
@@ -124,6 +149,7 @@ fused::RouterShape router_shape(const at::Tensor& logits, int64_t heads, int64_t
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> route(const at::Tensor& logits, int64_t heads,
                                                                  int64_t shared, int64_t topk, bool scale_by_k) {
+  const DeviceOf guard(logits.device());
   const fused::RouterShape s = router_shape(logits, heads, shared, topk, scale_by_k);
   const nn::FusedRouting r = fused::route_forward(logits, s);
   return {r.gates, r.routed, r.picks, r.aux_loss};
@@ -132,8 +158,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> route(const at::Tenso
 at::Tensor route_backward(const at::Tensor& logits, const at::Tensor& routed, const at::Tensor& picks,
                           const at::Tensor& grad_gates, const at::Tensor& grad_aux, int64_t heads, int64_t shared,
                           int64_t topk, bool scale_by_k) {
+  constexpr const char* op = "route_backward";
+  const DeviceOf guard(logits.device());
   const fused::RouterShape s = router_shape(logits, heads, shared, topk, scale_by_k);
-  check_sizes("route_backward", "grad_gates", grad_gates, {logits.size(0), heads}, "(T, heads)");
+  const int64_t T = logits.size(0);
+  check_sizes(op, "routed", routed, {T, topk}, "(T, topk), route's");
+  check_type(op, "routed", routed, at::kLong);
+  check_device(op, "routed", routed, logits.device());
+  check_index_range(op, "routed", routed, s.experts);
+  check_sizes(op, "picks", picks, {s.experts}, "(heads - shared), route's");
+  check_type(op, "picks", picks, at::kLong);
+  check_device(op, "picks", picks, logits.device());
+  check_sizes(op, "grad_gates", grad_gates, {T, heads}, "(T, heads)");
+  TORCH_CHECK_TYPE(grad_gates.is_floating_point(), "moh::route_backward: grad_gates must be floating point, got ",
+                   grad_gates.scalar_type());
+  check_device(op, "grad_gates", grad_gates, logits.device());
+  check_sizes(op, "grad_aux", grad_aux, {}, "a 0-dim tensor");
+  TORCH_CHECK_TYPE(grad_aux.is_floating_point(), "moh::route_backward: grad_aux must be floating point, got ",
+                   grad_aux.scalar_type());
+  check_device(op, "grad_aux", grad_aux, logits.device());
   return fused::route_backward(logits, routed, picks, grad_gates, grad_aux, s);
 }
 
@@ -148,13 +191,18 @@ void check_gate_heads(const at::Tensor& o, const at::Tensor& gates) {
 }
 
 at::Tensor gate_heads(const at::Tensor& o, const at::Tensor& gates) {
+  const DeviceOf guard(o.device());
   check_gate_heads(o, gates);
   return fused::gate_heads_forward(o, gates, o.scalar_type());
 }
 
 std::tuple<at::Tensor, at::Tensor> gate_heads_backward(const at::Tensor& grad, const at::Tensor& o,
                                                        const at::Tensor& gates) {
+  const DeviceOf guard(o.device());
   check_gate_heads(o, gates);
+  check_sizes("gate_heads_backward", "grad", grad, {o.size(0), o.size(2), o.size(1) * o.size(3)}, "(B, N, h*d)");
+  check_fused_type("gate_heads_backward", "grad", grad);
+  check_device("gate_heads_backward", "grad", grad, o.device());
   auto g = fused::gate_heads_backward(grad.to(o.scalar_type()), o, gates);
   return {g[0].contiguous(), g[1]};
 }

@@ -104,10 +104,15 @@ std::tuple<double, double> kid(const at::Tensor& a, const at::Tensor& b, int64_t
 
 }  // namespace moh::torch_ops
 
-// CompositeImplicitAutograd: the one key an op without tensor arguments (fid_report) dispatches to; none of these
-// is differentiable or meant for tracing.
+// fid_report has no tensor argument: CompositeImplicitAutograd is the one key it can dispatch to. The others take
+// tensors and read them on the host: CompositeExplicitAutograd, so that FakeTensor and torch.compile never run them on
+// fake tensors (gaussian_stats has a fake implementation, moh_torch/_ops.py; the float-valued ones are not traced:
+// compile runs them eagerly, as a graph break). None is differentiable.
 TORCH_LIBRARY_IMPL(moh, CompositeImplicitAutograd, m) {
   m.impl("fid_report", &moh::torch_ops::fid_report);
+}
+
+TORCH_LIBRARY_IMPL(moh, CompositeExplicitAutograd, m) {
   m.impl("frechet_distance", &moh::torch_ops::frechet_distance);
   m.impl("gaussian_stats", &moh::torch_ops::gaussian_stats);
   m.impl("inception_score", &moh::torch_ops::inception_score);

@@ -5,6 +5,7 @@
 // Schemas: registration.cpp. The arithmetic is the toolkit's (vision/nn/fused_ops.h, vision/nn/head_mix.h,
 // eval/): these files only check, convert and call.
 #include <ATen/ATen.h>
+#include <ATen/DeviceGuard.h>
 #include <torch/library.h>
 
 #include <string>
@@ -23,6 +24,15 @@ void check_sizes(const char* op, const char* name, const at::Tensor& t, at::IntA
 void check_fused_type(const char* op, const char* name, const at::Tensor& t);
 /// t is on `device`, else a ValueError.
 void check_device(const char* op, const char* name, const at::Tensor& t, const c10::Device& device);
+/// t has type `type`, else a TypeError.
+void check_type(const char* op, const char* name, const at::Tensor& t, at::ScalarType type);
+/// t (int64) holds indices in [0, bound): a ValueError on a CPU; on CUDA an asynchronous device-side assert (no
+/// host synchronisation, as PyTorch's own index ops).
+void check_index_range(const char* op, const char* name, const at::Tensor& t, int64_t bound);
+
+/// Kernels launch on the device of their first tensor argument, whatever the current device (PyTorch's generated
+/// operators do the same): declare one at the top of every op that may run on CUDA.
+using DeviceOf = at::OptionalDeviceGuard;
 
 /// Registration of each group on one dispatch key (`m` of a TORCH_LIBRARY_IMPL block).
 void impl_block_ops(torch::Library& m);

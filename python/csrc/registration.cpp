@@ -35,6 +35,22 @@ void check_device(const char* op, const char* name, const at::Tensor& t, const c
                     t.device());
 }
 
+void check_type(const char* op, const char* name, const at::Tensor& t, at::ScalarType type) {
+  TORCH_CHECK_TYPE(t.scalar_type() == type, "moh::", op, ": ", name, " must be ", type, ", got ", t.scalar_type());
+}
+
+void check_index_range(const char* op, const char* name, const at::Tensor& t, int64_t bound) {
+  if (t.numel() == 0) return;
+  if (t.is_cuda()) {
+    at::_assert_async(at::logical_and(t.min() >= 0, t.max() < bound));
+    return;
+  }
+  const auto [lo, hi] = at::aminmax(t);
+  TORCH_CHECK_VALUE(lo.item<int64_t>() >= 0 && hi.item<int64_t>() < bound, "moh::", op, ": ", name,
+                    " must hold indices in [0, ", bound, "), got values in [", lo.item<int64_t>(), ", ",
+                    hi.item<int64_t>(), "]");
+}
+
 }  // namespace moh::torch_ops
 
 TORCH_LIBRARY(moh, m) {

@@ -129,7 +129,61 @@ def _attention_backward_fake(grad, q, k, v, gates, routed, bias, o, lse, shared,
             q.new_empty(0) if bias is None else _dense(bias))
 
 
+@torch.library.register_fake("moh::gaussian_stats")
+def _gaussian_stats_fake(features):
+    _check(features.dim() == 2, ValueError, f"moh::gaussian_stats: features must be (N, D), got {_shape(features)}")
+    D = features.shape[1]
+    return (features.new_empty(D, dtype=torch.float64, device="cpu"),
+            features.new_empty((D, D), dtype=torch.float64, device="cpu"))
+
+
+def _host_number_fake(name):
+    """The float-valued metric ops have no fake value: torch.compile runs them eagerly (a graph break), as it does
+    Tensor.item()."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+    op = getattr(ops, name).default
+
+    def fake(*args):
+        raise DataDependentOutputException(op)
+    return fake
+
+
+for _name in ("frechet_distance", "inception_score", "precision_recall", "kid"):
+    torch.library.register_fake(f"moh::{_name}")(_host_number_fake(_name))
+
+
 # ---- autograd: each forward op's backward is its backward op -------------------------------------------------------
+
+def _once_differentiable(name, backward):
+    """The backward ops have no derivative of their own: where a graph of the backward is asked for (create_graph, a
+    gradient penalty, gradgradcheck), the gradients come back marked so that differentiating them again raises a
+    RuntimeError naming the op, instead of PyTorch's silent wrong second derivative."""
+    message = (f"moh::{name}: double backward is not supported (its backward op has no derivative); take second "
+               "derivatives through the plain PyTorch composition (moh_torch's tests name it for each op)").encode()
+
+    def wrapper(ctx, *grads):
+        with torch.no_grad():
+            result = backward(ctx, *grads)
+        if not torch.is_grad_enabled():
+            return result
+        sources = [t for t in list(grads) + list(ctx.saved_tensors) if isinstance(t, torch.Tensor) and t.requires_grad]
+        if not sources:
+            return result
+        single = not isinstance(result, tuple)
+        outputs = (result,) if single else result
+        live = [i for i, t in enumerate(outputs) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        # One node whose backward raises, between the gradients and everything they were computed from: reached by
+        # any second derivative, whichever inputs it is taken with.
+        links = [outputs[i].detach().requires_grad_() for i in live] + sources
+        raised = torch._C._functions.DelayedError(message, len(links))(*links)
+        raised = (raised,) if isinstance(raised, torch.Tensor) else raised
+        outputs = list(outputs)
+        for i, t in zip(live, raised):
+            outputs[i] = t
+        return outputs[0] if single else tuple(outputs)
+
+    return wrapper
+
 
 def _ln_modulate_setup(ctx, inputs, output):
     x, shift, scale, _ = inputs
@@ -204,7 +258,7 @@ for _name, _backward, _setup in (
         ("route", _route_backward, _route_setup),
         ("gate_heads", _gate_heads_backward, _gate_heads_setup),
         ("attention", _attention_backward, _attention_setup)):
-    torch.library.register_autograd(f"moh::{_name}", _backward, setup_context=_setup)
+    torch.library.register_autograd(f"moh::{_name}", _once_differentiable(_name, _backward), setup_context=_setup)
 
 
 # ---- moh_attention: the router op on the logits, then the attention op (a composite: their autograd and fakes) ------

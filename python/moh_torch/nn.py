@@ -54,6 +54,18 @@ class _Losses:
         return (_Losses, (self.owner, None if self.owner is not None else []))
 
 
+def _autocast_operands(q, k, v):
+    """q, k, v as the official modules' scaled_dot_product_attention takes them under autocast: of one type, the
+    autocast type (with qk_norm, the LayerNorms give fp32 q and k beside a bf16 v). Outside autocast, as given."""
+    if q.dtype == k.dtype == v.dtype:
+        return q, k, v
+    device = q.device.type
+    if torch.is_autocast_enabled(device):
+        dtype = torch.get_autocast_dtype(device)
+        return q.to(dtype), k.to(dtype), v.to(dtype)
+    return q, k, v
+
+
 def _loss_owner(module):
     """The class whose LOAD_BALANCING_LOSSES the official training loop sums for `module`: its own class's (MoH-DiT's
     MoHAttention), else the one class of its Python module that has such a list (MoH-ViT's attention_native imports
@@ -150,6 +162,7 @@ class _Routed(nn.Module):
 
     def _attend(self, q, k, v, x, scale, bias=None):
         """The gated heads (B, N, h·d) of q, k, v (B, h, N, d), routed by x (B, N, C)."""
+        q, k, v = _autocast_operands(q, k, v)
         logits = self.router_logits(x.reshape(-1, x.shape[-1]))
         out, aux, picks, _ = ops.moh_attention(q, k, v, logits, self.shared_head, self.routed_head, scale, self.path,
                                                bias)

@@ -13,6 +13,7 @@ import unittest
 
 import numpy as np
 import scipy.linalg
+import scipy.special
 import torch
 
 from moh_torch import metrics
@@ -113,6 +114,25 @@ class FeaturePieces(unittest.TestCase):
         self.assertGreater(std, 0)
         with self.assertRaisesRegex(ValueError, r"features \(N, D\)"):
             metrics.kid(torch.zeros(5), torch.zeros(5, 2))
+
+    def test_kid_and_inception_score_against_torch_fidelity(self):
+        """KID and IS (fidelity mode) equal torch-fidelity's own functions on the same arrays (its subsets and splits
+        from numpy RandomState, as ours are drawn); IS in ADM's mode equals ADM's formula written here in numpy."""
+        from torch_fidelity.metric_isc import isc_features_to_metric
+        from torch_fidelity.metric_kid import kid_features_to_metric
+        a, b = torch.from_numpy(self.a), torch.from_numpy(self.b)
+        want = kid_features_to_metric(a, b, kid_subsets=7, kid_subset_size=150, rng_seed=2020, verbose=False)
+        got = metrics.kid(a, b, subsets=7, subset_size=150)
+        self.assertAlmostEqual(got[0], want["kernel_inception_distance_mean"], delta=1e-9 * abs(got[0]))
+        self.assertAlmostEqual(got[1], want["kernel_inception_distance_std"], delta=1e-9 * abs(got[1]))
+        logits = torch.from_numpy(np.random.default_rng(1).normal(scale=3.0, size=(700, 12)))
+        want = isc_features_to_metric(logits, splits=10, shuffle=True, rng_seed=2020)
+        got = metrics.inception_score(logits, mode="fidelity")
+        self.assertAlmostEqual(got[0], want["inception_score_mean"], delta=1e-9 * got[0])
+        self.assertAlmostEqual(got[1], want["inception_score_std"], delta=1e-9 * got[0])
+        p = scipy.special.softmax(logits.numpy(), axis=1)  # ADM evaluator: one split (N < 5000), exp(E[KL(p || mean p)])
+        adm = np.exp(np.mean(np.sum(p * (np.log(p) - np.log(p.mean(0, keepdims=True))), 1)))
+        self.assertAlmostEqual(metrics.inception_score(logits, mode="adm")[0], adm, delta=1e-9 * adm)
 
 
 if __name__ == "__main__":
