@@ -25,6 +25,16 @@ def fail(message):
     sys.exit(f"error: moh_torch build: {message}")
 
 
+try:  # the ops are built against the torch of the environment that runs pip, never an isolated build env's
+    import torch
+except ImportError:
+    fail("torch is not importable here: pip builds in an isolated environment without it by default (run `pip install "
+         "./python --no-build-isolation` in the environment whose torch the ops are for)")
+
+# The one torch the compiled ops work with (they call ATen outside its stable ABI): the wheel requires it exactly.
+TORCH_RELEASE = torch.__version__.split("+")[0]
+
+
 def cmake_tree():
     """The CMake tree to build in, configured against this interpreter's torch."""
     import torch
@@ -60,6 +70,9 @@ class BuildOps(build_py):
         target = os.path.join(self.build_lib, "moh_torch")
         os.makedirs(target, exist_ok=True)
         shutil.copy2(os.path.join(tree, "python", "_moh_ops.so"), os.path.join(target, "_moh_ops.so"))
+        with open(os.path.join(target, "_build_info.py"), "w") as f:
+            f.write(f"# written by setup.py: the torch _moh_ops.so was built against\n"
+                    f"TORCH_VERSION = {torch.__version__!r}\nCUDA = {torch.version.cuda!r}\n")
 
 
 class BinaryDistribution(Distribution):
@@ -67,4 +80,5 @@ class BinaryDistribution(Distribution):
         return True
 
 
-setup(cmdclass={"build_py": BuildOps}, distclass=BinaryDistribution)
+setup(cmdclass={"build_py": BuildOps}, distclass=BinaryDistribution,
+      install_requires=[f"torch=={TORCH_RELEASE}", "numpy"])

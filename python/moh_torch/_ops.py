@@ -7,10 +7,28 @@ import os
 import torch
 
 _LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_moh_ops.so")
+_REBUILD = "rebuild it: `pip install ./python --no-build-isolation` from the toolkit's checkout, in this environment"
 if not os.path.isfile(_LIBRARY):
-    raise ImportError(f"moh_torch: {_LIBRARY} is missing (install the package with `pip install ./python "
-                      "--no-build-isolation` from the toolkit's checkout)")
-torch.ops.load_library(_LIBRARY)
+    raise ImportError(f"moh_torch: {_LIBRARY} is missing ({_REBUILD})")
+
+
+def _check_torch():
+    """The ops call ATen outside its stable ABI: they load only into the torch they were built against."""
+    try:
+        from . import _build_info
+    except ImportError:
+        return  # a tree-local copy without the record (tests of the build itself)
+    if _build_info.TORCH_VERSION != torch.__version__:
+        raise ImportError(f"moh_torch: its ops were built for torch {_build_info.TORCH_VERSION} (CUDA "
+                          f"{_build_info.CUDA}), this is torch {torch.__version__}: {_REBUILD}")
+
+
+_check_torch()
+try:
+    torch.ops.load_library(_LIBRARY)
+except OSError as e:
+    raise ImportError(f"moh_torch: {os.path.basename(_LIBRARY)} does not load into torch {torch.__version__} "
+                      f"({str(e).splitlines()[0][:200]}): {_REBUILD}") from None
 ops = torch.ops.moh
 
 _F32 = torch.float32

@@ -5,6 +5,10 @@ q/k/v types of qk_norm, torch.export of a swapped MoH-DiT block, and the metric 
 
     .venv/bin/python -m unittest discover -s python/tests -p 'test_usage.py'      (after pip install ./python)
 """
+import os
+import subprocess
+import sys
+import tempfile
 import unittest
 
 import torch
@@ -18,6 +22,7 @@ from test_ops import (AttentionCase, BF16_TOL, FP32_TOL, grads, plain_attention,
                       router_logits)
 
 ops = torch.ops.moh
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 # fp16: one rounding of the fp32 result to fp16 (11 bits) and one of an input gradient: two fp16 steps.
 FP16_TOL = 2.0 ** -10
 
@@ -247,8 +252,6 @@ class Autocast(unittest.TestCase):
 class Export(unittest.TestCase):
     def test_export_swapped_dit_block(self):
         """torch.export of a MoH-DiT block made of the ops: the exported program runs and equals eager."""
-        import os
-        import sys
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "fixtures",
                                         "gen"))
         import make_torch
@@ -278,6 +281,33 @@ class MetricsTracing(unittest.TestCase):
             return ops.frechet_distance(*ops.gaussian_stats(a), *ops.gaussian_stats(b))
         torch._dynamo.reset()
         self.assertEqual(torch.compile(fid)(a, b), fid(a, b))
+
+
+class Versions(unittest.TestCase):
+    """The package records the torch it was built for; another torch is refused on import in one line, and the build
+    without torch (pip's isolated build environment) says which command to run."""
+
+    def last_line(self, args, env=None):
+        r = subprocess.run(args, capture_output=True, text=True, env=env, cwd=ROOT)
+        self.assertNotEqual(r.returncode, 0, r.stdout + r.stderr)
+        return r.stderr.strip().splitlines()[-1]
+
+    def test_built_for_this_torch(self):
+        from moh_torch import _build_info
+        self.assertEqual(_build_info.TORCH_VERSION, torch.__version__)
+        line = self.last_line([sys.executable, "-c", "import torch; torch.__version__ = '2.99.0'; import moh_torch"])
+        self.assertEqual(line, f"ImportError: moh_torch: its ops were built for torch {torch.__version__} (CUDA "
+                               f"{torch.version.cuda}), this is torch 2.99.0: rebuild it: `pip install ./python "
+                               "--no-build-isolation` from the toolkit's checkout, in this environment")
+
+    def test_build_without_torch(self):
+        with tempfile.TemporaryDirectory() as stub:
+            with open(os.path.join(stub, "torch.py"), "w") as f:
+                f.write("raise ImportError('No module named torch')\n")
+            env = dict(os.environ, PYTHONPATH=stub)
+            line = self.last_line([sys.executable, "python/setup.py", "--version"], env)
+        self.assertIn("error: moh_torch build: torch is not importable here", line)
+        self.assertIn("`pip install ./python --no-build-isolation`", line)
 
 
 if __name__ == "__main__":
