@@ -149,6 +149,45 @@ bool is_npz_spec(const std::string& spec) {
   return spec.size() > 4 && spec.compare(spec.size() - 4, 4, ".npz") == 0;
 }
 
+// Images a caller holds in memory (moh_torch.metrics.fid_report on an array): blocks are views of its tensor.
+class TensorImageSource : public ImageSource {
+ public:
+  TensorImageSource(const at::Tensor& images, const std::string& spec) {
+    spec_ = spec;
+    const bool nhwc = images.dim() == 4 && (images.size(3) == 1 || images.size(3) == 3);
+    if (images.scalar_type() != at::kByte || !(nhwc || images.dim() == 3))
+      throw UserError("images " + spec,
+                      std::string("are ") + c10::toString(images.scalar_type()) + " " + c10::str(images.sizes()) +
+                          ", not uint8 (N, H, W, 3), (N, H, W, 1) or (N, H, W)",
+                      "NHWC uint8 images, as ADM's .npz batches store them");
+    images_ = images.dim() == 3 ? images.unsqueeze(-1) : images;
+  }
+  std::unique_ptr<ImageSource> fresh() const override {
+    return std::make_unique<TensorImageSource>(images_, spec_);
+  }
+  int64_t size() const override { return images_.size(0); }
+  bool has_labels() const override { return false; }
+  at::Tensor labels() const override { return at::Tensor(); }
+  bool next(int64_t n, ImageBlock& block) override {
+    const int64_t take = std::min(n, size() - start_);
+    if (take <= 0) return false;
+    block.images = images_.narrow(0, start_, take).to(at::kCPU).contiguous();  // one block at a time
+    block.labels = at::Tensor();
+    start_ += take;
+    return true;
+  }
+
+ private:
+  at::Tensor images_;
+  int64_t start_ = 0;
+};
+
+std::unique_ptr<ImageSource> ImageSource::fresh() const { return open_image_source(spec_); }
+
+std::unique_ptr<ImageSource> tensor_image_source(const at::Tensor& images, const std::string& spec) {
+  return std::make_unique<TensorImageSource>(images, spec);
+}
+
 std::unique_ptr<ImageSource> open_image_source(const std::string& spec) {
   const std::string prefix = "fashion_mnist:";
   if (spec.rfind(prefix, 0) == 0) {

@@ -31,6 +31,8 @@ class ImageSource {
   virtual bool next(int64_t n, ImageBlock& block) = 0;
   /// The spec it was opened from.
   const std::string& spec() const { return spec_; }
+  /// A new reader of the same images from the first (a probe that must not consume this one's).
+  virtual std::unique_ptr<ImageSource> fresh() const;
 
  protected:
   std::string spec_;
@@ -38,6 +40,10 @@ class ImageSource {
 
 /// Opens a source from its spec (see the file comment). Unknown specs, missing files and bad arrays are UserErrors.
 std::unique_ptr<ImageSource> open_image_source(const std::string& spec);
+
+/// Images already in memory, (N, H, W, C) uint8 with C 1 or 3 (or (N, H, W)), read block by block as views of the
+/// caller's tensor (no copy of the whole set); `spec` names them in reports. A bad tensor is a UserError.
+std::unique_ptr<ImageSource> tensor_image_source(const at::Tensor& images, const std::string& spec);
 
 /// Whether a spec names an .npz file.
 bool is_npz_spec(const std::string& spec);

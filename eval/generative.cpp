@@ -341,10 +341,11 @@ void hold_features(MemoryProbe& probe, const GenerativeEvalOptions& o, const Inc
 /// feature network's forward at a batch of blank images of the samples' size, with the next batch read beside it (as
 /// extract_features runs), plus the features it holds.
 std::string check_generative_memory(const GenerativeEvalOptions& o, FeatureNet& net, const InceptionFeatures& probe_f,
-                                    int64_t n_samples, const ReferenceInputs& refs) {
+                                    const datasets::ImageSource& samples, const ReferenceInputs& refs) {
   if (memory_check_skipped()) return "";  // the precision/recall probe below is the check's own work
+  const int64_t n_samples = samples.size();
   datasets::ImageBlock first;
-  if (!datasets::open_image_source(o.samples)->next(1, first)) return "";
+  if (!samples.fresh()->next(1, first)) return "";
   const std::vector<int64_t> shape = first.images.sizes().vec();  // (1, H, W, C)
   const int64_t n_ref = refs.images ? refs.images->size() : 0;
   MemoryPlan plan;
@@ -469,13 +470,17 @@ GenerativeEvalOptions for_net(GenerativeEvalOptions o, const FeatureNet& net) {
 }  // namespace
 
 nlohmann::json evaluate_generative(const GenerativeEvalOptions& options, FeatureNet& net) {
+  return evaluate_generative(options, net, datasets::open_image_source(options.samples));
+}
+
+nlohmann::json evaluate_generative(const GenerativeEvalOptions& options, FeatureNet& net,
+                                   std::unique_ptr<datasets::ImageSource> samples) {
   const auto start = std::chrono::steady_clock::now();
   const GenerativeEvalOptions o = for_net(options, net);
-  std::unique_ptr<datasets::ImageSource> samples = datasets::open_image_source(o.samples);
   const ReferenceInputs refs = open_reference(o, net);
   check_counts(o, samples->size(), refs);
   const InceptionFeatures probe = check_widths(o, net, *samples, refs);
-  const std::string memory = check_generative_memory(o, net, probe, samples->size(), refs);
+  const std::string memory = check_generative_memory(o, net, probe, *samples, refs);
   if (!memory.empty()) std::cerr << memory << "\n";  // every input check is done before the first feature is extracted
 
   const FeatureSet s = extract_features(net, *samples, o.batch_size, "samples");

@@ -5,6 +5,7 @@
 // Reference statistics (`mu`, `sigma`, `mu_s`, `sigma_s`) stored in an .npz are reused, as ADM does.
 #include <nlohmann/json.hpp>
 
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -90,5 +91,8 @@ std::optional<ReferenceStats> load_reference_stats(const std::string& path);
 /// Runs the whole evaluation through `net` (built from options.features: experiments/feature_nets.h) and returns the
 /// report record (also printed/written by the app).
 nlohmann::json evaluate_generative(const GenerativeEvalOptions& options, FeatureNet& net);
+/// The same with the samples from `samples` (options.samples only names them in the report).
+nlohmann::json evaluate_generative(const GenerativeEvalOptions& options, FeatureNet& net,
+                                   std::unique_ptr<datasets::ImageSource> samples);
 
 }  // namespace moh::eval

@@ -86,9 +86,14 @@ ClassifierEvalResult evaluate_classifier_checkpoint(const ClassifierEvalRequest&
 
 nlohmann::json evaluate_sample_set(const eval::GenerativeEvalOptions& o, const std::string& device,
                                    const std::string& out) {
+  return evaluate_sample_set(o, device, out, datasets::open_image_source(o.samples));
+}
+
+nlohmann::json evaluate_sample_set(const eval::GenerativeEvalOptions& o, const std::string& device,
+                                   const std::string& out, std::unique_ptr<datasets::ImageSource> samples) {
   const RunContext ctx = RunContext::create(device, Precision::fp32, 0);
   const std::unique_ptr<eval::FeatureNet> net = make_feature_net(o.features, ctx, o.resize);
-  nlohmann::json report = eval::evaluate_generative(o, *net);
+  nlohmann::json report = eval::evaluate_generative(o, *net, std::move(samples));
   if (!out.empty()) eval::write_report(out, report, "Generative evaluation: " + o.samples);
   return report;
 }

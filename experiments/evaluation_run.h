@@ -4,6 +4,7 @@
 // recall / KID (or FD on DINOv2 features), and a checkpoint measured either way.
 #include <nlohmann/json.hpp>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -46,6 +47,9 @@ ClassifierEvalResult evaluate_classifier_checkpoint(const ClassifierEvalRequest&
 /// given.
 nlohmann::json evaluate_sample_set(const eval::GenerativeEvalOptions& options, const std::string& device,
                                    const std::string& out);
+/// The same on samples a caller streams (options.samples names them): moh_torch's fid_report on an in-memory array.
+nlohmann::json evaluate_sample_set(const eval::GenerativeEvalOptions& options, const std::string& device,
+                                   const std::string& out, std::unique_ptr<datasets::ImageSource> samples);
 
 /// How a sweep point is measured: a classifier by `eval`, a DiT by `sample` then `fid` (each request's checkpoint,
 /// weights, output paths and sample file set per point).

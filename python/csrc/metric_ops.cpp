@@ -7,6 +7,7 @@
 
 #include "core/config_schema.h"
 #include "core/error.h"
+#include "datasets/image_source.h"
 #include "eval/frechet.h"
 #include "eval/generative.h"
 #include "eval/metrics.h"
@@ -28,19 +29,38 @@ auto user_errors_as_value_errors(const char* op, F&& f) -> decltype(f()) {
   return decltype(f())();
 }
 
+eval::GenerativeEvalOptions fid_options(c10::string_view samples, c10::string_view reference, c10::string_view features,
+                                        c10::string_view metrics, c10::string_view is_mode, c10::string_view resize,
+                                        int64_t batch_size) {
+  eval::GenerativeEvalOptions o;
+  o.samples = std::string(samples), o.reference = std::string(reference), o.features = std::string(features);
+  o.metrics = eval::parse_metric_set(std::string(metrics));
+  o.metrics_explicit = std::string(metrics) != "all";
+  o.is_mode = config::enum_from_string<eval::ISMode>(std::string(is_mode), "is_mode");
+  o.resize = config::enum_from_string<eval::InceptionResize>(std::string(resize), "resize");
+  if (batch_size < 1) throw UserError("batch_size", "must be at least 1, got " + std::to_string(batch_size));
+  o.batch_size = batch_size;
+  return o;
+}
+
 std::string fid_report(c10::string_view samples, c10::string_view reference, c10::string_view features,
                        c10::string_view metrics, c10::string_view is_mode, c10::string_view resize, int64_t batch_size,
                        c10::string_view device) {
   return user_errors_as_value_errors("fid_report", [&] {
-    eval::GenerativeEvalOptions o;
-    o.samples = std::string(samples), o.reference = std::string(reference), o.features = std::string(features);
-    o.metrics = eval::parse_metric_set(std::string(metrics));
-    o.metrics_explicit = std::string(metrics) != "all";
-    o.is_mode = config::enum_from_string<eval::ISMode>(std::string(is_mode), "is_mode");
-    o.resize = config::enum_from_string<eval::InceptionResize>(std::string(resize), "resize");
-    if (batch_size < 1) throw UserError("batch_size", "must be at least 1, got " + std::to_string(batch_size));
-    o.batch_size = batch_size;
+    const auto o = fid_options(samples, reference, features, metrics, is_mode, resize, batch_size);
     return experiments::evaluate_sample_set(o, std::string(device), "").dump();
+  });
+}
+
+// The samples from the caller's memory, a block of batch_size images at a time: no copy of the set on disk or in RAM.
+std::string fid_report_images(const at::Tensor& samples, c10::string_view reference, c10::string_view features,
+                              c10::string_view metrics, c10::string_view is_mode, c10::string_view resize,
+                              int64_t batch_size, c10::string_view device) {
+  return user_errors_as_value_errors("fid_report", [&] {
+    const std::string name = c10::str("<", samples.dim() > 0 ? samples.size(0) : 0, " images in memory>");
+    const auto o = fid_options(name, reference, features, metrics, is_mode, resize, batch_size);
+    return experiments::evaluate_sample_set(o, std::string(device), "", datasets::tensor_image_source(samples, name))
+        .dump();
   });
 }
 
@@ -113,6 +133,7 @@ TORCH_LIBRARY_IMPL(moh, CompositeImplicitAutograd, m) {
 }
 
 TORCH_LIBRARY_IMPL(moh, CompositeExplicitAutograd, m) {
+  m.impl("fid_report_images", &moh::torch_ops::fid_report_images);
   m.impl("frechet_distance", &moh::torch_ops::frechet_distance);
   m.impl("gaussian_stats", &moh::torch_ops::gaussian_stats);
   m.impl("inception_score", &moh::torch_ops::inception_score);

@@ -82,6 +82,9 @@ TORCH_LIBRARY(moh, m) {
   m.def(
       "fid_report(str samples, str reference, str features, str metrics, str is_mode, str resize, int batch_size, "
       "str device) -> str");
+  m.def(
+      "fid_report_images(Tensor samples, str reference, str features, str metrics, str is_mode, str resize, "
+      "int batch_size, str device) -> str");
   m.def("frechet_distance(Tensor mu1, Tensor sigma1, Tensor mu2, Tensor sigma2) -> float");
   m.def("gaussian_stats(Tensor features) -> (Tensor mu, Tensor sigma)");
   m.def("inception_score(Tensor logits, str mode) -> (float mean, float std)");

@@ -166,7 +166,7 @@ def _host_number_fake(name):
     return fake
 
 
-for _name in ("frechet_distance", "inception_score", "precision_recall", "kid"):
+for _name in ("frechet_distance", "inception_score", "precision_recall", "kid", "fid_report_images"):
     torch.library.register_fake(f"moh::{_name}")(_host_number_fake(_name))
 
 

@@ -28,20 +28,20 @@ def _metric_list(metrics):
 
 
 def _images(array, name):
-    """An (N, H, W, C) uint8 array (C 1 or 3) from a tensor or array, as ADM's sample batches store it."""
-    a = array.detach().cpu().numpy() if isinstance(array, torch.Tensor) else np.asarray(array)
-    if a.dtype != np.uint8 or a.ndim != 4 or a.shape[-1] not in (1, 3) or a.shape[0] == 0:
+    """An (N, H, W, C) uint8 tensor (C 1 or 3) over the caller's memory (no copy), as ADM's sample batches store it."""
+    t = array.detach() if isinstance(array, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(array))
+    if t.dtype != torch.uint8 or t.dim() != 4 or t.shape[-1] not in (1, 3) or t.shape[0] == 0:
         raise ValueError(f"moh_torch.metrics: {name} must be uint8 images (N, H, W, 1 or 3), NHWC as ADM's .npz "
-                         f"batches, got {a.dtype} {list(a.shape)}")
-    return a if a.shape[-1] == 3 else np.repeat(a, 3, axis=-1)
+                         f"batches, got {t.dtype} {list(t.shape)}")
+    return t
 
 
 def _source(value, name, folder):
-    """What `moh fid` takes for `value`: a path or spec as given, images written to an .npz (arr_0) in `folder`."""
+    """What `moh fid` takes for a reference: a path or spec as given, images written to an .npz (arr_0) in `folder`."""
     if isinstance(value, (str, os.PathLike)):
         return os.fspath(value)
     path = os.path.join(folder, f"{name}.npz")
-    np.savez(path, arr_0=_images(value, name))
+    np.savez(path, arr_0=_images(value, name).cpu().numpy())
     return path
 
 
@@ -49,13 +49,19 @@ def fid_report(samples, reference, features, metrics="all", is_mode="adm", resiz
                device="auto"):
     """The report `moh fid --json` prints, as a dict (report["metrics"]: fid, sfid, is, precision, recall, kid...).
 
-    samples, reference: what moh fid takes (an ADM .npz, an image folder, fashion_mnist:test[:N]; for the reference
-    also stored statistics), or images as a uint8 array or tensor (N, H, W, C). features: the feature network
-    (inception:WEIGHTS, classifier:RUN_DIR, dinov2:WEIGHTS). metrics: "all" or names among fid, sfid, is, pr, kid.
-    is_mode: adm or fidelity; resize: tf1 or pytorch. Bad input raises ValueError with the command's message."""
+    samples: what moh fid takes (an ADM .npz, an image folder, fashion_mnist:test[:N]) or images in memory, a uint8
+    array or tensor (N, H, W, C): read batch_size images at a time from it, never copied whole (50,000 images of
+    256 x 256 need no disk space and no second 9.8 GB). reference: the same, or stored statistics (an array is
+    written to a temporary .npz). features: the feature network (inception:WEIGHTS, classifier:RUN_DIR,
+    dinov2:WEIGHTS). metrics: "all" or names among fid, sfid, is, pr, kid. is_mode: adm or fidelity; resize: tf1 or
+    pytorch. Bad input raises ValueError with the command's message."""
+    args = (_metric_list(metrics), is_mode, resize, int(batch_size), device)
     with tempfile.TemporaryDirectory(prefix="moh_torch_") as folder:
-        text = ops.fid_report(_source(samples, "samples", folder), _source(reference, "reference", folder), features,
-                              _metric_list(metrics), is_mode, resize, int(batch_size), device)
+        ref = _source(reference, "reference", folder)
+        if isinstance(samples, (str, os.PathLike)):
+            text = ops.fid_report(os.fspath(samples), ref, features, *args)
+        else:
+            text = ops.fid_report_images(_images(samples, "samples"), ref, features, *args)
     return json.loads(text)
 
 

@@ -10,6 +10,7 @@ import os
 import subprocess
 import tempfile
 import unittest
+from unittest import mock
 
 import numpy as np
 import scipy.linalg
@@ -70,6 +71,10 @@ class SameReportAsTheCommand(unittest.TestCase):
         ours = metrics.fid_report(torch.from_numpy(samples), reference, self.features)
         self.assert_same_metrics(ours, theirs)
         self.assertGreater(ours["metrics"]["fid"], 0)
+        # in-memory samples are read from the caller's array a batch at a time, never written out
+        with mock.patch.object(np, "savez", side_effect=AssertionError("the samples were written to disk")):
+            streamed = metrics.fid_report(samples, os.path.join(self.tmp.name, "r.npz"), self.features)
+        self.assert_same_metrics(streamed, theirs)
 
     def test_specs_stored_statistics_and_metric_subsets(self):
         stats = os.path.join(self.tmp.name, "ref.npz")
