@@ -99,11 +99,47 @@ std::string block_structure(const std::string& name) {
   return name.substr(0, slash) + name.substr(end);
 }
 
+// `o` with only the layers `layers` (indices into its depth), each keeping its heads / shared / top-K.
+DiTOptions with_layers(const DiTOptions& o, const std::vector<int64_t>& layers) {
+  DiTOptions p = o;
+  p.depth = static_cast<int64_t>(layers.size());
+  for (auto [from, to] : {std::pair{&o.heads, &p.heads}, {&o.shared, &p.shared}, {&o.topk, &p.topk}}) {
+    if (from->empty()) continue;
+    const std::vector<int64_t> each = expand_runs(*from);
+    to->clear();
+    for (int64_t l : layers) to->emplace_back(each[static_cast<size_t>(l)], 1);
+  }
+  return p;
+}
+
+// The layers of `o` in runs of one block kind (equal heads, shared and top-K): (first layer, run length).
+std::vector<std::pair<int64_t, int64_t>> block_runs(const DiTOptions& o) {
+  const auto kind = [&](int64_t l) {
+    const auto at = [&](const LayerRuns& r) { return r.empty() ? -1 : expand_runs(r)[static_cast<size_t>(l)]; };
+    return std::make_tuple(at(o.heads), at(o.shared), at(o.topk));
+  };
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  for (int64_t l = 0; l < o.depth; ++l) {
+    if (!runs.empty() && kind(runs.back().first) == kind(l))
+      ++runs.back().second;
+    else
+      runs.emplace_back(l, 1);
+  }
+  return runs;
+}
+
+int64_t count_of(const DiTOptions& o) {
+  DiT model(o);
+  return count_params(model);
+}
+
 // Every registered variant at an 8×8 input: exact parameter count (spec table, with pos_embed at 32×32); once per
 // block structure (the smallest patch size: the most tokens), zero output at init (adaLN-Zero) and finite gradients
-// everywhere. The larger patch sizes of a structure share its blocks: their count is the first variant's plus the
-// difference of the two variants' one-block models (building each B/L/XL variant whole would initialise ~3 billion
-// more parameters); the S and pixel ones (D ≤ 384) are built whole as well, checking that identity.
+// everywhere. The S and pixel models (D <= 384) are built whole. A wider one is built with one block of each run of
+// its block kinds (equal heads / shared / top-K): its count is that model's plus each run's further blocks at a
+// block's count (a two-block model's minus a one-block model's), and the forward/backward runs on it, every block
+// kind present; building each B/L/XL variant whole would initialise ~6 billion parameters. Other patch sizes of a
+// structure share its blocks: their count is the first variant's plus the difference of the two one-block models.
 TEST(DiTRegistry, EveryVariantCountsForwardBackward) {
   ASSERT_EQ(dit_variants().size(), expected_counts().size());
   // Block structure (the name without its patch size, the width and depth) → its first variant's count and one-block
@@ -113,27 +149,30 @@ TEST(DiTRegistry, EveryVariantCountsForwardBackward) {
     const auto structure = std::make_tuple(block_structure(name), base.hidden_size, base.depth);
     DiTOptions o = base;
     o.input_size = 8;
-    DiTOptions one = o;  // its first block only
-    one.depth = 1;
-    for (LayerRuns* runs : {&one.heads, &one.shared, &one.topk})
-      if (!runs->empty()) *runs = {{runs->front().first, 1}};
+    const DiTOptions one = with_layers(o, {0});  // its first block only
     const int64_t pos_rest = (base.num_patches() - o.num_patches()) * o.hidden_size;
-    const auto count = [](const DiTOptions& options) {
-      DiT model(options);
-      return count_params(model);
-    };
     torch::manual_seed(0);
     if (const auto it = first.find(structure); it != first.end()) {
-      const int64_t derived = it->second.first + count(one) - it->second.second;
+      const int64_t derived = it->second.first + count_of(one) - it->second.second;
       EXPECT_EQ(derived + pos_rest, expected_counts().at(name)) << name;
       if (o.hidden_size <= 384) {
-        EXPECT_EQ(count(o), derived) << name;
+        EXPECT_EQ(count_of(o), derived) << name;
       }
       continue;
     }
-    DiT m(o);
-    EXPECT_EQ(count_params(m) + pos_rest, expected_counts().at(name)) << name;
-    first[structure] = std::make_pair(count_params(m), count(one));
+    const bool whole = o.hidden_size <= 384;
+    std::vector<int64_t> kinds;
+    int64_t further = 0;  // the parameters of the blocks a reduced model leaves out
+    for (auto [layer, length] : block_runs(o)) {
+      kinds.push_back(layer);
+      if (!whole && length > 1)
+        further += (length - 1) * (count_of(with_layers(o, {layer, layer})) - count_of(with_layers(o, {layer})));
+    }
+    const DiTOptions built = whole ? o : with_layers(o, kinds);
+    DiT m(built);
+    const int64_t total = count_params(m) + further;
+    EXPECT_EQ(total + pos_rest, expected_counts().at(name)) << name;
+    first[structure] = std::make_pair(total, count_of(one));
     m->train();
     torch::Tensor x = torch::randn({2, o.in_channels, 8, 8});
     auto out = m->forward(x, torch::tensor({3, 999}), torch::tensor({1, 7}));
