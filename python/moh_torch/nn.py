@@ -162,12 +162,19 @@ class _Routed(nn.Module):
 
     def _attend(self, q, k, v, x, scale, bias=None):
         """The gated heads (B, N, h·d) of q, k, v (B, h, N, d), routed by x (B, N, C)."""
+        self._no_dropout_in_training()
         q, k, v = _autocast_operands(q, k, v)
         logits = self.router_logits(x.reshape(-1, x.shape[-1]))
         out, aux, picks, _ = ops.moh_attention(q, k, v, logits, self.shared_head, self.routed_head, scale, self.path,
                                                bias)
         self._record(aux, picks)
         return out
+
+    def _no_dropout_in_training(self):
+        p = getattr(self, "attn_drop_p", 0.0)
+        if self.training and p > 0:
+            raise ValueError(f"moh_torch: this {type(self).__name__} replaced an attention with dropout p={p}: the ops "
+                             "have no attention dropout, so it runs in eval mode only (set attn_drop to 0 to train)")
 
     def _record(self, aux, picks):
         if self.routed_head > 0:
@@ -184,6 +191,7 @@ class _Routed(nn.Module):
             if isinstance(part, nn.Module):
                 setattr(self, name, part)
         _take_tensors(self, module)
+        self.attn_drop_p = _attention_dropout(module)
         if losses is not None:
             if not isinstance(losses, list):
                 raise TypeError(f"moh_torch: losses must be a list, got {type(losses).__name__}")
@@ -200,10 +208,10 @@ class _Routed(nn.Module):
         return self
 
 
-def _no_attention_dropout(module):
+def _attention_dropout(module):
+    """The official module's attention dropout probability (0 without one)."""
     drop = getattr(module, "attn_drop", None)
-    if isinstance(drop, nn.Dropout) and drop.p > 0:
-        raise ValueError(f"moh_torch: {type(module).__name__} has attention dropout p={drop.p}; the ops have none")
+    return drop.p if isinstance(drop, nn.Dropout) else 0.0
 
 
 class MoHAttention(_Routed):
@@ -239,7 +247,6 @@ class MoHAttention(_Routed):
 
     @classmethod
     def from_module(cls, module, path="auto", losses=None):
-        _no_attention_dropout(module)
         for extra in ("gate", "norm"):
             part = getattr(module, extra, None)
             if part is not None and not isinstance(part, nn.Identity):
@@ -297,7 +304,6 @@ class TransNeXtAttention(_CosineHeads):
 
     @classmethod
     def from_module(cls, module, path="auto", losses=None):
-        _no_attention_dropout(module)
         n = int(round(float(torch.exp(module.seq_length_scale.double()))))
         new = cls(module.qkv.in_features, (n, 1), module.num_heads, qkv_bias=module.qkv.bias is not None,
                   shared_head=getattr(module, "shared_head", 0), routed_head=getattr(module, "routed_head", 0),
@@ -310,7 +316,7 @@ class AggregatedAttention(_CosineHeads):
     native module computes them; the router and the head gates are the ops (route, gate_heads)."""
 
     def __init__(self, dim, input_resolution, num_heads=8, window_size=3, qkv_bias=True, attn_drop=0., proj_drop=0.,
-                 sr_ratio=1, shared_head=0, routed_head=0, path="auto"):
+                 sr_ratio=1, fixed_pool_size=None, shared_head=0, routed_head=0, path="auto"):
         super().__init__()
         if attn_drop > 0 or window_size % 2 != 1:
             raise ValueError(f"moh_torch.nn.AggregatedAttention: need attn_drop 0 and an odd window_size, got "
@@ -318,7 +324,13 @@ class AggregatedAttention(_CosineHeads):
         self._init_heads(dim, num_heads, shared_head, routed_head, path)
         H, W = input_resolution
         self.window_size, self.local_len = window_size, window_size ** 2
-        self.pool_H, self.pool_W = H // sr_ratio, W // sr_ratio
+        if fixed_pool_size is None:
+            self.pool_H, self.pool_W = H // sr_ratio, W // sr_ratio
+        else:  # the official option: a pool of this side whatever the resolution
+            if not 0 < fixed_pool_size < min(H, W):
+                raise ValueError(f"moh_torch.nn.AggregatedAttention: fixed_pool_size must be in (0, {min(H, W)}), got "
+                                 f"{fixed_pool_size}")
+            self.pool_H = self.pool_W = fixed_pool_size
         self.pool_len = self.pool_H * self.pool_W
         self.unfold = nn.Unfold(kernel_size=window_size, padding=window_size // 2, stride=1)
         self.q = nn.Linear(dim, dim, bias=qkv_bias)
@@ -373,6 +385,7 @@ class AggregatedAttention(_CosineHeads):
         return self.proj_drop(self.proj(self._gate_heads(heads, x)))
 
     def _gate_heads(self, heads, x):
+        self._no_dropout_in_training()
         B, h, N, d = heads.shape
         logits = self.router_logits(x.reshape(B * N, -1))
         if logits is None:
@@ -386,21 +399,23 @@ class AggregatedAttention(_CosineHeads):
 
     @classmethod
     def from_module(cls, module, path="auto", losses=None):
-        _no_attention_dropout(module)
         H, W = _unfolded_grid(module)
-        sr = H // module.pool_H
+        sr = getattr(module, "sr_ratio", H // module.pool_H)
+        fixed = None if (H // sr, W // sr) == (module.pool_H, module.pool_W) else module.pool_H
         new = cls(module.q.in_features, (H, W), module.num_heads, window_size=module.window_size,
-                  qkv_bias=module.q.bias is not None, sr_ratio=sr, shared_head=getattr(module, "shared_head", 0),
-                  routed_head=getattr(module, "routed_head", 0), path=path)
+                  qkv_bias=module.q.bias is not None, sr_ratio=sr, fixed_pool_size=fixed,
+                  shared_head=getattr(module, "shared_head", 0), routed_head=getattr(module, "routed_head", 0),
+                  path=path)
         return new._adopt(module, ("proj_drop",), losses)
 
 
 def _unfolded_grid(module):
-    """(H, W) of an aggregated attention from its pooling and padding mask (N = H·W tokens, pool of H/sr x W/sr)."""
-    n = module.padding_mask.shape[0]
-    ratio = module.pool_W / module.pool_H
-    H = int(round((n / ratio) ** 0.5))
-    return H, n // H
+    """(H, W) of an aggregated attention from its padding mask (N = H·W tokens, a window of k x k): the window's
+    top-centre key lies outside the map for the tokens of the first k // 2 rows, W of them each."""
+    mask = module.padding_mask
+    half = module.window_size // 2
+    W = int(mask[:, half].sum().item()) // half
+    return mask.shape[0] // W, W
 
 
 class DiTBlock(nn.Module):

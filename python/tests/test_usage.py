@@ -249,6 +249,30 @@ class Autocast(unittest.TestCase):
         self.assertLessEqual(rel_err(out, ref), 2 * BF16_TOL)
 
 
+class OfficialOptions(unittest.TestCase):
+    def test_fixed_pool_size_on_a_non_square_map(self):
+        """MoH-ViT's fixed_pool_size (a pool of that side whatever the map): the swapped aggregated attention pools the
+        same and gives the reference's output."""
+        fixtures = os.path.join(ROOT, "tests", "fixtures", "gen")
+        sys.path.insert(0, fixtures)
+        import transnext_torch
+        torch.manual_seed(31)
+        ref = transnext_torch.AggregatedAttention(32, (8, 12), 2, 2, shared=1, topk=1, fixed_pool_size=3).eval()
+        table, index = transnext_torch.relative_position_cpb((8, 12), (3, 3), (8, 12))
+        swapped = mnn.from_module(ref)
+        self.assertEqual((swapped.pool_H, swapped.pool_W), (3, 3))
+        x = randn(2, 96, 32, seed=32)
+        self.assertLessEqual(rel_err(swapped(x, 8, 12, index, table), ref(x, 8, 12, index, table)), 1e-5)
+
+    def test_attention_dropout_swaps_for_eval_only(self):
+        official = mnn.MoHAttention(64, 4, shared_head=2, routed_head=1)
+        official.attn_drop = nn.Dropout(0.1)
+        swapped = mnn.from_module(official.eval())
+        swapped(randn(2, 5, 64, seed=33))  # eval: dropout is the identity, nothing to refuse
+        with self.assertRaisesRegex(ValueError, "dropout p=0.1: the ops have no attention dropout"):
+            swapped.train()(randn(2, 5, 64, seed=33))
+
+
 class Export(unittest.TestCase):
     def test_export_swapped_dit_block(self):
         """torch.export of a MoH-DiT block made of the ops: the exported program runs and equals eager."""
