@@ -230,6 +230,63 @@ class Parity(unittest.TestCase):
                     self.assertTrue(torch.autograd.gradcheck(f, args))
 
 
+@unittest.skipUnless(torch.cuda.is_available(), "no CUDA device (the GPU call runs this class: scripts/gpu_call.sh)")
+class CudaParity(unittest.TestCase):
+    """The CUDA kernels' values against the CPU kernels' (the CPU ones are checked against the official op sequences
+    above), forward and backward, fp32 and bf16: opcheck never compares values. The CUDA kernels sum in another order
+    (fp32: 64 ulps of the largest value; bf16: the bf16 tolerances above); the attention core on CUDA is the plain
+    sequence, not LibTorch's fused kernel: its bf16 key and value gradients get the fused kernel's tolerance."""
+
+    def same(self, fn, inputs, tol, what, grad_tol=None):
+        cpu = [t.detach().clone().requires_grad_(t.requires_grad) if isinstance(t, torch.Tensor) else t
+               for t in inputs]
+        gpu = [t.detach().cuda().requires_grad_(t.requires_grad) if isinstance(t, torch.Tensor) else t
+               for t in inputs]
+        a, b = fn(*cpu), fn(*gpu)
+        self.assertEqual(b.device.type, "cuda", what)
+        self.assertLessEqual(rel_err(b.cpu(), a), tol, f"{what} forward")
+        wanted = [i for i, t in enumerate(cpu) if isinstance(t, torch.Tensor) and t.requires_grad]
+        ga = grads(a, [cpu[i] for i in wanted], 41)
+        gb = grads(b, [gpu[i] for i in wanted], 41)
+        for i, x, y in zip(wanted, ga, gb):
+            self.assertLessEqual(rel_err(y.cpu(), x), grad_tol or tol, f"{what} gradient of input {i}")
+
+    def test_block_ops_and_router(self):
+        for dtype, tol in ((torch.float32, FP32_TOL), (torch.bfloat16, BF16_TOL)):
+            with self.subTest(dtype=dtype):
+                x = randn(2, 37, 48, seed=42, dtype=dtype).requires_grad_()
+                shift = randn(2, 48, seed=43, dtype=dtype, scale=0.5).requires_grad_()
+                scale = randn(2, 48, seed=44, dtype=dtype, scale=0.5).requires_grad_()
+                z = randn(2, 37, 96, seed=45, dtype=dtype).requires_grad_()
+                bias = randn(96, seed=46, dtype=dtype).requires_grad_()
+                self.same(lambda *a: mf.ln_modulate(*a), (x, shift, scale), tol, "ln_modulate")
+                self.same(lambda x, g, b: mf.gate_residual(x, g, b), (x, shift, z[..., :48]), tol, "gate_residual")
+                self.same(lambda z, b: mf.bias_gelu(z, b), (z, bias), tol, "bias_gelu")
+                o = randn(2, 6, 37, 8, seed=47, dtype=dtype).requires_grad_()
+                g = randn(74, 6, seed=48).requires_grad_()
+                self.same(lambda o, g: ops.gate_heads(o, g), (o, g), tol, "gate_heads")
+        for heads, shared, topk in ((6, 2, 2), (6, 0, 2), (16, 4, 6)):
+            logits = router_logits(300, heads, shared, 49).requires_grad_()
+            self.same(lambda l: ops.route(l, heads, shared, topk, True)[0], (logits,), FP32_TOL, "route gates")
+            self.same(lambda l: ops.route(l, heads, shared, topk, True)[3].reshape(1), (logits,), FP32_TOL,
+                      "route aux_loss")
+
+    def test_attention(self):
+        cases = {"moh": {}, "bias": {"bias": True}, "mha": {"gated": False}, "moa": {"hkv": 1, "shared": 0},
+                 "dit-s head": {"d": 64, "N": 64}}
+        for dtype, tol, gtol in ((torch.float32, FP32_TOL, FP32_TOL), (torch.bfloat16, BF16_TOL,
+                                                                          BF16_ATTENTION_GRAD_TOL)):
+            for (name, kw), path in itertools.product(cases.items(), ("dense", "sparse")):
+                with self.subTest(dtype=dtype, case=name, path=path):
+                    c = AttentionCase(50, dtype, **kw)
+                    routed = c.routed
+
+                    def f(q, k, v, gates, bias, routed=routed):
+                        r = None if routed is None else routed.to(q.device)
+                        return ops.attention(q, k, v, gates, r, bias, c.shared, c.scale, path)[0]
+                    self.same(f, (c.q, c.k, c.v, c.gates, c.bias), tol, f"attention {name} {path}", gtol)
+
+
 class Errors(unittest.TestCase):
     """Bad arguments raise a ValueError / TypeError that names the argument and what it should be."""
 
