@@ -162,9 +162,7 @@ class TensorImageSource : public ImageSource {
                       "NHWC uint8 images, as ADM's .npz batches store them");
     images_ = images.dim() == 3 ? images.unsqueeze(-1) : images;
   }
-  std::unique_ptr<ImageSource> fresh() const override {
-    return std::make_unique<TensorImageSource>(images_, spec_);
-  }
+  std::unique_ptr<ImageSource> fresh() const override { return std::make_unique<TensorImageSource>(images_, spec_); }
   int64_t size() const override { return images_.size(0); }
   bool has_labels() const override { return false; }
   at::Tensor labels() const override { return at::Tensor(); }
@@ -182,7 +180,9 @@ class TensorImageSource : public ImageSource {
   int64_t start_ = 0;
 };
 
-std::unique_ptr<ImageSource> ImageSource::fresh() const { return open_image_source(spec_); }
+std::unique_ptr<ImageSource> ImageSource::fresh() const {
+  return open_image_source(spec_);
+}
 
 std::unique_ptr<ImageSource> tensor_image_source(const at::Tensor& images, const std::string& spec) {
   return std::make_unique<TensorImageSource>(images, spec);

@@ -131,8 +131,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
   check_device(op, "lse", lse, q.device());
   if (B == 0) {
     const at::Tensor none = at::empty({0}, q.options());
-    return {at::zeros_like(q), at::zeros_like(k), at::zeros_like(v), in.gates.defined() ? at::zeros_like(in.gates) : none,
-            in.bias.defined() ? at::zeros_like(in.bias) : none};
+    return {at::zeros_like(q), at::zeros_like(k), at::zeros_like(v),
+            in.gates.defined() ? at::zeros_like(in.gates) : none, in.bias.defined() ? at::zeros_like(in.bias) : none};
   }
   const nn::HeadMixGrads g = nn::head_mix_backward(grad.to(q.scalar_type()), in, {at::Tensor(), o, lse});
   return {g.q.contiguous(), g.k.contiguous(), g.v.contiguous(), or_empty(g.gates, q), or_empty(g.bias, q)};
