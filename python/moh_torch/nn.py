@@ -110,8 +110,11 @@ def _take_tensors(new, old):
                             f"{type(new).__name__} needs {None if mine is None else list(mine.shape)}")
         owner._parameters[leaf] = param
     for name, buf in old.named_buffers():
-        owner, leaf = _owner_of(new, name)
-        mine = owner._buffers.get(leaf) if hasattr(owner, "_buffers") else None
+        try:
+            owner, leaf = _owner_of(new, name)
+        except AttributeError:  # a submodule the replacement does not have (state_dict keys matched: not persistent)
+            continue
+        mine = owner._buffers.get(leaf)
         if mine is None:
             continue
         if mine.shape == buf.shape and mine.dtype == buf.dtype and mine.device == buf.device:
