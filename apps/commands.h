@@ -20,6 +20,9 @@ struct Command {
 /// Every subcommand, in help order.
 const std::vector<Command>& commands();
 
+/// The `moh` program: flags, dispatch to a command, and the documented exit codes (0 ok, 1 runtime, 2 input).
+int program_main(int argc, char** argv);
+
 /// The program as the user typed it (argv[0] of `moh`, e.g. build/moh), for commands printed to be run again.
 const std::string& invoked_as();
 

@@ -280,9 +280,8 @@ bool defers_cpu_setup(int argc, char** argv) {
   return false;
 }
 
-}  // namespace moh::apps
-
-int main(int argc, char** argv) {
+// The whole program: `moh` is this and nothing else (apps/moh.cpp); tests/tools/zygote.cpp runs it in forked children.
+int program_main(int argc, char** argv) {
   moh::prefer_system_libstdcxx();  // before any std::filesystem call (core/platform/run_context.h says why)
   // The environment first (core/environment.h): its rank variables decide who speaks below, so a bad one is said by
   // whichever process meets it.
@@ -342,3 +341,5 @@ int main(int argc, char** argv) {
     return moh::kExitRuntime;
   }
 }
+
+}  // namespace moh::apps

@@ -3,13 +3,16 @@
 # with exit code 2 and exactly one stderr line `error: ...` (no library or progress lines before it), must leave every
 # file already on disk untouched (not written, replaced or removed: the fixture tree's listing with inodes and
 # change times after every case) and must create nothing where it was refused.
-# usage: bad_input_test.sh path/to/moh repo_root
+# The cases run in moh_zygote's children when it is given (tests/zygote.sh; a share of them also as moh itself).
+# usage: bad_input_test.sh path/to/moh repo_root [path/to/moh_zygote]
 set -u
 MOH=$1
 ROOT=$2
 cd "$ROOT" || exit 1
+# shellcheck source=tests/zygote.sh
+source "$ROOT/tests/zygote.sh"
 tmp=$(mktemp -d)
-trap 'chmod -R u+w "$tmp" 2>/dev/null; rm -rf "$tmp"' EXIT
+trap 'zygote_stop >/dev/null; chmod -R u+w "$tmp" 2>/dev/null; rm -rf "$tmp"' EXIT
 fails=0
 pass=0
 NANO=configs/fashion_mnist/moh_vit_nano.yaml
@@ -123,13 +126,15 @@ cp -r "$F/run" "$F/run_diverged" && echo 'garbage{' >"$F/run_diverged/diverged.j
 # shows in the change time, which no program can set back; cheaper than hashing the whole tree after every case.
 snapshot() { (cd "$F" && find . -type f -printf '%p %s %i %T@ %C@\n' | LC_ALL=C sort); }
 reference=$(snapshot)
+zygote_start "$MOH" "${3:-}"
 
 # bad PATTERN -- ARGS...: exit 2, one stderr line "error: ..." containing PATTERN, fixtures unchanged, $O empty.
 BAD_ENV=()  # environment variables of the next case (bad_env)
 bad() {
   local pattern=$1
   shift 2
-  timeout 300 env "${BAD_ENV[@]}" "$MOH" "$@" >"$tmp/o" 2>"$tmp/e"
+  if [ ${#BAD_ENV[@]} = 0 ]; then zmoh "$tmp/o" "$tmp/e" "$@"; else
+    timeout 300 env "${BAD_ENV[@]}" "$MOH" "$@" >"$tmp/o" 2>"$tmp/e"; fi
   local rc=$? why=""
   [ "$rc" = 2 ] || why="exit $rc"
   [ "$(grep -c '' "$tmp/e")" = 1 ] && head -1 "$tmp/e" | grep -q '^error: ' || why="$why; stderr is not one error line"
@@ -403,7 +408,7 @@ corpus=0
 while IFS=$'\t' read -r patterns envv rest; do
   IFS=$'\t' read -r -a args <<<"$rest"
   corpus=$((corpus + 1))
-  if [ "$envv" = - ]; then timeout 300 "$MOH" "${args[@]}" >"$tmp/o" 2>"$tmp/e"; else
+  if [ "$envv" = - ]; then zmoh "$tmp/o" "$tmp/e" "${args[@]}"; else
     timeout 300 env "$envv" "$MOH" "${args[@]}" >"$tmp/o" 2>"$tmp/e"; fi
   rc=$? why="" found=0
   [ "$rc" = 2 ] || why="exit $rc"
@@ -419,6 +424,8 @@ while IFS=$'\t' read -r patterns envv rest; do
   rm -rf "${O:?}"/* && reference=$(snapshot)
 done < <(python3 tests/bad_input_corpus.py "$MOH" "$F" "$O")
 echo "derived corpus: $corpus cases"
+zygote_stop
+fails=$((fails + ZYG_DIFFERED))
 
 echo "$pass passed, $fails failed"
 [ "$pass" -ge 60 ] || { echo "FAIL: the corpus must hold at least 60 cases"; exit 1; }

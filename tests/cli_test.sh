@@ -1,23 +1,28 @@
 #!/usr/bin/env bash
 # Command-line contract of `moh`: exit codes (0 ok, 2 user error), one-line `error: ...` messages, no stack traces.
-# usage: cli_test.sh path/to/moh repo_root
+# The `expect` cases run in moh_zygote's children when it is given (tests/zygote.sh; a share of the failing ones also
+# as moh itself); the interrupted, killed and multi-process runs start moh itself.
+# usage: cli_test.sh path/to/moh repo_root [path/to/moh_zygote]
 set -u
 MOH=$1
 ROOT=$2
 cd "$ROOT" || exit 1
+# shellcheck source=tests/zygote.sh
+source "$ROOT/tests/zygote.sh"
 fails=0
 pass=0
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+trap 'zygote_stop >/dev/null; rm -rf "$tmp"' EXIT
 # The memory check before each run (a few measured steps; tests/memory_check_test.sh tests it) is off for the contract
 # checks here and on for the interrupted-and-resumed runs, whose exactness it must not disturb.
 export MOH_MEMORY_CHECK=0
+zygote_start "$MOH" "${3:-}"
 
 # expect CODE PATTERN -- args...   (PATTERN is grepped in stdout+stderr)
 expect() {
   local code=$1 pattern=$2
   shift 3
-  "$MOH" "$@" >"$tmp/out" 2>"$tmp/err"
+  zmoh "$tmp/out" "$tmp/err" "$@"
   local rc=$?
   if [ "$rc" != "$code" ] || ! cat "$tmp/out" "$tmp/err" | grep -q -- "$pattern"; then
     echo "FAIL: moh $* -> exit $rc (want $code), pattern '$pattern'"; sed 's/^/  | /' "$tmp/out" "$tmp/err" | head -20
@@ -422,5 +427,7 @@ before=$(sha256sum "$tmp/c.yaml")
 "$MOH" config "$tmp/c.yaml" --set optim.lrr=1 >/dev/null 2>&1
 [ "$before" = "$(sha256sum "$tmp/c.yaml")" ] && pass=$((pass + 1)) || { echo "FAIL: config file modified"; fails=$((fails + 1)); }
 
+zygote_stop
+fails=$((fails + ZYG_DIFFERED))
 echo "$pass passed, $fails failed"
 [ "$fails" = 0 ]
